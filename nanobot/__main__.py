@@ -1,0 +1,5 @@
+"""`python -m nanobot` runs the CLI."""
+
+from nanobot.cli import main
+
+main()

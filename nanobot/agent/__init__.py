@@ -1,0 +1,1 @@
+"""The agent: turns, context and memory."""

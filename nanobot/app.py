@@ -1,0 +1,246 @@
+"""The composition root: builds nanobot's parts from the Config and runs them.
+
+The only module that knows every other one. The CLI calls the plain functions here; each
+sets up logging, builds what it needs, runs it and tears it down in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+import zoneinfo
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import tzinfo
+from pathlib import Path
+
+from loguru import logger
+
+from nanobot import log
+from nanobot.agent.context import ContextBuilder
+from nanobot.agent.loop import AgentLoop
+from nanobot.config import Config, load
+from nanobot.errors import NanobotError, ProviderError
+from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+from nanobot.store import Database, SessionStore
+from nanobot.workspace import bundled, copy_template
+
+SHUTDOWN_DEADLINE = 10.0
+
+
+def _secrets(config: Config) -> list[str]:
+    channels = config.channels
+    values = [
+        config.agent.api_key,
+        channels.telegram.token,
+        channels.discord.token,
+        config.tools.web.search_api_key,
+    ]
+    return [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
+
+
+def _setup_logging(config: Config, *, quiet: bool) -> None:
+    level = "WARNING" if quiet and config.log.level in ("INFO", "DEBUG", "TRACE") else None
+    log.setup(
+        level=level or config.log.level,
+        json=config.log.json_,
+        log_dir=config.log_dir,
+        secrets=_secrets(config),
+    )
+
+
+def _timezone(config: Config) -> tzinfo | None:
+    return zoneinfo.ZoneInfo(config.timezone) if config.timezone else None
+
+
+def build_provider(config: Config) -> LiteLLMProvider:
+    agent = config.agent
+    return LiteLLMProvider(
+        agent.model,
+        api_key=agent.api_key.get_secret_value() if agent.api_key else None,
+        api_base=agent.api_base,
+        fallbacks=agent.fallbacks,
+        max_tokens=agent.max_tokens,
+        temperature=agent.temperature,
+        request_timeout=agent.request_timeout,
+        retry=RetryPolicy(attempts=agent.max_retries, max_total=agent.retry_max_seconds),
+        context_window=agent.context_window,
+    )
+
+
+@asynccontextmanager
+async def _agent(config: Config) -> AsyncIterator[AgentLoop]:
+    config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    copy_template(config.workspace_path)
+    async with await Database.open(config.state_db_path) as db:
+        yield AgentLoop(
+            build_provider(config),
+            SessionStore(db),
+            ContextBuilder(config.workspace_path),
+            timezone=_timezone(config),
+        )
+
+
+def ask(config: Config, message: str, session_key: str, *, verbose: bool = False) -> str:
+    """One turn in `session_key`; returns the reply. Raises NanobotError subclasses."""
+    _setup_logging(config, quiet=not verbose)
+
+    async def run() -> str:
+        async with _agent(config) as agent:
+            return await agent.ask(session_key, message)
+
+    return asyncio.run(run())
+
+
+def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
+    """An interactive chat in the terminal until EOF, /exit or Ctrl-C."""
+    from nanobot.channels import terminal
+
+    _setup_logging(config, quiet=not verbose)
+
+    async def run() -> None:
+        async with _agent(config) as agent:
+            await terminal.chat(agent.ask, session_key)
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+
+
+def serve(config: Config) -> int:
+    """Run the gateway until SIGTERM/SIGINT; returns the exit code.
+
+    Until chat channels exist, the gateway serves the terminal when stdin is one.
+    """
+    _setup_logging(config, quiet=False)
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: Config) -> int:
+    from nanobot.channels import terminal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    interrupts = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1 and signum == signal.SIGINT:
+            logger.warning("second interrupt: exiting at once")
+            os._exit(130)
+        logger.info("received {}; shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    for name in ("telegram", "discord"):
+        if getattr(config.channels, name).enabled:
+            logger.warning(
+                "channels.{} is enabled, but this version has no {} channel yet", name, name
+            )
+    async with _agent(config) as agent, asyncio.TaskGroup() as group:
+        logger.info(
+            "gateway started (model {}, workspace {})", config.agent.model, config.workspace_path
+        )
+        owned: list[asyncio.Task[None]] = []
+        if sys.stdin.isatty():
+            chat_task = group.create_task(
+                terminal.chat(agent.ask, "terminal:local"), name="terminal"
+            )
+            chat_task.add_done_callback(lambda _: stop.set())
+            owned.append(chat_task)
+        await stop.wait()
+        for task in owned:
+            task.cancel()
+    logger.info("gateway stopped")
+    return 0
+
+
+def describe_error(exc: NanobotError) -> str:
+    """One line for the terminal: the user-facing reason, then the detail."""
+    if isinstance(exc, ProviderError):
+        return f"{exc.user_message()} ({exc.kind}: {exc})"
+    return str(exc)
+
+
+def onboard(path: Path, answers: dict[str, str]) -> list[str]:
+    """Write the config (from the example, with `answers` filled in) and the workspace.
+
+    Never overwrites: an existing config is kept and only missing workspace files are added.
+    Returns what it did, one line each.
+
+    Raises:
+        ConfigError: the existing (or written) config is not valid.
+    """
+    lines: list[str] = []
+    if path.exists():
+        lines.append(f"config: {path} exists; left as it is")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        text = _fill_example(bundled("config.example.yaml").read_text(encoding="utf-8"), answers)
+        # Exclusive create: a file that appeared meanwhile is not clobbered; 0600 as it may
+        # hold an API key.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+        lines.append(f"config: wrote {path}")
+    config = load(path)
+    config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    created = copy_template(config.workspace_path)
+    state = f"added {len(created)} files" if created else "already complete"
+    lines.append(f"workspace: {config.workspace_path} ({state})")
+    if not path.exists() or not answers.get("api_key"):
+        lines.append(
+            "next: set agent.api_key (or your provider's key variable), then `nanobot agent -m hi`"
+        )
+    return lines
+
+
+def _fill_example(text: str, answers: dict[str, str]) -> str:
+    for key in ("model", "api_key", "api_base"):
+        value = answers.get(key)
+        if value:
+            quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            text = re.sub(
+                rf"(?m)^(  {key}:) .*$", lambda m: f"{m.group(1)} {quoted}", text, count=1
+            )
+    return text
+
+
+def status(config: Config, path: Path) -> list[tuple[str, str]]:
+    """Rows of (label, value) describing this installation, without any secret."""
+    rows = [
+        ("config", f"{path}" + ("" if path.exists() else " (not found; using defaults)")),
+        ("data dir", str(config.data_dir)),
+        (
+            "workspace",
+            str(config.workspace_path) + ("" if config.workspace_path.exists() else " (missing)"),
+        ),
+        (
+            "model",
+            config.agent.model + (f" via {config.agent.api_base}" if config.agent.api_base else ""),
+        ),
+        ("api key", "set" if config.agent.api_key else "not set (provider env vars may apply)"),
+    ]
+    for name in ("telegram", "discord"):
+        channel = getattr(config.channels, name)
+        state = f"enabled, {len(channel.allow_from)} allowed" if channel.enabled else "disabled"
+        rows.append((name, state))
+    rows.extend(asyncio.run(_store_rows(config.state_db_path)))
+    return rows
+
+
+async def _store_rows(db_path: Path) -> list[tuple[str, str]]:
+    if not db_path.exists():
+        return [("state", f"{db_path} (not created yet)")]
+    async with await Database.open(db_path) as db:
+        stats = await SessionStore(db).stats()
+    return [
+        ("state", f"{db_path} ({stats.size_bytes / 1024:.0f} KiB)"),
+        ("sessions", f"{stats.sessions} ({stats.live_sessions} live), {stats.entries} entries"),
+    ]

@@ -1,0 +1,1 @@
+"""Chat channels: adapters between platforms and the agent."""

@@ -1,0 +1,257 @@
+"""nanobot's configuration: one typed tree, loaded once, failing loudly.
+
+The YAML file is found at `--config PATH`, else `$NANOBOT_CONFIG`, else
+`~/.nanobot/config.yaml`. Environment variables `NANOBOT_<SECTION>__<KEY>` override the file.
+Every component receives its own section; nothing reads configuration files after start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import zoneinfo
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from nanobot.errors import ConfigError
+
+ENV_PREFIX = "NANOBOT_"
+ENV_CONFIG_PATH = "NANOBOT_CONFIG"
+DEFAULT_DATA_DIR = Path("~/.nanobot")
+DEFAULT_CONFIG_PATH = DEFAULT_DATA_DIR / "config.yaml"
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, values are validated on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class AgentConfig(Section):
+    model: str = "openai/gpt-4o-mini"
+    api_key: SecretStr | None = None
+    api_base: str | None = None
+    fallbacks: list[str] = Field(default_factory=list)
+    max_tokens: int = Field(4096, gt=0)
+    temperature: float = Field(0.3, ge=0, le=2)
+    max_iterations: int = Field(20, gt=0)
+    max_concurrent_turns: int = Field(16, gt=0)
+    context_window: int | None = Field(None, gt=0)
+    request_timeout: float = Field(120, gt=0)
+    max_retries: int = Field(3, ge=0, le=10)
+    retry_max_seconds: float = Field(60, gt=0)
+
+
+class ChannelConfig(Section):
+    """What every chat channel has: a switch, a secret token and who may talk to it."""
+
+    enabled: bool = False
+    token: SecretStr = SecretStr("")
+    allow_from: list[str] = Field(default_factory=list)
+
+    @field_validator("allow_from", mode="before")
+    @classmethod
+    def _ids_as_strings(cls, value: object) -> object:
+        # YAML reads numeric ids as ints; ids are compared as strings everywhere.
+        if isinstance(value, list):
+            return [str(item) if isinstance(item, int) else item for item in value]
+        return value
+
+
+class TelegramConfig(ChannelConfig):
+    api_base: str = "https://api.telegram.org"
+
+
+class DiscordConfig(ChannelConfig):
+    api_base: str = "https://discord.com/api/v10"
+    gateway_url: str = "wss://gateway.discord.gg"
+
+
+class ChannelsConfig(Section):
+    telegram: TelegramConfig = Field(default_factory=TelegramConfig)
+    discord: DiscordConfig = Field(default_factory=DiscordConfig)
+
+
+class ExecConfig(Section):
+    enabled: bool = True
+    timeout: float = Field(60, gt=0)
+
+
+class WebConfig(Section):
+    search_api_key: SecretStr = SecretStr("")
+
+
+class ToolsConfig(Section):
+    restrict_to_workspace: bool = True
+    exec: ExecConfig = Field(default_factory=ExecConfig)
+    web: WebConfig = Field(default_factory=WebConfig)
+
+
+class CronConfig(Section):
+    enabled: bool = True
+
+
+class HeartbeatConfig(Section):
+    enabled: bool = False
+    interval_minutes: int = Field(30, gt=0)
+
+
+class LogConfig(Section):
+    level: Literal["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    json_: bool = Field(False, alias="json")
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+
+class Config(BaseSettings):
+    """The whole configuration. Build it with `load()`, not directly."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_assignment=True,
+        populate_by_name=True,
+    )
+
+    data_dir: Path = DEFAULT_DATA_DIR
+    workspace: Path | None = None
+    timezone: str | None = None
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    cron: CronConfig = Field(default_factory=CronConfig)
+    heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's contents arrive as init kwargs; listing env first makes env win.
+        return (env_settings, init_settings)
+
+    @field_validator("data_dir", "workspace", mode="after")
+    @classmethod
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                zoneinfo.ZoneInfo(value)
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+                raise ValueError(f"unknown IANA time zone {value!r}") from None
+        return value
+
+    @property
+    def workspace_path(self) -> Path:
+        return self.workspace if self.workspace is not None else self.data_dir / "workspace"
+
+    @property
+    def state_db_path(self) -> Path:
+        return self.data_dir / "state.db"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+
+def config_path(explicit: Path | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """Where the config file is: explicit path, else $NANOBOT_CONFIG, else the default."""
+    env = os.environ if env is None else env
+    if explicit is not None:
+        return explicit.expanduser()
+    if env.get(ENV_CONFIG_PATH):
+        return Path(env[ENV_CONFIG_PATH]).expanduser()
+    return DEFAULT_CONFIG_PATH.expanduser()
+
+
+def load(path: Path | None = None) -> Config:
+    """Load the configuration from the file (see `config_path`) and the environment.
+
+    A missing file at the default location means "all defaults"; a missing file that was
+    named explicitly (argument or $NANOBOT_CONFIG) is an error.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, or a key is unknown or invalid. The
+            message names the file (or environment variable), the key path and the reason.
+    """
+    named = path is not None or bool(os.environ.get(ENV_CONFIG_PATH))
+    file = config_path(path)
+    data = _read_yaml(file, must_exist=named)
+    _check_env_names(os.environ)
+    try:
+        return Config(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, file)) from None
+
+
+def _read_yaml(file: Path, *, must_exist: bool) -> dict[str, Any]:
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if must_exist:
+            raise ConfigError(f"{file}: config file not found") from None
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file}: cannot read config file: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: invalid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        raise ConfigError(f"{file}: the top level must be a mapping of keys, not a {kind}")
+    return data
+
+
+def _check_env_names(env: Mapping[str, str]) -> None:
+    # pydantic-settings ignores variables that match no field; a typo such as
+    # NANOBOT_AGENT_MODEL (one underscore) would then be silently dropped.
+    for name in env:
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_PATH:
+            continue
+        model: type[BaseModel] | None = Config
+        for part in name[len(ENV_PREFIX) :].lower().split("__"):
+            fields = {f.alias or n: f for n, f in model.model_fields.items()} if model else {}
+            field = fields.get(part)
+            if field is None:
+                raise ConfigError(
+                    f"environment variable {name}: unknown key (nested keys are separated "
+                    "by a double underscore, e.g. NANOBOT_AGENT__MODEL)"
+                )
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                model = annotation
+            else:
+                model = None
+
+
+def _describe(exc: ValidationError, file: Path) -> str:
+    lines = [f"{file}: invalid configuration"]
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"])
+        reason = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        env_name = ENV_PREFIX + "__".join(str(part) for part in error["loc"]).upper()
+        origin = f" (from environment variable {env_name})" if env_name in os.environ else ""
+        lines.append(f"  {key}: {reason}{origin}")
+    return "\n".join(lines)

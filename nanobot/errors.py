@@ -1,0 +1,61 @@
+"""The few exception types nanobot raises across module boundaries.
+
+Each carries a message meant for a human; the CLI prints it as is. Library exceptions are
+translated into these at the boundary that owns the library (config loading, the store, the
+provider), never deeper.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+
+class NanobotError(Exception):
+    """Base of every error nanobot raises on purpose."""
+
+
+class ConfigError(NanobotError):
+    """The configuration cannot be used: unreadable file, unknown key, bad value.
+
+    The message names the file, the key path and the reason.
+    """
+
+
+class StoreError(NanobotError):
+    """The state database cannot be opened, migrated or written.
+
+    Raised instead of silently recreating or overwriting anything.
+    """
+
+
+ProviderErrorKind = Literal[
+    "rate_limited", "unavailable", "timeout", "auth", "bad_request", "context_overflow"
+]
+
+
+class ProviderError(NanobotError):
+    """A model call failed after retries and fallbacks.
+
+    `kind` says why, for callers that react differently (a context overflow triggers
+    compaction; the rest become one short line for the user). `model` is the last model tried.
+    The message is for logs; it is never written into a conversation as assistant text.
+    """
+
+    def __init__(self, kind: ProviderErrorKind, message: str, *, model: str = "") -> None:
+        super().__init__(message)
+        self.kind: ProviderErrorKind = kind
+        self.model = model
+
+    def user_message(self) -> str:
+        """A short, plain line for the person in the chat."""
+        return _USER_MESSAGES[self.kind]
+
+
+_USER_MESSAGES: dict[ProviderErrorKind, str] = {
+    "rate_limited": "The model is rate-limiting me right now; please try again in a minute.",
+    "unavailable": ("The model is unavailable right now; I'll be able to answer once it is back."),
+    "timeout": "The model took too long to answer; please try again.",
+    "auth": "I can't reach the model: its API key was refused. Check agent.api_key.",
+    "bad_request": "The model refused the request; the details are in the log.",
+    "context_overflow": "This conversation no longer fits the model's context window.",
+}

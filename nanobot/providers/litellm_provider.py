@@ -1,0 +1,338 @@
+"""LLMProvider over litellm: any model litellm knows, or any OpenAI-compatible endpoint.
+
+The only module that imports litellm, and only when the first call is made: importing it
+takes seconds and the CLI's quick commands must not pay for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from loguru import logger
+
+from nanobot.errors import ProviderError, ProviderErrorKind
+from nanobot.providers.base import (
+    Completion,
+    DeltaHandler,
+    Message,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolSchema,
+    Usage,
+)
+
+DEFAULT_CONTEXT_WINDOW = 32_000
+_RETRYABLE: frozenset[ProviderErrorKind] = frozenset({"rate_limited", "unavailable", "timeout"})
+# A fallback model may be another vendor with other credentials, so auth failures move on too.
+_FALLBACK_ON: frozenset[ProviderErrorKind] = _RETRYABLE | {"auth"}
+
+
+@cache
+def _litellm() -> ModuleType:
+    # Without this, importing litellm fetches a price list from the internet.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm  # noqa: TID251 - this is the one place allowed to
+
+    litellm.suppress_debug_info = True
+    litellm.telemetry = False
+    litellm.drop_params = True  # a setting the model does not take is dropped, not an error
+    return litellm
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries per model: `attempts` extra tries, waits doubling from `base_delay`, capped."""
+
+    attempts: int = 3
+    base_delay: float = 0.5
+    max_delay: float = 20.0
+    max_total: float = 60.0
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return retry_after
+        backoff = min(self.max_delay, self.base_delay * 2**attempt)
+        return backoff * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography
+
+
+class LiteLLMProvider:
+    """An `LLMProvider` that streams every call through `litellm.acompletion`."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        api_base: str | None = None,
+        fallbacks: Sequence[str] = (),
+        max_tokens: int = 4096,
+        temperature: float = 0.3,
+        request_timeout: float = 120.0,
+        retry: RetryPolicy | None = None,
+        context_window: int | None = None,
+    ) -> None:
+        self._model = model
+        self._api_key = api_key
+        self._api_base = api_base
+        self._fallbacks = tuple(fallbacks)
+        self._max_tokens = max_tokens
+        self._temperature = temperature
+        self._timeout = request_timeout
+        self._retry = retry or RetryPolicy()
+        self._context_window = context_window
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] = (),
+        *,
+        on_delta: DeltaHandler | None = None,
+        max_tokens: int | None = None,
+    ) -> Completion:
+        """See `LLMProvider.complete`."""
+        deadline = time.monotonic() + self._retry.max_total
+        last: ProviderError | None = None
+        for model in (self._model, *self._fallbacks):
+            if last is not None:
+                logger.warning(
+                    "model {} failed ({}); trying fallback {}", last.model, last.kind, model
+                )
+            try:
+                return await self._with_retries(
+                    model, messages, tools, on_delta, max_tokens or self._max_tokens, deadline
+                )
+            except ProviderError as exc:
+                if exc.kind not in _FALLBACK_ON:
+                    raise
+                last = exc
+        assert last is not None
+        raise last
+
+    async def _with_retries(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema],
+        on_delta: DeltaHandler | None,
+        max_tokens: int,
+        deadline: float,
+    ) -> Completion:
+        attempt = 0
+        while True:
+            try:
+                return await self._stream_once(model, messages, tools, on_delta, max_tokens)
+            except Exception as exc:  # noqa: BLE001 - every litellm failure is classified here
+                error = _classify(exc, model)
+                retry_after = _retry_after(exc)
+            if error.kind not in _RETRYABLE or attempt >= self._retry.attempts:
+                raise error
+            wait = self._retry.delay(attempt, retry_after)
+            if time.monotonic() + wait > deadline:
+                raise error
+            logger.info(
+                "model {} {}; retry {}/{} in {:.1f}s",
+                model,
+                error.kind,
+                attempt + 1,
+                self._retry.attempts,
+                wait,
+            )
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    async def _stream_once(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema],
+        on_delta: DeltaHandler | None,
+        max_tokens: int,
+    ) -> Completion:
+        litellm = _litellm()
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "messages": list(messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": max_tokens,
+            "temperature": self._temperature,
+            "timeout": self._timeout,
+            "max_retries": 0,  # retries are ours: litellm's would hide Retry-After and fallbacks
+        }
+        if tools:
+            kwargs["tools"] = list(tools)
+        if self._api_key:
+            kwargs["api_key"] = self._api_key
+        if self._api_base:
+            kwargs["api_base"] = self._api_base
+        stream = await litellm.acompletion(**kwargs)
+        assembler = _Assembler(on_delta)
+        try:
+            async for chunk in stream:
+                assembler.add(chunk)
+        finally:
+            await _close(stream)
+        return assembler.result(model, self._cost(model, assembler.usage))
+
+    def _cost(self, model: str, usage: Usage) -> Usage:
+        try:
+            prompt, completion = _litellm().cost_per_token(
+                model=model,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+            )
+        except Exception:  # noqa: BLE001 - unknown models have no price; that is not an error
+            return usage
+        return Usage(usage.prompt_tokens, usage.completion_tokens, float(prompt + completion))
+
+    def context_window(self) -> int:
+        if self._context_window is not None:
+            return self._context_window
+        try:
+            info = _litellm().get_model_info(self._model)
+        except Exception:  # noqa: BLE001 - litellm raises a bare Exception for unknown models
+            return DEFAULT_CONTEXT_WINDOW
+        return int(info.get("max_input_tokens") or info.get("max_tokens") or DEFAULT_CONTEXT_WINDOW)
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return int(_litellm().token_counter(model=self._model, messages=list(messages)))
+
+
+class _Assembler:
+    """Turns litellm's streamed chunks into deltas for the listener and one Completion."""
+
+    def __init__(self, on_delta: DeltaHandler | None) -> None:
+        self._on_delta = on_delta
+        self._seq = 0
+        self._text: list[str] = []
+        self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments...]
+        self._finish = "stop"
+        self.usage = Usage()
+
+    def add(self, chunk: Any) -> None:
+        usage = getattr(chunk, "usage", None)
+        if usage is not None and getattr(usage, "prompt_tokens", None) is not None:
+            self.usage = Usage(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
+        for choice in chunk.choices or ():
+            if choice.finish_reason:
+                self._finish = choice.finish_reason
+            delta = choice.delta
+            if delta is None:
+                continue
+            if delta.content:
+                self._text.append(delta.content)
+                self._emit(TextDelta(self._seq, delta.content))
+            for call in delta.tool_calls or ():
+                self._add_call(call)
+
+    def _add_call(self, call: Any) -> None:
+        index = int(call.index or 0)
+        parts = self._calls.setdefault(index, ["", ""])
+        function = call.function
+        name = getattr(function, "name", None) if function else None
+        arguments = (getattr(function, "arguments", None) or "") if function else ""
+        if call.id and not parts[0]:
+            parts[0] = call.id
+        if name and not parts[1]:
+            parts[1] = name
+        if arguments:
+            parts.append(arguments)
+        self._emit(ToolCallDelta(self._seq, index, call.id, name, arguments))
+
+    def _emit(self, delta: TextDelta | ToolCallDelta) -> None:
+        self._seq += 1
+        if self._on_delta is not None:
+            self._on_delta(delta)
+
+    def result(self, model: str, usage: Usage) -> Completion:
+        calls = tuple(
+            ToolCall(id=parts[0] or f"call_{index}", name=parts[1], arguments="".join(parts[2:]))
+            for index, parts in sorted(self._calls.items())
+        )
+        text = "".join(self._text)
+        finish = "tool_calls" if calls else self._finish
+        return Completion(text or None, calls, finish, usage, model)
+
+
+async def _close(stream: Any) -> None:
+    closer = getattr(stream, "aclose", None)
+    if closer is not None:
+        try:
+            await closer()
+        except Exception:  # noqa: BLE001 - closing a broken stream must not mask its error
+            logger.debug("closing the model stream failed", exc_info=True)
+
+
+def _classify(exc: BaseException, model: str) -> ProviderError:
+    """Map a litellm/openai/httpx exception to a ProviderError kind."""
+    litellm = _litellm()
+    message = f"{model}: {type(exc).__name__}: {exc}"
+    checks: tuple[
+        tuple[type[BaseException] | tuple[type[BaseException], ...], ProviderErrorKind], ...
+    ] = (
+        (litellm.ContextWindowExceededError, "context_overflow"),
+        (litellm.RateLimitError, "rate_limited"),
+        ((litellm.AuthenticationError, litellm.PermissionDeniedError), "auth"),
+        (litellm.Timeout, "timeout"),
+        (
+            (
+                litellm.ServiceUnavailableError,
+                litellm.InternalServerError,
+                litellm.BadGatewayError,
+                litellm.APIConnectionError,
+            ),
+            "unavailable",
+        ),
+        (
+            (litellm.BadRequestError, litellm.NotFoundError, litellm.UnprocessableEntityError),
+            "bad_request",
+        ),
+    )
+    for types, kind in checks:
+        if isinstance(exc, types):
+            if kind == "bad_request" and _looks_like_overflow(str(exc)):
+                kind = "context_overflow"
+            return ProviderError(kind, message, model=model)
+    if isinstance(exc, TimeoutError):
+        return ProviderError("timeout", message, model=model)
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and (status >= 500 or status == 408):
+        return ProviderError("unavailable", message, model=model)
+    if isinstance(exc, (ConnectionError, OSError)):
+        return ProviderError("unavailable", message, model=model)
+    return ProviderError("bad_request", message, model=model)
+
+
+def _looks_like_overflow(text: str) -> bool:
+    text = text.lower()
+    return "context length" in text or "context_length" in text or "too many tokens" in text
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """Seconds the server asked us to wait, from `retry-after-ms` or `retry-after`."""
+    # litellm keeps the vendor's headers on `litellm_response_headers`; `response.headers`
+    # is empty on its own rate-limit errors.
+    for source in (exc, getattr(exc, "response", None)):
+        for attribute in ("litellm_response_headers", "headers"):
+            headers = getattr(source, attribute, None)
+            if not headers:
+                continue
+            for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+                try:
+                    return max(0.0, float(headers[name]) * scale)
+                except (KeyError, TypeError, ValueError):
+                    continue
+    return None

@@ -1,0 +1,103 @@
+"""The schema of the state database and how it evolves.
+
+`MIGRATIONS[n]` is the SQL script that takes the database from schema version `n` to `n + 1`.
+The version lives in `PRAGMA user_version`. To change the schema, append one script; never
+edit or reorder one that has shipped. Each script runs in its own transaction together with
+the version bump, so a failing script leaves the database exactly at the previous version.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nanobot.errors import StoreError
+
+if TYPE_CHECKING:
+    from nanobot.store.database import Database
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: sessions and their append-only entries.
+    """
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY,
+        key TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        archived_at TEXT
+    );
+    -- One live session per key. Archived sessions keep their key, as history.
+    CREATE UNIQUE INDEX sessions_live_key ON sessions (key) WHERE archived_at IS NULL;
+    CREATE TABLE entries (
+        -- AUTOINCREMENT: ids are never reused, so an id is a stable paging cursor.
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id INTEGER NOT NULL REFERENCES sessions (id),
+        kind TEXT NOT NULL,
+        data TEXT NOT NULL,
+        run_id TEXT,
+        created_at TEXT NOT NULL
+    );
+    -- The tail of a session is a short backwards range scan of this index.
+    CREATE INDEX entries_session_id ON entries (session_id, id);
+    """,
+)
+
+
+def check_version(path: Path, version: int) -> None:
+    """Raise `StoreError` if the database at `path` is newer than this code understands."""
+    if version > len(MIGRATIONS):
+        raise StoreError(
+            f"{path} has schema version {version}, but this nanobot only knows versions up to "
+            f"{len(MIGRATIONS)}; it was left untouched. Upgrade nanobot to use it."
+        )
+
+
+async def migrate(db: Database) -> int:
+    """Apply the missing migrations in order and return the resulting schema version.
+
+    Safe when several processes open a fresh database at once: the version is re-read under
+    the write lock before each step, so every script runs exactly once. Raises `StoreError`
+    if a script fails (the database stays at the last good version) or if the schema is newer
+    than this code.
+    """
+    version = await _user_version(db)
+    while version < len(MIGRATIONS):
+        async with db.transaction():
+            version = await _user_version(db)
+            check_version(db.path, version)
+            if version < len(MIGRATIONS):
+                await _apply(db, version)
+                version += 1
+    check_version(db.path, version)
+    return version
+
+
+async def _apply(db: Database, version: int) -> None:
+    try:
+        for statement in _statements(MIGRATIONS[version]):
+            await db.execute(statement)
+        await db.execute(f"PRAGMA user_version = {version + 1}")
+    except StoreError as exc:
+        raise StoreError(
+            f"schema migration {version + 1} failed, {db.path} was left at version {version}: {exc}"
+        ) from exc
+
+
+async def _user_version(db: Database) -> int:
+    row = await db.fetchone("PRAGMA user_version")
+    return int(row[0]) if row else 0
+
+
+def _statements(script: str) -> list[str]:
+    """Split a script into statements; `complete_statement` knows about strings and triggers."""
+    statements: list[str] = []
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \t\n;"):
+                statements.append(pending.strip())
+            pending = ""
+    if pending.strip(" \t\n;"):
+        statements.append(pending.strip())
+    return statements

@@ -1,0 +1,250 @@
+"""Sessions: conversations stored as append-only lists of entries.
+
+A session belongs to a key (`channel:chat_id`, plus thread where the platform has one). Each
+key has at most one *live* session; `/new` archives it, and the next `live()` starts another.
+Archived sessions and their entries are kept as history. Entries are never updated or
+deleted: a compaction is itself an entry that later context building starts from.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Literal, cast, get_args
+
+from nanobot.errors import StoreError
+from nanobot.store.database import Database
+
+EntryKind = Literal["message", "compaction", "note"]
+"""What an entry holds: a chat message, a compaction summary, or a system note."""
+
+_KINDS: Final = frozenset(get_args(EntryKind))
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """An entry to append; the store assigns its id and timestamp.
+
+    For `kind="message"`, `data` is an OpenAI-format chat message (`role`, `content`, and
+    `tool_calls` / `tool_call_id` where they apply). `data` must be JSON-serialisable.
+    """
+
+    kind: EntryKind
+    data: dict[str, Any]
+    run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A stored entry. Ids increase with insertion order across the whole database."""
+
+    id: int
+    session_id: int
+    kind: EntryKind
+    data: dict[str, Any]
+    run_id: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """One session, live (`archived_at is None`) or archived, with its number of entries."""
+
+    id: int
+    key: str
+    created_at: datetime
+    archived_at: datetime | None
+    entry_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Totals for `nanobot status`. `size_bytes` includes the write-ahead log."""
+
+    sessions: int
+    live_sessions: int
+    entries: int
+    size_bytes: int
+
+
+_ENTRY_COLUMNS: Final = "id, session_id, kind, data, run_id, created_at"
+
+
+class SessionStore:
+    """Sessions and their entries in the state database.
+
+    Every method raises `StoreError` when the database fails, and is safe to use from
+    several tasks and several processes at once.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def live(self, key: str) -> int:
+        """Return the id of the live session for `key`, starting one if there is none.
+
+        Two processes racing to start the same key get the same session: the unique index on
+        live keys lets only one insert succeed.
+        """
+        row = await self._db.fetchone(
+            "SELECT id FROM sessions WHERE key = ? AND archived_at IS NULL", (key,)
+        )
+        if row is not None:
+            return int(row["id"])
+        async with self._db.transaction():
+            await self._db.execute(
+                "INSERT INTO sessions (key, created_at) VALUES (?, ?)"
+                " ON CONFLICT (key) WHERE archived_at IS NULL DO NOTHING",
+                (key, _now()),
+            )
+            row = await self._db.fetchone(
+                "SELECT id FROM sessions WHERE key = ? AND archived_at IS NULL", (key,)
+            )
+        assert row is not None, "the live session exists inside the transaction that made it"
+        return int(row["id"])
+
+    async def archive(self, key: str) -> int | None:
+        """Archive the live session for `key` and return its id; None if there was none.
+
+        The session and its entries stay readable; the next `live(key)` starts a new one.
+        """
+        row = await self._db.fetchone(
+            "UPDATE sessions SET archived_at = ? WHERE key = ? AND archived_at IS NULL"
+            " RETURNING id",
+            (_now(), key),
+        )
+        return None if row is None else int(row["id"])
+
+    async def append(self, session_id: int, entries: Sequence[NewEntry]) -> list[Entry]:
+        """Append `entries` atomically, in order, and return them as stored.
+
+        Appending to an archived session is allowed (a turn that was running when `/new`
+        came in finishes where it started). Raises `StoreError` if the session does not exist
+        and `TypeError` if a payload is not JSON-serialisable; either way nothing is appended.
+        """
+        if not entries:
+            return []
+        created_at = datetime.now(UTC)
+        stamp = _format_time(created_at)
+        # Encode first: a payload that is not JSON fails before the write lock is taken.
+        payloads = [_encode(entry.data) for entry in entries]
+        stored: list[Entry] = []
+        async with self._db.transaction():
+            for entry, payload in zip(entries, payloads, strict=True):
+                row = await self._db.fetchone(
+                    "INSERT INTO entries (session_id, kind, data, run_id, created_at)"
+                    " VALUES (?, ?, ?, ?, ?) RETURNING id",
+                    (session_id, entry.kind, payload, entry.run_id, stamp),
+                )
+                assert row is not None, "INSERT … RETURNING yields the new row"
+                stored.append(
+                    Entry(
+                        id=int(row["id"]),
+                        session_id=session_id,
+                        kind=entry.kind,
+                        data=entry.data,
+                        run_id=entry.run_id,
+                        created_at=created_at,
+                    )
+                )
+        return stored
+
+    async def tail(self, session_id: int, limit: int, before_id: int | None = None) -> list[Entry]:
+        """Return the last `limit` entries of the session, oldest first.
+
+        With `before_id`, only entries with a smaller id are considered, so passing the
+        first id of one page fetches the page before it. The cost depends on `limit`, not on
+        the length of the session.
+        """
+        if limit <= 0:
+            return []
+        # Sentinel instead of a second query: `id < ?` keeps the index range either way.
+        upper = before_id if before_id is not None else 2**63 - 1
+        rows = await self._db.fetchall(
+            f"SELECT {_ENTRY_COLUMNS} FROM entries"
+            " WHERE session_id = ? AND id < ? ORDER BY id DESC LIMIT ?",
+            (session_id, upper, limit),
+        )
+        return [self._entry(row) for row in reversed(rows)]
+
+    async def count(self, session_id: int) -> int:
+        """The number of entries in the session."""
+        row = await self._db.fetchone(
+            "SELECT count(*) FROM entries WHERE session_id = ?", (session_id,)
+        )
+        return int(row[0]) if row else 0
+
+    async def sessions(self, key: str | None = None) -> list[SessionInfo]:
+        """All sessions, or those of one key, oldest first."""
+        where, params = ("WHERE s.key = ?", (key,)) if key is not None else ("", ())
+        rows = await self._db.fetchall(
+            "SELECT s.id, s.key, s.created_at, s.archived_at,"
+            " (SELECT count(*) FROM entries e WHERE e.session_id = s.id) AS entry_count"
+            f" FROM sessions s {where} ORDER BY s.id",
+            params,
+        )
+        return [
+            SessionInfo(
+                id=int(row["id"]),
+                key=str(row["key"]),
+                created_at=_parse_time(row["created_at"]),
+                archived_at=None if row["archived_at"] is None else _parse_time(row["archived_at"]),
+                entry_count=int(row["entry_count"]),
+            )
+            for row in rows
+        ]
+
+    async def stats(self) -> StoreStats:
+        """Counts of sessions and entries, and the size of the database on disk."""
+        row = await self._db.fetchone(
+            "SELECT (SELECT count(*) FROM sessions),"
+            " (SELECT count(*) FROM sessions WHERE archived_at IS NULL),"
+            " (SELECT count(*) FROM entries)"
+        )
+        assert row is not None, "a SELECT without FROM yields one row"
+        return StoreStats(
+            sessions=int(row[0]),
+            live_sessions=int(row[1]),
+            entries=int(row[2]),
+            size_bytes=await self._db.size_bytes(),
+        )
+
+    def _entry(self, row: sqlite3.Row) -> Entry:
+        kind = row["kind"]
+        try:
+            data = json.loads(row["data"])
+        except ValueError:
+            data = None
+        if kind not in _KINDS or not isinstance(data, dict):
+            raise StoreError(
+                f"{self._db.path}: entry {row['id']} (kind {kind!r}) is not an entry this "
+                "nanobot can read"
+            )
+        return Entry(
+            id=int(row["id"]),
+            session_id=int(row["session_id"]),
+            kind=cast(EntryKind, kind),
+            data=data,
+            run_id=row["run_id"],
+            created_at=_parse_time(row["created_at"]),
+        )
+
+
+def _encode(data: dict[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def _now() -> str:
+    return _format_time(datetime.now(UTC))
+
+
+def _format_time(moment: datetime) -> str:
+    # Fixed width (always microseconds) so the text sorts in time order.
+    return moment.isoformat(timespec="microseconds")
+
+
+def _parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text)

@@ -1,0 +1,66 @@
+"""Shared fixtures: a fake LLM server and an isolated nanobot home for subprocess tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.llm import FakeLLM
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No NANOBOT_* variable of the developer's leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith("NANOBOT_"):
+            monkeypatch.delenv(name)
+    yield
+
+
+@pytest.fixture
+async def fake_llm() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as fake:
+        yield fake
+
+
+@dataclass(frozen=True)
+class Home:
+    """A throwaway nanobot installation: config file, data dir and environment."""
+
+    root: Path
+    config: Path
+    data_dir: Path
+    env: dict[str, str]
+
+    def write_config(self, text: str) -> None:
+        self.config.write_text(text, encoding="utf-8")
+
+
+@pytest.fixture
+def home(tmp_path: Path, fake_llm: FakeLLM) -> Home:
+    """Config pointing at `fake_llm`; `env` is what a nanobot subprocess should get."""
+    data_dir = tmp_path / "data"
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"data_dir: {data_dir}\n"
+        "agent:\n"
+        "  model: openai/fake-model\n"
+        f"  api_base: {fake_llm.base_url}\n"
+        "  api_key: sk-test-secret-key-123456\n",
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NANOBOT_")}
+    env.update(
+        HOME=str(tmp_path),
+        NANOBOT_CONFIG=str(config),
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    )
+    return Home(tmp_path, config, data_dir, env)

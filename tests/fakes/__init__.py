@@ -1,0 +1,1 @@
+"""Test doubles for external services (LLM APIs, chat platforms)."""

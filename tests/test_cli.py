@@ -1,0 +1,192 @@
+"""The CLI as a user runs it: real subprocesses, a fake model server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import Home
+from tests.fakes.llm import FakeLLM, ServerError, Text
+
+SECRET = "sk-test-secret-key-123456"
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+async def nanobot(home: Home, *args: str, env: dict[str, str] | None = None) -> Result:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "nanobot",
+        *args,
+        env=env or home.env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=90)
+    assert process.returncode is not None
+    return Result(process.returncode, stdout.decode(), stderr.decode())
+
+
+async def test_agent_message_prints_only_the_reply(home: Home, fake_llm: FakeLLM) -> None:
+    fake_llm.script(Text("Hello! How can I help?"))
+    result = await nanobot(home, "agent", "-m", "hi there")
+    assert result.code == 0, result.stderr
+    assert result.stdout == "Hello! How can I help?\n"
+    request = fake_llm.requests[0]
+    assert request.model == "fake-model"
+    assert request.messages[0]["role"] == "system"
+    assert request.messages[-1]["role"] == "user"
+    assert request.messages[-1]["content"].endswith("hi there")
+    # The workspace was laid down and its instructions reached the model.
+    assert (home.data_dir / "workspace" / "AGENTS.md").exists()
+    assert "Agent instructions" in request.messages[0]["content"]
+
+
+async def test_session_continues_with_the_same_name(home: Home, fake_llm: FakeLLM) -> None:
+    fake_llm.script(Text("Nice to meet you, Ada."), Text("You are Ada."), Text("Who?"))
+    assert (await nanobot(home, "agent", "-m", "I am Ada", "-s", "cli:ada")).code == 0
+    second = await nanobot(home, "agent", "-m", "Who am I?", "-s", "cli:ada")
+    assert second.stdout == "You are Ada.\n"
+    history = fake_llm.requests[1].messages
+    assert [m["role"] for m in history] == ["system", "user", "assistant", "user"]
+    assert history[2]["content"] == "Nice to meet you, Ada."
+    # Another session does not see that conversation.
+    await nanobot(home, "agent", "-m", "Who am I?", "-s", "cli:other")
+    assert [m["role"] for m in fake_llm.requests[2].messages] == ["system", "user"]
+
+
+async def test_default_session_is_cli_default(home: Home, fake_llm: FakeLLM) -> None:
+    await nanobot(home, "agent", "-m", "one")
+    await nanobot(home, "agent", "-m", "two", "-s", "cli:default")
+    assert len(fake_llm.requests[1].messages) == 4
+
+
+async def test_unreachable_model_exits_non_zero_with_one_line(home: Home) -> None:
+    env = dict(home.env)
+    env["NANOBOT_AGENT__API_BASE"] = "http://127.0.0.1:9/v1"
+    env["NANOBOT_AGENT__MAX_RETRIES"] = "1"
+    result = await nanobot(home, "agent", "-m", "hi", env=env)
+    assert result.code != 0
+    assert result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("nanobot: The model is unavailable right now")
+    assert SECRET not in result.stderr
+
+
+async def test_provider_failure_is_not_stored_as_history(home: Home, fake_llm: FakeLLM) -> None:
+    env = dict(home.env)
+    env["NANOBOT_AGENT__MAX_RETRIES"] = "0"
+    fake_llm.script(ServerError(500), Text("back again"))
+    assert (await nanobot(home, "agent", "-m", "first", env=env)).code != 0
+    assert (await nanobot(home, "agent", "-m", "second", env=env)).stdout == "back again\n"
+    roles = [m["role"] for m in fake_llm.requests[1].messages]
+    # The failed turn left its user message and no made-up assistant answer.
+    assert roles == ["system", "user", "user"]
+
+
+async def test_onboard_twice_changes_nothing(home: Home) -> None:
+    config = home.root / "fresh" / "config.yaml"
+    env = dict(home.env, NANOBOT_CONFIG=str(config), NANOBOT_DATA_DIR=str(home.root / "d"))
+    first = await nanobot(home, "onboard", "--non-interactive", env=env)
+    assert first.code == 0, first.stderr
+    assert "wrote" in first.stdout
+    assert config.stat().st_mode & 0o777 == 0o600
+    files = sorted(p for p in (home.root / "d").rglob("*") if p.is_file())
+    assert {p.name for p in files} >= {"AGENTS.md", "SOUL.md", "USER.md", "MEMORY.md"}
+    (home.root / "d" / "workspace" / "USER.md").write_text("my own notes", encoding="utf-8")
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in [config, *files]}
+    second = await nanobot(home, "onboard", "--non-interactive", env=env)
+    assert second.code == 0
+    assert "exists" in second.stdout
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in [config, *files]}
+    assert after == before
+
+
+async def test_onboard_refuses_an_invalid_existing_config(home: Home) -> None:
+    home.write_config("agent: {bogus: 1}\n")
+    result = await nanobot(home, "onboard", "--non-interactive")
+    assert result.code == 2
+    assert "agent.bogus: unknown key" in result.stderr
+
+
+async def test_bad_config_exits_2_with_file_and_key(home: Home) -> None:
+    home.write_config("agent:\n  max_tokens: plenty\n")
+    for command in (["status"], ["agent", "-m", "hi"], ["gateway"]):
+        result = await nanobot(home, *command)
+        assert result.code == 2, command
+        assert str(home.config) in result.stderr
+        assert "agent.max_tokens" in result.stderr
+
+
+async def test_status_shows_figures_and_no_secrets(home: Home, fake_llm: FakeLLM) -> None:
+    home.write_config(
+        home.config.read_text()
+        + "channels:\n  telegram: {enabled: true, token: '123:tg-secret', allow_from: [1, 2]}\n"
+    )
+    await nanobot(home, "agent", "-m", "hi")
+    result = await nanobot(home, "status")
+    assert result.code == 0, result.stderr
+    assert str(home.config) in result.stdout
+    assert "openai/fake-model" in result.stdout
+    assert "enabled, 2 allowed" in result.stdout
+    assert "1 (1 live), 2 entries" in result.stdout
+    for secret in (SECRET, "tg-secret"):
+        assert secret not in result.stdout + result.stderr
+
+
+async def test_secrets_never_reach_the_log_file(home: Home, fake_llm: FakeLLM) -> None:
+    env = dict(home.env, NANOBOT_LOG__LEVEL="DEBUG")
+    result = await nanobot(home, "agent", "-m", "hi", "--verbose", env=env)
+    assert result.code == 0
+    log_text = (home.data_dir / "logs" / "nanobot.log").read_text()
+    assert log_text  # debug logging did write something
+    assert SECRET not in log_text + result.stderr
+
+
+async def test_quick_commands_import_no_heavy_library(home: Home) -> None:
+    probe = (
+        "import sys\n"
+        "from nanobot.cli import app\n"
+        "for args in (['--help'], ['status'], ['onboard', '--non-interactive']):\n"
+        "    try:\n"
+        "        app(args)\n"
+        "    except SystemExit as exc:\n"
+        "        assert not exc.code, (args, exc.code)\n"
+        "heavy = sorted(m for m in ('litellm', 'telegram', 'discord', 'openai') if m in sys.modules)\n"
+        "print(json.dumps(heavy))\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import json\n" + probe,
+        env=home.env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await process.communicate()
+    assert process.returncode == 0, stderr.decode()
+    assert json.loads(stdout.decode().strip().splitlines()[-1]) == []
+
+
+async def test_version_and_help(home: Home) -> None:
+    version = await nanobot(home, "--version")
+    assert version.code == 0
+    assert version.stdout.startswith("nanobot 0.")
+    help_text = (await nanobot(home, "--help")).stdout
+    for command in ("onboard", "status", "agent", "gateway", "--config"):
+        assert command in help_text
+
+
+def test_console_script_is_declared() -> None:
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert 'nanobot = "nanobot.cli:main"' in text

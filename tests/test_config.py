@@ -1,0 +1,175 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nanobot.config import Config, config_path, load
+from nanobot.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_example_loads_and_documents_every_key() -> None:
+    config = load(EXAMPLE)
+    assert config.agent.model == "openai/gpt-4o-mini"
+    assert config.tools.restrict_to_workspace is True
+    # Every key of the model appears in the example, so the example is complete.
+    documented = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    expected = Config().model_dump(by_alias=True)
+
+    def keys(tree: dict[str, object], prefix: str = "") -> set[str]:
+        found = set()
+        for key, value in tree.items():
+            found.add(prefix + key)
+            if isinstance(value, dict):
+                found |= keys(value, f"{prefix}{key}.")
+        return found
+
+    assert keys(expected) == keys(documented)
+
+
+def test_example_comments_every_key() -> None:
+    lines = EXAMPLE.read_text(encoding="utf-8").splitlines()
+    undocumented = [
+        line.strip()
+        for above, line in zip(lines, lines[1:], strict=False)
+        if ":" in line
+        and not line.lstrip().startswith("#")
+        and not above.lstrip().startswith("#")
+        and not line.rstrip().endswith(":")  # a section header; its keys carry the comments
+    ]
+    assert undocumented == []
+
+
+def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = load()
+    assert config.data_dir == tmp_path / ".nanobot"
+    assert config.workspace_path == tmp_path / ".nanobot" / "workspace"
+    assert config.state_db_path == tmp_path / ".nanobot" / "state.db"
+
+
+def test_file_location_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert config_path() == tmp_path / ".nanobot" / "config.yaml"
+    monkeypatch.setenv("NANOBOT_CONFIG", str(tmp_path / "env.yaml"))
+    assert config_path() == tmp_path / "env.yaml"
+    assert config_path(tmp_path / "cli.yaml") == tmp_path / "cli.yaml"
+
+
+def test_values_from_file(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "workspace: ~/ws\ntimezone: Europe/Berlin\n"
+        "agent: {model: anthropic/claude, fallbacks: [openai/gpt-4o-mini], max_tokens: 100}\n"
+        "channels: {telegram: {enabled: true, token: '1:x', allow_from: [123, '*']}}\n"
+        "log: {level: debug, json: true}\n",
+    )
+    config = load(path)
+    assert config.workspace_path == Path("~/ws").expanduser()
+    assert config.agent.fallbacks == ["openai/gpt-4o-mini"]
+    assert config.channels.telegram.allow_from == ["123", "*"]
+    assert config.log.level == "DEBUG"
+    assert config.log.json_ is True
+
+
+def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "agent: {model: from/file, max_tokens: 100}\n")
+    monkeypatch.setenv("NANOBOT_AGENT__MODEL", "from/env")
+    monkeypatch.setenv("NANOBOT_AGENT__FALLBACKS", '["a/b", "c/d"]')
+    monkeypatch.setenv("NANOBOT_LOG__JSON", "true")
+    config = load(path)
+    assert config.agent.model == "from/env"
+    assert config.agent.max_tokens == 100
+    assert config.agent.fallbacks == ["a/b", "c/d"]
+    assert config.log.json_ is True
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "reason"),
+    [
+        ("agent: {modle: x}\n", "agent.modle", "unknown key"),
+        ("nonsense: 1\n", "nonsense", "unknown key"),
+        ("agent: {max_tokens: many}\n", "agent.max_tokens", "valid integer"),
+        ("agent: {temperature: 7}\n", "agent.temperature", "less than or equal to 2"),
+        ("channels: {telegram: {enabled: maybe}}\n", "channels.telegram.enabled", "boolean"),
+        ("log: {level: LOUD}\n", "log.level", "Input should be"),
+        ("timezone: Mars/Olympus\n", "timezone", "unknown IANA time zone"),
+    ],
+)
+def test_invalid_values_name_file_key_and_reason(
+    tmp_path: Path, text: str, key: str, reason: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert f"{key}: " in message
+    assert reason in message
+
+
+def test_bad_yaml(tmp_path: Path) -> None:
+    path = write(tmp_path, "agent:\n  model: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML") as info:
+        load(path)
+    assert str(path) in str(info.value)
+    assert "line" in str(info.value)
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="mapping"):
+        load(write(tmp_path, "- a\n- b\n"))
+
+
+def test_named_file_must_exist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load(tmp_path / "missing.yaml")
+    monkeypatch.setenv("NANOBOT_CONFIG", str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match="not found"):
+        load()
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(path)
+
+
+def test_bad_env_value_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOBOT_AGENT__MAX_TOKENS", "lots")
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, ""))
+    assert "agent.max_tokens" in str(info.value)
+    assert "NANOBOT_AGENT__MAX_TOKENS" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["NANOBOT_AGENT_MODEL", "NANOBOT_AGENT__MODLE", "NANOBOT_X"])
+def test_misspelt_env_variable_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setenv(name, "x")
+    with pytest.raises(ConfigError, match=name):
+        load(write(tmp_path, ""))
+
+
+def test_secrets_are_hidden(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "agent: {api_key: sk-verysecret}\nchannels: {discord: {token: discord-secret}}\n",
+    )
+    config = load(path)
+    assert config.agent.api_key is not None
+    assert config.agent.api_key.get_secret_value() == "sk-verysecret"
+    dumped = repr(config) + str(config.model_dump())
+    assert "sk-verysecret" not in dumped
+    assert "discord-secret" not in dumped

@@ -1,0 +1,428 @@
+"""Tests for the fake OpenAI-compatible server in ``tests.fakes.llm``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fakes.llm import (
+    AuthError,
+    Call,
+    ContextLengthError,
+    Disconnect,
+    FakeLLM,
+    Hang,
+    RateLimit,
+    Reply,
+    ServerError,
+    Text,
+    ToolCalls,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+JSON = dict[str, Any]
+
+
+def _request(model: str = "fake-model", stream: bool = False, text: str = "hi") -> JSON:
+    body: JSON = {"model": model, "messages": [{"role": "user", "content": text}]}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return body
+
+
+async def _stream(base_url: str, body: JSON) -> list[JSON]:
+    """POST a streaming request; return the decoded chunks (asserting the ``[DONE]`` end)."""
+    events: list[str] = []
+    async with (
+        httpx.AsyncClient(trust_env=False) as client,
+        client.stream("POST", f"{base_url}/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for line in response.aiter_lines():
+            if line:
+                assert line.startswith("data: ")
+                events.append(line.removeprefix("data: "))
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+async def _post(base_url: str, body: JSON, path: str = "/chat/completions") -> httpx.Response:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        return await client.post(f"{base_url}{path}", json=body)
+
+
+def _reassemble(chunks: list[JSON]) -> tuple[str, dict[int, JSON]]:
+    """Fold stream deltas into (content, {index: {"id", "name", "arguments"}})."""
+    content, calls = "", dict[int, JSON]()
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for tc in delta.get("tool_calls") or []:
+                call = calls.setdefault(tc["index"], {"id": None, "name": "", "arguments": ""})
+                call["id"] = tc.get("id") or call["id"]
+                function = tc.get("function") or {}
+                call["name"] += function.get("name") or ""
+                call["arguments"] += function.get("arguments") or ""
+    return content, calls
+
+
+async def test_streams_text_in_word_chunks_with_usage_last() -> None:
+    async with FakeLLM(Text("the quick brown fox jumps")) as fake:
+        chunks = await _stream(fake.base_url, _request(stream=True))
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert all(c["model"] == "fake-model" and isinstance(c["created"], int) for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert len(content_chunks) == 5
+    content, calls = _reassemble(chunks)
+    assert (content, calls) == ("the quick brown fox jumps", {})
+    assert chunks[-2]["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+    assert chunks[-1]["choices"] == []
+    usage = chunks[-1]["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+    assert all(c["usage"] is None for c in chunks[:-1])
+
+
+async def test_no_usage_chunk_unless_requested() -> None:
+    async with FakeLLM(Text("hello")) as fake:
+        chunks = await _stream(fake.base_url, {**_request(), "stream": True})
+    assert all("usage" not in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_streamed_tool_calls_reassemble_into_valid_json() -> None:
+    calls = [
+        Call("read_file", {"path": "notes/todo.md", "limit": 200}, id="call_read"),
+        Call("shell", '{"command": "ls -la"}'),
+    ]
+    async with FakeLLM(ToolCalls(calls, content="Let me look.")) as fake:
+        chunks = await _stream(fake.base_url, _request(stream=True))
+    content, assembled = _reassemble(chunks)
+    assert content == "Let me look."
+    assert assembled[0] == {
+        "id": "call_read",
+        "name": "read_file",
+        "arguments": json.dumps({"path": "notes/todo.md", "limit": 200}),
+    }
+    assert json.loads(assembled[1]["arguments"]) == {"command": "ls -la"}
+    assert assembled[1]["id"].startswith("call_")
+    first_deltas = [
+        tc
+        for c in chunks
+        if c["choices"]
+        for tc in c["choices"][0]["delta"].get("tool_calls", [])
+        if "id" in tc
+    ]
+    assert [tc["function"] for tc in first_deltas] == [
+        {"name": "read_file", "arguments": ""},
+        {"name": "shell", "arguments": ""},
+    ]
+    assert all(tc["type"] == "function" for tc in first_deltas)
+    fragments = [
+        tc
+        for c in chunks
+        if c["choices"]
+        for tc in c["choices"][0]["delta"].get("tool_calls", [])
+        if tc["index"] == 0 and "id" not in tc
+    ]
+    assert len(fragments) >= 3
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+async def test_tool_calls_without_content_carry_the_role_on_the_first_call() -> None:
+    async with FakeLLM(ToolCalls([Call("noop")])) as fake:
+        chunks = await _stream(fake.base_url, _request(stream=True))
+    first = chunks[0]["choices"][0]["delta"]
+    assert first["role"] == "assistant" and first["content"] is None
+    assert first["tool_calls"][0]["function"] == {"name": "noop", "arguments": ""}
+    assert _reassemble(chunks)[1][0]["arguments"] == "{}"
+
+
+async def test_non_streaming_reply_is_a_chat_completion_with_usage() -> None:
+    async with FakeLLM(ToolCalls([Call("read_file", {"path": "a"}, id="call_1")])) as fake:
+        response = await _post(fake.base_url, _request())
+    data = response.json()
+    assert data["object"] == "chat.completion"
+    assert data["id"].startswith("chatcmpl-")
+    choice = data["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["tool_calls"] == [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": '{"path": "a"}'},
+        }
+    ]
+    assert data["usage"]["total_tokens"] > 0
+
+
+async def test_default_reply_echoes_the_last_user_message() -> None:
+    async with FakeLLM() as fake:
+        body = _request(text="first")
+        body["messages"] += [
+            {"role": "assistant", "content": "x"},
+            {"role": "user", "content": [{"type": "text", "text": "second"}]},
+        ]
+        data = (await _post(fake.base_url, body, path="/chat/completions")).json()
+        chunks = await _stream(fake.base_url.removesuffix("/v1"), _request(stream=True, text="s"))
+    assert data["choices"][0]["message"]["content"] == "echo: second"
+    assert _reassemble(chunks)[0] == "echo: s"
+    assert [r.path for r in fake.requests] == ["/v1/chat/completions", "/chat/completions"]
+
+
+async def test_rate_limit_has_retry_after_and_openai_body() -> None:
+    async with FakeLLM(RateLimit(2.5)) as fake:
+        response = await _post(fake.base_url, _request(stream=True))
+    assert response.status_code == 429
+    assert response.headers["Retry-After"] == "3"
+    assert response.headers["retry-after-ms"] == "2500"
+    error = response.json()["error"]
+    assert error["type"] == "rate_limit_error"
+    assert error["code"] == "rate_limit_exceeded"
+    assert error["message"]
+
+
+@pytest.mark.parametrize(
+    ("reply", "status", "type_", "code"),
+    [
+        (ContextLengthError(), 400, "invalid_request_error", "context_length_exceeded"),
+        (AuthError(), 401, "invalid_request_error", "invalid_api_key"),
+        (ServerError(), 500, "server_error", None),
+        (ServerError(status=503), 503, "server_error", None),
+    ],
+)
+async def test_error_replies(reply: Reply, status: int, type_: str, code: str | None) -> None:
+    async with FakeLLM(reply) as fake:
+        response = await _post(fake.base_url, _request())
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == (type_, code)
+    if code == "context_length_exceeded":
+        assert error["message"] == (
+            "This model's maximum context length is 8192 tokens. However, your messages "
+            "resulted in 9000 tokens. Please reduce the length of the messages."
+        )
+
+
+async def test_hang_is_cancellable_and_stop_returns_promptly() -> None:
+    fake = FakeLLM(Hang(), Hang())
+    await fake.start()
+    cancelled = asyncio.create_task(_post(fake.base_url, _request()))
+    pending = asyncio.create_task(_post(fake.base_url, _request()))
+    await fake.wait_for_requests(2)
+    await asyncio.sleep(0.1)
+    assert not cancelled.done() and not pending.done()
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    started = time.monotonic()
+    await fake.stop()
+    assert time.monotonic() - started < 2
+    with pytest.raises(httpx.HTTPError):
+        await pending
+    await fake.stop()  # idempotent
+
+
+async def test_disconnect_breaks_the_stream_mid_way() -> None:
+    async with FakeLLM(Disconnect(), Disconnect(), Text("after")) as fake:
+        received: list[str] = []
+        with pytest.raises(httpx.HTTPError):
+            async with (
+                httpx.AsyncClient(trust_env=False) as client,
+                client.stream(
+                    "POST", f"{fake.base_url}/chat/completions", json=_request(stream=True)
+                ) as response,
+            ):
+                async for line in response.aiter_lines():
+                    received.append(line)
+        with pytest.raises(httpx.HTTPError):
+            await _post(fake.base_url, _request())
+        assert (await _post(fake.base_url, _request())).status_code == 200
+    assert received and "partial" in received[0]
+    assert "[DONE]" not in "".join(received)
+
+
+async def test_delays_apply_before_the_first_byte() -> None:
+    replies = (Text("slow", delay=0.3), Text("fast", delay=0))
+    async with FakeLLM(*replies, delay=0.6) as fake:
+        elapsed = []
+        for _ in range(3):
+            started = time.monotonic()
+            await _post(fake.base_url, _request())
+            elapsed.append(time.monotonic() - started)
+    slow, fast, default = elapsed
+    assert slow >= 0.3 and fast < 0.6 <= default
+
+
+async def test_records_requests() -> None:
+    async with FakeLLM(Text("a"), Text("b")) as fake:
+        before = time.monotonic()
+        tools = [{"type": "function", "function": {"name": "t", "parameters": {}}}]
+        async with httpx.AsyncClient(trust_env=False) as client:
+            await client.post(
+                f"{fake.base_url}/chat/completions",
+                json={**_request(model="m1"), "tools": tools},
+                headers={"Authorization": "Bearer sk-test"},
+            )
+        await _post(fake.base_url, _request(model="m2", stream=True))
+        after = time.monotonic()
+        async with httpx.AsyncClient(trust_env=False) as client:
+            models = (await client.get(f"{fake.base_url}/models")).json()
+    assert fake.request_count == 2
+    first, second = fake.requests
+    assert (first.model, second.model) == ("m1", "m2")
+    assert first.messages == [{"role": "user", "content": "hi"}]
+    assert first.tools == tools and second.tools == []
+    assert first.headers["Authorization"] == "Bearer sk-test"
+    assert second.body["stream"] is True
+    assert before <= first.received_at <= second.received_at <= after
+    assert {"m1", "m2", "fake-model"} <= {m["id"] for m in models["data"]}
+    assert fake.pending == 0
+
+
+async def test_per_model_scripts_take_precedence() -> None:
+    async with FakeLLM() as fake:
+        fake.script_for("openai/model-a", ServerError(), RateLimit(1))
+        fake.script_for("model-b", Text("from b"))
+        fake.script(Text("shared"))
+        statuses = [(await _post(fake.base_url, _request("model-a"))).status_code for _ in "ab"]
+        b = (await _post(fake.base_url, _request("model-b"))).json()
+        a = (await _post(fake.base_url, _request("model-a"))).json()
+        rest = (await _post(fake.base_url, _request("model-b", text="x"))).json()
+    assert statuses == [500, 429]
+    assert b["choices"][0]["message"]["content"] == "from b"
+    assert a["choices"][0]["message"]["content"] == "shared"
+    assert rest["choices"][0]["message"]["content"] == "echo: x"
+
+
+async def test_a_subprocess_reaches_the_in_process_fake() -> None:
+    code = (
+        "import json, sys, urllib.request\n"
+        "body = json.dumps({'model': 'fake-model', 'messages': [{'role': 'user', "
+        "'content': 'ping'}]}).encode()\n"
+        "req = urllib.request.Request(sys.argv[1] + '/chat/completions', body, "
+        "{'Content-Type': 'application/json'})\n"
+        "print(json.load(urllib.request.urlopen(req))['choices'][0]['message']['content'])\n"
+    )
+    async with FakeLLM() as fake:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, fake.base_url, stdout=asyncio.subprocess.PIPE
+        )
+        stdout, _ = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0
+    assert stdout.decode().strip() == "echo: ping"
+    assert fake.request_count == 1
+
+
+async def test_standalone_process_serves_a_script_until_sigterm(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps(
+            {
+                "replies": [{"type": "ToolCalls", "calls": [{"name": "f", "arguments": {"a": 1}}]}],
+                "models": {"broken": [{"type": "ServerError", "status": 502}]},
+            }
+        )
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.fakes.llm",
+        "--script",
+        str(script),
+        cwd=REPO_ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        base_url = (await asyncio.wait_for(process.stdout.readline(), 30)).decode().strip()
+        assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
+        assert (await _post(base_url, _request("broken"))).status_code == 502
+        chunks = await _stream(base_url, _request(stream=True))
+        assert json.loads(_reassemble(chunks)[1][0]["arguments"]) == {"a": 1}
+        root = base_url.removesuffix("/v1")
+        async with httpx.AsyncClient(trust_env=False) as client:
+            scripted = await client.post(
+                f"{root}/_fake/script", json={"replies": [{"type": "Text", "content": "late"}]}
+            )
+            assert scripted.json() == {"pending": 1}
+            data = (await client.post(f"{base_url}/chat/completions", json=_request())).json()
+            assert data["choices"][0]["message"]["content"] == "late"
+            recorded = (await client.get(f"{root}/_fake/requests")).json()
+        assert [r["body"]["model"] for r in recorded] == ["broken", "fake-model", "fake-model"]
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(process.wait(), 30) == 0
+
+
+async def test_litellm_round_trips_a_streamed_tool_call() -> None:
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    import litellm  # noqa: TID251 - the fake must satisfy the real client
+
+    # litellm 1.106 imports the optional ``mcp`` package whenever ``tools=`` is passed
+    # (main.completion -> litellm.responses.mcp); without it the call fails with
+    # "APIConnectionError: OpenAIException - No module named 'mcp'". The private
+    # ``_skip_mcp_handler`` flag bypasses that import; it is only used when mcp is absent.
+    no_mcp: dict[str, Any] = {} if find_spec("mcp") else {"_skip_mcp_handler": True}
+
+    arguments = {"path": "docs/README.md"}
+    async with FakeLLM(ToolCalls([Call("read_file", arguments, id="call_abc")])) as fake:
+        response = await litellm.acompletion(
+            model="openai/fake-model",
+            api_base=fake.base_url,
+            api_key="sk-test",
+            messages=[{"role": "user", "content": "read the readme"}],
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "read_file",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"path": {"type": "string"}},
+                            "required": ["path"],
+                        },
+                    },
+                }
+            ],
+            stream=True,
+            stream_options={"include_usage": True},
+            **no_mcp,
+        )
+        name, args, call_id, finish, usage = "", "", None, None, None
+        async for chunk in response:
+            choice = chunk.choices[0] if chunk.choices else None
+            if choice is not None:
+                finish = choice.finish_reason or finish
+                for tc in choice.delta.tool_calls or []:
+                    call_id = tc.id or call_id
+                    name += tc.function.name or ""
+                    args += tc.function.arguments or ""
+            usage = getattr(chunk, "usage", None) or usage
+    assert (name, call_id, finish) == ("read_file", "call_abc", "tool_calls")
+    assert json.loads(args) == arguments
+    assert usage is not None and usage.total_tokens > 0
+    request = fake.requests[0]
+    assert request.model == "fake-model"
+    assert request.body["stream"] is True
+    assert request.tools[0]["function"]["name"] == "read_file"

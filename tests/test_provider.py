@@ -1,0 +1,233 @@
+"""The litellm provider, through the real litellm, against the fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nanobot.errors import ProviderError
+from nanobot.providers import Delta, TextDelta, ToolCallDelta
+from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy, _retry_after
+from tests.fakes.llm import (
+    AuthError,
+    Call,
+    ContextLengthError,
+    Disconnect,
+    FakeLLM,
+    Hang,
+    RateLimit,
+    ServerError,
+    Text,
+    ToolCalls,
+)
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+READ_FILE = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        },
+    },
+}
+FAST = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05, max_total=30)
+
+
+def provider(fake: FakeLLM, **kwargs: object) -> LiteLLMProvider:
+    options: dict[str, object] = {"api_key": "sk-test", "api_base": fake.base_url, "retry": FAST}
+    options.update(kwargs)
+    return LiteLLMProvider("openai/fake-model", **options)  # type: ignore[arg-type]
+
+
+async def test_streams_text_with_usage(fake_llm: FakeLLM) -> None:
+    fake_llm.script(Text("Hello there, friend."))
+    deltas: list[Delta] = []
+    completion = await provider(fake_llm).complete(MESSAGES, on_delta=deltas.append)
+    assert completion.content == "Hello there, friend."
+    assert completion.tool_calls == ()
+    assert completion.finish_reason == "stop"
+    assert completion.usage.prompt_tokens > 0
+    assert completion.usage.completion_tokens > 0
+    texts = [d for d in deltas if isinstance(d, TextDelta)]
+    assert len(texts) > 1
+    assert "".join(d.text for d in texts) == "Hello there, friend."
+    assert [d.seq for d in deltas] == sorted({d.seq for d in deltas})
+    request = fake_llm.requests[0]
+    assert request.model == "fake-model"
+    assert request.body["stream"] is True
+    assert request.messages == MESSAGES
+
+
+async def test_streamed_tool_call_round_trips(fake_llm: FakeLLM) -> None:
+    arguments = {"path": "notes/today.md", "note": 'quotes " and unicode é'}
+    fake_llm.script(
+        ToolCalls(
+            [Call("read_file", arguments, id="call_1"), Call("read_file", {"path": "b"})],
+            content="Let me look.",
+        )
+    )
+    deltas: list[Delta] = []
+    completion = await provider(fake_llm).complete(MESSAGES, [READ_FILE], on_delta=deltas.append)
+    assert completion.finish_reason == "tool_calls"
+    assert completion.content == "Let me look."
+    first, second = completion.tool_calls
+    assert first.id == "call_1"
+    assert first.name == "read_file"
+    assert first.parsed_arguments() == arguments
+    assert second.parsed_arguments() == {"path": "b"}
+    assert sum(isinstance(d, ToolCallDelta) for d in deltas) > 2
+    assert fake_llm.requests[0].tools == [READ_FILE]
+    # The assistant message goes back to the model in the format it expects.
+    message = completion.to_message()
+    assert message["tool_calls"][0]["function"] == {
+        "name": "read_file",
+        "arguments": json.dumps(arguments),
+    }
+
+
+async def test_rate_limit_then_success_honours_retry_after(fake_llm: FakeLLM) -> None:
+    fake_llm.script(RateLimit(retry_after_seconds=1), Text("after the wait"))
+    completion = await provider(fake_llm).complete(MESSAGES)
+    assert completion.content == "after the wait"
+    first, second = fake_llm.requests
+    # Not a speed assertion: the retry must not come before the server said it may.
+    assert second.received_at - first.received_at >= 0.9
+
+
+async def test_server_errors_are_retried(fake_llm: FakeLLM) -> None:
+    fake_llm.script(ServerError(500), ServerError(503), Text("recovered"))
+    completion = await provider(fake_llm).complete(MESSAGES)
+    assert completion.content == "recovered"
+    assert fake_llm.request_count == 3
+
+
+async def test_dropped_connection_is_retried(fake_llm: FakeLLM) -> None:
+    fake_llm.script(Disconnect(), Text("whole answer"))
+    completion = await provider(fake_llm).complete(MESSAGES)
+    assert completion.content == "whole answer"
+
+
+async def test_retries_are_bounded(fake_llm: FakeLLM) -> None:
+    fake_llm.script(*[ServerError(500)] * 10)
+    with pytest.raises(ProviderError) as info:
+        await provider(fake_llm).complete(MESSAGES)
+    assert info.value.kind == "unavailable"
+    assert fake_llm.request_count == 1 + FAST.attempts
+
+
+async def test_retry_after_beyond_the_time_budget_gives_up(fake_llm: FakeLLM) -> None:
+    fake_llm.script(RateLimit(retry_after_seconds=60))
+    budget = RetryPolicy(attempts=3, base_delay=0.01, max_total=2)
+    with pytest.raises(ProviderError) as info:
+        await provider(fake_llm, retry=budget).complete(MESSAGES)
+    assert info.value.kind == "rate_limited"
+    assert fake_llm.request_count == 1
+
+
+async def test_fallback_model_after_primary_keeps_failing(fake_llm: FakeLLM) -> None:
+    fake_llm.script_for("fake-model", *[ServerError(500)] * 4)
+    fake_llm.script_for("backup-model", Text("from the backup"))
+    llm = provider(fake_llm, fallbacks=["openai/backup-model"])
+    completion = await llm.complete(MESSAGES)
+    assert completion.content == "from the backup"
+    assert completion.model == "openai/backup-model"
+    assert [r.model for r in fake_llm.requests] == ["fake-model"] * 4 + ["backup-model"]
+
+
+async def test_fallback_after_auth_failure(fake_llm: FakeLLM) -> None:
+    fake_llm.script_for("fake-model", AuthError())
+    fake_llm.script_for("backup-model", Text("ok"))
+    completion = await provider(fake_llm, fallbacks=["openai/backup-model"]).complete(MESSAGES)
+    assert completion.content == "ok"
+
+
+async def test_no_fallback_for_context_overflow(fake_llm: FakeLLM) -> None:
+    fake_llm.script_for("fake-model", ContextLengthError())
+    llm = provider(fake_llm, fallbacks=["openai/backup-model"])
+    with pytest.raises(ProviderError) as info:
+        await llm.complete(MESSAGES)
+    assert info.value.kind == "context_overflow"
+    assert fake_llm.request_count == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind"),
+    [
+        (AuthError(), "auth"),
+        (ContextLengthError(), "context_overflow"),
+        (ServerError(400, message="Invalid value for 'temperature'."), "bad_request"),
+        (ServerError(404, message="The model does not exist."), "bad_request"),
+    ],
+)
+async def test_error_classes(fake_llm: FakeLLM, reply: RateLimit, kind: str) -> None:
+    fake_llm.script(reply)
+    with pytest.raises(ProviderError) as info:
+        await provider(fake_llm).complete(MESSAGES)
+    assert info.value.kind == kind
+    assert fake_llm.request_count == 1  # not retried
+    assert info.value.user_message()
+
+
+async def test_rate_limited_after_retries(fake_llm: FakeLLM) -> None:
+    fake_llm.script(*[RateLimit(retry_after_seconds=0)] * 5)
+    with pytest.raises(ProviderError) as info:
+        await provider(fake_llm).complete(MESSAGES)
+    assert info.value.kind == "rate_limited"
+
+
+async def test_hang_times_out(fake_llm: FakeLLM) -> None:
+    fake_llm.script(Hang(), Hang())
+    llm = provider(fake_llm, request_timeout=0.5, retry=RetryPolicy(attempts=1, base_delay=0.01))
+    with pytest.raises(ProviderError) as info:
+        await llm.complete(MESSAGES)
+    assert info.value.kind == "timeout"
+    assert fake_llm.request_count == 2
+
+
+async def test_unreachable_endpoint_is_unavailable() -> None:
+    llm = LiteLLMProvider(
+        "openai/fake-model",
+        api_key="sk-test",
+        api_base="http://127.0.0.1:9/v1",
+        retry=RetryPolicy(attempts=1, base_delay=0.01),
+    )
+    with pytest.raises(ProviderError) as info:
+        await llm.complete(MESSAGES)
+    assert info.value.kind == "unavailable"
+
+
+def test_retry_policy_backs_off_with_jitter() -> None:
+    policy = RetryPolicy(base_delay=1, max_delay=5)
+    for attempt, ceiling in [(0, 1), (1, 2), (2, 4), (3, 5), (8, 5)]:
+        delay = policy.delay(attempt, None)
+        assert ceiling / 2 <= delay <= ceiling
+    assert policy.delay(0, retry_after=7.5) == 7.5
+
+
+def test_retry_after_header_parsing() -> None:
+    class Response:
+        def __init__(self, headers: dict[str, str]) -> None:
+            self.headers = headers
+
+    class Failure(Exception):
+        def __init__(self, headers: dict[str, str]) -> None:
+            self.response = Response(headers)
+
+    assert _retry_after(Failure({"retry-after": "3"})) == 3.0
+    assert _retry_after(Failure({"retry-after-ms": "1500", "retry-after": "2"})) == 1.5
+    assert _retry_after(Failure({"retry-after": "soon"})) is None
+    assert _retry_after(Failure({})) is None
+    assert _retry_after(ValueError()) is None
+
+
+def test_context_window_and_token_count() -> None:
+    assert LiteLLMProvider("openai/unknown-model-x").context_window() == 32_000
+    assert LiteLLMProvider("openai/x", context_window=1234).context_window() == 1234
+    assert LiteLLMProvider("openai/gpt-4o-mini").context_window() > 100_000
+    count = LiteLLMProvider("openai/gpt-4o-mini").count_tokens(MESSAGES)
+    assert 3 < count < 50

@@ -1,0 +1,539 @@
+"""The state store against real SQLite files in a temporary directory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import closing
+from datetime import UTC
+from pathlib import Path
+
+import pytest
+
+from nanobot.errors import StoreError
+from nanobot.store import Database, Entry, NewEntry, SessionStore, SqlValue, migrations
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    async with await Database.open(tmp_path / "state.db") as database:
+        yield database
+
+
+@pytest.fixture
+def store(db: Database) -> SessionStore:
+    return SessionStore(db)
+
+
+def message(content: str, role: str = "user") -> NewEntry:
+    return NewEntry("message", {"role": role, "content": content})
+
+
+def contents(entries: Sequence[Entry]) -> list[str]:
+    return [str(entry.data["content"]) for entry in entries]
+
+
+# --- opening -------------------------------------------------------------------------------
+
+
+async def test_open_creates_directory_and_configures_connection(tmp_path: Path) -> None:
+    path = tmp_path / "data" / "nested" / "state.db"
+    async with await Database.open(path) as db:
+        assert path.is_file()
+        assert db.path == path
+        pragmas = {
+            name: (await db.fetchone(f"PRAGMA {name}") or [None])[0]
+            for name in ("journal_mode", "foreign_keys", "busy_timeout", "synchronous")
+        }
+        assert pragmas == {
+            "journal_mode": "wal",
+            "foreign_keys": 1,
+            "busy_timeout": 5000,
+            "synchronous": 1,  # NORMAL
+        }
+        version = await db.fetchone("PRAGMA user_version")
+        assert version is not None
+        assert version[0] == len(migrations.MIGRATIONS)
+
+
+async def test_reopening_keeps_data_and_does_not_migrate_again(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with await Database.open(path) as db:
+        store = SessionStore(db)
+        session = await store.live("telegram:1")
+        await store.append(session, [message("hello")])
+    async with await Database.open(path) as db:
+        store = SessionStore(db)
+        assert await store.live("telegram:1") == session
+        assert contents(await store.tail(session, 10)) == ["hello"]
+
+
+async def test_closed_database_raises_store_error(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "state.db")
+    await db.close()
+    await db.close()  # idempotent
+    with pytest.raises(StoreError, match="closed"):
+        await db.fetchall("SELECT 1")
+
+
+# --- entries -------------------------------------------------------------------------------
+
+
+async def test_append_returns_stored_entries_and_tail_reads_them_back(
+    store: SessionStore,
+) -> None:
+    session = await store.live("discord:42")
+    tool_call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": '{"path": "ö.md"}'},
+            }
+        ],
+    }
+    appended = await store.append(
+        session,
+        [
+            message("grüß dich 👋"),
+            NewEntry("message", tool_call, run_id="run-1"),
+            NewEntry("message", {"role": "tool", "tool_call_id": "call_1", "content": "…"}),
+            NewEntry("note", {"text": "model switched"}),
+        ],
+    )
+    assert [entry.id for entry in appended] == sorted(entry.id for entry in appended)
+    assert await store.tail(session, 10) == appended
+    first = appended[0]
+    assert first.session_id == session
+    assert first.created_at.tzinfo is not None
+    assert first.created_at.utcoffset() == UTC.utcoffset(None)
+    assert appended[1].data == tool_call
+    assert appended[1].run_id == "run-1"
+    assert await store.count(session) == 4
+
+
+async def test_tail_returns_most_recent_entries_oldest_first(store: SessionStore) -> None:
+    session = await store.live("k")
+    other = await store.live("other")
+    for i in range(7):
+        await store.append(session, [message(f"m{i}")])
+        await store.append(other, [message(f"x{i}")])
+    assert contents(await store.tail(session, 3)) == ["m4", "m5", "m6"]
+    assert contents(await store.tail(session, 100)) == [f"m{i}" for i in range(7)]
+    assert await store.tail(session, 0) == []
+
+
+async def test_tail_pages_backwards_with_before_id(store: SessionStore) -> None:
+    session = await store.live("k")
+    await store.append(session, [message(f"m{i}") for i in range(25)])
+    pages: list[list[str]] = []
+    before: int | None = None
+    while page := await store.tail(session, 10, before_id=before):
+        pages.append(contents(page))
+        before = page[0].id
+    assert [len(page) for page in pages] == [10, 10, 5]
+    assert [text for page in reversed(pages) for text in page] == [f"m{i}" for i in range(25)]
+
+
+async def test_tail_of_a_long_session_reads_only_the_index_range(
+    db: Database, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = await store.live("long")
+    other = await store.live("other")
+    for target in (session, other):
+        await db.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 10000)"
+            " INSERT INTO entries (session_id, kind, data, created_at)"
+            " SELECT ?, 'message', json_object('role', 'user', 'content', 'm' || i),"
+            " '2025-01-01T00:00:00.000000+00:00' FROM n",
+            (target,),
+        )
+    assert await store.count(session) == 10_000
+
+    issued: list[tuple[str, Sequence[SqlValue]]] = []
+    fetchall = Database.fetchall
+
+    async def recording(
+        self: Database, sql: str, params: Sequence[SqlValue] = ()
+    ) -> list[sqlite3.Row]:
+        issued.append((sql, params))
+        return await fetchall(self, sql, params)
+
+    monkeypatch.setattr(Database, "fetchall", recording)
+    assert contents(await store.tail(session, 3)) == ["m9998", "m9999", "m10000"]
+    newest = await store.tail(session, 1)
+    assert contents(await store.tail(session, 2, before_id=newest[0].id)) == ["m9998", "m9999"]
+    queries = issued[:]
+    assert len(queries) == 3
+
+    for analyzed in (False, True):
+        if analyzed:  # the planner must still pick the index once it has statistics
+            await db.execute("ANALYZE")
+        for sql, params in queries:
+            plan = [
+                row["detail"] for row in await fetchall(db, f"EXPLAIN QUERY PLAN {sql}", params)
+            ]
+            assert plan == ["SEARCH entries USING INDEX entries_session_id (session_id=? AND id<?)"]
+
+
+async def test_append_to_a_missing_session_raises_and_writes_nothing(
+    db: Database, store: SessionStore
+) -> None:
+    with pytest.raises(StoreError, match="FOREIGN KEY") as raised:
+        await store.append(999, [message("lost")])
+    assert str(db.path) in str(raised.value)
+    assert (await store.stats()).entries == 0
+
+
+async def test_append_is_all_or_nothing(store: SessionStore) -> None:
+    session = await store.live("k")
+    with pytest.raises(TypeError):
+        await store.append(session, [message("ok"), NewEntry("note", {"bad": {1, 2}})])
+    assert await store.count(session) == 0
+    assert await store.append(session, []) == []
+
+
+async def test_concurrent_appends_in_one_process_keep_each_batch_together(
+    store: SessionStore,
+) -> None:
+    session = await store.live("k")
+    batches = await asyncio.gather(
+        *(store.append(session, [message(f"{b}.{i}") for i in range(5)]) for b in range(20))
+    )
+    for batch in batches:
+        ids = [entry.id for entry in batch]
+        assert ids == list(range(ids[0], ids[0] + 5))
+    assert await store.count(session) == 100
+
+
+# --- transactions --------------------------------------------------------------------------
+
+
+async def test_transaction_rolls_back_everything_when_the_block_raises(
+    db: Database, store: SessionStore
+) -> None:
+    session = await store.live("k")
+    with pytest.raises(RuntimeError):
+        async with db.transaction():
+            await store.append(session, [message("a")])
+            await store.archive("k")
+            raise RuntimeError("boom")
+    assert await store.count(session) == 0
+    assert await store.live("k") == session
+
+
+async def test_nested_transaction_that_raises_undoes_only_itself(
+    db: Database, store: SessionStore
+) -> None:
+    session = await store.live("k")
+    async with db.transaction():
+        await store.append(session, [message("kept")])
+        with pytest.raises(RuntimeError):
+            async with db.transaction():
+                await store.append(session, [message("undone")])
+                raise RuntimeError("inner")
+        await store.append(session, [message("also kept")])
+    assert contents(await store.tail(session, 10)) == ["kept", "also kept"]
+
+
+async def test_tasks_started_inside_a_transaction_join_it(
+    db: Database, store: SessionStore
+) -> None:
+    session = await store.live("k")
+    with pytest.raises(RuntimeError):
+        async with db.transaction():
+            await asyncio.wait_for(store.append(session, [message("a")]), timeout=10)
+            await asyncio.gather(store.count(session), store.count(session))
+            raise RuntimeError("boom")
+    assert await store.count(session) == 0
+
+
+async def test_a_cancelled_transaction_rolls_back_and_releases_the_write_lock(
+    db: Database, store: SessionStore
+) -> None:
+    session = await store.live("k")
+    inside = asyncio.Event()
+
+    async def writer() -> None:
+        async with db.transaction():
+            await store.append(session, [message("pending")])
+            inside.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(writer())
+    await inside.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await store.count(session) == 0
+    # Another connection (as another process would) gets the write lock at once.
+    with closing(sqlite3.connect(db.path, timeout=0, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+    assert len(await store.append(session, [message("after")])) == 1
+
+
+async def test_cancelling_a_transaction_that_waits_for_the_lock_leaves_none_open(
+    db: Database, store: SessionStore
+) -> None:
+    session = await store.live("k")
+    with closing(sqlite3.connect(db.path, timeout=0, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        task = asyncio.create_task(store.append(session, [message("x")]))
+        await asyncio.sleep(0.2)  # our BEGIN IMMEDIATE is now waiting in the worker thread
+        task.cancel()
+        other.execute("ROLLBACK")
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The abandoned BEGIN then succeeds in the worker thread; it must not stay open.
+    assert await store.count(session) == 0
+    with closing(sqlite3.connect(db.path, timeout=0, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+
+
+async def test_other_tasks_do_not_see_a_transaction_in_progress(
+    db: Database, store: SessionStore
+) -> None:
+    session = await store.live("k")
+    inside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def writer() -> None:
+        async with db.transaction():
+            await store.append(session, [message("pending")])
+            inside.set()
+            await release.wait()
+
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(writer())
+        await inside.wait()
+        reader = tasks.create_task(store.count(session))
+        await asyncio.sleep(0.05)
+        assert not reader.done()  # it waits for the transaction instead of reading into it
+        release.set()
+    assert reader.result() == 1
+
+
+# --- sessions ------------------------------------------------------------------------------
+
+
+async def test_live_returns_the_same_session_until_archived(store: SessionStore) -> None:
+    first = await store.live("telegram:1")
+    assert await store.live("telegram:1") == first
+    assert await store.live("telegram:2") != first
+    await store.append(first, [message("old")])
+
+    assert await store.archive("telegram:1") == first
+    assert await store.archive("telegram:1") is None
+    second = await store.live("telegram:1")
+    assert second != first
+    await store.append(second, [message("new")])
+
+    assert contents(await store.tail(first, 10)) == ["old"]
+    infos = await store.sessions("telegram:1")
+    assert [(info.id, info.entry_count) for info in infos] == [(first, 1), (second, 1)]
+    assert infos[0].archived_at is not None
+    assert infos[0].archived_at >= infos[0].created_at
+    assert infos[1].archived_at is None
+    assert len(await store.sessions()) == 3
+    assert await store.sessions("nobody") == []
+
+
+async def test_concurrent_live_calls_agree_on_one_session(store: SessionStore) -> None:
+    ids = await asyncio.gather(*(store.live("k") for _ in range(10)))
+    assert len(set(ids)) == 1
+
+
+async def test_stats_count_sessions_entries_and_bytes(db: Database, store: SessionStore) -> None:
+    session = await store.live("a")
+    await store.live("b")
+    await store.archive("b")
+    await store.append(session, [message("x" * 1000) for _ in range(3)])
+    stats = await store.stats()
+    assert (stats.sessions, stats.live_sessions, stats.entries) == (2, 1, 3)
+    assert stats.size_bytes >= db.path.stat().st_size > 0
+
+
+# --- several processes ---------------------------------------------------------------------
+
+WRITER = """
+import asyncio, sys
+from pathlib import Path
+from nanobot.store import Database, NewEntry, SessionStore
+
+async def main(path: str, name: str, count: int) -> None:
+    async with await Database.open(Path(path)) as db:
+        store = SessionStore(db)
+        session = await store.live("shared")
+        for i in range(count):
+            entries = [NewEntry("note", {"writer": name, "i": i})]
+            await store.append(session, entries)
+    print(session)
+
+print("ready", flush=True)
+sys.stdin.readline()
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+async def test_processes_appending_at_once_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"  # fresh: the writers also race to create and migrate it
+    writers, count = ("a", "b", "c"), 200
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            WRITER,
+            str(path),
+            name,
+            str(count),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        for name in writers
+    ]
+    for proc in procs:  # start together once every interpreter has imported the store
+        assert proc.stdout is not None
+        assert await proc.stdout.readline() == b"ready\n"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+    outputs = await asyncio.gather(*(proc.communicate() for proc in procs))
+
+    for proc, (_, stderr) in zip(procs, outputs, strict=True):
+        assert stderr.decode() == ""  # in particular, no "database is locked"
+        assert proc.returncode == 0
+    assert len({stdout for stdout, _ in outputs}) == 1  # one shared live session
+    async with await Database.open(path) as db:
+        store = SessionStore(db)
+        session = await store.live("shared")
+        entries = await store.tail(session, 10 * count)
+    assert len(entries) == len(writers) * count
+    for name in writers:
+        assert [e.data["i"] for e in entries if e.data["writer"] == name] == list(range(count))
+
+
+# --- files that must not be touched --------------------------------------------------------
+
+
+def _real_database(path: Path) -> None:
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE t (x TEXT)")
+        conn.executemany("INSERT INTO t VALUES (?)", [("x" * 200,)] * 500)
+        conn.commit()
+
+
+def _random_bytes(path: Path) -> None:
+    path.write_bytes(os.urandom(8192))
+
+
+def _text(path: Path) -> None:
+    path.write_text("sessions:\n  - hello\n")
+
+
+def _truncated(path: Path) -> None:
+    _real_database(path)
+    path.write_bytes(path.read_bytes()[:6000])
+
+
+@pytest.mark.parametrize("damage", [_random_bytes, _text, _truncated])
+async def test_a_corrupt_file_stops_open_and_is_left_untouched(
+    tmp_path: Path, damage: Callable[[Path], None]
+) -> None:
+    path = tmp_path / "state.db"
+    damage(path)
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="not a usable nanobot database") as raised:
+        await Database.open(path)
+    assert str(path) in str(raised.value)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("wal", [False, True])
+async def test_a_database_from_a_newer_version_is_refused_untouched(
+    tmp_path: Path, wal: bool
+) -> None:
+    path = tmp_path / "state.db"
+    if wal:
+        await (await Database.open(path)).close()
+    else:
+        _real_database(path)
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="schema version 99") as raised:
+        await Database.open(path)
+    assert str(path) in str(raised.value)
+    assert path.read_bytes() == before
+
+
+async def test_a_failing_migration_leaves_the_last_good_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state.db"
+    async with await Database.open(path) as db:
+        session = await SessionStore(db).live("k")
+    broken = (*migrations.MIGRATIONS, "CREATE TABLE extra (x); CREATE TABLE broken (")
+    monkeypatch.setattr(migrations, "MIGRATIONS", broken)
+    with pytest.raises(StoreError, match="migration 2 failed") as raised:
+        await Database.open(path)
+    assert str(path) in str(raised.value)
+
+    monkeypatch.undo()
+    async with await Database.open(path) as db:
+        assert await SessionStore(db).live("k") == session
+        assert await db.fetchone("SELECT name FROM sqlite_master WHERE name = 'extra'") is None
+        version = await db.fetchone("PRAGMA user_version")
+        assert version is not None
+        assert version[0] == 1
+
+
+async def test_a_directory_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    path.mkdir()
+    with pytest.raises(StoreError, match="is a directory") as raised:
+        await Database.open(path)
+    assert str(path) in str(raised.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes any file")
+async def test_an_unreadable_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    await (await Database.open(path)).close()
+    path.chmod(0)
+    try:
+        with pytest.raises(StoreError, match="permission denied") as raised:
+            await Database.open(path)
+        assert str(path) in str(raised.value)
+    finally:
+        path.chmod(0o600)
+
+
+async def test_disk_full_raises_a_clear_error_and_keeps_earlier_entries(
+    db: Database, store: SessionStore
+) -> None:
+    session = await store.live("k")
+    earlier = await store.append(session, [message(f"m{i}") for i in range(10)])
+    pages = await db.fetchone("PRAGMA page_count")
+    assert pages is not None
+    await db.fetchall(f"PRAGMA max_page_count = {pages[0]}")
+
+    big = [message("x" * 20_000) for _ in range(5)]
+    with pytest.raises(StoreError) as raised:
+        await store.append(session, big)
+    assert str(raised.value).startswith(f"disk full while writing {db.path}")
+
+    assert await store.tail(session, 100) == earlier
+    await db.fetchall("PRAGMA max_page_count = 1073741823")
+    assert len(await store.append(session, big)) == 5  # the connection is usable again
