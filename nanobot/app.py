@@ -7,6 +7,7 @@ sets up logging, builds what it needs, runs it and tears it down in order.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -205,10 +206,9 @@ def _fill_example(text: str, answers: dict[str, str]) -> str:
     for key in ("model", "api_key", "api_base"):
         value = answers.get(key)
         if value:
-            quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            text = re.sub(
-                rf"(?m)^(  {key}:) .*$", lambda m: f"{m.group(1)} {quoted}", text, count=1
-            )
+            # A JSON string is a valid YAML scalar; escaped so re.sub takes it literally.
+            line = f"  {key}: {json.dumps(value)}".replace("\\", "\\\\")
+            text = re.sub(rf"(?m)^  {key}: .*$", line, text, count=1)
     return text
 
 
@@ -231,13 +231,12 @@ def status(config: Config, path: Path) -> list[tuple[str, str]]:
         channel = getattr(config.channels, name)
         state = f"enabled, {len(channel.allow_from)} allowed" if channel.enabled else "disabled"
         rows.append((name, state))
-    rows.extend(asyncio.run(_store_rows(config.state_db_path)))
-    return rows
+    if not config.state_db_path.exists():
+        return [*rows, ("state", f"{config.state_db_path} (not created yet)")]
+    return rows + asyncio.run(_store_rows(config.state_db_path))
 
 
 async def _store_rows(db_path: Path) -> list[tuple[str, str]]:
-    if not db_path.exists():
-        return [("state", f"{db_path} (not created yet)")]
     async with await Database.open(db_path) as db:
         stats = await SessionStore(db).stats()
     return [

@@ -162,8 +162,8 @@ async def test_quick_commands_import_no_heavy_library(home: Home) -> None:
         "        app(args)\n"
         "    except SystemExit as exc:\n"
         "        assert not exc.code, (args, exc.code)\n"
-        "heavy = sorted(m for m in ('litellm', 'telegram', 'discord', 'openai') if m in sys.modules)\n"
-        "print(json.dumps(heavy))\n"
+        "heavy = ('litellm', 'telegram', 'discord', 'openai')\n"
+        "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
     )
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -190,3 +190,43 @@ async def test_version_and_help(home: Home) -> None:
 def test_console_script_is_declared() -> None:
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     assert 'nanobot = "nanobot.cli:main"' in text
+
+
+async def test_interactive_chat_reads_lines_until_exit(home: Home, fake_llm: FakeLLM) -> None:
+    fake_llm.script(Text("first answer"), Text("second answer"))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "nanobot",
+        "agent",
+        env=home.env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, _ = await asyncio.wait_for(
+        process.communicate(b"one\n\ntwo\n/exit\nnever sent\n"), timeout=90
+    )
+    assert process.returncode == 0
+    assert stdout.decode().splitlines() == ["first answer", "second answer"]
+    assert fake_llm.request_count == 2
+
+
+async def test_gateway_stops_cleanly_on_sigterm(home: Home) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "nanobot",
+        "gateway",
+        env=home.env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    started = await asyncio.wait_for(process.stderr.readline(), timeout=60)
+    assert b"gateway started" in started
+    process.terminate()
+    _, stderr = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert process.returncode == 0
+    assert b"gateway stopped" in stderr

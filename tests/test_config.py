@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def test_example_comments_every_key() -> None:
     lines = EXAMPLE.read_text(encoding="utf-8").splitlines()
     undocumented = [
         line.strip()
-        for above, line in zip(lines, lines[1:], strict=False)
+        for above, line in itertools.pairwise(lines)
         if ":" in line
         and not line.lstrip().startswith("#")
         and not above.lstrip().startswith("#")

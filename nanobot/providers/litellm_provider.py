@@ -61,7 +61,7 @@ class RetryPolicy:
         if retry_after is not None:
             return retry_after
         backoff = min(self.max_delay, self.base_delay * 2**attempt)
-        return backoff * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography
+        return float(backoff * random.uniform(0.5, 1.0))  # jitter, not cryptography
 
 
 class LiteLLMProvider:
@@ -112,7 +112,12 @@ class LiteLLMProvider:
                 )
             try:
                 return await self._with_retries(
-                    model, messages, tools, on_delta, max_tokens or self._max_tokens, deadline
+                    model,
+                    messages,
+                    tools,
+                    on_delta=on_delta,
+                    max_tokens=max_tokens or self._max_tokens,
+                    deadline=deadline,
                 )
             except ProviderError as exc:
                 if exc.kind not in _FALLBACK_ON:
@@ -126,6 +131,7 @@ class LiteLLMProvider:
         model: str,
         messages: Sequence[Message],
         tools: Sequence[ToolSchema],
+        *,
         on_delta: DeltaHandler | None,
         max_tokens: int,
         deadline: float,
@@ -303,9 +309,8 @@ def _classify(exc: BaseException, model: str) -> ProviderError:
     )
     for types, kind in checks:
         if isinstance(exc, types):
-            if kind == "bad_request" and _looks_like_overflow(str(exc)):
-                kind = "context_overflow"
-            return ProviderError(kind, message, model=model)
+            overflow = kind == "bad_request" and _looks_like_overflow(str(exc))
+            return ProviderError("context_overflow" if overflow else kind, message, model=model)
     if isinstance(exc, TimeoutError):
         return ProviderError("timeout", message, model=model)
     status = getattr(exc, "status_code", None)
