@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,3 +231,29 @@ async def test_gateway_stops_cleanly_on_sigterm(home: Home) -> None:
     _, stderr = await asyncio.wait_for(process.communicate(), timeout=30)
     assert process.returncode == 0
     assert b"gateway stopped" in stderr
+
+
+async def test_wheel_ships_the_workspace_template_and_example(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--quiet",
+        "-w",
+        str(tmp_path),
+        str(root),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), timeout=120)
+    assert process.returncode == 0, stderr.decode()
+    (wheel,) = tmp_path.glob("nanobot-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    for name in ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "HEARTBEAT.md", "memory/MEMORY.md"):
+        assert f"nanobot/workspace_template/{name}" in names
+    assert "nanobot/config.example.yaml" in names
