@@ -1,0 +1,1 @@
+"""Tools the agent can call: the Tool port, the registry and the built-ins."""

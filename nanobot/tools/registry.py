@@ -1,0 +1,88 @@
+"""The tool registry: schemas for the model, and the one place tool failures become results."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from loguru import logger
+from pydantic import ValidationError
+
+from nanobot.tools.base import Tool, ToolError, ToolResult
+
+MAX_RESULT_CHARS = 16_000
+
+
+class ToolRegistry:
+    """Holds the available tools by name and runs calls to them."""
+
+    def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
+        self._tools: dict[str, Tool[Any]] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool[Any]) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def schemas(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Schemas of the tools in `names` (all when None), in registration order."""
+        allowed = None if names is None else set(names)
+        return [t.schema() for n, t in self._tools.items() if allowed is None or n in allowed]
+
+    async def execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run `name` with `arguments` and return what the model should see.
+
+        Never raises for a tool's failure: unknown tools, invalid arguments, `ToolError` and
+        unexpected exceptions all become `ToolResult(is_error=True)` with a clear message.
+        Results are cut to MAX_RESULT_CHARS with a note of how much was cut. Cancellation
+        propagates (the caller decides what an aborted call records).
+        """
+        tool = self._tools.get(name)
+        if tool is None:
+            known = ", ".join(sorted(self._tools)) or "none"
+            return ToolResult(f"Error: unknown tool {name!r}. Available tools: {known}.", True)
+        try:
+            args = tool.params.model_validate(arguments)
+        except ValidationError as exc:
+            return ToolResult(f"Error: invalid arguments for {name}: {_describe(exc)}", True)
+        try:
+            result = await tool.run(args)
+        except ToolError as exc:
+            return ToolResult(f"Error: {exc}", True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the boundary where tool bugs become results
+            logger.exception("tool {} failed", name)
+            detail = f"{type(exc).__name__}: {exc}"
+            return ToolResult(f"Error: {name} failed unexpectedly: {detail}", True)
+        if isinstance(result, str):
+            result = ToolResult(result)
+        return truncate(result)
+
+
+def truncate(result: ToolResult, limit: int = MAX_RESULT_CHARS) -> ToolResult:
+    """Cut `result` to `limit` characters, saying how many were left out."""
+    if len(result.content) <= limit:
+        return result
+    cut = len(result.content) - limit
+    note = f"\n\n[... {cut} more characters cut; the result was {len(result.content)} long]"
+    return ToolResult(result.content[:limit] + note, result.is_error)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        field = ".".join(str(p) for p in error["loc"]) or "arguments"
+        reason = "unknown argument" if error["type"] == "extra_forbidden" else error["msg"]
+        parts.append(f"{field}: {reason}")
+    return "; ".join(parts)
