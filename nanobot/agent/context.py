@@ -1,62 +1,140 @@
-"""What the model is told: the system prompt from the workspace, and the history window."""
+"""What the model is told: the system prompt from the workspace, and the history window.
+
+Identical inputs give byte-identical messages, so provider prompt caches keep hitting: the
+system prompt depends only on the workspace files and the calendar day (which daily notes
+exist), never on the time. The time travels in a short envelope on each user message.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, tzinfo
 from pathlib import Path
 
+from nanobot.agent._files import same, text_cache
+from nanobot.agent.memory import Memory
+from nanobot.agent.skills import Skills
 from nanobot.providers.base import Message
 from nanobot.store import Entry
 
-PROMPT_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "memory/MEMORY.md")
+PROMPT_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md")
+"""Workspace files shown in the system prompt, in this order, each under its own heading."""
 
+# Fixed English names: strftime("%a") follows the process locale, and the envelope must not.
+_WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
-class _FileCache:
-    """File text cached by (mtime, size), so an unchanged file is never read twice."""
-
-    def __init__(self) -> None:
-        self._cache: dict[Path, tuple[tuple[int, int], str]] = {}
-
-    def read(self, path: Path) -> str | None:
-        try:
-            stat = path.stat()
-        except FileNotFoundError:
-            self._cache.pop(path, None)
-            return None
-        key = (stat.st_mtime_ns, stat.st_size)
-        cached = self._cache.get(path)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        text = path.read_text(encoding="utf-8", errors="replace")
-        self._cache[path] = (key, text)
-        return text
+_SKILLS_PREAMBLE = (
+    "A skill holds instructions for one kind of task. When a task matches a skill, read its "
+    "SKILL.md with read_file first and follow it. A skill marked unavailable needs the missing "
+    "program or variable set up first; tell your user what is missing."
+)
 
 
 class ContextBuilder:
-    """Builds model messages. Identical inputs give identical messages."""
+    """Builds model messages from the workspace and a session's history.
 
-    def __init__(self, workspace: Path) -> None:
+    Building the system prompt when nothing changed costs a handful of stat() calls and
+    returns the very same string object as last time.
+    """
+
+    def __init__(
+        self,
+        workspace: Path,
+        *,
+        timezone: tzinfo | None = None,
+        skills: Skills | None = None,
+        memory: Memory | None = None,
+    ) -> None:
+        """`timezone` decides when "today" begins for the daily notes (default: the machine's
+        local zone); it is ignored when `memory` is given, which carries its own."""
         self._workspace = workspace
-        self._files = _FileCache()
+        self._memory = memory if memory is not None else Memory(workspace, timezone)
+        self._skills = skills if skills is not None else Skills(workspace)
+        self._files = text_cache()
+        self._paths = tuple(workspace / name for name in PROMPT_FILES)
+        self._identity = _identity(workspace)
+        self._parts: tuple[str | None, ...] = ()
+        self._prompt = ""
 
-    def system_prompt(self) -> str:
-        parts = [f"You are nanobot. Your workspace is {self._workspace}."]
-        for name in PROMPT_FILES:
-            text = self._files.read(self._workspace / name)
-            if text and text.strip():
-                parts.append(f"## {name}\n\n{text.strip()}")
-        return "\n\n".join(parts)
+    @property
+    def memory(self) -> Memory:
+        return self._memory
 
-    def messages(self, history: Sequence[Entry]) -> list[Message]:
-        """System prompt plus the message entries of `history`, from its first user message."""
+    @property
+    def skills(self) -> Skills:
+        return self._skills
+
+    def system_prompt(self, now: datetime | None = None) -> str:
+        """The system prompt for a model call at `now` (default: the current time).
+
+        Layout: who nanobot is and how its workspace works; AGENTS.md, SOUL.md, USER.md and
+        TOOLS.md; memory (long-term, today's and yesterday's notes); the skills list; the
+        bodies of `always` skills. Empty or missing files are left out. `now` only selects
+        the daily notes; the prompt never contains the time.
+        """
+        summary, inlined = self._skills.prompt_parts()
+        parts = (
+            *(self._files.get(path) for path in self._paths),
+            self._memory.prompt(self._memory.today(now)),
+            summary,
+            inlined,
+        )
+        if same(parts, self._parts):
+            return self._prompt
+        prompt = self._render(parts)
+        self._parts = parts
+        # A file saved without changes gives an equal prompt: keep the old object so callers
+        # comparing by identity see no change.
+        if prompt != self._prompt:
+            self._prompt = prompt
+        return self._prompt
+
+    def messages(self, history: Sequence[Entry], *, now: datetime | None = None) -> list[Message]:
+        """System prompt plus the message entries of `history`, from its first user message.
+
+        `now` is passed to `system_prompt`.
+        """
         chat = [entry.data for entry in history if entry.kind == "message"]
         start = next((i for i, m in enumerate(chat) if m.get("role") == "user"), len(chat))
-        return [{"role": "system", "content": self.system_prompt()}, *chat[start:]]
+        return [{"role": "system", "content": self.system_prompt(now)}, *chat[start:]]
+
+    def _render(self, parts: tuple[str | None, ...]) -> str:
+        *files, memory, summary, inlined = parts
+        sections = [self._identity]
+        for name, text in zip(PROMPT_FILES, files, strict=True):
+            if text is not None and text.strip():
+                sections.append(f"## {name}\n\n{text.strip()}")
+        if memory:
+            sections.append(memory)
+        if summary:
+            sections.append(f"## Skills\n\n{_SKILLS_PREAMBLE}\n\n{summary}")
+        if inlined:
+            sections.append(inlined)
+        return "\n\n".join(sections) + "\n"
+
+
+def _identity(workspace: Path) -> str:
+    return (
+        "You are nanobot, a personal AI assistant that lives in your user's chats.\n\n"
+        f"Your workspace is {workspace}. File tools take paths relative to it and `exec` runs "
+        "there. The sections below are workspace files: AGENTS.md (your instructions), "
+        "SOUL.md (your character), USER.md (your user), TOOLS.md (tool notes), your memory "
+        "(memory/MEMORY.md and daily notes in memory/YYYY-MM-DD.md) and your skills "
+        "(skills/<name>/SKILL.md). Edit them with the file tools to change what you know and "
+        "how you work; edits take effect at your next step. Each user message starts with "
+        "its local date and time in brackets, like [2026-01-31 09:05 Sat CET]."
+    )
+
+
+def time_envelope(now: datetime) -> str:
+    """`now` as the user message envelope shows it: `2026-11-22 10:49 Sun UTC` (no zone name
+    when `now` is naive). Depends only on `now`, never on the locale."""
+    stamp = f"{now:%Y-%m-%d %H:%M} {_WEEKDAYS[now.weekday()]}"
+    zone = now.tzname()
+    return f"{stamp} {zone}" if zone else stamp
 
 
 def user_message(text: str, now: datetime) -> Message:
     """The user's message with a short time envelope (kept out of the system prompt, so the
     prompt stays byte-identical and provider prompt caches keep working)."""
-    stamp = now.strftime("%Y-%m-%d %H:%M %Z").strip()
-    return {"role": "user", "content": f"[{stamp}]\n{text}"}
+    return {"role": "user", "content": f"[{time_envelope(now)}]\n{text}"}

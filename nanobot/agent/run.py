@@ -1,0 +1,168 @@
+"""The vocabulary of a run: its input, limits, states, events and result.
+
+A run (or turn) is one pass of the agent for one session, from input to final reply. The
+runner (`agent/runner.py`) executes it; the loop (`agent/loop.py`) feeds it and stores what
+it produces. Everything here is plain data.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+from nanobot.providers.base import Message, ToolCall, Usage
+
+
+class RunState(StrEnum):
+    IDLE = "idle"
+    PREPARING = "preparing"
+    MODEL_RUNNING = "model_running"
+    TOOL_RUNNING = "tool_running"
+    AWAITING_HUMAN = "awaiting_human"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+
+FINAL_STATES = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.ABORTED})
+_ENDINGS = FINAL_STATES
+
+# Which state may follow which. The runner refuses any other move (a bug, not a user error).
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.IDLE: frozenset({RunState.PREPARING, RunState.ABORTED}),
+    RunState.PREPARING: frozenset({RunState.MODEL_RUNNING}) | _ENDINGS,
+    RunState.MODEL_RUNNING: frozenset({RunState.TOOL_RUNNING, RunState.PREPARING}) | _ENDINGS,
+    RunState.TOOL_RUNNING: frozenset({RunState.MODEL_RUNNING, RunState.AWAITING_HUMAN}) | _ENDINGS,
+    RunState.AWAITING_HUMAN: frozenset({RunState.TOOL_RUNNING}) | _ENDINGS,
+    RunState.COMPLETED: frozenset(),
+    RunState.FAILED: frozenset(),
+    RunState.ABORTED: frozenset(),
+}
+
+RunStatus = Literal["completed", "failed", "aborted"]
+EventKind = Literal[
+    "run_start",
+    "run_end",
+    "turn_start",
+    "turn_end",
+    "message_start",
+    "message_update",
+    "message_end",
+    "tool_start",
+    "tool_update",
+    "tool_end",
+    "status",
+    "error",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """Which tools a run may use and how.
+
+    `allow_list` None means every registered tool. `max_parallel` > 1 runs one batch of
+    calls concurrently (results still go back in the model's order).
+    """
+
+    enabled: bool = True
+    allow_list: Sequence[str] | None = None
+    max_parallel: int = 1
+    max_calls_per_run: int = 50
+    require_approval_by_default: bool = False
+    call_timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoopLimits:
+    """Bounds of one run; reaching any of them ends it as `failed`, saying which."""
+
+    max_iterations: int = 20
+    max_tool_rounds: int = 20
+    max_run_duration: float = 600.0
+    max_overflow_retries: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RunInput:
+    """What a run starts from. `messages` is the full model input, system prompt first."""
+
+    session_id: str
+    messages: Sequence[Message]
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    system_prompt: str | None = None
+    allowed_tools: Sequence[str] | None = None
+    policy: ToolPolicy = field(default_factory=ToolPolicy)
+    limits: LoopLimits = field(default_factory=LoopLimits)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """Something that happened in a run, for whoever listens (a channel editing a message).
+
+    `call_index` counts model calls in the run; `seq` orders deltas within one call. A delta
+    is identified by (run_id, call_index, seq); the runner emits each at most once.
+    """
+
+    kind: EventKind
+    run_id: str
+    session_id: str
+    state: RunState | None = None
+    call_index: int = 0
+    seq: int = 0
+    text: str = ""
+    tool_call: ToolCall | None = None
+    is_error: bool = False
+    message: Message | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """How a run ended.
+
+    `final_text` is what the user should read: the model's answer, or for a failed or aborted
+    run a plain line saying what happened (that line is never stored as assistant history).
+    `entries` are the messages the run added, in order, as they were persisted.
+    """
+
+    run_id: str
+    session_id: str
+    status: RunStatus
+    final_text: str
+    final_message: Message | None = None
+    error: BaseException | None = None
+    usage: Usage = field(default_factory=Usage)
+    tools_used: tuple[str, ...] = ()
+    entries: tuple[Message, ...] = ()
+
+
+EventListener = Callable[[RunEvent], None]
+Persist = Callable[[Message], Awaitable[None]]
+TakeMessages = Callable[[], Sequence[Message]]
+Compact = Callable[[Sequence[Message]], Awaitable[Sequence[Message]]]
+Approve = Callable[[ToolCall], Awaitable[bool]]
+
+
+@dataclass(frozen=True, slots=True)
+class RunHooks:
+    """How a run talks to the stateful shell around it. Every hook is optional.
+
+    - `persist(message)`: store a new entry before the run goes on; if it raises, the run
+      ends as failed (memory and storage must never diverge).
+    - `steering()`: user messages queued while the run works, delivered after the current
+      tool finishes (the rest of that batch is skipped).
+    - `follow_up()`: messages delivered when the run would otherwise stop.
+    - `compact(messages)`: a shorter equivalent of `messages` after a context overflow.
+    - `approve(call)`: whether a call that needs approval may run (the run waits in
+      `awaiting_human` meanwhile).
+    - `listener(event)`: called synchronously for every event; must not raise.
+    """
+
+    persist: Persist | None = None
+    steering: TakeMessages | None = None
+    follow_up: TakeMessages | None = None
+    compact: Compact | None = None
+    approve: Approve | None = None
+    listener: EventListener | None = None

@@ -1,0 +1,449 @@
+"""The runner: one ReAct run as a streaming state machine.
+
+Given model messages, tools, limits and hooks, it calls the model, runs the tools it asks
+for, feeds the results back and repeats until the model answers, a limit is reached, the
+run is aborted or something fails. It keeps no state between runs and knows nothing of
+sessions, chats or storage: the loop (`agent/loop.py`) supplies those through `RunHooks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from loguru import logger
+
+from nanobot.agent.run import (
+    TRANSITIONS,
+    EventKind,
+    RunEvent,
+    RunHooks,
+    RunInput,
+    RunResult,
+    RunState,
+    RunStatus,
+)
+from nanobot.errors import ProviderError
+from nanobot.providers.base import (
+    Completion,
+    Delta,
+    LLMProvider,
+    Message,
+    TextDelta,
+    ToolCall,
+    Usage,
+)
+from nanobot.tools.base import ToolResult
+from nanobot.tools.registry import ToolRegistry
+
+T = TypeVar("T")
+
+SKIPPED = "Skipped due to queued user message."
+ABORTED = "Aborted: the user stopped this turn before the tool finished; it may have run partly."
+OUT_OF_TIME = "Stopped: the turn ran out of time before the tool finished; it may have run partly."
+NOT_RUN = "Not run: this turn stopped before the tool could start."
+
+
+class _Interrupted(Exception):
+    """The run was aborted or ran out of time while waiting for the model or a tool."""
+
+
+class _Stop(Exception):
+    """The run ends early as failed, with `reason` for the user."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Runner:
+    """Executes runs. One Runner serves any number of concurrent runs."""
+
+    def __init__(self, provider: LLMProvider, tools: ToolRegistry) -> None:
+        self._provider = provider
+        self._tools = tools
+        self._aborts: dict[str, asyncio.Event] = {}
+
+    def abort(self, run_id: str) -> bool:
+        """Stop the run `run_id` at once; returns False when no such run is active."""
+        event = self._aborts.get(run_id)
+        if event is None:
+            return False
+        event.set()
+        return True
+
+    async def run(self, run: RunInput, hooks: RunHooks | None = None) -> RunResult:
+        """Execute `run` to its end and return the result.
+
+        Never raises for model, tool, limit or storage failures: they end the run with status
+        `failed` and are described in the result. Cancelling the caller cancels the run
+        (what was already persisted stays; unfinished tool calls get no result).
+        """
+        abort = self._aborts.setdefault(run.run_id, asyncio.Event())
+        try:
+            return await _Run(
+                self._provider, self._tools, run, hooks or RunHooks(), abort
+            ).execute()
+        finally:
+            self._aborts.pop(run.run_id, None)
+
+    async def stream(self, run: RunInput, hooks: RunHooks | None = None) -> AsyncIterator[RunEvent]:
+        """Execute `run`, yielding its events as they happen; the last one is `run_end`.
+
+        Closing the iterator early aborts the run.
+        """
+        hooks = hooks or RunHooks()
+        queue: asyncio.Queue[RunEvent | None] = asyncio.Queue()
+        outer = hooks.listener
+
+        def listen(event: RunEvent) -> None:
+            if outer is not None:
+                outer(event)
+            queue.put_nowait(event)
+
+        task = asyncio.create_task(
+            self.run(run, replace(hooks, listener=listen)), name=f"run-{run.run_id}"
+        )
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+            task.result()  # surface a crash of the run itself
+        finally:
+            if not task.done():
+                self.abort(run.run_id)
+                await asyncio.shield(task)
+
+
+class _Run:
+    """The state of one executing run."""
+
+    def __init__(
+        self,
+        provider: LLMProvider,
+        tools: ToolRegistry,
+        run: RunInput,
+        hooks: RunHooks,
+        abort: asyncio.Event,
+    ) -> None:
+        self.provider, self.tools, self.input, self.hooks = provider, tools, run, hooks
+        self.abort = abort
+        self.messages: list[Message] = _with_system_prompt(run.messages, run.system_prompt)
+        self.state = RunState.IDLE
+        self.usage = Usage()
+        self.tools_used: list[str] = []
+        self.entries: list[Message] = []
+        self.pending_calls: list[ToolCall] = []  # calls still owed a result in history
+        self.started: set[str] = set()  # ids of calls whose tool began running
+        self.model_calls = 0
+        self.tool_rounds = 0
+        self.tool_calls = 0
+        self.schemas = self._schemas()
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + run.limits.max_run_duration
+
+    def _schemas(self) -> list[dict[str, Any]]:
+        policy = self.input.policy
+        if not policy.enabled:
+            return []
+        names = [n for n in self.tools.names if self._allowed(n)]
+        return self.tools.schemas(names)
+
+    def _allowed(self, name: str) -> bool:
+        policy, wanted = self.input.policy, self.input.allowed_tools
+        return (
+            policy.enabled
+            and (policy.allow_list is None or name in policy.allow_list)
+            and (wanted is None or name in wanted)
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def execute(self) -> RunResult:
+        self._emit("run_start")
+        status: RunStatus = "completed"
+        error: BaseException | None = None
+        try:
+            self._move(RunState.PREPARING)
+            final_text = await self._loop()
+        except _Interrupted:
+            status, final_text = self._interrupted()
+            await self._settle_pending(ABORTED if status == "aborted" else OUT_OF_TIME)
+        except _Stop as stop:
+            status, final_text = "failed", stop.reason
+            await self._settle_pending(NOT_RUN)
+        except ProviderError as exc:
+            status, final_text, error = "failed", exc.user_message(), exc
+            logger.warning("run {} failed: {}", self.input.run_id, exc)
+        except _PersistError as exc:
+            status, error = "failed", exc.__cause__
+            final_text = f"I stopped because this conversation could not be saved: {exc.__cause__}"
+            logger.error("run {}: {}", self.input.run_id, final_text)
+        self._move(RunState(status))
+        if status != "completed":
+            self._emit("error", text=final_text, is_error=True)
+        result = RunResult(
+            run_id=self.input.run_id,
+            session_id=self.input.session_id,
+            status=status,
+            final_text=final_text,
+            final_message=self.entries[-1] if status == "completed" and self.entries else None,
+            error=error,
+            usage=self.usage,
+            tools_used=tuple(self.tools_used),
+            entries=tuple(self.entries),
+        )
+        self._emit("run_end", text=final_text, is_error=status != "completed")
+        return result
+
+    def _interrupted(self) -> tuple[RunStatus, str]:
+        if self.abort.is_set():
+            return "aborted", "Stopped."
+        limit = self.input.limits.max_run_duration
+        return "failed", f"I stopped: this turn ran longer than its limit of {limit:g} seconds."
+
+    async def _settle_pending(self, interrupted: str) -> None:
+        """Give every tool call still owed a result one, so history stays well-formed."""
+        calls, self.pending_calls = self.pending_calls, []
+        for call in calls:
+            text = interrupted if call.id in self.started else NOT_RUN
+            try:
+                await self._add(_tool_message(call, ToolResult(text, is_error=True)))
+            except _PersistError:
+                logger.error("could not record the result of {} after the run ended", call.id)
+                return
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _loop(self) -> str:
+        limits = self.input.limits
+        while True:
+            if self.model_calls >= limits.max_iterations:
+                raise _Stop(
+                    f"I stopped: this turn reached its limit of {limits.max_iterations} model "
+                    "calls before finishing."
+                )
+            completion = await self._call_model()
+            message = completion.to_message()
+            self.pending_calls = list(completion.tool_calls)
+            await self._add(message)
+            self._emit("turn_end", message=message)
+            if not completion.tool_calls:
+                queued = self._take(self.hooks.steering) or self._take(self.hooks.follow_up)
+                if not queued:
+                    return completion.content or ""
+                await self._add_all(queued)
+                continue
+            if self.tool_rounds >= limits.max_tool_rounds:
+                raise _Stop(
+                    f"I stopped: this turn reached its limit of {limits.max_tool_rounds} rounds "
+                    "of tool calls before finishing."
+                )
+            self.tool_rounds += 1
+            steered = await self._run_tools(completion.tool_calls)
+            await self._add_all(steered)
+
+    async def _call_model(self) -> Completion:
+        attempts = self.input.limits.max_overflow_retries
+        for attempt in range(attempts + 1):
+            self._move(RunState.MODEL_RUNNING)
+            try:
+                return await self._stream_model()
+            except ProviderError as exc:
+                if (
+                    exc.kind != "context_overflow"
+                    or self.hooks.compact is None
+                    or attempt == attempts
+                ):
+                    raise
+                logger.info("run {}: context overflow; compacting", self.input.run_id)
+                self._move(RunState.PREPARING)
+                self.messages = list(await self._race(self.hooks.compact(self.messages)))
+        raise AssertionError("unreachable")
+
+    async def _stream_model(self) -> Completion:
+        index = self.model_calls
+        self.model_calls += 1
+        self._emit("turn_start", call_index=index)
+        self._emit("message_start", call_index=index)
+        last_seq = -1
+
+        def on_delta(delta: Delta) -> None:
+            nonlocal last_seq
+            if delta.seq <= last_seq:  # a retry replays what was already shown
+                return
+            last_seq = delta.seq
+            if isinstance(delta, TextDelta):
+                self._emit("message_update", call_index=index, seq=delta.seq, text=delta.text)
+            else:
+                call = ToolCall(delta.id or "", delta.name or "", delta.arguments)
+                self._emit("message_update", call_index=index, seq=delta.seq, tool_call=call)
+
+        listening = self.hooks.listener is not None
+        completion = await self._race(
+            self.provider.complete(
+                self.messages, self.schemas, on_delta=on_delta if listening else None
+            )
+        )
+        self.usage += completion.usage
+        self._emit("message_end", call_index=index, message=completion.to_message())
+        return completion
+
+    # -- tools -----------------------------------------------------------------------------
+
+    async def _run_tools(self, calls: Sequence[ToolCall]) -> Sequence[Message]:
+        """Run one batch; returns steering messages that arrived (the rest was skipped)."""
+        self._move(RunState.TOOL_RUNNING)
+        if self.input.policy.max_parallel > 1:
+            results = await self._race(self._parallel(calls))
+            for call, result in zip(calls, results, strict=True):
+                await self._record(call, result)
+            return self._take(self.hooks.steering)
+        for position, call in enumerate(calls):
+            await self._record(call, await self._run_tool(call))
+            steered = self._take(self.hooks.steering)
+            if steered:
+                for skipped in calls[position + 1 :]:
+                    await self._record(skipped, ToolResult(SKIPPED, is_error=True))
+                return steered
+        return ()
+
+    async def _parallel(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        limit = asyncio.Semaphore(self.input.policy.max_parallel)
+        approved = [await self._approval(call) for call in calls]
+
+        async def one(call: ToolCall, denial: ToolResult | None) -> ToolResult:
+            if denial is not None:
+                return denial
+            async with limit:
+                return await self._execute(call)
+
+        return list(
+            await asyncio.gather(*(one(c, d) for c, d in zip(calls, approved, strict=True)))
+        )
+
+    async def _run_tool(self, call: ToolCall) -> ToolResult:
+        denial = await self._approval(call)
+        if denial is not None:
+            return denial
+        return await self._race(self._execute(call))
+
+    async def _approval(self, call: ToolCall) -> ToolResult | None:
+        """An error result when the call may not run; None when it may."""
+        if not self._allowed(call.name):
+            return ToolResult(f"Error: the tool {call.name!r} is not available here.", True)
+        policy = self.input.policy
+        if self.tool_calls >= policy.max_calls_per_run:
+            limit = policy.max_calls_per_run
+            return ToolResult(f"Error: this turn reached its limit of {limit} tool calls.", True)
+        self.tool_calls += 1
+        if policy.require_approval_by_default and self.hooks.approve is not None:
+            self._move(RunState.AWAITING_HUMAN)
+            allowed = await self._race(self.hooks.approve(call))
+            self._move(RunState.TOOL_RUNNING)
+            if not allowed:
+                return ToolResult(f"Error: the user did not approve running {call.name}.", True)
+        return None
+
+    async def _execute(self, call: ToolCall) -> ToolResult:
+        self.started.add(call.id)
+        self._emit("tool_start", tool_call=call)
+        try:
+            arguments = call.parsed_arguments()
+        except ValueError as exc:
+            result = ToolResult(f"Error: invalid arguments for {call.name}: {exc}", True)
+        else:
+            result = await self._with_timeout(call, self.tools.execute(call.name, arguments))
+        self.tools_used.append(call.name)
+        self._emit("tool_end", tool_call=call, text=result.content, is_error=result.is_error)
+        return result
+
+    async def _with_timeout(self, call: ToolCall, work: Awaitable[ToolResult]) -> ToolResult:
+        timeout = self.input.policy.call_timeout
+        if timeout is None:
+            return await work
+        try:
+            async with asyncio.timeout(timeout):
+                return await work
+        except TimeoutError:
+            return ToolResult(f"Error: {call.name} timed out after {timeout:g} seconds.", True)
+
+    async def _record(self, call: ToolCall, result: ToolResult) -> None:
+        await self._add(_tool_message(call, result))
+        self.pending_calls = [c for c in self.pending_calls if c.id != call.id]
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    async def _race(self, work: Awaitable[T]) -> T:
+        """Await `work` unless the run is aborted or out of time first (then cancel it)."""
+        task = asyncio.ensure_future(work)
+        stopper = asyncio.ensure_future(self.abort.wait())
+        remaining = self.deadline - asyncio.get_running_loop().time()
+        try:
+            await asyncio.wait(
+                {task, stopper}, timeout=max(remaining, 0), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stopper.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if task.cancelled():
+            raise _Interrupted
+        return task.result()
+
+    async def _add(self, message: Message) -> None:
+        self.messages.append(message)
+        if self.hooks.persist is not None:
+            try:
+                await self.hooks.persist(message)
+            except Exception as exc:
+                raise _PersistError("persist failed") from exc
+        self.entries.append(message)
+
+    async def _add_all(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            await self._add(message)
+
+    def _take(self, source: Any) -> Sequence[Message]:
+        return source() if source is not None else ()
+
+    def _move(self, state: RunState) -> None:
+        if state == self.state:
+            return
+        if state not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"run {self.input.run_id}: no transition {self.state} -> {state}")
+        self.state = state
+        self._emit("status", state=state)
+
+    def _emit(self, kind: EventKind, **fields: Any) -> None:
+        if self.hooks.listener is None:
+            return
+        event = RunEvent(kind, self.input.run_id, self.input.session_id, **fields)
+        try:
+            self.hooks.listener(event)
+        except Exception:  # noqa: BLE001 - a broken listener must not break the run
+            logger.exception("run event listener failed on {}", kind)
+
+
+class _PersistError(Exception):
+    """Storing an entry failed; `__cause__` is why."""
+
+
+def _tool_message(call: ToolCall, result: ToolResult) -> Message:
+    return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.content}
+
+
+def _with_system_prompt(messages: Sequence[Message], prompt: str | None) -> list[Message]:
+    out = list(messages)
+    if prompt is None:
+        return out
+    if out and out[0].get("role") == "system":
+        out[0] = {"role": "system", "content": prompt}
+    else:
+        out.insert(0, {"role": "system", "content": prompt})
+    return out

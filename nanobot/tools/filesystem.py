@@ -1,0 +1,395 @@
+"""File tools: read_file, write_file, edit_file and list_dir.
+
+All paths go through `workspace_path.resolve`, so with `restrict` (the default) they cannot
+leave the workspace. File IO is blocking, so each call does its work in a thread. Writes are
+atomic: a temporary file in the same directory is renamed over the target, so a crash or a
+cancelled call leaves either the old file or the new one, never half of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import difflib
+import os
+import secrets
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, ClassVar, TypeVar
+
+from pydantic import Field
+
+from nanobot.tools.base import Tool, ToolError, ToolParams
+from nanobot.tools.registry import MAX_RESULT_CHARS
+from nanobot.tools.workspace_path import resolve
+
+BINARY_SNIFF_BYTES = 8192
+MAX_EDIT_BYTES = 10_000_000
+MAX_LIST_ENTRIES = 500
+
+A = TypeVar("A")
+
+
+class _FileTool:
+    """What the file tools share: the workspace and how paths are resolved and shown."""
+
+    name: ClassVar[str]
+
+    def __init__(self, workspace: Path, *, restrict: bool = True) -> None:
+        self.workspace = workspace
+        self.restrict = restrict
+
+    async def _in_thread(self, work: Callable[[A], str], args: A) -> str:
+        """Run blocking `work` off the event loop; OS errors become messages for the model."""
+        try:
+            return await asyncio.to_thread(work, args)
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise ToolError(f"{self.name} failed: {exc.strerror or exc}{where}") from None
+
+    def _resolve(self, raw: str) -> Path:
+        return resolve(self.workspace, raw, restrict=self.restrict)
+
+    def _shown(self, path: Path) -> str:
+        """`path` as the model should see it: relative to the workspace when inside it."""
+        root = Path(os.path.realpath(self.workspace))
+        return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+class ReadFileParams(ToolParams):
+    path: str = Field(description="File to read, relative to the workspace.")
+    start_line: int | None = Field(
+        default=None, ge=1, description="First line to return (1-based). Default: 1."
+    )
+    end_line: int | None = Field(
+        default=None, ge=1, description="Last line to return (1-based, inclusive). Default: end."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    text: str
+    first: int
+    last: int  # 0 when nothing was shown
+    total: int
+    cut_line: bool  # the last line shown was longer than the budget and was cut
+
+
+class ReadFileTool(_FileTool, Tool[ReadFileParams]):
+    """Reads a UTF-8 text file, or a range of its lines, within a size budget."""
+
+    name = "read_file"
+    description = (
+        "Read a text file. Long files are returned in parts: the result then says which lines "
+        "were shown and how to ask for the next ones with start_line/end_line."
+    )
+    params = ReadFileParams
+
+    def __init__(
+        self,
+        workspace: Path,
+        *,
+        restrict: bool = True,
+        max_lines: int = 2000,
+        max_chars: int = MAX_RESULT_CHARS - 1000,
+    ) -> None:
+        super().__init__(workspace, restrict=restrict)
+        self.max_lines = max_lines
+        # Below the registry's cut, so the note saying where to continue is never cut off.
+        self.max_chars = max_chars
+
+    async def run(self, args: ReadFileParams) -> str:
+        return await self._in_thread(self._read, args)
+
+    def _read(self, args: ReadFileParams) -> str:
+        start, end = args.start_line or 1, args.end_line
+        if end is not None and end < start:
+            raise ToolError(f"end_line ({end}) is before start_line ({start})")
+        path = self._resolve(args.path)
+        shown = self._shown(path)
+        size = _existing_file(path, shown).st_size
+        with path.open("rb") as f:
+            if b"\0" in f.read(BINARY_SNIFF_BYTES):
+                raise _binary(shown, size)
+            f.seek(0)
+            try:
+                window = _read_window(f, start, end, self.max_lines, self.max_chars)
+            except UnicodeDecodeError:
+                raise _binary(shown, size) from None
+        if window.total == 0:
+            return "(the file is empty)"
+        if window.last == 0:
+            raise ToolError(
+                f"start_line {start} is past the end of {shown!r}, which has {window.total} lines"
+            )
+        whole = window.first == 1 and window.last == window.total and not window.cut_line
+        if whole:
+            return window.text
+        note = f"[showing lines {window.first}-{window.last} of {window.total} in {shown!r}"
+        if window.cut_line:
+            note += f"; line {window.last} is longer and was cut"
+        asked_for_more = end is None or window.last < end
+        if window.last < window.total and asked_for_more:
+            note += f"; to read on, call read_file with start_line={window.last + 1}"
+        text = window.text if window.text.endswith("\n") else window.text + "\n"
+        return f"{text}{note}]"
+
+
+def _read_window(f: BinaryIO, start: int, end: int | None, max_lines: int, budget: int) -> _Window:
+    """Lines `start`..`end` of `f`, as many as fit in `max_lines` and `budget` characters.
+
+    Reads the whole file to count its lines, but holds at most one bounded line at a time.
+    """
+    parts: list[str] = []
+    used = last = total = 0
+    full = cut_line = False
+    for lineno, (raw, longer) in enumerate(_bounded_lines(f, budget * 4), 1):
+        total = lineno
+        if full or lineno < start or (end is not None and lineno > end):
+            continue
+        text = codecs.getincrementaldecoder("utf-8")().decode(raw, final=not longer)
+        cut = longer
+        if used + len(text) > budget or len(parts) == max_lines:
+            if parts:
+                full = True
+                continue
+            text, cut = text[:budget], True  # a single line larger than the whole budget
+        parts.append(text)
+        used += len(text)
+        last, cut_line = lineno, cut
+        full = cut
+    return _Window("".join(parts), start, last, total, cut_line)
+
+
+def _bounded_lines(f: BinaryIO, limit: int) -> Iterator[tuple[bytes, bool]]:
+    """Each line of `f`, at most `limit` bytes of it, and whether the line was longer."""
+    while raw := f.readline(limit):
+        longer = False
+        if len(raw) == limit and not raw.endswith(b"\n"):
+            # Skip the rest of this line without holding it in memory.
+            while rest := f.readline(limit):
+                longer = True
+                if rest.endswith(b"\n"):
+                    break
+        yield raw, longer
+
+
+class WriteFileParams(ToolParams):
+    path: str = Field(description="File to write, relative to the workspace.")
+    content: str = Field(description="The complete new content of the file.")
+
+
+class WriteFileTool(_FileTool, Tool[WriteFileParams]):
+    """Creates or replaces a file atomically, creating missing parent directories."""
+
+    name = "write_file"
+    description = (
+        "Create a file or replace its whole content. Missing parent directories are created. "
+        "To change part of an existing file, use edit_file instead."
+    )
+    params = WriteFileParams
+
+    async def run(self, args: WriteFileParams) -> str:
+        return await self._in_thread(self._write, args)
+
+    def _write(self, args: WriteFileParams) -> str:
+        path = self._resolve(args.path)
+        shown = self._shown(path)
+        if path.is_dir():
+            raise ToolError(f"{shown!r} is a directory; give the path of a file inside it")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ToolError(
+                f"cannot create {shown!r}: a part of its directory path is a file"
+            ) from None
+        data = args.content.encode("utf-8")
+        _write_atomically(path, data)
+        return f"wrote {len(data)} bytes to {shown}"
+
+
+class EditFileParams(ToolParams):
+    path: str = Field(description="File to edit, relative to the workspace.")
+    old_text: str = Field(
+        description="Exact text to replace, including whitespace; it must occur exactly once."
+    )
+    new_text: str = Field(description="Text to put in its place.")
+
+
+class EditFileTool(_FileTool, Tool[EditFileParams]):
+    """Replaces one exact, unique occurrence of a text in a file, atomically."""
+
+    name = "edit_file"
+    description = (
+        "Replace one exact occurrence of old_text with new_text in a file. old_text must match "
+        "the file exactly (whitespace included) and occur once; include surrounding lines to "
+        "make it unique."
+    )
+    params = EditFileParams
+
+    async def run(self, args: EditFileParams) -> str:
+        return await self._in_thread(self._edit, args)
+
+    def _edit(self, args: EditFileParams) -> str:
+        if not args.old_text:
+            raise ToolError("old_text is empty; to create or overwrite a file use write_file")
+        path = self._resolve(args.path)
+        shown = self._shown(path)
+        size = _existing_file(path, shown).st_size
+        if size > MAX_EDIT_BYTES:
+            raise ToolError(f"{shown!r} is {_human_size(size)}, too large to edit in place")
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _binary(shown, size) from None
+        old, new = args.old_text, args.new_text
+        if old not in text and "\r\n" in text and "\r\n" not in old:
+            # The model writes "\n"; a Windows-style file has "\r\n".
+            old, new = old.replace("\n", "\r\n"), new.replace("\n", "\r\n")
+        count = text.count(old)
+        if count == 0:
+            raise ToolError(f"old_text was not found in {shown!r}. {_closest(text, old)}")
+        if count > 1:
+            lines = _lines_of(text, old)
+            raise ToolError(
+                f"old_text occurs {count} times in {shown!r} (at lines {lines}); include more "
+                "surrounding text so that it matches exactly once"
+            )
+        at = text.index(old)
+        _write_atomically(path, text.replace(old, new, 1).encode("utf-8"))
+        first = text.count("\n", 0, at) + 1
+        last = first + old.count("\n")
+        return f"edited {shown}: replaced lines {first}-{last}"
+
+
+def _closest(text: str, old: str) -> str:
+    """A hint for old_text that does not match: the file's line most like its first line."""
+    if " ".join(old.split()) in " ".join(text.split()):
+        return (
+            "It does match if whitespace is ignored: copy the indentation and line breaks exactly."
+        )
+    wanted = next((line for line in old.splitlines() if line.strip()), old)
+    lines = text.splitlines()
+    matches = difflib.get_close_matches(wanted.strip(), [s.strip() for s in lines], n=1, cutoff=0.5)
+    if not matches:
+        return "Read the file again to see its current content."
+    lineno = next(i for i, line in enumerate(lines, 1) if line.strip() == matches[0])
+    return f"The closest line is line {lineno}: {lines[lineno - 1]!r}."
+
+
+def _lines_of(text: str, old: str) -> str:
+    found: list[str] = []
+    at = text.find(old)
+    while at != -1 and len(found) < 10:
+        found.append(str(text.count("\n", 0, at) + 1))
+        at = text.find(old, at + len(old))
+    return ", ".join(found)
+
+
+class ListDirParams(ToolParams):
+    path: str = Field(default=".", description="Directory to list, relative to the workspace.")
+
+
+class ListDirTool(_FileTool, Tool[ListDirParams]):
+    """Lists a directory: sorted names, directories marked with '/', sizes of files."""
+
+    name = "list_dir"
+    description = (
+        "List the entries of a directory: directories end with '/', files show their size, "
+        "symlinks show their target."
+    )
+    params = ListDirParams
+
+    def __init__(
+        self, workspace: Path, *, restrict: bool = True, max_entries: int = MAX_LIST_ENTRIES
+    ) -> None:
+        super().__init__(workspace, restrict=restrict)
+        self.max_entries = max_entries
+
+    async def run(self, args: ListDirParams) -> str:
+        return await self._in_thread(self._list, args)
+
+    def _list(self, args: ListDirParams) -> str:
+        path = self._resolve(args.path)
+        shown = self._shown(path) or "."
+        if not path.exists():
+            raise ToolError(f"directory {shown!r} does not exist")
+        if not path.is_dir():
+            raise ToolError(f"{shown!r} is a file, not a directory; use read_file to read it")
+        with os.scandir(path) as scan:
+            entries = sorted(scan, key=lambda e: e.name)
+        if not entries:
+            return f"{shown}/ is empty"
+        lines = [_describe_entry(e) for e in entries[: self.max_entries]]
+        if len(entries) > self.max_entries:
+            lines.append(f"[... {len(entries) - self.max_entries} more entries not shown]")
+        return f"{shown}/ ({len(entries)} entries):\n" + "\n".join(lines)
+
+
+def _describe_entry(entry: os.DirEntry[str]) -> str:
+    if entry.is_symlink():
+        return f"{entry.name} -> {Path(entry.path).readlink()}"
+    if entry.is_dir():
+        return f"{entry.name}/"
+    try:
+        return f"{entry.name}  ({_human_size(entry.stat().st_size)})"
+    except OSError:
+        return entry.name
+
+
+def _existing_file(path: Path, shown: str) -> os.stat_result:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise ToolError(
+            f"file {shown!r} does not exist; use list_dir to see what is there"
+        ) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ToolError(f"{shown!r} is a directory; use list_dir to see what is in it")
+    return info
+
+
+def _binary(shown: str, size: int) -> ToolError:
+    return ToolError(
+        f"{shown!r} is a binary file ({_human_size(size)}), not UTF-8 text; read_file only reads "
+        "text (the exec tool can inspect it, e.g. with 'file' or 'xxd')"
+    )
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` by renaming a finished temporary file over it.
+
+    Keeps the mode of an existing file; a new file gets the usual 0o666 minus the umask
+    (which `mkstemp`'s 0o600 would not).
+    """
+    try:
+        mode: int | None = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = None
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        temp.replace(path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def _human_size(size: int) -> str:
+    if size < 1024:
+        return f"{size} bytes"
+    value = float(size)
+    for unit in ("KB", "MB", "GB"):
+        value /= 1024
+        if value < 1024 or unit == "GB":
+            break
+    return f"{value:.1f} {unit}"

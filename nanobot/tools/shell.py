@@ -1,0 +1,210 @@
+"""The exec tool: run a shell command in the workspace.
+
+The contract is: `/bin/sh -c command`, working directory the workspace, a minimal environment
+(PATH, HOME=the workspace, LANG, TERM=dumb; none of nanobot's API keys or tokens), its own
+process group, and a deadline. When the command ends, times out or the call is cancelled, the
+whole process group is stopped (SIGTERM, a short grace, SIGKILL), so background children do
+not outlive the call. A process that starts its own session (`setsid`) escapes the group;
+containing that needs an OS sandbox, which this is not.
+
+The deny patterns are a speed bump against an obviously destructive command typed by a
+confused model, not a security boundary: a shell offers endless ways to spell the same thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import Field
+
+from nanobot.tools.base import Tool, ToolError, ToolParams
+
+DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
+    # rm with a recursive flag aimed at /, /*, ~ or $HOME
+    r"\brm\s+(?=(?:-\S+\s+)*-\S*[rR])(?:-\S+\s+)+(?:/|~|\$HOME|\$\{HOME\})/?\*?(?=$|[\s;&|)])",
+    r"\bmkfs(?:\.\w+)?\b",
+    r"\bdd\b[^;&|]*\bof=/dev/",
+    r">\s*/dev/(?:sd|hd|vd|xvd|nvme|mmcblk|disk)",
+    r":\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:",  # the classic fork bomb
+    r"(?:^|[;&|(]|\bsudo)\s*(?:shutdown|reboot|halt|poweroff)\b",
+    r"\bsystemctl\s+(?:poweroff|reboot|halt|kexec)\b",
+)
+
+MAX_OUTPUT_BYTES = 64 * 1024
+TERM_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
+EXIT_GRACE = 0.5  # seconds to wait for output after the shell itself has exited
+_GROUP_POLL = 0.05
+
+
+class ExecParams(ToolParams):
+    command: str = Field(description="Shell command, run with /bin/sh -c in the workspace.")
+    timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds before the command is killed; capped at the configured maximum.",
+    )
+
+
+class ExecTool(Tool[ExecParams]):
+    """Runs a shell command in the workspace with a minimal environment and a deadline."""
+
+    name = "exec"
+    description = (
+        "Run a shell command (/bin/sh -c) in the workspace directory and return its exit code "
+        "and combined stdout/stderr. Background processes are stopped when the command ends. "
+        "No network credentials or API keys are available in its environment."
+    )
+    params = ExecParams
+
+    def __init__(
+        self,
+        workspace: Path,
+        *,
+        timeout: float = 60,
+        deny_patterns: Sequence[str] = DEFAULT_DENY_PATTERNS,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
+    ) -> None:
+        self.workspace = workspace
+        self.timeout = timeout
+        self.max_output_bytes = max_output_bytes
+        self._deny: list[re.Pattern[str]] = []
+        for pattern in deny_patterns:
+            try:
+                self._deny.append(re.compile(pattern))
+            except re.error as exc:
+                raise ValueError(f"invalid exec deny pattern {pattern!r}: {exc}") from None
+
+    async def run(self, args: ExecParams) -> str:
+        for pattern in self._deny:
+            if pattern.search(args.command):
+                raise ToolError(
+                    "command refused as dangerous (it matches the deny pattern "
+                    f"{pattern.pattern!r}). If it is really needed, ask the user to run it."
+                )
+        timeout = min(args.timeout or self.timeout, self.timeout)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh",
+                "-c",
+                args.command,
+                cwd=self.workspace,
+                env=_minimal_env(self.workspace),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ToolError(f"could not start the command: {exc}") from None
+        output, timed_out = await _supervise(proc, timeout, self.max_output_bytes)
+        if timed_out:
+            raise ToolError(
+                f"the command timed out after {timeout:g} s and was killed with its process "
+                f"group. Output before that:\n{output}"
+            )
+        return f"{_describe_exit(proc.returncode)}\n{output}"
+
+
+async def _supervise(
+    proc: asyncio.subprocess.Process, timeout: float, limit: int
+) -> tuple[str, bool]:
+    """Wait for `proc` (up to `timeout`), then stop its process group; (output, timed out).
+
+    On cancellation the group is stopped too before CancelledError propagates.
+    """
+    assert proc.stdout is not None
+    output = _Output(limit)
+    reader = asyncio.create_task(output.read(proc.stdout), name=f"exec-output-{proc.pid}")
+    timed_out = False
+    try:
+        async with asyncio.timeout(timeout):
+            await proc.wait()
+            # A background child may hold the pipe open after the shell exits; its output so
+            # far is kept, and the group stop below ends it.
+            await asyncio.wait({reader}, timeout=EXIT_GRACE)
+    except TimeoutError:
+        timed_out = True
+    finally:
+        try:
+            await _stop_group(proc)
+        finally:
+            # Normally EOF follows the group's end at once; a process that left the group
+            # (setsid) may keep the pipe open, and then we stop reading.
+            await asyncio.wait({reader}, timeout=EXIT_GRACE)
+            reader.cancel()
+    return output.text(), timed_out
+
+
+class _Output:
+    """Combined stdout/stderr, keeping the first `limit` bytes and counting the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.kept = bytearray()
+        self.dropped = 0
+
+    async def read(self, stream: asyncio.StreamReader) -> None:
+        # Keep draining past the limit: a child blocked on a full pipe would never finish.
+        while chunk := await stream.read(65536):
+            room = self.limit - len(self.kept)
+            self.kept += chunk[:room]
+            self.dropped += max(0, len(chunk) - room)
+
+    def text(self) -> str:
+        text = self.kept.decode("utf-8", errors="replace")
+        if self.dropped:
+            text += f"\n[... {self.dropped} more bytes of output not shown]"
+        return text or "(no output)"
+
+
+async def _stop_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the process group, give it TERM_GRACE to go, SIGKILL it, reap the shell.
+
+    Safe to cancel: SIGKILL is sent synchronously whatever happens, and asyncio's child
+    watcher reaps the shell even if the final wait is cancelled.
+    """
+    pgid = proc.pid  # start_new_session: the shell leads its own group
+    try:
+        if _signal_group(pgid, signal.SIGTERM):
+            deadline = asyncio.get_running_loop().time() + TERM_GRACE
+            # Grandchildren are not our children, so there is nothing to wait on but polling.
+            while _signal_group(pgid, 0) and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(_GROUP_POLL)
+    finally:
+        _signal_group(pgid, signal.SIGKILL)
+    await proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to the group; False when no process is left in it."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # only zombies left (seen on macOS)
+        return False
+    return True
+
+
+def _minimal_env(workspace: Path) -> dict[str, str]:
+    """The whole environment a command sees: nothing of nanobot's secrets."""
+    return {
+        "PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(workspace),
+        "LANG": os.environ.get("LANG") or "C.UTF-8",
+        "TERM": "dumb",  # no colour codes or pagers in output meant for a model
+    }
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
