@@ -58,6 +58,7 @@ class Run:
     exited_at: float  # time.monotonic() just after it was reaped
     peak_rss_kib: int
     parent_wall: float  # as the benchmark saw it, wrapper start-up included
+    first_stdout_at: float | None  # time.monotonic() when stdout's first bytes arrived
 
     @property
     def wall(self) -> float:
@@ -117,7 +118,10 @@ async def run_measured(
         )
         try:
             async with asyncio.timeout(RUN_LIMIT_S):
-                stdout, stderr = await process.communicate()
+                assert process.stdout is not None and process.stderr is not None
+                (stdout, first_stdout_at), stderr, _ = await asyncio.gather(
+                    _read_timed(process.stdout), process.stderr.read(), process.wait()
+                )
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
@@ -138,7 +142,19 @@ async def run_measured(
         exited_at=float(data["end"]),
         peak_rss_kib=int(data["maxrss_kib"]),
         parent_wall=parent_wall,
+        first_stdout_at=first_stdout_at,
     )
+
+
+async def _read_timed(stream: asyncio.StreamReader) -> tuple[bytes, float | None]:
+    """All of ``stream``, and the time.monotonic() at which its first bytes arrived."""
+    chunks: list[bytes] = []
+    first: float | None = None
+    while chunk := await stream.read(65536):
+        if first is None:
+            first = time.monotonic()
+        chunks.append(chunk)
+    return b"".join(chunks), first
 
 
 @dataclass(frozen=True)

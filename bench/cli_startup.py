@@ -2,10 +2,11 @@
 
 Every command runs as a real subprocess of the installed package, in an isolated
 environment (a temporary HOME and config, no NANOBOT_*/PYTHON* variables). Baselines are
-measured in the same run with the same interpreter: ``python -c pass`` (the floor),
-``import nanobot.app``, ``import litellm`` and both together. The fake model server
-(tests/fakes/llm.py) runs in this process's event loop, so the moment the first request
-reaches it is known on the same monotonic clock as the moment the CLI was spawned.
+measured in the same run with the same interpreter: ``python -c pass`` (the floor) and
+``python -c 'import X'`` for nanobot.app, litellm and both (each prints time.monotonic()
+once imported, which splits its wall time into the import and the interpreter's exit).
+The fake model server (tests/fakes/llm.py) runs in this process's event loop, so the
+arrival of the first request is known on the same monotonic clock as the CLI's spawn.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tests.fakes.llm import FakeLLM
 NAME = "cli_startup"
 HELP_TARGET_S = 0.3
 CHEAP_WARMUPS, CHEAP_RUNS = 2, 15  # python -c pass, --help, import nanobot.app
-HEAVY_WARMUPS, HEAVY_RUNS = 1, 7  # anything importing litellm (~4 s each)
+HEAVY_WARMUPS, HEAVY_RUNS = 1, 7  # anything importing litellm (~4-5 s each)
 MESSAGE = "hi"
 TOP_IMPORTS = 10
 
@@ -43,13 +44,40 @@ NANOBOT = str(BIN_DIR / "nanobot")
 
 
 @dataclass(frozen=True)
-class AgentRun:
+class ImportRun:
+    """``python -c 'import X'``: when the import was done, and when the process was gone."""
+
     run: Run
-    first_request: float  # seconds from spawn to the first request reaching the server
+    imported_at: float  # time.monotonic() printed by the child right after the import
 
     @property
-    def after_request(self) -> float:
-        return self.run.wall - self.first_request
+    def import_s(self) -> float:
+        return self.imported_at - self.run.launched_at
+
+    @property
+    def exit_s(self) -> float:
+        return self.run.exited_at - self.imported_at
+
+
+@dataclass(frozen=True)
+class AgentRun:
+    """``nanobot agent -m hi``: spawn, first request at the server, reply on stdout, exit."""
+
+    run: Run
+    requested_at: float  # the fake's time.monotonic() on receiving the request
+    replied_at: float  # this process's time.monotonic() when the reply reached stdout
+
+    @property
+    def to_request_s(self) -> float:
+        return self.requested_at - self.run.launched_at
+
+    @property
+    def request_to_reply_s(self) -> float:
+        return self.replied_at - self.requested_at
+
+    @property
+    def reply_to_exit_s(self) -> float:
+        return self.run.exited_at - self.replied_at
 
 
 @dataclass(frozen=True)
@@ -59,7 +87,19 @@ class ImportTime:
     cumulative_s: float
 
 
+@dataclass(frozen=True)
+class Measurements:
+    floor: list[Run]
+    help: list[Run]
+    app: list[ImportRun]
+    litellm: list[ImportRun]
+    both: list[ImportRun]
+    agent: list[AgentRun]
+    imports: list[ImportTime]
+
+
 def _progress(text: str) -> None:
+    sys.stdout.flush()
     print(text, file=sys.stderr, flush=True)
 
 
@@ -75,18 +115,6 @@ def _write_config(home: Path, fake: FakeLLM) -> dict[str, str]:
         encoding="utf-8",
     )
     return isolated_env(home, NANOBOT_CONFIG=str(config))
-
-
-async def _repeat(
-    label: str, argv: Sequence[str], env: dict[str, str], home: Path, *, warmups: int, runs: int
-) -> list[Run]:
-    _progress(f"  {label}: {warmups} warm-up(s) + {runs} runs")
-    results: list[Run] = []
-    for index in range(warmups + runs):
-        run = (await run_measured(argv, env, cwd=home)).check()
-        if index >= warmups:
-            results.append(run)
-    return results
 
 
 async def _floor_and_help(env: dict[str, str], home: Path) -> tuple[list[Run], list[Run]]:
@@ -105,30 +133,50 @@ async def _floor_and_help(env: dict[str, str], home: Path) -> tuple[list[Run], l
     return floor, help_
 
 
-def _check_reply(run: Run) -> None:
-    """The fake echoes the user's message (nanobot may prefix it, e.g. with a timestamp)."""
+async def _imports(
+    modules: str, env: dict[str, str], home: Path, *, warmups: int, runs: int
+) -> list[ImportRun]:
+    """``python -c 'import <modules>'``, the child printing time.monotonic() once imported."""
+    _progress(f"  import {modules}: {warmups} warm-up(s) + {runs} runs")
+    code = f"import {modules}\nimport time\nprint(repr(time.monotonic()))"
+    results: list[ImportRun] = []
+    for index in range(warmups + runs):
+        run = (await run_measured([PYTHON, "-c", code], env, cwd=home)).check()
+        try:
+            imported_at = float(run.stdout.strip())
+        except ValueError:
+            raise BenchError(f"import {modules} printed {run.stdout!r}") from None
+        if index >= warmups:
+            results.append(ImportRun(run, imported_at))
+    return results
+
+
+def _check_reply(run: Run) -> float:
+    """The fake echoes the message (nanobot may prefix it); returns when stdout got it."""
     run.check()
     if not (run.stdout.startswith("echo: ") and run.stdout.endswith(f"{MESSAGE}\n")):
         raise BenchError(f"unexpected reply from agent -m: {run.stdout!r}")
+    assert run.first_stdout_at is not None
+    return run.first_stdout_at
 
 
-async def _agent_runs(fake: FakeLLM) -> list[AgentRun]:
+async def _agent_runs(fake: FakeLLM, *, warmups: int, runs: int, label: str = "") -> list[AgentRun]:
     """``nanobot agent -m hi``, each run in a fresh HOME (new data dir, store, workspace)."""
-    _progress(f"  nanobot agent -m {MESSAGE}: {HEAVY_WARMUPS} warm-up(s) + {HEAVY_RUNS} runs")
+    what = label or f"{warmups} warm-up(s) + {runs} runs"
+    _progress(f"  nanobot agent -m {MESSAGE}: {what}")
     results: list[AgentRun] = []
-    for index in range(HEAVY_WARMUPS + HEAVY_RUNS):
+    for index in range(warmups + runs):
         with tempfile.TemporaryDirectory(prefix="nanobot-bench-home-") as tmp:
             home = Path(tmp)
             before = len(fake.requests)
-            run = await run_measured(
-                [NANOBOT, "agent", "-m", MESSAGE], _write_config(home, fake), cwd=home
-            )
-            _check_reply(run)
+            argv = [NANOBOT, "agent", "-m", MESSAGE]
+            run = await run_measured(argv, _write_config(home, fake), cwd=home)
+            replied_at = _check_reply(run)
         requests = fake.requests[before:]
         if len(requests) != 1:
             raise BenchError(f"expected one model request per turn, got {len(requests)}")
-        if index >= HEAVY_WARMUPS:
-            results.append(AgentRun(run, requests[0].received_at - run.launched_at))
+        if index >= warmups:
+            results.append(AgentRun(run, requests[0].received_at, replied_at))
     return results
 
 
@@ -154,102 +202,90 @@ async def _importtime_profile(fake: FakeLLM) -> list[ImportTime]:
     return parse_importtime(run.stderr)
 
 
-@dataclass(frozen=True)
-class Measurements:
-    floor: list[Run]
-    help: list[Run]
-    app_import: list[Run]
-    litellm_import: list[Run]
-    both_import: list[Run]
-    agent: list[AgentRun]
-    imports: list[ImportTime]
-
-
 async def measure() -> Measurements:
-    with tempfile.TemporaryDirectory(prefix="nanobot-bench-home-") as tmp:
-        home = Path(tmp)
-        env = isolated_env(home)
-        floor, help_ = await _floor_and_help(env, home)
-
-        def python_c(code: str) -> list[str]:
-            return [PYTHON, "-c", code]
-
-        cheap = {"warmups": CHEAP_WARMUPS, "runs": CHEAP_RUNS}
-        heavy = {"warmups": HEAVY_WARMUPS, "runs": HEAVY_RUNS}
-        app = await _repeat(
-            "import nanobot.app", python_c("import nanobot.app"), env, home, **cheap
-        )
-        lit = await _repeat("import litellm", python_c("import litellm"), env, home, **heavy)
-        both_code = "import nanobot.app, litellm"
-        both = await _repeat(both_code, python_c(both_code), env, home, **heavy)
-    async with FakeLLM() as fake:  # answers at once: Echo, no delay
-        agent = await _agent_runs(fake)
+    async with FakeLLM() as fake:  # Echo, no delay: the model answers in 0 ms
+        # Fail in seconds, not minutes, if `agent -m` does not work at all.
+        await _agent_runs(fake, warmups=1, runs=0, label="preflight")
+        with tempfile.TemporaryDirectory(prefix="nanobot-bench-home-") as tmp:
+            home = Path(tmp)
+            env = isolated_env(home)
+            floor, help_ = await _floor_and_help(env, home)
+            cheap = {"warmups": CHEAP_WARMUPS, "runs": CHEAP_RUNS}
+            heavy = {"warmups": HEAVY_WARMUPS, "runs": HEAVY_RUNS}
+            app = await _imports("nanobot.app", env, home, **cheap)
+            lit = await _imports("litellm", env, home, **heavy)
+            both = await _imports("nanobot.app, litellm", env, home, **heavy)
+        agent = await _agent_runs(fake, warmups=HEAVY_WARMUPS, runs=HEAVY_RUNS)
         imports = await _importtime_profile(fake)
     return Measurements(floor, help_, app, lit, both, agent, imports)
 
 
-def _walls(runs: Sequence[Run]) -> list[float]:
-    return [r.wall for r in runs]
-
-
-def _rss(runs: Sequence[Run]) -> list[float]:
-    return [r.peak_rss_mib for r in runs]
-
-
 def metrics_of(m: Measurements) -> list[Metric]:
+    def walls(runs: Sequence[Run]) -> list[float]:
+        return [r.wall for r in runs]
+
+    def rss(runs: Sequence[Run]) -> list[float]:
+        return [r.peak_rss_mib for r in runs]
+
+    agent = f"agent -m {MESSAGE}"
     return [
-        Metric("python -c pass (floor)", "s", _walls(m.floor)),
-        Metric("nanobot --help", "s", _walls(m.help), target=HELP_TARGET_S),
+        Metric("python -c pass (floor)", "s", walls(m.floor)),
+        Metric("nanobot --help", "s", walls(m.help), target=HELP_TARGET_S),
         Metric(
             "nanobot --help / floor",
             "x",
             [h.wall / f.wall for h, f in zip(m.help, m.floor, strict=True)],
             note="per interleaved pair",
         ),
-        Metric("python -c 'import nanobot.app'", "s", _walls(m.app_import)),
-        Metric("python -c 'import litellm'", "s", _walls(m.litellm_import)),
-        Metric("python -c 'import nanobot.app, litellm'", "s", _walls(m.both_import)),
-        Metric(f"agent -m {MESSAGE}: total", "s", [a.run.wall for a in m.agent]),
-        Metric(
-            f"agent -m {MESSAGE}: spawn -> 1st request", "s", [a.first_request for a in m.agent]
-        ),
-        Metric(f"agent -m {MESSAGE}: 1st request -> exit", "s", [a.after_request for a in m.agent]),
-        Metric("peak RSS: python -c pass", "MiB", _rss(m.floor)),
-        Metric("peak RSS: nanobot --help", "MiB", _rss(m.help)),
-        Metric("peak RSS: import nanobot.app", "MiB", _rss(m.app_import)),
-        Metric("peak RSS: import litellm", "MiB", _rss(m.litellm_import)),
-        Metric(f"peak RSS: agent -m {MESSAGE}", "MiB", [a.run.peak_rss_mib for a in m.agent]),
+        Metric("import nanobot.app: wall", "s", walls([i.run for i in m.app])),
+        Metric("import nanobot.app: spawn -> imported", "s", [i.import_s for i in m.app]),
+        Metric("import litellm: wall", "s", walls([i.run for i in m.litellm])),
+        Metric("import litellm: spawn -> imported", "s", [i.import_s for i in m.litellm]),
+        Metric("import litellm: imported -> exit", "s", [i.exit_s for i in m.litellm]),
+        Metric("import nanobot.app, litellm: wall", "s", walls([i.run for i in m.both])),
+        Metric("import nanobot.app, litellm: -> imported", "s", [i.import_s for i in m.both]),
+        Metric(f"{agent}: total", "s", [a.run.wall for a in m.agent]),
+        Metric(f"{agent}: spawn -> 1st request", "s", [a.to_request_s for a in m.agent]),
+        Metric(f"{agent}: 1st request -> reply", "s", [a.request_to_reply_s for a in m.agent]),
+        Metric(f"{agent}: reply -> exit", "s", [a.reply_to_exit_s for a in m.agent]),
+        Metric("peak RSS: python -c pass", "MiB", rss(m.floor)),
+        Metric("peak RSS: nanobot --help", "MiB", rss(m.help)),
+        Metric("peak RSS: import nanobot.app", "MiB", rss([i.run for i in m.app])),
+        Metric("peak RSS: import litellm", "MiB", rss([i.run for i in m.litellm])),
+        Metric(f"peak RSS: {agent}", "MiB", rss([a.run for a in m.agent])),
     ]
 
 
 def breakdown(m: Measurements) -> list[tuple[str, float]]:
-    """Where the median ``agent -m`` time goes, from the medians of the baselines.
+    """Where the median ``agent -m`` time goes, from medians; the rows add up to the total.
 
-    Rows add up to the total. litellm and nanobot.app share dependencies (pydantic, httpx,
-    ...), so litellm is charged only what it adds on top of nanobot.app.
+    litellm and nanobot.app share dependencies (pydantic, httpx, ...), so litellm is
+    charged only what it adds on top of nanobot.app.
     """
-
-    def med(values: Sequence[float]) -> float:
-        return statistics.median(values)
-
-    floor, app = med(_walls(m.floor)), med(_walls(m.app_import))
-    both = med(_walls(m.both_import))
-    first = med([a.first_request for a in m.agent])
+    med = statistics.median
+    floor = med([r.wall for r in m.floor])
+    app = med([i.import_s for i in m.app])
+    both = med([i.import_s for i in m.both])
+    to_request = med([a.to_request_s for a in m.agent])
+    to_reply = med([a.replied_at - a.run.launched_at for a in m.agent])
     total = med([a.run.wall for a in m.agent])
     return [
         ("interpreter start-up (python -c pass)", floor),
         ("nanobot.app and its dependencies (import nanobot.app - floor)", app - floor),
         ("litellm on top of that (import both - import nanobot.app)", both - app),
-        ("CLI, config, store, workspace, 1st call set-up (rest until request)", first - both),
-        ("1st request -> exit (0 ms model: reply, store, shutdown)", total - first),
+        ("the rest until the request: CLI, config, store, 1st-call set-up", to_request - both),
+        ("request -> reply printed (the model answers in 0 ms)", to_reply - to_request),
+        ("reply printed -> exit (interpreter shutdown)", total - to_reply),
     ]
 
 
 def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
+    """Print the table, the breakdown and the import profile; return them for the JSON."""
+    med = statistics.median
     rows = breakdown(m)
     total = sum(seconds for _, seconds in rows)
-    first = statistics.median([a.first_request for a in m.agent])
-    litellm_alone = statistics.median(_walls(m.litellm_import)) - statistics.median(_walls(m.floor))
+    to_request = med([a.to_request_s for a in m.agent])
+    litellm_alone = med([i.import_s for i in m.litellm]) - med([r.wall for r in m.floor])
     top = sorted(m.imports, key=lambda i: i.cumulative_s, reverse=True)[:TOP_IMPORTS]
     imports_total = sum(i.cumulative_s for i in m.imports)
 
@@ -259,12 +295,12 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
     for label, seconds in rows:
         print(f"  {label:<{width}}  {seconds:6.3f} s  {seconds / total:6.1%}")
     print(
-        f"  litellm's import alone (import litellm - floor) = {litellm_alone:.3f} s, "
-        f"{litellm_alone / first:.0%} of the time before the first request."
+        f"litellm's import alone (import litellm - floor): {litellm_alone:.3f} s, "
+        f"{litellm_alone / to_request:.0%} of the time before the first request."
     )
     print(
-        f"\n-X importtime, one run of `agent -m {MESSAGE}`: top-level imports, "
-        f"{imports_total:.3f} s in all (importtime inflates them):"
+        f"\n-X importtime, one run of `agent -m {MESSAGE}`: top-level imports by cumulative "
+        f"time ({imports_total:.3f} s in all; the profiler inflates them):"
     )
     for item in top:
         print(f"  {item.cumulative_s:7.3f} s  {item.module}")
@@ -280,9 +316,7 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
             "cheap": {"warmups": CHEAP_WARMUPS, "runs": CHEAP_RUNS},
             "heavy": {"warmups": HEAVY_WARMUPS, "runs": HEAVY_RUNS},
         },
-        "wrapper_overhead_s": statistics.median(
-            [r.parent_wall - r.wall for r in [*m.floor, *m.help]]
-        ),
+        "wrapper_overhead_s": med([r.parent_wall - r.wall for r in [*m.floor, *m.help]]),
     }
 
 
@@ -291,4 +325,4 @@ def main() -> None:
     metrics = metrics_of(m)
     payload = report(m, metrics)
     path = write_results(NAME, payload)
-    print(f"\nResults: {path}")
+    print(f"\nResults: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")

@@ -22,11 +22,14 @@ from loguru import logger
 
 from nanobot import log
 from nanobot.agent.context import ContextBuilder
-from nanobot.agent.loop import AgentLoop
+from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
+from nanobot.agent.run import LoopLimits, ToolPolicy
+from nanobot.agent.runner import Runner
 from nanobot.config import Config, load
 from nanobot.errors import NanobotError, ProviderError
 from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
 from nanobot.store import Database, SessionStore
+from nanobot.tools.registry import ToolRegistry
 from nanobot.workspace import bundled, copy_template
 
 SHUTDOWN_DEADLINE = 10.0
@@ -72,44 +75,72 @@ def build_provider(config: Config) -> LiteLLMProvider:
     )
 
 
+def build_tools(config: Config) -> ToolRegistry:
+    """The built-in tools, configured from `config.tools`."""
+    return ToolRegistry()
+
+
 @asynccontextmanager
 async def _agent(config: Config) -> AsyncIterator[AgentLoop]:
     config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     copy_template(config.workspace_path)
+    agent = config.agent
+    provider = build_provider(config)
+    settings = LoopSettings(
+        max_tokens=agent.max_tokens,
+        max_concurrent_turns=agent.max_concurrent_turns,
+        limits=LoopLimits(
+            max_iterations=agent.max_iterations,
+            max_tool_rounds=agent.max_tool_rounds,
+            max_run_duration=agent.max_turn_seconds,
+        ),
+        policy=ToolPolicy(
+            max_parallel=agent.max_parallel_tools, max_calls_per_run=agent.max_tool_calls
+        ),
+        delivery=agent.queue_delivery,
+        timezone=_timezone(config),
+    )
+    context = ContextBuilder(config.workspace_path, timezone=settings.timezone)
     async with await Database.open(config.state_db_path) as db:
         yield AgentLoop(
-            build_provider(config),
-            SessionStore(db),
-            ContextBuilder(config.workspace_path),
-            timezone=_timezone(config),
+            provider, Runner(provider, build_tools(config)), SessionStore(db), context, settings
         )
 
 
 def ask(config: Config, message: str, session_key: str, *, verbose: bool = False) -> str:
-    """One turn in `session_key`; returns the reply. Raises NanobotError subclasses."""
+    """One turn in `session_key`; returns the reply.
+
+    Raises:
+        ProviderError: the model could not be reached.
+        NanobotError: the turn failed otherwise (a limit, storage); the message says why.
+    """
     _setup_logging(config, quiet=not verbose)
 
     async def run() -> str:
         async with _agent(config) as agent:
-            return await agent.ask(session_key, message)
+            reply = await agent.handle(TurnRequest(session_key, message))
+        assert reply is not None  # nothing else runs in this session here
+        result = reply.result
+        if isinstance(result.error, ProviderError):
+            raise result.error
+        if result.status != "completed":
+            raise NanobotError(result.final_text)
+        return reply.text or result.final_text
 
     return asyncio.run(run())
 
 
 def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
-    """An interactive chat in the terminal until EOF, /exit or Ctrl-C."""
+    """An interactive chat in the terminal until EOF, /exit or Ctrl-C twice."""
     from nanobot.channels import terminal
 
     _setup_logging(config, quiet=not verbose)
 
     async def run() -> None:
         async with _agent(config) as agent:
-            await terminal.chat(agent.ask, session_key)
+            await terminal.chat(agent, session_key)
 
-    try:
-        asyncio.run(run())
-    except KeyboardInterrupt:
-        sys.stdout.write("\n")
+    asyncio.run(run())
 
 
 def serve(config: Config) -> int:
@@ -151,7 +182,7 @@ async def _serve(config: Config) -> int:
         owned: list[asyncio.Task[None]] = []
         if sys.stdin.isatty():
             chat_task = group.create_task(
-                terminal.chat(agent.ask, "terminal:local"), name="terminal"
+                terminal.chat(agent, "terminal:local", own_interrupts=False), name="terminal"
             )
             chat_task.add_done_callback(lambda _: stop.set())
             owned.append(chat_task)

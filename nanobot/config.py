@@ -44,6 +44,12 @@ class AgentConfig(Section):
     request_timeout: float = Field(120, gt=0)
     max_retries: int = Field(3, ge=0, le=10)
     retry_max_seconds: float = Field(60, gt=0)
+    max_tool_rounds: int = Field(20, gt=0)
+    max_tool_calls: int = Field(50, gt=0)
+    max_parallel_tools: int = Field(1, gt=0)
+    max_turn_seconds: float = Field(600, gt=0)
+    queue_mode: Literal["steer", "follow_up"] = "steer"
+    queue_delivery: Literal["one", "all"] = "one"
 
 
 class ChannelConfig(Section):

@@ -258,10 +258,16 @@ async def test_abort_mid_stream(runner: Runner, fake_llm: FakeLLM) -> None:
     fake_llm.chunk_delay = 0.2
     fake_llm.script(Text("one two three four five six seven eight nine ten"))
     recorder = Recorder()
+    streaming = asyncio.Event()
+
+    def listen(event: RunEvent) -> None:
+        recorder.events.append(event)
+        if event.kind == "message_update":
+            streaming.set()
+
     run = run_input()
-    task = asyncio.create_task(runner.run(run, recorder.hooks()))
-    while "message_update" not in recorder.kinds():
-        await asyncio.sleep(0.01)
+    task = asyncio.create_task(runner.run(run, recorder.hooks(listener=listen)))
+    await streaming.wait()
     assert runner.abort(run.run_id)
     result = await task
     assert result.status == "aborted"

@@ -1,45 +1,226 @@
-"""The stateful shell around model calls: sessions in, replies out."""
+"""The agent loop: the stateful shell around the runner.
+
+Per session it keeps a lane: turns of one session run strictly one after another, while
+different sessions run concurrently (up to `max_concurrent_turns`). A message for a session
+whose turn is running is queued for that turn (steering by default, or follow-up). Each turn
+stores the user's message before the model is called and every other entry as it happens.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
+from typing import Literal
 
+from nanobot.agent.compaction import Compactor, shrink_tool_results
 from nanobot.agent.context import ContextBuilder, user_message
-from nanobot.providers.base import LLMProvider
+from nanobot.agent.history import History, Window, summary_message
+from nanobot.agent.run import EventListener, LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
+from nanobot.agent.runner import Runner
+from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import NewEntry, SessionStore
+from nanobot.tools.base import SendText, ToolContext, current_context
 
-HISTORY_ENTRIES = 200
+QueueMode = Literal["steer", "follow_up"]
+Delivery = Literal["one", "all"]
+MARGIN = 1024  # tokens kept free for the envelope and the provider's own framing
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """A user message for a session, and where the turn's output goes."""
+
+    session_key: str
+    text: str
+    channel: str = "cli"
+    chat_id: str = "default"
+    sender_id: str | None = None
+    send: SendText | None = None
+    listener: EventListener | None = None
+    mode: QueueMode = "steer"
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What to tell the user after a turn. `text` is None when the message tool already
+    sent it."""
+
+    text: str | None
+    result: RunResult
+
+
+@dataclass
+class _Lane:
+    run_id: str | None = None
+    busy: bool = False
+    steering: deque[Message] = field(default_factory=deque)
+    follow_up: deque[Message] = field(default_factory=deque)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    max_tokens: int = 4096
+    max_concurrent_turns: int = 16
+    limits: LoopLimits = field(default_factory=LoopLimits)
+    policy: ToolPolicy = field(default_factory=ToolPolicy)
+    delivery: Delivery = "one"
+    timezone: tzinfo | None = None
 
 
 class AgentLoop:
-    """Answers messages in sessions, appending every entry to the store as it happens."""
+    """Answers user messages in sessions."""
 
     def __init__(
         self,
         provider: LLMProvider,
+        runner: Runner,
         sessions: SessionStore,
         context: ContextBuilder,
-        *,
-        timezone: tzinfo | None = None,
+        settings: LoopSettings | None = None,
     ) -> None:
         self._provider = provider
+        self._runner = runner
         self._sessions = sessions
         self._context = context
-        self._timezone = timezone
+        self._settings = settings or LoopSettings()
+        self._history = History(sessions, provider.count_tokens)
+        self._compactor = Compactor(provider, sessions, self._history)
+        self._lanes: dict[str, _Lane] = {}
+        self._slots = asyncio.Semaphore(self._settings.max_concurrent_turns)
+        self._prompt_tokens: tuple[str, int] = ("", 0)
 
-    async def ask(self, session_key: str, text: str) -> str:
-        """Run one turn in the session named `session_key` and return the reply text.
+    def busy(self, session_key: str) -> bool:
+        lane = self._lanes.get(session_key)
+        return lane is not None and lane.busy
 
-        The user's message is stored before the model is called; the reply after it arrives.
+    def abort(self, session_key: str) -> bool:
+        """Stop the running turn of `session_key`; False when none is running."""
+        lane = self._lanes.get(session_key)
+        if lane is None or lane.run_id is None:
+            return False
+        lane.steering.clear()
+        lane.follow_up.clear()
+        return self._runner.abort(lane.run_id)
+
+    async def new_session(self, session_key: str) -> None:
+        """Start afresh: the next message opens a new session; the old one stays stored."""
+        await self._sessions.archive(session_key)
+
+    async def handle(self, request: TurnRequest) -> Reply | None:
+        """Answer `request`; None when it was queued into the session's running turn.
 
         Raises:
-            ProviderError: the model could not be reached; nothing is stored for the reply.
-            StoreError: the session could not be read or written.
+            StoreError: the session could not be read or the user's message not stored.
         """
-        session_id = await self._sessions.live(session_key)
-        message = user_message(text, datetime.now(self._timezone).astimezone(self._timezone))
-        await self._sessions.append(session_id, [NewEntry("message", message)])
-        history = await self._sessions.tail(session_id, HISTORY_ENTRIES)
-        completion = await self._provider.complete(self._context.messages(history))
-        await self._sessions.append(session_id, [NewEntry("message", completion.to_message())])
-        return completion.content or ""
+        lane = self._lanes.setdefault(request.session_key, _Lane())
+        message = user_message(request.text, self._now())
+        if lane.busy:
+            (lane.steering if request.mode == "steer" else lane.follow_up).append(message)
+            return None
+        lane.busy = True
+        try:
+            async with self._slots:
+                reply = await self._turn(lane, request, [message])
+                while lane.steering or lane.follow_up:  # arrived after the run's last look
+                    queued = [*lane.steering, *lane.follow_up]
+                    lane.steering.clear()
+                    lane.follow_up.clear()
+                    reply = await self._turn(lane, request, queued)
+            return reply
+        finally:
+            lane.busy = False
+            lane.run_id = None
+            if not lane.steering and not lane.follow_up:
+                self._lanes.pop(request.session_key, None)
+
+    async def _turn(self, lane: _Lane, request: TurnRequest, inputs: Sequence[Message]) -> Reply:
+        session_id = await self._sessions.live(request.session_key)
+        await self._sessions.append(session_id, [NewEntry("message", m) for m in inputs])
+        system = self._context.system_prompt(self._now())
+        budget = self._history_budget(system)
+        window = await self._history.load(
+            session_id, budget, scan_beyond=self._compactor.scan_limit(budget)
+        )
+        head: list[Message] = [{"role": "system", "content": system}]
+        if window.summary:
+            head.append(summary_message(window.summary))
+        run = RunInput(
+            session_id=request.session_key,
+            messages=[*head, *window.messages],
+            limits=self._settings.limits,
+            policy=self._settings.policy,
+        )
+        lane.run_id = run.run_id
+        context = ToolContext(
+            request.channel,
+            request.chat_id,
+            request.session_key,
+            run.run_id,
+            request.sender_id,
+            request.send,
+        )
+        token = current_context.set(context)
+        try:
+            result = await self._runner.run(
+                run, self._hooks(lane, request, session_id, run, window)
+            )
+        finally:
+            current_context.reset(token)
+        if self._compactor.worth_it(window, budget):
+            await self._compactor.compact_beyond(session_id, window, budget)
+        already_sent = result.status == "completed" and result.final_text in context.sent
+        return Reply(None if already_sent else result.final_text, result)
+
+    def _hooks(
+        self, lane: _Lane, request: TurnRequest, session_id: int, run: RunInput, window: Window
+    ) -> RunHooks:
+        async def persist(message: Message) -> None:
+            await self._sessions.append(session_id, [NewEntry("message", message, run.run_id)])
+
+        compacted = False
+        turn_start = len(run.messages) - len(window.messages) + _last_user(window.messages)
+
+        async def compact(messages: Sequence[Message]) -> Sequence[Message]:
+            nonlocal compacted
+            current = list(messages[turn_start:])
+            summary = (
+                None
+                if compacted
+                else await self._compactor.compact_for_overflow(session_id, window)
+            )
+            compacted = True
+            if summary is not None:
+                return [messages[0], summary_message(summary), *current]
+            return [*messages[:turn_start], *shrink_tool_results(current)]
+
+        return RunHooks(
+            persist=persist,
+            steering=lambda: self._take(lane.steering),
+            follow_up=lambda: self._take(lane.follow_up),
+            compact=compact,
+            listener=request.listener,
+        )
+
+    def _take(self, queue: deque[Message]) -> list[Message]:
+        if self._settings.delivery == "all":
+            taken = list(queue)
+            queue.clear()
+            return taken
+        return [queue.popleft()] if queue else []
+
+    def _history_budget(self, system: str) -> int:
+        if self._prompt_tokens[0] != system:
+            counted = self._provider.count_tokens([{"role": "system", "content": system}])
+            self._prompt_tokens = (system, counted)
+        window = self._provider.context_window()
+        return max(1, window - self._settings.max_tokens - MARGIN - self._prompt_tokens[1])
+
+    def _now(self) -> datetime:
+        return datetime.now(self._settings.timezone).astimezone(self._settings.timezone)
+
+
+def _last_user(messages: Sequence[Message]) -> int:
+    return max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)

@@ -81,8 +81,9 @@ class _InvalidFrontMatter(ValueError):
 class Skills:
     """The skills of a workspace, re-read only when their files change.
 
-    `env` is the environment requirements are checked against (default: `os.environ`);
-    its `PATH` is where required binaries are looked for.
+    `env` is the environment requirements are checked against (default: `os.environ`): a
+    required variable must be set and non-empty, a required binary must be on its `PATH`.
+    Lookups of binaries are cached until `PATH` changes.
     """
 
     def __init__(self, workspace: Path, env: Mapping[str, str] | None = None) -> None:

@@ -1,15 +1,157 @@
-"""The terminal channel: a line-based chat on stdin/stdout."""
+"""The terminal channel: an interactive chat on stdin/stdout through the agent loop.
+
+In a terminal, replies stream as they are written, each tool call shows as one short line,
+Ctrl-C stops the running turn (twice at the prompt quits), and a line typed while a turn
+runs steers it. With piped input each line is a separate message answered in order, and
+only final replies are printed, so scripts get clean output.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
-from collections.abc import Awaitable, Callable
+from typing import TextIO
 
-from nanobot.errors import ProviderError
+from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
+from nanobot.agent.run import RunEvent
 
-Ask = Callable[[str, str], Awaitable[str]]
-EXIT_COMMANDS = frozenset({"/exit", "/quit", ":q"})
+EXIT_COMMANDS = frozenset({"/exit", "/quit"})
+HELP = "Commands: /new starts a fresh session, /stop stops the turn, /exit quits. Ctrl-C stops."
+
+
+class _Printer:
+    """Streams one turn's events to the terminal."""
+
+    def __init__(self, out: TextIO, *, live: bool) -> None:
+        self._out = out
+        self._live = live
+        self.streamed = False
+        self._line_open = False
+
+    def __call__(self, event: RunEvent) -> None:
+        if not self._live:
+            return
+        if event.kind == "message_update" and event.text:
+            self._write(event.text)
+            self.streamed = self._line_open = True
+        elif event.kind == "tool_start" and event.tool_call is not None:
+            self._end_line()
+            call = event.tool_call
+            self._write(f"  · {call.name}({_short(call.arguments)})\n")
+        elif event.kind == "message_end":
+            self._end_line()
+
+    async def message(self, text: str) -> None:
+        """Show a message the agent sent mid-turn (the message tool)."""
+        self._end_line()
+        self._write(f"{text}\n")
+
+    def reply(self, reply: Reply | None) -> None:
+        if reply is None:
+            return
+        self._end_line()
+        failed = reply.result.status != "completed"
+        if reply.text and (failed or not self.streamed or not self._live):
+            self._write(f"[{reply.text}]\n" if failed and self._live else f"{reply.text}\n")
+
+    def _end_line(self) -> None:
+        if self._line_open:
+            self._write("\n")
+            self._line_open = False
+
+    def _write(self, text: str) -> None:
+        self._out.write(text)
+        self._out.flush()
+
+
+def _short(arguments: str, limit: int = 60) -> str:
+    flat = " ".join(arguments.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+async def chat(loop: AgentLoop, session_key: str, *, own_interrupts: bool = True) -> None:
+    """Chat until EOF, /exit or a second Ctrl-C at the prompt. May be cancelled.
+
+    With `own_interrupts` False (inside the gateway, which handles SIGINT itself) Ctrl-C is
+    left alone.
+    """
+    reader = await _stdin_reader()
+    interactive = sys.stdin.isatty()
+    live = sys.stdout.isatty()
+    running: set[asyncio.Task[None]] = set()
+    interrupts = 0
+    quit_now = asyncio.Event()
+
+    def on_interrupt() -> None:
+        nonlocal interrupts
+        if running and loop.abort(session_key):
+            return
+        interrupts += 1
+        if interrupts >= 2:
+            quit_now.set()
+        else:
+            sys.stdout.write("\n(Ctrl-C again or /exit to quit)\n")
+
+    event_loop = asyncio.get_running_loop()
+    own_interrupts = own_interrupts and interactive
+    if own_interrupts:
+        event_loop.add_signal_handler(signal.SIGINT, on_interrupt)
+    if interactive:
+        sys.stdout.write(f"nanobot — session {session_key}. {HELP}\n")
+    try:
+        async with asyncio.TaskGroup() as group:
+            while not quit_now.is_set():
+                line = await _read_line(reader, quit_now, prompt="you> " if interactive else "")
+                if line is None or line in EXIT_COMMANDS:
+                    break
+                interrupts = 0
+                if not line:
+                    continue
+                if line == "/new":
+                    await loop.new_session(session_key)
+                    sys.stdout.write("Started a new session.\n")
+                    continue
+                if line == "/stop":
+                    loop.abort(session_key)
+                    continue
+                printer = _Printer(sys.stdout, live=live)
+                request = TurnRequest(session_key, line, listener=printer, send=printer.message)
+                task = group.create_task(_answer(loop, request, printer), name="terminal-turn")
+                running.add(task)
+                task.add_done_callback(running.discard)
+                if not interactive:
+                    await task  # piped lines are separate messages, answered in order
+            for task in running:
+                if quit_now.is_set():
+                    task.cancel()
+    finally:
+        if own_interrupts:
+            event_loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _answer(loop: AgentLoop, request: TurnRequest, printer: _Printer) -> None:
+    printer.reply(await loop.handle(request))
+
+
+async def _read_line(
+    reader: asyncio.StreamReader, quit_now: asyncio.Event, *, prompt: str
+) -> str | None:
+    if prompt:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+    line = asyncio.ensure_future(reader.readline())
+    stop = asyncio.ensure_future(quit_now.wait())
+    try:
+        await asyncio.wait({line, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not line.done():
+            line.cancel()
+    if not line.done() or line.cancelled():
+        return None
+    raw = line.result()
+    return raw.decode("utf-8", errors="replace").strip() if raw else None
 
 
 async def _stdin_reader() -> asyncio.StreamReader:
@@ -17,30 +159,3 @@ async def _stdin_reader() -> asyncio.StreamReader:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     return reader
-
-
-async def chat(ask: Ask, session_key: str) -> None:
-    """Read lines, answer each through `ask(session_key, text)`, until EOF or /exit.
-
-    Reading never blocks the event loop, so cancelling this coroutine stops it at once.
-    A model failure is shown as one line and the chat goes on.
-    """
-    reader = await _stdin_reader()
-    prompt = "you> " if sys.stdin.isatty() else ""
-    while True:
-        sys.stdout.write(prompt)
-        sys.stdout.flush()
-        raw = await reader.readline()
-        if not raw:
-            return
-        text = raw.decode("utf-8", errors="replace").strip()
-        if not text:
-            continue
-        if text in EXIT_COMMANDS:
-            return
-        try:
-            reply = await ask(session_key, text)
-        except ProviderError as exc:
-            reply = f"[{exc.user_message()}]"
-        sys.stdout.write(f"nanobot> {reply}\n" if prompt else f"{reply}\n")
-        sys.stdout.flush()

@@ -205,16 +205,20 @@ class LiteLLMProvider:
         return Usage(usage.prompt_tokens, usage.completion_tokens, float(prompt + completion))
 
     def context_window(self) -> int:
-        if self._context_window is not None:
-            return self._context_window
-        try:
-            info = _litellm().get_model_info(self._model)
-        except Exception:  # noqa: BLE001 - litellm raises a bare Exception for unknown models
-            return DEFAULT_CONTEXT_WINDOW
-        return int(info.get("max_input_tokens") or info.get("max_tokens") or DEFAULT_CONTEXT_WINDOW)
+        if self._context_window is None:
+            self._context_window = _model_window(self._model)
+        return self._context_window
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
         return int(_litellm().token_counter(model=self._model, messages=list(messages)))
+
+
+def _model_window(model: str) -> int:
+    try:
+        info = _litellm().get_model_info(model)
+    except Exception:  # noqa: BLE001 - litellm raises a bare Exception for unknown models
+        return DEFAULT_CONTEXT_WINDOW
+    return int(info.get("max_input_tokens") or info.get("max_tokens") or DEFAULT_CONTEXT_WINDOW)
 
 
 class _Assembler:

@@ -14,9 +14,11 @@ confused model, not a security boundary: a shell offers endless ways to spell th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -87,73 +89,59 @@ class ExecTool(Tool[ExecParams]):
                     f"{pattern.pattern!r}). If it is really needed, ask the user to run it."
                 )
         timeout = min(args.timeout or self.timeout, self.timeout)
+        loop = asyncio.get_running_loop()
         try:
-            proc = await asyncio.create_subprocess_exec(
+            transport, shell = await loop.subprocess_exec(
+                lambda: _Shell(self.max_output_bytes),
                 "/bin/sh",
                 "-c",
                 args.command,
                 cwd=self.workspace,
                 env=_minimal_env(self.workspace),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         except OSError as exc:
             raise ToolError(f"could not start the command: {exc}") from None
-        output, timed_out = await _supervise(proc, timeout, self.max_output_bytes)
+        try:
+            timed_out = await _supervise(transport.get_pid(), shell, timeout)
+        finally:
+            transport.close()
         if timed_out:
             raise ToolError(
                 f"the command timed out after {timeout:g} s and was killed with its process "
-                f"group. Output before that:\n{output}"
+                f"group. Output before that:\n{shell.text()}"
             )
-        return f"{_describe_exit(proc.returncode)}\n{output}"
+        return f"{_describe_exit(transport.get_returncode())}\n{shell.text()}"
 
 
-async def _supervise(
-    proc: asyncio.subprocess.Process, timeout: float, limit: int
-) -> tuple[str, bool]:
-    """Wait for `proc` (up to `timeout`), then stop its process group; (output, timed out).
+class _Shell(asyncio.SubprocessProtocol):
+    """One running command: its combined output (first `limit` bytes kept) and its exit.
 
-    On cancellation the group is stopped too before CancelledError propagates.
+    A protocol rather than `asyncio.subprocess.Process`, whose `wait()` also waits for the
+    pipe to close, which a background child holding it open delays indefinitely.
     """
-    assert proc.stdout is not None
-    output = _Output(limit)
-    reader = asyncio.create_task(output.read(proc.stdout), name=f"exec-output-{proc.pid}")
-    timed_out = False
-    try:
-        async with asyncio.timeout(timeout):
-            await proc.wait()
-            # A background child may hold the pipe open after the shell exits; its output so
-            # far is kept, and the group stop below ends it.
-            await asyncio.wait({reader}, timeout=EXIT_GRACE)
-    except TimeoutError:
-        timed_out = True
-    finally:
-        try:
-            await _stop_group(proc)
-        finally:
-            # Normally EOF follows the group's end at once; a process that left the group
-            # (setsid) may keep the pipe open, and then we stop reading.
-            await asyncio.wait({reader}, timeout=EXIT_GRACE)
-            reader.cancel()
-    return output.text(), timed_out
-
-
-class _Output:
-    """Combined stdout/stderr, keeping the first `limit` bytes and counting the rest."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.kept = bytearray()
         self.dropped = 0
+        self.exited = asyncio.Event()  # the shell itself has exited
+        self.closed = asyncio.Event()  # ... and every holder of the pipe is gone
 
-    async def read(self, stream: asyncio.StreamReader) -> None:
-        # Keep draining past the limit: a child blocked on a full pipe would never finish.
-        while chunk := await stream.read(65536):
-            room = self.limit - len(self.kept)
-            self.kept += chunk[:room]
-            self.dropped += max(0, len(chunk) - room)
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        # Always read, also past the limit: a child blocked on a full pipe never finishes.
+        room = max(0, self.limit - len(self.kept))
+        self.kept += data[:room] if isinstance(data, bytes) else data[:room].encode()
+        self.dropped += max(0, len(data) - room)
+
+    def process_exited(self) -> None:
+        self.exited.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
 
     def text(self) -> str:
         text = self.kept.decode("utf-8", errors="replace")
@@ -162,27 +150,47 @@ class _Output:
         return text or "(no output)"
 
 
-async def _stop_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGTERM the process group, give it TERM_GRACE to go, SIGKILL it, reap the shell.
+async def _supervise(pgid: int, shell: _Shell, seconds: float) -> bool:
+    """Wait up to `seconds` for the shell to exit, then stop its group; True on timeout.
+
+    The group is stopped on cancellation too, before CancelledError propagates.
+    """
+    try:
+        async with asyncio.timeout(seconds):
+            await shell.exited.wait()
+            # A background child may hold the pipe open after the shell exits; what it wrote
+            # so far is kept, and stopping the group ends it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shell.closed.wait(), EXIT_GRACE)
+    except TimeoutError:
+        return True
+    finally:
+        await _stop_group(pgid, shell)
+    return False
+
+
+async def _stop_group(pgid: int, shell: _Shell) -> None:
+    """SIGTERM the process group, give it TERM_GRACE to go, SIGKILL it, wait for the shell.
 
     Safe to cancel: SIGKILL is sent synchronously whatever happens, and asyncio's child
-    watcher reaps the shell even if the final wait is cancelled.
+    watcher reaps the shell even if nobody waits for it.
     """
-    pgid = proc.pid  # start_new_session: the shell leads its own group
+    loop = asyncio.get_running_loop()
     try:
         if _signal_group(pgid, signal.SIGTERM):
-            deadline = asyncio.get_running_loop().time() + TERM_GRACE
-            # Grandchildren are not our children, so there is nothing to wait on but polling.
-            while _signal_group(pgid, 0) and asyncio.get_running_loop().time() < deadline:
+            deadline = loop.time() + TERM_GRACE
+            # Grandchildren are not our children: there is nothing to wait on but polling.
+            while _signal_group(pgid, 0) and loop.time() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(_GROUP_POLL)
     finally:
         _signal_group(pgid, signal.SIGKILL)
-    await proc.wait()
+    await shell.exited.wait()
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
     """Send `sig` to the group; False when no process is left in it."""
     try:
+        if sig: return False
         os.killpg(pgid, sig)
     except ProcessLookupError:
         return False

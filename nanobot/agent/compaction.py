@@ -1,0 +1,153 @@
+"""Compaction: older conversation summarised by the model into one stored entry.
+
+A compaction entry holds a summary and the id of the last entry it covers; the history
+window uses it in place of everything up to that id. Each compaction covers strictly more
+than the one before and is bounded in input, so compaction can never loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from loguru import logger
+
+from nanobot.agent.history import History, Window, render
+from nanobot.errors import ProviderError
+from nanobot.providers.base import LLMProvider, Message
+from nanobot.store import Entry, NewEntry, SessionStore
+
+SUMMARY_MAX_TOKENS = 1024
+RESULT_PREVIEW = 400  # characters of each tool result shown to the summariser
+INSTRUCTIONS = (
+    "You maintain the memory of a long conversation between a user and their assistant. "
+    "Write a concise summary of the conversation below for the assistant's own later use: "
+    "facts about the user, decisions, open tasks and promises, names, numbers and file "
+    "paths that matter. Merge the previous summary in. Plain prose or short bullets; no "
+    "preamble."
+)
+
+
+class Compactor:
+    """Decides when to compact a session and does it."""
+
+    def __init__(
+        self,
+        provider: LLMProvider,
+        sessions: SessionStore,
+        history: History,
+        *,
+        threshold: float = 0.25,
+    ) -> None:
+        self._provider = provider
+        self._sessions = sessions
+        self._history = history
+        self._threshold = threshold
+
+    def worth_it(self, window: Window, budget: int) -> bool:
+        """Whether enough unsummarised history has slid out of the window to summarise."""
+        return window.beyond >= self.scan_limit(budget)
+
+    def scan_limit(self, budget: int) -> int:
+        return max(1, int(budget * self._threshold))
+
+    async def compact_beyond(self, session_id: int, window: Window, budget: int) -> bool:
+        """Summarise what lies between the last summary and the window. Returns whether it did.
+
+        Reads at most `budget` tokens of that history (the newest part); a model failure is
+        logged and leaves the session as it was.
+        """
+        older = await self._unsummarised(session_id, window, budget)
+        if not older:
+            return False
+        return await self._store_summary(session_id, window.summary, older)
+
+    async def compact_for_overflow(self, session_id: int, window: Window) -> str | None:
+        """Summarise the window up to its last user message; returns the new summary.
+
+        Used when the model said the input is too long. None when there is nothing older
+        than the current turn to summarise, or the summary could not be made.
+        """
+        last_user = max(
+            (i for i, e in enumerate(window.entries) if e.data.get("role") == "user"), default=0
+        )
+        older = list(window.entries[:last_user])
+        if not older:
+            return None
+        if not await self._store_summary(session_id, window.summary, older):
+            return None
+        return await self.latest_summary(session_id)
+
+    async def latest_summary(self, session_id: int) -> str | None:
+        for entry in reversed(await self._sessions.tail(session_id, 50)):
+            if entry.kind == "compaction":
+                return str(entry.data.get("summary", ""))
+        return None
+
+    async def _unsummarised(self, session_id: int, window: Window, budget: int) -> list[Entry]:
+        older: list[Entry] = []
+        used = 0
+        before = window.first_id or None
+        while before is not None:
+            page = await self._sessions.tail(session_id, 200, before_id=before)
+            for entry in reversed(page):
+                if entry.id <= window.summarised_through or used >= budget:
+                    return older[::-1]
+                if entry.kind == "message":
+                    used += self._history.tokens(entry)
+                    older.append(entry)
+            before = page[0].id if len(page) == 200 else None
+        return older[::-1]
+
+    async def _store_summary(
+        self, session_id: int, previous: str | None, entries: Sequence[Entry]
+    ) -> bool:
+        prompt: list[Message] = [
+            {"role": "system", "content": INSTRUCTIONS},
+            {"role": "user", "content": _transcript(previous, entries)},
+        ]
+        try:
+            completion = await self._provider.complete(prompt, max_tokens=SUMMARY_MAX_TOKENS)
+        except ProviderError as exc:
+            logger.warning("session {}: compaction failed: {}", session_id, exc)
+            return False
+        summary = (completion.content or "").strip()
+        if not summary:
+            return False
+        through = max(e.id for e in entries)
+        data = {"summary": summary, "through_id": through, "entries": len(entries)}
+        await self._sessions.append(session_id, [NewEntry("compaction", data)])
+        logger.info(
+            "session {}: compacted {} entries (through id {})", session_id, len(entries), through
+        )
+        return True
+
+
+def _transcript(previous: str | None, entries: Sequence[Entry]) -> str:
+    lines = [f"Previous summary:\n{previous}\n"] if previous else []
+    lines.append("Conversation:")
+    for entry in entries:
+        message = render(entry)
+        role = message.get("role", "?")
+        content = message.get("content") or ""
+        if role == "tool":
+            content = str(content)[:RESULT_PREVIEW]
+        lines.append(f"{role}: {content}")
+        for call in message.get("tool_calls") or ():
+            function = call.get("function", {})
+            arguments = str(function.get("arguments", ""))[:RESULT_PREVIEW]
+            lines.append(f"{role} called {function.get('name')}({arguments})")
+    return "\n".join(lines)
+
+
+def shrink_tool_results(messages: Sequence[Message], limit: int = 2_000) -> list[Message]:
+    """Messages with every tool result cut to `limit` characters (an overflow's last resort)."""
+    out: list[Message] = []
+    for message in messages:
+        content = message.get("content")
+        if message.get("role") == "tool" and isinstance(content, str) and len(content) > limit:
+            cut = len(content) - limit
+            text = f"{content[:limit]}\n[{cut} characters cut to fit the context window]"
+            out.append({**message, "content": text})
+        else:
+            out.append(message)
+    return out

@@ -1,0 +1,202 @@
+"""The system prompt and the messages the model is sent."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from nanobot.agent.context import ContextBuilder, user_message
+from nanobot.agent.memory import Memory
+from nanobot.agent.skills import Skills
+from nanobot.store import Entry, EntryKind
+from nanobot.workspace import copy_template
+
+NOW = datetime(2026, 11, 22, 10, 49, tzinfo=UTC)
+TOKYO = timezone(timedelta(hours=9), "JST")
+
+
+def write(workspace: Path, name: str, text: str) -> Path:
+    path = workspace / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def bump(path: Path) -> None:
+    info = path.stat()
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    copy_template(tmp_path)
+    return tmp_path
+
+
+def builder(workspace: Path, **kwargs: Any) -> ContextBuilder:
+    return ContextBuilder(workspace, skills=Skills(workspace, env={"PATH": ""}), **kwargs)
+
+
+def test_identical_inputs_give_byte_identical_prompts(workspace: Path) -> None:
+    write(workspace, "memory/2026-11-22.md", "- Booked a table.\n")
+    first = builder(workspace, timezone=UTC)
+    prompt = first.system_prompt(NOW)
+    assert first.system_prompt(NOW) is prompt
+    assert builder(workspace, timezone=UTC).system_prompt(NOW) == prompt
+    # Later the same day: the time never reaches the system prompt.
+    evening = NOW.replace(hour=21, minute=7)
+    assert first.system_prompt(evening) is prompt
+    assert "10:49" not in prompt
+    assert "21:07" not in prompt
+
+
+def test_unchanged_workspace_is_not_read_again(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    context = builder(workspace, timezone=UTC)
+    context.system_prompt(NOW)
+    reads: list[Path] = []
+    original = Path.read_text
+
+    def counting(self: Path, *args: Any, **kwargs: Any) -> str:
+        reads.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    context.system_prompt(NOW)
+    assert reads == []
+
+
+def test_layout(workspace: Path) -> None:
+    write(workspace, "memory/2026-11-22.md", "- Today's line.\n")
+    write(workspace, "memory/2026-11-21.md", "- Yesterday's line.\n")
+    prompt = builder(workspace, timezone=UTC).system_prompt(NOW)
+    assert prompt.startswith(
+        f"You are nanobot, a personal AI assistant. Your workspace is {workspace}."
+    )
+    headings = [line for line in prompt.splitlines() if line.startswith("## ")]
+    assert headings[0] == "## AGENTS.md"
+    order = [
+        "## AGENTS.md",
+        "## SOUL.md",
+        "## USER.md",
+        "## TOOLS.md",
+        "## memory/MEMORY.md",
+        "## memory/2026-11-22.md (today)",
+        "## memory/2026-11-21.md (yesterday)",
+        "## Skills",
+        "## Skill memory (skills/memory/SKILL.md)",
+    ]
+    positions = [headings.index(heading) for heading in order]
+    assert positions == sorted(positions)
+    assert "# Agent instructions" in prompt
+    assert "- weather — " in prompt
+    assert "skills/github/SKILL.md (unavailable: missing bin gh)" in prompt
+    assert prompt.endswith("\n")
+    assert not prompt.endswith("\n\n")
+
+
+def test_missing_and_empty_files_are_left_out(tmp_path: Path) -> None:
+    write(tmp_path, "SOUL.md", "   \n")
+    write(tmp_path, "USER.md", "Name: Ada\n")
+    prompt = builder(tmp_path).system_prompt(NOW)
+    assert prompt.endswith("## USER.md\n\nName: Ada\n")
+    assert "## AGENTS.md" not in prompt
+    assert "## SOUL.md" not in prompt
+    assert "## Skills" not in prompt
+
+
+def test_prompt_follows_file_changes(workspace: Path) -> None:
+    context = builder(workspace, timezone=UTC)
+    before = context.system_prompt(NOW)
+    soul = workspace / "SOUL.md"
+    soul.write_text("# Soul\n\nTerse.\n", encoding="utf-8")
+    bump(soul)
+    after = context.system_prompt(NOW)
+    assert "Terse." in after
+    assert after != before
+    bump(soul)  # saved again without changes
+    assert context.system_prompt(NOW) is after
+
+
+def test_prompt_follows_skill_changes(workspace: Path) -> None:
+    context = builder(workspace, timezone=UTC)
+    before = context.system_prompt(NOW)
+    write(workspace, "skills/zzz/SKILL.md", "---\ndescription: Newest.\nalways: true\n---\nZ!\n")
+    after = context.system_prompt(NOW)
+    assert "- zzz — Newest. — skills/zzz/SKILL.md (always loaded, below)" in after
+    assert after.endswith("## Skill zzz (skills/zzz/SKILL.md)\n\nZ!\n")
+    assert after.startswith(before.split("## Skills")[0])
+
+
+def test_daily_notes_roll_over_at_midnight_in_the_configured_zone(workspace: Path) -> None:
+    write(workspace, "memory/2026-11-21.md", "- Note of the 21st.\n")
+    write(workspace, "memory/2026-11-22.md", "- Note of the 22nd.\n")
+    write(workspace, "memory/2026-11-23.md", "- Note of the 23rd.\n")
+    context = builder(workspace, timezone=TOKYO)
+    late = context.system_prompt(datetime(2026, 11, 22, 14, 59, tzinfo=UTC))  # 23:59 in Tokyo
+    assert "## memory/2026-11-22.md (today)\n\n- Note of the 22nd." in late
+    assert "## memory/2026-11-21.md (yesterday)\n\n- Note of the 21st." in late
+    assert "23rd" not in late
+    after = context.system_prompt(datetime(2026, 11, 22, 15, 0, tzinfo=UTC))  # 00:00 next day
+    assert "## memory/2026-11-23.md (today)\n\n- Note of the 23rd." in after
+    assert "## memory/2026-11-22.md (yesterday)\n\n- Note of the 22nd." in after
+    assert "21st" not in after
+
+
+def test_an_injected_memory_brings_its_own_zone(workspace: Path) -> None:
+    write(workspace, "memory/2026-11-23.md", "- Tokyo's Monday.\n")
+    context = builder(workspace, timezone=UTC, memory=Memory(workspace, TOKYO))
+    assert context.memory.today(NOW.replace(hour=20)).isoformat() == "2026-11-23"
+    assert "Tokyo's Monday" in context.system_prompt(NOW.replace(hour=20))
+
+
+def entry(number: int, kind: EntryKind, role: str, content: str) -> Entry:
+    data = {"role": role, "content": content} if kind == "message" else {"text": content}
+    return Entry(number, 1, kind, data, None, NOW)
+
+
+def test_messages_start_at_the_first_user_message(workspace: Path) -> None:
+    context = builder(workspace, timezone=UTC)
+    history = [
+        entry(1, "message", "assistant", "cut off by the window"),
+        entry(2, "message", "tool", "orphaned tool result"),
+        entry(3, "message", "user", "[2026-11-22 10:49 Sun UTC]\nhello"),
+        entry(4, "note", "", "a system note"),
+        entry(5, "message", "assistant", "hi!"),
+    ]
+    messages = context.messages(history, now=NOW)
+    assert messages == [
+        {"role": "system", "content": context.system_prompt(NOW)},
+        {"role": "user", "content": "[2026-11-22 10:49 Sun UTC]\nhello"},
+        {"role": "assistant", "content": "hi!"},
+    ]
+    assert context.messages([]) == [{"role": "system", "content": context.system_prompt()}]
+
+
+@pytest.mark.parametrize(
+    ("now", "envelope"),
+    [
+        (NOW, "[2026-11-22 10:49 Sun UTC]"),
+        (NOW.astimezone(TOKYO), "[2026-11-22 19:49 Sun JST]"),
+        (
+            datetime(2026, 1, 5, 8, 3, tzinfo=timezone(timedelta(hours=-5))),
+            "[2026-01-05 08:03 Mon UTC-05:00]",
+        ),
+        (datetime(2026, 7, 4, 23, 59), "[2026-07-04 23:59 Sat]"),  # noqa: DTZ001
+    ],
+)
+def test_user_message_envelope(now: datetime, envelope: str) -> None:
+    assert user_message("hello", now) == {"role": "user", "content": f"{envelope}\nhello"}
+
+
+def test_envelope_uses_zone_abbreviations() -> None:
+    winter = datetime(2026, 1, 31, 9, 5, tzinfo=ZoneInfo("Europe/Berlin"))
+    summer = datetime(2026, 7, 31, 9, 5, tzinfo=ZoneInfo("Europe/Berlin"))
+    assert user_message("x", winter)["content"] == "[2026-01-31 09:05 Sat CET]\nx"
+    assert user_message("x", summer)["content"] == "[2026-07-31 09:05 Fri CEST]\nx"

@@ -1,0 +1,96 @@
+"""Memory files: where they live, which day is today, and what the prompt shows of them."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, date, datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from nanobot.agent.memory import Memory, Note
+
+DAY = date(2026, 3, 1)
+
+
+def write(workspace: Path, name: str, text: str) -> Path:
+    path = workspace / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_paths(tmp_path: Path) -> None:
+    memory = Memory(tmp_path, None)
+    assert memory.long_term_path == tmp_path / "memory" / "MEMORY.md"
+    assert memory.daily_path(DAY) == tmp_path / "memory" / "2026-03-01.md"
+
+
+@pytest.mark.parametrize(
+    ("zone", "expected"),
+    [
+        (ZoneInfo("Europe/Berlin"), date(2026, 3, 2)),
+        (ZoneInfo("America/New_York"), date(2026, 3, 1)),
+        (UTC, date(2026, 3, 1)),
+    ],
+)
+def test_today_is_the_day_in_the_configured_zone(zone: ZoneInfo, expected: date) -> None:
+    now = datetime(2026, 3, 1, 23, 30, tzinfo=UTC)
+    assert Memory(Path("/ws"), zone).today(now) == expected
+
+
+def test_naive_now_is_taken_as_local_to_the_zone() -> None:
+    now = datetime(2026, 3, 1, 23, 30)  # noqa: DTZ001
+    assert Memory(Path("/ws"), ZoneInfo("Asia/Tokyo")).today(now) == date(2026, 3, 1)
+
+
+def test_today_defaults_to_now() -> None:
+    zone = ZoneInfo("Pacific/Kiritimati")
+    before = datetime.now(zone).date()
+    today = Memory(Path("/ws"), zone).today()
+    assert today in {before, datetime.now(zone).date()}
+
+
+def test_notes_are_long_term_today_and_yesterday(tmp_path: Path) -> None:
+    write(tmp_path, "memory/MEMORY.md", "# Memory\n\nLikes tea.\n")
+    write(tmp_path, "memory/2026-03-01.md", "- 09:00 Wrote the report.\n")
+    write(tmp_path, "memory/2026-02-28.md", "- Called the bank.\n")
+    write(tmp_path, "memory/2026-02-27.md", "- Too old to show.\n")
+    write(tmp_path, "memory/2026-03-02.md", "- Tomorrow: not shown either.\n")
+    assert Memory(tmp_path, UTC).notes(DAY) == (
+        Note("memory/MEMORY.md", "# Memory\n\nLikes tea."),
+        Note("memory/2026-03-01.md (today)", "- 09:00 Wrote the report."),
+        Note("memory/2026-02-28.md (yesterday)", "- Called the bank."),
+    )
+
+
+def test_missing_and_blank_files_are_left_out(tmp_path: Path) -> None:
+    memory = Memory(tmp_path, UTC)
+    assert memory.notes(DAY) == ()
+    assert memory.prompt(DAY) == ""
+    write(tmp_path, "memory/MEMORY.md", "  \n\n")
+    write(tmp_path, "memory/2026-02-28.md", "- Yesterday only.\n")
+    assert memory.prompt(DAY) == "## memory/2026-02-28.md (yesterday)\n\n- Yesterday only."
+
+
+def test_prompt_is_cached_and_follows_edits(tmp_path: Path) -> None:
+    path = write(tmp_path, "memory/MEMORY.md", "Likes tea.\n")
+    memory = Memory(tmp_path, UTC)
+    first = memory.prompt(DAY)
+    assert first == "## memory/MEMORY.md\n\nLikes tea."
+    assert memory.prompt(DAY) is first
+    path.write_text("Likes tee.\n", encoding="utf-8")
+    info = path.stat()
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+    assert memory.prompt(DAY) == "## memory/MEMORY.md\n\nLikes tee."
+
+
+def test_prompt_follows_the_day(tmp_path: Path) -> None:
+    write(tmp_path, "memory/2026-03-01.md", "- First of March.\n")
+    memory = Memory(tmp_path, UTC)
+    assert memory.prompt(DAY) == "## memory/2026-03-01.md (today)\n\n- First of March."
+    assert memory.prompt(date(2026, 3, 2)) == (
+        "## memory/2026-03-01.md (yesterday)\n\n- First of March."
+    )
+    assert memory.prompt(date(2026, 3, 3)) == ""
