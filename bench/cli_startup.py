@@ -117,38 +117,35 @@ def _write_config(home: Path, fake: FakeLLM) -> dict[str, str]:
     return isolated_env(home, NANOBOT_CONFIG=str(config))
 
 
-async def _floor_and_help(env: dict[str, str], home: Path) -> tuple[list[Run], list[Run]]:
-    """``python -c pass`` and ``nanobot --help``, interleaved so drift hits both alike."""
-    _progress(f"  python -c pass / nanobot --help: {CHEAP_WARMUPS} + {CHEAP_RUNS} pairs")
-    floor: list[Run] = []
-    help_: list[Run] = []
-    for index in range(CHEAP_WARMUPS + CHEAP_RUNS):
-        base = (await run_measured([PYTHON, "-c", "pass"], env, cwd=home)).check()
-        shown = (await run_measured([NANOBOT, "--help"], env, cwd=home)).check()
-        if not shown.stdout.startswith("Usage: nanobot"):
-            raise BenchError(f"unexpected --help output: {shown.stdout[:200]!r}")
-        if index >= CHEAP_WARMUPS:
-            floor.append(base)
-            help_.append(shown)
-    return floor, help_
+async def _help_once(env: dict[str, str], home: Path) -> Run:
+    run = (await run_measured([NANOBOT, "--help"], env, cwd=home)).check()
+    if not run.stdout.startswith("Usage: nanobot"):
+        raise BenchError(f"unexpected --help output: {run.stdout[:200]!r}")
+    return run
 
 
-async def _imports(
-    modules: str, env: dict[str, str], home: Path, *, warmups: int, runs: int
-) -> list[ImportRun]:
+async def _import_once(modules: str, env: dict[str, str], home: Path) -> ImportRun:
     """``python -c 'import <modules>'``, the child printing time.monotonic() once imported."""
-    _progress(f"  import {modules}: {warmups} warm-up(s) + {runs} runs")
     code = f"import {modules}\nimport time\nprint(repr(time.monotonic()))"
-    results: list[ImportRun] = []
-    for index in range(warmups + runs):
-        run = (await run_measured([PYTHON, "-c", code], env, cwd=home)).check()
-        try:
-            imported_at = float(run.stdout.strip())
-        except ValueError:
-            raise BenchError(f"import {modules} printed {run.stdout!r}") from None
-        if index >= warmups:
-            results.append(ImportRun(run, imported_at))
-    return results
+    run = (await run_measured([PYTHON, "-c", code], env, cwd=home)).check()
+    try:
+        return ImportRun(run, float(run.stdout.strip()))
+    except ValueError:
+        raise BenchError(f"import {modules} printed {run.stdout!r}") from None
+
+
+async def _agent_once(fake: FakeLLM) -> AgentRun:
+    """``nanobot agent -m hi`` in a fresh HOME (so a new data dir, store and workspace)."""
+    with tempfile.TemporaryDirectory(prefix="nanobot-bench-home-") as tmp:
+        home = Path(tmp)
+        before = len(fake.requests)
+        argv = [NANOBOT, "agent", "-m", MESSAGE]
+        run = await run_measured(argv, _write_config(home, fake), cwd=home)
+        replied_at = _check_reply(run)
+    requests = fake.requests[before:]
+    if len(requests) != 1:
+        raise BenchError(f"expected one model request per turn, got {len(requests)}")
+    return AgentRun(run, requests[0].received_at, replied_at)
 
 
 def _check_reply(run: Run) -> float:
@@ -158,26 +155,6 @@ def _check_reply(run: Run) -> float:
         raise BenchError(f"unexpected reply from agent -m: {run.stdout!r}")
     assert run.first_stdout_at is not None
     return run.first_stdout_at
-
-
-async def _agent_runs(fake: FakeLLM, *, warmups: int, runs: int, label: str = "") -> list[AgentRun]:
-    """``nanobot agent -m hi``, each run in a fresh HOME (new data dir, store, workspace)."""
-    what = label or f"{warmups} warm-up(s) + {runs} runs"
-    _progress(f"  nanobot agent -m {MESSAGE}: {what}")
-    results: list[AgentRun] = []
-    for index in range(warmups + runs):
-        with tempfile.TemporaryDirectory(prefix="nanobot-bench-home-") as tmp:
-            home = Path(tmp)
-            before = len(fake.requests)
-            argv = [NANOBOT, "agent", "-m", MESSAGE]
-            run = await run_measured(argv, _write_config(home, fake), cwd=home)
-            replied_at = _check_reply(run)
-        requests = fake.requests[before:]
-        if len(requests) != 1:
-            raise BenchError(f"expected one model request per turn, got {len(requests)}")
-        if index >= warmups:
-            results.append(AgentRun(run, requests[0].received_at, replied_at))
-    return results
 
 
 def parse_importtime(stderr: str) -> list[ImportTime]:
@@ -203,19 +180,47 @@ async def _importtime_profile(fake: FakeLLM) -> list[ImportTime]:
 
 
 async def measure() -> Measurements:
+    """Cheap commands, then heavy ones, each group in interleaved rounds (drift hits all)."""
+    floor: list[Run] = []
+    help_: list[Run] = []
+    app: list[ImportRun] = []
+    lit: list[ImportRun] = []
+    both: list[ImportRun] = []
+    agent: list[AgentRun] = []
     async with FakeLLM() as fake:  # Echo, no delay: the model answers in 0 ms
-        # Fail in seconds, not minutes, if `agent -m` does not work at all.
-        await _agent_runs(fake, warmups=1, runs=0, label="preflight")
+        _progress(f"  agent -m {MESSAGE}: preflight")  # fail in seconds, not minutes
+        await _agent_once(fake)
         with tempfile.TemporaryDirectory(prefix="nanobot-bench-home-") as tmp:
             home = Path(tmp)
             env = isolated_env(home)
-            floor, help_ = await _floor_and_help(env, home)
-            cheap = {"warmups": CHEAP_WARMUPS, "runs": CHEAP_RUNS}
-            heavy = {"warmups": HEAVY_WARMUPS, "runs": HEAVY_RUNS}
-            app = await _imports("nanobot.app", env, home, **cheap)
-            lit = await _imports("litellm", env, home, **heavy)
-            both = await _imports("nanobot.app, litellm", env, home, **heavy)
-        agent = await _agent_runs(fake, warmups=HEAVY_WARMUPS, runs=HEAVY_RUNS)
+            _progress(
+                f"  python -c pass, nanobot --help, import nanobot.app: "
+                f"{CHEAP_WARMUPS} warm-up + {CHEAP_RUNS} measured rounds"
+            )
+            for index in range(CHEAP_WARMUPS + CHEAP_RUNS):
+                runs = (
+                    (await run_measured([PYTHON, "-c", "pass"], env, cwd=home)).check(),
+                    await _help_once(env, home),
+                    await _import_once("nanobot.app", env, home),
+                )
+                if index >= CHEAP_WARMUPS:
+                    floor.append(runs[0])
+                    help_.append(runs[1])
+                    app.append(runs[2])
+            _progress(
+                f"  import litellm, import nanobot.app+litellm, agent -m {MESSAGE}: "
+                f"{HEAVY_WARMUPS} warm-up + {HEAVY_RUNS} measured rounds"
+            )
+            for index in range(HEAVY_WARMUPS + HEAVY_RUNS):
+                heavy = (
+                    await _import_once("litellm", env, home),
+                    await _import_once("nanobot.app, litellm", env, home),
+                    await _agent_once(fake),
+                )
+                if index >= HEAVY_WARMUPS:
+                    lit.append(heavy[0])
+                    both.append(heavy[1])
+                    agent.append(heavy[2])
         imports = await _importtime_profile(fake)
     return Measurements(floor, help_, app, lit, both, agent, imports)
 

@@ -176,7 +176,8 @@ async def test_without_restrict_outside_paths_work(layout: Layout) -> None:
 async def test_read_small_file_returns_it_exactly(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("one\ntwo\n", encoding="utf-8")
     result = await registry(tmp_path).execute("read_file", {"path": "a.md"})
-    assert result == type(result)("one\ntwo\n")
+    assert not result.is_error
+    assert result.content == "one\ntwo\n"
 
 
 async def test_read_line_range(tmp_path: Path) -> None:
@@ -246,6 +247,13 @@ async def test_read_refuses_binary_files_with_their_size(tmp_path: Path, data: b
     assert result.is_error
     assert "binary file" in result.content
     assert f"{len(data)} bytes" in result.content or "KB" in result.content
+
+
+async def test_read_refuses_a_fifo_instead_of_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")
+    result = await registry(tmp_path).execute("read_file", {"path": "pipe"})
+    assert result.is_error
+    assert "not a regular file" in result.content
 
 
 async def test_read_empty_file(tmp_path: Path) -> None:

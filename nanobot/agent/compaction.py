@@ -17,6 +17,7 @@ from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import Entry, NewEntry, SessionStore
 
 SUMMARY_MAX_TOKENS = 1024
+PAUSE_AFTER_FAILURE = 5  # turns of a session without compaction after a failed one
 RESULT_PREVIEW = 400  # characters of each tool result shown to the summariser
 INSTRUCTIONS = (
     "You maintain the memory of a long conversation between a user and their assistant. "
@@ -28,7 +29,13 @@ INSTRUCTIONS = (
 
 
 class Compactor:
-    """Decides when to compact a session and does it."""
+    """Decides when to compact a session and does it.
+
+    When the window is full (older history no longer fits, or it is nearly at its budget),
+    the history that slid out plus the older half of the window are summarised. The window
+    then restarts at about half its budget and grows again, so a session is compacted about
+    once per half-budget of conversation, never every turn.
+    """
 
     def __init__(
         self,
@@ -36,27 +43,34 @@ class Compactor:
         sessions: SessionStore,
         history: History,
         *,
-        threshold: float = 0.25,
+        full_at: float = 0.8,
     ) -> None:
         self._provider = provider
         self._sessions = sessions
         self._history = history
-        self._threshold = threshold
+        self._full_at = full_at
+        self._paused: dict[int, int] = {}  # session id -> turns left without compaction
 
-    def worth_it(self, window: Window, budget: int) -> bool:
-        """Whether enough unsummarised history has slid out of the window to summarise."""
-        return window.beyond >= self.scan_limit(budget)
+    def worth_it(self, session_id: int, window: Window, budget: int) -> bool:
+        """Whether the window is full enough to compact.
 
-    def scan_limit(self, budget: int) -> int:
-        return max(1, int(budget * self._threshold))
+        After a failed compaction a session waits a few turns before the next try, so a
+        model that cannot summarise does not cost an extra call every turn.
+        """
+        paused = self._paused.get(session_id, 0)
+        if paused:
+            self._paused[session_id] = paused - 1
+            return False
+        return window.beyond > 0 or window.tokens >= budget * self._full_at
 
-    async def compact_beyond(self, session_id: int, window: Window, budget: int) -> bool:
-        """Summarise what lies between the last summary and the window. Returns whether it did.
+    async def compact(self, session_id: int, window: Window, budget: int) -> bool:
+        """Summarise what slid out of `window` and its older half. Returns whether it did.
 
-        Reads at most `budget` tokens of that history (the newest part); a model failure is
-        logged and leaves the session as it was.
+        Reads at most `budget` tokens of the history before the window (the newest part); a
+        model failure is logged and leaves the session as it was.
         """
         older = await self._unsummarised(session_id, window, budget)
+        older.extend(window.entries[: _middle_user(window.entries)])
         if not older:
             return False
         return await self._store_summary(session_id, window.summary, older)
@@ -109,8 +123,11 @@ class Compactor:
             completion = await self._provider.complete(prompt, max_tokens=SUMMARY_MAX_TOKENS)
         except ProviderError as exc:
             logger.warning("session {}: compaction failed: {}", session_id, exc)
+            self._paused[session_id] = PAUSE_AFTER_FAILURE
             return False
-        summary = (completion.content or "").strip()
+        # The model was asked for SUMMARY_MAX_TOKENS at most; a server that ignores that must
+        # not be able to crowd the conversation out of the window.
+        summary = (completion.content or "").strip()[: SUMMARY_MAX_TOKENS * 6]
         if not summary:
             return False
         through = max(e.id for e in entries)
@@ -120,6 +137,13 @@ class Compactor:
             "session {}: compacted {} entries (through id {})", session_id, len(entries), through
         )
         return True
+
+
+def _middle_user(entries: Sequence[Entry]) -> int:
+    """Index of the user message nearest the middle of `entries` (0 when there is none but
+    the first), so the kept half starts at a user message."""
+    users = [i for i, e in enumerate(entries) if i > 0 and e.data.get("role") == "user"]
+    return min(users, key=lambda i: abs(i - len(entries) / 2), default=0)
 
 
 def _transcript(previous: str | None, entries: Sequence[Entry]) -> str:

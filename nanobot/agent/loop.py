@@ -141,9 +141,7 @@ class AgentLoop:
         await self._sessions.append(session_id, [NewEntry("message", m) for m in inputs])
         system = self._context.system_prompt(self._now())
         budget = self._history_budget(system)
-        window = await self._history.load(
-            session_id, budget, scan_beyond=self._compactor.scan_limit(budget)
-        )
+        window = await self._history.load(session_id, budget)
         head: list[Message] = [{"role": "system", "content": system}]
         if window.summary:
             head.append(summary_message(window.summary))
@@ -169,8 +167,8 @@ class AgentLoop:
             )
         finally:
             current_context.reset(token)
-        if self._compactor.worth_it(window, budget):
-            await self._compactor.compact_beyond(session_id, window, budget)
+        if self._compactor.worth_it(session_id, window, budget):
+            await self._compactor.compact(session_id, window, budget)
         already_sent = result.status == "completed" and result.final_text in context.sent
         return Reply(None if already_sent else result.final_text, result)
 

@@ -314,7 +314,7 @@ class ListDirTool(_FileTool, Tool[ListDirParams]):
 
     def _list(self, args: ListDirParams) -> str:
         path = self._resolve(args.path)
-        shown = self._shown(path) or "."
+        shown = self._shown(path)
         if not path.exists():
             raise ToolError(f"directory {shown!r} does not exist")
         if not path.is_dir():
@@ -349,6 +349,8 @@ def _existing_file(path: Path, shown: str) -> os.stat_result:
         ) from None
     if stat.S_ISDIR(info.st_mode):
         raise ToolError(f"{shown!r} is a directory; use list_dir to see what is in it")
+    if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block or never end
+        raise ToolError(f"{shown!r} is not a regular file (a device, pipe or socket)")
     return info
 
 

@@ -190,7 +190,6 @@ async def _stop_group(pgid: int, shell: _Shell) -> None:
 def _signal_group(pgid: int, sig: int) -> bool:
     """Send `sig` to the group; False when no process is left in it."""
     try:
-        if sig: return False
         os.killpg(pgid, sig)
     except ProcessLookupError:
         return False

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import html
 import ipaddress
 import re
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -88,7 +90,7 @@ def address_kind(ip: IPAddress) -> str | None:
             embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
         if embedded is not None:
             kind = address_kind(embedded)
-            return None if kind is None else f"{kind} (inside an IPv6 address)"
+            return None if kind is None else f"{kind}, inside an IPv6 address"
     for network, kind in _NOT_PUBLIC:
         if network.version == ip.version and ip in network:
             return kind
@@ -221,15 +223,17 @@ class WebFetchTool(Tool[WebFetchParams]):
         max_redirects: int = FETCH_MAX_REDIRECTS,
         allow_hosts: Collection[str] = (),
         resolver: Resolver = system_resolver,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """`allow_hosts`: host names (or IP literals) exempt from the public-address check,
-        e.g. a service on the LAN. Redirects away from them are checked as usual."""
+        e.g. a service on the LAN; redirects away from them are checked as usual.
+        `ssl_context`: whom to trust for TLS (default: httpx's, the certifi CAs)."""
         self.max_bytes = max_bytes
         self.timeout = timeout
         self.max_redirects = max_redirects
         self._allow_hosts = frozenset(_host_key(h) for h in allow_hosts)
         self._resolve = resolver
-        self._ssl = httpx.create_ssl_context()
+        self._ssl = ssl_context or httpx.create_ssl_context()
 
     async def run(self, args: WebFetchParams) -> str:
         try:
@@ -243,7 +247,7 @@ class WebFetchTool(Tool[WebFetchParams]):
             raise ToolError(
                 f"fetching {url} took longer than {self.timeout:g} s; gave up"
             ) from None
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise ToolError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
         text = page.text[: args.max_chars]
         header = f"URL: {page.url}\nHTTP {page.status}, {page.content_type}, {page.size} bytes"
@@ -262,8 +266,7 @@ class WebFetchTool(Tool[WebFetchParams]):
             headers={"User-Agent": USER_AGENT},
         ) as client:
             for _ in range(self.max_redirects + 1):
-                request = await self._pinned_request(client, url)
-                response = await client.send(request, stream=True)
+                response = await self._send_pinned(client, url)
                 try:
                     if not response.is_redirect:
                         return await self._read(url, response)
@@ -272,8 +275,12 @@ class WebFetchTool(Tool[WebFetchParams]):
                     await response.aclose()
         raise ToolError(f"gave up after {self.max_redirects} redirects (the last to {url})")
 
-    async def _pinned_request(self, client: httpx.AsyncClient, url: httpx.URL) -> httpx.Request:
-        """A GET for `url` that connects to an address checked to be allowed."""
+    async def _send_pinned(self, client: httpx.AsyncClient, url: httpx.URL) -> httpx.Response:
+        """GET `url` from one of its addresses, all of which were checked to be allowed.
+
+        The connection goes to the checked address itself; the request still names the host
+        (Host header, and the TLS server name, which the certificate is verified against).
+        """
         if url.scheme not in ("http", "https"):
             raise ToolError(
                 f"refused {url}: only http and https URLs can be fetched "
@@ -284,19 +291,19 @@ class WebFetchTool(Tool[WebFetchParams]):
             raise ToolError(f"refused {url}: it has no host name")
         if host in _METADATA_HOSTS:
             raise ToolError(f"refused {url}: {url.host} is a cloud metadata service")
-        address = await self._checked_address(url, host)
-        extensions = {"sni_hostname": url.raw_host.decode("ascii")} if url.scheme == "https" else {}
-        return client.build_request(
-            "GET",
-            url.copy_with(host=str(address)),
-            headers={"Host": url.netloc.decode("ascii")},
-            extensions=extensions,
-        )
+        # One address may be unreachable (IPv6 on a server without it); then try the next.
+        *others, last = await self._checked_addresses(url, host)
+        for address in others:
+            with contextlib.suppress(httpx.ConnectError):
+                return await client.send(_request_to(client, url, address), stream=True)
+        return await client.send(_request_to(client, url, last), stream=True)
 
-    async def _checked_address(self, url: httpx.URL, host: str) -> IPAddress:
+    async def _checked_addresses(self, url: httpx.URL, host: str) -> Sequence[IPAddress]:
+        literal = True
         try:
             addresses: Sequence[IPAddress] = [ipaddress.ip_address(host)]
         except ValueError:
+            literal = False
             port = url.port or (443 if url.scheme == "https" else 80)
             try:
                 addresses = await self._resolve(url.raw_host.decode("ascii"), port)
@@ -307,11 +314,16 @@ class WebFetchTool(Tool[WebFetchParams]):
         if host not in self._allow_hosts:
             for address in addresses:
                 if kind := address_kind(address):
+                    subject = (
+                        f"{address} is not a public address"
+                        if literal
+                        else f"{url.host} has the address {address}, which is not public"
+                    )
                     raise ToolError(
-                        f"refused {url}: {url.host} is a {kind} address ({address}); "
+                        f"refused {url}: {subject} ({kind}); "
                         "web_fetch only fetches from the public internet"
                     )
-        return addresses[0]
+        return addresses
 
     async def _read(self, url: httpx.URL, response: httpx.Response) -> _Page:
         if response.status_code >= 400:
@@ -337,6 +349,17 @@ class WebFetchTool(Tool[WebFetchParams]):
         if kind == "html":
             text = await asyncio.to_thread(html_to_text, text)
         return _Page(url, response.status_code, content_type or "unknown", text, len(body), cut)
+
+
+def _request_to(client: httpx.AsyncClient, url: httpx.URL, address: IPAddress) -> httpx.Request:
+    """A GET for `url` sent to `address`, still naming the host in Host and the TLS SNI."""
+    sni = {"sni_hostname": url.raw_host.decode("ascii")} if url.scheme == "https" else {}
+    return client.build_request(
+        "GET",
+        url.copy_with(host=str(address)),
+        headers={"Host": url.netloc.decode("ascii")},
+        extensions=sni,
+    )
 
 
 def _host_key(host: str) -> str:

@@ -1,0 +1,249 @@
+"""The agent loop with its real parts: litellm against the fake server, SQLite, workspace files."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nanobot.agent.context import ContextBuilder
+from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
+from nanobot.agent.run import ToolPolicy
+from nanobot.agent.runner import SKIPPED, Runner
+from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+from nanobot.store import Database, SessionStore
+from nanobot.tools.registry import ToolRegistry
+from nanobot.workspace import copy_template
+from tests.fakes.llm import Call, ContextLengthError, FakeLLM, ServerError, Text, ToolCalls
+from tests.test_runner import EchoTool, SleepTool
+
+
+class Parts:
+    def __init__(self, loop: AgentLoop, sessions: SessionStore, sleeper: SleepTool) -> None:
+        self.loop, self.sessions, self.sleeper = loop, sessions, sleeper
+
+    async def entries(self, key: str) -> list[dict[str, Any]]:
+        session = await self.sessions.live(key)
+        return [e.data | {"_kind": e.kind} for e in await self.sessions.tail(session, 1000)]
+
+
+async def make_parts(
+    tmp_path: Path,
+    fake: FakeLLM,
+    db: Database,
+    *,
+    context_window: int | None = None,
+    **settings: Any,
+) -> Parts:
+    workspace = tmp_path / "workspace"
+    copy_template(workspace)
+    provider = LiteLLMProvider(
+        "openai/fake-model",
+        api_key="sk-test",
+        api_base=fake.base_url,
+        retry=RetryPolicy(attempts=0),
+        context_window=context_window,
+        max_tokens=200,
+    )
+    sleeper = SleepTool()
+    sessions = SessionStore(db)
+    loop = AgentLoop(
+        provider,
+        Runner(provider, ToolRegistry([EchoTool(), sleeper])),
+        sessions,
+        ContextBuilder(workspace),
+        LoopSettings(max_tokens=200, **settings),
+    )
+    return Parts(loop, sessions, sleeper)
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    async with await Database.open(tmp_path / "state.db") as database:
+        yield database
+
+
+@pytest.fixture
+async def parts(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> Parts:
+    return await make_parts(tmp_path, fake_llm, db)
+
+
+async def test_turn_stores_user_message_first_and_answers(parts: Parts, fake_llm: FakeLLM) -> None:
+    fake_llm.script(Text("Hi Ada."), Text("Still you."))
+    reply = await parts.loop.handle(TurnRequest("t:1", "I am Ada"))
+    assert reply is not None
+    assert reply.text == "Hi Ada."
+    entries = await parts.entries("t:1")
+    assert [e["role"] for e in entries] == ["user", "assistant"]
+    assert entries[0]["content"].endswith("I am Ada")
+    await parts.loop.handle(TurnRequest("t:1", "who?"))
+    assert [m["role"] for m in fake_llm.requests[1].messages] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+    ]
+
+
+async def test_identical_inputs_give_identical_model_messages(
+    parts: Parts, fake_llm: FakeLLM
+) -> None:
+    await parts.loop.handle(TurnRequest("a", "same"))
+    await parts.loop.handle(TurnRequest("b", "same"))
+    first, second = fake_llm.requests
+    assert first.messages[0] == second.messages[0]  # the system prompt, byte for byte
+    assert "Agent instructions" in first.messages[0]["content"]
+
+
+async def test_provider_failure_leaves_no_assistant_entry(parts: Parts, fake_llm: FakeLLM) -> None:
+    fake_llm.script(ServerError(503))
+    reply = await parts.loop.handle(TurnRequest("t:1", "hello"))
+    assert reply is not None
+    assert reply.result.status == "failed"
+    assert reply.text is not None
+    assert reply.text.startswith("The model is unavailable right now")
+    assert [e["role"] for e in await parts.entries("t:1")] == ["user"]
+
+
+async def test_message_while_busy_steers_the_running_turn(parts: Parts, fake_llm: FakeLLM) -> None:
+    fake_llm.script(
+        ToolCalls(
+            [Call("sleep", {"seconds": 0.3}, id="s"), Call("echo", {"text": "later"}, id="e")]
+        ),
+        Text("OK, switching to your new request."),
+    )
+    first = asyncio.create_task(parts.loop.handle(TurnRequest("t:1", "do two things")))
+    await parts.sleeper.started.wait()
+    assert parts.loop.busy("t:1")
+    assert await parts.loop.handle(TurnRequest("t:1", "actually, do this instead")) is None
+    reply = await first
+    assert reply is not None
+    assert reply.text == "OK, switching to your new request."
+    entries = await parts.entries("t:1")
+    roles = [e["role"] for e in entries]
+    assert roles == ["user", "assistant", "tool", "tool", "user", "assistant"]
+    assert entries[3]["content"] == SKIPPED
+    assert entries[4]["content"].endswith("actually, do this instead")
+    assert fake_llm.requests[1].messages[-1]["content"].endswith("actually, do this instead")
+
+
+async def test_follow_up_mode_waits_for_the_end(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    parts = await make_parts(tmp_path, fake_llm, db)
+    fake_llm.script(
+        ToolCalls([Call("sleep", {"seconds": 0.3}), Call("echo", {"text": "x"})]),
+        Text("done with the first"),
+        Text("and the second"),
+    )
+    first = asyncio.create_task(parts.loop.handle(TurnRequest("t:1", "one")))
+    await parts.sleeper.started.wait()
+    assert await parts.loop.handle(TurnRequest("t:1", "two", mode="follow_up")) is None
+    reply = await first
+    assert reply is not None
+    assert reply.text == "and the second"
+    roles = [e["role"] for e in await parts.entries("t:1")]
+    assert roles == ["user", "assistant", "tool", "tool", "assistant", "user", "assistant"]
+
+
+async def test_abort_stops_the_sessions_turn(parts: Parts, fake_llm: FakeLLM) -> None:
+    fake_llm.script(ToolCalls([Call("sleep", {"seconds": 30})]))
+    task = asyncio.create_task(parts.loop.handle(TurnRequest("t:1", "sleep")))
+    await parts.sleeper.started.wait()
+    assert parts.loop.abort("t:1")
+    reply = await task
+    assert reply is not None
+    assert reply.result.status == "aborted"
+    assert not parts.loop.abort("t:1")
+
+
+async def test_sessions_run_concurrently(parts: Parts, fake_llm: FakeLLM) -> None:
+    fake_llm.delay = 0.3
+    replies = await asyncio.gather(
+        parts.loop.handle(TurnRequest("a", "one")), parts.loop.handle(TurnRequest("b", "two"))
+    )
+    assert all(r is not None and r.result.status == "completed" for r in replies)
+    first, second = fake_llm.requests
+    assert second.received_at - first.received_at < fake_llm.delay  # neither waited
+
+
+async def test_new_session_starts_fresh_and_keeps_the_old(parts: Parts, fake_llm: FakeLLM) -> None:
+    await parts.loop.handle(TurnRequest("t:1", "remember me"))
+    await parts.loop.new_session("t:1")
+    await parts.loop.handle(TurnRequest("t:1", "who am I?"))
+    assert [m["role"] for m in fake_llm.requests[1].messages] == ["system", "user"]
+    assert len(await parts.sessions.sessions("t:1")) == 2
+
+
+async def test_message_tool_text_is_not_sent_twice(parts: Parts, fake_llm: FakeLLM) -> None:
+    from nanobot.tools.message import MessageTool
+
+    sent: list[str] = []
+
+    async def send(text: str) -> None:
+        sent.append(text)
+
+    parts.loop._runner._tools.register(MessageTool())
+    fake_llm.script(ToolCalls([Call("message", {"text": "Here you go."})]), Text("Here you go."))
+    reply = await parts.loop.handle(TurnRequest("t:1", "send it", send=send))
+    assert sent == ["Here you go."]
+    assert reply is not None
+    assert reply.text is None
+
+
+async def test_history_beyond_the_window_is_compacted_once(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    parts = await make_parts(tmp_path, fake_llm, db, context_window=4000)
+    fake_llm.default_reply = Text("Summary: twelve questions about words.")
+    long = " ".join(f"word{n}" for n in range(100))  # about 150 tokens a message
+    for i in range(12):
+        fake_llm.script(Text(f"answer {i} " + long))
+        reply = await parts.loop.handle(TurnRequest("t:1", f"question {i} " + long))
+        assert reply is not None
+    summaries = [
+        r for r in fake_llm.requests if "maintain the memory" in str(r.messages[0]["content"])
+    ]
+    assert 1 <= len(summaries) <= 6  # about once per half window (two turns here), never every turn
+    entries = await parts.entries("t:1")
+    compactions = [e for e in entries if e["_kind"] == "compaction"]
+    assert len(compactions) == len(summaries)
+    through = [c["through_id"] for c in compactions]
+    assert through == sorted(set(through))  # each covers strictly more
+    last_turn = fake_llm.requests[-1].messages
+    if not any("maintain the memory" in str(m.get("content")) for m in last_turn):
+        assert any("Summary of the earlier part" in str(m.get("content")) for m in last_turn)
+
+
+async def test_overflow_compacts_and_retries(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    parts = await make_parts(tmp_path, fake_llm, db)
+    for i in range(3):
+        fake_llm.script(Text(f"answer {i}"))
+        await parts.loop.handle(TurnRequest("t:1", f"question {i}"))
+    fake_llm.script(ContextLengthError(), Text("They asked three questions."), Text("fits now"))
+    reply = await parts.loop.handle(TurnRequest("t:1", "what did I ask?"))
+    assert reply is not None
+    assert reply.text == "fits now"
+    retried = fake_llm.requests[-1].messages
+    assert [m["role"] for m in retried] == ["system", "system", "user"]
+    assert "They asked three questions." in retried[1]["content"]
+    kinds = [e["_kind"] for e in await parts.entries("t:1")]
+    assert kinds.count("compaction") == 1
+
+
+async def test_parallel_policy_is_passed_through(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    parts = await make_parts(tmp_path, fake_llm, db, policy=ToolPolicy(max_parallel=2))
+    fake_llm.script(
+        ToolCalls([Call("sleep", {"seconds": 0.2}, id="s"), Call("echo", {"text": "x"}, id="e")]),
+        Text("ok"),
+    )
+    reply = await parts.loop.handle(TurnRequest("t:1", "both"))
+    assert reply is not None
+    assert reply.result.status == "completed"
