@@ -293,6 +293,9 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
     litellm_alone = med([i.import_s for i in m.litellm]) - med([r.wall for r in m.floor])
     top = sorted(m.imports, key=lambda i: i.cumulative_s, reverse=True)[:TOP_IMPORTS]
     imports_total = sum(i.cumulative_s for i in m.imports)
+    names = [i.module for i in m.imports]
+    after = m.imports[names.index("litellm") + 1 :] if "litellm" in names else []
+    lazy_s = sum(i.cumulative_s for i in after)
 
     print(format_table(metrics))
     print(f"\nWhere the median `agent -m {MESSAGE}` time goes ({total:.3f} s):")
@@ -309,12 +312,17 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
     )
     for item in top:
         print(f"  {item.cumulative_s:7.3f} s  {item.module}")
+    print(
+        f"Imported after litellm, i.e. lazily during the first call: {lazy_s:.3f} s "
+        f"({', '.join(i.module for i in sorted(after, key=lambda i: -i.cumulative_s)[:3])}, ...)."
+    )
     return {
         "metrics": [metric.as_json() for metric in metrics],
         "breakdown_s": dict(rows),
         "litellm_import_minus_floor_s": litellm_alone,
         "importtime": {
             "total_top_level_s": imports_total,
+            "after_litellm_s": lazy_s,
             "top": [vars(item) for item in top],
         },
         "runs": {

@@ -29,7 +29,11 @@ from nanobot.config import Config, load
 from nanobot.errors import NanobotError, ProviderError
 from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
 from nanobot.store import Database, SessionStore
+from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
+from nanobot.tools.message import MessageTool
 from nanobot.tools.registry import ToolRegistry
+from nanobot.tools.shell import DEFAULT_DENY_PATTERNS, ExecTool
+from nanobot.tools.web import WebFetchTool, WebSearchTool
 from nanobot.workspace import bundled, copy_template
 
 SHUTDOWN_DEADLINE = 10.0
@@ -77,7 +81,33 @@ def build_provider(config: Config) -> LiteLLMProvider:
 
 def build_tools(config: Config) -> ToolRegistry:
     """The built-in tools, configured from `config.tools`."""
-    return ToolRegistry()
+    tools, workspace = config.tools, config.workspace_path
+    restrict = tools.restrict_to_workspace
+    registry = ToolRegistry(
+        [
+            ReadFileTool(workspace, restrict=restrict),
+            WriteFileTool(workspace, restrict=restrict),
+            EditFileTool(workspace, restrict=restrict),
+            ListDirTool(workspace, restrict=restrict),
+            WebSearchTool(tools.web.search_api_key.get_secret_value() or None),
+            WebFetchTool(
+                max_bytes=tools.web.fetch_max_bytes,
+                timeout=tools.web.fetch_timeout,
+                allow_hosts=tools.web.fetch_allow_hosts,
+            ),
+            MessageTool(),
+        ]
+    )
+    if tools.exec.enabled:
+        deny = tools.exec.deny_patterns
+        registry.register(
+            ExecTool(
+                workspace,
+                timeout=tools.exec.timeout,
+                deny_patterns=DEFAULT_DENY_PATTERNS if deny is None else deny,
+            )
+        )
+    return registry
 
 
 @asynccontextmanager

@@ -8,6 +8,7 @@ Every component receives its own section; nothing reads configuration files afte
 from __future__ import annotations
 
 import os
+import re
 import zoneinfo
 from collections.abc import Mapping
 from pathlib import Path
@@ -85,10 +86,24 @@ class ChannelsConfig(Section):
 class ExecConfig(Section):
     enabled: bool = True
     timeout: float = Field(60, gt=0)
+    deny_patterns: list[str] | None = None
+
+    @field_validator("deny_patterns")
+    @classmethod
+    def _compiles(cls, patterns: list[str] | None) -> list[str] | None:
+        for pattern in patterns or ():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+        return patterns
 
 
 class WebConfig(Section):
     search_api_key: SecretStr = SecretStr("")
+    fetch_max_bytes: int = Field(2_000_000, gt=0)
+    fetch_timeout: float = Field(20, gt=0)
+    fetch_allow_hosts: list[str] = Field(default_factory=list)
 
 
 class ToolsConfig(Section):

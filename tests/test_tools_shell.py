@@ -150,6 +150,7 @@ async def test_cancellation_kills_the_process_group(tmp_path: Path) -> None:
         "rm -r -f /",
         "rm -f -r ~",
         "rm -rf ~/",
+        'rm -rf "/"',
         "rm --recursive --force $HOME",
         "sudo rm -rf --no-preserve-root /",
         "cd /tmp && rm -Rf /;",
@@ -181,6 +182,7 @@ async def test_dangerous_commands_are_refused(tmp_path: Path, command: str) -> N
         "echo grep reboot /var/log/syslog",
         "echo ls -l /dev/sda",
         "echo dd if=a.img of=b.img",
+        "dd if=/dev/zero of=/dev/null count=1",
     ],
 )
 async def test_ordinary_commands_are_not_refused(tmp_path: Path, command: str) -> None:

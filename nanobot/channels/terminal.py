@@ -76,70 +76,87 @@ async def chat(loop: AgentLoop, session_key: str, *, own_interrupts: bool = True
     With `own_interrupts` False (inside the gateway, which handles SIGINT itself) Ctrl-C is
     left alone.
     """
-    reader = await _stdin_reader()
-    interactive = sys.stdin.isatty()
-    live = sys.stdout.isatty()
-    running: set[asyncio.Task[None]] = set()
-    interrupts = 0
-    quit_now = asyncio.Event()
+    await _Chat(loop, session_key, await _stdin_reader()).run(own_interrupts=own_interrupts)
 
-    def on_interrupt() -> None:
-        nonlocal interrupts
-        if running and loop.abort(session_key):
+
+class _Chat:
+    def __init__(self, loop: AgentLoop, session_key: str, reader: asyncio.StreamReader) -> None:
+        self.loop, self.session_key, self.reader = loop, session_key, reader
+        self.interactive = sys.stdin.isatty()
+        self.live = sys.stdout.isatty()
+        self.prompt = "you> " if self.interactive else ""
+        self.running: set[asyncio.Task[None]] = set()
+        self.interrupts = 0
+        self.quit_now = asyncio.Event()
+
+    async def run(self, *, own_interrupts: bool) -> None:
+        event_loop = asyncio.get_running_loop()
+        own_interrupts = own_interrupts and self.interactive
+        if own_interrupts:
+            event_loop.add_signal_handler(signal.SIGINT, self.on_interrupt)
+        if self.interactive:
+            sys.stdout.write(f"nanobot — session {self.session_key}. {HELP}\n")
+        try:
+            async with asyncio.TaskGroup() as group:
+                await self._read_lines(group)
+                if self.quit_now.is_set():
+                    for task in self.running:
+                        task.cancel()
+        finally:
+            if own_interrupts:
+                event_loop.remove_signal_handler(signal.SIGINT)
+
+    async def _read_lines(self, group: asyncio.TaskGroup) -> None:
+        self.show_prompt()
+        while not self.quit_now.is_set():
+            line = await _read_line(self.reader, self.quit_now)
+            if line is None or line in EXIT_COMMANDS:
+                return
+            self.interrupts = 0
+            if line == "/new":
+                await self.loop.new_session(self.session_key)
+                sys.stdout.write("Started a new session.\n")
+            elif line == "/stop":
+                self.loop.abort(self.session_key)
+            elif line:
+                await self._start_turn(group, line)
+                continue
+            if not self.running:
+                self.show_prompt()
+
+    async def _start_turn(self, group: asyncio.TaskGroup, line: str) -> None:
+        printer = _Printer(sys.stdout, live=self.live)
+        request = TurnRequest(self.session_key, line, listener=printer, send=printer.message)
+        task = group.create_task(_answer(self.loop, request, printer), name="terminal-turn")
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        if not self.interactive:
+            await task  # piped lines are separate messages, answered in order
             return
-        interrupts += 1
-        if interrupts >= 2:
-            quit_now.set()
+        # A line typed while this turn runs steers it; the prompt comes back after.
+        task.add_done_callback(self.show_prompt)
+
+    def show_prompt(self, _: object = None) -> None:
+        if not self.quit_now.is_set():
+            sys.stdout.write(self.prompt)
+            sys.stdout.flush()
+
+    def on_interrupt(self) -> None:
+        if self.running and self.loop.abort(self.session_key):
+            return
+        self.interrupts += 1
+        if self.interrupts >= 2:
+            self.quit_now.set()
         else:
             sys.stdout.write("\n(Ctrl-C again or /exit to quit)\n")
-
-    event_loop = asyncio.get_running_loop()
-    own_interrupts = own_interrupts and interactive
-    if own_interrupts:
-        event_loop.add_signal_handler(signal.SIGINT, on_interrupt)
-    if interactive:
-        sys.stdout.write(f"nanobot — session {session_key}. {HELP}\n")
-    try:
-        async with asyncio.TaskGroup() as group:
-            while not quit_now.is_set():
-                line = await _read_line(reader, quit_now, prompt="you> " if interactive else "")
-                if line is None or line in EXIT_COMMANDS:
-                    break
-                interrupts = 0
-                if not line:
-                    continue
-                if line == "/new":
-                    await loop.new_session(session_key)
-                    sys.stdout.write("Started a new session.\n")
-                    continue
-                if line == "/stop":
-                    loop.abort(session_key)
-                    continue
-                printer = _Printer(sys.stdout, live=live)
-                request = TurnRequest(session_key, line, listener=printer, send=printer.message)
-                task = group.create_task(_answer(loop, request, printer), name="terminal-turn")
-                running.add(task)
-                task.add_done_callback(running.discard)
-                if not interactive:
-                    await task  # piped lines are separate messages, answered in order
-            for task in running:
-                if quit_now.is_set():
-                    task.cancel()
-    finally:
-        if own_interrupts:
-            event_loop.remove_signal_handler(signal.SIGINT)
+            self.show_prompt()
 
 
 async def _answer(loop: AgentLoop, request: TurnRequest, printer: _Printer) -> None:
     printer.reply(await loop.handle(request))
 
 
-async def _read_line(
-    reader: asyncio.StreamReader, quit_now: asyncio.Event, *, prompt: str
-) -> str | None:
-    if prompt:
-        sys.stdout.write(prompt)
-        sys.stdout.flush()
+async def _read_line(reader: asyncio.StreamReader, quit_now: asyncio.Event) -> str | None:
     line = asyncio.ensure_future(reader.readline())
     stop = asyncio.ensure_future(quit_now.wait())
     try:

@@ -28,9 +28,10 @@ from nanobot.tools.base import Tool, ToolError, ToolParams
 
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
     # rm with a recursive flag aimed at /, /*, ~ or $HOME
-    r"\brm\s+(?=(?:-\S+\s+)*-\S*[rR])(?:-\S+\s+)+(?:/|~|\$HOME|\$\{HOME\})/?\*?(?=$|[\s;&|)])",
+    r"\brm\s+(?=(?:-\S+\s+)*-\S*[rR])(?:-\S+\s+)+"
+    r"[\"']?(?:/|~|\$HOME|\$\{HOME\})/?\*?[\"']?(?=$|[\s;&|)])",
     r"\bmkfs(?:\.\w+)?\b",
-    r"\bdd\b[^;&|]*\bof=/dev/",
+    r"\bdd\b[^;&|]*\bof=/dev/(?!null\b)",
     r">\s*/dev/(?:sd|hd|vd|xvd|nvme|mmcblk|disk)",
     r":\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:",  # the classic fork bomb
     r"(?:^|[;&|(]|\bsudo)\s*(?:shutdown|reboot|halt|poweroff)\b",
