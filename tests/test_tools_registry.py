@@ -59,7 +59,8 @@ def test_duplicate_names_are_refused(registry: ToolRegistry) -> None:
         (
             {"a": "two"},
             ToolResult(
-                "Error: invalid arguments for add: a: Input should be a valid integer, unable to parse string as an integer",
+                "Error: invalid arguments for add: a: Input should be a valid integer, "
+                "unable to parse string as an integer",
                 True,
             ),
         ),
