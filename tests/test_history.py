@@ -106,14 +106,44 @@ async def test_compaction_entry_replaces_what_it_covers(store: CountingStore) ->
     assert [m["content"] for m in window.messages] == ["second", "two", "third"]
 
 
-async def test_beyond_counts_unsummarised_overflow_up_to_the_scan_limit(
-    store: CountingStore,
-) -> None:
+async def test_beyond_is_zero_only_when_everything_fits(store: CountingStore) -> None:
     session = await store.live("s")
-    await store.append(session, [user("u" * 40), assistant("a" * 40)] * 50)
+    await store.append(session, [user("u" * 40), assistant("a" * 40)] * 5)
     history = History(store, count)
-    window = await history.load(session, budget=100, scan_beyond=60)
-    assert 60 <= window.beyond < 100
+    assert (await history.load(session, budget=1000)).beyond == 0
+    assert (await History(store, count).load(session, budget=100)).beyond > 0
+
+
+async def test_later_turns_read_only_what_was_added(store: CountingStore) -> None:
+    session = await store.live("s")
+    await store.append(session, [user("u" * 40), assistant("a" * 40)] * 5)
+    history = History(store, count)
+    first = await history.load(session, budget=60)
+    store.tail_calls = 0
+    await store.append(session, [user("new question"), assistant("new answer")])
+    second = await history.load(session, budget=60)
+    assert store.tail_calls == 0  # only `since` was asked
+    assert [m["content"] for m in second.messages][-2:] == ["new question", "new answer"]
+    assert second.messages[0]["role"] == "user"
+    assert second.tokens <= 60
+    assert second.beyond > first.beyond
+    # The same as reading everything afresh.
+    fresh = await History(store, count).load(session, budget=60)
+    assert fresh.messages == second.messages
+    assert fresh.tokens == second.tokens
+
+
+async def test_a_new_compaction_makes_the_next_load_read_afresh(store: CountingStore) -> None:
+    session = await store.live("s")
+    stored = await store.append(session, [user("one"), assistant("1"), user("two"), assistant("2")])
+    history = History(store, count)
+    await history.load(session, budget=1000)
+    await store.append(
+        session, [NewEntry("compaction", {"summary": "one was said", "through_id": stored[1].id})]
+    )
+    window = await history.load(session, budget=1000)
+    assert window.summary == "one was said"
+    assert [m["content"] for m in window.messages] == ["two", "2"]
 
 
 async def test_a_long_session_reads_only_its_tail(store: CountingStore) -> None:

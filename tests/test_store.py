@@ -142,6 +142,17 @@ async def test_tail_pages_backwards_with_before_id(store: SessionStore) -> None:
     assert [text for page in reversed(pages) for text in page] == [f"m{i}" for i in range(25)]
 
 
+async def test_since_reads_forward_from_an_id(store: SessionStore) -> None:
+    session = await store.live("k")
+    other = await store.live("other")
+    first = await store.append(session, [message(f"m{i}") for i in range(5)])
+    await store.append(other, [message("x")])
+    await store.append(session, [message("m5")])
+    assert contents(await store.since(session, first[2].id, 10)) == ["m3", "m4", "m5"]
+    assert contents(await store.since(session, first[2].id, 2)) == ["m3", "m4"]
+    assert contents(await store.since(session, 0, 1)) == ["m0"]
+
+
 async def test_tail_of_a_long_session_reads_only_the_index_range(
     db: Database, store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

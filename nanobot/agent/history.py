@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nanobot.providers.base import Message
 from nanobot.store import Entry, SessionStore
@@ -19,6 +19,7 @@ from nanobot.store import Entry, SessionStore
 PAGE = 200
 INTERRUPTED = "Interrupted by a restart; not run again."
 TOKEN_CACHE_SIZE = 50_000
+WINDOW_CACHE_SIZE = 256  # sessions whose last window is kept for the next turn
 
 CountTokens = Callable[[Sequence[Message]], int]
 
@@ -29,8 +30,8 @@ class Window:
 
     `summary` is the newest compaction summary covering entries up to `summarised_through`
     (an entry id, 0 when none). `first_id` is the id of the first entry in `messages`.
-    `beyond` is how many tokens of older, unsummarised messages did not fit (counted only up
-    to the scan limit given to `load`): the material for the next compaction.
+    `tokens` counts the summary and the messages. `beyond` is more than 0 when older,
+    unsummarised messages did not fit: there is material for the next compaction.
     """
 
     messages: tuple[Message, ...]
@@ -43,12 +44,17 @@ class Window:
 
 
 class History:
-    """Builds windows for sessions, remembering the token count of every entry it has seen."""
+    """Builds windows for sessions.
+
+    It remembers the token count of every entry it has seen and the last window of recently
+    used sessions, so a turn reads only the entries added since the previous one.
+    """
 
     def __init__(self, sessions: SessionStore, count_tokens: CountTokens) -> None:
         self._sessions = sessions
         self._count = count_tokens
         self._tokens: OrderedDict[int, int] = OrderedDict()
+        self._windows: OrderedDict[int, tuple[Window, int, int]] = OrderedDict()
 
     def tokens(self, entry: Entry) -> int:
         cached = self._tokens.get(entry.id)
@@ -59,20 +65,57 @@ class History:
                 self._tokens.popitem(last=False)
         return cached
 
-    async def load(self, session_id: int, budget: int, *, scan_beyond: int = 0) -> Window:
+    async def load(self, session_id: int, budget: int) -> Window:
         """The window of `session_id` within `budget` tokens.
 
         The newest user message and what follows it are always included, even over budget
-        (the runner's overflow handling then compacts). `scan_beyond` bounds how many tokens
-        past the window are counted into `Window.beyond`.
+        (the runner's overflow handling then compacts).
         """
+        remembered = self._windows.get(session_id)
+        window = None
+        if remembered is not None and remembered[1] >= budget:
+            window = await self._extend(session_id, budget, remembered[0], remembered[2])
+        if window is None:
+            window = await self._read(session_id, budget)
+        last_id = window.entries[-1].id if window.entries else 0
+        self._windows[session_id] = (window, budget, last_id)
+        self._windows.move_to_end(session_id)
+        if len(self._windows) > WINDOW_CACHE_SIZE:
+            self._windows.popitem(last=False)
+        return window
+
+    async def _extend(
+        self, session_id: int, budget: int, previous: Window, last_id: int
+    ) -> Window | None:
+        """`previous` plus what was appended since, trimmed to `budget`; None to re-read."""
+        added = await self._sessions.since(session_id, last_id, PAGE)
+        if len(added) == PAGE or any(e.kind != "message" for e in added):
+            return None  # much was added elsewhere, or a compaction: read afresh
+        entries = [*previous.entries, *added]
+        used = previous.tokens + sum(self.tokens(e) for e in added)
+        return self._trim(entries, used, budget, previous)
+
+    def _trim(self, entries: list[Entry], used: int, budget: int, previous: Window) -> Window:
+        last_user = max((i for i, e in enumerate(entries) if _is_user(e)), default=0)
+        start, beyond = 0, previous.beyond
+        while start < last_user and (used > budget or not _is_user(entries[start])):
+            cost = self.tokens(entries[start])
+            used, beyond, start = used - cost, beyond + cost, start + 1
+        kept = entries[start:]
+        return replace(
+            previous,
+            messages=tuple(repair(render(e) for e in kept)),
+            entries=tuple(kept),
+            tokens=used,
+            first_id=kept[0].id if kept else 0,
+            beyond=beyond,
+        )
+
+    async def _read(self, session_id: int, budget: int) -> Window:
         kept: list[Entry] = []
-        used = 0
-        beyond = 0
+        used = beyond = through = 0
         summary: Entry | None = None
-        through = 0
-        full = False
-        seen_user = False
+        full = seen_user = False
         before: int | None = None
         while True:
             page = await self._sessions.tail(session_id, PAGE, before_id=before)
@@ -90,10 +133,8 @@ class History:
                 if full or (used + cost > budget and seen_user):
                     full = True
                     beyond += cost
-                    if beyond >= scan_beyond:
-                        page = []
-                        break
-                    continue
+                    page = []
+                    break
                 used += cost
                 kept.append(entry)
                 seen_user = seen_user or _is_user(entry)
@@ -101,18 +142,14 @@ class History:
                 break
             before = page[0].id
         kept.reverse()
-        start = next((i for i, e in enumerate(kept) if _is_user(e)), len(kept))
-        dropped = sum(self.tokens(e) for e in kept[:start])
-        kept = kept[start:]
-        return Window(
-            messages=tuple(repair(render(e) for e in kept)),
-            entries=tuple(kept),
-            tokens=used - dropped,
+        empty = Window(
+            messages=(),
+            entries=(),
+            tokens=0,
             summary=str(summary.data.get("summary", "")) if summary is not None else None,
             summarised_through=through,
-            first_id=kept[0].id if kept else 0,
-            beyond=beyond + dropped,
         )
+        return self._trim(kept, used, budget, replace(empty, beyond=beyond))
 
 
 def render(entry: Entry) -> Message:

@@ -170,6 +170,15 @@ class SessionStore:
         )
         return [self._entry(row) for row in reversed(rows)]
 
+    async def since(self, session_id: int, after_id: int, limit: int) -> list[Entry]:
+        """Up to `limit` entries of the session with an id above `after_id`, oldest first."""
+        rows = await self._db.fetchall(
+            f"SELECT {_ENTRY_COLUMNS} FROM entries"
+            " WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+            (session_id, after_id, limit),
+        )
+        return [self._entry(row) for row in rows]
+
     async def count(self, session_id: int) -> int:
         """The number of entries in the session."""
         row = await self._db.fetchone(
