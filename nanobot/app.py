@@ -127,7 +127,9 @@ async def _agent(config: Config) -> AsyncIterator[AgentLoop]:
         policy=ToolPolicy(
             max_parallel=agent.max_parallel_tools, max_calls_per_run=agent.max_tool_calls
         ),
-        delivery=agent.queue_delivery,
+        queue_mode=agent.queue_mode,
+        steering_delivery=agent.steering_delivery,
+        follow_up_delivery=agent.follow_up_delivery,
         timezone=_timezone(config),
     )
     context = ContextBuilder(config.workspace_path, timezone=settings.timezone)

@@ -50,7 +50,8 @@ class AgentConfig(Section):
     max_parallel_tools: int = Field(1, gt=0)
     max_turn_seconds: float = Field(600, gt=0)
     queue_mode: Literal["steer", "follow_up"] = "steer"
-    queue_delivery: Literal["one", "all"] = "one"
+    steering_delivery: Literal["one", "all"] = "one"
+    follow_up_delivery: Literal["one", "all"] = "one"
 
 
 class ChannelConfig(Section):

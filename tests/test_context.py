@@ -13,7 +13,6 @@ import pytest
 from nanobot.agent.context import ContextBuilder, user_message
 from nanobot.agent.memory import Memory
 from nanobot.agent.skills import Skills
-from nanobot.store import Entry, EntryKind
 from nanobot.workspace import copy_template
 
 NOW = datetime(2026, 11, 22, 10, 49, tzinfo=UTC)
@@ -154,29 +153,6 @@ def test_an_injected_memory_brings_its_own_zone(workspace: Path) -> None:
     context = builder(workspace, timezone=UTC, memory=Memory(workspace, TOKYO))
     assert context.memory.today(NOW.replace(hour=20)).isoformat() == "2026-11-23"
     assert "Tokyo's Monday" in context.system_prompt(NOW.replace(hour=20))
-
-
-def entry(number: int, kind: EntryKind, role: str, content: str) -> Entry:
-    data = {"role": role, "content": content} if kind == "message" else {"text": content}
-    return Entry(number, 1, kind, data, None, NOW)
-
-
-def test_messages_start_at_the_first_user_message(workspace: Path) -> None:
-    context = builder(workspace, timezone=UTC)
-    history = [
-        entry(1, "message", "assistant", "cut off by the window"),
-        entry(2, "message", "tool", "orphaned tool result"),
-        entry(3, "message", "user", "[2026-11-22 10:49 Sun UTC]\nhello"),
-        entry(4, "note", "", "a system note"),
-        entry(5, "message", "assistant", "hi!"),
-    ]
-    messages = context.messages(history, now=NOW)
-    assert messages == [
-        {"role": "system", "content": context.system_prompt(NOW)},
-        {"role": "user", "content": "[2026-11-22 10:49 Sun UTC]\nhello"},
-        {"role": "assistant", "content": "hi!"},
-    ]
-    assert context.messages([]) == [{"role": "system", "content": context.system_prompt()}]
 
 
 @pytest.mark.parametrize(

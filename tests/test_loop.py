@@ -247,3 +247,24 @@ async def test_parallel_policy_is_passed_through(
     reply = await parts.loop.handle(TurnRequest("t:1", "both"))
     assert reply is not None
     assert reply.result.status == "completed"
+
+
+async def test_configured_follow_up_mode_delivers_all_at_once(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    parts = await make_parts(
+        tmp_path, fake_llm, db, queue_mode="follow_up", follow_up_delivery="all"
+    )
+    fake_llm.script(
+        ToolCalls([Call("sleep", {"seconds": 0.3})]), Text("first done"), Text("both seen")
+    )
+    first = asyncio.create_task(parts.loop.handle(TurnRequest("t:1", "one")))
+    await parts.sleeper.started.wait()
+    assert await parts.loop.handle(TurnRequest("t:1", "two")) is None
+    assert await parts.loop.handle(TurnRequest("t:1", "three")) is None
+    reply = await first
+    assert reply is not None
+    assert reply.text == "both seen"
+    roles = [e["role"] for e in await parts.entries("t:1")]
+    assert roles == ["user", "assistant", "tool", "assistant", "user", "user", "assistant"]
+    assert fake_llm.request_count == 3

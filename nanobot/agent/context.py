@@ -7,7 +7,6 @@ exist), never on the time. The time travels in a short envelope on each user mes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime, tzinfo
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from nanobot.agent._files import same, text_cache
 from nanobot.agent.memory import Memory
 from nanobot.agent.skills import Skills
 from nanobot.providers.base import Message
-from nanobot.store import Entry
 
 PROMPT_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md")
 """Workspace files shown in the system prompt, in this order, each under its own heading."""
@@ -88,15 +86,6 @@ class ContextBuilder:
         if prompt != self._prompt:
             self._prompt = prompt
         return self._prompt
-
-    def messages(self, history: Sequence[Entry], *, now: datetime | None = None) -> list[Message]:
-        """System prompt plus the message entries of `history`, from its first user message.
-
-        `now` is passed to `system_prompt`.
-        """
-        chat = [entry.data for entry in history if entry.kind == "message"]
-        start = next((i for i, m in enumerate(chat) if m.get("role") == "user"), len(chat))
-        return [{"role": "system", "content": self.system_prompt(now)}, *chat[start:]]
 
     def _render(self, parts: tuple[str | None, ...]) -> str:
         *files, memory, summary, inlined = parts

@@ -40,7 +40,7 @@ class TurnRequest:
     sender_id: str | None = None
     send: SendText | None = None
     listener: EventListener | None = None
-    mode: QueueMode = "steer"
+    mode: QueueMode | None = None  # how to queue it if the session is busy; None: the default
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,9 @@ class LoopSettings:
     max_concurrent_turns: int = 16
     limits: LoopLimits = field(default_factory=LoopLimits)
     policy: ToolPolicy = field(default_factory=ToolPolicy)
-    delivery: Delivery = "one"
+    queue_mode: QueueMode = "steer"
+    steering_delivery: Delivery = "one"
+    follow_up_delivery: Delivery = "one"
     timezone: tzinfo | None = None
 
 
@@ -118,7 +120,8 @@ class AgentLoop:
         lane = self._lanes.setdefault(request.session_key, _Lane())
         message = user_message(request.text, self._now())
         if lane.busy:
-            (lane.steering if request.mode == "steer" else lane.follow_up).append(message)
+            mode = request.mode or self._settings.queue_mode
+            (lane.steering if mode == "steer" else lane.follow_up).append(message)
             return None
         lane.busy = True
         try:
@@ -196,18 +199,11 @@ class AgentLoop:
 
         return RunHooks(
             persist=persist,
-            steering=lambda: self._take(lane.steering),
-            follow_up=lambda: self._take(lane.follow_up),
+            steering=lambda: _take(lane.steering, self._settings.steering_delivery),
+            follow_up=lambda: _take(lane.follow_up, self._settings.follow_up_delivery),
             compact=compact,
             listener=request.listener,
         )
-
-    def _take(self, queue: deque[Message]) -> list[Message]:
-        if self._settings.delivery == "all":
-            taken = list(queue)
-            queue.clear()
-            return taken
-        return [queue.popleft()] if queue else []
 
     def _history_budget(self, system: str) -> int:
         if self._prompt_tokens[0] != system:
@@ -218,6 +214,14 @@ class AgentLoop:
 
     def _now(self) -> datetime:
         return datetime.now(self._settings.timezone).astimezone(self._settings.timezone)
+
+
+def _take(queue: deque[Message], delivery: Delivery) -> list[Message]:
+    if delivery == "all":
+        taken = list(queue)
+        queue.clear()
+        return taken
+    return [queue.popleft()] if queue else []
 
 
 def _last_user(messages: Sequence[Message]) -> int:
