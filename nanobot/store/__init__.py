@@ -1,6 +1,8 @@
 """The embedded state database (SQLite, WAL): schema, migrations and the stores built on it."""
 
+from nanobot.store.access import Access, AllowedUser, PairingRequest
 from nanobot.store.database import Database, SqlValue
+from nanobot.store.journal import Journal, PendingInbound, PendingOutbox
 from nanobot.store.sessions import (
     Entry,
     EntryKind,
@@ -11,10 +13,16 @@ from nanobot.store.sessions import (
 )
 
 __all__ = [
+    "Access",
+    "AllowedUser",
     "Database",
     "Entry",
     "EntryKind",
+    "Journal",
     "NewEntry",
+    "PairingRequest",
+    "PendingInbound",
+    "PendingOutbox",
     "SessionInfo",
     "SessionStore",
     "SqlValue",

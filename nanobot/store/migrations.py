@@ -40,6 +40,53 @@ MIGRATIONS: tuple[str, ...] = (
     -- The tail of a session is a short backwards range scan of this index.
     CREATE INDEX entries_session_id ON entries (session_id, id);
     """,
+    # 2: durable delivery (inbound journal, outbox) and access (allowed users, pairing).
+    """
+    -- The journal row a user message entry came from, so a restart can tell whether an
+    -- accepted message already reached its session.
+    ALTER TABLE entries ADD COLUMN inbound_id INTEGER;
+    CREATE INDEX entries_inbound_id ON entries (inbound_id) WHERE inbound_id IS NOT NULL;
+    CREATE TABLE inbound (
+        id INTEGER PRIMARY KEY,
+        channel TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        message TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending',
+        received_at TEXT NOT NULL,
+        done_at TEXT
+    );
+    -- A redelivered platform message is recognised by this key and ignored.
+    CREATE UNIQUE INDEX inbound_platform_id ON inbound (channel, message_id);
+    CREATE INDEX inbound_pending ON inbound (id) WHERE state = 'pending';
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY,
+        channel TEXT NOT NULL,
+        message TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending',
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        created_at TEXT NOT NULL,
+        delivered_at TEXT
+    );
+    CREATE INDEX outbox_pending ON outbox (id) WHERE state = 'pending';
+    CREATE TABLE allowed_users (
+        channel TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        name TEXT,
+        approved_at TEXT NOT NULL,
+        PRIMARY KEY (channel, user_id)
+    );
+    CREATE TABLE pairing_requests (
+        code TEXT PRIMARY KEY,
+        channel TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        name TEXT,
+        created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX pairing_requests_user ON pairing_requests (channel, user_id);
+    """,
 )
 
 

@@ -35,6 +35,7 @@ class NewEntry:
     kind: EntryKind
     data: dict[str, Any]
     run_id: str | None = None
+    inbound_id: int | None = None  # the inbound journal row this user message came from
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +136,9 @@ class SessionStore:
         async with self._db.transaction():
             for entry, payload in zip(entries, payloads, strict=True):
                 row = await self._db.fetchone(
-                    "INSERT INTO entries (session_id, kind, data, run_id, created_at)"
-                    " VALUES (?, ?, ?, ?, ?) RETURNING id",
-                    (session_id, entry.kind, payload, entry.run_id, stamp),
+                    "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
+                    " VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                    (session_id, entry.kind, payload, entry.run_id, stamp, entry.inbound_id),
                 )
                 assert row is not None, "INSERT … RETURNING yields the new row"
                 stored.append(

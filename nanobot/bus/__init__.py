@@ -1,0 +1,1 @@
+"""The message bus: typed events between channels and the agent."""

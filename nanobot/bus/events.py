@@ -1,0 +1,112 @@
+"""The vocabulary that crosses the bus: where a message comes from and goes to, and what it is.
+
+Channels turn platform events into these; the agent side never sees a platform object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+CommandName = Literal["new", "stop", "status", "help", "tasks"]
+COMMANDS: frozenset[str] = frozenset({"new", "stop", "status", "help", "tasks"})
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRef:
+    """A conversation on a platform: a chat, and within it a thread or forum topic."""
+
+    channel: str
+    chat_id: str
+    thread_id: str | None = None
+
+    @property
+    def session_key(self) -> str:
+        """The session this chat talks in: a thread or topic is its own session."""
+        base = f"{self.channel}:{self.chat_id}"
+        return f"{base}:{self.thread_id}" if self.thread_id else base
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file the user sent, already saved under the workspace's inbox."""
+
+    kind: Literal["photo", "document", "voice", "audio", "video", "file"]
+    path: Path
+    mime_type: str | None = None
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class InboundMessage:
+    """A message from a user that passed access control.
+
+    `message_id` is the platform's id for it; with the channel it identifies the message
+    across redeliveries. `journal_id` is its row in the inbound journal once stored.
+    """
+
+    chat: ChatRef
+    sender_id: str
+    text: str
+    message_id: str
+    sender_name: str | None = None
+    attachments: tuple[Attachment, ...] = ()
+    received_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    journal_id: int | None = None
+
+    @property
+    def command(self) -> CommandName | None:
+        """The chat command this message is (`/stop`, `/new@nanobot_bot`, ...), if any."""
+        if not self.text.startswith("/"):
+            return None
+        word = self.text[1:].split(maxsplit=1)[0] if len(self.text) > 1 else ""
+        name = word.split("@", 1)[0].lower()
+        return name if name in COMMANDS else None  # type: ignore[return-value]
+
+
+OutboundKind = Literal["reply", "progress", "notice"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundMessage:
+    """Text for a chat.
+
+    `reply` is a turn's final answer (durable: `outbox_id` is its outbox row until the
+    platform confirms it); `progress` is sent now by the message tool; `notice` is a short
+    system line (a command's answer, a pairing code). `reply_to` is the platform message id
+    to answer, where the platform supports replies.
+    """
+
+    chat: ChatRef
+    text: str
+    kind: OutboundKind = "reply"
+    reply_to: str | None = None
+    outbox_id: int | None = None
+    stream_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamUpdate:
+    """The text of a reply so far, for channels that show replies as they are written.
+
+    `stream_id` ties updates to the final `OutboundMessage` with the same id. Best effort:
+    never stored, and a channel may skip updates (it edits at most about once a second).
+    """
+
+    chat: ChatRef
+    stream_id: str
+    text: str
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Typing:
+    """A turn started (`active`) or ended in `chat`: channels show a typing indicator."""
+
+    chat: ChatRef
+    active: bool
+
+
+Outbound = OutboundMessage | StreamUpdate | Typing

@@ -1,0 +1,156 @@
+"""Who may talk to nanobot beyond the config's allow lists: approved users and pairing codes.
+
+An unknown user writing in a private chat gets a pairing code; the owner approves it with
+`nanobot pairing approve CODE`, which adds the user here. A running gateway reads this table
+on each check, so approvals take effect without a restart.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from nanobot.store.database import Database
+
+CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I to misread
+CODE_LENGTH = 8
+CODE_TTL = timedelta(hours=1)
+MAX_PENDING = 3
+
+
+@dataclass(frozen=True, slots=True)
+class PairingRequest:
+    code: str
+    channel: str
+    user_id: str
+    chat_id: str
+    name: str | None
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AllowedUser:
+    channel: str
+    user_id: str
+    name: str | None
+    approved_at: datetime
+
+
+class Access:
+    """Approved users and pending pairing requests."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def is_allowed(self, channel: str, user_id: str) -> bool:
+        row = await self._db.fetchone(
+            "SELECT 1 FROM allowed_users WHERE channel = ? AND user_id = ?", (channel, user_id)
+        )
+        return row is not None
+
+    async def request(
+        self, channel: str, user_id: str, chat_id: str, name: str | None
+    ) -> tuple[str, bool] | None:
+        """A pairing code for this user: (code, newly made).
+
+        The user's unexpired code is reused (so repeated messages do not mint new ones).
+        None when the channel already has MAX_PENDING unexpired requests.
+        """
+        now = datetime.now(UTC)
+        async with self._db.transaction():
+            await self._db.execute(
+                "DELETE FROM pairing_requests WHERE expires_at <= ?", (_format(now),)
+            )
+            row = await self._db.fetchone(
+                "SELECT code FROM pairing_requests WHERE channel = ? AND user_id = ?",
+                (channel, user_id),
+            )
+            if row is not None:
+                return str(row["code"]), False
+            count = await self._db.fetchone(
+                "SELECT count(*) FROM pairing_requests WHERE channel = ?", (channel,)
+            )
+            if count is not None and int(count[0]) >= MAX_PENDING:
+                return None
+            code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+            await self._db.execute(
+                "INSERT INTO pairing_requests"
+                " (code, channel, user_id, chat_id, name, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (code, channel, user_id, chat_id, name, _format(now), _format(now + CODE_TTL)),
+            )
+        return code, True
+
+    async def pending(self) -> list[PairingRequest]:
+        """Unexpired pairing requests, oldest first."""
+        rows = await self._db.fetchall(
+            "SELECT * FROM pairing_requests WHERE expires_at > ? ORDER BY created_at",
+            (_format(datetime.now(UTC)),),
+        )
+        return [_request(row) for row in rows]
+
+    async def approve(self, code: str) -> PairingRequest | None:
+        """Allow the user behind `code`; None when no unexpired request has that code."""
+        code = code.strip().upper()
+        async with self._db.transaction():
+            row = await self._db.fetchone(
+                "DELETE FROM pairing_requests WHERE code = ? AND expires_at > ? RETURNING *",
+                (code, _format(datetime.now(UTC))),
+            )
+            if row is None:
+                return None
+            request = _request(row)
+            await self.allow(request.channel, request.user_id, request.name)
+        return request
+
+    async def deny(self, code: str) -> bool:
+        """Drop a pending request; False when there was none."""
+        row = await self._db.fetchone(
+            "DELETE FROM pairing_requests WHERE code = ? RETURNING code", (code.strip().upper(),)
+        )
+        return row is not None
+
+    async def allow(self, channel: str, user_id: str, name: str | None = None) -> None:
+        await self._db.execute(
+            "INSERT INTO allowed_users (channel, user_id, name, approved_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (channel, user_id) DO UPDATE SET name = excluded.name",
+            (channel, user_id, name, _format(datetime.now(UTC))),
+        )
+
+    async def revoke(self, user_id: str, channel: str | None = None) -> int:
+        """Remove an approved user (on one channel, or every channel); returns how many rows."""
+        if channel is None:
+            return await self._db.execute("DELETE FROM allowed_users WHERE user_id = ?", (user_id,))
+        return await self._db.execute(
+            "DELETE FROM allowed_users WHERE channel = ? AND user_id = ?", (channel, user_id)
+        )
+
+    async def allowed(self) -> list[AllowedUser]:
+        rows = await self._db.fetchall("SELECT * FROM allowed_users ORDER BY approved_at")
+        return [
+            AllowedUser(r["channel"], r["user_id"], r["name"], _parse(r["approved_at"]))
+            for r in rows
+        ]
+
+
+def _request(row: sqlite3.Row) -> PairingRequest:
+    return PairingRequest(
+        code=row["code"],
+        channel=row["channel"],
+        user_id=row["user_id"],
+        chat_id=row["chat_id"],
+        name=row["name"],
+        created_at=_parse(row["created_at"]),
+        expires_at=_parse(row["expires_at"]),
+    )
+
+
+def _format(moment: datetime) -> str:
+    return moment.isoformat(timespec="microseconds")
+
+
+def _parse(text: str) -> datetime:
+    return datetime.fromisoformat(text)

@@ -1,0 +1,141 @@
+"""The inbound journal and the outbox: what makes delivery durable.
+
+An accepted user message is written here before its channel acknowledges it, keyed by
+(channel, platform message id) so a redelivery is recognised. It stays `pending` until its
+turn has produced a reply; the reply goes into the outbox in the same transaction, and stays
+`pending` there until the platform confirms it. After a crash, what is pending is exactly
+what is owed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from nanobot.store.database import Database
+
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingInbound:
+    id: int
+    channel: str
+    message: Record
+
+
+@dataclass(frozen=True, slots=True)
+class PendingOutbox:
+    id: int
+    channel: str
+    message: Record
+    attempts: int
+
+
+class Journal:
+    """Inbound journal and outbox over the state database. All methods are short writes."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def accept(self, channel: str, message_id: str, message: Record) -> int | None:
+        """Journal an inbound message; its row id, or None if it was journaled before."""
+        row = await self._db.fetchone(
+            "INSERT INTO inbound (channel, message_id, message, received_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT (channel, message_id) DO NOTHING RETURNING id",
+            (channel, message_id, _encode(message), _now()),
+        )
+        return None if row is None else int(row["id"])
+
+    async def complete(
+        self, inbound_ids: Sequence[int], reply: tuple[str, Record] | None
+    ) -> int | None:
+        """Mark inbound messages answered and queue their reply, atomically.
+
+        `reply` is (channel, message record); returns its outbox id (None without a reply).
+        """
+        async with self._db.transaction():
+            outbox_id = None
+            if reply is not None:
+                outbox_id = await self.enqueue(*reply)
+            for inbound_id in inbound_ids:
+                await self._db.execute(
+                    "UPDATE inbound SET state = 'done', done_at = ? WHERE id = ?",
+                    (_now(), inbound_id),
+                )
+        return outbox_id
+
+    async def enqueue(self, channel: str, message: Record) -> int:
+        """Put a message in the outbox; returns its id."""
+        row = await self._db.fetchone(
+            "INSERT INTO outbox (channel, message, created_at) VALUES (?, ?, ?) RETURNING id",
+            (channel, _encode(message), _now()),
+        )
+        assert row is not None
+        return int(row["id"])
+
+    async def pending_inbound(self) -> list[PendingInbound]:
+        rows = await self._db.fetchall(
+            "SELECT id, channel, message FROM inbound WHERE state = 'pending' ORDER BY id"
+        )
+        return [PendingInbound(r["id"], r["channel"], json.loads(r["message"])) for r in rows]
+
+    async def reached_session(self, inbound_ids: Sequence[int]) -> set[int]:
+        """Which of `inbound_ids` already have their user message stored in a session."""
+        if not inbound_ids:
+            return set()
+        marks = ",".join("?" * len(inbound_ids))
+        rows = await self._db.fetchall(
+            f"SELECT DISTINCT inbound_id FROM entries WHERE inbound_id IN ({marks})",
+            tuple(inbound_ids),
+        )
+        return {int(r[0]) for r in rows}
+
+    async def pending_outbox(self) -> list[PendingOutbox]:
+        rows = await self._db.fetchall(
+            "SELECT id, channel, message, attempts FROM outbox WHERE state = 'pending' ORDER BY id"
+        )
+        return [
+            PendingOutbox(r["id"], r["channel"], json.loads(r["message"]), r["attempts"])
+            for r in rows
+        ]
+
+    async def delivered(self, outbox_id: int) -> None:
+        await self._db.execute(
+            "UPDATE outbox SET state = 'delivered', delivered_at = ? WHERE id = ?",
+            (_now(), outbox_id),
+        )
+
+    async def attempt_failed(self, outbox_id: int, error: str) -> None:
+        """Record a failed delivery attempt; the message stays pending for a later retry."""
+        await self._db.execute(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
+            (error[:500], outbox_id),
+        )
+
+    async def prune(self, older_than: timedelta) -> int:
+        """Forget finished rows older than `older_than` (the dedupe window); returns how many."""
+        cutoff = _format(datetime.now(UTC) - older_than)
+        async with self._db.transaction():
+            inbound = await self._db.execute(
+                "DELETE FROM inbound WHERE state = 'done' AND received_at < ?", (cutoff,)
+            )
+            outbox = await self._db.execute(
+                "DELETE FROM outbox WHERE state = 'delivered' AND created_at < ?", (cutoff,)
+            )
+        return inbound + outbox
+
+
+def _encode(record: Record) -> str:
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+
+
+def _now() -> str:
+    return _format(datetime.now(UTC))
+
+
+def _format(moment: datetime) -> str:
+    return moment.isoformat(timespec="microseconds")
