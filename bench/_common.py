@@ -176,7 +176,7 @@ class Metric:
     """One measured figure: its values over the runs and, if it has one, its target."""
 
     name: str
-    unit: str  # "s", "MiB", "x" (a ratio)
+    unit: str  # "s", "ms", "MiB", "x" (a ratio)
     values: list[float]
     target: float | None = None  # the median must be at most this
     note: str = ""
@@ -207,6 +207,8 @@ class Metric:
 def _number(value: float, unit: str) -> str:
     if unit == "s":
         return f"{value:.3f} s"
+    if unit == "ms":
+        return f"{value:.2f} ms"
     if unit == "x":
         return f"{value:.2f}x"
     return f"{value:.1f} {unit}"

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Literal
 
 from nanobot.agent.compaction import Compactor, shrink_tool_results
 from nanobot.agent.context import ContextBuilder, user_message
-from nanobot.agent.history import History, Window, summary_message
+from nanobot.agent.history import History, Window, repair, summary_message
 from nanobot.agent.run import EventListener, LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.providers.base import LLMProvider, Message
@@ -41,15 +41,21 @@ class TurnRequest:
     send: SendText | None = None
     listener: EventListener | None = None
     mode: QueueMode | None = None  # how to queue it if the session is busy; None: the default
+    inbound_id: int | None = None  # its inbound journal row, stored with the user's entry
+    on_reply: ReplySink | None = None  # replies of further turns this call runs (see handle)
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
     """What to tell the user after a turn. `text` is None when the message tool already
-    sent it."""
+    sent it. `inbound_ids` are the journal rows of the user messages this turn answered."""
 
     text: str | None
     result: RunResult
+    inbound_ids: tuple[int, ...] = ()
+
+
+ReplySink = Callable[[Reply], Awaitable[None]]
 
 
 @dataclass
@@ -58,6 +64,20 @@ class _Lane:
     busy: bool = False
     steering: deque[Message] = field(default_factory=deque)
     follow_up: deque[Message] = field(default_factory=deque)
+    inbound: dict[int, int] = field(default_factory=dict)  # id(message) -> journal row
+    answered: list[int] = field(default_factory=list)
+
+    def queue(self, message: Message, mode: QueueMode, inbound_id: int | None) -> None:
+        (self.steering if mode == "steer" else self.follow_up).append(message)
+        if inbound_id is not None:
+            self.inbound[id(message)] = inbound_id
+
+    def entry(self, message: Message, run_id: str | None = None) -> NewEntry:
+        """The entry for a user message, linked to its journal row if it has one."""
+        inbound_id = self.inbound.pop(id(message), None)
+        if inbound_id is not None:
+            self.answered.append(inbound_id)
+        return NewEntry("message", message, run_id, inbound_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,20 +134,46 @@ class AgentLoop:
     async def handle(self, request: TurnRequest) -> Reply | None:
         """Answer `request`; None when it was queued into the session's running turn.
 
+        Messages queued too late for the running turn get a turn of their own right after,
+        in this call: the replies of such further turns go to `request.on_reply` and the
+        last reply is returned.
+
         Raises:
             StoreError: the session could not be read or the user's message not stored.
         """
         lane = self._lanes.setdefault(request.session_key, _Lane())
         message = user_message(request.text, self._now())
         if lane.busy:
-            mode = request.mode or self._settings.queue_mode
-            (lane.steering if mode == "steer" else lane.follow_up).append(message)
+            lane.queue(message, request.mode or self._settings.queue_mode, request.inbound_id)
             return None
+        if request.inbound_id is not None:
+            lane.inbound[id(message)] = request.inbound_id
+        return await self._run_lane(lane, request, [message])
+
+    async def resume(self, request: TurnRequest) -> Reply | None:
+        """Finish the turn of a message that reached its session before a restart.
+
+        Nothing new is stored for the user; the turn goes on from the stored history (a tool
+        call that never got its result is answered "interrupted", not run again). If the
+        turn had already finished, its answer is returned without calling the model.
+        """
+        lane = self._lanes.setdefault(request.session_key, _Lane())
+        if lane.busy:
+            raise RuntimeError(f"cannot resume {request.session_key} while it is busy")
+        if request.inbound_id is not None:
+            lane.answered.append(request.inbound_id)
+        return await self._run_lane(lane, request, [])
+
+    async def _run_lane(
+        self, lane: _Lane, request: TurnRequest, inputs: Sequence[Message]
+    ) -> Reply:
         lane.busy = True
         try:
             async with self._slots:
-                reply = await self._turn(lane, request, [message])
+                reply = await self._turn(lane, request, inputs)
                 while lane.steering or lane.follow_up:  # arrived after the run's last look
+                    if request.on_reply is not None:
+                        await request.on_reply(reply)
                     queued = [*lane.steering, *lane.follow_up]
                     lane.steering.clear()
                     lane.follow_up.clear()
@@ -141,7 +187,13 @@ class AgentLoop:
 
     async def _turn(self, lane: _Lane, request: TurnRequest, inputs: Sequence[Message]) -> Reply:
         session_id = await self._sessions.live(request.session_key)
-        await self._sessions.append(session_id, [NewEntry("message", m) for m in inputs])
+        if inputs:
+            await self._sessions.append(session_id, [lane.entry(m) for m in inputs])
+        else:
+            finished = await self._finished_answer(session_id)
+            if finished is not None:
+                return self._reply(lane, finished, finished.final_text)
+            await self._record_interrupted(session_id)
         system = self._context.system_prompt(self._now())
         budget = self._history_budget(system)
         window = await self._history.load(session_id, budget)
@@ -173,13 +225,40 @@ class AgentLoop:
         if self._compactor.worth_it(session_id, window, budget):
             await self._compactor.compact(session_id, window, budget)
         already_sent = result.status == "completed" and result.final_text in context.sent
-        return Reply(None if already_sent else result.final_text, result)
+        return self._reply(lane, result, None if already_sent else result.final_text)
+
+    def _reply(self, lane: _Lane, result: RunResult, text: str | None) -> Reply:
+        answered, lane.answered = tuple(lane.answered), []
+        return Reply(text, result, answered)
+
+    async def _record_interrupted(self, session_id: int) -> None:
+        """Store a result for every tool call a restart left without one."""
+        recent = [e.data for e in await self._sessions.tail(session_id, 50) if e.kind == "message"]
+        repaired = repair(recent)
+        # Only calls at the very end are ours to settle: the crash interrupted the last turn.
+        if repaired[: len(recent)] == recent and len(repaired) > len(recent):
+            missing = repaired[len(recent) :]
+            await self._sessions.append(session_id, [NewEntry("message", m) for m in missing])
+
+    async def _finished_answer(self, session_id: int) -> RunResult | None:
+        """The stored final answer if the session's last turn completed, else None."""
+        last = await self._sessions.tail(session_id, 1)
+        if not last or last[0].kind != "message":
+            return None
+        message = last[0].data
+        if message.get("role") != "assistant" or message.get("tool_calls"):
+            return None
+        text = str(message.get("content") or "")
+        run_id = last[0].run_id or ""
+        return RunResult(run_id, "", "completed", text, final_message=message)
 
     def _hooks(
         self, lane: _Lane, request: TurnRequest, session_id: int, run: RunInput, window: Window
     ) -> RunHooks:
         async def persist(message: Message) -> None:
-            await self._sessions.append(session_id, [NewEntry("message", message, run.run_id)])
+            entry = lane.entry(message, run.run_id) if message.get("role") == "user" else None
+            entry = entry or NewEntry("message", message, run.run_id)
+            await self._sessions.append(session_id, [entry])
 
         compacted = False
         turn_start = len(run.messages) - len(window.messages) + _last_user(window.messages)

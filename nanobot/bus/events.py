@@ -52,6 +52,8 @@ class InboundMessage:
     text: str
     message_id: str
     sender_name: str | None = None
+    is_private: bool = True
+    addressed: bool = True  # in a group: the bot was mentioned or replied to
     attachments: tuple[Attachment, ...] = ()
     received_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     journal_id: int | None = None

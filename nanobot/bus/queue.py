@@ -96,13 +96,17 @@ class MessageBus:
         A message waits while that channel's queue is full; a stream update or typing signal
         is dropped instead (it is best effort, and the final message supersedes it).
         """
-        stream = self._channel(item.chat.channel)
         if isinstance(item, OutboundMessage):
-            await stream.put(item)
-        elif not stream.offer(item):
-            logger.debug(
-                "{} outbound queue full; dropped a {}", item.chat.channel, type(item).__name__
-            )
+            await self._channel(item.chat.channel).put(item)
+        else:
+            self.offer(item)
+
+    def offer(self, item: Outbound) -> bool:
+        """Queue best-effort traffic without waiting; False (and dropped) when full."""
+        if self._channel(item.chat.channel).offer(item):
+            return True
+        logger.debug("{} outbound queue full; dropped a {}", item.chat.channel, type(item).__name__)
+        return False
 
     def outbound(self, channel: str) -> AsyncIterator[Outbound]:
         """Outbound traffic for `channel`, in order, until `close_outbound()`."""

@@ -1,0 +1,1239 @@
+"""Issue 3, per-turn overhead: what nanobot adds to a model call that answers in 0 ms.
+
+Everything runs in this process and its event loop: nanobot's own composition root
+(`nanobot.app._agent`: LiteLLMProvider, the real tools, SQLite store, workspace template) in a
+temporary data dir, against the fake model server tests/fakes/llm.py. Three layers are
+measured in the same run, interleaved in a shuffled order every round:
+
+1. a bare ``litellm.acompletion(stream=True)`` consumed to its end, with exactly the messages
+   and tools the turn sends (recorded by the fake server, or by a thin wrapper around the
+   provider for the long session, where they change every turn);
+2. ``LiteLLMProvider.complete()`` with the same messages and tools;
+3. the whole turn, ``AgentLoop.handle()``.
+
+nanobot's overhead is (3) - (1) for a plain turn and (3) - (1a) - (1b) for a turn with one
+tool call (two model calls). Each measurement lasts until the call returned *and* the
+asyncio tasks it started (litellm's post-stream logging and caching tasks) have finished:
+inside a turn those tasks run before the turn ends, so without this the bare call would be
+charged less than its real cost. The fake runs in a separate process (its CPU is not on the
+measured event loop); a shorter in-process variant is measured too.
+
+The long-session part fills a session with 10,000 entries and compares turns there with
+turns in empty sessions, whole and minus the bare litellm call with the same messages. A
+profile (cProfile) of plain turns says where the time goes, and micro-measurements price
+nanobot's per-turn operations without the profiler's inflation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import cProfile
+import json
+import os
+import pstats
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol, TypeVar, cast
+from unittest import mock
+
+import aiohttp
+
+import nanobot
+from bench._common import REPO_ROOT, BenchError, Metric, format_table, write_results
+from nanobot import app, log
+from nanobot.agent.context import ContextBuilder, time_envelope
+from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
+from nanobot.config import AgentConfig, Config
+from nanobot.providers.base import Completion, DeltaHandler, Message, ToolSchema
+from nanobot.providers.litellm_provider import LiteLLMProvider, _litellm
+from nanobot.store import Database, NewEntry, SessionStore
+from tests.fakes.llm import Call, Echo, FakeLLM, Text, ToolCalls
+from tests.fakes.llm import Reply as FakeReply
+
+NAME = "turn_overhead"
+PLAIN_TARGET_MS = 3.0
+TOOL_TARGET_MS = 6.0
+LONG_TARGET_X = 1.2
+
+WARMUP_ROUNDS, ROUNDS = 10, 80  # empty sessions, fake in its own process
+LOCAL_WARMUP_ROUNDS, LOCAL_ROUNDS = 5, 40  # the same with the fake in this process
+LONG_WARMUPS, LONG_ROUNDS = 5, 40  # 10,000-entry session against empty sessions
+COLD_STARTS = 7  # first turn after start-up (a fresh `_agent`), long and empty session
+PROFILE_TURNS, PROFILE_LONG_TURNS, PROFILE_LONG_CALLS = 50, 10, 10
+MICRO_RUNS = 300
+LONG_ENTRIES, PREFILL_BATCH = 10_000, 500
+SETTLE_LIMIT_S = 2.0  # longest wait for the tasks a measured call started
+PAUSE_S = 0.001  # between measured items: lets litellm's thread-pool work finish
+SEED = 3
+
+MODEL = "openai/fake-model"
+MESSAGE = "What is on my calendar tomorrow?"
+TOOL_MESSAGE = "What do you know about me? Look it up in USER.md."
+TOOL_CALL = Call("read_file", {"path": "USER.md"})
+SUMMARY = (
+    "The user plans their week with the assistant: reminders (dentist, passport renewal), "
+    "shopping lists, train trips between Berlin, Hamburg and Munich, and bills (electricity "
+    "paid, internet due on the 28th). They prefer short answers and metric units. Open: book "
+    "the Munich train for the 14th; draft the note to Sam about the project review."
+)
+
+T = TypeVar("T")
+Func = tuple[str, int, str]  # a function in a profile: file, line, name
+RawStats = dict[Func, tuple[int, int, float, float, dict[Func, tuple[int, int, float, float]]]]
+
+
+def _progress(text: str) -> None:
+    sys.stdout.flush()
+    print(text, file=sys.stderr, flush=True)
+
+
+# -- the stack ---------------------------------------------------------------------------------
+
+
+class _Recorder:
+    """The app's provider, unchanged, noting what each model call was given.
+
+    The note is a shallow copy of the message list (a few µs for a 1,000-message window);
+    it is how the long session's turns, whose messages change every turn, are replayed.
+    """
+
+    def __init__(self, inner: LiteLLMProvider) -> None:
+        self.inner = inner
+        self.calls: list[tuple[list[Message], list[ToolSchema]]] = []
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] = (),
+        *,
+        on_delta: DeltaHandler | None = None,
+        max_tokens: int | None = None,
+    ) -> Completion:
+        self.calls.append((list(messages), list(tools)))
+        return await self.inner.complete(messages, tools, on_delta=on_delta, max_tokens=max_tokens)
+
+    def context_window(self) -> int:
+        return self.inner.context_window()
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return self.inner.count_tokens(messages)
+
+
+@dataclass(frozen=True)
+class _Stack:
+    config: Config
+    loop: AgentLoop
+    provider: _Recorder
+
+
+@contextlib.asynccontextmanager
+async def _stack(config: Config) -> AsyncIterator[_Stack]:
+    """nanobot as the app builds it (`app._agent`), its provider wrapped in a _Recorder."""
+    built: list[_Recorder] = []
+    build = app.build_provider
+
+    def build_recorded(config: Config) -> _Recorder:
+        built.append(_Recorder(build(config)))
+        return built[-1]
+
+    async with contextlib.AsyncExitStack() as stack:
+        with mock.patch.object(app, "build_provider", build_recorded):
+            loop = await stack.enter_async_context(app._agent(config))
+        yield _Stack(config, loop, built[-1])
+
+
+def _config(data_dir: Path, base_url: str) -> Config:
+    agent = AgentConfig(model=MODEL, api_base=base_url, api_key="sk-bench")
+    return Config(data_dir=data_dir, agent=agent)
+
+
+# -- the fake model server ---------------------------------------------------------------------
+
+
+class _Fake(Protocol):
+    @property
+    def base_url(self) -> str: ...
+
+    async def script(self, *replies: dict[str, Any]) -> None:
+        """Queue replies (tests/fakes/llm.py JSON form) for the next requests."""
+        ...
+
+    async def bodies(self) -> list[dict[str, Any]]:
+        """The JSON bodies of every request received so far."""
+        ...
+
+
+class _ProcessFake:
+    """tests/fakes/llm.py in its own process: its CPU stays off the measured event loop."""
+
+    def __init__(self, base_url: str, http: aiohttp.ClientSession) -> None:
+        self._base_url = base_url
+        self._root = base_url.removesuffix("/v1")
+        self._http = http
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def running(cls) -> AsyncIterator[_ProcessFake]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.fakes.llm",
+            "--port",
+            "0",
+            cwd=REPO_ROOT,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert process.stdout is not None
+            async with asyncio.timeout(60):
+                line = (await process.stdout.readline()).decode().strip()
+            if not line.startswith("http://"):
+                raise BenchError(f"the fake model server printed {line!r}, not its URL")
+            async with aiohttp.ClientSession() as http:
+                yield cls(line, http)
+        finally:
+            if process.returncode is None:
+                process.terminate()
+            await process.wait()
+
+    async def script(self, *replies: dict[str, Any]) -> None:
+        url = f"{self._root}/_fake/script"
+        async with self._http.post(url, json={"replies": list(replies)}) as response:
+            response.raise_for_status()
+
+    async def bodies(self) -> list[dict[str, Any]]:
+        async with self._http.get(f"{self._root}/_fake/requests") as response:
+            response.raise_for_status()
+            return [request["body"] for request in await response.json()]
+
+
+class _LocalFake:
+    """tests/fakes/llm.py serving in this process's event loop."""
+
+    def __init__(self, fake: FakeLLM) -> None:
+        self._fake = fake
+
+    @property
+    def base_url(self) -> str:
+        return self._fake.base_url
+
+    async def script(self, *replies: dict[str, Any]) -> None:
+        self._fake.script(*(_reply(r) for r in replies))
+
+    async def bodies(self) -> list[dict[str, Any]]:
+        return [request.body for request in self._fake.requests]
+
+
+def _reply(data: dict[str, Any]) -> FakeReply:
+    if data["type"] == "ToolCalls":
+        return ToolCalls([Call(**c) for c in data["calls"]])
+    if data["type"] == "Text":
+        return Text(data["content"])
+    if data["type"] == "Echo":
+        return Echo()
+    raise ValueError(data)
+
+
+TOOL_REPLY = {"type": "ToolCalls", "calls": [vars(TOOL_CALL)]}
+ECHO_REPLY = {"type": "Echo"}
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    settled: float  # seconds until the call returned and the tasks it started finished
+    returned: float  # seconds until the call returned
+
+
+def _settles(task: asyncio.Task[Any]) -> bool:
+    """Whether a task started during a measured call is part of its cost.
+
+    The in-process fake's connection handlers live as long as their connections.
+    """
+    code = getattr(task.get_coro(), "cr_code", None)
+    filename = code.co_filename if code is not None else ""
+    return not task.done() and "aiohttp" not in filename and "tests/fakes" not in filename
+
+
+async def _timed(work: Awaitable[T]) -> tuple[Timing, T]:
+    before = asyncio.all_tasks()
+    start = time.perf_counter()
+    result = await work
+    returned = time.perf_counter()
+    started = [t for t in asyncio.all_tasks() - before if _settles(t)]
+    if started:
+        await asyncio.wait(started, timeout=SETTLE_LIMIT_S)
+    end = time.perf_counter()
+    await asyncio.sleep(PAUSE_S)
+    return Timing(end - start, returned - start), result
+
+
+class Samples:
+    """Measured times by item name, in rounds: the lists of one phase are aligned."""
+
+    def __init__(self) -> None:
+        self.settled: dict[str, list[float]] = defaultdict(list)
+        self.returned: dict[str, list[float]] = defaultdict(list)
+
+    def add(self, name: str, timing: Timing) -> None:
+        self.settled[name].append(timing.settled * 1000)
+        self.returned[name].append(timing.returned * 1000)
+
+    def ms(self, name: str) -> list[float]:
+        return self.settled[name]
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.settled[name])
+
+    def summed(self, *names: str) -> list[float]:
+        """Per round, the sum of the named items."""
+        return [sum(values) for values in zip(*(self.settled[n] for n in names), strict=True)]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            name: {
+                "median_ms": statistics.median(values),
+                "median_returned_ms": statistics.median(self.returned[name]),
+                "values_ms": values,
+            }
+            for name, values in self.settled.items()
+        }
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one model call was given."""
+
+    messages: list[Message]
+    tools: list[ToolSchema]
+
+    @property
+    def size(self) -> int:
+        return len(json.dumps(self.messages))
+
+
+# -- one benchmark context ---------------------------------------------------------------------
+
+
+class _Bench:
+    """A stack and its fake, and the three ways of making the same model call."""
+
+    def __init__(self, stack: _Stack, fake: _Fake, label: str) -> None:
+        self.stack, self.fake, self.label = stack, fake, label
+        self.litellm: ModuleType = _litellm()  # as nanobot configures it
+        self._keys = 0
+
+    def key(self) -> str:
+        self._keys += 1
+        return f"bench:{self.label}:{self._keys}"
+
+    def _kwargs(self, request: Request) -> dict[str, Any]:
+        """Exactly what LiteLLMProvider passes to litellm.acompletion."""
+        agent = self.stack.config.agent
+        kwargs: dict[str, Any] = {
+            "model": agent.model,
+            "messages": list(request.messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": agent.max_tokens,
+            "temperature": agent.temperature,
+            "timeout": agent.request_timeout,
+            "max_retries": 0,
+            "api_key": "sk-bench",
+            "api_base": self.fake.base_url,
+        }
+        if request.tools:
+            kwargs["tools"] = list(request.tools)
+        return kwargs
+
+    async def bare_call(self, request: Request) -> None:
+        stream = await self.litellm.acompletion(**self._kwargs(request))
+        async for _ in stream:
+            pass
+
+    async def bare(self, request: Request, tool_call: bool = False) -> Timing:
+        """Layer 1. `tool_call`: the fake answers with the tool call, as in the turn."""
+        if tool_call:
+            await self.fake.script(TOOL_REPLY)
+        timing, _ = await _timed(self.bare_call(request))
+        return timing
+
+    async def provider(self, request: Request, tool_call: bool = False) -> Timing:
+        """Layer 2."""
+        if tool_call:
+            await self.fake.script(TOOL_REPLY)
+        inner = self.stack.provider.inner
+        timing, _ = await _timed(inner.complete(request.messages, request.tools))
+        return timing
+
+    async def turn(
+        self, key: str, *, tool_call: bool = False, stack: _Stack | None = None
+    ) -> tuple[Timing, list[Request]]:
+        """Layer 3: one turn in session `key`; returns its timing and its model calls."""
+        stack = stack or self.stack
+        if tool_call:
+            await self.fake.script(TOOL_REPLY)
+        calls = stack.provider.calls
+        before = len(calls)
+        text = TOOL_MESSAGE if tool_call else MESSAGE
+        timing, reply = await _timed(stack.loop.handle(TurnRequest(key, text)))
+        made = [Request(m, t) for m, t in calls[before:]]
+        del calls[:]
+        _check(reply, text, tool_call)
+        return timing, made
+
+
+def _check(reply: Reply | None, text: str, tool_call: bool) -> None:
+    """The turn completed as scripted: the fake echoes the user's message (after the tool)."""
+    if reply is None or reply.result.status != "completed":
+        raise BenchError(f"the turn did not complete: {reply}")
+    if not (reply.text or "").startswith("echo: [") or not (reply.text or "").endswith(text):
+        raise BenchError(f"unexpected reply {reply.text!r}")
+    if tool_call:
+        entries = reply.result.entries
+        if reply.result.tools_used != ("read_file",) or len(entries) != 3:
+            raise BenchError(f"expected one read_file call, got {entries}")
+        if str(entries[1].get("content", "")).startswith("Error"):
+            raise BenchError(f"the tool failed: {entries[1]}")
+
+
+# -- empty sessions: the three layers ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShortRequests:
+    plain: Request
+    tool_1: Request  # the tool turn's first call: the model asks for the tool
+    tool_2: Request  # its second call: the model answers with the result
+    recorded_equal: bool  # the fake's record equals what nanobot handed to the provider
+
+
+async def _capture(b: _Bench) -> ShortRequests:
+    """One plain and one tool turn; their requests as the fake server received them."""
+    before = len(await b.fake.bodies())
+    _, plain = await b.turn(b.key())
+    _, tool = await b.turn(b.key(), tool_call=True)
+    bodies = (await b.fake.bodies())[before:]
+    if len(plain) != 1 or len(tool) != 2 or len(bodies) != 3:
+        raise BenchError(f"expected 1 + 2 model calls, got {len(plain)} + {len(tool)}")
+    received = [Request(body["messages"], body.get("tools") or []) for body in bodies]
+    equal = all(
+        json.dumps([r.messages, r.tools], sort_keys=True)
+        == json.dumps([n.messages, n.tools], sort_keys=True)
+        for r, n in zip(received, [*plain, *tool], strict=True)
+    )
+    return ShortRequests(*received, recorded_equal=equal)
+
+
+async def _short_round(
+    b: _Bench, requests: ShortRequests, rng: random.Random, samples: Samples | None
+) -> None:
+    """Each of the six items once, in a shuffled order."""
+
+    def add(name: str, timing: Timing) -> None:
+        if samples is not None:
+            samples.add(name, timing)
+
+    async def bare_plain() -> None:
+        add("bare plain", await b.bare(requests.plain))
+
+    async def provider_plain() -> None:
+        add("provider plain", await b.provider(requests.plain))
+
+    async def turn_plain() -> None:
+        timing, calls = await b.turn(b.key())
+        if len(calls) != 1:
+            raise BenchError(f"a plain turn made {len(calls)} model calls")
+        add("turn plain", timing)
+
+    async def bare_tool() -> None:
+        add("bare tool 1", await b.bare(requests.tool_1, tool_call=True))
+        add("bare tool 2", await b.bare(requests.tool_2))
+
+    async def provider_tool() -> None:
+        add("provider tool 1", await b.provider(requests.tool_1, tool_call=True))
+        add("provider tool 2", await b.provider(requests.tool_2))
+
+    async def turn_tool() -> None:
+        timing, calls = await b.turn(b.key(), tool_call=True)
+        if len(calls) != 2:
+            raise BenchError(f"a tool turn made {len(calls)} model calls")
+        add("turn tool", timing)
+
+    items: list[Callable[[], Awaitable[None]]] = [
+        bare_plain,
+        provider_plain,
+        turn_plain,
+        bare_tool,
+        provider_tool,
+        turn_tool,
+    ]
+    rng.shuffle(items)
+    for item in items:
+        await item()
+
+
+async def _short_phase(
+    b: _Bench, warmups: int, rounds: int, rng: random.Random
+) -> tuple[Samples, ShortRequests]:
+    requests = await _capture(b)
+    samples = Samples()
+    for index in range(warmups + rounds):
+        await _short_round(b, requests, rng, samples if index >= warmups else None)
+    return samples, requests
+
+
+# -- the long session --------------------------------------------------------------------------
+
+_USER = (
+    "Remind me to {task} {when}.",
+    "What's the weather in {city} {when}?",
+    "Add {item} to my shopping list.",
+    "What did we decide about {topic}?",
+    "How long is the train from {city} to {city2}?",
+    "Move my {event} to {when}.",
+    "Did I already pay the {bill} bill?",
+    "Write a short note to {person} saying I'll be late.",
+    "What was that {thing} you recommended?",
+    "Thanks, that's perfect.",
+)
+_ASSISTANT = (
+    "Done. I'll remind you to {task} {when}.",
+    "{city} {when}: mostly sunny, {n} to {n2} °C, a light westerly wind.",
+    "Added {item}. Your list has {n} items now.",
+    "We agreed to {decision}; you wanted to look at it again {when}.",
+    "About {n} hours with one change; the first direct train leaves at 07:{m:02d}.",
+    "Moved your {event} to {when}, with the reminder 15 minutes before.",
+    "Yes, you paid the {bill} bill on the {n}th; the receipt is in your notes.",
+    'Draft: "Hi {person}, I\'m running about {n} minutes late, sorry! See you soon."',
+    'It was "{title}"; you noted it in your memory file last week.',
+    "You're welcome!",
+)
+_WORDS = {
+    "task": ["call the dentist", "renew my passport", "water the plants", "book the flat tour"],
+    "when": ["tomorrow at 10", "on Friday", "tonight", "next Monday morning", "this weekend"],
+    "city": ["Berlin", "Hamburg", "Munich", "Cologne", "Leipzig"],
+    "item": ["milk and eggs", "coffee beans", "two lemons", "dish soap", "oat flakes"],
+    "topic": ["the holiday budget", "the new sofa", "the project review", "the gym plan"],
+    "event": ["haircut", "team call", "dinner with Ana", "car service"],
+    "bill": ["electricity", "internet", "phone", "water"],
+    "person": ["Sam", "Ana", "my landlord", "the team"],
+    "thing": ["book", "podcast", "ramen place", "hiking trail"],
+    "decision": ["spend at most 900 euros", "wait for the sale", "move it to spring"],
+    "title": ["The Overstory", "Hidden Brain", "Ramen Yokocho", "Malerweg stage 2"],
+}
+
+
+def _chat(entries: int, seed: int = SEED) -> list[Message]:
+    """`entries` messages of a plausible assistant chat: user and assistant in turn."""
+    rng = random.Random(seed)
+    start = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+    messages: list[Message] = []
+    for index in range(entries // 2):
+        words: dict[str, Any] = {k: rng.choice(v) for k, v in _WORDS.items()}
+        words |= {"city2": rng.choice(_WORDS["city"]), "n": rng.randint(2, 25)}
+        words |= {"n2": words["n"] + rng.randint(3, 8), "m": rng.randint(0, 59)}
+        which = rng.randrange(len(_USER))
+        stamp = time_envelope(start + timedelta(minutes=37 * index))
+        messages.append({"role": "user", "content": f"[{stamp}]\n{_USER[which].format(**words)}"})
+        messages.append({"role": "assistant", "content": _ASSISTANT[which].format(**words)})
+    return messages
+
+
+async def _prefill(path: Path, key: str, entries: int) -> float:
+    """Give `key` a live session of `entries` entries, appended in batches; returns seconds."""
+    started = time.perf_counter()
+    async with await Database.open(path) as db:
+        store = SessionStore(db)
+        session = await store.live(key)
+        messages = _chat(entries)
+        for index in range(0, len(messages), PREFILL_BATCH):
+            batch = messages[index : index + PREFILL_BATCH]
+            await store.append(session, [NewEntry("message", m) for m in batch])
+        if await store.count(session) != entries:
+            raise BenchError("the pre-filled session has the wrong number of entries")
+    return time.perf_counter() - started
+
+
+@dataclass
+class LongInfo:
+    prefill_s: float = 0.0
+    first_turn_ms: float = 0.0
+    first_turn_calls: int = 0
+    first_turn_messages: int = 0
+    compaction_messages: int = 0
+    messages_long: list[int] = field(default_factory=list)
+    bytes_long: list[int] = field(default_factory=list)
+    messages_empty: int = 0
+    bytes_empty: int = 0
+    compacting_turns: int = 0
+
+
+async def _first_long_turn(b: _Bench, key: str, info: LongInfo) -> None:
+    """The first turn in the pre-filled session: reads a full window, then compacts.
+
+    The compaction's model call gets a short scripted summary (the default echo would stream
+    the whole transcript back, word by word).
+    """
+    await b.fake.script(ECHO_REPLY, {"type": "Text", "content": SUMMARY})
+    timing, calls = await b.turn(key)
+    if len(calls) != 2:
+        raise BenchError(
+            f"expected the first turn in a full session to compact (2 model calls), "
+            f"got {len(calls)}: the benchmark's assumptions no longer hold"
+        )
+    info.first_turn_ms = timing.settled * 1000
+    info.first_turn_calls = len(calls)
+    info.first_turn_messages = len(calls[0].messages)
+    info.compaction_messages = len(calls[1].messages)
+
+
+async def _long_round(
+    b: _Bench,
+    key: str,
+    plain: Request,
+    rng: random.Random,
+    samples: Samples | None,
+    info: LongInfo,
+) -> None:
+    """A turn in the long session, then the bare and provider calls with its very messages;
+    and a turn in an empty session with its bare and provider calls. Shuffled."""
+
+    def add(name: str, timing: Timing) -> None:
+        if samples is not None:
+            samples.add(name, timing)
+
+    async def long_group() -> None:
+        timing, calls = await b.turn(key)
+        if len(calls) != 1:  # compacted after the turn: not a steady-state turn
+            info.compacting_turns += 1
+            return
+        add("turn long", timing)
+        request = calls[0]
+        if samples is not None:
+            info.messages_long.append(len(request.messages))
+            info.bytes_long.append(request.size)
+        parts: list[tuple[str, Callable[[], Awaitable[Timing]]]] = [
+            ("bare long", lambda: b.bare(request)),
+            ("provider long", lambda: b.provider(request)),
+        ]
+        rng.shuffle(parts)
+        for name, part in parts:
+            add(name, await part())
+
+    async def empty_group() -> None:
+        async def turn() -> Timing:
+            timing, calls = await b.turn(b.key())
+            if len(calls) != 1:
+                raise BenchError(f"a plain turn made {len(calls)} model calls")
+            return timing
+
+        parts: list[tuple[str, Callable[[], Awaitable[Timing]]]] = [
+            ("turn empty", turn),
+            ("bare empty", lambda: b.bare(plain)),
+            ("provider empty", lambda: b.provider(plain)),
+        ]
+        rng.shuffle(parts)
+        for name, part in parts:
+            add(name, await part())
+
+    groups: list[Callable[[], Awaitable[None]]] = [long_group, empty_group]
+    rng.shuffle(groups)
+    for group in groups:
+        await group()
+
+
+async def _cold_starts(b: _Bench, key: str, rng: random.Random) -> Samples:
+    """The first turn after start-up (a fresh `_agent`: cold caches), long and empty."""
+    samples = Samples()
+    for _ in range(COLD_STARTS):
+        keys = [("cold long", key), ("cold empty", b.key())]
+        rng.shuffle(keys)
+        for name, session in keys:
+            async with _stack(b.stack.config) as fresh:
+                timing, calls = await b.turn(session, stack=fresh)
+            if len(calls) != 1:
+                raise BenchError(f"a first turn after start-up made {len(calls)} model calls")
+            samples.add(name, timing)
+    return samples
+
+
+# -- profile -----------------------------------------------------------------------------------
+
+_NANOBOT_DIR = str(Path(nanobot.__file__).resolve().parent) + os.sep
+_BENCH_DIRS = (str(REPO_ROOT / "bench") + os.sep, str(REPO_ROOT / "tests") + os.sep)
+_OWNERS = (
+    ("litellm", "litellm"),
+    ("openai", "openai SDK"),
+    ("httpx", "HTTP client (httpx, httpcore, anyio, h11)"),
+    ("httpcore", "HTTP client (httpx, httpcore, anyio, h11)"),
+    ("anyio", "HTTP client (httpx, httpcore, anyio, h11)"),
+    ("h11", "HTTP client (httpx, httpcore, anyio, h11)"),
+    ("aiosqlite", "aiosqlite (main-thread side)"),
+)
+IDLE = "idle: event loop waiting (fake server, SQLite thread)"
+LOOP = "asyncio event loop"
+
+
+def _owner(func: Func) -> str | None:
+    """Who a function's own time belongs to; None for shared code (pydantic, the standard
+    library, builtins), whose time goes to its callers' owners."""
+    path, _, name = func
+    if name == "<method 'poll' of 'select.epoll' objects>":
+        return IDLE
+    if path.startswith(_NANOBOT_DIR):
+        return "nanobot"
+    if path.startswith(_BENCH_DIRS):
+        return "benchmark harness"
+    for package, owner in _OWNERS:
+        if f"{os.sep}site-packages{os.sep}{package}{os.sep}" in path:
+            return owner
+    if path.endswith((f"asyncio{os.sep}base_events.py", f"asyncio{os.sep}events.py")):
+        return LOOP
+    return None
+
+
+def _raw(stats: pstats.Stats) -> RawStats:
+    return cast(RawStats, vars(stats)["stats"])
+
+
+def attribute(stats: pstats.Stats) -> dict[str, float]:
+    """Seconds of the profile by owner. Shared code's own time is split among its callers in
+    proportion to the time it spent for each, up the call graph to the nearest owner."""
+    raw = _raw(stats)
+    memo: dict[Func, dict[str, float]] = {}
+
+    def shares(func: Func, path: frozenset[Func]) -> dict[str, float]:
+        owner = _owner(func)
+        if owner is not None:
+            return {owner: 1.0}
+        if func in memo:
+            return memo[func]
+        callers = {c: v for c, v in raw[func][4].items() if c not in path and c in raw}
+        by_time = sum(v[2] for v in callers.values()) > 0  # else by number of calls
+        total = sum(v[2] if by_time else v[1] for v in callers.values())
+        result: dict[str, float] = defaultdict(float)
+        if not total:
+            result["other"] = 1.0
+        else:
+            for caller, v in callers.items():
+                weight = (v[2] if by_time else v[1]) / total
+                for key, share in shares(caller, path | {func}).items():
+                    result[key] += weight * share
+        memo[func] = dict(result)
+        return memo[func]
+
+    totals: dict[str, float] = defaultdict(float)
+    for func, (_, _, tottime, _, _) in raw.items():
+        for key, share in shares(func, frozenset()).items():
+            totals[key] += tottime * share
+    return dict(totals)
+
+
+def _label(func: Func) -> str:
+    path, line, name = func
+    if path.startswith(_NANOBOT_DIR):
+        path = path[len(_NANOBOT_DIR) :]
+    return f"{path}:{line} {name}"
+
+
+def nanobot_top(stats: pstats.Stats, count: int) -> list[tuple[str, float]]:
+    """nanobot's functions by cumulative time (seconds), without those around the model call
+    (LiteLLMProvider.complete and what it awaits), whose time is mostly litellm's."""
+    raw = _raw(stats)
+    callees: dict[Func, set[Func]] = defaultdict(set)
+    for func, (*_, callers) in raw.items():
+        for caller in callers:
+            callees[caller].add(func)
+    litellm_entry = {f for f in raw if _owner(f) == "litellm" and f[2] == "acompletion"}
+
+    def calls_model(func: Func) -> bool:
+        seen, todo = {func}, [func]
+        while todo:
+            for callee in callees[todo.pop()]:
+                if callee in litellm_entry:
+                    return True
+                if callee not in seen:
+                    seen.add(callee)
+                    todo.append(callee)
+        return False
+
+    rows = [
+        (_label(func), values[3])
+        for func, values in raw.items()
+        if _owner(func) == "nanobot" and not calls_model(func)
+    ]
+    return sorted(rows, key=lambda row: -row[1])[:count]
+
+
+def ncalls(stats: pstats.Stats, path_end: str, name: str) -> int:
+    """Calls of a (synchronous) function; for coroutines cProfile counts every resumption."""
+    return sum(
+        values[1]
+        for (path, _, func), values in _raw(stats).items()
+        if func == name and path.endswith(path_end)
+    )
+
+
+def cumulative(stats: pstats.Stats, path_end: str, name: str) -> float:
+    return sum(
+        values[3]
+        for (path, _, func), values in _raw(stats).items()
+        if func == name and path.endswith(path_end)
+    )
+
+
+async def _profile_turns(b: _Bench, turns: int, key: str | None = None) -> pstats.Stats:
+    """cProfile around `turns` turns (only the turns themselves are profiled)."""
+    profile = cProfile.Profile()
+    for _ in range(turns):
+        request = TurnRequest(key or b.key(), MESSAGE)
+        profile.enable()
+        reply = await b.stack.loop.handle(request)
+        profile.disable()
+        _check(reply, MESSAGE, tool_call=False)
+        del b.stack.provider.calls[:]
+        await asyncio.sleep(PAUSE_S)
+    return pstats.Stats(profile)
+
+
+async def _profile_bare(b: _Bench, request: Request, calls: int) -> pstats.Stats:
+    """cProfile around `calls` bare litellm calls (their background tasks run unprofiled)."""
+    profile = cProfile.Profile()
+    for _ in range(calls):
+        profile.enable()
+        await b.bare_call(request)
+        profile.disable()
+        await asyncio.sleep(0.01)
+    return pstats.Stats(profile)
+
+
+# -- micro-measurements ------------------------------------------------------------------------
+
+
+def _median_us(fn: Callable[[], object], runs: int = MICRO_RUNS) -> float:
+    values = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        values.append(time.perf_counter() - start)
+    return statistics.median(values) * 1e6
+
+
+async def _median_us_async(fn: Callable[[], Awaitable[object]], runs: int = MICRO_RUNS) -> float:
+    values = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        await fn()
+        values.append(time.perf_counter() - start)
+    return statistics.median(values) * 1e6
+
+
+@dataclass(frozen=True)
+class Micro:
+    operation: str
+    us_per_call: float
+    calls_per_turn: float
+
+    @property
+    def ms_per_turn(self) -> float:
+        return self.us_per_call * self.calls_per_turn / 1000
+
+
+async def _micro(b: _Bench, profile: pstats.Stats, turns: int) -> list[Micro]:
+    """nanobot's per-turn operations, priced one by one (no profiler); calls per plain turn
+    from the profile."""
+    config = b.stack.config
+    registry = app.build_tools(config)
+    context = ContextBuilder(config.workspace_path)
+    context.system_prompt()
+    provider = b.stack.provider.inner
+    message = [{"role": "user", "content": f"[{time_envelope(datetime.now(UTC))}]\n{MESSAGE}"}]
+    litellm = b.litellm
+
+    def cost() -> None:
+        with contextlib.suppress(Exception):
+            litellm.cost_per_token(model=MODEL, prompt_tokens=900, completion_tokens=12)
+
+    def per_turn(path_end: str, name: str) -> float:
+        return ncalls(profile, path_end, name) / turns
+
+    round_trips = per_turn("aiosqlite/core.py", "set_result") + per_turn(
+        "aiosqlite/core.py", "set_exception"
+    )
+    async with await Database.open(config.state_db_path) as db:
+        select = await _median_us_async(lambda: db.fetchone("SELECT 1"))
+    return [
+        Micro(
+            "ToolRegistry.schemas(): JSON schemas of the 8 tools (pydantic)",
+            _median_us(registry.schemas),
+            per_turn("nanobot/tools/registry.py", "schemas"),
+        ),
+        Micro(
+            "SQLite statement via aiosqlite's thread (`SELECT 1` round trip)",
+            select,
+            round_trips,
+        ),
+        Micro(
+            "LiteLLMProvider.count_tokens(1 message) (litellm.token_counter)",
+            _median_us(lambda: provider.count_tokens(message)),
+            per_turn("nanobot/providers/litellm_provider.py", "count_tokens"),
+        ),
+        Micro(
+            "litellm.cost_per_token (LiteLLMProvider._cost; unknown model: raises)",
+            _median_us(cost),
+            per_turn("nanobot/providers/litellm_provider.py", "_cost"),
+        ),
+        Micro(
+            "ContextBuilder.system_prompt(), files unchanged",
+            _median_us(context.system_prompt),
+            per_turn("nanobot/agent/context.py", "system_prompt"),
+        ),
+        Micro(
+            "asyncio task created (create_task; ensure_future in Runner._race)",
+            _median_us(lambda: asyncio.ensure_future(asyncio.sleep(0)).cancel()),
+            per_turn("asyncio/base_events.py", "create_task"),
+        ),
+    ]
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurements:
+    short: Samples
+    short_requests: ShortRequests
+    local: Samples
+    long: Samples
+    cold: Samples
+    info: LongInfo
+    profile: pstats.Stats
+    profile_long: pstats.Stats
+    profile_long_bare: pstats.Stats
+    micro: list[Micro]
+    long_request: Request
+
+
+async def measure() -> Measurements:
+    rng = random.Random(SEED)
+    info = LongInfo()
+    long_key = "bench:long"
+    with tempfile.TemporaryDirectory(prefix="nanobot-bench-turn-") as tmp:
+        data_dir = Path(tmp) / "data"
+        _progress(f"pre-filling a session with {LONG_ENTRIES:,} entries ...")
+        info.prefill_s = await _prefill(data_dir / "state.db", long_key, LONG_ENTRIES)
+        async with _ProcessFake.running() as fake, _stack(_config(data_dir, fake.base_url)) as s:
+            b = _Bench(s, fake, "process")
+            _progress(
+                f"empty sessions, fake in its own process: {WARMUP_ROUNDS} warm-up + "
+                f"{ROUNDS} rounds ..."
+            )
+            short, requests = await _short_phase(b, WARMUP_ROUNDS, ROUNDS, rng)
+            info.messages_empty = len(requests.plain.messages)
+            info.bytes_empty = requests.plain.size
+
+            _progress(f"10,000-entry session: first turn, then {LONG_ROUNDS} rounds ...")
+            await _first_long_turn(b, long_key, info)
+            long = Samples()
+            for index in range(LONG_WARMUPS + LONG_ROUNDS):
+                sink = long if index >= LONG_WARMUPS else None
+                await _long_round(b, long_key, requests.plain, rng, sink, info)
+            _progress(f"first turn after start-up: {COLD_STARTS} x 2 fresh stacks ...")
+            cold = await _cold_starts(b, long_key, rng)
+
+            _progress("profiling ...")
+            profile = await _profile_turns(b, PROFILE_TURNS)
+            profile_long = await _profile_turns(b, PROFILE_LONG_TURNS, long_key)
+            _, calls = await b.turn(long_key)
+            long_request = calls[0]
+            profile_long_bare = await _profile_bare(b, long_request, PROFILE_LONG_CALLS)
+            micro = await _micro(b, profile, PROFILE_TURNS)
+
+        _progress(
+            f"empty sessions, fake in this process: {LOCAL_WARMUP_ROUNDS} warm-up + "
+            f"{LOCAL_ROUNDS} rounds ..."
+        )
+        async with FakeLLM() as server:
+            local_fake = _LocalFake(server)
+            config = _config(Path(tmp) / "data-local", local_fake.base_url)
+            async with _stack(config) as s:
+                local, _ = await _short_phase(
+                    _Bench(s, local_fake, "local"), LOCAL_WARMUP_ROUNDS, LOCAL_ROUNDS, rng
+                )
+    return Measurements(
+        short=short,
+        short_requests=requests,
+        local=local,
+        long=long,
+        cold=cold,
+        info=info,
+        profile=profile,
+        profile_long=profile_long,
+        profile_long_bare=profile_long_bare,
+        micro=micro,
+        long_request=long_request,
+    )
+
+
+def _difference(values_a: Sequence[float], values_b: Sequence[float]) -> list[float]:
+    return [a - b for a, b in zip(values_a, values_b, strict=True)]
+
+
+def _short_metrics(s: Samples, prefix: str, *, full: bool) -> list[Metric]:
+    med = statistics.median
+    bare_tool = s.summed("bare tool 1", "bare tool 2")
+    provider_tool = s.summed("provider tool 1", "provider tool 2")
+    plain_overhead = s.median("turn plain") - s.median("bare plain")
+    tool_overhead = s.median("turn tool") - med(bare_tool)
+    paired = "median of the per-round differences"
+    metrics = [
+        Metric(f"{prefix}plain turn: (3) AgentLoop.handle", "ms", s.ms("turn plain")),
+        Metric(f"{prefix}plain: (1) bare litellm.acompletion", "ms", s.ms("bare plain")),
+        Metric(f"{prefix}plain: (2) LiteLLMProvider.complete", "ms", s.ms("provider plain")),
+        Metric(
+            f"{prefix}plain: nanobot overhead (3)-(1)",
+            "ms",
+            [plain_overhead],
+            target=PLAIN_TARGET_MS,
+            note="difference of the medians",
+        ),
+    ]
+    if full:
+        metrics += [
+            Metric(
+                f"{prefix}plain: (3)-(1) per round",
+                "ms",
+                _difference(s.ms("turn plain"), s.ms("bare plain")),
+                note=paired,
+            ),
+            Metric(
+                f"{prefix}plain: provider wrapper (2)-(1)",
+                "ms",
+                [s.median("provider plain") - s.median("bare plain")],
+            ),
+        ]
+    metrics += [
+        Metric(f"{prefix}tool turn: (3) AgentLoop.handle", "ms", s.ms("turn tool")),
+        Metric(f"{prefix}tool: (1) bare litellm, both calls", "ms", bare_tool),
+    ]
+    if full:
+        metrics += [
+            Metric("tool: (1a) bare, call 1 (asks for the tool)", "ms", s.ms("bare tool 1")),
+            Metric("tool: (1b) bare, call 2 (answers)", "ms", s.ms("bare tool 2")),
+            Metric("tool: (2) LiteLLMProvider.complete, both", "ms", provider_tool),
+        ]
+    metrics.append(
+        Metric(
+            f"{prefix}tool: nanobot overhead (3)-(1)",
+            "ms",
+            [tool_overhead],
+            target=TOOL_TARGET_MS,
+            note="difference of the medians",
+        )
+    )
+    if full:
+        metrics += [
+            Metric(
+                "tool: (3)-(1) per round",
+                "ms",
+                _difference(s.ms("turn tool"), bare_tool),
+                note=paired,
+            ),
+            Metric("tool: provider wrapper (2)-(1)", "ms", [med(provider_tool) - med(bare_tool)]),
+        ]
+    return metrics
+
+
+def metrics_of(m: Measurements) -> list[Metric]:
+    long, cold = m.long, m.cold
+    overhead_long = long.median("turn long") - long.median("bare long")
+    overhead_empty = long.median("turn empty") - long.median("bare empty")
+    info = m.info
+    metrics = [
+        *_short_metrics(m.short, "", full=True),
+        *_short_metrics(m.local, "in-process fake, ", full=False),
+        Metric("empty session: turn", "ms", long.ms("turn empty")),
+        Metric("empty session: bare litellm call", "ms", long.ms("bare empty")),
+        Metric("10k session: turn", "ms", long.ms("turn long")),
+        Metric("10k session: bare litellm call", "ms", long.ms("bare long")),
+        Metric("10k session: LiteLLMProvider.complete", "ms", long.ms("provider long")),
+        Metric(
+            "(a) turn, 10k / empty",
+            "x",
+            [long.median("turn long") / long.median("turn empty")],
+            target=LONG_TARGET_X,
+            note="ratio of the medians",
+        ),
+        Metric(
+            "(a) per round",
+            "x",
+            [a / b for a, b in zip(long.ms("turn long"), long.ms("turn empty"), strict=True)],
+        ),
+        Metric("empty session: overhead (turn - bare)", "ms", [overhead_empty]),
+        Metric("10k session: overhead (turn - bare)", "ms", [overhead_long]),
+        Metric(
+            "(b) overhead, 10k / empty",
+            "x",
+            [overhead_long / overhead_empty],
+            target=LONG_TARGET_X,
+            note="ratio of the differences of the medians",
+        ),
+        Metric("first turn after start-up: 10k session", "ms", cold.ms("cold long")),
+        Metric("first turn after start-up: empty session", "ms", cold.ms("cold empty")),
+        Metric(
+            "first turn after start-up: 10k / empty",
+            "x",
+            [cold.median("cold long") / cold.median("cold empty")],
+        ),
+        Metric(
+            "first turn in the pre-filled session (+compaction)",
+            "ms",
+            [info.first_turn_ms],
+        ),
+    ]
+    return metrics
+
+
+def _per_turn(seconds: float, turns: int) -> float:
+    return seconds / turns * 1000
+
+
+def _print_profile(title: str, stats: pstats.Stats, turns: int) -> dict[str, Any]:
+    totals = attribute(stats)
+    whole = sum(totals.values())
+    busy = whole - totals.get(IDLE, 0.0)
+    print(f"\n{title}: {turns} turns, {_per_turn(whole, turns):.2f} ms per turn under cProfile")
+    for owner, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
+        share = "" if owner == IDLE else f"  {seconds / busy:6.1%} of the CPU"
+        print(f"  {_per_turn(seconds, turns):7.2f} ms  {owner}{share}")
+    top = nanobot_top(stats, 14)
+    print("  nanobot functions by cumulative time, per turn (the model call task excluded):")
+    for label, seconds in top:
+        print(f"  {_per_turn(seconds, turns):7.2f} ms  {label}")
+    return {
+        "turns": turns,
+        "per_turn_ms": {k: _per_turn(v, turns) for k, v in totals.items()},
+        "nanobot_top_ms": [(label, _per_turn(v, turns)) for label, v in top],
+    }
+
+
+def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
+    info = m.info
+    print(format_table(metrics))
+    plain = m.short_requests.plain
+    messages_long = statistics.median(info.messages_long)
+    bytes_long = statistics.median(info.bytes_long)
+    slope = (m.long.median("bare long") - m.long.median("bare empty")) / (
+        messages_long - info.messages_empty
+    )
+    transform_s = cumulative(
+        m.profile_long_bare, "openai/_utils/_transform.py", "async_maybe_transform"
+    )
+    transform_ms = _per_turn(transform_s, PROFILE_LONG_CALLS)
+    bare_owners = attribute(m.profile_long_bare)
+    bare_profiled_ms = _per_turn(
+        sum(bare_owners.values()) - bare_owners.get(IDLE, 0.0), PROFILE_LONG_CALLS
+    )
+    print(
+        f"\nRequests: an empty-session turn sends {info.messages_empty} messages "
+        f"({info.bytes_empty / 1024:.1f} KiB of messages, {len(plain.tools)} tools); the "
+        f"10k-session turn {messages_long:.0f} ({bytes_long / 1024:.0f} KiB). The first turn in "
+        f"the pre-filled session sent {info.first_turn_messages} and its compaction "
+        f"{info.compaction_messages}; measured turns that compacted: {info.compacting_turns}."
+    )
+    print(
+        f"The bare litellm call costs {slope:.3f} ms more per extra message. Under cProfile, "
+        f"openai's request transform (async_maybe_transform) takes {transform_ms:.1f} ms of "
+        f"{bare_profiled_ms:.1f} ms per 10k-session call "
+        f"({transform_ms / len(m.long_request.messages) * 1000:.0f} µs per message, profiled)."
+    )
+    print(
+        f"Recorded request = what nanobot gave the provider: {m.short_requests.recorded_equal}. "
+        f"Pre-fill: {info.prefill_s:.2f} s."
+    )
+    profiles = {
+        "plain": _print_profile("Profile of plain turns", m.profile, PROFILE_TURNS),
+        "long": _print_profile("Profile of 10k-session turns", m.profile_long, PROFILE_LONG_TURNS),
+    }
+    print("\nnanobot's per-turn operations, priced without the profiler (plain turn):")
+    for item in m.micro:
+        print(
+            f"  {item.us_per_call:8.1f} µs x {item.calls_per_turn:5.1f}/turn = "
+            f"{item.ms_per_turn:6.2f} ms  {item.operation}"
+        )
+    return {
+        "metrics": [metric.as_json() for metric in metrics],
+        "samples": {
+            "empty_sessions_process_fake": m.short.as_json(),
+            "empty_sessions_in_process_fake": m.local.as_json(),
+            "long_session": m.long.as_json(),
+            "first_turn_after_start_up": m.cold.as_json(),
+        },
+        "long_session": {
+            "entries": LONG_ENTRIES,
+            "prefill_s": info.prefill_s,
+            "first_turn_ms": info.first_turn_ms,
+            "first_turn_model_calls": info.first_turn_calls,
+            "first_turn_messages": info.first_turn_messages,
+            "compaction_messages": info.compaction_messages,
+            "messages_per_request_long": messages_long,
+            "message_bytes_long": bytes_long,
+            "messages_per_request_empty": info.messages_empty,
+            "message_bytes_empty": info.bytes_empty,
+            "compacting_turns": info.compacting_turns,
+            "bare_ms_per_extra_message": slope,
+            "openai_transform_ms_profiled": transform_ms,
+            "bare_call_ms_profiled": bare_profiled_ms,
+        },
+        "recorded_request_equal": m.short_requests.recorded_equal,
+        "profiles": profiles,
+        "micro": [
+            {
+                "operation": item.operation,
+                "us_per_call": item.us_per_call,
+                "calls_per_turn": item.calls_per_turn,
+                "ms_per_turn": item.ms_per_turn,
+            }
+            for item in m.micro
+        ],
+        "runs": {
+            "rounds": {"warmups": WARMUP_ROUNDS, "measured": ROUNDS},
+            "in_process_rounds": {"warmups": LOCAL_WARMUP_ROUNDS, "measured": LOCAL_ROUNDS},
+            "long_rounds": {"warmups": LONG_WARMUPS, "measured": LONG_ROUNDS},
+            "cold_starts": COLD_STARTS,
+            "profiled_turns": {"plain": PROFILE_TURNS, "long": PROFILE_LONG_TURNS},
+        },
+    }
+
+
+def main() -> None:
+    for name in [n for n in os.environ if n.startswith("NANOBOT_")]:
+        del os.environ[name]  # the Config built here must be exactly this benchmark's
+    log.setup(level="WARNING")
+    m = asyncio.run(measure())
+    metrics = metrics_of(m)
+    payload = report(m, metrics)
+    path = write_results(NAME, payload)
+    print(f"\nResults: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")

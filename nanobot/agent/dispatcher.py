@@ -1,0 +1,206 @@
+"""The dispatcher: from the inbound bus to answered, journaled, delivered replies.
+
+Every inbound message gets its own task (owned here): chat commands are answered at once,
+other messages become turns of the AgentLoop, whose lanes keep one session's turns in order
+while different sessions run side by side. A turn's reply is written to the outbox in the
+same transaction that marks its messages answered, then published for delivery. On start,
+`recover()` re-publishes undelivered replies and finishes turns a crash interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from typing import Protocol
+
+from loguru import logger
+
+from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
+from nanobot.agent.run import EventListener, RunEvent
+from nanobot.bus.events import InboundMessage, OutboundMessage, StreamUpdate, Typing
+from nanobot.bus.queue import MessageBus
+from nanobot.bus.records import inbound_from, outbound_from, outbound_record
+from nanobot.store import Journal
+
+HELP = (
+    "I'm nanobot, your assistant. Just write to me. Commands:\n"
+    "/new - start a fresh conversation (the old one is kept)\n"
+    "/stop - stop what I'm doing\n"
+    "/status - model, tokens used, context fill and state\n"
+    "/help - this message"
+)
+
+
+class StatusSource(Protocol):
+    """What `/status` reports for a session."""
+
+    async def status(self, session_key: str) -> str: ...
+
+
+STREAM_INTERVAL = 0.5  # seconds between two stream updates of one reply
+
+
+def _streamer(bus: MessageBus, message: InboundMessage, stream_id: str) -> EventListener:
+    """A run listener that publishes the reply's text so far, at most every STREAM_INTERVAL."""
+    parts: list[str] = []
+    last = 0.0
+
+    def on_event(event: RunEvent) -> None:
+        nonlocal last
+        if event.kind == "message_start":
+            parts.clear()
+        elif event.kind == "message_update" and event.text:
+            parts.append(event.text)
+            now = time.monotonic()
+            if now - last >= STREAM_INTERVAL:
+                last = now
+                text = "".join(parts)
+                bus.offer(StreamUpdate(message.chat, stream_id, text, message.message_id))
+
+    return on_event
+
+
+class Dispatcher:
+    """Consumes the inbound bus until it is closed."""
+
+    def __init__(
+        self, loop: AgentLoop, bus: MessageBus, journal: Journal, status: StatusSource
+    ) -> None:
+        self._loop = loop
+        self._bus = bus
+        self._journal = journal
+        self._status = status
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        """Dispatch inbound messages until the bus's inbound side is closed, then wait for
+        the turns still running. Cancelling it cancels them."""
+        try:
+            async for message in self._bus.inbound():
+                self._spawn(self._process(message), f"inbound-{message.journal_id}")
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    @property
+    def running(self) -> int:
+        return len(self._tasks)
+
+    async def recover(self) -> None:
+        """Publish undelivered replies; finish turns a crash or restart interrupted."""
+        for item in await self._journal.pending_outbox():
+            await self._bus.publish(outbound_from(item.message, item.id))
+        pending = await self._journal.pending_inbound()
+        reached = await self._journal.reached_session([p.id for p in pending])
+        for row in pending:
+            message = inbound_from(row.message, row.id)
+            logger.info("recovering {} message {} after a restart", row.channel, message.message_id)
+            if row.id in reached:
+                self._spawn(self._resume(message), f"resume-{row.id}")
+            else:
+                self._spawn(self._process(message), f"inbound-{row.id}")
+
+    def _spawn(self, work: Coroutine[None, None, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _process(self, message: InboundMessage) -> None:
+        try:
+            if message.command is not None:
+                await self._command(message)
+            else:
+                await self._turn(message, resume=False)
+        except Exception:  # noqa: BLE001 - a task boundary: log, keep serving other chats
+            logger.exception(
+                "processing {} message {} failed", message.chat.channel, message.message_id
+            )
+
+    async def _resume(self, message: InboundMessage) -> None:
+        try:
+            await self._turn(message, resume=True)
+        except Exception:  # noqa: BLE001 - a task boundary
+            logger.exception("resuming message {} failed", message.message_id)
+
+    async def _turn(self, message: InboundMessage, *, resume: bool) -> None:
+        stream_id = f"{message.chat.channel}-{message.journal_id}"
+
+        async def send_now(text: str) -> None:
+            await self._bus.publish(OutboundMessage(message.chat, text, kind="progress"))
+
+        async def deliver(reply: Reply) -> None:
+            await self._answer(message, reply, stream_id)
+
+        request = TurnRequest(
+            message.chat.session_key,
+            _with_attachments(message),
+            channel=message.chat.channel,
+            chat_id=message.chat.chat_id,
+            sender_id=message.sender_id,
+            send=send_now,
+            listener=_streamer(self._bus, message, stream_id),
+            inbound_id=message.journal_id,
+            on_reply=deliver,
+        )
+        await self._bus.publish(Typing(message.chat, active=True))
+        try:
+            reply = await (self._loop.resume(request) if resume else self._loop.handle(request))
+        finally:
+            await self._bus.publish(Typing(message.chat, active=False))
+        if reply is not None:
+            await deliver(reply)
+
+    async def _answer(self, message: InboundMessage, reply: Reply, stream_id: str) -> None:
+        outbound = None
+        if reply.text:
+            outbound = OutboundMessage(
+                message.chat, reply.text, reply_to=message.message_id, stream_id=stream_id
+            )
+        ids = reply.inbound_ids or ((message.journal_id,) if message.journal_id else ())
+        record = (message.chat.channel, outbound_record(outbound)) if outbound else None
+        outbox_id = await self._journal.complete(ids, record)
+        if outbound is not None and outbox_id is not None:
+            await self._bus.publish(_with_outbox(outbound, outbox_id))
+
+    async def _command(self, message: InboundMessage) -> None:
+        key = message.chat.session_key
+        match message.command:
+            case "new":
+                await self._loop.new_session(key)
+                text = "Started a new conversation. The old one is kept."
+            case "stop":
+                text = "Stopped." if self._loop.abort(key) else "Nothing is running."
+            case "status":
+                text = await self._status.status(key)
+            case _:
+                text = HELP
+        outbound = OutboundMessage(message.chat, text, kind="notice", reply_to=message.message_id)
+        ids = (message.journal_id,) if message.journal_id else ()
+        outbox_id = await self._journal.complete(
+            ids, (message.chat.channel, outbound_record(outbound))
+        )
+        assert outbox_id is not None
+        await self._bus.publish(_with_outbox(outbound, outbox_id))
+
+
+def _with_outbox(message: OutboundMessage, outbox_id: int) -> OutboundMessage:
+    return OutboundMessage(
+        message.chat, message.text, message.kind, message.reply_to, outbox_id, message.stream_id
+    )
+
+
+def _with_attachments(message: InboundMessage) -> str:
+    if not message.attachments:
+        return message.text
+    lines = [message.text] if message.text else []
+    for attachment in message.attachments:
+        lines.append(
+            f"[{attachment.kind} received, saved as {attachment.path} "
+            f"({attachment.size} bytes, {attachment.mime_type or 'unknown type'})]"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""Bus events as plain JSON-able records, for the journal and the outbox."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from nanobot.bus.events import Attachment, ChatRef, InboundMessage, OutboundMessage
+
+Record = dict[str, Any]
+
+
+def chat_record(chat: ChatRef) -> Record:
+    return {"channel": chat.channel, "chat_id": chat.chat_id, "thread_id": chat.thread_id}
+
+
+def chat_from(record: Record) -> ChatRef:
+    return ChatRef(str(record["channel"]), str(record["chat_id"]), record.get("thread_id"))
+
+
+def inbound_record(message: InboundMessage) -> Record:
+    return {
+        "chat": chat_record(message.chat),
+        "sender_id": message.sender_id,
+        "sender_name": message.sender_name,
+        "text": message.text,
+        "message_id": message.message_id,
+        "is_private": message.is_private,
+        "addressed": message.addressed,
+        "received_at": message.received_at.isoformat(),
+        "attachments": [
+            {"kind": a.kind, "path": str(a.path), "mime_type": a.mime_type, "size": a.size}
+            for a in message.attachments
+        ],
+    }
+
+
+def inbound_from(record: Record, journal_id: int | None = None) -> InboundMessage:
+    return InboundMessage(
+        chat=chat_from(record["chat"]),
+        sender_id=str(record["sender_id"]),
+        text=str(record["text"]),
+        message_id=str(record["message_id"]),
+        sender_name=record.get("sender_name"),
+        is_private=bool(record.get("is_private", True)),
+        addressed=bool(record.get("addressed", True)),
+        attachments=tuple(
+            Attachment(a["kind"], Path(a["path"]), a.get("mime_type"), int(a.get("size", 0)))
+            for a in record.get("attachments", ())
+        ),
+        received_at=datetime.fromisoformat(record["received_at"]),
+        journal_id=journal_id,
+    )
+
+
+def outbound_record(message: OutboundMessage) -> Record:
+    return {
+        "chat": chat_record(message.chat),
+        "text": message.text,
+        "kind": message.kind,
+        "reply_to": message.reply_to,
+        "stream_id": message.stream_id,
+    }
+
+
+def outbound_from(record: Record, outbox_id: int) -> OutboundMessage:
+    return OutboundMessage(
+        chat=chat_from(record["chat"]),
+        text=str(record["text"]),
+        kind=record.get("kind", "reply"),
+        reply_to=record.get("reply_to"),
+        outbox_id=outbox_id,
+        stream_id=record.get("stream_id"),
+    )

@@ -1,0 +1,105 @@
+"""The channel port: what a chat platform adapter is, and what it is given.
+
+A channel knows its platform and its own config section, and nothing of the agent. It turns
+platform events into `InboundMessage`s and hands them to `intake` (which checks access,
+journals and queues them); it delivers `Outbound` traffic the manager gives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import unicodedata
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from nanobot.bus.events import InboundMessage, Outbound
+
+
+class Intake(Enum):
+    """What became of a message handed to `intake`."""
+
+    ACCEPTED = "accepted"  # journaled and queued for the agent
+    DUPLICATE = "duplicate"  # seen before (a redelivery); nothing to do
+    REFUSED = "refused"  # not allowed; nothing was sent to the sender
+    PAIRING = "pairing"  # an unknown user in a private chat; a pairing code was sent
+
+
+IntakeFn = Callable[[InboundMessage], Awaitable[Intake]]
+
+
+class DeliveryError(Exception):
+    """A message could not be delivered after the channel's own retries."""
+
+
+@dataclass(frozen=True, slots=True)
+class InboxPolicy:
+    """Where received files go, and how large they may be."""
+
+    directory: Path
+    max_bytes: int = 20 * 1024 * 1024
+
+
+class Channel(ABC):
+    """A chat platform adapter.
+
+    Lifecycle: the manager calls `run()` in a task it owns; `run()` connects, calls
+    `ready()` once connected, and keeps going until cancelled (then it disconnects cleanly)
+    or until the connection fails for good (then it raises; the manager restarts it with
+    backoff). `deliver()` may be called whenever `run()` is running.
+    """
+
+    name: str
+
+    def __init__(self, intake: IntakeFn) -> None:
+        self.intake = intake
+
+    @abstractmethod
+    async def run(self, ready: Callable[[], None]) -> None:
+        """Connect and serve until cancelled."""
+
+    @abstractmethod
+    async def deliver(self, item: Outbound) -> None:
+        """Deliver one outbound item.
+
+        Raises:
+            DeliveryError: a message could not be delivered after retries (best-effort
+                items such as stream updates and typing never raise).
+        """
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_filename(name: str | None, fallback: str) -> str:
+    """A file name that cannot escape its folder or surprise a shell: ASCII letters, digits,
+    dots, dashes and underscores, no leading dot, at most 100 characters."""
+    text = unicodedata.normalize("NFKD", name or "").encode("ascii", "ignore").decode()
+    text = _UNSAFE.sub("_", text.replace("/", "_").replace("\\", "_")).strip("._")
+    return (text or fallback)[:100]
+
+
+def unique_path(directory: Path, name: str) -> Path:
+    """`directory/name`, or `name` with a counter added when that file exists."""
+    path = directory / name
+    stem, suffix = path.stem, path.suffix
+    counter = 1
+    while path.exists():
+        path = directory / f"{stem}-{counter}{suffix}"
+        counter += 1
+    return path
+
+
+async def save_file(policy: InboxPolicy, name: str, data: bytes) -> Path:
+    """Write a received file under the inbox, off the event loop; returns its path."""
+
+    def write() -> Path:
+        policy.directory.mkdir(parents=True, exist_ok=True)
+        path = unique_path(policy.directory, name)
+        path.write_bytes(data)
+        return path
+
+    return await asyncio.to_thread(write)

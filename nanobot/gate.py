@@ -1,0 +1,134 @@
+"""The gate: who may talk to nanobot, and the one way in for every accepted message.
+
+Deny by default. A sender is allowed by the channel's `allow_from` (numeric platform ids, or
+"*") or by an approved pairing. An unknown sender in a private chat gets a pairing code and
+nothing else; in a group they are ignored. Group messages are answered only as the channel's
+`group_policy` says. An allowed message is journaled (recognising redeliveries) and queued
+for the agent, in that order, before the channel acknowledges it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from loguru import logger
+
+from nanobot.bus.events import InboundMessage, OutboundMessage
+from nanobot.bus.queue import MessageBus
+from nanobot.bus.records import inbound_record
+from nanobot.channels.base import Intake
+from nanobot.store import Access, Journal
+
+GroupPolicy = Literal["mention", "open", "disabled"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelRules:
+    """The access rules of one channel, from its config section."""
+
+    allow_from: frozenset[str]
+    group_policy: GroupPolicy = "mention"
+
+    @property
+    def everyone(self) -> bool:
+        return "*" in self.allow_from
+
+
+def pairing_notice(code: str) -> str:
+    return (
+        "Hi! I only talk to people my owner has approved. To be approved, ask them to run:\n"
+        f"nanobot pairing approve {code}\n"
+        "(The code is valid for one hour.)"
+    )
+
+
+class Gate:
+    """Decides on every inbound message; the `intake` given to channels."""
+
+    def __init__(
+        self,
+        rules: Mapping[str, ChannelRules],
+        access: Access,
+        journal: Journal,
+        bus: MessageBus,
+    ) -> None:
+        self._rules = dict(rules)
+        self._access = access
+        self._journal = journal
+        self._bus = bus
+
+    def describe(self) -> list[str]:
+        """One line per channel saying who may talk to it (for the start-up log)."""
+        lines = []
+        for name, rules in sorted(self._rules.items()):
+            if rules.everyone:
+                who = "everyone"
+            elif rules.allow_from:
+                who = f"{len(rules.allow_from)} allowed user(s) and approved pairings"
+            else:
+                who = "nobody yet (allow_from is empty): unknown users get a pairing code"
+            lines.append(f"{name}: answers {who}; groups: {rules.group_policy}")
+        return lines
+
+    async def __call__(self, message: InboundMessage) -> Intake:
+        rules = self._rules.get(message.chat.channel)
+        if rules is None:
+            logger.warning("message from unknown channel {}", message.chat.channel)
+            return Intake.REFUSED
+        if not message.is_private:
+            if rules.group_policy == "disabled" or (
+                rules.group_policy == "mention" and not message.addressed
+            ):
+                return Intake.REFUSED  # not talking to us: not even worth a log line
+            if not await self._allowed(rules, message):
+                return self._refuse(message, "sender is not allowed")
+        elif not await self._allowed(rules, message):
+            return await self._pair(message)
+        journal_id = await self._journal.accept(
+            message.chat.channel, message.message_id, inbound_record(message)
+        )
+        if journal_id is None:
+            logger.debug(
+                "{} message {} seen before; ignored", message.chat.channel, message.message_id
+            )
+            return Intake.DUPLICATE
+        await self._bus.publish_inbound(replace(message, journal_id=journal_id))
+        return Intake.ACCEPTED
+
+    async def _allowed(self, rules: ChannelRules, message: InboundMessage) -> bool:
+        if rules.everyone or message.sender_id in rules.allow_from:
+            return True
+        return await self._access.is_allowed(message.chat.channel, message.sender_id)
+
+    def _refuse(self, message: InboundMessage, why: str) -> Intake:
+        logger.info(
+            "refused a {} message from user {} in chat {}: {}",
+            message.chat.channel,
+            message.sender_id,
+            message.chat.chat_id,
+            why,
+        )
+        return Intake.REFUSED
+
+    async def _pair(self, message: InboundMessage) -> Intake:
+        channel = message.chat.channel
+        issued = await self._access.request(
+            channel, message.sender_id, message.chat.chat_id, message.sender_name
+        )
+        if issued is None:
+            return self._refuse(message, "unknown sender; too many pairing requests pending")
+        code, new = issued
+        if not new:
+            return self._refuse(message, f"unknown sender; pairing code {code} already sent")
+        logger.info(
+            "pairing requested on {} by user {} ({}): code {}",
+            channel,
+            message.sender_id,
+            message.sender_name or "no name",
+            code,
+        )
+        notice = OutboundMessage(message.chat, pairing_notice(code), kind="notice")
+        await self._bus.publish(notice)
+        return Intake.PAIRING
