@@ -65,12 +65,13 @@ PLAIN_TARGET_MS = 3.0
 TOOL_TARGET_MS = 6.0
 LONG_TARGET_X = 1.2
 
-WARMUP_ROUNDS, ROUNDS = 10, 80  # empty sessions, fake in its own process
+WARMUP_ROUNDS, ROUNDS = 10, 100  # empty sessions, fake in its own process
 LOCAL_WARMUP_ROUNDS, LOCAL_ROUNDS = 5, 40  # the same with the fake in this process
-LONG_WARMUPS, LONG_ROUNDS = 5, 40  # 10,000-entry session against empty sessions
+LONG_WARMUPS, LONG_ROUNDS = 5, 50  # 10,000-entry session against empty sessions
 COLD_STARTS = 7  # first turn after start-up (a fresh `_agent`), long and empty session
 PROFILE_TURNS, PROFILE_LONG_TURNS, PROFILE_LONG_CALLS = 50, 10, 10
 MICRO_RUNS = 300
+ATTRIBUTION_ROUNDS = 200  # at most, for the profile's attribution to packages
 LONG_ENTRIES, PREFILL_BATCH = 10_000, 500
 SETTLE_LIMIT_S = 2.0  # longest wait for the tasks a measured call started
 PAUSE_S = 0.001  # between measured items: lets litellm's thread-pool work finish
@@ -269,11 +270,13 @@ class Timing:
 def _settles(task: asyncio.Task[Any]) -> bool:
     """Whether a task started during a measured call is part of its cost.
 
-    The in-process fake's connection handlers live as long as their connections.
+    The in-process fake's connection handlers (aiohttp's web server) live as long as their
+    connections.
     """
     code = getattr(task.get_coro(), "cr_code", None)
     filename = code.co_filename if code is not None else ""
-    return not task.done() and "aiohttp" not in filename and "tests/fakes" not in filename
+    server = f"aiohttp{os.sep}web" in filename or f"tests{os.sep}fakes" in filename
+    return not task.done() and not server
 
 
 async def _timed(work: Awaitable[T]) -> tuple[Timing, T]:
@@ -426,7 +429,7 @@ class ShortRequests:
     plain: Request
     tool_1: Request  # the tool turn's first call: the model asks for the tool
     tool_2: Request  # its second call: the model answers with the result
-    recorded_equal: bool  # the fake's record equals what nanobot handed to the provider
+    recorded_equal: bool  # the fake's record is what nanobot handed the provider (nulls aside)
 
 
 async def _capture(b: _Bench) -> ShortRequests:
@@ -439,11 +442,19 @@ async def _capture(b: _Bench) -> ShortRequests:
         raise BenchError(f"expected 1 + 2 model calls, got {len(plain)} + {len(tool)}")
     received = [Request(body["messages"], body.get("tools") or []) for body in bodies]
     equal = all(
-        json.dumps([r.messages, r.tools], sort_keys=True)
-        == json.dumps([n.messages, n.tools], sort_keys=True)
+        _without_nulls([r.messages, r.tools]) == _without_nulls([n.messages, n.tools])
         for r, n in zip(received, [*plain, *tool], strict=True)
     )
-    return ShortRequests(*received, recorded_equal=equal)
+    return ShortRequests(received[0], received[1], received[2], recorded_equal=equal)
+
+
+def _without_nulls(value: Any) -> Any:
+    """`value` without null fields, which litellm leaves out of the request body."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 async def _short_round(
@@ -614,6 +625,7 @@ async def _long_round(
     key: str,
     plain: Request,
     rng: random.Random,
+    *,
     samples: Samples | None,
     info: LongInfo,
 ) -> None:
@@ -683,13 +695,14 @@ async def _cold_starts(b: _Bench, key: str, rng: random.Random) -> Samples:
 
 _NANOBOT_DIR = str(Path(nanobot.__file__).resolve().parent) + os.sep
 _BENCH_DIRS = (str(REPO_ROOT / "bench") + os.sep, str(REPO_ROOT / "tests") + os.sep)
+HTTP = "HTTP client (httpx over aiohttp)"
 _OWNERS = (
     ("litellm", "litellm"),
     ("openai", "openai SDK"),
-    ("httpx", "HTTP client (httpx, httpcore, anyio, h11)"),
-    ("httpcore", "HTTP client (httpx, httpcore, anyio, h11)"),
-    ("anyio", "HTTP client (httpx, httpcore, anyio, h11)"),
-    ("h11", "HTTP client (httpx, httpcore, anyio, h11)"),
+    *(
+        (package, HTTP)
+        for package in ("httpx", "httpcore", "anyio", "h11", "aiohttp", "yarl", "multidict")
+    ),
     ("aiosqlite", "aiosqlite (main-thread side)"),
 )
 IDLE = "idle: event loop waiting (fake server, SQLite thread)"
@@ -719,35 +732,45 @@ def _raw(stats: pstats.Stats) -> RawStats:
 
 
 def attribute(stats: pstats.Stats) -> dict[str, float]:
-    """Seconds of the profile by owner. Shared code's own time is split among its callers in
-    proportion to the time it spent for each, up the call graph to the nearest owner."""
+    """Seconds of the profile by owner.
+
+    Shared code's own time is split among its callers in proportion to the time it spent for
+    each, up the call graph to the nearest owner: the share of each owner in a shared function
+    solves shares(f) = sum of weight(f, caller) * shares(caller), by Gauss-Seidel iteration
+    (call graphs have cycles: recursion). What reaches no owner is "other".
+    """
     raw = _raw(stats)
-    memo: dict[Func, dict[str, float]] = {}
+    weights: dict[Func, list[tuple[Func, float]]] = {}
+    for func, (*_, callers) in raw.items():
+        if _owner(func) is not None:
+            continue
+        known = {c: v for c, v in callers.items() if c in raw}
+        by_time = sum(v[2] for v in known.values()) > 0  # else by number of calls
+        total = sum(v[2] if by_time else v[1] for v in known.values())
+        weights[func] = [(c, (v[2] if by_time else v[1]) / total) for c, v in known.items()]
+    shares: dict[Func, dict[str, float]] = {func: {} for func in weights}
 
-    def shares(func: Func, path: frozenset[Func]) -> dict[str, float]:
+    def of(func: Func) -> dict[str, float]:
         owner = _owner(func)
-        if owner is not None:
-            return {owner: 1.0}
-        if func in memo:
-            return memo[func]
-        callers = {c: v for c, v in raw[func][4].items() if c not in path and c in raw}
-        by_time = sum(v[2] for v in callers.values()) > 0  # else by number of calls
-        total = sum(v[2] if by_time else v[1] for v in callers.values())
-        result: dict[str, float] = defaultdict(float)
-        if not total:
-            result["other"] = 1.0
-        else:
-            for caller, v in callers.items():
-                weight = (v[2] if by_time else v[1]) / total
-                for key, share in shares(caller, path | {func}).items():
-                    result[key] += weight * share
-        memo[func] = dict(result)
-        return memo[func]
+        return {owner: 1.0} if owner is not None else shares[func]
 
+    for _ in range(ATTRIBUTION_ROUNDS):
+        change = 0.0
+        for func, callers in weights.items():
+            mixed: dict[str, float] = defaultdict(float)
+            for caller, weight in callers:
+                for owner, share in of(caller).items():
+                    mixed[owner] += weight * share
+            change += abs(sum(mixed.values()) - sum(shares[func].values()))
+            shares[func] = mixed
+        if change < 1e-9:
+            break
     totals: dict[str, float] = defaultdict(float)
     for func, (_, _, tottime, _, _) in raw.items():
-        for key, share in shares(func, frozenset()).items():
-            totals[key] += tottime * share
+        found = of(func)
+        for owner, share in found.items():
+            totals[owner] += tottime * share
+        totals["other"] += tottime * max(0.0, 1.0 - sum(found.values()))
     return dict(totals)
 
 
@@ -959,7 +982,7 @@ async def measure() -> Measurements:
             long = Samples()
             for index in range(LONG_WARMUPS + LONG_ROUNDS):
                 sink = long if index >= LONG_WARMUPS else None
-                await _long_round(b, long_key, requests.plain, rng, sink, info)
+                await _long_round(b, long_key, requests.plain, rng, samples=sink, info=info)
             _progress(f"first turn after start-up: {COLD_STARTS} x 2 fresh stacks ...")
             cold = await _cold_starts(b, long_key, rng)
 
@@ -1070,8 +1093,7 @@ def metrics_of(m: Measurements) -> list[Metric]:
     long, cold = m.long, m.cold
     overhead_long = long.median("turn long") - long.median("bare long")
     overhead_empty = long.median("turn empty") - long.median("bare empty")
-    info = m.info
-    metrics = [
+    return [
         *_short_metrics(m.short, "", full=True),
         *_short_metrics(m.local, "in-process fake, ", full=False),
         Metric("empty session: turn", "ms", long.ms("turn empty")),
@@ -1110,10 +1132,9 @@ def metrics_of(m: Measurements) -> list[Metric]:
         Metric(
             "first turn in the pre-filled session (+compaction)",
             "ms",
-            [info.first_turn_ms],
+            [m.info.first_turn_ms],
         ),
     ]
-    return metrics
 
 
 def _per_turn(seconds: float, turns: int) -> float:
@@ -1170,7 +1191,8 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
         f"({transform_ms / len(m.long_request.messages) * 1000:.0f} µs per message, profiled)."
     )
     print(
-        f"Recorded request = what nanobot gave the provider: {m.short_requests.recorded_equal}. "
+        "Requests as the fake received them = what nanobot gave the provider (null fields "
+        f"aside): {m.short_requests.recorded_equal}. "
         f"Pre-fill: {info.prefill_s:.2f} s."
     )
     profiles = {

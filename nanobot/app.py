@@ -10,25 +10,31 @@ import asyncio
 import json
 import os
 import re
-import signal
 import sys
 import zoneinfo
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import tzinfo
+from dataclasses import dataclass
+from datetime import timedelta, tzinfo
 from pathlib import Path
 
 from loguru import logger
 
 from nanobot import log
 from nanobot.agent.context import ContextBuilder
+from nanobot.agent.dispatcher import Dispatcher
 from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
+from nanobot.bus.queue import MessageBus
+from nanobot.channels.base import Channel, InboxPolicy, IntakeFn
+from nanobot.channels.manager import ChannelManager
 from nanobot.config import Config, load
 from nanobot.errors import NanobotError, ProviderError
+from nanobot.gate import ChannelRules, Gate
+from nanobot.gateway import Gateway
 from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
-from nanobot.store import Database, SessionStore
+from nanobot.store import Access, Database, Journal, SessionStore, UsageLedger
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from nanobot.tools.message import MessageTool
 from nanobot.tools.registry import ToolRegistry
@@ -36,7 +42,7 @@ from nanobot.tools.shell import DEFAULT_DENY_PATTERNS, ExecTool
 from nanobot.tools.web import WebFetchTool, WebSearchTool
 from nanobot.workspace import bundled, copy_template
 
-SHUTDOWN_DEADLINE = 10.0
+JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe
 
 
 def _secrets(config: Config) -> list[str]:
@@ -110,8 +116,22 @@ def build_tools(config: Config) -> ToolRegistry:
     return registry
 
 
+@dataclass(frozen=True)
+class Parts:
+    """What a running nanobot is made of, built once from the config."""
+
+    db: Database
+    loop: AgentLoop
+
+
 @asynccontextmanager
 async def _agent(config: Config) -> AsyncIterator[AgentLoop]:
+    async with _parts(config) as parts:
+        yield parts.loop
+
+
+@asynccontextmanager
+async def _parts(config: Config) -> AsyncIterator[Parts]:
     config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     copy_template(config.workspace_path)
     agent = config.agent
@@ -134,9 +154,11 @@ async def _agent(config: Config) -> AsyncIterator[AgentLoop]:
     )
     context = ContextBuilder(config.workspace_path, timezone=settings.timezone)
     async with await Database.open(config.state_db_path) as db:
-        yield AgentLoop(
-            provider, Runner(provider, build_tools(config)), SessionStore(db), context, settings
+        runner = Runner(provider, build_tools(config))
+        loop = AgentLoop(
+            provider, runner, SessionStore(db), context, settings, usage=UsageLedger(db)
         )
+        yield Parts(db, loop)
 
 
 def ask(config: Config, message: str, session_key: str, *, verbose: bool = False) -> str:
@@ -176,10 +198,7 @@ def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
 
 
 def serve(config: Config) -> int:
-    """Run the gateway until SIGTERM/SIGINT; returns the exit code.
-
-    Until chat channels exist, the gateway serves the terminal when stdin is one.
-    """
+    """Run the gateway until SIGTERM/SIGINT; returns the exit code."""
     _setup_logging(config, quiet=False)
     return asyncio.run(_serve(config))
 
@@ -187,42 +206,117 @@ def serve(config: Config) -> int:
 async def _serve(config: Config) -> int:
     from nanobot.channels import terminal
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    interrupts = 0
-
-    def on_signal(signum: int) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts > 1 and signum == signal.SIGINT:
-            logger.warning("second interrupt: exiting at once")
-            os._exit(130)
-        logger.info("received {}; shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    for name in ("telegram", "discord"):
-        if getattr(config.channels, name).enabled:
-            logger.warning(
-                "channels.{} is enabled, but this version has no {} channel yet", name, name
-            )
-    async with _agent(config) as agent, asyncio.TaskGroup() as group:
-        logger.info(
-            "gateway started (model {}, workspace {})", config.agent.model, config.workspace_path
+    async with _parts(config) as parts:
+        bus = MessageBus()
+        journal = Journal(parts.db)
+        pruned = await journal.prune(JOURNAL_KEEP)
+        if pruned:
+            logger.debug("pruned {} finished journal rows", pruned)
+        gate = Gate(_channel_rules(config), Access(parts.db), journal, bus)
+        manager = ChannelManager(
+            build_channels(config, gate),
+            bus,
+            confirm=journal.delivered,
+            failed=journal.attempt_failed,
         )
-        owned: list[asyncio.Task[None]] = []
-        if sys.stdin.isatty():
-            chat_task = group.create_task(
-                terminal.chat(agent, "terminal:local", own_interrupts=False), name="terminal"
-            )
-            chat_task.add_done_callback(lambda _: stop.set())
-            owned.append(chat_task)
-        await stop.wait()
-        for task in owned:
-            task.cancel()
-    logger.info("gateway stopped")
-    return 0
+        gateway = Gateway(
+            bus=bus,
+            gate=gate,
+            dispatcher=Dispatcher(parts.loop, bus, journal, parts.loop),
+            manager=manager,
+            shutdown_timeout=config.gateway.shutdown_timeout,
+            terminal=(
+                terminal.chat(parts.loop, "terminal:local", own_interrupts=False)
+                if sys.stdin.isatty()
+                else None
+            ),
+        )
+        return await gateway.run()
+
+
+def _channel_rules(config: Config) -> dict[str, ChannelRules]:
+    rules = {}
+    for name in ("telegram", "discord"):
+        section = getattr(config.channels, name)
+        if section.enabled:
+            rules[name] = ChannelRules(frozenset(section.allow_from), section.group_policy)
+    return rules
+
+
+def build_channels(config: Config, intake: IntakeFn) -> list[Channel]:
+    """The enabled chat channels (their libraries are imported only when enabled)."""
+    channels: list[Channel] = []
+    inbox = config.workspace_path / "inbox"
+    telegram = config.channels.telegram
+    if telegram.enabled:
+        from nanobot.channels.telegram import TelegramChannel
+
+        policy = InboxPolicy(inbox, int(telegram.max_file_mb * 1024 * 1024))
+        channels.append(TelegramChannel(telegram, intake, policy))
+    discord = config.channels.discord
+    if discord.enabled:
+        from nanobot.channels.discord import DiscordChannel
+
+        policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024))
+        channels.append(DiscordChannel(discord, intake, policy))
+    return channels
+
+
+def pairing(config: Config, action: str, *args: str) -> tuple[list[str], bool]:
+    """Run a `nanobot pairing` action; returns the lines to print and whether it succeeded."""
+    _setup_logging(config, quiet=True)
+    actions: dict[str, Callable[..., Awaitable[tuple[list[str], bool]]]] = {
+        "approve": _approve,
+        "deny": _deny,
+        "revoke": _revoke,
+        "list": _pairing_list,
+    }
+
+    async def run() -> tuple[list[str], bool]:
+        config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        async with await Database.open(config.state_db_path) as db:
+            return await actions[action](Access(db), *args)
+
+    return asyncio.run(run())
+
+
+async def _approve(access: Access, code: str) -> tuple[list[str], bool]:
+    request = await access.approve(code)
+    if request is None:
+        return [f"No pending request has the code {code} (or it expired)."], False
+    who = f"{request.name or 'user'} ({request.channel} id {request.user_id})"
+    return [f"Approved {who}. They can talk to nanobot now."], True
+
+
+async def _deny(access: Access, code: str) -> tuple[list[str], bool]:
+    if await access.deny(code):
+        return [f"Denied request {code.upper()}."], True
+    return [f"No pending request has the code {code}."], False
+
+
+async def _revoke(access: Access, user: str, channel: str | None = None) -> tuple[list[str], bool]:
+    if await access.revoke(user, channel):
+        return [f"Revoked user {user}."], True
+    return [f"User {user} was not approved by pairing."], False
+
+
+async def _pairing_list(access: Access) -> tuple[list[str], bool]:
+    lines = ["Pending requests:"]
+    pending = await access.pending()
+    for r in pending:
+        expires = r.expires_at.astimezone().strftime("%H:%M")
+        lines.append(f"  {r.code}  {r.channel} user {r.user_id} ({r.name or '?'}), until {expires}")
+    if not pending:
+        lines.append("  none")
+    lines.append("Approved users:")
+    allowed = await access.allowed()
+    for u in allowed:
+        lines.append(
+            f"  {u.channel} user {u.user_id} ({u.name or '?'}), since {u.approved_at:%Y-%m-%d}"
+        )
+    if not allowed:
+        lines.append("  none")
+    return lines, True
 
 
 def describe_error(exc: NanobotError) -> str:

@@ -163,6 +163,62 @@ def gateway(ctx: typer.Context) -> None:
     raise typer.Exit(code)
 
 
+pairing_app = typer.Typer(
+    help="Approve or deny people who asked to talk to nanobot, and revoke access.",
+    no_args_is_help=True,
+)
+app.add_typer(pairing_app, name="pairing")
+
+
+def _pairing(ctx: typer.Context, action: str, *args: str) -> None:
+    from nanobot import app as nanobot_app
+    from nanobot.errors import NanobotError
+
+    config = _config(ctx)
+    try:
+        lines, ok = nanobot_app.pairing(config, action, *args)
+    except NanobotError as exc:
+        _fail(str(exc))
+    for line in lines:
+        typer.echo(line)
+    if not ok:
+        raise typer.Exit(1)
+
+
+@pairing_app.command("list")
+def pairing_list(ctx: typer.Context) -> None:
+    """Pending pairing requests and approved users."""
+    _pairing(ctx, "list")
+
+
+@pairing_app.command("approve")
+def pairing_approve(
+    ctx: typer.Context, code: Annotated[str, typer.Argument(help="The 8-character code.")]
+) -> None:
+    """Allow the person who got this pairing code; takes effect at once."""
+    _pairing(ctx, "approve", code)
+
+
+@pairing_app.command("deny")
+def pairing_deny(
+    ctx: typer.Context, code: Annotated[str, typer.Argument(help="The 8-character code.")]
+) -> None:
+    """Drop a pending pairing request."""
+    _pairing(ctx, "deny", code)
+
+
+@pairing_app.command("revoke")
+def pairing_revoke(
+    ctx: typer.Context,
+    user: Annotated[str, typer.Argument(help="The platform user id.")],
+    channel: Annotated[
+        str | None, typer.Option("--channel", help="Only on this channel (default: all).")
+    ] = None,
+) -> None:
+    """Take back an approval (users in allow_from are not affected)."""
+    _pairing(ctx, "revoke", user, *([channel] if channel else []))
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -60,6 +60,8 @@ class ChannelConfig(Section):
     enabled: bool = False
     token: SecretStr = SecretStr("")
     allow_from: list[str] = Field(default_factory=list)
+    group_policy: Literal["mention", "open", "disabled"] = "mention"
+    max_file_mb: float = Field(20, gt=0)
 
     @field_validator("allow_from", mode="before")
     @classmethod
@@ -117,6 +119,10 @@ class CronConfig(Section):
     enabled: bool = True
 
 
+class GatewayConfig(Section):
+    shutdown_timeout: float = Field(10, gt=0)
+
+
 class HeartbeatConfig(Section):
     enabled: bool = False
     interval_minutes: int = Field(30, gt=0)
@@ -151,6 +157,7 @@ class Config(BaseSettings):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     cron: CronConfig = Field(default_factory=CronConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     log: LogConfig = Field(default_factory=LogConfig)

@@ -58,6 +58,12 @@ class Gate:
         self._access = access
         self._journal = journal
         self._bus = bus
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop intake: from now on messages are not taken (channels leave them unacknowledged,
+        so the platform delivers them again after the restart)."""
+        self._closed = True
 
     def describe(self) -> list[str]:
         """One line per channel saying who may talk to it (for the start-up log)."""
@@ -73,19 +79,9 @@ class Gate:
         return lines
 
     async def __call__(self, message: InboundMessage) -> Intake:
-        rules = self._rules.get(message.chat.channel)
-        if rules is None:
-            logger.warning("message from unknown channel {}", message.chat.channel)
-            return Intake.REFUSED
-        if not message.is_private:
-            if rules.group_policy == "disabled" or (
-                rules.group_policy == "mention" and not message.addressed
-            ):
-                return Intake.REFUSED  # not talking to us: not even worth a log line
-            if not await self._allowed(rules, message):
-                return self._refuse(message, "sender is not allowed")
-        elif not await self._allowed(rules, message):
-            return await self._pair(message)
+        refusal = await self._check(message)
+        if refusal is not None:
+            return refusal
         journal_id = await self._journal.accept(
             message.chat.channel, message.message_id, inbound_record(message)
         )
@@ -96,6 +92,21 @@ class Gate:
             return Intake.DUPLICATE
         await self._bus.publish_inbound(replace(message, journal_id=journal_id))
         return Intake.ACCEPTED
+
+    async def _check(self, message: InboundMessage) -> Intake | None:
+        """Why `message` is not taken, or None when it may go to the agent."""
+        rules = self._rules.get(message.chat.channel)
+        if self._closed or rules is None:
+            return Intake.CLOSED if self._closed else self._refuse(message, "unknown channel")
+        if message.is_private:
+            return None if await self._allowed(rules, message) else await self._pair(message)
+        if rules.group_policy == "disabled" or (
+            rules.group_policy == "mention" and not message.addressed
+        ):
+            return Intake.REFUSED  # not talking to us: not even worth a log line
+        if not await self._allowed(rules, message):
+            return self._refuse(message, "sender is not allowed")
+        return None
 
     async def _allowed(self, rules: ChannelRules, message: InboundMessage) -> bool:
         if rules.everyone or message.sender_id in rules.allow_from:

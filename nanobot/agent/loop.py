@@ -9,7 +9,7 @@ stores the user's message before the model is called and every other entry as it
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
@@ -21,12 +21,13 @@ from nanobot.agent.history import History, Window, repair, summary_message
 from nanobot.agent.run import EventListener, LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.providers.base import LLMProvider, Message
-from nanobot.store import NewEntry, SessionStore
+from nanobot.store import NewEntry, SessionStore, UsageLedger
 from nanobot.tools.base import SendText, ToolContext, current_context
 
 QueueMode = Literal["steer", "follow_up"]
 Delivery = Literal["one", "all"]
 MARGIN = 1024  # tokens kept free for the envelope and the provider's own framing
+FILL_CACHE_SIZE = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,8 @@ class AgentLoop:
         sessions: SessionStore,
         context: ContextBuilder,
         settings: LoopSettings | None = None,
+        *,
+        usage: UsageLedger | None = None,
     ) -> None:
         self._provider = provider
         self._runner = runner
@@ -113,6 +116,8 @@ class AgentLoop:
         self._lanes: dict[str, _Lane] = {}
         self._slots = asyncio.Semaphore(self._settings.max_concurrent_turns)
         self._prompt_tokens: tuple[str, int] = ("", 0)
+        self._usage = usage
+        self._fill: OrderedDict[str, int] = OrderedDict()  # session key -> input tokens
 
     def busy(self, session_key: str) -> bool:
         lane = self._lanes.get(session_key)
@@ -222,10 +227,44 @@ class AgentLoop:
             )
         finally:
             current_context.reset(token)
+        await self._account(request.session_key, result, window.tokens)
         if self._compactor.worth_it(session_id, window, budget):
             await self._compactor.compact(session_id, window, budget)
         already_sent = result.status == "completed" and result.final_text in context.sent
         return self._reply(lane, result, None if already_sent else result.final_text)
+
+    async def _account(self, session_key: str, result: RunResult, window_tokens: int) -> None:
+        self._fill[session_key] = window_tokens + self._prompt_tokens[1]
+        self._fill.move_to_end(session_key)
+        if len(self._fill) > FILL_CACHE_SIZE:
+            self._fill.popitem(last=False)
+        if self._usage is not None and result.usage.total_tokens:
+            await self._usage.record(
+                session_key,
+                result.run_id,
+                model=self._provider.model,
+                prompt_tokens=result.usage.prompt_tokens,
+                completion_tokens=result.usage.completion_tokens,
+                cost=result.usage.cost,
+            )
+
+    async def status(self, session_key: str) -> str:
+        """A few lines for `/status`: model, tokens used, context fill, state."""
+        lines = [f"Model: {self._provider.model}"]
+        if self._usage is not None:
+            totals = await self._usage.totals(session_key)
+            cost = f", about ${totals.cost:.4f}" if totals.cost else ""
+            lines.append(
+                f"Tokens used in this chat: {totals.tokens:,} in {totals.runs} turns{cost}"
+            )
+        window = self._provider.context_window()
+        fill = self._fill.get(session_key)
+        if fill is not None:
+            lines.append(f"Context: {fill:,} of {window:,} tokens ({100 * fill / window:.0f}%)")
+        else:
+            lines.append(f"Context window: {window:,} tokens")
+        lines.append("State: working on a reply" if self.busy(session_key) else "State: idle")
+        return "\n".join(lines)
 
     def _reply(self, lane: _Lane, result: RunResult, text: str | None) -> Reply:
         answered, lane.answered = tuple(lane.answered), []

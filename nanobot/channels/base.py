@@ -26,6 +26,7 @@ class Intake(Enum):
     DUPLICATE = "duplicate"  # seen before (a redelivery); nothing to do
     REFUSED = "refused"  # not allowed; nothing was sent to the sender
     PAIRING = "pairing"  # an unknown user in a private chat; a pairing code was sent
+    CLOSED = "closed"  # the gateway is stopping: not taken; do not acknowledge it
 
 
 IntakeFn = Callable[[InboundMessage], Awaitable[Intake]]

@@ -11,6 +11,7 @@ from nanobot.store.sessions import (
     SessionStore,
     StoreStats,
 )
+from nanobot.store.usage import UsageLedger, UsageTotals
 
 __all__ = [
     "Access",
@@ -27,4 +28,6 @@ __all__ = [
     "SessionStore",
     "SqlValue",
     "StoreStats",
+    "UsageLedger",
+    "UsageTotals",
 ]

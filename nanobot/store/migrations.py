@@ -87,6 +87,20 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE UNIQUE INDEX pairing_requests_user ON pairing_requests (channel, user_id);
     """,
+    # 3: the usage ledger, one row per run.
+    """
+    CREATE TABLE usage (
+        id INTEGER PRIMARY KEY,
+        session_key TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        cost REAL NOT NULL,
+        at TEXT NOT NULL
+    );
+    CREATE INDEX usage_session_key ON usage (session_key, at);
+    """,
 )
 
 

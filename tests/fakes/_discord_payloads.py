@@ -291,7 +291,9 @@ def channel_payload(channel: Channel, users: dict[int, User]) -> JSON:
     }
 
 
-def guild_create_payload(guild: Guild, channels: dict[int, Channel], users: dict[int, User]) -> JSON:
+def guild_create_payload(
+    guild: Guild, channels: dict[int, Channel], users: dict[int, User]
+) -> JSON:
     """A full GUILD_CREATE: roles, members (incl. the bot), channels and active threads."""
     own = [channels[c] for c in guild.channel_ids]
     text = [c for c in own if not c.is_thread]

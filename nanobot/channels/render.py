@@ -1,0 +1,282 @@
+"""Reply text for chat platforms: Markdown rendered for Telegram, and split to size.
+
+Telegram gets HTML (`telegram_html`) split into messages of at most 4096 characters as
+Telegram counts them (`split_telegram`, measured by `visible_length`); a chunk Telegram still
+refuses goes out as `plain_text` instead. Discord renders Markdown itself, so its text is only
+split (`split_discord`), with code fences closed and reopened across parts.
+
+Every function here is pure and never raises on any text; only a limit too small to make
+progress is refused with `ValueError`.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from nanobot.channels._markdown import to_telegram_html
+
+TELEGRAM_LIMIT = 4096
+DISCORD_LIMIT = 2000
+
+# A soft break (paragraph, line, space) is only taken in the last fifth of a piece, so pieces
+# stay close to full; a hard split is the fallback.
+_SOFT_WINDOW = 0.8
+_SEPARATORS = ("\n\n", "\n", " ")
+
+_ATOM = re.compile(r"<[^<>]*>|&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[a-zA-Z][a-zA-Z0-9]*);|.", re.DOTALL)
+_TAG_NAME = re.compile(r"</?\s*([a-zA-Z][\w-]*)")
+_FENCE_OPEN = re.compile(r"[ \t]*(`{3,})([^`]*)")
+_FENCE_CLOSE = re.compile(r"[ \t]*(`{3,})[ \t]*")
+
+Cut = Callable[[int], bool]
+
+
+def telegram_html(markdown: str) -> str:
+    """Markdown as Telegram HTML (parse_mode HTML); "" for blank input.
+
+    Text is escaped (`a < b`, `AT&T`, a literal `<b>` all arrive as written), emphasis that
+    does not parse as Markdown keeps its asterisks, and only tags Telegram accepts appear.
+    """
+    if not markdown.strip():
+        return ""
+    return to_telegram_html(markdown)
+
+
+@dataclass(frozen=True, slots=True)
+class _Atom:
+    """One indivisible piece of HTML: a tag, an entity, or one character."""
+
+    source: str
+    kind: Literal["open", "close", "void", "text"]
+    text: str  # what the reader sees: "" for a tag
+    width: int  # `text` in UTF-16 code units, as Telegram counts
+    name: str = ""
+
+
+def _utf16(text: str) -> int:
+    return len(text) + sum(1 for char in text if ord(char) > 0xFFFF)
+
+
+def _atoms(markup: str) -> list[_Atom]:
+    atoms = []
+    for match in _ATOM.finditer(markup):
+        piece = match.group()
+        if len(piece) > 1 and piece[0] == "<":
+            name = _TAG_NAME.match(piece)
+            if name is None:  # a comment or a doctype: no visible text, no nesting
+                atoms.append(_Atom(piece, "void", "", 0))
+            elif piece[1] == "/":
+                atoms.append(_Atom(piece, "close", "", 0, name.group(1).lower()))
+            elif piece.endswith("/>"):
+                atoms.append(_Atom(piece, "void", "", 0))
+            else:
+                atoms.append(_Atom(piece, "open", "", 0, name.group(1).lower()))
+        else:
+            text = html.unescape(piece) if piece[0] == "&" else piece
+            atoms.append(_Atom(piece, "text", text, _utf16(text)))
+    return atoms
+
+
+def visible_length(markup: str) -> int:
+    """Length Telegram counts for `markup` sent as HTML: tags removed, entities decoded,
+    in UTF-16 code units (an emoji counts 2)."""
+    return sum(atom.width for atom in _atoms(markup))
+
+
+def plain_text(markup: str) -> str:
+    """The visible text of Telegram HTML: tags removed, entities decoded."""
+    return "".join(atom.text for atom in _atoms(markup))
+
+
+def split_telegram(markup: str, limit: int = TELEGRAM_LIMIT) -> list[str]:
+    """Split Telegram HTML into chunks of at most `limit` visible UTF-16 units each.
+
+    Each chunk is valid HTML on its own: splits never fall inside a tag or an entity, and tags
+    open at a split are closed at the end of one chunk and reopened, attributes and all, at
+    the start of the next (so a code block stays a code block in both). A split prefers a
+    paragraph break, then a line break, then a space, each only in the last fifth of the
+    chunk, else falls anywhere; the separator it uses is dropped. Chunks with no visible text
+    besides whitespace are left out, so the chunks' `plain_text`, joined with whitespace,
+    is exactly the whole's. Blank input gives []. Raises ValueError if `limit` < 2.
+    """
+    _check(limit, 2)
+    atoms = _atoms(markup)
+    units = [atom.text for atom in atoms]
+    widths = [atom.width for atom in atoms]
+
+    def allowed(cut: int) -> bool:
+        # A chunk never ends just after an opening tag nor begins with a closing one: that
+        # would leave an empty element behind.
+        return (cut == 0 or atoms[cut - 1].kind != "open") and (
+            cut == len(atoms) or atoms[cut].kind != "close"
+        )
+
+    chunks = []
+    stack: list[_Atom] = []
+    start = 0
+    while start < len(atoms):
+        end, resume = _cut(units, widths, start, limit, allowed)
+        body = atoms[start:end]
+        after = _nest(stack, body)
+        if any(unit.strip() for unit in units[start:end]):
+            opening = "".join(atom.source for atom in stack)
+            closing = "".join(f"</{atom.name}>" for atom in reversed(after))
+            chunks.append(opening + "".join(atom.source for atom in body) + closing)
+        stack, start = after, resume
+        while start < len(atoms) and atoms[start].kind == "close":  # already closed above
+            stack = _nest(stack, [atoms[start]])
+            start += 1
+    return chunks
+
+
+def _nest(stack: list[_Atom], atoms: Sequence[_Atom]) -> list[_Atom]:
+    """The open tags after `atoms`, given those open before; a stray closing tag is ignored."""
+    result = list(stack)
+    for atom in atoms:
+        if atom.kind == "open":
+            result.append(atom)
+        elif atom.kind == "close":
+            for index in range(len(result) - 1, -1, -1):
+                if result[index].name == atom.name:
+                    del result[index]
+                    break
+    return result
+
+
+def split_plain(text: str, limit: int = TELEGRAM_LIMIT) -> list[str]:
+    """Split plain text like `split_telegram`, by UTF-16 length: each piece ≤ `limit`.
+
+    A surrogate pair is never split; blank pieces are left out. Raises ValueError if
+    `limit` < 2.
+    """
+    _check(limit, 2)
+    units = list(text)
+    widths = [_utf16(char) for char in units]
+    pieces = []
+    start = 0
+    while start < len(units):
+        end, resume = _cut(units, widths, start, limit, lambda cut: True)
+        if text[start:end].strip():
+            pieces.append(text[start:end])
+        start = resume
+    return pieces
+
+
+def _cut(
+    units: Sequence[str], widths: Sequence[int], start: int, budget: int, allowed: Cut
+) -> tuple[int, int]:
+    """Where the piece beginning at `start` ends, as (end, resume): the piece is
+    `units[start:end]`, the next begins at `resume`, and what lies between is the dropped
+    separator. The piece's width is at most `budget` unless a single unit is wider.
+    """
+    reach = [0]  # reach[k] = width of units[start : start + k]
+    stop = start
+    while stop < len(units) and reach[-1] + widths[stop] <= budget:
+        reach.append(reach[-1] + widths[stop])
+        stop += 1
+    if stop == len(units):
+        return stop, stop
+    floor = max(1, int(budget * _SOFT_WINDOW))
+    for separator in _SEPARATORS:
+        size = len(separator)
+        for cut in range(stop, start, -1):
+            if reach[cut - start] < floor:
+                break
+            if "".join(units[cut : cut + size]) == separator and allowed(cut):
+                return cut, cut + size
+    for cut in range(stop, start, -1):
+        if reach[cut - start] > 0 and allowed(cut):
+            return cut, cut
+    end = max(stop, start + 1)  # nothing allowed fits: make progress regardless
+    return end, end
+
+
+@dataclass(frozen=True, slots=True)
+class _Fence:
+    """An open ``` code fence: the marker that closes it and the line that reopens it."""
+
+    marker: str
+    info: str
+
+    def reopen(self, limit: int) -> str:
+        # A long info string would eat the part it reopens; the language word is what counts.
+        line = f"{self.marker}{self.info}\n"
+        return line if len(line) <= limit // 8 else f"{self.marker}\n"
+
+    def close(self, body: str) -> str:
+        return self.marker if body.endswith("\n") else f"\n{self.marker}"
+
+
+def _fences(text: str) -> tuple[list[_Fence | None], list[bool]]:
+    """For each cut position 0..len(text): the fence a part ending there leaves open, and
+    whether a cut there is clean (not inside a fence line, not just before a closing one).
+    """
+    state: list[_Fence | None] = [None] * (len(text) + 1)
+    clean = [True] * (len(text) + 1)
+    fence: _Fence | None = None
+    start = 0
+    for line in text.split("\n"):
+        end = start + len(line)
+        opening = _FENCE_OPEN.fullmatch(line) if fence is None else None
+        closing = _FENCE_CLOSE.fullmatch(line) if fence is not None else None
+        if closing is not None and fence and len(closing.group(1)) >= len(fence.marker):
+            for cut in range(start, end):
+                state[cut] = fence
+            state[end] = fence = None
+            _forbid(clean, start - 1, end)
+        else:
+            if opening is not None:
+                fence = _Fence(opening.group(1), opening.group(2).strip())
+                _forbid(clean, start + 1, end + 2)
+            for cut in range(start + 1, end + 1):
+                state[cut] = fence
+        if end < len(text):
+            state[end + 1] = fence
+        start = end + 1
+    return state, clean
+
+
+def _forbid(clean: list[bool], first: int, stop: int) -> None:
+    for cut in range(max(0, first), min(stop, len(clean))):
+        clean[cut] = False
+
+
+def split_discord(markdown: str, limit: int = DISCORD_LIMIT) -> list[str]:
+    """Split Markdown into parts of at most `limit` characters (Discord counts `len`).
+
+    Splits prefer a paragraph break, then a line break, then a space (in the last fifth of a
+    part), else fall anywhere; the separator used is dropped. A part that ends inside a ```
+    fence closes it, and the next part reopens it with the same info string, so every part's
+    fences balance (fences are backtick lines, as models write them). Blank parts are left
+    out; blank input gives []. Raises ValueError if `limit` < 64.
+    """
+    _check(limit, 64)
+    text = markdown.replace("\r\n", "\n")
+    state, clean = _fences(text)
+    units = list(text)
+    widths = [1] * len(units)
+    parts = []
+    start = 0
+    while start < len(units):
+        fence = state[start]
+        opening = fence.reopen(limit) if fence else ""
+        # Keep room to close whichever fence may be open where this part ends.
+        window = state[start : start + limit + 1]
+        closing = max((len(f.marker) + 1 for f in window if f is not None), default=0)
+        budget = limit - len(opening) - closing
+        end, resume = _cut(units, widths, start, budget, clean.__getitem__)
+        body = text[start:end]
+        left_open = state[end]
+        if body.strip():
+            parts.append(opening + body + (left_open.close(body) if left_open else ""))
+        start = resume
+    return parts
+
+
+def _check(limit: int, minimum: int) -> None:
+    if limit < minimum:
+        raise ValueError(f"limit must be at least {minimum}, got {limit}")

@@ -1,0 +1,69 @@
+"""The usage ledger: tokens and cost of every run, so a user can see what nanobot costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from nanobot.store.database import Database
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    runs: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class UsageLedger:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def record(
+        self,
+        session_key: str,
+        run_id: str,
+        *,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cost: float,
+    ) -> None:
+        await self._db.execute(
+            "INSERT INTO usage (session_key, run_id, model, prompt_tokens, completion_tokens,"
+            " cost, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_key,
+                run_id,
+                model,
+                prompt_tokens,
+                completion_tokens,
+                cost,
+                datetime.now(UTC).isoformat(timespec="seconds"),
+            ),
+        )
+
+    async def totals(
+        self, session_key: str | None = None, since: datetime | None = None
+    ) -> UsageTotals:
+        """Totals for one session key (all its sessions) or everything, optionally since a time."""
+        clauses, params = [], []
+        if session_key is not None:
+            clauses.append("session_key = ?")
+            params.append(session_key)
+        if since is not None:
+            clauses.append("at >= ?")
+            params.append(since.astimezone(UTC).isoformat(timespec="seconds"))
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        row = await self._db.fetchone(
+            "SELECT count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0),"
+            f" coalesce(sum(cost), 0) FROM usage {where}",
+            tuple(params),
+        )
+        assert row is not None
+        return UsageTotals(int(row[0]), int(row[1]), int(row[2]), float(row[3]))

@@ -1,0 +1,1397 @@
+"""A fake Discord: REST API v10 and gateway websocket, speaking the real wire format.
+
+In process (it serves in the caller's loop)::
+
+    async with FakeDiscord(heartbeat_interval_ms=1000) as fake:
+        guild = fake.add_guild("home")
+        channel = fake.add_channel(guild, "general")
+        discord.http.Route.BASE = fake.api_base  # "http://127.0.0.1:PORT/api/v10"
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(fake.gateway_url)
+        ...  # client.start(token) in a task; await fake.wait_for_ready()
+        fake.user_message(channel, "hi", mentions_bot=True)
+        [reply] = await fake.wait_for_sent(1, channel)
+
+REST (under ``/api/v10``): ``GET /users/@me``, ``GET /users/{id}``, ``POST
+/users/@me/channels``, ``GET /oauth2/applications/@me`` (discord.py's ``login``
+calls it), ``GET /gateway[/bot]``, ``GET /channels/{id}``, ``GET|POST
+/channels/{id}/messages``, ``GET|PATCH|DELETE /channels/{id}/messages/{mid}``,
+``POST /channels/{id}/typing``, ``PUT|DELETE .../reactions/{emoji}/@me``; any other
+API path answers Discord's 404 and is listed in ``unhandled``. Attachments are
+served at ``/attachments/{channel}/{id}/{filename}``, like Discord's CDN.
+
+The gateway (``/gateway``) does HELLO, IDENTIFY → READY + one GUILD_CREATE per
+guild, HEARTBEAT → HEARTBEAT_ACK, RESUME → replay of the dispatches after the
+client's ``seq`` then RESUMED, REQUEST_MEMBERS → GUILD_MEMBERS_CHUNK. Each session
+keeps every dispatch, so events raised while its socket is gone are delivered on
+resume. ``compress=zlib-stream`` is honoured (one zlib context per connection,
+``Z_SYNC_FLUSH`` per frame, binary frames) unless ``compress=False``. Intents are
+applied as Discord does: guild messages need GUILD_MESSAGES, DMs DIRECT_MESSAGES,
+and without MESSAGE_CONTENT a guild message neither from nor mentioning the bot
+arrives with empty content, embeds and attachments. Messages the bot sends come
+back as MESSAGE_CREATE (``echo_own_messages``), as on Discord.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import fnmatch
+import json
+import math
+import mimetypes
+import re
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self
+from urllib.parse import quote
+
+from aiohttp import web
+
+from tests.fakes import _discord_payloads as p
+from tests.fakes._discord_payloads import JSON, User
+
+__all__ = [
+    "AttachmentFile",
+    "FakeDiscord",
+    "Fault",
+    "GatewayConnection",
+    "GatewaySession",
+    "Hang",
+    "HttpError",
+    "RateLimited",
+    "Reaction",
+    "RestRequest",
+    "SentAttachment",
+    "SentMessage",
+    "ServerError",
+    "User",
+]
+
+API_PREFIX = "/api/v10"
+MAX_CONTENT = 2000
+USER_MENTION = re.compile(r"<@!?(\d+)>")
+ROLE_MENTION = re.compile(r"<@&(\d+)>")
+
+# Gateway opcodes
+DISPATCH, HEARTBEAT, IDENTIFY, PRESENCE_UPDATE, VOICE_STATE_UPDATE = 0, 1, 2, 3, 4
+RESUME, RECONNECT, REQUEST_MEMBERS, INVALID_SESSION, HELLO, HEARTBEAT_ACK = 6, 7, 8, 9, 10, 11
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Base of the REST faults ``FakeDiscord.fail_next`` injects."""
+
+
+@dataclass(frozen=True)
+class RateLimited(Fault):
+    """HTTP 429 with Discord's body and headers (``Retry-After``, ``X-RateLimit-*``, ``Via``).
+
+    ``scope`` is ``user``, ``shared`` or ``global``; ``global_`` marks a global limit.
+    """
+
+    retry_after: float = 0.5
+    global_: bool = False
+    scope: str = "user"
+
+
+@dataclass(frozen=True)
+class ServerError(Fault):
+    """A 5xx: JSON ``{"message": "500: Internal Server Error"}``; 502/504 as Cloudflare HTML."""
+
+    status: int = 500
+
+
+@dataclass(frozen=True)
+class HttpError(Fault):
+    """Any Discord JSON error, e.g. ``HttpError(403, 50013, "Missing Permissions")``."""
+
+    status: int = 403
+    code: int = 50013
+    message: str = "Missing Permissions"
+
+
+@dataclass(frozen=True)
+class Hang(Fault):
+    """Accept the request and never answer; the connection is dropped when the fake stops."""
+
+
+@dataclass(frozen=True)
+class AttachmentFile:
+    """A file a user attaches to an injected message (``content_type`` guessed if None)."""
+
+    filename: str
+    data: bytes
+    content_type: str | None = None
+
+
+@dataclass(frozen=True)
+class SentAttachment:
+    """A file the bot uploaded (multipart ``files[n]``), with its attachment ``id`` and ``url``."""
+
+    id: int
+    filename: str
+    data: bytes
+    content_type: str | None
+    url: str
+    description: str | None = None
+
+
+@dataclass
+class SentMessage:
+    """A message the bot created. ``content`` is the current text; ``edits`` the text after
+    each PATCH, in order. ``mentions``: ids of the users it pings, after ``allowed_mentions``.
+    ``payload`` is the JSON body of the POST (``payload_json`` for multipart).
+    """
+
+    id: int
+    channel_id: int
+    content: str
+    allowed_mentions: JSON | None
+    message_reference: JSON | None
+    attachments: list[SentAttachment]
+    embeds: list[JSON]
+    mentions: list[int]
+    mention_everyone: bool
+    payload: JSON
+    edits: list[str] = field(default_factory=list)
+    deleted: bool = False
+
+    @property
+    def reply_to(self) -> int | None:
+        """The id of the message this one replies to, if any."""
+        ref = self.message_reference or {}
+        return int(ref["message_id"]) if ref.get("message_id") else None
+
+
+@dataclass(frozen=True)
+class Reaction:
+    """A reaction the bot added (or removed: ``added`` False)."""
+
+    channel_id: int
+    message_id: int
+    emoji: str
+    added: bool = True
+
+
+@dataclass(frozen=True)
+class RestRequest:
+    """One REST call: ``path`` without ``/api/v10``, parsed JSON body (or ``payload_json``)."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+    headers: dict[str, str]
+    received_at: float
+    fault: str | None = None
+
+
+@dataclass(eq=False)
+class GatewayConnection:
+    """One websocket: its query (``v``, ``encoding``, ``compress``) and the opcodes it sent."""
+
+    query: dict[str, str]
+    compression: str | None
+    ops: list[int] = field(default_factory=list)
+    close_code: int | None = None
+    closed: bool = False
+
+
+@dataclass(eq=False)
+class GatewaySession:
+    """A gateway session: IDENTIFY data, last ``seq`` and every dispatch sent (for replay)."""
+
+    session_id: str
+    identify: JSON
+    intents: int
+    shard: tuple[int, int]
+    seq: int = 0
+    resumes: int = 0
+    frames: list[JSON] = field(default_factory=list, repr=False)
+    _conn: _Connection | None = field(default=None, repr=False)
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    def push(self, event: str, data: JSON) -> None:
+        self.seq += 1
+        frame = {"op": DISPATCH, "t": event, "s": self.seq, "d": copy.deepcopy(data)}
+        self.frames.append(frame)
+        if self._conn is not None:
+            self._conn.send(frame)
+
+
+class _Connection:
+    """A live gateway websocket; frames go through one writer task to keep their order."""
+
+    def __init__(self, ws: web.WebSocketResponse, info: GatewayConnection) -> None:
+        self.ws, self.info = ws, info
+        self.session: GatewaySession | None = None
+        self.server_closed = False
+        self._zlib = zlib.compressobj() if info.compression == "zlib-stream" else None
+        self._outbox: asyncio.Queue[JSON | None] = asyncio.Queue()
+
+    def send(self, frame: JSON) -> None:
+        self._outbox.put_nowait(frame)
+
+    def send_op(self, op: int, data: Any) -> None:
+        self.send({"op": op, "d": data, "s": None, "t": None})
+
+    def finish(self) -> None:
+        self._outbox.put_nowait(None)
+
+    async def run_writer(self) -> None:
+        while (frame := await self._outbox.get()) is not None:
+            text = json.dumps(frame, separators=(",", ":"))
+            try:
+                if self._zlib is None:
+                    await self.ws.send_str(text)
+                else:
+                    data = self._zlib.compress(text.encode()) + self._zlib.flush(zlib.Z_SYNC_FLUSH)
+                    await self.ws.send_bytes(data)
+            except (ConnectionError, RuntimeError):
+                return
+
+    async def close(self, code: int, reason: str = "") -> None:
+        """Close from the server side; the session (if any) stays resumable."""
+        self.server_closed = True
+        if self.session is not None and self.session._conn is self:
+            self.session._conn = None
+        self.finish()
+        with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
+            await asyncio.wait_for(self.ws.close(code=code, message=reason.encode()), 2.0)
+
+
+@dataclass
+class _Stored:
+    payload: JSON
+    channel_id: int
+    author_id: int
+    deleted: bool = False
+
+
+@dataclass
+class _FaultRule:
+    pattern: str
+    fault: Fault
+    remaining: int
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """A JSON response whose Content-Type is exactly ``application/json``.
+
+    discord.py compares the header with ``==``; aiohttp's ``json_response`` would append
+    ``; charset=utf-8`` and discord.py would then see a string, not JSON.
+    """
+    all_headers = {"Content-Type": "application/json", **(headers or {})}
+    return web.Response(body=json.dumps(data).encode(), status=status, headers=all_headers)
+
+
+def _error(status: int, code: int, message: str) -> web.Response:
+    return _json(p.error_body(code, message), status)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class FakeDiscord:
+    """Discord's REST API and gateway on 127.0.0.1, with a control API for tests.
+
+    ``token``: if set, REST needs ``Authorization: Bot <token>`` (else 401) and
+    IDENTIFY/RESUME that token (else close 4004); if None any token is accepted.
+    ``heartbeat_interval_ms`` goes in HELLO. ``privileged_intents``: whether the
+    application may use MEMBERS/PRESENCES/MESSAGE_CONTENT (else IDENTIFY asking for
+    them is closed with 4014, which discord.py raises as ``PrivilegedIntentsRequired``).
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        bot_name: str = "nanobot",
+        heartbeat_interval_ms: int = 41250,
+        compress: bool = True,
+        privileged_intents: bool = True,
+        echo_own_messages: bool = True,
+        max_upload_bytes: int = 10 * 1024 * 1024,
+    ) -> None:
+        self.host, self.port, self.token = host, port, token
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.compress, self.privileged_intents = compress, privileged_intents
+        self.echo_own_messages, self.max_upload_bytes = echo_own_messages, max_upload_bytes
+        self._ids = p.Snowflakes()
+        self.bot_user = User(self._ids.next(), bot_name, bot=True)
+        self.application_flags = 1 << 19  # GATEWAY_MESSAGE_CONTENT_LIMITED
+        self.requests: list[RestRequest] = []
+        self.unhandled: list[str] = []
+        self.typing: list[int] = []
+        self.reactions: list[Reaction] = []
+        self.presences: list[JSON] = []
+        self.heartbeats = 0
+        self.sessions: list[GatewaySession] = []
+        self.connections: list[GatewayConnection] = []
+        self._users: dict[int, User] = {self.bot_user.id: self.bot_user}
+        self._user_by_name: dict[str, int] = {}
+        self._guilds: dict[int, p.Guild] = {}
+        self._channels: dict[int, p.Channel] = {}
+        self._dms: dict[int, int] = {}  # user id -> DM channel id
+        self._messages: dict[int, _Stored] = {}
+        self._sent: list[SentMessage] = []
+        self._files: dict[int, tuple[str, bytes, str | None, int]] = {}  # + channel id
+        self._faults: list[_FaultRule] = []
+        self._live: set[_Connection] = set()
+        self._runner: web.AppRunner | None = None
+        self._stopping = asyncio.Event()
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._tick = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        if self._runner is None:
+            raise RuntimeError("FakeDiscord is not started")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def api_base(self) -> str:
+        """``http://127.0.0.1:PORT/api/v10``: what ``discord.http.Route.BASE`` takes."""
+        return self.base_url + API_PREFIX
+
+    @property
+    def gateway_url(self) -> str:
+        """``ws://127.0.0.1:PORT/gateway``: for ``DiscordWebSocket.DEFAULT_GATEWAY`` (a yarl.URL)."""
+        return f"ws://{self.host}:{self.port}/gateway"
+
+    async def start(self) -> None:
+        """Bind and serve in the running loop; ``port`` becomes the bound port."""
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._middleware])
+        api, r = API_PREFIX, app.router
+        r.add_get(f"{api}/users/@me", self._get_me)
+        r.add_post(f"{api}/users/@me/channels", self._create_dm)
+        r.add_get(f"{api}/users/{{user_id}}", self._get_user)
+        r.add_get(f"{api}/oauth2/applications/@me", self._application)
+        r.add_get(f"{api}/applications/@me", self._application)
+        r.add_get(f"{api}/gateway", self._get_gateway)
+        r.add_get(f"{api}/gateway/bot", self._get_gateway_bot)
+        r.add_get(f"{api}/channels/{{channel_id}}", self._get_channel)
+        r.add_get(f"{api}/channels/{{channel_id}}/messages", self._history)
+        r.add_post(f"{api}/channels/{{channel_id}}/messages", self._create_message)
+        msg = f"{api}/channels/{{channel_id}}/messages/{{message_id}}"
+        r.add_get(msg, self._get_message)
+        r.add_patch(msg, self._edit_message)
+        r.add_delete(msg, self._delete_message)
+        r.add_put(f"{msg}/reactions/{{emoji}}/@me", self._react)
+        r.add_delete(f"{msg}/reactions/{{emoji}}/@me", self._react)
+        r.add_post(f"{api}/channels/{{channel_id}}/typing", self._typing)
+        r.add_route("*", f"{api}/{{tail:.*}}", self._unknown)
+        for prefix in ("/attachments", "/media/attachments"):
+            r.add_get(f"{prefix}/{{channel_id}}/{{attachment_id}}/{{filename}}", self._download)
+        r.add_get("/gateway", self._gateway)
+        self._stopping = asyncio.Event()
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        """Close every websocket (1001), drop hanging requests, close the socket. Idempotent."""
+        if self._runner is None:
+            return
+        self._stopping.set()
+        self._gate.set()
+        await asyncio.gather(*(c.close(1001, "server stopping") for c in list(self._live)))
+        runner, self._runner = self._runner, None
+        await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ world building
+
+    def add_user(self, username: str, *, user_id: int | None = None, bot: bool = False) -> int:
+        """A user (returns its id); the same username gives the same user."""
+        if user_id is None and username in self._user_by_name:
+            return self._user_by_name[username]
+        user = User(user_id or self._ids.next(), username, bot=bot)
+        self._users.setdefault(user.id, user)
+        self._user_by_name.setdefault(username, user.id)
+        return user.id
+
+    def user(self, user_id: int) -> User:
+        return self._users[user_id]
+
+    def add_guild(self, name: str, *, owner_id: int | None = None) -> int:
+        """A guild with an @everyone role, the bot (with its managed role) and the owner."""
+        owner = owner_id if owner_id is not None else self.add_user("ada")
+        guild_id = self._ids.next()
+        bot_role = p.Role(self._ids.next(), self.bot_user.username, p.BOT_ROLE_PERMISSIONS, 1)
+        bot_role.managed, bot_role.bot_id = True, self.bot_user.id
+        guild = p.Guild(guild_id, name, owner, p.now_iso())
+        guild.roles += [p.Role(guild_id, "@everyone"), bot_role]
+        self._guilds[guild_id] = guild
+        self._join(guild, self.bot_user.id, [bot_role.id])
+        self._join(guild, owner)
+        self._dispatch_guild(
+            guild_id, "GUILD_CREATE", lambda: self._guild_payload(guild_id), p.GUILDS
+        )
+        return guild_id
+
+    def add_role(self, guild_id: int, name: str) -> int:
+        """A mentionable role (for ``<@&id>`` and ``mention_roles``)."""
+        guild = self._guilds[guild_id]
+        role = p.Role(self._ids.next(), name, position=len(guild.roles))
+        guild.roles.append(role)
+        data = {"guild_id": str(guild_id), "role": p.role_payload(role)}
+        self._dispatch_guild(guild_id, "GUILD_ROLE_CREATE", lambda: data, p.GUILDS)
+        return role.id
+
+    def add_channel(self, guild_id: int, name: str, *, topic: str | None = None) -> int:
+        """A text channel; connected sessions get CHANNEL_CREATE."""
+        guild = self._guilds[guild_id]
+        position = sum(1 for c in guild.channel_ids if not self._channels[c].is_thread)
+        channel = p.Channel(self._ids.next(), p.GUILD_TEXT, name, guild_id, topic=topic)
+        channel.position = position
+        self._channels[channel.id] = channel
+        guild.channel_ids.append(channel.id)
+        data = p.channel_payload(channel, self._users)
+        self._dispatch_guild(guild_id, "CHANNEL_CREATE", lambda: data, p.GUILDS)
+        return channel.id
+
+    def add_thread(
+        self, channel_id: int, name: str, *, private: bool = False, owner_id: int | None = None
+    ) -> int:
+        """An active thread under a text channel; connected sessions get THREAD_CREATE."""
+        parent = self._channels[channel_id]
+        if parent.guild_id is None or parent.type != p.GUILD_TEXT:
+            raise ValueError(f"channel {channel_id} is not a guild text channel")
+        kind = p.PRIVATE_THREAD if private else p.PUBLIC_THREAD
+        owner = owner_id if owner_id is not None else self._guilds[parent.guild_id].owner_id
+        thread = p.Channel(self._ids.next(), kind, name, parent.guild_id, channel_id, owner)
+        self._channels[thread.id] = thread
+        self._guilds[parent.guild_id].channel_ids.append(thread.id)
+        data = p.channel_payload(thread, self._users) | {"newly_created": True}
+        self._dispatch_guild(parent.guild_id, "THREAD_CREATE", lambda: data, p.GUILDS)
+        return thread.id
+
+    def dm_channel(self, user_id: int) -> int:
+        """The DM channel between the bot and ``user_id`` (created once; no gateway event)."""
+        if user_id not in self._users:
+            raise KeyError(f"unknown user {user_id}; add_user() first")
+        if user_id not in self._dms:
+            channel = p.Channel(self._ids.next(), p.DM, None, recipient_id=user_id)
+            self._channels[channel.id] = channel
+            self._dms[user_id] = channel.id
+        return self._dms[user_id]
+
+    def channel(self, channel_id: int) -> p.Channel:
+        return self._channels[channel_id]
+
+    # ------------------------------------------------------------------ injecting messages
+
+    def user_message(
+        self,
+        channel_id: int,
+        content: str,
+        *,
+        user_id: int | None = None,
+        username: str = "ada",
+        mentions_bot: bool = False,
+        reply_to: int | None = None,
+        reply_ping: bool = True,
+        attachments: Sequence[AttachmentFile] | None = None,
+    ) -> int:
+        """A message from a user: dispatched as MESSAGE_CREATE to every session; returns its id.
+
+        ``user_id`` (default: the user named ``username``) must be the recipient in a DM.
+        ``mentions_bot`` prefixes ``<@BOT_ID> `` unless the content already has it; other
+        ``<@id>``/``<@&id>`` in the content fill ``mentions``/``mention_roles``. ``reply_to``
+        makes a reply (type 19 with ``message_reference`` and ``referenced_message``);
+        ``reply_ping`` also mentions the replied-to author, as Discord clients do by default.
+        """
+        channel = self._channels[channel_id]
+        author_id = user_id if user_id is not None else self.add_user(username)
+        if author_id not in self._users:
+            self.add_user(username, user_id=author_id)
+        if channel.type == p.DM and channel.recipient_id != author_id:
+            raise ValueError(f"user {author_id} is not the recipient of DM {channel_id}")
+        if channel.guild_id is not None:
+            self._join(self._guilds[channel.guild_id], author_id)
+        if mentions_bot and self.bot_user.mention not in content:
+            content = f"{self.bot_user.mention} {content}"
+        reference = referenced = None
+        extra_mentions: list[int] = []
+        if reply_to is not None:
+            target = self._messages[reply_to]
+            reference, referenced = self._reference(reply_to, channel), self._referenced(target)
+            if reply_ping:
+                extra_mentions.append(target.author_id)
+        user_ids = [*self._mentioned_users(content), *extra_mentions]
+        role_ids = self._mentioned_roles(content, channel.guild_id)
+        message_id = self._ids.next()
+        files = [
+            self._store_file(channel_id, a.filename, a.data, a.content_type)
+            for a in attachments or ()
+        ]
+        payload = p.message_payload(
+            message_id=message_id,
+            channel=channel,
+            author=self._users[author_id],
+            content=content,
+            mentions=self._mention_payloads(user_ids, channel.guild_id),
+            mention_roles=role_ids,
+            mention_everyone=False,
+            attachments=[self._attachment_payload(f) for f in files],
+            message_reference=reference,
+            referenced_message=referenced,
+        )
+        self._record(payload, channel, author_id)
+        self._dispatch_message("MESSAGE_CREATE", payload, channel)
+        return message_id
+
+    # ------------------------------------------------------------------ inspecting
+
+    def sent(self, channel_id: int | None = None) -> list[SentMessage]:
+        """Messages the bot created (optionally in one channel), oldest first."""
+        return [m for m in self._sent if channel_id is None or m.channel_id == channel_id]
+
+    def message(self, message_id: int) -> JSON:
+        """The current message object (REST form) of any message, user's or bot's."""
+        return copy.deepcopy(self._messages[message_id].payload)
+
+    async def wait_until(
+        self, predicate: Callable[[], bool], seconds: float = 10.0, what: str = "condition"
+    ) -> None:
+        """Wait until ``predicate()`` holds (re-checked after every request/gateway event)."""
+        try:
+            async with asyncio.timeout(seconds):
+                while not predicate():
+                    await self._tick.wait()
+        except TimeoutError:
+            raise TimeoutError(f"FakeDiscord: no {what} within {seconds}s") from None
+
+    async def wait_for_sent(
+        self, count: int, channel_id: int | None = None, seconds: float = 10.0
+    ) -> list[SentMessage]:
+        """Wait until the bot has sent ``count`` messages (in ``channel_id``); returns them."""
+        await self.wait_until(
+            lambda: len(self.sent(channel_id)) >= count, seconds, f"{count} sent message(s)"
+        )
+        return self.sent(channel_id)
+
+    async def wait_for_ready(self, count: int = 1, seconds: float = 10.0) -> GatewaySession:
+        """Wait until ``count`` sessions got READY (and their GUILD_CREATEs); returns the last."""
+        await self.wait_until(lambda: len(self.sessions) >= count, seconds, f"{count} READY")
+        return self.sessions[count - 1]
+
+    async def wait_for_resume(self, count: int = 1, seconds: float = 10.0) -> None:
+        """Wait until ``count`` RESUMEs (over all sessions) have been answered."""
+        total = lambda: sum(s.resumes for s in self.sessions)  # noqa: E731
+        await self.wait_until(lambda: total() >= count, seconds, f"{count} RESUME(s)")
+
+    # ------------------------------------------------------------------ faults
+
+    def fail_next(self, pattern: str, kind: Fault, times: int = 1) -> None:
+        """Answer the next ``times`` REST calls matching ``pattern`` with ``kind``.
+
+        ``pattern`` is an fnmatch pattern against ``"METHOD /path"`` (path without
+        ``/api/v10``), e.g. ``"POST /channels/*/messages"``; a pattern starting with
+        ``/`` matches any method.
+        """
+        self._faults.append(_FaultRule(pattern, kind, times))
+
+    async def disconnect_all(self, code: int = 4000, reason: str = "") -> None:
+        """Close every gateway socket with ``code``; sessions stay resumable and buffer events.
+
+        discord.py resumes at once after 1000 (server side), 1001 and 4000-4003/4005-4009;
+        4004 and 4010-4014 are fatal to it.
+        """
+        await asyncio.gather(*(c.close(code, reason) for c in list(self._live)))
+
+    @contextlib.asynccontextmanager
+    async def outage(self, code: int = 4000) -> AsyncIterator[None]:
+        """Disconnect everyone and hold new gateway connections before HELLO until exit.
+
+        Messages injected inside are buffered per session and replayed on RESUME::
+
+            async with fake.outage():
+                fake.user_message(channel, "while you were away")
+            await fake.wait_for_resume()
+        """
+        self._gate.clear()
+        try:
+            await self.disconnect_all(code)
+            yield
+        finally:
+            self._gate.set()
+
+    async def invalidate_sessions(self, resumable: bool = False) -> None:
+        """Send INVALID_SESSION (op 9) to every connected session; forget them unless resumable.
+
+        discord.py then closes and IDENTIFYs afresh (READY, GUILD_CREATEs, on_ready again).
+        """
+        for conn in list(self._live):
+            if conn.session is not None:
+                conn.send_op(INVALID_SESSION, resumable)
+                if not resumable:
+                    self._forget(conn.session)
+
+    def request_reconnect(self) -> None:
+        """Send RECONNECT (op 7) to every connected session; discord.py closes and resumes."""
+        for conn in list(self._live):
+            if conn.session is not None:
+                conn.send_op(RECONNECT, None)
+
+    # ------------------------------------------------------------------ internals: state
+
+    def _notify(self) -> None:
+        self._tick.set()
+        self._tick = asyncio.Event()
+
+    def _join(self, guild: p.Guild, user_id: int, roles: list[int] | None = None) -> None:
+        if user_id in guild.members:
+            return
+        guild.members[user_id] = p.Member(user_id, p.now_iso(), roles or [])
+        if user_id != self.bot_user.id and self.sessions:
+            member = p.member_payload(guild.members[user_id], self._users[user_id])
+            data = member | {"guild_id": str(guild.id)}
+            self._dispatch_guild(guild.id, "GUILD_MEMBER_ADD", lambda: data, p.GUILD_MEMBERS)
+
+    def _guild_payload(self, guild_id: int) -> JSON:
+        return p.guild_create_payload(self._guilds[guild_id], self._channels, self._users)
+
+    def _mentioned_users(self, content: str) -> list[int]:
+        ids = [int(m) for m in USER_MENTION.findall(content)]
+        return [i for i in dict.fromkeys(ids) if i in self._users]
+
+    def _mentioned_roles(self, content: str, guild_id: int | None) -> list[int]:
+        if guild_id is None:
+            return []
+        known = {r.id for r in self._guilds[guild_id].roles}
+        return [
+            i for i in dict.fromkeys(int(m) for m in ROLE_MENTION.findall(content)) if i in known
+        ]
+
+    def _mention_payloads(self, user_ids: list[int], guild_id: int | None) -> list[JSON]:
+        guild = self._guilds.get(guild_id) if guild_id is not None else None
+        unique = dict.fromkeys(user_ids)
+        return [
+            p.mention_payload(self._users[u], guild.members.get(u) if guild else None)
+            for u in unique
+        ]
+
+    def _reference(self, message_id: int, channel: p.Channel) -> JSON:
+        ref: JSON = {"type": 0, "message_id": str(message_id), "channel_id": str(channel.id)}
+        if channel.guild_id is not None:
+            ref["guild_id"] = str(channel.guild_id)
+        return ref
+
+    def _referenced(self, stored: _Stored) -> JSON | None:
+        if stored.deleted:
+            return None
+        return {k: v for k, v in stored.payload.items() if k != "referenced_message"}
+
+    def _store_file(
+        self, channel_id: int, filename: str, data: bytes, content_type: str | None
+    ) -> int:
+        attachment_id = self._ids.next()
+        kind = content_type or mimetypes.guess_type(filename)[0]
+        self._files[attachment_id] = (filename, data, kind, channel_id)
+        return attachment_id
+
+    def _attachment_url(self, attachment_id: int, media: bool = False) -> str:
+        filename, _, _, channel_id = self._files[attachment_id]
+        expires = int(time.time()) + 86400
+        query = f"ex={expires:x}&is={int(time.time()):x}&hm={uuid.uuid4().hex}&"
+        prefix = "/media/attachments" if media else "/attachments"
+        return f"{self.base_url}{prefix}/{channel_id}/{attachment_id}/{quote(filename)}?{query}"
+
+    def _attachment_payload(self, attachment_id: int, description: str | None = None) -> JSON:
+        filename, data, kind, _ = self._files[attachment_id]
+        url = self._attachment_url(attachment_id)
+        proxy = self._attachment_url(attachment_id, media=True)
+        payload = p.attachment_payload(attachment_id, filename, len(data), kind, url, proxy)
+        if description is not None:
+            payload["description"] = description
+        return payload
+
+    def _record(self, payload: JSON, channel: p.Channel, author_id: int) -> None:
+        message_id = int(payload["id"])
+        self._messages[message_id] = _Stored(payload, channel.id, author_id)
+        channel.last_message_id = message_id
+        if channel.is_thread:
+            channel.message_count += 1
+
+    # ------------------------------------------------------------------ internals: dispatch
+
+    def _on_shard(self, session: GatewaySession, guild_id: int | None) -> bool:
+        shard_id, count = session.shard
+        if guild_id is None:
+            return shard_id == 0
+        return (guild_id >> 22) % count == shard_id
+
+    def _dispatch_guild(
+        self, guild_id: int, event: str, build: Callable[[], JSON], intent: int
+    ) -> None:
+        targets = [
+            s for s in list(self.sessions) if s.intents & intent and self._on_shard(s, guild_id)
+        ]
+        if not targets:
+            return
+        data = build()
+        for session in targets:
+            session.push(event, data)
+        self._notify()
+
+    def _gateway_message(self, payload: JSON, channel: p.Channel) -> JSON:
+        data = copy.deepcopy(payload)
+        if channel.guild_id is not None:
+            data["guild_id"] = str(channel.guild_id)
+            author = int(data["author"]["id"])
+            member = self._guilds[channel.guild_id].members.get(author)
+            if member is not None:
+                data["member"] = p.member_payload(member)
+        return data
+
+    def _dispatch_message(self, event: str, payload: JSON, channel: p.Channel) -> None:
+        data = self._gateway_message(payload, channel) if event != "MESSAGE_DELETE" else payload
+        intent = p.DIRECT_MESSAGES if channel.guild_id is None else p.GUILD_MESSAGES
+        author = int(payload.get("author", {}).get("id", 0))
+        mentioned = any(int(u["id"]) == self.bot_user.id for u in payload.get("mentions", []))
+        for session in list(self.sessions):
+            if not session.intents & intent or not self._on_shard(session, channel.guild_id):
+                continue
+            visible = (
+                session.intents & p.MESSAGE_CONTENT
+                or channel.guild_id is None
+                or author == self.bot_user.id
+                or mentioned
+                or event == "MESSAGE_DELETE"
+            )
+            if visible:
+                session.push(event, data)
+            else:
+                hidden = {"content": "", "embeds": [], "attachments": [], "components": []}
+                session.push(event, data | hidden)
+        self._notify()
+
+    def _forget(self, session: GatewaySession) -> None:
+        with contextlib.suppress(ValueError):
+            self.sessions.remove(session)
+
+    # ------------------------------------------------------------------ REST plumbing
+
+    @web.middleware
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Any]
+    ) -> web.StreamResponse:
+        if not request.path.startswith(API_PREFIX + "/"):
+            response: web.StreamResponse = await handler(request)
+            return response
+        path = request.path.removeprefix(API_PREFIX)
+        body = await self._read_body(request)
+        route = f"{request.method} {request.match_info.route.resource.canonical if request.match_info.route.resource else path}"  # noqa: E501
+        fault = self._take_fault(request.method, path)
+        self.requests.append(
+            RestRequest(
+                request.method,
+                path,
+                dict(request.query),
+                body,
+                dict(request.headers),
+                time.monotonic(),
+                type(fault).__name__ if fault else None,
+            )
+        )
+        self._notify()
+        if path != "/gateway" and not self._authorized(request):
+            return _json({"message": "401: Unauthorized", "code": 0}, 401, {"Via": "1.1 google"})
+        if fault is not None:
+            return await self._fault_response(request, fault, route)
+        response = await handler(request)
+        response.headers["Via"] = "1.1 google"
+        if 200 <= response.status < 300 and path not in ("/gateway", "/gateway/bot"):
+            response.headers.update(self._ratelimit_headers(route, 5, 4, 1.0))
+        self._notify()
+        return response
+
+    def _authorized(self, request: web.Request) -> bool:
+        header = request.headers.get("Authorization", "")
+        token = header.removeprefix("Bot ")
+        if not header.startswith("Bot ") or not token:
+            return False
+        return self.token is None or token == self.token
+
+    async def _read_body(self, request: web.Request) -> Any:
+        """JSON body, or for multipart the ``payload_json`` plus ``request["files"]``."""
+        files: list[tuple[str, str, bytes, str | None]] = []
+        request["files"] = files
+        if request.content_type == "multipart/form-data":
+            form = await request.post()
+            body: Any = {}
+            for name, value in form.items():
+                if isinstance(value, web.FileField):
+                    files.append((name, value.filename, value.file.read(), value.content_type))
+                elif name == "payload_json":
+                    body = json.loads(str(value))
+            request["body"] = body
+            return body
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode(errors="replace")
+        request["body"] = body
+        return body
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        subject = f"{method} {path}"
+        for rule in self._faults:
+            target = path if rule.pattern.startswith("/") else subject
+            if fnmatch.fnmatchcase(target, rule.pattern):
+                rule.remaining -= 1
+                if rule.remaining <= 0:
+                    self._faults.remove(rule)
+                return rule.fault
+        return None
+
+    @staticmethod
+    def _ratelimit_headers(route: str, limit: int, remaining: int, reset: float) -> dict[str, str]:
+        return {
+            "X-RateLimit-Limit": str(limit),
+            "X-RateLimit-Remaining": str(remaining),
+            "X-RateLimit-Reset": f"{time.time() + reset:.3f}",
+            "X-RateLimit-Reset-After": f"{reset:.3f}",
+            "X-RateLimit-Bucket": p.bucket_hash(route),
+        }
+
+    async def _fault_response(
+        self, request: web.Request, fault: Fault, route: str
+    ) -> web.StreamResponse:
+        match fault:
+            case RateLimited(retry_after=after, global_=is_global, scope=scope):
+                headers = {"Retry-After": str(math.ceil(after)), "Via": "1.1 google"}
+                if is_global:
+                    headers |= {"X-RateLimit-Global": "true", "X-RateLimit-Scope": "global"}
+                else:
+                    headers |= self._ratelimit_headers(route, 5, 0, after)
+                    headers["X-RateLimit-Scope"] = scope
+                body = {"message": "You are being rate limited.", "retry_after": after}
+                return _json(body | {"global": is_global}, 429, headers)
+            case ServerError(status=status) if status in (502, 504):
+                html = f"<html><head><title>{status}</title></head><body>{status}</body></html>"
+                return web.Response(text=html, status=status, content_type="text/html")
+            case ServerError(status=status):
+                return _json({"message": f"{status}: Internal Server Error", "code": 0}, status)
+            case HttpError(status=status, code=code, message=message):
+                return _json(p.error_body(code, message), status, {"Via": "1.1 google"})
+        await self._stopping.wait()  # Hang
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=499)
+
+    # ------------------------------------------------------------------ REST handlers
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        self.unhandled.append(f"{request.method} {request.path.removeprefix(API_PREFIX)}")
+        return _json({"message": "404: Not Found", "code": 0}, 404)
+
+    async def _get_me(self, request: web.Request) -> web.Response:
+        return _json(p.self_user_payload(self.bot_user))
+
+    async def _get_user(self, request: web.Request) -> web.Response:
+        user = self._users.get(_int(request.match_info["user_id"]) or 0)
+        if user is None:
+            return _error(404, 10013, "Unknown User")
+        return _json(p.user_payload(user))
+
+    async def _application(self, request: web.Request) -> web.Response:
+        bot = self.bot_user
+        owner = self._users[self.add_user("ada")]
+        return _json(
+            {
+                "id": str(bot.id),
+                "name": bot.username,
+                "icon": None,
+                "description": "",
+                "summary": "",
+                "type": None,
+                "hook": True,
+                "bot_public": True,
+                "bot_require_code_grant": False,
+                "verify_key": "0" * 64,
+                "flags": self.application_flags,
+                "owner": p.user_payload(owner),
+                "team": None,
+                "bot": p.user_payload(bot),
+                "redirect_uris": [],
+                "interactions_endpoint_url": None,
+                "tags": [],
+                "integration_types_config": {"0": {}},
+                "approximate_guild_count": len(self._guilds),
+            }
+        )
+
+    async def _get_gateway(self, request: web.Request) -> web.Response:
+        return _json({"url": self.gateway_url})
+
+    async def _get_gateway_bot(self, request: web.Request) -> web.Response:
+        limit = {"total": 1000, "remaining": 999, "reset_after": 86_400_000, "max_concurrency": 1}
+        return _json({"url": self.gateway_url, "shards": 1, "session_start_limit": limit})
+
+    def _channel_or_404(self, request: web.Request) -> p.Channel | web.Response:
+        channel = self._channels.get(_int(request.match_info["channel_id"]) or 0)
+        return channel if channel is not None else _error(404, 10003, "Unknown Channel")
+
+    async def _get_channel(self, request: web.Request) -> web.Response:
+        channel = self._channel_or_404(request)
+        if isinstance(channel, web.Response):
+            return channel
+        return _json(p.channel_payload(channel, self._users))
+
+    async def _create_dm(self, request: web.Request) -> web.Response:
+        body = request["body"] if isinstance(request["body"], dict) else {}
+        user_id = _int(body.get("recipient_id"))
+        if user_id is None:
+            return _json(
+                p.form_error("recipient_id", "BASE_TYPE_REQUIRED", "This field is required"), 400
+            )
+        if user_id not in self._users:
+            return _error(400, 50007, "Cannot send messages to this user")
+        channel = self._channels[self.dm_channel(user_id)]
+        return _json(p.channel_payload(channel, self._users))
+
+    async def _typing(self, request: web.Request) -> web.Response:
+        channel = self._channel_or_404(request)
+        if isinstance(channel, web.Response):
+            return channel
+        self.typing.append(channel.id)
+        return web.Response(status=204)
+
+    def _message_or_404(self, request: web.Request, channel: p.Channel) -> _Stored | web.Response:
+        stored = self._messages.get(_int(request.match_info["message_id"]) or 0)
+        if stored is None or stored.deleted or stored.channel_id != channel.id:
+            return _error(404, 10008, "Unknown Message")
+        return stored
+
+    async def _get_message(self, request: web.Request) -> web.Response:
+        channel = self._channel_or_404(request)
+        if isinstance(channel, web.Response):
+            return channel
+        stored = self._message_or_404(request, channel)
+        if isinstance(stored, web.Response):
+            return stored
+        return _json(stored.payload)
+
+    async def _history(self, request: web.Request) -> web.Response:
+        channel = self._channel_or_404(request)
+        if isinstance(channel, web.Response):
+            return channel
+        limit = min(max(_int(request.query.get("limit")) or 50, 1), 100)
+        before, after = _int(request.query.get("before")), _int(request.query.get("after"))
+        ids = sorted(
+            (i for i, s in self._messages.items() if s.channel_id == channel.id and not s.deleted),
+            reverse=True,
+        )
+        if before is not None:
+            ids = [i for i in ids if i < before]
+        if after is not None:
+            ids = [i for i in ids if i > after][-limit:]
+        return _json([self._messages[i].payload for i in ids[:limit]])
+
+    def _files_of(
+        self, request: web.Request, body: JSON, channel_id: int
+    ) -> list[SentAttachment] | web.Response:
+        """Store the uploaded ``files[n]``, matched to ``attachments[].id == n``."""
+        described = {
+            _int(a.get("id")): a for a in body.get("attachments") or [] if isinstance(a, dict)
+        }
+        result: list[SentAttachment] = []
+        for name, filename, data, kind in request["files"]:
+            if len(data) > self.max_upload_bytes:
+                return _error(413, 40005, "Request entity too large")
+            index = _int(name.removeprefix("files[").removesuffix("]"))
+            meta = described.get(index, {})
+            filename = str(meta.get("filename") or filename)
+            if kind == "application/octet-stream":
+                kind = mimetypes.guess_type(filename)[0] or kind
+            attachment_id = self._store_file(channel_id, filename, data, kind)
+            url = self._attachment_url(attachment_id)
+            result.append(
+                SentAttachment(attachment_id, filename, data, kind, url, meta.get("description"))
+            )
+        return result
+
+    def _pings(
+        self, content: str, allowed: JSON | None, reference: _Stored | None, guild_id: int | None
+    ) -> tuple[list[int], list[int], bool]:
+        """(user ids, role ids, everyone) a bot message pings, after ``allowed_mentions``."""
+        users, roles = self._mentioned_users(content), self._mentioned_roles(content, guild_id)
+        everyone = "@everyone" in content or "@here" in content
+        if allowed is None:
+            replied = reference is not None
+            parse: set[str] = {"users", "roles", "everyone"}
+            allowed_users: set[int] = set()
+            allowed_roles: set[int] = set()
+        else:
+            replied = bool(allowed.get("replied_user"))
+            parse = set(allowed.get("parse") or [])
+            allowed_users = {int(u) for u in allowed.get("users") or []}
+            allowed_roles = {int(r) for r in allowed.get("roles") or []}
+        users = [u for u in users if "users" in parse or u in allowed_users]
+        roles = [r for r in roles if "roles" in parse or r in allowed_roles]
+        if reference is not None and replied and reference.author_id not in users:
+            users.append(reference.author_id)
+        return users, roles, everyone and "everyone" in parse and guild_id is not None
+
+    async def _create_message(self, request: web.Request) -> web.Response:
+        channel = self._channel_or_404(request)
+        if isinstance(channel, web.Response):
+            return channel
+        body: JSON = request["body"] if isinstance(request["body"], dict) else {}
+        content = body.get("content")
+        content = "" if content is None else str(content)
+        if len(content) > MAX_CONTENT:
+            msg = f"Must be {MAX_CONTENT} or fewer in length."
+            return _json(p.form_error("content", "BASE_TYPE_MAX_LENGTH", msg), 400)
+        embeds = [e for e in body.get("embeds") or [] if isinstance(e, dict)]
+        if not (
+            content or embeds or request["files"] or body.get("sticker_ids") or body.get("poll")
+        ):
+            return _error(400, 50006, "Cannot send an empty message")
+        reference_body = body.get("message_reference")
+        stored_ref: _Stored | None = None
+        if isinstance(reference_body, dict):
+            stored_ref = self._messages.get(_int(reference_body.get("message_id")) or 0)
+            if stored_ref is None or stored_ref.deleted:
+                if reference_body.get("fail_if_not_exists", True):
+                    return _json(
+                        p.form_error(
+                            "message_reference",
+                            "MESSAGE_REFERENCE_UNKNOWN_MESSAGE",
+                            "Unknown message",
+                        ),
+                        400,
+                    )
+                stored_ref = None
+        files = self._files_of(request, body, channel.id)
+        if isinstance(files, web.Response):
+            return files
+        allowed = (
+            body.get("allowed_mentions") if isinstance(body.get("allowed_mentions"), dict) else None
+        )
+        users, roles, everyone = self._pings(content, allowed, stored_ref, channel.guild_id)
+        message_id = self._ids.next()
+        reference = (
+            self._reference(int(stored_ref.payload["id"]), self._channels[stored_ref.channel_id])
+            if stored_ref
+            else None
+        )
+        payload = p.message_payload(
+            message_id=message_id,
+            channel=channel,
+            author=self.bot_user,
+            content=content,
+            mentions=self._mention_payloads(users, channel.guild_id),
+            mention_roles=roles,
+            mention_everyone=everyone,
+            attachments=[self._attachment_payload(f.id, f.description) for f in files],
+            embeds=embeds,
+            message_reference=reference,
+            referenced_message=self._referenced(stored_ref) if stored_ref else None,
+            tts=bool(body.get("tts")),
+            flags=_int(body.get("flags")) or 0,
+            nonce=body.get("nonce"),
+            components=body.get("components"),
+        )
+        self._record(payload, channel, self.bot_user.id)
+        self._sent.append(
+            SentMessage(
+                message_id,
+                channel.id,
+                content,
+                allowed,
+                reference_body if isinstance(reference_body, dict) else None,
+                files,
+                embeds,
+                users,
+                everyone,
+                body,
+            )
+        )
+        if self.echo_own_messages:
+            self._dispatch_message("MESSAGE_CREATE", payload, channel)
+        return _json(payload)
+
+    async def _edit_message(self, request: web.Request) -> web.Response:
+        channel = self._channel_or_404(request)
+        if isinstance(channel, web.Response):
+            return channel
+        stored = self._message_or_404(request, channel)
+        if isinstance(stored, web.Response):
+            return stored
+        if stored.author_id != self.bot_user.id:
+            return _error(403, 50005, "Cannot edit a message authored by another user")
+        body: JSON = request["body"] if isinstance(request["body"], dict) else {}
+        payload = stored.payload
+        if "content" in body:
+            content = "" if body["content"] is None else str(body["content"])
+            if len(content) > MAX_CONTENT:
+                msg = f"Must be {MAX_CONTENT} or fewer in length."
+                return _json(p.form_error("content", "BASE_TYPE_MAX_LENGTH", msg), 400)
+            payload["content"] = content
+        if "embeds" in body:
+            payload["embeds"] = [e for e in body["embeds"] or [] if isinstance(e, dict)]
+        files = self._files_of(request, body, channel.id)
+        if isinstance(files, web.Response):
+            return files
+        if "attachments" in body:
+            keep = {str(a.get("id")) for a in body["attachments"] or [] if isinstance(a, dict)}
+            kept = [a for a in payload["attachments"] if a["id"] in keep]
+            payload["attachments"] = kept + [
+                self._attachment_payload(f.id, f.description) for f in files
+            ]
+        if "flags" in body:
+            payload["flags"] = _int(body["flags"]) or 0
+        payload["edited_timestamp"] = p.now_iso()
+        sent = next((m for m in self._sent if m.id == int(payload["id"])), None)
+        if sent is not None:
+            sent.content = payload["content"]
+            sent.edits.append(payload["content"])
+            sent.embeds = payload["embeds"]
+            sent.attachments = [
+                *(
+                    a
+                    for a in sent.attachments
+                    if str(a.id) in {x["id"] for x in payload["attachments"]}
+                ),
+                *files,
+            ]
+        self._dispatch_message("MESSAGE_UPDATE", payload, channel)
+        return _json(payload)
+
+    async def _delete_message(self, request: web.Request) -> web.Response:
+        channel = self._channel_or_404(request)
+        if isinstance(channel, web.Response):
+            return channel
+        stored = self._message_or_404(request, channel)
+        if isinstance(stored, web.Response):
+            return stored
+        stored.deleted = True
+        for sent in self._sent:
+            if sent.id == int(stored.payload["id"]):
+                sent.deleted = True
+        data: JSON = {"id": stored.payload["id"], "channel_id": str(channel.id)}
+        if channel.guild_id is not None:
+            data["guild_id"] = str(channel.guild_id)
+        self._dispatch_message("MESSAGE_DELETE", data, channel)
+        return web.Response(status=204)
+
+    async def _react(self, request: web.Request) -> web.Response:
+        channel = self._channel_or_404(request)
+        if isinstance(channel, web.Response):
+            return channel
+        stored = self._message_or_404(request, channel)
+        if isinstance(stored, web.Response):
+            return stored
+        emoji = request.match_info["emoji"]
+        added = request.method == "PUT"
+        self.reactions.append(Reaction(channel.id, int(stored.payload["id"]), emoji, added))
+        return web.Response(status=204)
+
+    async def _download(self, request: web.Request) -> web.Response:
+        found = self._files.get(_int(request.match_info["attachment_id"]) or 0)
+        if found is None:
+            return web.Response(status=404, text="This content is no longer available.")
+        _, data, kind, _ = found
+        return web.Response(body=data, content_type=kind or "application/octet-stream")
+
+    # ------------------------------------------------------------------ gateway
+
+    async def _gateway(self, request: web.Request) -> web.StreamResponse:
+        query = dict(request.query)
+        wants_zlib = query.get("compress") == "zlib-stream" and self.compress
+        info = GatewayConnection(query, "zlib-stream" if wants_zlib else None)
+        ws = web.WebSocketResponse(timeout=2.0, max_msg_size=0)
+        await ws.prepare(request)
+        conn = _Connection(ws, info)
+        self.connections.append(info)
+        self._live.add(conn)
+        writer = asyncio.create_task(conn.run_writer())
+        try:
+            if query.get("v", "10") != "10":
+                await conn.close(4012, "Invalid API version")
+            elif query.get("encoding", "json") != "json":
+                await conn.close(4002, "Error while decoding payload.")
+            elif await self._wait_gate():
+                await self._serve(conn)
+        finally:
+            self._live.discard(conn)
+            info.closed, info.close_code = True, ws.close_code
+            session = conn.session
+            if session is not None and session._conn is conn:
+                session._conn = None
+                if not conn.server_closed and ws.close_code in (1000, 1001):
+                    self._forget(session)  # a client's clean close ends its session
+            conn.finish()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+            self._notify()
+        return ws
+
+    async def _wait_gate(self) -> bool:
+        """Hold a new connection during an ``outage``; False if the fake is stopping."""
+        while not self._gate.is_set() and not self._stopping.is_set():
+            gate = asyncio.ensure_future(self._gate.wait())
+            stop = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait([gate, stop], return_when=asyncio.FIRST_COMPLETED)
+            gate.cancel()
+            stop.cancel()
+        return not self._stopping.is_set()
+
+    async def _serve(self, conn: _Connection) -> None:
+        trace = ['["gateway-prd-fake-0",{"micros":0.0}]']
+        conn.send_op(HELLO, {"heartbeat_interval": self.heartbeat_interval_ms, "_trace": trace})
+        async for msg in conn.ws:
+            if msg.type is not web.WSMsgType.TEXT:
+                await conn.close(4002, "Error while decoding payload.")
+                return
+            try:
+                frame = json.loads(msg.data)
+                op = int(frame["op"])
+            except (ValueError, KeyError, TypeError):
+                await conn.close(4002, "Error while decoding payload.")
+                return
+            conn.info.ops.append(op)
+            await self._on_op(conn, op, frame.get("d"))
+            self._notify()
+
+    async def _on_op(self, conn: _Connection, op: int, data: Any) -> None:
+        if op == HEARTBEAT:
+            self.heartbeats += 1
+            conn.send_op(HEARTBEAT_ACK, None)
+        elif op == IDENTIFY:
+            await self._identify(conn, data if isinstance(data, dict) else {})
+        elif op == RESUME:
+            await self._resume(conn, data if isinstance(data, dict) else {})
+        elif conn.session is None:
+            await conn.close(4003, "Not authenticated.")
+        elif op == PRESENCE_UPDATE:
+            self.presences.append(data)
+        elif op == REQUEST_MEMBERS:
+            self._members_chunk(conn.session, data if isinstance(data, dict) else {})
+        elif op == VOICE_STATE_UPDATE:
+            pass
+        else:
+            await conn.close(4001, "Unknown opcode.")
+
+    def _token_ok(self, token: Any) -> bool:
+        return isinstance(token, str) and bool(token) and self.token in (None, token)
+
+    async def _identify(self, conn: _Connection, data: JSON) -> None:
+        if conn.session is not None:
+            await conn.close(4005, "Already authenticated.")
+            return
+        if not self._token_ok(data.get("token")):
+            await conn.close(4004, "Authentication failed.")
+            return
+        intents = data.get("intents")
+        if not isinstance(intents, int) or intents < 0:
+            await conn.close(4013, "Invalid intent(s).")
+            return
+        if intents & p.PRIVILEGED_INTENTS and not self.privileged_intents:
+            await conn.close(4014, "Disallowed intent(s).")
+            return
+        shard_data = data.get("shard") or [0, 1]
+        shard = (int(shard_data[0]), int(shard_data[1]))
+        if not 0 <= shard[0] < shard[1]:
+            await conn.close(4010, "Invalid shard.")
+            return
+        session = GatewaySession(uuid.uuid4().hex, data, intents, shard)
+        conn.session, session._conn = session, conn
+        guilds = [g for g in self._guilds if self._on_shard(session, g)]
+        ready: JSON = {
+            "v": 10,
+            "user": p.self_user_payload(self.bot_user),
+            "user_settings": {},
+            "session_type": "normal",
+            "session_id": session.session_id,
+            "resume_gateway_url": self.gateway_url,
+            "guilds": [{"id": str(g), "unavailable": True} for g in guilds],
+            "private_channels": [],
+            "relationships": [],
+            "presences": [],
+            "guild_join_requests": [],
+            "geo_ordered_rtc_regions": ["us-east", "us-central"],
+            "auth": {},
+            "application": {"id": str(self.bot_user.id), "flags": self.application_flags},
+            "_trace": ['["gateway-prd-fake-0",{"micros":0.0}]'],
+        }
+        if "shard" in data:
+            ready["shard"] = list(shard)
+        session.push("READY", ready)
+        if intents & p.GUILDS:
+            for guild_id in guilds:
+                session.push("GUILD_CREATE", self._guild_payload(guild_id))
+        self.sessions.append(session)
+
+    async def _resume(self, conn: _Connection, data: JSON) -> None:
+        session = next((s for s in self.sessions if s.session_id == data.get("session_id")), None)
+        if session is None or not self._token_ok(data.get("token")) or conn.session is not None:
+            conn.send_op(INVALID_SESSION, False)
+            return
+        seq = _int(data.get("seq")) or 0
+        if seq > session.seq:
+            await conn.close(4007, "Invalid seq.")
+            return
+        old = session._conn
+        conn.session, session._conn = session, conn
+        if old is not None and old is not conn:
+            old.session = None
+            asyncio.create_task(old.close(4000, "Session resumed elsewhere."))  # noqa: RUF006
+        for frame in session.frames:
+            if frame["s"] > seq:
+                conn.send(frame)
+        session.resumes += 1
+        session.push("RESUMED", {"_trace": ['["gateway-prd-fake-0",{"micros":0.0}]']})
+
+    def _members_chunk(self, session: GatewaySession, data: JSON) -> None:
+        guild = self._guilds.get(_int(data.get("guild_id")) or 0)
+        if guild is None:
+            return
+        members = list(guild.members.values())
+        query = data.get("query")
+        if data.get("user_ids"):
+            wanted = {int(u) for u in data["user_ids"]}
+            members = [m for m in members if m.user_id in wanted]
+        elif query:
+            members = [m for m in members if self._users[m.user_id].username.startswith(query)]
+        if limit := _int(data.get("limit")):
+            members = members[:limit]
+        chunk: JSON = {
+            "guild_id": str(guild.id),
+            "members": [p.member_payload(m, self._users[m.user_id]) for m in members],
+            "chunk_index": 0,
+            "chunk_count": 1,
+            "not_found": [],
+        }
+        if data.get("nonce"):
+            chunk["nonce"] = data["nonce"]
+        session.push("GUILD_MEMBERS_CHUNK", chunk)
