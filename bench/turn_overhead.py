@@ -756,9 +756,9 @@ def attribute(stats: pstats.Stats) -> dict[str, float]:
 
     for _ in range(ATTRIBUTION_ROUNDS):
         change = 0.0
-        for func, callers in weights.items():
+        for func, edges in weights.items():
             mixed: dict[str, float] = defaultdict(float)
-            for caller, weight in callers:
+            for caller, weight in edges:
                 for owner, share in of(caller).items():
                     mixed[owner] += weight * share
             change += abs(sum(mixed.values()) - sum(shares[func].values()))

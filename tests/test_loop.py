@@ -14,7 +14,7 @@ from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
 from nanobot.agent.run import ToolPolicy
 from nanobot.agent.runner import SKIPPED, Runner
 from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
-from nanobot.store import Database, SessionStore
+from nanobot.store import Database, SessionStore, UsageLedger
 from nanobot.tools.registry import ToolRegistry
 from nanobot.workspace import copy_template
 from tests.fakes.llm import Call, ContextLengthError, FakeLLM, ServerError, Text, ToolCalls
@@ -56,6 +56,7 @@ async def make_parts(
         sessions,
         ContextBuilder(workspace),
         LoopSettings(max_tokens=200, **settings),
+        usage=UsageLedger(db),
     )
     return Parts(loop, sessions, sleeper)
 

@@ -27,10 +27,15 @@ DISCORD_LIMIT = 2000
 _SOFT_WINDOW = 0.8
 _SEPARATORS = ("\n\n", "\n", " ")
 
-_ATOM = re.compile(r"<[^<>]*>|&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[a-zA-Z][a-zA-Z0-9]*);|.", re.DOTALL)
+# Tags and entities are indivisible; the rest is text. Both patterns try the same
+# alternatives at each position, so `plain_text` sees exactly what `_atoms` sees.
+_MARKUP_PATTERN = r"<[^<>]*>|&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[a-zA-Z][a-zA-Z0-9]*);"
+_MARKUP = re.compile(_MARKUP_PATTERN)
+_ATOM = re.compile(_MARKUP_PATTERN + r"|[^<&]+|[<&]")
 _TAG_NAME = re.compile(r"</?\s*([a-zA-Z][\w-]*)")
 _FENCE_OPEN = re.compile(r"[ \t]*(`{3,})([^`]*)")
 _FENCE_CLOSE = re.compile(r"[ \t]*(`{3,})[ \t]*")
+_BACKTICKS = re.compile(r"[ \t]*`{3,}")
 
 Cut = Callable[[int], bool]
 
@@ -58,38 +63,46 @@ class _Atom:
 
 
 def _utf16(text: str) -> int:
-    return len(text) + sum(1 for char in text if ord(char) > 0xFFFF)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def _atoms(markup: str) -> list[_Atom]:
     atoms = []
     for match in _ATOM.finditer(markup):
         piece = match.group()
-        if len(piece) > 1 and piece[0] == "<":
-            name = _TAG_NAME.match(piece)
-            if name is None:  # a comment or a doctype: no visible text, no nesting
-                atoms.append(_Atom(piece, "void", "", 0))
-            elif piece[1] == "/":
-                atoms.append(_Atom(piece, "close", "", 0, name.group(1).lower()))
-            elif piece.endswith("/>"):
-                atoms.append(_Atom(piece, "void", "", 0))
-            else:
-                atoms.append(_Atom(piece, "open", "", 0, name.group(1).lower()))
-        else:
-            text = html.unescape(piece) if piece[0] == "&" else piece
+        if piece[0] == "<" and len(piece) > 1:
+            atoms.append(_tag(piece))
+        elif piece[0] == "&" and len(piece) > 1:
+            text = html.unescape(piece)
             atoms.append(_Atom(piece, "text", text, _utf16(text)))
+        else:
+            # A run of plain text, one atom per character: any of them may end a chunk.
+            atoms.extend(_Atom(char, "text", char, 2 if char > "\uffff" else 1) for char in piece)
     return atoms
+
+
+def _tag(piece: str) -> _Atom:
+    name = _TAG_NAME.match(piece)
+    if name is None or piece.endswith("/>"):  # a comment, a doctype, <br/>: no nesting
+        return _Atom(piece, "void", "", 0)
+    kind: Literal["open", "close"] = "close" if piece[1] == "/" else "open"
+    return _Atom(piece, kind, "", 0, name.group(1).lower())
+
+
+def _decode(match: re.Match[str]) -> str:
+    piece = match.group()
+    return "" if piece[0] == "<" else html.unescape(piece)
 
 
 def visible_length(markup: str) -> int:
     """Length Telegram counts for `markup` sent as HTML: tags removed, entities decoded,
     in UTF-16 code units (an emoji counts 2)."""
-    return sum(atom.width for atom in _atoms(markup))
+    return _utf16(plain_text(markup))
 
 
 def plain_text(markup: str) -> str:
     """The visible text of Telegram HTML: tags removed, entities decoded."""
-    return "".join(atom.text for atom in _atoms(markup))
+    return _MARKUP.sub(_decode, markup)
 
 
 def split_telegram(markup: str, limit: int = TELEGRAM_LIMIT) -> list[str]:
@@ -205,7 +218,7 @@ class _Fence:
     def reopen(self, limit: int) -> str:
         # A long info string would eat the part it reopens; the language word is what counts.
         line = f"{self.marker}{self.info}\n"
-        return line if len(line) <= limit // 8 else f"{self.marker}\n"
+        return line if len(line) <= limit // 4 else f"{self.marker}\n"
 
     def close(self, body: str) -> str:
         return self.marker if body.endswith("\n") else f"\n{self.marker}"
@@ -213,7 +226,9 @@ class _Fence:
 
 def _fences(text: str) -> tuple[list[_Fence | None], list[bool]]:
     """For each cut position 0..len(text): the fence a part ending there leaves open, and
-    whether a cut there is clean (not inside a fence line, not just before a closing one).
+    whether a cut there is clean. A cut is not clean inside a line that starts with ```, just
+    before a ``` that would then start a line, between an opening line and its first code
+    line, or just before a closing line: each would open, close or empty a block by mistake.
     """
     state: list[_Fence | None] = [None] * (len(text) + 1)
     clean = [True] * (len(text) + 1)
@@ -224,16 +239,18 @@ def _fences(text: str) -> tuple[list[_Fence | None], list[bool]]:
         opening = _FENCE_OPEN.fullmatch(line) if fence is None else None
         closing = _FENCE_CLOSE.fullmatch(line) if fence is not None else None
         if closing is not None and fence and len(closing.group(1)) >= len(fence.marker):
-            for cut in range(start, end):
-                state[cut] = fence
+            state[start:end] = [fence] * (end - start)
             state[end] = fence = None
             _forbid(clean, start - 1, end)
         else:
             if opening is not None:
                 fence = _Fence(opening.group(1), opening.group(2).strip())
                 _forbid(clean, start + 1, end + 2)
-            for cut in range(start + 1, end + 1):
-                state[cut] = fence
+            state[start + 1 : end + 1] = [fence] * (end - start)
+            if line.lstrip(" \t").startswith("```"):
+                _forbid(clean, start + 1, end)
+            for run in _BACKTICKS.finditer(line):
+                _forbid(clean, start + max(run.start(), 1), start + run.end() - 2)
         if end < len(text):
             state[end + 1] = fence
         start = end + 1

@@ -354,7 +354,13 @@ def guild_create_payload(
 
 
 def attachment_payload(
-    attachment_id: int, filename: str, size: int, content_type: str | None, url: str, proxy_url: str
+    attachment_id: int,
+    filename: str,
+    size: int,
+    *,
+    content_type: str | None,
+    url: str,
+    proxy_url: str,
 ) -> JSON:
     return {
         "id": str(attachment_id),

@@ -168,37 +168,39 @@ class _Parser:
         while self.at(i) != ord(">"):
             while self.at(i) and self.at(i) in _SPACE:
                 i += 1
-            if self.at(i) == ord(">"):
-                break
-            name_start = i
-            while self.at(i) not in _SPACE and self.at(i) not in b"=>":
-                i += 1
-            name = self.src[name_start:i].decode(errors="replace")
-            if not name:
-                raise HtmlError(f'Empty attribute name in the tag "{tag}" at byte offset {begin}')
-            while self.at(i) and self.at(i) in _SPACE:
-                i += 1
-            if self.at(i) != ord("="):
-                if tag == "blockquote" and name == "expandable":
-                    argument = "1"
-                    continue
-                raise HtmlError(
-                    "Expected equal sign in declaration of an attribute of the tag "
-                    f'"{tag}" at byte offset {begin}'
-                )
-            i += 1
-            while self.at(i) and self.at(i) in _SPACE:
-                i += 1
-            if not self.at(i):
-                raise HtmlError(f'Unclosed start tag "{tag}" at byte offset {begin}')
-            value, i = self.attribute_value(i)
-            if not self.at(i):
-                raise HtmlError(f"Unclosed start tag at byte offset {begin}")
-            argument = _argument(tag, name, value, argument)
+            if self.at(i) != ord(">"):
+                argument, i = self.attribute(tag, begin, i, argument)
         if tag == "span" and argument != "spoiler":
             raise HtmlError(f'Tag "span" must have class "tg-spoiler" at byte offset {begin}')
         self.stack.append(_Open(tag, argument, self.offset, len(self.out)))
         return i + 1
+
+    def attribute(self, tag: str, begin: int, i: int, argument: str) -> tuple[str, int]:
+        """Parse one ``name=value`` at ``i``: (the tag's argument after it, next index)."""
+        name_start = i
+        while self.at(i) not in _SPACE and self.at(i) not in b"=>":
+            i += 1
+        name = self.src[name_start:i].decode(errors="replace")
+        if not name:
+            raise HtmlError(f'Empty attribute name in the tag "{tag}" at byte offset {begin}')
+        while self.at(i) and self.at(i) in _SPACE:
+            i += 1
+        if self.at(i) != ord("="):
+            if tag == "blockquote" and name == "expandable":
+                return "1", i
+            raise HtmlError(
+                "Expected equal sign in declaration of an attribute of the tag "
+                f'"{tag}" at byte offset {begin}'
+            )
+        i += 1
+        while self.at(i) and self.at(i) in _SPACE:
+            i += 1
+        if not self.at(i):
+            raise HtmlError(f'Unclosed start tag "{tag}" at byte offset {begin}')
+        value, i = self.attribute_value(i)
+        if not self.at(i):
+            raise HtmlError(f"Unclosed start tag at byte offset {begin}")
+        return _argument(tag, name, value, argument), i
 
     def attribute_value(self, i: int) -> tuple[str, int]:
         value = bytearray()

@@ -276,6 +276,12 @@ class _Stored:
 
 
 @dataclass
+class _Body:
+    data: Any
+    files: list[tuple[str, str, bytes, str | None]] = field(default_factory=list)
+
+
+@dataclass
 class _FaultRule:
     pattern: str
     fault: Fault
@@ -350,6 +356,7 @@ class FakeDiscord:
         self._sent: list[SentMessage] = []
         self._files: dict[int, tuple[str, bytes, str | None, int]] = {}  # + channel id
         self._faults: list[_FaultRule] = []
+        self._bodies: dict[int, _Body] = {}  # id(request) -> parsed body, while it is served
         self._live: set[_Connection] = set()
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
@@ -373,7 +380,7 @@ class FakeDiscord:
 
     @property
     def gateway_url(self) -> str:
-        """``ws://127.0.0.1:PORT/gateway``: for ``DiscordWebSocket.DEFAULT_GATEWAY`` (a yarl.URL)."""
+        """``ws://127.0.0.1:PORT/gateway``: ``DiscordWebSocket.DEFAULT_GATEWAY`` (as a yarl.URL)."""
         return f"ws://{self.host}:{self.port}/gateway"
 
     async def start(self) -> None:
@@ -450,7 +457,7 @@ class FakeDiscord:
         self._join(guild, self.bot_user.id, [bot_role.id])
         self._join(guild, owner)
         self._dispatch_guild(
-            guild_id, "GUILD_CREATE", lambda: self._guild_payload(guild_id), p.GUILDS
+            guild_id, "GUILD_CREATE", lambda s: self._guild_payload(guild_id, s), p.GUILDS
         )
         return guild_id
 
@@ -460,7 +467,7 @@ class FakeDiscord:
         role = p.Role(self._ids.next(), name, position=len(guild.roles))
         guild.roles.append(role)
         data = {"guild_id": str(guild_id), "role": p.role_payload(role)}
-        self._dispatch_guild(guild_id, "GUILD_ROLE_CREATE", lambda: data, p.GUILDS)
+        self._dispatch_guild(guild_id, "GUILD_ROLE_CREATE", lambda _: data, p.GUILDS)
         return role.id
 
     def add_channel(self, guild_id: int, name: str, *, topic: str | None = None) -> int:
@@ -472,7 +479,7 @@ class FakeDiscord:
         self._channels[channel.id] = channel
         guild.channel_ids.append(channel.id)
         data = p.channel_payload(channel, self._users)
-        self._dispatch_guild(guild_id, "CHANNEL_CREATE", lambda: data, p.GUILDS)
+        self._dispatch_guild(guild_id, "CHANNEL_CREATE", lambda _: data, p.GUILDS)
         return channel.id
 
     def add_thread(
@@ -488,7 +495,7 @@ class FakeDiscord:
         self._channels[thread.id] = thread
         self._guilds[parent.guild_id].channel_ids.append(thread.id)
         data = p.channel_payload(thread, self._users) | {"newly_created": True}
-        self._dispatch_guild(parent.guild_id, "THREAD_CREATE", lambda: data, p.GUILDS)
+        self._dispatch_guild(parent.guild_id, "THREAD_CREATE", lambda _: data, p.GUILDS)
         return thread.id
 
     def dm_channel(self, user_id: int) -> int:
@@ -603,8 +610,9 @@ class FakeDiscord:
 
     async def wait_for_resume(self, count: int = 1, seconds: float = 10.0) -> None:
         """Wait until ``count`` RESUMEs (over all sessions) have been answered."""
-        total = lambda: sum(s.resumes for s in self.sessions)  # noqa: E731
-        await self.wait_until(lambda: total() >= count, seconds, f"{count} RESUME(s)")
+        await self.wait_until(
+            lambda: sum(s.resumes for s in self.sessions) >= count, seconds, f"{count} RESUME(s)"
+        )
 
     # ------------------------------------------------------------------ faults
 
@@ -672,10 +680,15 @@ class FakeDiscord:
         if user_id != self.bot_user.id and self.sessions:
             member = p.member_payload(guild.members[user_id], self._users[user_id])
             data = member | {"guild_id": str(guild.id)}
-            self._dispatch_guild(guild.id, "GUILD_MEMBER_ADD", lambda: data, p.GUILD_MEMBERS)
+            self._dispatch_guild(guild.id, "GUILD_MEMBER_ADD", lambda _: data, p.GUILD_MEMBERS)
 
-    def _guild_payload(self, guild_id: int) -> JSON:
-        return p.guild_create_payload(self._guilds[guild_id], self._channels, self._users)
+    def _guild_payload(self, guild_id: int, session: GatewaySession) -> JSON:
+        """GUILD_CREATE; without GUILD_MEMBERS only the bot is listed, as on Discord."""
+        guild = self._guilds[guild_id]
+        members = list(guild.members.values())
+        if not session.intents & p.GUILD_MEMBERS:
+            members = [m for m in members if m.user_id == self.bot_user.id]
+        return p.guild_create_payload(guild, self._channels, self._users, members)
 
     def _mentioned_users(self, content: str) -> list[int]:
         ids = [int(m) for m in USER_MENTION.findall(content)]
@@ -727,7 +740,9 @@ class FakeDiscord:
         filename, data, kind, _ = self._files[attachment_id]
         url = self._attachment_url(attachment_id)
         proxy = self._attachment_url(attachment_id, media=True)
-        payload = p.attachment_payload(attachment_id, filename, len(data), kind, url, proxy)
+        payload = p.attachment_payload(
+            attachment_id, filename, len(data), content_type=kind, url=url, proxy_url=proxy
+        )
         if description is not None:
             payload["description"] = description
         return payload
@@ -748,16 +763,15 @@ class FakeDiscord:
         return (guild_id >> 22) % count == shard_id
 
     def _dispatch_guild(
-        self, guild_id: int, event: str, build: Callable[[], JSON], intent: int
+        self, guild_id: int, event: str, build: Callable[[GatewaySession], JSON], intent: int
     ) -> None:
         targets = [
             s for s in list(self.sessions) if s.intents & intent and self._on_shard(s, guild_id)
         ]
         if not targets:
             return
-        data = build()
         for session in targets:
-            session.push(event, data)
+            session.push(event, build(session))
         self._notify()
 
     def _gateway_message(self, payload: JSON, channel: p.Channel) -> JSON:
@@ -806,8 +820,21 @@ class FakeDiscord:
             response: web.StreamResponse = await handler(request)
             return response
         path = request.path.removeprefix(API_PREFIX)
-        body = await self._read_body(request)
-        route = f"{request.method} {request.match_info.route.resource.canonical if request.match_info.route.resource else path}"  # noqa: E501
+        self._bodies[id(request)] = parsed = await self._read_body(request)
+        try:
+            return await self._api(request, handler, path, parsed.data)
+        finally:
+            del self._bodies[id(request)]
+
+    async def _api(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Any],
+        path: str,
+        body: Any,
+    ) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        route = f"{request.method} {resource.canonical if resource else path}"
         fault = self._take_fault(request.method, path)
         self.requests.append(
             RestRequest(
@@ -825,7 +852,7 @@ class FakeDiscord:
             return _json({"message": "401: Unauthorized", "code": 0}, 401, {"Via": "1.1 google"})
         if fault is not None:
             return await self._fault_response(request, fault, route)
-        response = await handler(request)
+        response: web.StreamResponse = await handler(request)
         response.headers["Via"] = "1.1 google"
         if 200 <= response.status < 300 and path not in ("/gateway", "/gateway/bot"):
             response.headers.update(self._ratelimit_headers(route, 5, 4, 1.0))
@@ -839,27 +866,28 @@ class FakeDiscord:
             return False
         return self.token is None or token == self.token
 
-    async def _read_body(self, request: web.Request) -> Any:
-        """JSON body, or for multipart the ``payload_json`` plus ``request["files"]``."""
-        files: list[tuple[str, str, bytes, str | None]] = []
-        request["files"] = files
+    @staticmethod
+    async def _read_body(request: web.Request) -> _Body:
+        """The JSON body, or for multipart ``payload_json`` and the ``files[n]`` parts."""
         if request.content_type == "multipart/form-data":
-            form = await request.post()
-            body: Any = {}
-            for name, value in form.items():
+            parsed = _Body({})
+            for name, value in (await request.post()).items():
                 if isinstance(value, web.FileField):
-                    files.append((name, value.filename, value.file.read(), value.content_type))
+                    upload = (name, value.filename, value.file.read(), value.content_type)
+                    parsed.files.append(upload)
                 elif name == "payload_json":
-                    body = json.loads(str(value))
-            request["body"] = body
-            return body
+                    parsed.data = json.loads(str(value))
+            return parsed
         raw = await request.read()
         try:
-            body = json.loads(raw) if raw else None
+            return _Body(json.loads(raw) if raw else None)
         except ValueError:
-            body = raw.decode(errors="replace")
-        request["body"] = body
-        return body
+            return _Body(raw.decode(errors="replace"))
+
+    def _body(self, request: web.Request) -> JSON:
+        """The request's JSON object (``{}`` if it sent something else)."""
+        data = self._bodies[id(request)].data
+        return data if isinstance(data, dict) else {}
 
     def _take_fault(self, method: str, path: str) -> Fault | None:
         subject = f"{method} {path}"
@@ -967,7 +995,7 @@ class FakeDiscord:
         return _json(p.channel_payload(channel, self._users))
 
     async def _create_dm(self, request: web.Request) -> web.Response:
-        body = request["body"] if isinstance(request["body"], dict) else {}
+        body = self._body(request)
         user_id = _int(body.get("recipient_id"))
         if user_id is None:
             return _json(
@@ -1024,13 +1052,14 @@ class FakeDiscord:
             _int(a.get("id")): a for a in body.get("attachments") or [] if isinstance(a, dict)
         }
         result: list[SentAttachment] = []
-        for name, filename, data, kind in request["files"]:
+        for name, uploaded_name, data, uploaded_kind in self._bodies[id(request)].files:
             if len(data) > self.max_upload_bytes:
                 return _error(413, 40005, "Request entity too large")
             index = _int(name.removeprefix("files[").removesuffix("]"))
             meta = described.get(index, {})
-            filename = str(meta.get("filename") or filename)
-            if kind == "application/octet-stream":
+            filename = str(meta.get("filename") or uploaded_name)
+            kind = uploaded_kind
+            if kind in (None, "application/octet-stream"):
                 kind = mimetypes.guess_type(filename)[0] or kind
             attachment_id = self._store_file(channel_id, filename, data, kind)
             url = self._attachment_url(attachment_id)
@@ -1065,7 +1094,7 @@ class FakeDiscord:
         channel = self._channel_or_404(request)
         if isinstance(channel, web.Response):
             return channel
-        body: JSON = request["body"] if isinstance(request["body"], dict) else {}
+        body = self._body(request)
         content = body.get("content")
         content = "" if content is None else str(content)
         if len(content) > MAX_CONTENT:
@@ -1073,7 +1102,11 @@ class FakeDiscord:
             return _json(p.form_error("content", "BASE_TYPE_MAX_LENGTH", msg), 400)
         embeds = [e for e in body.get("embeds") or [] if isinstance(e, dict)]
         if not (
-            content or embeds or request["files"] or body.get("sticker_ids") or body.get("poll")
+            content
+            or embeds
+            or self._bodies[id(request)].files
+            or body.get("sticker_ids")
+            or body.get("poll")
         ):
             return _error(400, 50006, "Cannot send an empty message")
         reference_body = body.get("message_reference")
@@ -1094,9 +1127,8 @@ class FakeDiscord:
         files = self._files_of(request, body, channel.id)
         if isinstance(files, web.Response):
             return files
-        allowed = (
-            body.get("allowed_mentions") if isinstance(body.get("allowed_mentions"), dict) else None
-        )
+        allowed = body.get("allowed_mentions")
+        allowed = allowed if isinstance(allowed, dict) else None
         users, roles, everyone = self._pings(content, allowed, stored_ref, channel.guild_id)
         message_id = self._ids.next()
         reference = (
@@ -1149,7 +1181,7 @@ class FakeDiscord:
             return stored
         if stored.author_id != self.bot_user.id:
             return _error(403, 50005, "Cannot edit a message authored by another user")
-        body: JSON = request["body"] if isinstance(request["body"], dict) else {}
+        body = self._body(request)
         payload = stored.payload
         if "content" in body:
             content = "" if body["content"] is None else str(body["content"])
@@ -1176,14 +1208,8 @@ class FakeDiscord:
             sent.content = payload["content"]
             sent.edits.append(payload["content"])
             sent.embeds = payload["embeds"]
-            sent.attachments = [
-                *(
-                    a
-                    for a in sent.attachments
-                    if str(a.id) in {x["id"] for x in payload["attachments"]}
-                ),
-                *files,
-            ]
+            current = {a["id"] for a in payload["attachments"]}
+            sent.attachments = [a for a in [*sent.attachments, *files] if str(a.id) in current]
         self._dispatch_message("MESSAGE_UPDATE", payload, channel)
         return _json(payload)
 
@@ -1349,7 +1375,7 @@ class FakeDiscord:
         session.push("READY", ready)
         if intents & p.GUILDS:
             for guild_id in guilds:
-                session.push("GUILD_CREATE", self._guild_payload(guild_id))
+                session.push("GUILD_CREATE", self._guild_payload(guild_id, session))
         self.sessions.append(session)
 
     async def _resume(self, conn: _Connection, data: JSON) -> None:

@@ -310,11 +310,11 @@ class _Params:
     def __init__(self, values: Mapping[str, Any], uploads: Mapping[str, _Upload]) -> None:
         self.values, self.uploads = dict(values), dict(uploads)
 
-    def str(self, name: str) -> str | None:
+    def string(self, name: str) -> str | None:
         value = self.values.get(name)
         return None if value is None else str(value)
 
-    def int(self, name: str, *, required: bool = False) -> int | None:
+    def integer(self, name: str, *, required: bool = False) -> int | None:
         value = self.values.get(name)
         if value is None or value == "":
             if required:
@@ -325,7 +325,7 @@ class _Params:
         except (TypeError, ValueError):
             raise _Fail(400, f"Bad Request: invalid {name} specified") from None
 
-    def json(self, name: str) -> Any:
+    def parsed(self, name: str) -> Any:
         value = self.values.get(name)
         if isinstance(value, str):
             try:
@@ -334,8 +334,8 @@ class _Params:
                 raise _Fail(400, f"Bad Request: can't parse {name} JSON object") from None
         return value
 
-    def bool(self, name: str) -> bool:
-        return self.json(name) in (True, "true", "True", 1)
+    def flag(self, name: str) -> bool:
+        return self.parsed(name) in (True, "true", "True", 1)
 
     def chat_id(self) -> int:
         value = self.values.get("chat_id")
@@ -370,7 +370,7 @@ class FakeTelegram:
         self.valid_token = token
         self.bot = User(bot_id, "Nanobot Test", bot_username, is_bot=True)
         self.strict_html = strict_html
-        self.offline = False
+        self._offline = False
         self.requests: list[ApiCall] = []
         self.actions: list[ChatAction] = []
         self.commands: list[JSON] = []
@@ -390,6 +390,16 @@ class FakeTelegram:
         self._runner: web.AppRunner | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
+
+    @property
+    def offline(self) -> bool:
+        """While True every Bot API request (and a held long poll) loses its connection."""
+        return self._offline
+
+    @offline.setter
+    def offline(self, value: bool) -> None:
+        self._offline = value
+        self._changed()
 
     @property
     def base_url(self) -> str:
@@ -715,6 +725,12 @@ class FakeTelegram:
             if (answer := await self._fault(request, fault)) is not None:
                 return answer
             delay = fault.seconds if isinstance(fault, Slow) else 0.0
+        return await self._perform(request, method, params, delay)
+
+    async def _perform(
+        self, request: web.Request, method: str, params: _Params, delay: float
+    ) -> web.Response:
+        """Run the method's ``_m_`` handler; answer after ``delay`` (a Slow fault)."""
         handler = getattr(self, f"_m_{method.lower()}", None)
         if handler is None:
             return _error(404, "Not Found")
@@ -767,13 +783,13 @@ class FakeTelegram:
                 "Conflict: can't use getUpdates method while webhook is active; "
                 "use deleteWebhook to delete the webhook first",
             )
-        offset, limit = p.int("offset") or 0, min(max(p.int("limit") or 100, 1), 100)
-        timeout = float(p.str("timeout") or 0)
+        offset, limit = p.integer("offset") or 0, min(max(p.integer("limit") or 100, 1), 100)
+        timeout = float(p.string("timeout") or 0)
         if offset < 0:  # -N: only the last N updates survive
             self._updates = self._updates[offset:]
         elif offset:
             self._updates = [u for u in self._updates if u["update_id"] >= offset]
-        if (allowed := p.json("allowed_updates")) is not None:
+        if (allowed := p.parsed("allowed_updates")) is not None:
             self._allowed = set(allowed)
 
         def deliverable() -> list[JSON]:
@@ -794,6 +810,7 @@ class FakeTelegram:
                     lambda: (
                         self._long_poll != generation
                         or self._stopping.is_set()
+                        or self.offline
                         or bool(deliverable())
                     ),
                     timeout,
@@ -802,7 +819,7 @@ class FakeTelegram:
         finally:
             if self._long_poll == generation:
                 self._long_poll = 0
-        if self._stopping.is_set():
+        if self._stopping.is_set() or self.offline:
             raise _Drop
         if superseded:
             raise _Fail(409, CONFLICT)
@@ -813,13 +830,13 @@ class FakeTelegram:
         return next(k for k in update if k != "update_id")
 
     async def _m_deletewebhook(self, p: _Params) -> bool:
-        if p.bool("drop_pending_updates"):
+        if p.flag("drop_pending_updates"):
             self._updates.clear()
         self.webhook_url = ""
         return True
 
     async def _m_setwebhook(self, p: _Params) -> bool:
-        self.webhook_url = p.str("url") or ""
+        self.webhook_url = p.string("url") or ""
         return True
 
     async def _m_getwebhookinfo(self, p: _Params) -> JSON:
@@ -830,7 +847,7 @@ class FakeTelegram:
         }
 
     async def _m_setmycommands(self, p: _Params) -> bool:
-        self.commands = list(p.json("commands") or [])
+        self.commands = list(p.parsed("commands") or [])
         return True
 
     async def _m_deletemycommands(self, p: _Params) -> bool:
@@ -842,10 +859,10 @@ class FakeTelegram:
 
     def _formatted(self, p: _Params, name: str, limit: int) -> tuple[str, str, list[JSON]]:
         """(raw, visible, entities) of ``text``/``caption`` under ``parse_mode``."""
-        raw = p.str(name) or ""
-        mode = (p.str("parse_mode") or "").lower()
+        raw = p.string(name) or ""
+        mode = (p.string("parse_mode") or "").lower()
         entities_name = "entities" if name == "text" else "caption_entities"
-        visible, entities = raw, list(p.json(entities_name) or [])
+        visible, entities = raw, list(p.parsed(entities_name) or [])
         if mode == "html":
             try:
                 parsed = parse_html(raw, strict=self.strict_html)
@@ -862,10 +879,10 @@ class FakeTelegram:
     def _new_message(self, p: _Params, body: JSON) -> tuple[_Chat, JSON]:
         """Build and store the bot's message in the chat named by ``chat_id``."""
         chat = self._chat(p.chat_id())
-        thread_id = p.int("message_thread_id")
-        reply = p.json("reply_parameters") or {}
-        reply_to = p.int("reply_to_message_id") or reply.get("message_id")
-        lenient = p.bool("allow_sending_without_reply") or reply.get("allow_sending_without_reply")
+        thread_id = p.integer("message_thread_id")
+        reply = p.parsed("reply_parameters") or {}
+        reply_to = p.integer("reply_to_message_id") or reply.get("message_id")
+        lenient = p.flag("allow_sending_without_reply") or reply.get("allow_sending_without_reply")
         if reply_to is not None and reply_to not in chat.messages and not lenient:
             raise _Fail(400, "Bad Request: message to be replied not found")
         message: JSON = {
@@ -880,7 +897,7 @@ class FakeTelegram:
         if reply_to in chat.messages:
             message["reply_to_message"] = _stripped(chat.messages[reply_to])
         message |= {k: v for k, v in body.items() if v not in (None, [], "")}
-        if markup := p.json("reply_markup"):
+        if markup := p.parsed("reply_markup"):
             message["reply_markup"] = markup
         chat.messages[message["message_id"]] = message
         return chat, message
@@ -890,15 +907,18 @@ class FakeTelegram:
         if not visible.strip():
             raise _Fail(400, "Bad Request: message text is empty")
         chat, message = self._new_message(p, {"text": visible, "entities": entities})
-        self._record(p, "sendMessage", chat, message, raw, visible, entities)
+        self._record(
+            p, chat, message, method="sendMessage", raw=raw, visible=visible, entities=entities
+        )
         return message
 
     def _record(
         self,
         p: _Params,
-        method: str,
         chat: _Chat,
         message: JSON,
+        *,
+        method: str,
         raw: str,
         visible: str,
         entities: list[JSON],
@@ -912,7 +932,7 @@ class FakeTelegram:
                 method=method,
                 text=raw,
                 visible=visible,
-                parse_mode=p.str("parse_mode"),
+                parse_mode=p.string("parse_mode"),
                 entities=entities,
                 thread_id=message.get("message_thread_id"),
                 reply_to=reply.get("message_id"),
@@ -922,7 +942,7 @@ class FakeTelegram:
         )
 
     def _own_message(self, p: _Params, missing: str) -> tuple[_Chat, JSON, SentMessage]:
-        chat_id, message_id = p.chat_id(), p.int("message_id", required=True)
+        chat_id, message_id = p.chat_id(), p.integer("message_id", required=True)
         chat = self._chats.get(chat_id)
         message = chat.messages.get(message_id or 0) if chat else None
         if chat is None or message is None:
@@ -941,7 +961,7 @@ class FakeTelegram:
         raw, visible, entities = self._formatted(p, "text", MAX_TEXT)
         if not visible.strip():
             raise _Fail(400, "Bad Request: message text is empty")
-        markup = p.json("reply_markup") or None
+        markup = p.parsed("reply_markup") or None
         if (visible, entities, markup) == (
             message["text"],
             message.get("entities", []),
@@ -954,7 +974,7 @@ class FakeTelegram:
             )
         )
         record.text, record.visible, record.entities = raw, visible, entities
-        record.parse_mode, record.reply_markup = p.str("parse_mode"), markup
+        record.parse_mode, record.reply_markup = p.string("parse_mode"), markup
         message |= {"text": visible, "edit_date": int(time.time())}
         message.pop("entities", None)
         message.pop("reply_markup", None)
@@ -964,7 +984,7 @@ class FakeTelegram:
         return message
 
     async def _m_deletemessage(self, p: _Params) -> bool:
-        chat_id, message_id = p.chat_id(), p.int("message_id", required=True)
+        chat_id, message_id = p.chat_id(), p.integer("message_id", required=True)
         chat = self._chats.get(chat_id)
         if chat is None or chat.messages.pop(message_id or 0, None) is None:
             raise _Fail(400, "Bad Request: message to delete not found")
@@ -979,15 +999,15 @@ class FakeTelegram:
         return True
 
     async def _m_sendchataction(self, p: _Params) -> bool:
-        chat_id, action = p.chat_id(), p.str("action") or ""
+        chat_id, action = p.chat_id(), p.string("action") or ""
         if action not in CHAT_ACTIONS:
             raise _Fail(400, "Bad Request: wrong parameter action in request")
-        thread_id = p.int("message_thread_id")
+        thread_id = p.integer("message_thread_id")
         self.actions.append(ChatAction(chat_id, action, thread_id, time.monotonic()))
         return True
 
     async def _m_getfile(self, p: _Params) -> JSON:
-        stored = self._files.get(p.str("file_id") or "")
+        stored = self._files.get(p.string("file_id") or "")
         if stored is None:
             raise _Fail(400, "Bad Request: invalid file_id")
         if len(stored.content) > MAX_DOWNLOAD:
@@ -995,7 +1015,7 @@ class FakeTelegram:
         return self._file_json(stored) | {"file_path": stored.path}
 
     async def _send_media(self, p: _Params, kind: str) -> JSON:
-        value = p.str(kind) or ""
+        value = p.string(kind) or ""
         upload = p.uploads.get(value.removeprefix("attach://")) or p.uploads.get(kind)
         url = None
         if upload is not None:
@@ -1021,7 +1041,10 @@ class FakeTelegram:
         body = {kind: media, "caption": visible, "caption_entities": entities}
         chat, message = self._new_message(p, body)
         file = SentFile(kind, stored.file_id, filename, mime, content, url)
-        self._record(p, f"send{kind.title()}", chat, message, raw, visible, entities, file)
+        method = f"send{kind.title()}"
+        self._record(
+            p, chat, message, method=method, raw=raw, visible=visible, entities=entities, file=file
+        )
         return message
 
     async def _m_sendphoto(self, p: _Params) -> JSON:
@@ -1040,7 +1063,7 @@ class FakeTelegram:
         return await self._send_media(p, "video")
 
     async def _m_answercallbackquery(self, p: _Params) -> bool:
-        if (p.str("callback_query_id") or "") not in self._callbacks:
+        if (p.string("callback_query_id") or "") not in self._callbacks:
             raise _Fail(
                 400,
                 "Bad Request: query is too old and response timeout expired or query ID is invalid",

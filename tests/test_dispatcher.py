@@ -1,0 +1,182 @@
+"""The dispatcher with real parts: bus, gate, journal, loop, litellm against the fake server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from nanobot.agent.dispatcher import Dispatcher
+from nanobot.bus.events import ChatRef, InboundMessage, Outbound, OutboundMessage, Typing
+from nanobot.bus.queue import MessageBus
+from nanobot.gate import ChannelRules, Gate
+from nanobot.store import Access, Database, Journal
+from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
+from tests.test_loop import Parts, make_parts
+
+
+class Harness:
+    def __init__(self, parts: Parts, db: Database) -> None:
+        self.parts = parts
+        self.bus = MessageBus()
+        self.journal = Journal(db)
+        self.gate = Gate(
+            {"telegram": ChannelRules(frozenset({"*"}))}, Access(db), self.journal, self.bus
+        )
+        self.dispatcher = Dispatcher(parts.loop, self.bus, self.journal, parts.loop)
+        self.out: list[Outbound] = []
+        self._arrived = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, *, recover: bool = False) -> None:
+        if recover:
+            await self.dispatcher.recover()
+        self._tasks.append(asyncio.create_task(self.dispatcher.run()))
+        self._tasks.append(asyncio.create_task(self._collect()))
+
+    async def _collect(self) -> None:
+        async for item in self.bus.outbound("telegram"):
+            self.out.append(item)
+            self._arrived.set()
+            if isinstance(item, OutboundMessage) and item.outbox_id is not None:
+                await self.journal.delivered(item.outbox_id)
+
+    async def send(self, chat: str, text: str, mid: str) -> None:
+        message = InboundMessage(ChatRef("telegram", chat), chat, text, mid)
+        await self.gate(message)
+
+    def replies(self, chat: str | None = None) -> list[OutboundMessage]:
+        return [
+            o
+            for o in self.out
+            if isinstance(o, OutboundMessage) and (chat is None or o.chat.chat_id == chat)
+        ]
+
+    async def wait_replies(self, count: int, seconds: float = 20) -> None:
+        async with asyncio.timeout(seconds):
+            while len(self.replies()) < count:
+                self._arrived.clear()
+                await self._arrived.wait()
+
+    async def stop(self) -> None:
+        self.bus.close_inbound()
+        await asyncio.wait_for(self._tasks[0], 10)
+        self.bus.close_outbound()
+        await asyncio.wait_for(self._tasks[1], 10)
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    async with await Database.open(tmp_path / "state.db") as database:
+        yield database
+
+
+@pytest.fixture
+async def harness(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[Harness]:
+    harness = Harness(await make_parts(tmp_path, fake_llm, db), db)
+    await harness.start()
+    yield harness
+    await harness.stop()
+
+
+async def test_a_message_is_answered_through_the_outbox(
+    harness: Harness, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Text("Hello Ada!"))
+    await harness.send("1", "hi", "m1")
+    await harness.wait_replies(1)
+    (reply,) = harness.replies()
+    assert reply.text == "Hello Ada!"
+    assert reply.reply_to == "m1"
+    assert reply.outbox_id is not None
+    typing = [o.active for o in harness.out if isinstance(o, Typing)]
+    assert typing == [True, False]
+    assert await harness.journal.pending_inbound() == []
+    assert await harness.journal.pending_outbox() == []
+
+
+async def test_commands(harness: Harness, fake_llm: FakeLLM) -> None:
+    await harness.send("1", "remember: blue", "m1")
+    await harness.wait_replies(1)
+    await harness.send("1", "/status", "m2")
+    await harness.wait_replies(2)
+    status = harness.replies()[-1].text
+    assert "Model: openai/fake-model" in status
+    assert "Tokens used in this chat" in status
+    assert "Context:" in status
+    await harness.send("1", "/new@nanobot_bot", "m3")
+    await harness.wait_replies(3)
+    assert "new conversation" in harness.replies()[-1].text
+    await harness.send("1", "/stop", "m4")
+    await harness.wait_replies(4)
+    assert harness.replies()[-1].text == "Nothing is running."
+    await harness.send("1", "/help", "m5")
+    await harness.wait_replies(5)
+    assert "/new" in harness.replies()[-1].text
+    await harness.send("1", "who?", "m6")
+    await harness.wait_replies(6)
+    assert [m["role"] for m in fake_llm.requests[-1].messages] == ["system", "user"]
+    assert fake_llm.request_count == 2  # commands never reach the model
+
+
+async def test_stop_aborts_the_running_turn(harness: Harness, fake_llm: FakeLLM) -> None:
+    fake_llm.script(Hang())
+    await harness.send("1", "think hard", "m1")
+    await fake_llm.wait_for_requests(1)
+    await harness.send("1", "/stop", "m2")
+    await harness.wait_replies(2)
+    texts = sorted(r.text for r in harness.replies())
+    assert texts == ["Stopped.", "Stopped."]  # the command's answer and the turn's end
+
+
+async def test_a_slow_chat_does_not_delay_another(harness: Harness, fake_llm: FakeLLM) -> None:
+    fake_llm.script_for("fake-model")
+    fake_llm.script(Hang(), Text("fast answer"))
+    await harness.send("slow", "take your time", "m1")
+    await fake_llm.wait_for_requests(1)
+    await harness.send("fast", "quick one", "m2")
+    await harness.wait_replies(1)
+    assert harness.replies()[0].chat.chat_id == "fast"
+    await harness.send("slow", "/stop", "m3")
+    await harness.wait_replies(3)
+
+
+async def test_recovery_sends_undelivered_replies_and_finishes_turns(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    parts = await make_parts(tmp_path, fake_llm, db)
+    first = Harness(parts, db)
+    # A reply that never got delivered, and a message whose turn was cut short mid-tool.
+    journal = first.journal
+    await journal.enqueue(
+        "telegram",
+        {
+            "chat": {"channel": "telegram", "chat_id": "1", "thread_id": None},
+            "text": "from before the crash",
+            "kind": "reply",
+            "reply_to": None,
+            "stream_id": None,
+        },
+    )
+    fake_llm.script(ToolCalls([Call("sleep", {"seconds": 30}, id="s1")]))
+    await first.start()
+    await first.send("2", "long job", "m1")
+    await parts.sleeper.started.wait()
+    first._tasks[0].cancel()  # the process dies: the turn is cut off mid-tool
+    first._tasks[1].cancel()
+    await asyncio.gather(*first._tasks, return_exceptions=True)
+
+    fake_llm.script(Text("Done, after the restart."))
+    second = Harness(await make_parts(tmp_path, fake_llm, db), db)
+    await second.start(recover=True)
+    await second.wait_replies(2)
+    texts = sorted(r.text for r in second.replies())
+    assert texts == ["Done, after the restart.", "from before the crash"]
+    resumed = fake_llm.requests[-1].messages
+    assert resumed[-1]["role"] == "tool"
+    assert "not run again" in resumed[-1]["content"]
+    assert [m["content"] for m in resumed if m["role"] == "user"][-1].endswith("long job")
+    assert await second.journal.pending_inbound() == []
+    await second.stop()

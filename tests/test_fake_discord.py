@@ -1,0 +1,559 @@
+"""The real discord.py client against ``tests.fakes.discord``: login, gateway, REST, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import discord
+import pytest
+import yarl
+from discord.gateway import DiscordWebSocket
+from discord.http import Route
+
+from tests.fakes.discord import (
+    AttachmentFile,
+    FakeDiscord,
+    Hang,
+    HttpError,
+    RateLimited,
+    ServerError,
+)
+
+TOKEN = "fake-bot-token"
+
+
+class Bot(discord.Client):
+    """A client that records what it receives."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.received: list[discord.Message] = []
+        self.ready_count = 0
+        self.resumed_count = 0
+        self._changed = asyncio.Event()
+
+    async def on_ready(self) -> None:
+        self.ready_count += 1
+        self._poke()
+
+    async def on_resumed(self) -> None:
+        self.resumed_count += 1
+        self._poke()
+
+    async def on_message(self, message: discord.Message) -> None:
+        self.received.append(message)
+        self._poke()
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def from_users(self) -> list[discord.Message]:
+        """Received messages not written by the bot itself (Discord echoes its own)."""
+        assert self.user is not None
+        return [m for m in self.received if m.author.id != self.user.id]
+
+    async def until(self, predicate: Callable[[], bool], seconds: float = 5.0) -> None:
+        async with asyncio.timeout(seconds):
+            while not predicate():
+                await self._changed.wait()
+
+    async def next_from_user(self, seconds: float = 5.0) -> discord.Message:
+        count = len(self.from_users())
+        await self.until(lambda: len(self.from_users()) > count, seconds)
+        return self.from_users()[count]
+
+
+@dataclass(frozen=True)
+class World:
+    guild: int
+    channel: int
+    thread: int
+    ada: int
+    dm: int
+
+
+Connect = Callable[..., Awaitable[Bot]]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord(token=TOKEN, heartbeat_interval_ms=500) as server:
+        yield server
+
+
+@pytest.fixture
+def world(fake: FakeDiscord) -> World:
+    guild = fake.add_guild("home")
+    channel = fake.add_channel(guild, "general")
+    thread = fake.add_thread(channel, "side quest")
+    ada = fake.add_user("ada")
+    return World(guild, channel, thread, ada, fake.dm_channel(ada))
+
+
+def point_discord_at(monkeypatch: pytest.MonkeyPatch, server: FakeDiscord) -> None:
+    """The two process-wide knobs that send discord.py to the fake."""
+    monkeypatch.setattr(Route, "BASE", server.api_base)
+    monkeypatch.setattr(DiscordWebSocket, "DEFAULT_GATEWAY", yarl.URL(server.gateway_url))
+
+
+def intents(message_content: bool = True) -> discord.Intents:
+    chosen = discord.Intents.default()
+    chosen.message_content = message_content
+    return chosen
+
+
+@pytest.fixture
+async def connect(
+    fake: FakeDiscord, world: World, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Connect]:
+    """Start ``Bot``s on the fake (``client.start`` in a task); closes them afterwards."""
+    point_discord_at(monkeypatch, fake)
+    running: list[tuple[Bot, asyncio.Task[None]]] = []
+
+    async def start(message_content: bool = True, token: str = TOKEN) -> Bot:
+        bot = Bot(intents=intents(message_content), guild_ready_timeout=0.05)
+        task = asyncio.create_task(bot.start(token))
+        running.append((bot, task))
+        ready = asyncio.create_task(bot.wait_until_ready())
+        await asyncio.wait([ready, task], timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            ready.cancel()
+            await task  # raises the client's error
+        assert ready.done(), "on_ready did not fire"
+        return bot
+
+    yield start
+    for bot, task in running:
+        await bot.close()
+        async with asyncio.timeout(5):
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def text_channel(bot: Bot, channel_id: int) -> discord.TextChannel:
+    channel = bot.get_channel(channel_id)
+    assert isinstance(channel, discord.TextChannel)
+    return channel
+
+
+async def test_login_connect_ready(fake: FakeDiscord, world: World, connect: Connect) -> None:
+    bot = await connect()
+    assert bot.user is not None and bot.user.id == fake.bot_user.id and bot.user.bot
+    guild = bot.get_guild(world.guild)
+    assert guild is not None and guild.name == "home"
+    assert guild.me.id == fake.bot_user.id
+    assert guild.get_member(world.ada) is not None
+    assert text_channel(bot, world.channel).name == "general"
+    assert isinstance(guild.get_thread(world.thread), discord.Thread)
+    assert guild.get_channel(world.channel) is not None
+    assert text_channel(bot, world.channel).permissions_for(guild.me).send_messages
+    [session] = fake.sessions
+    assert session.intents == intents().value
+    [conn] = fake.connections
+    assert conn.query == {"v": "10", "encoding": "json", "compress": "zlib-stream"}
+    assert conn.compression == "zlib-stream"
+    assert conn.ops[:2] == [1, 2]  # discord.py heartbeats at once on HELLO, then IDENTIFY
+    await fake.wait_until(lambda: fake.heartbeats >= 2, 3, "periodic heartbeat")
+    assert bot.latency < 1.0
+    assert [r.path for r in fake.requests] == ["/users/@me", "/oauth2/applications/@me"]
+    assert fake.requests[0].headers["Authorization"] == f"Bot {TOKEN}"
+    assert fake.unhandled == []
+
+
+async def test_guild_message_reaches_on_message(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    assert bot.user is not None
+    message_id = fake.user_message(world.channel, "hello there", mentions_bot=True)
+    message = await bot.next_from_user()
+    assert message.id == message_id
+    assert message.content == f"<@{fake.bot_user.id}> hello there"
+    assert isinstance(message.author, discord.Member)
+    assert (message.author.id, message.author.name) == (world.ada, "ada")
+    assert message.channel.id == world.channel and isinstance(message.channel, discord.TextChannel)
+    assert message.guild is not None and message.guild.id == world.guild
+    assert bot.user.mentioned_in(message)
+    assert message.type is discord.MessageType.default
+    fake.user_message(world.channel, "just chatting", user_id=4242, username="grace")
+    other = await bot.next_from_user()
+    assert other.content == "just chatting" and other.author.name == "grace"
+    assert not bot.user.mentioned_in(other)
+
+
+async def test_without_message_content_intent_content_is_empty(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect(message_content=False)
+    fake.user_message(world.channel, "secret")
+    assert (await bot.next_from_user()).content == ""
+    fake.user_message(world.channel, "to you", mentions_bot=True)
+    assert (await bot.next_from_user()).content.endswith("to you")
+    fake.user_message(world.dm, "dm text", user_id=world.ada)
+    assert (await bot.next_from_user()).content == "dm text"
+
+
+async def test_dm_message_and_reply(fake: FakeDiscord, world: World, connect: Connect) -> None:
+    bot = await connect()
+    fake.user_message(world.dm, "psst", user_id=world.ada)
+    message = await bot.next_from_user()
+    assert isinstance(message.channel, discord.DMChannel)
+    assert message.guild is None and message.content == "psst"
+    assert isinstance(message.author, discord.User) and message.author.id == world.ada
+    await message.channel.send("pong")
+    await message.author.send("via create_dm")  # POST /users/@me/channels, then send
+    sent = await fake.wait_for_sent(2, world.dm)
+    assert [m.content for m in sent] == ["pong", "via create_dm"]
+    fetched = await bot.fetch_channel(world.dm)
+    assert isinstance(fetched, discord.DMChannel) and fetched.recipient is not None
+    assert fetched.recipient.id == world.ada
+
+
+async def test_thread_message(fake: FakeDiscord, world: World, connect: Connect) -> None:
+    bot = await connect()
+    fake.user_message(world.thread, "in the thread")
+    message = await bot.next_from_user()
+    assert isinstance(message.channel, discord.Thread)
+    assert message.channel.id == world.thread and message.channel.parent_id == world.channel
+    await message.channel.send("thread reply")
+    [sent] = await fake.wait_for_sent(1, world.thread)
+    assert sent.content == "thread reply"
+    fetched = await bot.fetch_channel(world.thread)
+    assert isinstance(fetched, discord.Thread) and fetched.name == "side quest"
+    new_thread = fake.add_thread(world.channel, "created later")
+    await bot.until(lambda: bot.get_channel(new_thread) is not None)
+
+
+async def test_too_long_message_is_400(fake: FakeDiscord, world: World, connect: Connect) -> None:
+    bot = await connect()
+    channel = text_channel(bot, world.channel)
+    with pytest.raises(discord.HTTPException) as caught:
+        await channel.send("x" * 2001)
+    assert caught.value.status == 400 and caught.value.code == 50035
+    assert "content: Must be 2000 or fewer in length." in caught.value.text
+    assert fake.sent() == []
+    await channel.send("x" * 2000)
+    assert len(fake.sent()[0].content) == 2000
+    with pytest.raises(discord.HTTPException) as empty:
+        await channel.send(embeds=[])
+    assert empty.value.code == 50006
+
+
+async def test_allowed_mentions_and_replies_recorded(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    channel = text_channel(bot, world.channel)
+    await channel.send(f"hi <@{world.ada}>", allowed_mentions=discord.AllowedMentions.none())
+    await channel.send(f"hi <@{world.ada}>")
+    quiet, loud = fake.sent(world.channel)
+    assert quiet.allowed_mentions == {"parse": []} and quiet.mentions == []
+    assert loud.allowed_mentions is None and loud.mentions == [world.ada]
+    fake.user_message(world.channel, "question?")
+    question = await bot.next_from_user()
+    await question.reply("answer", mention_author=False)
+    [*_, reply] = await fake.wait_for_sent(3, world.channel)
+    assert reply.reply_to == question.id
+    assert reply.message_reference is not None
+    assert reply.message_reference["channel_id"] == world.channel
+    assert reply.allowed_mentions is not None and not reply.allowed_mentions["replied_user"]
+    assert reply.mentions == []
+    assert fake.message(reply.id)["type"] == 19
+
+
+async def test_user_reply_to_bot_mentions_it(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    assert bot.user is not None
+    mine = await text_channel(bot, world.channel).send("I said this")
+    fake.user_message(world.channel, "and I reply", reply_to=mine.id)
+    reply = await bot.next_from_user()
+    assert reply.type is discord.MessageType.reply
+    assert reply.reference is not None and reply.reference.message_id == mine.id
+    assert isinstance(reply.reference.resolved, discord.Message)
+    assert reply.reference.resolved.content == "I said this"
+    assert bot.user.mentioned_in(reply)
+
+
+async def test_own_messages_echo_edit_delete(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    assert bot.user is not None
+    message = await text_channel(bot, world.channel).send("draft")
+    await bot.until(lambda: any(m.id == message.id for m in bot.received))
+    edited = await message.edit(content="final")
+    assert edited.content == "final" and edited.edited_at is not None
+    [sent] = fake.sent()
+    assert (sent.content, sent.edits) == ("final", ["final"])
+    await message.add_reaction("👍")
+    assert [(r.message_id, r.emoji, r.added) for r in fake.reactions] == [(message.id, "👍", True)]
+    await message.delete()
+    assert sent.deleted
+    with pytest.raises(discord.NotFound):
+        await message.edit(content="gone")
+
+
+async def test_typing(fake: FakeDiscord, world: World, connect: Connect) -> None:
+    bot = await connect()
+    async with text_channel(bot, world.channel).typing():
+        pass
+    await text_channel(bot, world.channel).typing()
+    assert fake.typing == [world.channel, world.channel]
+
+
+async def test_attachments_both_ways(fake: FakeDiscord, world: World, connect: Connect) -> None:
+    bot = await connect()
+    fake.user_message(
+        world.channel, "see file", attachments=[AttachmentFile("notes.txt", b"hello file")]
+    )
+    message = await bot.next_from_user()
+    [attachment] = message.attachments
+    assert attachment.filename == "notes.txt" and attachment.size == 10
+    assert attachment.content_type == "text/plain"
+    assert attachment.url.startswith(f"{fake.base_url}/attachments/")
+    assert await attachment.read() == b"hello file"
+    upload = discord.File(io.BytesIO(b"\x89PNG fake"), filename="chart.png")
+    sent_message = await message.channel.send("here", file=upload)
+    [sent] = fake.sent()
+    [stored] = sent.attachments
+    assert (stored.filename, stored.data, stored.content_type) == (
+        "chart.png",
+        b"\x89PNG fake",
+        "image/png",
+    )
+    assert sent.payload["attachments"] == [{"id": 0, "filename": "chart.png"}]
+    assert await sent_message.attachments[0].read() == b"\x89PNG fake"
+
+
+async def test_429_on_send_is_retried(fake: FakeDiscord, world: World, connect: Connect) -> None:
+    bot = await connect()
+    fake.fail_next("POST /channels/*/messages", RateLimited(retry_after=0.3))
+    started = time.monotonic()
+    await text_channel(bot, world.channel).send("after the limit")
+    assert time.monotonic() - started >= 0.3
+    posts = [r for r in fake.requests if r.method == "POST" and r.path.endswith("/messages")]
+    assert [r.fault for r in posts] == ["RateLimited", None]
+    assert [m.content for m in fake.sent()] == ["after the limit"]
+
+
+async def test_5xx_retried_and_4xx_raised(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    channel = text_channel(bot, world.channel)
+    fake.fail_next("/channels/*/messages", ServerError(502))
+    await channel.send("after a 502")  # discord.py waits 1 s before its retry
+    assert [m.content for m in fake.sent()] == ["after a 502"]
+    fake.fail_next("POST /channels/*/messages", HttpError(403, 50013, "Missing Permissions"))
+    with pytest.raises(discord.Forbidden) as caught:
+        await channel.send("nope")
+    assert caught.value.code == 50013
+
+
+async def test_resume_replays_messages_missed_while_disconnected(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    fake.user_message(world.channel, "before")
+    await bot.until(lambda: len(bot.from_users()) == 1)
+    async with fake.outage():
+        missed = fake.user_message(world.channel, "while you were away")
+        assert not fake.sessions[0].connected
+    await fake.wait_for_resume()
+    await bot.until(lambda: len(bot.from_users()) == 2)
+    fake.user_message(world.channel, "after")
+    await bot.until(lambda: len(bot.from_users()) == 3)
+    await asyncio.sleep(0.1)
+    contents = [m.content for m in bot.from_users()]
+    assert contents == ["before", "while you were away", "after"]  # exactly once, in order
+    assert bot.from_users()[1].id == missed
+    assert len(fake.sessions) == 1 and fake.sessions[0].resumes == 1
+    assert 6 in fake.connections[-1].ops and 2 not in fake.connections[-1].ops
+    await bot.until(lambda: bot.resumed_count == 1)
+    assert bot.ready_count == 1
+
+
+@pytest.mark.parametrize("code", [1000, 4000])
+async def test_server_close_is_resumed(
+    fake: FakeDiscord, world: World, connect: Connect, code: int
+) -> None:
+    bot = await connect()
+    await fake.disconnect_all(code)
+    fake.user_message(world.channel, "delivered either way")
+    await fake.wait_for_resume()
+    await bot.until(lambda: len(bot.from_users()) == 1)
+    assert fake.connections[0].close_code == code
+
+
+async def test_reconnect_request_and_invalid_session(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    fake.request_reconnect()
+    await fake.wait_for_resume()
+    await fake.invalidate_sessions()
+    await fake.wait_for_ready(2)  # a new IDENTIFY, a new session
+    await bot.until(lambda: bot.ready_count == 2)
+    fake.user_message(world.channel, "on the new session")
+    assert (await bot.next_from_user()).content == "on the new session"
+
+
+async def test_clean_close_ends_the_session(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    await bot.close()
+    await fake.wait_until(lambda: fake.connections[0].closed, 3, "socket closed")
+    assert fake.connections[0].close_code == 1000
+    assert fake.sessions == []
+    assert bot.is_closed()
+
+
+async def test_plain_text_frames_when_compression_declined(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with FakeDiscord(compress=False) as server:
+        point_discord_at(monkeypatch, server)
+        channel = server.add_channel(server.add_guild("g"), "c")
+        bot = Bot(intents=intents(), guild_ready_timeout=0.05)
+        task = asyncio.create_task(bot.start("any-token"))
+        async with asyncio.timeout(10):
+            await bot.wait_until_ready()
+        server.user_message(channel, "uncompressed")
+        assert (await bot.next_from_user()).content == "uncompressed"
+        assert server.connections[0].compression is None
+        await bot.close()
+        await task
+
+
+async def test_bad_token_and_disallowed_intents(
+    fake: FakeDiscord, world: World, connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(discord.LoginFailure):
+        await connect(token="wrong-token")
+    async with FakeDiscord(privileged_intents=False) as strict:
+        point_discord_at(monkeypatch, strict)
+        bot = Bot(intents=intents(), guild_ready_timeout=0.05)
+        with pytest.raises(discord.PrivilegedIntentsRequired):
+            async with asyncio.timeout(10):
+                await bot.start(TOKEN)
+        await bot.close()
+
+
+async def _raw_gateway(
+    server: FakeDiscord, query: str = "v=10&encoding=json"
+) -> tuple[aiohttp.ClientSession, aiohttp.ClientWebSocketResponse]:
+    session = aiohttp.ClientSession()
+    ws = await session.ws_connect(f"{server.gateway_url}?{query}")
+    return session, ws
+
+
+async def test_raw_gateway_protocol(fake: FakeDiscord, world: World) -> None:
+    """The wire itself: zlib-stream frames, seq numbers, RESUME replay, bad RESUME."""
+    http, ws = await _raw_gateway(fake, "v=10&encoding=json&compress=zlib-stream")
+    inflate = zlib.decompressobj()
+
+    async def receive() -> dict[str, Any]:
+        data = await ws.receive_bytes(timeout=5)
+        assert data.endswith(b"\x00\x00\xff\xff")
+        frame: dict[str, Any] = json.loads(inflate.decompress(data))
+        return frame
+
+    try:
+        hello = await receive()
+        assert hello["op"] == 10 and hello["d"]["heartbeat_interval"] == 500
+        await ws.send_json({"op": 2, "d": {"token": TOKEN, "intents": 1 | 1 << 9}})
+        ready, guild = await receive(), await receive()
+        assert (ready["t"], ready["s"], guild["t"], guild["s"]) == ("READY", 1, "GUILD_CREATE", 2)
+        assert ready["d"]["resume_gateway_url"] == fake.gateway_url
+        assert ready["d"]["guilds"] == [{"id": str(world.guild), "unavailable": True}]
+        assert {m["user"]["username"] for m in guild["d"]["members"]} == {"nanobot", "ada"}
+        await ws.send_json({"op": 1, "d": 2})
+        assert (await receive())["op"] == 11
+        session_id = ready["d"]["session_id"]
+        await ws.close()
+    finally:
+        await http.close()
+    fake.user_message(world.channel, "buffered")
+    http, ws = await _raw_gateway(fake)
+    try:
+        assert (await ws.receive_json(timeout=5))["op"] == 10
+        await ws.send_json({"op": 6, "d": {"token": TOKEN, "session_id": session_id, "seq": 2}})
+        replayed, resumed = await ws.receive_json(timeout=5), await ws.receive_json(timeout=5)
+        assert (replayed["t"], replayed["s"], replayed["d"]["content"]) == (
+            "MESSAGE_CREATE",
+            3,
+            "",  # no MESSAGE_CONTENT intent in this IDENTIFY
+        )
+        assert (resumed["t"], resumed["s"]) == ("RESUMED", 4)
+        await ws.send_json({"op": 6, "d": {"token": TOKEN, "session_id": "nope", "seq": 1}})
+        assert await ws.receive_json(timeout=5) == {"op": 9, "d": False, "s": None, "t": None}
+    finally:
+        await ws.close()
+        await http.close()
+
+
+async def test_raw_rest_shapes(fake: FakeDiscord, world: World) -> None:
+    """Exact ``application/json``, ``Via``, rate-limit headers, 429 body, 401 and 404."""
+    headers = {"Authorization": f"Bot {TOKEN}"}
+    fake.fail_next("POST /channels/*/messages", RateLimited(retry_after=0.25))
+    async with aiohttp.ClientSession(headers=headers) as http:
+        url = f"{fake.api_base}/channels/{world.channel}/messages"
+        async with http.post(url, json={"content": "x"}) as limited:
+            assert limited.status == 429
+            assert limited.headers["Content-Type"] == "application/json"
+            assert limited.headers["Via"] == "1.1 google"
+            assert limited.headers["Retry-After"] == "1"
+            assert limited.headers["X-RateLimit-Remaining"] == "0"
+            assert limited.headers["X-RateLimit-Reset-After"] == "0.250"
+            assert limited.headers["X-RateLimit-Scope"] == "user"
+            body = await limited.json()
+            assert body == {
+                "message": "You are being rate limited.",
+                "retry_after": 0.25,
+                "global": False,
+            }
+        async with http.post(url, json={"content": "x"}) as ok:
+            assert ok.status == 200 and ok.headers["X-RateLimit-Bucket"]
+            message = await ok.json()
+            assert message["author"]["id"] == str(fake.bot_user.id)
+            assert message["channel_id"] == str(world.channel)
+        async with http.get(f"{fake.api_base}/gateway/bot") as gateway:
+            assert (await gateway.json())["url"] == fake.gateway_url
+        async with http.get(f"{fake.api_base}/guilds/{world.guild}/widget") as unknown:
+            assert unknown.status == 404
+    assert fake.unhandled == [f"GET /guilds/{world.guild}/widget"]
+    async with aiohttp.ClientSession() as anonymous:
+        async with anonymous.get(f"{fake.api_base}/users/@me") as denied:
+            assert denied.status == 401
+
+
+async def test_stop_is_prompt_with_hanging_request_and_open_socket() -> None:
+    server = FakeDiscord()
+    await server.start()
+    server.fail_next("/users/@me", Hang())
+    http = aiohttp.ClientSession(headers={"Authorization": "Bot t"})
+    hanging = asyncio.create_task(http.get(f"{server.api_base}/users/@me"))
+    ws = await http.ws_connect(server.gateway_url)
+    await server.wait_until(lambda: len(server.requests) == 1, 3, "request")
+    started = time.monotonic()
+    await server.stop()
+    assert time.monotonic() - started < 3
+    with pytest.raises(aiohttp.ClientError):
+        await hanging
+    assert (await ws.receive(timeout=3)).type in (
+        aiohttp.WSMsgType.TEXT,  # HELLO, then the close
+        aiohttp.WSMsgType.CLOSE,
+        aiohttp.WSMsgType.CLOSED,
+    )
+    await http.close()

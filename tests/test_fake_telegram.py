@@ -1,0 +1,463 @@
+"""Tests for the fake Telegram Bot API in ``tests.fakes.telegram``, driven by the real PTB."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dtm
+import json
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from telegram import (
+    Bot,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    Message,
+    ReactionTypeEmoji,
+    Update,
+)
+from telegram.error import (
+    BadRequest,
+    Conflict,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TimedOut,
+)
+from telegram.ext import Application, ContextTypes, MessageHandler, filters
+
+from tests.fakes._telegram_html import HtmlError, parse_html, utf16_len
+from tests.fakes.telegram import (
+    DEFAULT_TOKEN,
+    ApiError,
+    Disconnect,
+    FakeTelegram,
+    Hang,
+    RateLimited,
+    ServerError,
+    Slow,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CHAT = 42
+
+
+def make_bot(fake: FakeTelegram, token: str = DEFAULT_TOKEN) -> Bot:
+    return Bot(token, base_url=f"{fake.base_url}/bot", base_file_url=f"{fake.base_url}/file/bot")
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+@pytest.fixture
+async def bot(fake: FakeTelegram) -> AsyncIterator[Bot]:
+    async with make_bot(fake) as client:
+        yield client
+
+
+async def next_message(bot: Bot) -> Message:
+    """The next update's message, confirming it (and everything before it)."""
+    [update] = await bot.get_updates(timeout=2)
+    await bot.get_updates(offset=update.update_id + 1, timeout=0)
+    assert update.message is not None
+    return update.message
+
+
+async def test_get_me_describes_the_bot(bot: Bot, fake: FakeTelegram) -> None:
+    me = await bot.get_me()
+    assert (me.id, me.username, me.is_bot) == (fake.bot.id, "nanobot_test_bot", True)
+    assert fake.valid_token == DEFAULT_TOKEN
+
+
+async def test_html_message_is_recorded_raw_and_visible(bot: Bot, fake: FakeTelegram) -> None:
+    html = '<b>a &lt; b</b> &amp; <a href="https://example.org">link</a> 😀<i>x</i>'
+    message = await bot.send_message(CHAT, html, parse_mode="HTML")
+    assert message.text == "a < b & link 😀x"
+    assert [(e.type, e.offset, e.length) for e in message.entities] == [
+        ("bold", 0, 5),
+        ("text_link", 8, 4),
+        ("italic", 15, 1),  # after the emoji: two UTF-16 code units
+    ]
+    [sent] = fake.sent(CHAT)
+    assert (sent.text, sent.visible, sent.parse_mode) == (html, message.text, "HTML")
+    assert sent.message_id == message.message_id and message.from_user is not None
+    assert message.from_user.id == fake.bot.id and message.chat.type == "private"
+
+
+@pytest.mark.parametrize(
+    ("html", "reason"),
+    [
+        ("a < b", 'unsupported start tag "" at byte offset 2'),
+        ("<b>bold", 'can\'t find end tag corresponding to start tag "b"'),
+        ("<b><i>x</b></i>", 'unmatched end tag at byte offset 7, expected "</i>", found "</b>"'),
+        ("line<br>break", 'unsupported start tag "br" at byte offset 4'),
+        ("<span>x</span>", 'tag "span" must have class "tg-spoiler" at byte offset 0'),
+        ("Tom & Jerry", 'unescaped "&" at byte offset 4; write it as "&amp;"'),
+    ],
+)
+async def test_invalid_html_is_rejected_like_telegram(
+    bot: Bot, fake: FakeTelegram, html: str, reason: str
+) -> None:
+    with pytest.raises(BadRequest) as info:
+        await bot.send_message(CHAT, html, parse_mode="HTML")
+    # PTB strips "Bad Request: " and capitalize()s the rest (lower-casing it)
+    assert str(info.value) == f"Can't parse entities: {reason}".capitalize()
+    assert fake.sent() == []
+
+
+async def test_length_limit_counts_visible_utf16_units(bot: Bot, fake: FakeTelegram) -> None:
+    for text in ("x" * 4097, "😀" * 2048 + "x", "<b>" + "x" * 4097 + "</b>"):
+        with pytest.raises(BadRequest, match="Message is too long"):
+            await bot.send_message(CHAT, text, parse_mode="HTML")
+    for text in ("<b>" + "x" * 4096 + "</b>", "&lt;" * 4096, "😀" * 2048):
+        await bot.send_message(CHAT, text, parse_mode="HTML")
+    assert [utf16_len(m.visible) for m in fake.sent()] == [4096, 4096, 4096]
+    for empty in ("", "<b> </b>"):
+        with pytest.raises(BadRequest, match="Message text is empty"):
+            await bot.send_message(CHAT, empty, parse_mode="HTML")
+
+
+async def test_edit_message_text(bot: Bot, fake: FakeTelegram) -> None:
+    message = await bot.send_message(CHAT, "<b>one</b>", parse_mode="HTML")
+    edited = await bot.edit_message_text("<i>two</i>", CHAT, message.message_id, parse_mode="HTML")
+    assert isinstance(edited, Message) and edited.text == "two" and edited.edit_date is not None
+    [sent] = fake.sent(CHAT)
+    assert (sent.visible, sent.text, sent.edited) == ("two", "<i>two</i>", True)
+    assert [r.visible for r in sent.history] == ["one"]
+    with pytest.raises(BadRequest, match="Message is not modified"):  # same text and entities
+        await bot.edit_message_text("<em>two</em>", CHAT, message.message_id, parse_mode="HTML")
+    with pytest.raises(BadRequest, match="Message to edit not found"):
+        await bot.edit_message_text("x", CHAT, 999)
+    with pytest.raises(BadRequest, match="Can't parse entities"):
+        await bot.edit_message_text("<b>", CHAT, message.message_id, parse_mode="HTML")
+    keyboard = InlineKeyboardMarkup([[InlineKeyboardButton("ok", callback_data="ok")]])
+    await bot.edit_message_text("two", CHAT, message.message_id, reply_markup=keyboard)
+    assert sent.reply_markup == keyboard.to_dict() and len(sent.history) == 2
+
+
+# PTB 22 warns when RetryAfter is built: retry_after will become a timedelta (PTB_TIMEDELTA=1)
+@pytest.mark.filterwarnings("ignore::telegram.warnings.PTBDeprecationWarning")
+async def test_rate_limit_raises_retry_after(bot: Bot, fake: FakeTelegram) -> None:
+    fake.fail_next("sendMessage", RateLimited(retry_after=3))
+    with pytest.raises(RetryAfter) as info:
+        await bot.send_message(CHAT, "hi")
+    retry_after = info.value.retry_after
+    seconds = retry_after.total_seconds() if isinstance(retry_after, dtm.timedelta) else retry_after
+    assert seconds == 3
+    await bot.send_message(CHAT, "hi")  # the fault was used up
+    assert [m.visible for m in fake.sent()] == ["hi"]
+    assert [c.method for c in fake.calls("sendMessage")] == ["sendMessage", "sendMessage"]
+
+
+async def test_error_bodies_are_telegrams(fake: FakeTelegram) -> None:
+    fake.fail_next("*", RateLimited(retry_after=2))
+    url = f"{fake.base_url}/bot{DEFAULT_TOKEN}"
+    async with httpx.AsyncClient(trust_env=False) as client:
+        limited = await client.post(f"{url}/sendMessage", json={"chat_id": 1, "text": "x"})
+        bad = await client.post(
+            f"{url}/sendMessage", data={"chat_id": "1", "text": "<x>"} | {"parse_mode": "HTML"}
+        )
+        unknown = await client.post(f"{url}/noSuchMethod")
+        other_token = await client.post(f"{fake.base_url}/bot1:other/getMe")
+    assert (limited.status_code, limited.json()) == (
+        429,
+        {
+            "ok": False,
+            "error_code": 429,
+            "description": "Too Many Requests: retry after 2",
+            "parameters": {"retry_after": 2},
+        },
+    )
+    assert bad.json() == {
+        "ok": False,
+        "error_code": 400,
+        "description": 'Bad Request: can\'t parse entities: Unsupported start tag "x" at byte '
+        "offset 0",
+    }
+    assert unknown.json() == {"ok": False, "error_code": 404, "description": "Not Found"}
+    assert other_token.json() == {"ok": False, "error_code": 401, "description": "Unauthorized"}
+
+
+async def test_server_errors_and_dropped_connections(bot: Bot, fake: FakeTelegram) -> None:
+    for fault in (ServerError(500), ServerError(502), Disconnect()):
+        fake.fail_next("sendMessage", fault)
+        with pytest.raises(NetworkError) as info:
+            await bot.send_message(CHAT, "hi")
+        assert type(info.value) is NetworkError  # not BadRequest, its subclass
+    fake.fail_next("getMe", Hang())
+    with pytest.raises(TimedOut):
+        await bot.get_me(read_timeout=0.3)
+    fake.offline = True
+    with pytest.raises(NetworkError):
+        await bot.send_message(CHAT, "lost")
+    fake.offline = False
+    fake.fail_next("sendMessage", ApiError(403, "Forbidden: bot was blocked by the user"))
+    with pytest.raises(Exception, match="Forbidden: bot was blocked by the user"):
+        await bot.send_message(CHAT, "blocked")
+    await bot.send_message(CHAT, "back")
+    assert [m.visible for m in fake.sent()] == ["back"]
+
+
+async def test_slow_answer_times_out_after_sending(bot: Bot, fake: FakeTelegram) -> None:
+    fake.fail_next("sendMessage", Slow(5))
+    with pytest.raises(TimedOut):
+        await bot.send_message(CHAT, "maybe", read_timeout=0.3)
+    assert [m.visible for m in fake.sent()] == ["maybe"]  # a retry would duplicate it
+
+
+async def test_a_token_other_than_the_first_is_unauthorized(bot: Bot, fake: FakeTelegram) -> None:
+    await bot.get_me()
+    with pytest.raises(InvalidToken, match="rejected by the server"):  # initialize: getMe
+        async with make_bot(fake, "123:another-token"):
+            pass
+    fake.valid_token = "123:revoked"  # e.g. the token was revoked while the bot runs
+    with pytest.raises(InvalidToken, match="Unauthorized"):
+        await bot.get_me()
+
+
+async def echo(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    assert update.message is not None and update.message.text is not None
+    await update.message.reply_text(f"echo: {update.message.text}")
+
+
+def echo_application(fake: FakeTelegram) -> Application[Any, Any, Any, Any, Any, Any]:
+    application = (
+        Application.builder()
+        .token(DEFAULT_TOKEN)
+        .base_url(f"{fake.base_url}/bot")
+        .base_file_url(f"{fake.base_url}/file/bot")
+        .build()
+    )
+    application.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, echo))
+    return application
+
+
+async def test_application_polls_and_replies(fake: FakeTelegram) -> None:
+    async with echo_application(fake) as application:
+        await application.start()
+        assert application.updater is not None
+        await application.updater.start_polling(poll_interval=0, timeout=1)
+        fake.user_message(CHAT, "a < b", user_id=CHAT, username="ada")
+        [reply] = await fake.wait_for_sent(1, chat_id=CHAT, seconds=5)
+        await application.updater.stop()
+        await application.stop()
+    assert reply.visible == "echo: a < b" and reply.reply_to is None  # no quote in private
+    assert fake.pending_updates == []  # PTB confirmed the update on stop
+    assert fake.calls("deleteWebhook") and fake.calls("getMe")
+
+
+async def test_polling_recovers_after_the_network_comes_back(fake: FakeTelegram) -> None:
+    async with echo_application(fake) as application:
+        await application.start()
+        assert application.updater is not None
+        await application.updater.start_polling(poll_interval=0, timeout=1)
+        await fake.wait_for(lambda: fake.polling, 5)
+        fake.offline = True  # drops the held long poll; PTB backs off 1 s, then 1.5 s...
+        await asyncio.sleep(0.2)
+        fake.offline = False
+        fake.user_message(CHAT, "still there?", user_id=CHAT)
+        [reply] = await fake.wait_for_sent(1, chat_id=CHAT, seconds=5)
+        await application.updater.stop()
+        await application.stop()
+    assert reply.visible == "echo: still there?"
+
+
+async def test_confirmed_updates_are_not_delivered_again(bot: Bot, fake: FakeTelegram) -> None:
+    first = fake.user_message(CHAT, "one", user_id=CHAT)
+    second = fake.user_message(CHAT, "two", user_id=CHAT)
+    assert [u.update_id for u in await bot.get_updates(timeout=0)] == [first, second]
+    assert [u.update_id for u in await bot.get_updates(timeout=0, limit=1)] == [first]
+    assert [u.update_id for u in await bot.get_updates(offset=second, timeout=0)] == [second]
+    assert [u.update_id for u in await bot.get_updates(offset=first, timeout=0)] == [second]
+    assert await bot.get_updates(offset=second + 1, timeout=0) == ()
+    assert fake.pending_updates == []
+
+
+async def test_long_poll_waits_and_a_newer_poll_terminates_it(fake: FakeTelegram) -> None:
+    async with make_bot(fake) as one, make_bot(fake) as two:
+        started = time.monotonic()
+        first = asyncio.create_task(one.get_updates(timeout=5))
+        await fake.wait_for(lambda: fake.polling, 2)
+        second = asyncio.create_task(two.get_updates(timeout=5))
+        with pytest.raises(Conflict, match="terminated by other getUpdates request"):
+            await first
+        update_id = fake.user_message(CHAT, "wake up", user_id=CHAT)
+        assert [u.update_id for u in await second] == [update_id]
+        assert time.monotonic() - started < 2
+
+
+async def test_user_files_download_through_get_file(bot: Bot, fake: FakeTelegram) -> None:
+    fake.user_document(
+        CHAT, filename="notes.txt", content=b"hello", mime_type="text/plain", user_id=CHAT
+    )
+    document = (await next_message(bot)).document
+    assert document is not None and document.file_name == "notes.txt"
+    assert await (await bot.get_file(document.file_id)).download_as_bytearray() == b"hello"
+    fake.user_photo(CHAT, content=b"\xff\xd8jpeg", caption="look", user_id=CHAT)
+    photo = await next_message(bot)
+    assert photo.caption == "look" and photo.photo[-1].width > photo.photo[0].width
+    assert await (await bot.get_file(photo.photo[-1].file_id)).download_as_bytearray() == (
+        b"\xff\xd8jpeg"
+    )
+    fake.user_voice(CHAT, content=b"OggS", duration=3, user_id=CHAT)
+    voice = (await next_message(bot)).voice
+    assert voice is not None and voice.mime_type == "audio/ogg"
+    assert await (await bot.get_file(voice.file_id)).download_as_bytearray() == b"OggS"
+    with pytest.raises(BadRequest, match="Invalid file_id"):
+        await bot.get_file("nope")
+
+
+async def test_uploads_are_recorded(bot: Bot, fake: FakeTelegram) -> None:
+    sent = await bot.send_document(
+        CHAT, document=b"data", filename="report.txt", caption="<b>done</b>", parse_mode="HTML"
+    )
+    assert sent.document is not None and sent.caption == "done"
+    await bot.send_photo(CHAT, photo=b"\x89PNG", filename="chart.png")
+    document, photo = fake.sent(CHAT)
+    assert document.file is not None and photo.file is not None
+    assert (document.file.filename, document.file.content, document.visible) == (
+        "report.txt",
+        b"data",
+        "done",
+    )
+    assert (photo.method, photo.file.kind, photo.file.content) == ("sendPhoto", "photo", b"\x89PNG")
+    with pytest.raises(BadRequest, match="Message caption is too long"):
+        await bot.send_document(CHAT, document=b"x", filename="x.txt", caption="x" * 1025)
+
+
+async def test_forum_topic_messages_carry_the_thread(bot: Bot, fake: FakeTelegram) -> None:
+    group = -1001234567890
+    fake.user_message(group, "hi", user_id=CHAT, is_topic=True, thread_id=7, chat_title="Team")
+    message = await next_message(bot)
+    assert (message.message_thread_id, message.is_topic_message) == (7, True)
+    assert message.chat.is_forum and message.chat.type == "supergroup"
+    assert message.chat.title == "Team"
+    assert message.reply_to_message is not None  # Telegram: the topic's creation message
+    assert message.reply_to_message.forum_topic_created is not None
+    await message.reply_text("in topic")  # PTB fills message_thread_id for topic messages
+    [sent] = fake.sent(group)
+    assert (sent.thread_id, sent.reply_to) == (7, message.message_id)  # PTB quotes in groups
+
+
+async def test_reply_to_a_bot_message_includes_it(bot: Bot, fake: FakeTelegram) -> None:
+    question = await bot.send_message(CHAT, "Which one?")
+    fake.user_message(
+        CHAT, "/pick@nanobot_test_bot the @first", user_id=CHAT, reply_to=question.message_id
+    )
+    message = await next_message(bot)
+    original = message.reply_to_message
+    assert original is not None and original.from_user is not None
+    assert (original.from_user.id, original.text) == (fake.bot.id, "Which one?")
+    assert [(e.type, e.offset, e.length) for e in message.entities] == [
+        ("bot_command", 0, 22),
+        ("mention", 27, 6),
+    ]
+    assert message.message_id > question.message_id  # one id sequence per chat
+
+
+async def test_actions_commands_callbacks_reactions_and_deletes(
+    bot: Bot, fake: FakeTelegram
+) -> None:
+    await bot.send_chat_action(CHAT, "typing")
+    assert [(a.chat_id, a.action) for a in fake.actions] == [(CHAT, "typing")]
+    await bot.set_my_commands([("new", "Start a new session")])
+    assert [(c.command, c.description) for c in await bot.get_my_commands()] == [
+        ("new", "Start a new session")
+    ]
+    keyboard = InlineKeyboardMarkup([[InlineKeyboardButton("Yes", callback_data="yes")]])
+    asked = await bot.send_message(CHAT, "Sure?", reply_markup=keyboard)
+    fake.user_callback(CHAT, asked.message_id, "yes", user_id=CHAT)
+    [update] = await bot.get_updates(timeout=1)
+    assert update.callback_query is not None and update.callback_query.data == "yes"
+    assert await update.callback_query.answer("noted")
+    await bot.set_message_reaction(CHAT, asked.message_id, [ReactionTypeEmoji("👍")])
+    reaction = fake.calls("setMessageReaction")[0].params["reaction"]
+    assert json.loads(reaction) == [{"type": "emoji", "emoji": "👍"}]  # a JSON string in a form
+    assert await bot.delete_message(CHAT, asked.message_id)
+    assert fake.sent(CHAT)[0].deleted
+    with pytest.raises(BadRequest, match="Message to delete not found"):
+        await bot.delete_message(CHAT, asked.message_id)
+
+
+async def test_stop_is_prompt_with_held_requests() -> None:
+    fake = FakeTelegram()
+    await fake.start()
+    async with make_bot(fake) as bot:
+        poll = asyncio.create_task(bot.get_updates(timeout=30))
+        fake.fail_next("getWebhookInfo", Hang())
+        hang = asyncio.create_task(bot.get_webhook_info(read_timeout=30))
+        await fake.wait_for(lambda: fake.polling and bool(fake.calls("getWebhookInfo")), 2)
+        started = time.monotonic()
+        await fake.stop()
+        assert time.monotonic() - started < 2
+        for task in (poll, hang):
+            with pytest.raises(NetworkError):
+                await task
+
+
+def test_html_parser_matches_tdlib_cases() -> None:
+    parsed = parse_html(
+        '<pre><code class="language-python">x = 1</code></pre><blockquote expandable>q</blockquote>'
+    )
+    assert parsed.text == "x = 1q"
+    assert parsed.entities == [
+        {"type": "pre", "offset": 0, "length": 5, "language": "python"},
+        {"type": "expandable_blockquote", "offset": 5, "length": 1},
+    ]
+    assert parse_html("&lt;&gt;&amp;&quot;&#128512;&#x41;", strict=True).text == '<>&"😀A'
+    assert parse_html("Tom & Jerry &nbsp;", strict=False).text == "Tom & Jerry &nbsp;"
+    for html, error in [
+        ("🏟 🏟&lt;<abacaba", "Unclosed start tag at byte offset 13"),
+        (
+            "🏟 🏟&lt;<i    aba>",
+            'Expected equal sign in declaration of an attribute of the tag "i" at byte offset 13',
+        ),
+        ("🏟 🏟&lt;<b></b></", "Unexpected end tag at byte offset 20"),
+        ("🏟 🏟&lt;<i>a</i   ", "Unclosed end tag at byte offset 17"),
+    ]:
+        with pytest.raises(HtmlError) as info:
+            parse_html(html)
+        assert str(info.value) == error
+
+
+async def test_standalone_process_with_http_control_api() -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.fakes.telegram",
+        "--token",
+        DEFAULT_TOKEN,
+        cwd=REPO_ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        base = (await asyncio.wait_for(process.stdout.readline(), 30)).decode().strip()
+        assert base.startswith("http://127.0.0.1:")
+        bot = Bot(DEFAULT_TOKEN, base_url=f"{base}/bot", base_file_url=f"{base}/file/bot")
+        async with httpx.AsyncClient(trust_env=False, base_url=base) as control, bot:
+            injected = await control.post(
+                "/_fake/user_message", json={"chat_id": 5, "text": "hi", "user_id": 5}
+            )
+            [update] = await bot.get_updates(timeout=1)
+            assert update.update_id == injected.json()["update_id"]
+            fault = {"method": "sendMessage", "fault": {"type": "ServerError", "status": 502}}
+            await control.post("/_fake/fail_next", json=fault)
+            with pytest.raises(NetworkError):
+                await bot.send_message(5, "x")
+            await bot.send_message(5, "<b>ok</b>", parse_mode="HTML")
+            sent = (await control.get("/_fake/sent", params={"chat_id": 5})).json()
+            assert [(m["visible"], m["text"]) for m in sent] == [("ok", "<b>ok</b>")]
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(process.wait(), 30) == 0

@@ -1,0 +1,143 @@
+"""Access control and intake, with the real store and bus."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage
+from nanobot.bus.queue import MessageBus
+from nanobot.channels.base import Intake
+from nanobot.gate import ChannelRules, Gate, GroupPolicy
+from nanobot.store import Access, Database, Journal
+from nanobot.store.access import MAX_PENDING
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    async with await Database.open(tmp_path / "state.db") as database:
+        yield database
+
+
+def make_gate(
+    db: Database, bus: MessageBus, allow: set[str], policy: GroupPolicy = "mention"
+) -> Gate:
+    rules = {"telegram": ChannelRules(frozenset(allow), policy)}
+    return Gate(rules, Access(db), Journal(db), bus)
+
+
+def message(
+    sender: str = "42", *, mid: str = "1", private: bool = True, addressed: bool = True
+) -> InboundMessage:
+    chat = ChatRef("telegram", sender if private else "-100")
+    return InboundMessage(
+        chat, sender, "hello", mid, "Ada", is_private=private, addressed=addressed
+    )
+
+
+def drain_outbound(bus: MessageBus) -> list[OutboundMessage]:
+    queue = bus._channel("telegram")._queue
+    items = []
+    while not queue.empty():
+        entry = queue.get_nowait()
+        assert isinstance(entry, tuple)
+        assert isinstance(entry[0], OutboundMessage)
+        items.append(entry[0])
+    return items
+
+
+async def test_allowed_sender_is_journaled_and_queued(db: Database) -> None:
+    bus = MessageBus()
+    gate = make_gate(db, bus, {"42"})
+    assert await gate(message()) is Intake.ACCEPTED
+    queued = await anext(bus.inbound())
+    assert queued.journal_id is not None
+    assert [p.id for p in await Journal(db).pending_inbound()] == [queued.journal_id]
+
+
+async def test_a_redelivered_message_is_ignored(db: Database) -> None:
+    bus = MessageBus()
+    gate = make_gate(db, bus, {"42"})
+    assert await gate(message(mid="7")) is Intake.ACCEPTED
+    assert await gate(message(mid="7")) is Intake.DUPLICATE
+    assert len(await Journal(db).pending_inbound()) == 1
+
+
+async def test_empty_allow_list_means_nobody(db: Database) -> None:
+    bus = MessageBus()
+    gate = make_gate(db, bus, set())
+    assert await gate(message(private=False)) is Intake.REFUSED
+    assert "nobody yet" in gate.describe()[0]
+
+
+async def test_everyone_with_a_star(db: Database) -> None:
+    gate = make_gate(db, MessageBus(), {"*"})
+    assert await gate(message("999")) is Intake.ACCEPTED
+
+
+async def test_unknown_private_sender_gets_one_pairing_code(db: Database) -> None:
+    bus = MessageBus()
+    gate = make_gate(db, bus, set())
+    assert await gate(message("7", mid="1")) is Intake.PAIRING
+    (notice,) = drain_outbound(bus)
+    (request,) = await Access(db).pending()
+    assert request.code in notice.text
+    assert len(request.code) == 8
+    assert notice.kind == "notice"
+    # Asking again mints no new code and sends nothing more.
+    assert await gate(message("7", mid="2")) is Intake.REFUSED
+    assert drain_outbound(bus) == []
+    assert await Journal(db).pending_inbound() == []  # nothing reached the agent
+
+
+async def test_at_most_three_pending_codes_per_channel(db: Database) -> None:
+    bus = MessageBus()
+    gate = make_gate(db, bus, set())
+    results = [await gate(message(str(user), mid=str(user))) for user in range(MAX_PENDING + 1)]
+    assert results[:MAX_PENDING] == [Intake.PAIRING] * MAX_PENDING
+    assert results[-1] is Intake.REFUSED
+
+
+async def test_approval_takes_effect_at_once(db: Database) -> None:
+    bus = MessageBus()
+    gate = make_gate(db, bus, set())
+    await gate(message("7", mid="1"))
+    (request,) = await Access(db).pending()
+    approved = await Access(db).approve(request.code.lower())
+    assert approved is not None
+    assert await gate(message("7", mid="2")) is Intake.ACCEPTED
+    assert await Access(db).revoke("7") == 1
+    assert await gate(message("7", mid="3")) is Intake.PAIRING  # back to asking
+
+
+@pytest.mark.parametrize(
+    ("policy", "addressed", "expected"),
+    [
+        ("mention", True, Intake.ACCEPTED),
+        ("mention", False, Intake.REFUSED),
+        ("open", False, Intake.ACCEPTED),
+        ("disabled", True, Intake.REFUSED),
+    ],
+)
+async def test_group_policy(
+    db: Database, policy: GroupPolicy, addressed: bool, expected: Intake
+) -> None:
+    gate = make_gate(db, MessageBus(), {"42"}, policy)
+    assert await gate(message(private=False, addressed=addressed)) is expected
+
+
+async def test_strangers_in_groups_get_nothing(db: Database) -> None:
+    bus = MessageBus()
+    gate = make_gate(db, bus, {"42"}, "open")
+    assert await gate(message("666", private=False)) is Intake.REFUSED
+    assert drain_outbound(bus) == []
+    assert await Access(db).pending() == []
+
+
+async def test_closed_gate_takes_nothing(db: Database) -> None:
+    gate = make_gate(db, MessageBus(), {"42"})
+    gate.close()
+    assert await gate(message()) is Intake.CLOSED
+    assert await Journal(db).pending_inbound() == []
