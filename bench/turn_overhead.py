@@ -2,26 +2,30 @@
 
 Everything runs in this process and its event loop: nanobot's own composition root
 (`nanobot.app._agent`: LiteLLMProvider, the real tools, SQLite store, workspace template) in a
-temporary data dir, against the fake model server tests/fakes/llm.py. Three layers are
+temporary data dir, against the fake model server tests/fakes/llm.py. These layers are
 measured in the same run, interleaved in a shuffled order every round:
 
 1. a bare ``litellm.acompletion(stream=True)`` consumed to its end, with exactly the messages
-   and tools the turn sends (recorded by the fake server, or by a thin wrapper around the
-   provider for the long session, where they change every turn);
+   and tools the turn sends (as the fake server received them, or as a thin recording wrapper
+   around the provider saw them in the long session, where they change every turn);
 2. ``LiteLLMProvider.complete()`` with the same messages and tools;
-3. the whole turn, ``AgentLoop.handle()``.
+3. the whole turn, ``AgentLoop.handle()``;
+0. the whole turn with an instant provider: the same app on the same database, whose model
+   calls return the fake's answer at once, without litellm or HTTP: nanobot alone.
 
 nanobot's overhead is (3) - (1) for a plain turn and (3) - (1a) - (1b) for a turn with one
 tool call (two model calls). Each measurement lasts until the call returned *and* the
 asyncio tasks it started (litellm's post-stream logging and caching tasks) have finished:
 inside a turn those tasks run before the turn ends, so without this the bare call would be
-charged less than its real cost. The fake runs in a separate process (its CPU is not on the
-measured event loop); a shorter in-process variant is measured too.
+charged less than its real cost. Wall-clock time is the figure; this process's CPU time over
+the same interval is recorded too, as it does not grow when other processes take the CPU.
+The fake runs in a separate process (its CPU is not on the measured event loop); a shorter
+in-process variant is measured too.
 
 The long-session part fills a session with 10,000 entries and compares turns there with
-turns in empty sessions, whole and minus the bare litellm call with the same messages. A
-profile (cProfile) of plain turns says where the time goes, and micro-measurements price
-nanobot's per-turn operations without the profiler's inflation.
+turns in empty sessions: whole, minus the bare litellm call with the same messages, and with
+the instant provider. A profile (cProfile) of plain turns says where the time goes, and
+micro-measurements price nanobot's per-turn operations without the profiler's inflation.
 """
 
 from __future__ import annotations
@@ -54,7 +58,14 @@ from nanobot import app, log
 from nanobot.agent.context import ContextBuilder, time_envelope
 from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
 from nanobot.config import AgentConfig, Config
-from nanobot.providers.base import Completion, DeltaHandler, Message, ToolSchema
+from nanobot.providers.base import (
+    Completion,
+    DeltaHandler,
+    Message,
+    ToolCall,
+    ToolSchema,
+    Usage,
+)
 from nanobot.providers.litellm_provider import LiteLLMProvider, _litellm
 from nanobot.store import Database, NewEntry, SessionStore
 from tests.fakes.llm import Call, Echo, FakeLLM, Text, ToolCalls
@@ -66,7 +77,7 @@ TOOL_TARGET_MS = 6.0
 LONG_TARGET_X = 1.2
 
 WARMUP_ROUNDS, ROUNDS = 10, 100  # empty sessions, fake in its own process
-LOCAL_WARMUP_ROUNDS, LOCAL_ROUNDS = 5, 40  # the same with the fake in this process
+LOCAL_WARMUP_ROUNDS, LOCAL_ROUNDS = 5, 60  # the same with the fake in this process
 LONG_WARMUPS, LONG_ROUNDS = 5, 50  # 10,000-entry session against empty sessions
 COLD_STARTS = 7  # first turn after start-up (a fresh `_agent`), long and empty session
 PROFILE_TURNS, PROFILE_LONG_TURNS, PROFILE_LONG_CALLS = 50, 10, 10
@@ -78,6 +89,8 @@ PAUSE_S = 0.001  # between measured items: lets litellm's thread-pool work finis
 SEED = 3
 
 MODEL = "openai/fake-model"
+# The same OpenAI-compatible endpoint through litellm's own HTTP handler, not the openai SDK.
+ROUTE_MODEL = "hosted_vllm/fake-model"
 MESSAGE = "What is on my calendar tomorrow?"
 TOOL_MESSAGE = "What do you know about me? Look it up in USER.md."
 TOOL_CALL = Call("read_file", {"path": "USER.md"})
@@ -106,10 +119,16 @@ class _Recorder:
 
     The note is a shallow copy of the message list (a few µs for a 1,000-message window);
     it is how the long session's turns, whose messages change every turn, are replayed.
+
+    `instant`: model calls do not reach litellm at all but return at once what the fake
+    would have answered (the echo, or the next of `scripted`). Token counting and the context
+    window still come from the real provider. A turn then costs only nanobot's own work.
     """
 
-    def __init__(self, inner: LiteLLMProvider) -> None:
+    def __init__(self, inner: LiteLLMProvider, *, instant: bool = False) -> None:
         self.inner = inner
+        self.instant = instant
+        self.scripted: list[Completion] = []
         self.calls: list[tuple[list[Message], list[ToolSchema]]] = []
 
     @property
@@ -125,6 +144,8 @@ class _Recorder:
         max_tokens: int | None = None,
     ) -> Completion:
         self.calls.append((list(messages), list(tools)))
+        if self.instant:
+            return self.scripted.pop(0) if self.scripted else _echo(messages, self.model)
         return await self.inner.complete(messages, tools, on_delta=on_delta, max_tokens=max_tokens)
 
     def context_window(self) -> int:
@@ -132,6 +153,20 @@ class _Recorder:
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
         return self.inner.count_tokens(messages)
+
+
+def _echo(messages: Sequence[Message], model: str) -> Completion:
+    last = next(m for m in reversed(messages) if m.get("role") == "user")
+    return Completion(f"echo: {last['content']}", (), "stop", Usage(900, 12), model)
+
+
+INSTANT_TOOL_CALL = Completion(
+    None,
+    (ToolCall("call_instant", TOOL_CALL.name, TOOL_CALL.arguments_json()),),
+    "tool_calls",
+    Usage(900, 12),
+    MODEL,
+)
 
 
 @dataclass(frozen=True)
@@ -142,13 +177,13 @@ class _Stack:
 
 
 @contextlib.asynccontextmanager
-async def _stack(config: Config) -> AsyncIterator[_Stack]:
+async def _stack(config: Config, *, instant: bool = False) -> AsyncIterator[_Stack]:
     """nanobot as the app builds it (`app._agent`), its provider wrapped in a _Recorder."""
     built: list[_Recorder] = []
     build = app.build_provider
 
     def build_recorded(config: Config) -> _Recorder:
-        built.append(_Recorder(build(config)))
+        built.append(_Recorder(build(config), instant=instant))
         return built[-1]
 
     async with contextlib.AsyncExitStack() as stack:
@@ -157,8 +192,8 @@ async def _stack(config: Config) -> AsyncIterator[_Stack]:
         yield _Stack(config, loop, built[-1])
 
 
-def _config(data_dir: Path, base_url: str) -> Config:
-    agent = AgentConfig(model=MODEL, api_base=base_url, api_key="sk-bench")
+def _config(data_dir: Path, base_url: str, model: str = MODEL) -> Config:
+    agent = AgentConfig(model=model, api_base=base_url, api_key="sk-bench")
     return Config(data_dir=data_dir, agent=agent)
 
 
@@ -263,8 +298,12 @@ ECHO_REPLY = {"type": "Echo"}
 
 @dataclass(frozen=True)
 class Timing:
-    settled: float  # seconds until the call returned and the tasks it started finished
+    wall: float  # seconds until the call returned and the tasks it started finished
     returned: float  # seconds until the call returned
+    cpu: float  # CPU seconds of this process (all its threads) over `wall`
+
+
+CLOCKS = ("wall", "returned", "cpu")
 
 
 def _settles(task: asyncio.Task[Any]) -> bool:
@@ -281,6 +320,7 @@ def _settles(task: asyncio.Task[Any]) -> bool:
 
 async def _timed(work: Awaitable[T]) -> tuple[Timing, T]:
     before = asyncio.all_tasks()
+    cpu = time.process_time()
     start = time.perf_counter()
     result = await work
     returned = time.perf_counter()
@@ -288,39 +328,40 @@ async def _timed(work: Awaitable[T]) -> tuple[Timing, T]:
     if started:
         await asyncio.wait(started, timeout=SETTLE_LIMIT_S)
     end = time.perf_counter()
+    cpu = time.process_time() - cpu
     await asyncio.sleep(PAUSE_S)
-    return Timing(end - start, returned - start), result
+    return Timing(end - start, returned - start, cpu), result
 
 
 class Samples:
-    """Measured times by item name, in rounds: the lists of one phase are aligned."""
+    """Measured times in ms by clock and item name, in rounds: the lists of one phase are
+    aligned (the n-th value of every item comes from the same round)."""
 
     def __init__(self) -> None:
-        self.settled: dict[str, list[float]] = defaultdict(list)
-        self.returned: dict[str, list[float]] = defaultdict(list)
+        self.values: dict[str, dict[str, list[float]]] = {c: defaultdict(list) for c in CLOCKS}
 
     def add(self, name: str, timing: Timing) -> None:
-        self.settled[name].append(timing.settled * 1000)
-        self.returned[name].append(timing.returned * 1000)
+        for clock in CLOCKS:
+            self.values[clock][name].append(getattr(timing, clock) * 1000)
 
-    def ms(self, name: str) -> list[float]:
-        return self.settled[name]
+    def ms(self, name: str, clock: str = "wall") -> list[float]:
+        return self.values[clock][name]
 
-    def median(self, name: str) -> float:
-        return statistics.median(self.settled[name])
+    def median(self, name: str, clock: str = "wall") -> float:
+        return statistics.median(self.values[clock][name])
 
-    def summed(self, *names: str) -> list[float]:
+    def summed(self, *names: str, clock: str = "wall") -> list[float]:
         """Per round, the sum of the named items."""
-        return [sum(values) for values in zip(*(self.settled[n] for n in names), strict=True)]
+        columns = (self.values[clock][n] for n in names)
+        return [sum(values) for values in zip(*columns, strict=True)]
 
     def as_json(self) -> dict[str, Any]:
         return {
             name: {
-                "median_ms": statistics.median(values),
-                "median_returned_ms": statistics.median(self.returned[name]),
-                "values_ms": values,
+                **{f"median_{clock}_ms": self.median(name, clock) for clock in CLOCKS},
+                **{f"{clock}_ms": self.ms(name, clock) for clock in CLOCKS},
             }
-            for name, values in self.settled.items()
+            for name in self.values["wall"]
         }
 
 
@@ -342,8 +383,17 @@ class Request:
 class _Bench:
     """A stack and its fake, and the three ways of making the same model call."""
 
-    def __init__(self, stack: _Stack, fake: _Fake, label: str) -> None:
+    def __init__(
+        self,
+        stack: _Stack,
+        fake: _Fake,
+        label: str,
+        instant: _Stack | None = None,
+        route: _Bench | None = None,
+    ) -> None:
         self.stack, self.fake, self.label = stack, fake, label
+        self.instant = instant  # the same app on the same database, with instant model calls
+        self.route = route  # the same app on the same database and fake, model ROUTE_MODEL
         self.litellm: ModuleType = _litellm()  # as nanobot configures it
         self._keys = 0
 
@@ -395,7 +445,9 @@ class _Bench:
     ) -> tuple[Timing, list[Request]]:
         """Layer 3: one turn in session `key`; returns its timing and its model calls."""
         stack = stack or self.stack
-        if tool_call:
+        if tool_call and stack.provider.instant:
+            stack.provider.scripted.append(INSTANT_TOOL_CALL)
+        elif tool_call:
             await self.fake.script(TOOL_REPLY)
         calls = stack.provider.calls
         before = len(calls)
@@ -460,7 +512,7 @@ def _without_nulls(value: Any) -> Any:
 async def _short_round(
     b: _Bench, requests: ShortRequests, rng: random.Random, samples: Samples | None
 ) -> None:
-    """Each of the six items once, in a shuffled order."""
+    """Each item once, in a shuffled order."""
 
     def add(name: str, timing: Timing) -> None:
         if samples is not None:
@@ -492,6 +544,14 @@ async def _short_round(
             raise BenchError(f"a tool turn made {len(calls)} model calls")
         add("turn tool", timing)
 
+    async def instant_plain() -> None:
+        assert b.instant is not None
+        add("instant plain", (await b.turn(b.key(), stack=b.instant))[0])
+
+    async def instant_tool() -> None:
+        assert b.instant is not None
+        add("instant tool", (await b.turn(b.key(), tool_call=True, stack=b.instant))[0])
+
     items: list[Callable[[], Awaitable[None]]] = [
         bare_plain,
         provider_plain,
@@ -500,6 +560,18 @@ async def _short_round(
         provider_tool,
         turn_tool,
     ]
+    if b.instant is not None:
+        items += [instant_plain, instant_tool]
+    if b.route is not None:
+        route = b.route
+
+        async def route_plain() -> None:
+            add("route turn plain", (await route.turn(route.key()))[0])
+
+        async def route_bare() -> None:
+            add("route bare plain", await route.bare(requests.plain))
+
+        items += [route_plain, route_bare]
     rng.shuffle(items)
     for item in items:
         await item()
@@ -614,7 +686,7 @@ async def _first_long_turn(b: _Bench, key: str, info: LongInfo) -> None:
             f"expected the first turn in a full session to compact (2 model calls), "
             f"got {len(calls)}: the benchmark's assumptions no longer hold"
         )
-    info.first_turn_ms = timing.settled * 1000
+    info.first_turn_ms = timing.wall * 1000
     info.first_turn_calls = len(calls)
     info.first_turn_messages = len(calls[0].messages)
     info.compaction_messages = len(calls[1].messages)
@@ -670,7 +742,31 @@ async def _long_round(
         for name, part in parts:
             add(name, await part())
 
+    async def instant_group() -> None:
+        assert b.instant is not None
+        parts = [("instant long", key), ("instant empty", b.key())]
+        rng.shuffle(parts)
+        for name, session in parts:
+            add(name, (await b.turn(session, stack=b.instant))[0])
+
+    async def route_group() -> None:
+        assert b.route is not None
+        route = b.route
+        order = ["long", "empty"]
+        rng.shuffle(order)
+        for session in order:
+            timing, calls = await route.turn(key if session == "long" else route.key())
+            if len(calls) != 1:
+                info.compacting_turns += 1
+                return
+            add(f"route turn {session}", timing)
+            add(f"route bare {session}", await route.bare(calls[0]))
+
     groups: list[Callable[[], Awaitable[None]]] = [long_group, empty_group]
+    if b.instant is not None:
+        groups.append(instant_group)
+    if b.route is not None:
+        groups.append(route_group)
     rng.shuffle(groups)
     for group in groups:
         await group()
@@ -827,16 +923,19 @@ def cumulative(stats: pstats.Stats, path_end: str, name: str) -> float:
     )
 
 
-async def _profile_turns(b: _Bench, turns: int, key: str | None = None) -> pstats.Stats:
+async def _profile_turns(
+    b: _Bench, turns: int, key: str | None = None, stack: _Stack | None = None
+) -> pstats.Stats:
     """cProfile around `turns` turns (only the turns themselves are profiled)."""
+    stack = stack or b.stack
     profile = cProfile.Profile()
     for _ in range(turns):
         request = TurnRequest(key or b.key(), MESSAGE)
         profile.enable()
-        reply = await b.stack.loop.handle(request)
+        reply = await stack.loop.handle(request)
         profile.disable()
         _check(reply, MESSAGE, tool_call=False)
-        del b.stack.provider.calls[:]
+        del stack.provider.calls[:]
         await asyncio.sleep(PAUSE_S)
     return pstats.Stats(profile)
 
@@ -953,6 +1052,7 @@ class Measurements:
     cold: Samples
     info: LongInfo
     profile: pstats.Stats
+    profile_instant: pstats.Stats
     profile_long: pstats.Stats
     profile_long_bare: pstats.Stats
     micro: list[Micro]
@@ -967,8 +1067,13 @@ async def measure() -> Measurements:
         data_dir = Path(tmp) / "data"
         _progress(f"pre-filling a session with {LONG_ENTRIES:,} entries ...")
         info.prefill_s = await _prefill(data_dir / "state.db", long_key, LONG_ENTRIES)
-        async with _ProcessFake.running() as fake, _stack(_config(data_dir, fake.base_url)) as s:
-            b = _Bench(s, fake, "process")
+        async with (
+            _ProcessFake.running() as fake,
+            _stack(_config(data_dir, fake.base_url)) as s,
+            _stack(_config(data_dir, fake.base_url), instant=True) as instant,
+            _stack(_config(data_dir, fake.base_url, ROUTE_MODEL)) as routed,
+        ):
+            b = _Bench(s, fake, "process", instant, _Bench(routed, fake, "route"))
             _progress(
                 f"empty sessions, fake in its own process: {WARMUP_ROUNDS} warm-up + "
                 f"{ROUNDS} rounds ..."
@@ -988,6 +1093,7 @@ async def measure() -> Measurements:
 
             _progress("profiling ...")
             profile = await _profile_turns(b, PROFILE_TURNS)
+            profile_instant = await _profile_turns(b, PROFILE_TURNS, stack=instant)
             profile_long = await _profile_turns(b, PROFILE_LONG_TURNS, long_key)
             _, calls = await b.turn(long_key)
             long_request = calls[0]
@@ -1013,6 +1119,7 @@ async def measure() -> Measurements:
         cold=cold,
         info=info,
         profile=profile,
+        profile_instant=profile_instant,
         profile_long=profile_long,
         profile_long_bare=profile_long_bare,
         micro=micro,
@@ -1025,74 +1132,89 @@ def _difference(values_a: Sequence[float], values_b: Sequence[float]) -> list[fl
 
 
 def _short_metrics(s: Samples, prefix: str, *, full: bool) -> list[Metric]:
-    med = statistics.median
-    bare_tool = s.summed("bare tool 1", "bare tool 2")
-    provider_tool = s.summed("provider tool 1", "provider tool 2")
-    plain_overhead = s.median("turn plain") - s.median("bare plain")
-    tool_overhead = s.median("turn tool") - med(bare_tool)
+    """The plain and the tool turn in empty sessions: the layers and the overheads."""
     paired = "median of the per-round differences"
-    metrics = [
-        Metric(f"{prefix}plain turn: (3) AgentLoop.handle", "ms", s.ms("turn plain")),
-        Metric(f"{prefix}plain: (1) bare litellm.acompletion", "ms", s.ms("bare plain")),
-        Metric(f"{prefix}plain: (2) LiteLLMProvider.complete", "ms", s.ms("provider plain")),
-        Metric(
-            f"{prefix}plain: nanobot overhead (3)-(1)",
-            "ms",
-            [plain_overhead],
-            target=PLAIN_TARGET_MS,
-            note="difference of the medians",
+    metrics: list[Metric] = []
+    for kind, target, bare, provider in (
+        ("plain", PLAIN_TARGET_MS, ["bare plain"], ["provider plain"]),
+        (
+            "tool",
+            TOOL_TARGET_MS,
+            ["bare tool 1", "bare tool 2"],
+            ["provider tool 1", "provider tool 2"],
         ),
-    ]
-    if full:
+    ):
+        turn = f"turn {kind}"
+        calls = "" if kind == "plain" else ", both calls"
+
+        def overhead(clock: str, turn: str = turn, bare: list[str] = bare) -> float:
+            return s.median(turn, clock) - statistics.median(s.summed(*bare, clock=clock))
+
+        def wrapper(clock: str, bare: list[str] = bare, provider: list[str] = provider) -> float:
+            return statistics.median(s.summed(*provider, clock=clock)) - statistics.median(
+                s.summed(*bare, clock=clock)
+            )
+
+        metrics += [
+            Metric(f"{prefix}{kind} turn: (3) AgentLoop.handle", "ms", s.ms(turn)),
+            Metric(f"{prefix}{kind}: (1) bare litellm{calls}", "ms", s.summed(*bare)),
+        ]
+        if full:
+            metrics.append(
+                Metric(
+                    f"{kind}: (0) turn, instant provider (nanobot alone)",
+                    "ms",
+                    s.ms(f"instant {kind}"),
+                )
+            )
+        if full and kind == "tool":
+            metrics += [
+                Metric("tool: (1a) bare, call 1 (asks for the tool)", "ms", s.ms(bare[0])),
+                Metric("tool: (1b) bare, call 2 (answers)", "ms", s.ms(bare[1])),
+            ]
+        if full:
+            metrics.append(
+                Metric(f"{kind}: (2) LiteLLMProvider.complete{calls}", "ms", s.summed(*provider))
+            )
         metrics += [
             Metric(
-                f"{prefix}plain: (3)-(1) per round",
+                f"{prefix}{kind}: nanobot overhead (3)-(1)",
                 "ms",
-                _difference(s.ms("turn plain"), s.ms("bare plain")),
-                note=paired,
+                [overhead("wall")],
+                target=target,
+                note="difference of the medians, wall clock",
             ),
             Metric(
-                f"{prefix}plain: provider wrapper (2)-(1)",
+                f"{prefix}{kind}: nanobot overhead (3)-(1), CPU",
                 "ms",
-                [s.median("provider plain") - s.median("bare plain")],
+                [overhead("cpu")],
+                target=target,
+                note="difference of the medians, process CPU time",
             ),
         ]
-    metrics += [
-        Metric(f"{prefix}tool turn: (3) AgentLoop.handle", "ms", s.ms("turn tool")),
-        Metric(f"{prefix}tool: (1) bare litellm, both calls", "ms", bare_tool),
-    ]
-    if full:
-        metrics += [
-            Metric("tool: (1a) bare, call 1 (asks for the tool)", "ms", s.ms("bare tool 1")),
-            Metric("tool: (1b) bare, call 2 (answers)", "ms", s.ms("bare tool 2")),
-            Metric("tool: (2) LiteLLMProvider.complete, both", "ms", provider_tool),
-        ]
-    metrics.append(
-        Metric(
-            f"{prefix}tool: nanobot overhead (3)-(1)",
-            "ms",
-            [tool_overhead],
-            target=TOOL_TARGET_MS,
-            note="difference of the medians",
-        )
-    )
-    if full:
-        metrics += [
-            Metric(
-                "tool: (3)-(1) per round",
-                "ms",
-                _difference(s.ms("turn tool"), bare_tool),
-                note=paired,
-            ),
-            Metric("tool: provider wrapper (2)-(1)", "ms", [med(provider_tool) - med(bare_tool)]),
-        ]
+        if full:
+            metrics += [
+                Metric(
+                    f"{kind}: (3)-(1) per round",
+                    "ms",
+                    _difference(s.ms(turn), s.summed(*bare)),
+                    note=paired,
+                ),
+                Metric(f"{kind}: provider wrapper (2)-(1)", "ms", [wrapper("wall")]),
+                Metric(f"{kind}: provider wrapper (2)-(1), CPU", "ms", [wrapper("cpu")]),
+            ]
     return metrics
 
 
 def metrics_of(m: Measurements) -> list[Metric]:
     long, cold = m.long, m.cold
-    overhead_long = long.median("turn long") - long.median("bare long")
-    overhead_empty = long.median("turn empty") - long.median("bare empty")
+
+    def overhead(session: str, clock: str) -> float:
+        return long.median(f"turn {session}", clock) - long.median(f"bare {session}", clock)
+
+    def ratio(clock: str) -> float:
+        return long.median("turn long", clock) / long.median("turn empty", clock)
+
     return [
         *_short_metrics(m.short, "", full=True),
         *_short_metrics(m.local, "in-process fake, ", full=False),
@@ -1104,23 +1226,55 @@ def metrics_of(m: Measurements) -> list[Metric]:
         Metric(
             "(a) turn, 10k / empty",
             "x",
-            [long.median("turn long") / long.median("turn empty")],
+            [ratio("wall")],
             target=LONG_TARGET_X,
-            note="ratio of the medians",
+            note="ratio of the medians, wall clock",
+        ),
+        Metric(
+            "(a) turn, 10k / empty, CPU",
+            "x",
+            [ratio("cpu")],
+            target=LONG_TARGET_X,
+            note="ratio of the medians, process CPU time",
         ),
         Metric(
             "(a) per round",
             "x",
             [a / b for a, b in zip(long.ms("turn long"), long.ms("turn empty"), strict=True)],
         ),
-        Metric("empty session: overhead (turn - bare)", "ms", [overhead_empty]),
-        Metric("10k session: overhead (turn - bare)", "ms", [overhead_long]),
+        Metric("empty session: overhead (turn - bare)", "ms", [overhead("empty", "wall")]),
+        Metric("10k session: overhead (turn - bare)", "ms", [overhead("long", "wall")]),
         Metric(
             "(b) overhead, 10k / empty",
             "x",
-            [overhead_long / overhead_empty],
+            [overhead("long", "wall") / overhead("empty", "wall")],
             target=LONG_TARGET_X,
-            note="ratio of the differences of the medians",
+            note="ratio of the differences of the medians, wall clock",
+        ),
+        Metric("empty session: overhead, CPU", "ms", [overhead("empty", "cpu")]),
+        Metric("10k session: overhead, CPU", "ms", [overhead("long", "cpu")]),
+        Metric(
+            "(b) overhead, 10k / empty, CPU",
+            "x",
+            [overhead("long", "cpu") / overhead("empty", "cpu")],
+            target=LONG_TARGET_X,
+            note="ratio of the differences of the medians, process CPU time",
+        ),
+        Metric("instant provider: empty session turn", "ms", long.ms("instant empty")),
+        Metric("instant provider: 10k session turn", "ms", long.ms("instant long")),
+        Metric(
+            "(b') nanobot alone, 10k / empty",
+            "x",
+            [long.median("instant long") / long.median("instant empty")],
+            target=LONG_TARGET_X,
+            note="instant-provider turns, ratio of the medians, wall clock",
+        ),
+        Metric(
+            "(b') nanobot alone, 10k / empty, CPU",
+            "x",
+            [long.median("instant long", "cpu") / long.median("instant empty", "cpu")],
+            target=LONG_TARGET_X,
+            note="instant-provider turns, ratio of the medians, process CPU time",
         ),
         Metric("first turn after start-up: 10k session", "ms", cold.ms("cold long")),
         Metric("first turn after start-up: empty session", "ms", cold.ms("cold empty")),
@@ -1129,11 +1283,7 @@ def metrics_of(m: Measurements) -> list[Metric]:
             "x",
             [cold.median("cold long") / cold.median("cold empty")],
         ),
-        Metric(
-            "first turn in the pre-filled session (+compaction)",
-            "ms",
-            [m.info.first_turn_ms],
-        ),
+        Metric("first turn in the pre-filled session (+compaction)", "ms", [m.info.first_turn_ms]),
     ]
 
 
@@ -1197,6 +1347,9 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
     )
     profiles = {
         "plain": _print_profile("Profile of plain turns", m.profile, PROFILE_TURNS),
+        "instant": _print_profile(
+            "Profile of plain turns with the instant provider", m.profile_instant, PROFILE_TURNS
+        ),
         "long": _print_profile("Profile of 10k-session turns", m.profile_long, PROFILE_LONG_TURNS),
     }
     print("\nnanobot's per-turn operations, priced without the profiler (plain turn):")

@@ -25,6 +25,7 @@ from telegram import (
 from telegram.error import (
     BadRequest,
     Conflict,
+    Forbidden,
     InvalidToken,
     NetworkError,
     RetryAfter,
@@ -201,7 +202,7 @@ async def test_server_errors_and_dropped_connections(bot: Bot, fake: FakeTelegra
         await bot.send_message(CHAT, "lost")
     fake.offline = False
     fake.fail_next("sendMessage", ApiError(403, "Forbidden: bot was blocked by the user"))
-    with pytest.raises(Exception, match="Forbidden: bot was blocked by the user"):
+    with pytest.raises(Forbidden, match="Forbidden: bot was blocked by the user"):
         await bot.send_message(CHAT, "blocked")
     await bot.send_message(CHAT, "back")
     assert [m.visible for m in fake.sent()] == ["back"]

@@ -113,10 +113,31 @@ def fences_balanced(part: str) -> bool:
     return marker == 0
 
 
-def squash(markdown: str) -> str:
-    """Markdown without fence lines or whitespace: what splitting must preserve exactly."""
-    lines = [line for line in markdown.split("\n") if not re.fullmatch(r"[ \t]*`{3,}[^`]*", line)]
-    return re.sub(r"\s", "", "".join(lines))
+def without_added_fences(part: str) -> list[str]:
+    """The ways `part` can read once the fence lines a splitter may add are removed: a
+    reopening ```info line at its start and a closing ``` line at its end."""
+    first, _, rest = part.partition("\n")
+    heads = [part, rest] if rest and re.fullmatch(r"`{3,}[^`]*", first) else [part]
+    variants = []
+    for head in heads:
+        body, _, last = head.rpartition("\n")
+        variants.append(head)
+        if re.fullmatch(r"`{3,}", last):
+            variants.append(body)
+    return variants
+
+
+def rejoins(whole: str, parts: list[str], at: int = 0) -> bool:
+    """True if `whole[at:]` is `parts` in order, each less the fences a splitter added,
+    with only whitespace before, between and after them."""
+    gap = len(whole) - len(whole[at:].lstrip())
+    if not parts:
+        return at + gap == len(whole)
+    return any(
+        whole.startswith(body, at + skip) and rejoins(whole, parts[1:], at + skip + len(body))
+        for body in without_added_fences(parts[0])
+        for skip in range(gap + 1)
+    )
 
 
 def check_telegram_split(markup: str, limit: int) -> list[str]:
@@ -134,7 +155,7 @@ def check_discord_split(markdown: str, limit: int) -> list[str]:
     for part in parts:
         assert 0 < len(part) <= limit
         assert fences_balanced(part), part
-    assert squash(markdown.replace("\r\n", "\n")) == "".join(squash(part) for part in parts)
+    assert rejoins(markdown.replace("\r\n", "\n"), parts)
     return parts
 
 

@@ -36,6 +36,9 @@ _TAG_NAME = re.compile(r"</?\s*([a-zA-Z][\w-]*)")
 _FENCE_OPEN = re.compile(r"[ \t]*(`{3,})([^`]*)")
 _FENCE_CLOSE = re.compile(r"[ \t]*(`{3,})[ \t]*")
 _BACKTICKS = re.compile(r"[ \t]*`{3,}")
+_LEAD = re.compile(r"[ \t]*(`{3,})")
+_BLANKS = re.compile(r"[ \t]*")
+_CLEAN, _UGLY, _NEVER = 0, 1, 2
 
 Cut = Callable[[int], bool]
 
@@ -132,7 +135,7 @@ def split_telegram(markup: str, limit: int = TELEGRAM_LIMIT) -> list[str]:
     stack: list[_Atom] = []
     start = 0
     while start < len(atoms):
-        end, resume = _cut(units, widths, start, limit, allowed)
+        end, resume = _cut(units, widths, start, limit, allowed=allowed)
         body = atoms[start:end]
         after = _nest(stack, body)
         if any(unit.strip() for unit in units[start:end]):
@@ -172,7 +175,7 @@ def split_plain(text: str, limit: int = TELEGRAM_LIMIT) -> list[str]:
     pieces = []
     start = 0
     while start < len(units):
-        end, resume = _cut(units, widths, start, limit, lambda cut: True)
+        end, resume = _cut(units, widths, start, limit, allowed=lambda cut: True)
         if text[start:end].strip():
             pieces.append(text[start:end])
         start = resume
@@ -180,11 +183,19 @@ def split_plain(text: str, limit: int = TELEGRAM_LIMIT) -> list[str]:
 
 
 def _cut(
-    units: Sequence[str], widths: Sequence[int], start: int, budget: int, allowed: Cut
+    units: Sequence[str],
+    widths: Sequence[int],
+    start: int,
+    budget: int,
+    *,
+    allowed: Cut,
+    lenient: Cut | None = None,
 ) -> tuple[int, int]:
     """Where the piece beginning at `start` ends, as (end, resume): the piece is
     `units[start:end]`, the next begins at `resume`, and what lies between is the dropped
-    separator. The piece's width is at most `budget` unless a single unit is wider.
+    separator. Soft breaks and then hard splits are taken where `allowed`; failing those, a
+    hard split where `lenient`; failing that, at the budget. The piece's width is at most
+    `budget` unless a single unit is wider.
     """
     reach = [0]  # reach[k] = width of units[start : start + k]
     stop = start
@@ -201,10 +212,11 @@ def _cut(
                 break
             if "".join(units[cut : cut + size]) == separator and allowed(cut):
                 return cut, cut + size
-    for cut in range(stop, start, -1):
-        if reach[cut - start] > 0 and allowed(cut):
-            return cut, cut
-    end = max(stop, start + 1)  # nothing allowed fits: make progress regardless
+    for permitted in (allowed, lenient or allowed):
+        for cut in range(stop, start, -1):
+            if reach[cut - start] > 0 and permitted(cut):
+                return cut, cut
+    end = max(stop, start + 1)
     return end, end
 
 
@@ -224,42 +236,76 @@ class _Fence:
         return self.marker if body.endswith("\n") else f"\n{self.marker}"
 
 
-def _fences(text: str) -> tuple[list[_Fence | None], list[bool]]:
-    """For each cut position 0..len(text): the fence a part ending there leaves open, and
-    whether a cut there is clean. A cut is not clean inside a line that starts with ```, just
-    before a ``` that would then start a line, between an opening line and its first code
-    line, or just before a closing line: each would open, close or empty a block by mistake.
+def _fences(text: str) -> tuple[list[_Fence | None], list[_Fence | None], list[int]]:
+    """For each cut position 0..len(text): the fence a part ending there leaves open (as a
+    reader of that part sees it), the fence the next part must reopen, and how good a cut
+    there is (`_CLEAN`, `_UGLY`: balanced but odd, `_NEVER`: would unbalance a part).
     """
-    state: list[_Fence | None] = [None] * (len(text) + 1)
-    clean = [True] * (len(text) + 1)
+    size = len(text) + 1
+    ends: list[_Fence | None] = [None] * size
+    starts: list[_Fence | None] = [None] * size
+    rank = [_CLEAN] * size
     fence: _Fence | None = None
     start = 0
     for line in text.split("\n"):
         end = start + len(line)
-        opening = _FENCE_OPEN.fullmatch(line) if fence is None else None
-        closing = _FENCE_CLOSE.fullmatch(line) if fence is not None else None
-        if closing is not None and fence and len(closing.group(1)) >= len(fence.marker):
-            state[start:end] = [fence] * (end - start)
-            state[end] = fence = None
-            _forbid(clean, start - 1, end)
+        after = _after_line(fence, line)
+        ends[start + 1 : end + 1] = _heads(fence, line)
+        # The rest of a cut line never starts with ```, so it leaves the state as it was.
+        starts[start + 1 : end + 1] = [after] * len(line)
+        if end + 1 < size:
+            ends[end + 1] = starts[end + 1] = after
+        _rank_line(rank, line, start, opens=fence is None and after is not None)
+        if fence is not None and after is None:  # a cut just before a closing line empties
+            _demote(rank, start - 1, start + 1, _UGLY)  # the block reopened after it
+        fence, start = after, end + 1
+    return ends, starts, rank
+
+
+def _after_line(fence: _Fence | None, line: str) -> _Fence | None:
+    """The fence open after `line`, given the one open before it."""
+    if fence is None:
+        opening = _FENCE_OPEN.fullmatch(line)
+        return _Fence(opening.group(1), opening.group(2).strip()) if opening else None
+    closing = _FENCE_CLOSE.fullmatch(line)
+    return None if closing and len(closing.group(1)) >= len(fence.marker) else fence
+
+
+def _heads(fence: _Fence | None, line: str) -> list[_Fence | None]:
+    """The fence open after each head `line[:k]`, k = 1..len(line), as its part reads it:
+    a cut can turn a line that starts with ``` into a fence line, or stop it being one."""
+    lead = _LEAD.match(line)
+    if lead is None:
+        return [fence] * len(line)
+    indent, run_end = lead.start(1), lead.end()
+    backtick = line.find("`", run_end)
+    backtick = len(line) if backtick < 0 else backtick  # a head up to here has no info `
+    blank = _BLANKS.match(line, run_end)
+    nonblank = blank.end() if blank else run_end  # a head up to here is backticks only
+    heads: list[_Fence | None] = []
+    for k in range(1, len(line) + 1):
+        run = min(k, run_end) - indent
+        if fence is None:
+            heads.append(_Fence("`" * run, "") if run >= 3 and k <= backtick else None)
         else:
-            if opening is not None:
-                fence = _Fence(opening.group(1), opening.group(2).strip())
-                _forbid(clean, start + 1, end + 2)
-            state[start + 1 : end + 1] = [fence] * (end - start)
-            if line.lstrip(" \t").startswith("```"):
-                _forbid(clean, start + 1, end)
-            for run in _BACKTICKS.finditer(line):
-                _forbid(clean, start + max(run.start(), 1), start + run.end() - 2)
-        if end < len(text):
-            state[end + 1] = fence
-        start = end + 1
-    return state, clean
+            closes = run >= max(3, len(fence.marker)) and k <= nonblank
+            heads.append(None if closes else fence)
+    return heads
 
 
-def _forbid(clean: list[bool], first: int, stop: int) -> None:
-    for cut in range(max(0, first), min(stop, len(clean))):
-        clean[cut] = False
+def _rank_line(rank: list[int], line: str, start: int, *, opens: bool) -> None:
+    end = start + len(line)
+    if _LEAD.match(line):
+        _demote(rank, start + 1, end, _UGLY)
+    if opens:  # a cut right after an opening line leaves an empty block behind
+        _demote(rank, end, end + 2, _UGLY)
+    for run in _BACKTICKS.finditer(line):  # the next part would start with a fence line
+        _demote(rank, start + max(run.start(), 1), start + run.end() - 2, _NEVER)
+
+
+def _demote(rank: list[int], first: int, stop: int, value: int) -> None:
+    for cut in range(max(0, first), min(stop, len(rank))):
+        rank[cut] = max(rank[cut], value)
 
 
 def split_discord(markdown: str, limit: int = DISCORD_LIMIT) -> list[str]:
@@ -273,21 +319,28 @@ def split_discord(markdown: str, limit: int = DISCORD_LIMIT) -> list[str]:
     """
     _check(limit, 64)
     text = markdown.replace("\r\n", "\n")
-    state, clean = _fences(text)
+    ends, starts, rank = _fences(text)
     units = list(text)
     widths = [1] * len(units)
     parts = []
     start = 0
     while start < len(units):
-        fence = state[start]
+        fence = starts[start]
         opening = fence.reopen(limit) if fence else ""
         # Keep room to close whichever fence may be open where this part ends.
-        window = state[start : start + limit + 1]
+        window = ends[start : start + limit + 1]
         closing = max((len(f.marker) + 1 for f in window if f is not None), default=0)
         budget = limit - len(opening) - closing
-        end, resume = _cut(units, widths, start, budget, clean.__getitem__)
+        end, resume = _cut(
+            units,
+            widths,
+            start,
+            budget,
+            allowed=lambda cut: rank[cut] == _CLEAN,
+            lenient=lambda cut: rank[cut] <= _UGLY,
+        )
         body = text[start:end]
-        left_open = state[end]
+        left_open = ends[end]
         if body.strip():
             parts.append(opening + body + (left_open.close(body) if left_open else ""))
         start = resume

@@ -292,13 +292,12 @@ def channel_payload(channel: Channel, users: dict[int, User]) -> JSON:
 
 
 def guild_create_payload(
-    guild: Guild, channels: dict[int, Channel], users: dict[int, User]
+    guild: Guild, channels: dict[int, Channel], users: dict[int, User], members: list[Member]
 ) -> JSON:
-    """A full GUILD_CREATE: roles, members (incl. the bot), channels and active threads."""
+    """A full GUILD_CREATE: roles, ``members``, channels and active threads."""
     own = [channels[c] for c in guild.channel_ids]
     text = [c for c in own if not c.is_thread]
     threads = [c for c in own if c.is_thread]
-    members = [member_payload(m, users[m.user_id]) for m in guild.members.values()]
     return {
         "id": str(guild.id),
         "name": guild.name,
@@ -339,8 +338,8 @@ def guild_create_payload(
         "large": False,
         "unavailable": False,
         "lazy": True,
-        "member_count": len(members),
-        "members": members,
+        "member_count": len(guild.members),
+        "members": [member_payload(m, users[m.user_id]) for m in members],
         "channels": [channel_payload(c, users) for c in text],
         "threads": [channel_payload(c, users) for c in threads],
         "presences": [],

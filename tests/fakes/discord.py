@@ -192,13 +192,19 @@ class RestRequest:
 
 @dataclass(eq=False)
 class GatewayConnection:
-    """One websocket: its query (``v``, ``encoding``, ``compress``) and the opcodes it sent."""
+    """One websocket: its query (``v``, ``encoding``, ``compress``), the opcodes the client
+    sent, and how it ended: ``closed_by`` ``"server"`` or ``"client"`` with ``close_code``.
+    """
 
     query: dict[str, str]
     compression: str | None
     ops: list[int] = field(default_factory=list)
     close_code: int | None = None
-    closed: bool = False
+    closed_by: str | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_by is not None
 
 
 @dataclass(eq=False)
@@ -259,7 +265,10 @@ class _Connection:
 
     async def close(self, code: int, reason: str = "") -> None:
         """Close from the server side; the session (if any) stays resumable."""
+        if self.server_closed or self.ws.closed:
+            return
         self.server_closed = True
+        self.info.close_code, self.info.closed_by = code, "server"
         if self.session is not None and self.session._conn is self:
             self.session._conn = None
         self.finish()
@@ -345,6 +354,7 @@ class FakeDiscord:
         self.reactions: list[Reaction] = []
         self.presences: list[JSON] = []
         self.heartbeats = 0
+        self.ready_count = 0  # READYs sent (IDENTIFYs accepted)
         self.sessions: list[GatewaySession] = []
         self.connections: list[GatewayConnection] = []
         self._users: dict[int, User] = {self.bot_user.id: self.bot_user}
@@ -357,6 +367,7 @@ class FakeDiscord:
         self._files: dict[int, tuple[str, bytes, str | None, int]] = {}  # + channel id
         self._faults: list[_FaultRule] = []
         self._bodies: dict[int, _Body] = {}  # id(request) -> parsed body, while it is served
+        self._inflight: set[asyncio.Future[None]] = set()
         self._live: set[_Connection] = set()
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
@@ -421,6 +432,8 @@ class FakeDiscord:
         self._stopping.set()
         self._gate.set()
         await asyncio.gather(*(c.close(1001, "server stopping") for c in list(self._live)))
+        if self._inflight:  # let released handlers finish, else cleanup() waits for them
+            await asyncio.wait(list(self._inflight), timeout=1.0)
         runner, self._runner = self._runner, None
         await runner.cleanup()
 
@@ -604,9 +617,10 @@ class FakeDiscord:
         return self.sent(channel_id)
 
     async def wait_for_ready(self, count: int = 1, seconds: float = 10.0) -> GatewaySession:
-        """Wait until ``count`` sessions got READY (and their GUILD_CREATEs); returns the last."""
-        await self.wait_until(lambda: len(self.sessions) >= count, seconds, f"{count} READY")
-        return self.sessions[count - 1]
+        """Wait until ``count`` READYs (each with its GUILD_CREATEs) have been sent in total;
+        returns the newest session."""
+        await self.wait_until(lambda: self.ready_count >= count, seconds, f"{count} READY")
+        return self.sessions[-1]
 
     async def wait_for_resume(self, count: int = 1, seconds: float = 10.0) -> None:
         """Wait until ``count`` RESUMEs (over all sessions) have been answered."""
@@ -814,6 +828,17 @@ class FakeDiscord:
 
     @web.middleware
     async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Any]
+    ) -> web.StreamResponse:
+        done = asyncio.get_running_loop().create_future()
+        self._inflight.add(done)
+        try:
+            return await self._handle(request, handler)
+        finally:
+            done.set_result(None)
+            self._inflight.discard(done)
+
+    async def _handle(
         self, request: web.Request, handler: Callable[[web.Request], Any]
     ) -> web.StreamResponse:
         if not request.path.startswith(API_PREFIX + "/"):
@@ -1270,7 +1295,9 @@ class FakeDiscord:
                 await self._serve(conn)
         finally:
             self._live.discard(conn)
-            info.closed, info.close_code = True, ws.close_code
+            if not conn.server_closed:
+                code = ws.close_code
+                info.close_code, info.closed_by = None if code is None else int(code), "client"
             session = conn.session
             if session is not None and session._conn is conn:
                 session._conn = None
@@ -1279,6 +1306,8 @@ class FakeDiscord:
             conn.finish()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
+            if conn.server_closed and request.transport is not None:
+                request.transport.close()  # don't linger for a close reply that may never come
             self._notify()
         return ws
 
@@ -1377,6 +1406,7 @@ class FakeDiscord:
             for guild_id in guilds:
                 session.push("GUILD_CREATE", self._guild_payload(guild_id, session))
         self.sessions.append(session)
+        self.ready_count += 1
 
     async def _resume(self, conn: _Connection, data: JSON) -> None:
         session = next((s for s in self.sessions if s.session_id == data.get("session_id")), None)

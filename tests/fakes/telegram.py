@@ -3,12 +3,13 @@
 In process (it serves in the caller's loop, so a gateway the test runs can reach it)::
 
     async with FakeTelegram() as fake:
-        app = (Application.builder().token(fake.valid_token)
+        app = (Application.builder().token(DEFAULT_TOKEN)  # any "123:abc" token works
                .base_url(f"{fake.base_url}/bot").base_file_url(f"{fake.base_url}/file/bot")
                .build())
-        fake.user_message(42, "hello", user_id=42)
+        ...  # add an echoing handler, start the app and its updater's polling
+        fake.user_message(42, "a < b", user_id=42)
         [reply] = await fake.wait_for_sent(1, chat_id=42)
-        assert reply.visible == "echo: hello"
+        assert reply.visible == "echo: a < b"  # reply.text is the HTML as sent
 
 Requests arrive as ``POST /bot<token>/<method>`` (JSON, urlencoded or multipart; form
 values may be JSON strings) and file downloads as ``GET /file/bot<token>/<file_path>``;
@@ -25,8 +26,8 @@ and serves until SIGTERM. Control API: ``POST /_fake/<user_message|user_photo|us
 user_voice|user_callback>`` with the keyword arguments as JSON (``content_base64`` for
 bytes) returns ``{"update_id"}``; ``POST /_fake/fail_next`` takes ``{"method", "fault":
 {"type": "RateLimited", "retry_after": 2}, "times"}``; ``POST /_fake/offline`` takes
-``{"offline": bool}``; ``GET /_fake/sent[?chat_id=]``, ``/_fake/actions`` and
-``/_fake/requests`` list what the bot did.
+``{"offline": bool}``; ``GET /_fake/sent[?chat_id=]``, ``/_fake/actions``,
+``/_fake/requests`` and ``/_fake/updates`` (unconfirmed) list what happened.
 """
 
 from __future__ import annotations

@@ -1,0 +1,174 @@
+"""Telegram messages as nanobot sees them: which chat or topic, whether the bot is addressed,
+the text without the bot's @mention, and the files worth downloading.
+
+Pure functions of PTB objects, except `download`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from telegram import Bot, Message, MessageEntity, User
+from telegram.constants import ChatType, MessageEntityType
+from telegram.error import BadRequest
+
+from nanobot.bus.events import ChatRef
+from nanobot.channels._telegram_send import Retry, attempt
+from nanobot.channels.base import InboxPolicy, safe_filename
+
+CHANNEL = "telegram"
+MB = 1024 * 1024
+
+FileKind = Literal["photo", "document", "voice", "audio", "video"]
+
+
+def chat_ref(message: Message) -> ChatRef:
+    """A forum topic is its own conversation; a reply thread in a plain group is not."""
+    thread = message.message_thread_id if message.is_topic_message else None
+    return ChatRef(CHANNEL, str(message.chat.id), str(thread) if thread else None)
+
+
+def message_key(message: Message) -> str:
+    """A platform id unique within the channel: Telegram numbers messages per chat."""
+    return f"{message.chat.id}:{message.message_id}"
+
+
+def message_number(key: str | None) -> int | None:
+    """The Telegram message id inside a `message_key` (or a bare id)."""
+    if not key:
+        return None
+    tail = key.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _entities(message: Message) -> dict[MessageEntity, str]:
+    kinds = [MessageEntityType.MENTION, MessageEntityType.TEXT_MENTION]
+    kinds.append(MessageEntityType.BOT_COMMAND)
+    if message.text is not None:
+        return message.parse_entities(kinds)
+    return message.parse_caption_entities(kinds)
+
+
+def _is_me(entity: MessageEntity, text: str, me: User) -> bool:
+    if entity.type == MessageEntityType.TEXT_MENTION:
+        return entity.user is not None and entity.user.id == me.id
+    return entity.type == MessageEntityType.MENTION and text[1:].lower() == _name(me)
+
+
+def _name(me: User) -> str:
+    return (me.username or "").lower()
+
+
+def _command_target(message: Message) -> str | None:
+    """For a message that is a /command: the bot it names ("" when it names none)."""
+    for entity, text in _entities(message).items():
+        if entity.type == MessageEntityType.BOT_COMMAND and entity.offset == 0:
+            return text.partition("@")[2].lower()
+    return None
+
+
+def for_another_bot(message: Message, me: User) -> bool:
+    """A `/command@other_bot`: never ours, whatever the group policy."""
+    target = _command_target(message)
+    return bool(target) and target != _name(me)
+
+
+def is_addressed(message: Message, me: User) -> bool:
+    """Private chat, an @mention of the bot, a reply to one of its messages, or a /command."""
+    if message.chat.type == ChatType.PRIVATE:
+        return True
+    reply = message.reply_to_message
+    # In a forum topic every message "replies" to the topic's creation message.
+    topic_root = reply is not None and (
+        reply.forum_topic_created is not None or reply.message_id == message.message_thread_id
+    )
+    if reply is not None and not topic_root and reply.from_user and reply.from_user.id == me.id:
+        return True
+    if any(_is_me(entity, text, me) for entity, text in _entities(message).items()):
+        return True
+    return _command_target(message) in ("", _name(me))
+
+
+def text_without_mentions(message: Message, me: User) -> str:
+    """The text or caption with the bot's own @mentions taken out."""
+    text = message.text if message.text is not None else message.caption or ""
+    cuts = sorted(
+        ((entity.offset, entity.length) for entity, part in _entities(message).items()
+         if _is_me(entity, part, me)),
+        reverse=True,
+    )
+    for offset, length in cuts:  # offsets count UTF-16 code units
+        start, end = _index(text, offset), _index(text, offset + length)
+        before, after = text[:start].rstrip(" "), text[end:].lstrip(" ")
+        if not before:
+            after = after.lstrip(",:").lstrip()
+        text = f"{before} {after}" if before and after else before + after
+    return text.strip()
+
+
+def _index(text: str, units: int) -> int:
+    count = 0
+    for index, char in enumerate(text):
+        if count >= units:
+            return index
+        count += 2 if char > "\uffff" else 1
+    return len(text)
+
+
+def sender_name(user: User) -> str:
+    return user.first_name or user.username or str(user.id)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFile:
+    """A file attached to a message, not yet downloaded."""
+
+    kind: FileKind
+    file_id: str
+    name: str
+    mime_type: str | None
+    size: int | None  # as Telegram announces it; None when it does not say
+
+    def refusal(self, limit: int) -> str:
+        size = f"{self.size / MB:.1f} MB" if self.size else "too large"
+        return f"I can't take {self.name} ({size}): files may be at most {limit / MB:.0f} MB."
+
+
+def remote_files(message: Message) -> list[RemoteFile]:
+    """The photo (its largest size), document, voice note, audio or video of `message`."""
+    number = message.message_id
+    files: list[RemoteFile] = []
+    if message.photo:
+        photo = max(message.photo, key=lambda p: (p.width * p.height, p.file_size or 0))
+        name = f"photo_{number}.jpg"
+        files.append(RemoteFile("photo", photo.file_id, name, "image/jpeg", photo.file_size))
+    if (document := message.document) is not None:
+        name = safe_filename(document.file_name, f"document_{number}")
+        mime = document.mime_type
+        files.append(RemoteFile("document", document.file_id, name, mime, document.file_size))
+    if (voice := message.voice) is not None:
+        mime = voice.mime_type or "audio/ogg"
+        files.append(RemoteFile("voice", voice.file_id, f"voice_{number}.ogg", mime, voice.file_size))
+    if (audio := message.audio) is not None:
+        name = safe_filename(audio.file_name, f"audio_{number}")
+        files.append(RemoteFile("audio", audio.file_id, name, audio.mime_type, audio.file_size))
+    for video in (message.video, message.video_note):
+        if video is not None:
+            name = safe_filename(getattr(video, "file_name", None), f"video_{number}.mp4")
+            mime = getattr(video, "mime_type", None) or "video/mp4"
+            files.append(RemoteFile("video", video.file_id, name, mime, video.file_size))
+    return files
+
+
+async def download(bot: Bot, file: RemoteFile, policy: InboxPolicy, retry: Retry) -> bytes | None:
+    """The file's bytes, or None when it is larger than the policy allows (or than Telegram
+    lets bots download). Network failures outlasting `retry` raise DeliveryError."""
+    if file.size is not None and file.size > policy.max_bytes:
+        return None
+    try:
+        remote = await attempt(lambda: bot.get_file(file.file_id), retry, what="getFile")
+        data = await attempt(remote.download_as_bytearray, retry, what="file download")
+    except BadRequest:  # "file is too big": over the Bot API's 20 MB download limit
+        return None
+    return bytes(data) if len(data) <= policy.max_bytes else None

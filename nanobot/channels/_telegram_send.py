@@ -1,0 +1,216 @@
+"""Bot API calls with Telegram's error semantics, and HTML chunks that always get through.
+
+`attempt` retries what is worth retrying: flood control (429) is waited out as Telegram asks,
+network errors and 5xx back off, and everything else is final. `Sender` sends and edits one
+rendered chunk; when Telegram cannot parse the chunk's markup it goes out as plain text, so
+nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dtm
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from loguru import logger
+from telegram import Bot, ReplyParameters
+from telegram.constants import ParseMode
+from telegram.error import (
+    BadRequest,
+    Forbidden,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+    TimedOut,
+)
+from telegram.warnings import PTBDeprecationWarning
+
+from nanobot.bus.events import ChatRef
+from nanobot.channels.base import DeliveryError
+from nanobot.channels.render import plain_text, split_plain
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """How hard one call tries: `backoff` are the waits (seconds) before each retry after a
+    network error or 5xx; flood control (429) is waited out up to `rate_limit_waits` times."""
+
+    backoff: tuple[float, ...] = (1.0, 2.0, 4.0)
+    rate_limit_waits: int = 5
+
+
+ONCE = Retry(backoff=(), rate_limit_waits=0)  # best effort: stream edits, typing
+
+
+def retry_after_seconds(exc: RetryAfter) -> float:
+    # PTB 22 warns on every read while it moves `retry_after` from int to timedelta.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        value = exc.retry_after
+    return value.total_seconds() if isinstance(value, dtm.timedelta) else float(value)
+
+
+async def attempt(
+    call: Callable[[], Awaitable[T]], retry: Retry, *, what: str, resends: bool = False
+) -> T:
+    """`call()`, retried per `retry`. BadRequest is raised as is (the caller knows what it
+    means); any other failure that outlives the retries becomes DeliveryError.
+
+    `resends`: the call creates something (a message). A TimedOut request may have been
+    performed all the same, so it is retried only once: a rare duplicate beats losing a
+    reply, and the outbox would retry it later anyway.
+    """
+    backoff = iter(retry.backoff)
+    waits = timeouts = 0
+    while True:
+        try:
+            return await call()
+        except RetryAfter as exc:
+            waits += 1
+            if waits > retry.rate_limit_waits:
+                raise DeliveryError(f"{what}: rate limited by Telegram ({exc})") from exc
+            await asyncio.sleep(retry_after_seconds(exc))
+            continue
+        except BadRequest:  # a NetworkError subclass, but final
+            raise
+        except TimedOut as exc:
+            timeouts += 1
+            if resends and timeouts > 1:
+                raise DeliveryError(f"{what}: timed out twice") from exc
+            error: TelegramError = exc
+        except NetworkError as exc:
+            error = exc
+        except (Forbidden, TelegramError) as exc:  # blocked, kicked, bad token: final
+            raise DeliveryError(f"{what}: {exc}") from exc
+        delay = next(backoff, None)
+        if delay is None:
+            raise DeliveryError(f"{what}: {error}") from error
+        logger.debug("telegram {} failed ({}); retrying in {}s", what, error, delay)
+        await asyncio.sleep(delay)
+
+
+def unparsable(exc: BadRequest) -> bool:
+    return "can't parse entities" in exc.message.lower()
+
+
+def not_modified(exc: BadRequest) -> bool:
+    return "message is not modified" in exc.message.lower()
+
+
+def chat_id_of(chat: ChatRef) -> int | str:
+    return int(chat.chat_id) if chat.chat_id.lstrip("-").isdigit() else chat.chat_id
+
+
+def thread_of(chat: ChatRef) -> int | None:
+    return int(chat.thread_id) if chat.thread_id else None
+
+
+class Sender:
+    """Sends and edits rendered chunks in one chat. `bot` is None while disconnected."""
+
+    def __init__(self, retry: Retry) -> None:
+        self.retry = retry
+        self.bot: Bot | None = None
+
+    def _bot(self) -> Bot:
+        if self.bot is None:
+            raise DeliveryError("telegram is not connected")
+        return self.bot
+
+    async def send(
+        self, chat: ChatRef, html: str, *, reply_to: int | None, retry: Retry | None = None
+    ) -> int:
+        """Send one chunk of at most 4096 visible characters; returns the message id (of
+        the first message, if it had to go out as plain text in pieces)."""
+        try:
+            return await self._send(chat, html, ParseMode.HTML, reply_to, retry)
+        except BadRequest as exc:
+            if not unparsable(exc):
+                raise DeliveryError(f"Telegram refused a message: {exc}") from exc
+            logger.warning("telegram could not parse a chunk ({}); sending it as plain text", exc)
+        first: int | None = None
+        for piece in split_plain(plain_text(html)):
+            try:
+                sent = await self._send(chat, piece, None, reply_to, retry)
+            except BadRequest as exc:
+                raise DeliveryError(f"Telegram refused a message: {exc}") from exc
+            first, reply_to = first or sent, None
+        if first is None:
+            raise DeliveryError("a chunk had no visible text")
+        return first
+
+    async def _send(
+        self,
+        chat: ChatRef,
+        text: str,
+        parse_mode: str | None,
+        reply_to: int | None,
+        retry: Retry | None,
+    ) -> int:
+        bot = self._bot()
+        reply = (
+            None
+            if reply_to is None
+            else ReplyParameters(reply_to, allow_sending_without_reply=True)
+        )
+        sent = await attempt(
+            lambda: bot.send_message(
+                chat_id_of(chat),
+                text,
+                parse_mode=parse_mode,
+                message_thread_id=thread_of(chat),
+                reply_parameters=reply,
+            ),
+            retry or self.retry,
+            what="sendMessage",
+            resends=True,
+        )
+        return sent.message_id
+
+    async def edit(
+        self, chat: ChatRef, message_id: int, html: str, *, retry: Retry | None = None
+    ) -> bool:
+        """Make message `message_id` show `html`; False when it cannot be edited (deleted,
+        too old, not ours). Unchanged text counts as done."""
+        bot = self._bot()
+
+        async def edit(text: str, mode: str | None) -> object:
+            return await bot.edit_message_text(
+                text, chat_id_of(chat), message_id, parse_mode=mode
+            )
+
+        for text, mode in ((html, ParseMode.HTML), (plain_text(html), None)):
+            try:
+                await attempt(
+                    lambda: edit(text, mode),  # noqa: B023 - awaited within this iteration
+                    retry or self.retry,
+                    what="editMessageText",
+                )
+            except BadRequest as exc:
+                if not_modified(exc):
+                    return True
+                if not unparsable(exc):
+                    logger.info("telegram could not edit message {}: {}", message_id, exc)
+                    return False
+                logger.warning("telegram could not parse an edit ({}); using plain text", exc)
+                continue
+            return True
+        return False
+
+    async def typing(self, chat: ChatRef) -> None:
+        """One "typing…" signal (Telegram shows it for about 5 s). Never raises."""
+        try:
+            await attempt(
+                lambda: self._bot().send_chat_action(
+                    chat_id_of(chat), "typing", message_thread_id=thread_of(chat)
+                ),
+                ONCE,
+                what="sendChatAction",
+            )
+        except (DeliveryError, TelegramError) as exc:
+            logger.debug("telegram typing signal failed: {}", exc)
