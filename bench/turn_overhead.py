@@ -1006,6 +1006,10 @@ async def _micro(b: _Bench, profile: pstats.Stats, turns: int) -> list[Micro]:
     )
     async with await Database.open(config.state_db_path) as db:
         select = await _median_us_async(lambda: db.fetchone("SELECT 1"))
+        store = SessionStore(db)
+        scratch = await store.live("bench:micro")
+        entry = [NewEntry("message", {"role": "assistant", "content": f"echo: {MESSAGE}"})]
+        append = await _median_us_async(lambda: store.append(scratch, entry))
     return [
         Micro(
             "ToolRegistry.schemas(): JSON schemas of the 8 tools (pydantic)",
@@ -1016,6 +1020,11 @@ async def _micro(b: _Bench, profile: pstats.Stats, turns: int) -> list[Micro]:
             "SQLite statement via aiosqlite's thread (`SELECT 1` round trip)",
             select,
             round_trips,
+        ),
+        Micro(
+            "SessionStore.append(1 entry): BEGIN IMMEDIATE, INSERT … RETURNING, COMMIT",
+            append,
+            per_turn("nanobot/store/sessions.py", "_encode"),
         ),
         Micro(
             "LiteLLMProvider.count_tokens(1 message) (litellm.token_counter)",
@@ -1276,6 +1285,7 @@ def metrics_of(m: Measurements) -> list[Metric]:
             target=LONG_TARGET_X,
             note="instant-provider turns, ratio of the medians, process CPU time",
         ),
+        *_route_metrics(m),
         Metric("first turn after start-up: 10k session", "ms", cold.ms("cold long")),
         Metric("first turn after start-up: empty session", "ms", cold.ms("cold empty")),
         Metric(
@@ -1284,6 +1294,43 @@ def metrics_of(m: Measurements) -> list[Metric]:
             [cold.median("cold long") / cold.median("cold empty")],
         ),
         Metric("first turn in the pre-filled session (+compaction)", "ms", [m.info.first_turn_ms]),
+    ]
+
+
+def _route_metrics(m: Measurements) -> list[Metric]:
+    """The same, with the model reached through litellm's own handler (no openai SDK)."""
+    s, long = m.short, m.long
+    route = ROUTE_MODEL.split("/", maxsplit=1)[0] + "/"
+
+    def overhead(session: str) -> float:
+        return long.median(f"route turn {session}") - long.median(f"route bare {session}")
+
+    return [
+        Metric(f"{route} plain turn: (3)", "ms", s.ms("route turn plain")),
+        Metric(f"{route} plain: (1) bare litellm", "ms", s.ms("route bare plain")),
+        Metric(
+            f"{route} plain: nanobot overhead (3)-(1)",
+            "ms",
+            [s.median("route turn plain") - s.median("route bare plain")],
+            note="difference of the medians, wall clock",
+        ),
+        Metric(f"{route} empty session: turn", "ms", long.ms("route turn empty")),
+        Metric(f"{route} 10k session: turn", "ms", long.ms("route turn long")),
+        Metric(f"{route} 10k session: bare litellm", "ms", long.ms("route bare long")),
+        Metric(
+            f"{route} (a) turn, 10k / empty",
+            "x",
+            [long.median("route turn long") / long.median("route turn empty")],
+            target=LONG_TARGET_X,
+            note="ratio of the medians, wall clock",
+        ),
+        Metric(
+            f"{route} (b) overhead, 10k / empty",
+            "x",
+            [overhead("long") / overhead("empty")],
+            target=LONG_TARGET_X,
+            note="ratio of the differences of the medians, wall clock",
+        ),
     ]
 
 
@@ -1407,8 +1454,15 @@ def main() -> None:
     for name in [n for n in os.environ if n.startswith("NANOBOT_")]:
         del os.environ[name]  # the Config built here must be exactly this benchmark's
     log.setup(level="WARNING")
+    load_before = os.getloadavg()
     m = asyncio.run(measure())
+    load_after = os.getloadavg()
     metrics = metrics_of(m)
     payload = report(m, metrics)
+    print(
+        f"Load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; "
+        f"after: {', '.join(f'{x:.2f}' for x in load_after)} (other processes slow every figure)."
+    )
+    payload["load_average"] = {"before": load_before, "after": load_after}
     path = write_results(NAME, payload)
     print(f"\nResults: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import io
 import json
+import sys
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,6 +31,7 @@ from tests.fakes.discord import (
 )
 
 TOKEN = "fake-bot-token"
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Bot(discord.Client):
@@ -117,9 +120,13 @@ def intents(message_content: bool = True) -> discord.Intents:
     return chosen
 
 
-async def start_bot(token: str, message_content: bool = True) -> tuple[Bot, asyncio.Task[None]]:
+async def start_bot(
+    token: str, message_content: bool = True, members: bool = False
+) -> tuple[Bot, asyncio.Task[None]]:
     """``client.start(token)`` in a task; returns once on_ready fired (or raises its error)."""
-    bot = Bot(intents=intents(message_content), guild_ready_timeout=0.05)
+    chosen = intents(message_content)
+    chosen.members = members
+    bot = Bot(intents=chosen, guild_ready_timeout=0.05)
     task = asyncio.create_task(bot.start(token))
     ready = asyncio.create_task(bot.until(lambda: bot.ready_count > 0, 10))
     await asyncio.wait([ready, task], return_when=asyncio.FIRST_COMPLETED)
@@ -146,8 +153,8 @@ async def connect(
     point_discord_at(monkeypatch, fake)
     running: list[tuple[Bot, asyncio.Task[None]]] = []
 
-    async def start(message_content: bool = True, token: str = TOKEN) -> Bot:
-        bot, task = await start_bot(token, message_content)
+    async def start(message_content: bool = True, token: str = TOKEN, members: bool = False) -> Bot:
+        bot, task = await start_bot(token, message_content, members)
         running.append((bot, task))
         return bot
 
@@ -186,6 +193,23 @@ async def test_login_connect_ready(fake: FakeDiscord, world: World, connect: Con
     assert fake.unhandled == []
 
 
+async def test_members_intent_chunks_the_guild(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    started = time.monotonic()
+    bot = await connect(members=True)
+    assert time.monotonic() - started < 2
+    guild = bot.get_guild(world.guild)
+    assert guild is not None and guild.chunked  # GUILD_CREATE listed every member
+    assert guild.get_member(world.ada) is not None
+    [found] = await guild.query_members("ad")  # REQUEST_MEMBERS -> GUILD_MEMBERS_CHUNK
+    assert found.id == world.ada and 8 in fake.connections[0].ops
+    newcomer = fake.add_user("linus")
+    fake.user_message(world.channel, "hello all", user_id=newcomer)  # GUILD_MEMBER_ADD first
+    await bot.next_from_user()
+    assert guild.get_member(newcomer) is not None
+
+
 async def test_guild_message_reaches_on_message(
     fake: FakeDiscord, world: World, connect: Connect
 ) -> None:
@@ -201,9 +225,11 @@ async def test_guild_message_reaches_on_message(
     assert message.guild is not None and message.guild.id == world.guild
     assert bot.user.mentioned_in(message)
     assert message.type is discord.MessageType.default
-    fake.user_message(world.channel, "just chatting", user_id=4242, username="grace")
+    role = fake.add_role(world.guild, "ops")
+    fake.user_message(world.channel, f"<@&{role}> just chatting", user_id=4242, username="grace")
     other = await bot.next_from_user()
-    assert other.content == "just chatting" and other.author.name == "grace"
+    assert other.content == f"<@&{role}> just chatting" and other.author.name == "grace"
+    assert [r.name for r in other.role_mentions] == ["ops"]
     assert not bot.user.mentioned_in(other)
 
 
@@ -401,16 +427,18 @@ async def test_resume_replays_messages_missed_while_disconnected(
     assert bot.ready_count == 1
 
 
-@pytest.mark.parametrize("code", [1000, 4000])
-async def test_server_close_is_resumed(
-    fake: FakeDiscord, world: World, connect: Connect, code: int
+@pytest.mark.parametrize("code", [1000, 4000, None])
+async def test_server_close_or_drop_is_resumed(
+    fake: FakeDiscord, world: World, connect: Connect, code: int | None
 ) -> None:
     bot = await connect()
-    await fake.disconnect_all(code)
+    await fake.disconnect_all(code or 4000, abort=code is None)
     fake.user_message(world.channel, "delivered either way")
     await fake.wait_for_resume()
     await bot.until(lambda: len(bot.from_users()) == 1)
-    assert fake.connections[0].close_code == code
+    assert (fake.connections[0].closed_by, fake.connections[0].close_code) == ("server", code)
+    await asyncio.sleep(0.05)
+    assert len(bot.from_users()) == 1
 
 
 async def test_reconnect_request_and_invalid_session(
@@ -570,12 +598,49 @@ async def test_stop_is_prompt_with_hanging_request_and_open_socket() -> None:
     await server.wait_until(lambda: len(server.requests) == 1, 3, "request")
     started = time.monotonic()
     await server.stop()
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 1
     with pytest.raises(aiohttp.ClientError):
         await hanging
-    assert (await ws.receive(timeout=3)).type in (
-        aiohttp.WSMsgType.TEXT,  # HELLO, then the close
-        aiohttp.WSMsgType.CLOSE,
-        aiohttp.WSMsgType.CLOSED,
-    )
+    assert (await ws.receive(timeout=3)).type is aiohttp.WSMsgType.TEXT  # HELLO
+    closing = await ws.receive(timeout=3)
+    assert (closing.type, closing.data) == (aiohttp.WSMsgType.CLOSE, 1001)
+    await ws.close()
     await http.close()
+
+
+async def test_standalone_cli_and_http_control() -> None:
+    """``python -m tests.fakes.discord`` prints its URLs and ids; /_fake/* drive it."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.fakes.discord",
+        "--port",
+        "0",
+        "--channel",
+        "general",
+        cwd=REPO_ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(10):
+            info = json.loads(await process.stdout.readline())
+        assert info["api_base"].endswith("/api/v10") and info["gateway_url"].endswith("/gateway")
+        base = info["api_base"].removesuffix("/api/v10")
+        channel = info["channels"]["general"]
+        headers = {"Authorization": "Bot t"}
+        async with aiohttp.ClientSession(headers=headers) as http:
+            body = {"channel_id": channel, "content": "hi", "mentions_bot": True}
+            async with http.post(f"{base}/_fake/user_message", json=body) as injected:
+                assert injected.status == 200 and (await injected.json())["id"]
+            url = f"{info['api_base']}/channels/{channel}/messages"
+            async with http.post(url, json={"content": "hello"}) as sent:
+                assert sent.status == 200
+            async with http.get(f"{base}/_fake/sent") as listing:
+                [message] = await listing.json()
+            assert (message["channel_id"], message["content"]) == (channel, "hello")
+            async with http.get(f"{base}/_fake/state") as state:
+                assert (await state.json())["bot_user_id"] == info["bot_user_id"]
+    finally:
+        process.terminate()
+        assert await process.wait() == 0

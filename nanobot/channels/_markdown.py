@@ -16,6 +16,7 @@ from markdown_it.tree import SyntaxTreeNode
 
 SAFE_SCHEMES = frozenset({"http", "https", "mailto", "tg", "ftp"})
 RULE = "———"
+MAX_NESTING = 40
 
 _SCHEME = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*):")
 _LANGUAGE = re.compile(r"[\w+#.-]{1,32}")
@@ -24,7 +25,8 @@ _BREAKS = frozenset({"softbreak", "hardbreak"})
 
 
 class _Parser(MarkdownIt):
-    """CommonMark plus tables and strikethrough, raw HTML off, every link target accepted.
+    """CommonMark plus tables and strikethrough, raw HTML and reference definitions off,
+    every link target accepted.
 
     With raw HTML off, `<` is ordinary text everywhere, so a stray `<br>` line cannot start an
     HTML block that would swallow the Markdown after it. markdown-it refuses a `javascript:`
@@ -33,8 +35,11 @@ class _Parser(MarkdownIt):
     """
 
     def __init__(self) -> None:
-        super().__init__("commonmark", {"html": False})
+        super().__init__("commonmark", {"html": False, "maxNesting": MAX_NESTING})
         self.enable(["strikethrough", "table"])
+        # A reference definition (`[1]: https://…`) renders as nothing; unused, its URL would
+        # vanish. Shown as text, nothing is lost.
+        self.disable("reference")
 
     def validateLink(self, url: str) -> bool:
         return True
@@ -59,8 +64,11 @@ def to_telegram_html(markdown: str) -> str:
     Never raises on any input; the result only holds tags Telegram accepts, balanced, and
     every character of text outside them is escaped.
     """
-    root = SyntaxTreeNode(_PARSER.parse(markdown))
-    return _blocks(root.children, "\n\n", quoted=False)
+    tokens = _PARSER.parse(markdown)
+    if any(token.level >= MAX_NESTING - 1 for token in tokens):
+        # markdown-it silently skips whatever lies deeper than its nesting limit.
+        return escape(markdown.replace("\r\n", "\n").strip())
+    return _blocks(SyntaxTreeNode(tokens).children, "\n\n", quoted=False)
 
 
 def _blocks(nodes: Sequence[SyntaxTreeNode], separator: str, *, quoted: bool) -> str:
@@ -94,14 +102,10 @@ def _rule(node: SyntaxTreeNode, quoted: bool) -> str:
 
 
 def _code(node: SyntaxTreeNode, quoted: bool) -> str:
-    return _code_block(node.content, node.info)
-
-
-def _code_block(code: str, info: str) -> str:
-    if not code.strip():
+    if not node.content.strip():
         return ""
-    body = escape(code.removesuffix("\n"))
-    words = info.split(maxsplit=1)
+    body = escape(node.content.removesuffix("\n"))
+    words = node.info.split(maxsplit=1)
     if words and _LANGUAGE.fullmatch(words[0]):
         return f'<pre><code class="language-{words[0]}">{body}</code></pre>'
     return f"<pre><code>{body}</code></pre>"
@@ -170,7 +174,7 @@ def _span(node: SyntaxTreeNode, *, in_link: bool) -> str:
     if kind in _BREAKS:
         return "\n"
     if kind == "code_inline":
-        # Telegram lets no entity contain a link's code, so inside a link it is plain text.
+        # Telegram cannot nest code in a link, so there it is plain text.
         code = escape(node.content)
         return code if in_link else f"<code>{code}</code>"
     if kind in _WRAP:

@@ -1,21 +1,23 @@
 """Telegram messages as nanobot sees them: which chat or topic, whether the bot is addressed,
 the text without the bot's @mention, and the files worth downloading.
 
-Pure functions of PTB objects, except `download`.
+`read` turns one update into what intake gets; the rest are pure functions of PTB objects.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from telegram import Bot, Message, MessageEntity, User
+from loguru import logger
+from telegram import Bot, Message, MessageEntity, Update, User
 from telegram.constants import ChatType, MessageEntityType
 from telegram.error import BadRequest
 
-from nanobot.bus.events import ChatRef
+from nanobot.bus.events import Attachment, ChatRef, InboundMessage
 from nanobot.channels._telegram_send import Retry, attempt
-from nanobot.channels.base import InboxPolicy, safe_filename
+from nanobot.channels.base import DeliveryError, InboxPolicy, safe_filename, save_file
 
 CHANNEL = "telegram"
 MB = 1024 * 1024
@@ -43,7 +45,7 @@ def message_number(key: str | None) -> int | None:
 
 
 def _entities(message: Message) -> dict[MessageEntity, str]:
-    kinds = [MessageEntityType.MENTION, MessageEntityType.TEXT_MENTION]
+    kinds: list[str | None] = [MessageEntityType.MENTION, MessageEntityType.TEXT_MENTION]
     kinds.append(MessageEntityType.BOT_COMMAND)
     if message.text is not None:
         return message.parse_entities(kinds)
@@ -94,8 +96,11 @@ def text_without_mentions(message: Message, me: User) -> str:
     """The text or caption with the bot's own @mentions taken out."""
     text = message.text if message.text is not None else message.caption or ""
     cuts = sorted(
-        ((entity.offset, entity.length) for entity, part in _entities(message).items()
-         if _is_me(entity, part, me)),
+        (
+            (entity.offset, entity.length)
+            for entity, part in _entities(message).items()
+            if _is_me(entity, part, me)
+        ),
         reverse=True,
     )
     for offset, length in cuts:  # offsets count UTF-16 code units
@@ -103,7 +108,8 @@ def text_without_mentions(message: Message, me: User) -> str:
         before, after = text[:start].rstrip(" "), text[end:].lstrip(" ")
         if not before:
             after = after.lstrip(",:").lstrip()
-        text = f"{before} {after}" if before and after else before + after
+        space = " " if before and after and after[0] not in ",.;:!?" else ""
+        text = before + space + after
     return text.strip()
 
 
@@ -130,9 +136,9 @@ class RemoteFile:
     mime_type: str | None
     size: int | None  # as Telegram announces it; None when it does not say
 
-    def refusal(self, limit: int) -> str:
-        size = f"{self.size / MB:.1f} MB" if self.size else "too large"
-        return f"I can't take {self.name} ({size}): files may be at most {limit / MB:.0f} MB."
+    def too_large(self, limit: int) -> str:
+        size = f" ({self.size / MB:.1f} MB)" if self.size else ""
+        return f"I can't take {self.name}{size}: files may be at most {limit / MB:.0f} MB."
 
 
 def remote_files(message: Message) -> list[RemoteFile]:
@@ -149,7 +155,9 @@ def remote_files(message: Message) -> list[RemoteFile]:
         files.append(RemoteFile("document", document.file_id, name, mime, document.file_size))
     if (voice := message.voice) is not None:
         mime = voice.mime_type or "audio/ogg"
-        files.append(RemoteFile("voice", voice.file_id, f"voice_{number}.ogg", mime, voice.file_size))
+        files.append(
+            RemoteFile("voice", voice.file_id, f"voice_{number}.ogg", mime, voice.file_size)
+        )
     if (audio := message.audio) is not None:
         name = safe_filename(audio.file_name, f"audio_{number}")
         files.append(RemoteFile("audio", audio.file_id, name, audio.mime_type, audio.file_size))
@@ -161,14 +169,68 @@ def remote_files(message: Message) -> list[RemoteFile]:
     return files
 
 
-async def download(bot: Bot, file: RemoteFile, policy: InboxPolicy, retry: Retry) -> bytes | None:
-    """The file's bytes, or None when it is larger than the policy allows (or than Telegram
-    lets bots download). Network failures outlasting `retry` raise DeliveryError."""
+async def download(bot: Bot, file: RemoteFile, policy: InboxPolicy, retry: Retry) -> bytes | str:
+    """The file's bytes, or why the sender must be told it was not taken. A file larger
+    than the policy allows is never fetched."""
     if file.size is not None and file.size > policy.max_bytes:
-        return None
+        return file.too_large(policy.max_bytes)
     try:
         remote = await attempt(lambda: bot.get_file(file.file_id), retry, what="getFile")
         data = await attempt(remote.download_as_bytearray, retry, what="file download")
-    except BadRequest:  # "file is too big": over the Bot API's 20 MB download limit
-        return None
-    return bytes(data) if len(data) <= policy.max_bytes else None
+    except BadRequest as exc:  # "file is too big": over the Bot API's download limit
+        logger.info("telegram refused to hand over {}: {}", file.name, exc)
+        return f"I can't take {file.name}: Telegram does not let bots download it ({exc})."
+    except DeliveryError as exc:
+        logger.warning("telegram: could not download {}: {}", file.name, exc)
+        return f"I could not download {file.name}; please send it again."
+    return bytes(data) if len(data) <= policy.max_bytes else file.too_large(policy.max_bytes)
+
+
+@dataclass(slots=True)
+class Received:
+    """An update read: the message for intake (None: nothing to hand over) and what became
+    of its files."""
+
+    message: InboundMessage | None
+    source: Message | None
+    addressed: bool = False
+    refusals: list[str] = field(default_factory=list)  # lines for the sender
+    saved: list[Path] = field(default_factory=list)
+
+
+async def read(
+    update: Update, bot: Bot, inbox: InboxPolicy, group_policy: str, retry: Retry
+) -> Received:
+    """The update as an InboundMessage, its files downloaded and saved under the inbox."""
+    message, me = update.message, bot.bot
+    received = Received(None, message)
+    if message is None or message.from_user is None or for_another_bot(message, me):
+        return received
+    received.addressed = addressed = is_addressed(message, me)
+    private = message.chat.type == ChatType.PRIVATE
+    # Files nobody will read are not downloaded (the gate refuses those messages).
+    wanted = private or group_policy == "open" or (group_policy == "mention" and addressed)
+    attachments = []
+    for remote in remote_files(message) if wanted else []:
+        data = await download(bot, remote, inbox, retry)
+        if isinstance(data, str):
+            received.refusals.append(data)
+            continue
+        path = await save_file(inbox, remote.name, data)
+        received.saved.append(path)
+        attachments.append(Attachment(remote.kind, path, remote.mime_type, len(data)))
+    text = text_without_mentions(message, me)
+    notes = "\n".join(f"({line})" for line in received.refusals)
+    if text or attachments:
+        received.message = InboundMessage(
+            chat=chat_ref(message),
+            sender_id=str(message.from_user.id),  # numeric: usernames can change hands
+            text=f"{text}\n\n{notes}".strip() if notes else text,
+            message_id=message_key(message),
+            sender_name=sender_name(message.from_user),
+            is_private=private,
+            addressed=addressed,
+            attachments=tuple(attachments),
+            received_at=message.date,
+        )
+    return received

@@ -180,9 +180,7 @@ class Sender:
         bot = self._bot()
 
         async def edit(text: str, mode: str | None) -> object:
-            return await bot.edit_message_text(
-                text, chat_id_of(chat), message_id, parse_mode=mode
-            )
+            return await bot.edit_message_text(text, chat_id_of(chat), message_id, parse_mode=mode)
 
         for text, mode in ((html, ParseMode.HTML), (plain_text(html), None)):
             try:

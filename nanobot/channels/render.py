@@ -35,12 +35,10 @@ _ATOM = re.compile(_MARKUP_PATTERN + r"|[^<&]+|[<&]")
 _TAG_NAME = re.compile(r"</?\s*([a-zA-Z][\w-]*)")
 _FENCE_OPEN = re.compile(r"[ \t]*(`{3,})([^`]*)")
 _FENCE_CLOSE = re.compile(r"[ \t]*(`{3,})[ \t]*")
-_BACKTICKS = re.compile(r"[ \t]*`{3,}")
-_LEAD = re.compile(r"[ \t]*(`{3,})")
-_BLANKS = re.compile(r"[ \t]*")
+_RUN = re.compile(r"[ \t]*(`{3,})")
 _CLEAN, _UGLY, _NEVER = 0, 1, 2
 
-Cut = Callable[[int], bool]
+_Cut = Callable[[int], bool]
 
 
 def telegram_html(markdown: str) -> str:
@@ -98,8 +96,11 @@ def _decode(match: re.Match[str]) -> str:
 
 
 def visible_length(markup: str) -> int:
-    """Length Telegram counts for `markup` sent as HTML: tags removed, entities decoded,
-    in UTF-16 code units (an emoji counts 2)."""
+    """The length Telegram counts for `markup` sent with parse_mode HTML.
+
+    That is the visible text (tags removed, entities decoded) in UTF-16 code units, so an
+    emoji counts 2.
+    """
     return _utf16(plain_text(markup))
 
 
@@ -188,12 +189,13 @@ def _cut(
     start: int,
     budget: int,
     *,
-    allowed: Cut,
-    lenient: Cut | None = None,
+    allowed: _Cut,
+    lenient: _Cut | None = None,
 ) -> tuple[int, int]:
-    """Where the piece beginning at `start` ends, as (end, resume): the piece is
-    `units[start:end]`, the next begins at `resume`, and what lies between is the dropped
-    separator. Soft breaks and then hard splits are taken where `allowed`; failing those, a
+    """Where the piece beginning at `start` ends, as (end, resume).
+
+    The piece is `units[start:end]`, the next begins at `resume`, and what lies between is the
+    dropped separator. Soft breaks and then hard splits are taken where `allowed`; failing those, a
     hard split where `lenient`; failing that, at the budget. The piece's width is at most
     `budget` unless a single unit is wider.
     """
@@ -237,9 +239,11 @@ class _Fence:
 
 
 def _fences(text: str) -> tuple[list[_Fence | None], list[_Fence | None], list[int]]:
-    """For each cut position 0..len(text): the fence a part ending there leaves open (as a
-    reader of that part sees it), the fence the next part must reopen, and how good a cut
-    there is (`_CLEAN`, `_UGLY`: balanced but odd, `_NEVER`: would unbalance a part).
+    """What cutting `text` at each position 0..len(text) would do to code fences.
+
+    Three lists: the fence a part ending there leaves open (as a reader of that part sees
+    it), the fence the next part must reopen, and how good a cut there is (`_CLEAN`;
+    `_UGLY`: balanced but odd, such as an empty block; `_NEVER`: would unbalance a part).
     """
     size = len(text) + 1
     ends: list[_Fence | None] = [None] * size
@@ -272,16 +276,18 @@ def _after_line(fence: _Fence | None, line: str) -> _Fence | None:
 
 
 def _heads(fence: _Fence | None, line: str) -> list[_Fence | None]:
-    """The fence open after each head `line[:k]`, k = 1..len(line), as its part reads it:
-    a cut can turn a line that starts with ``` into a fence line, or stop it being one."""
-    lead = _LEAD.match(line)
+    """The fence open after each head `line[:k]`, k = 1..len(line), as its part reads it.
+
+    A cut can turn a line that starts with ``` into a fence line, or stop it being one.
+    """
+    lead = _RUN.match(line)
     if lead is None:
         return [fence] * len(line)
     indent, run_end = lead.start(1), lead.end()
+    rest = line[run_end:]
     backtick = line.find("`", run_end)
     backtick = len(line) if backtick < 0 else backtick  # a head up to here has no info `
-    blank = _BLANKS.match(line, run_end)
-    nonblank = blank.end() if blank else run_end  # a head up to here is backticks only
+    nonblank = len(line) - len(rest.lstrip(" \t"))  # a head up to here is backticks only
     heads: list[_Fence | None] = []
     for k in range(1, len(line) + 1):
         run = min(k, run_end) - indent
@@ -294,12 +300,13 @@ def _heads(fence: _Fence | None, line: str) -> list[_Fence | None]:
 
 
 def _rank_line(rank: list[int], line: str, start: int, *, opens: bool) -> None:
+    """Demote the cuts in and around `line`, which begins at `start` and may open a fence."""
     end = start + len(line)
-    if _LEAD.match(line):
+    if _RUN.match(line):
         _demote(rank, start + 1, end, _UGLY)
     if opens:  # a cut right after an opening line leaves an empty block behind
         _demote(rank, end, end + 2, _UGLY)
-    for run in _BACKTICKS.finditer(line):  # the next part would start with a fence line
+    for run in _RUN.finditer(line):  # the next part would start with a fence line
         _demote(rank, start + max(run.start(), 1), start + run.end() - 2, _NEVER)
 
 
@@ -340,7 +347,10 @@ def split_discord(markdown: str, limit: int = DISCORD_LIMIT) -> list[str]:
             lenient=lambda cut: rank[cut] <= _UGLY,
         )
         body = text[start:end]
-        left_open = ends[end]
+        # `ends` reads the cut line from its start; a part that begins mid-line and holds no
+        # line break reads only the rest of one line, which never is a fence line.
+        whole_line = start == 0 or text[start - 1] == "\n" or "\n" in body
+        left_open = ends[end] if whole_line else fence
         if body.strip():
             parts.append(opening + body + (left_open.close(body) if left_open else ""))
         start = resume

@@ -14,22 +14,20 @@ characters; a reply that was streamed is edited in place, at most about once a s
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import html
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from loguru import logger
-from telegram import Bot, Message, Update
+from telegram import Message, Update
 from telegram.error import InvalidToken, TelegramError
 from telegram.ext import Application, ApplicationBuilder
 
 from nanobot.bus.events import (
-    Attachment,
     ChatRef,
-    InboundMessage,
     Outbound,
     OutboundMessage,
     StreamUpdate,
@@ -37,14 +35,19 @@ from nanobot.bus.events import (
 )
 from nanobot.channels import _telegram_inbound as inbound
 from nanobot.channels._telegram_send import ONCE, Retry, Sender
-from nanobot.channels.base import Channel, DeliveryError, InboxPolicy, Intake, IntakeFn, save_file
+from nanobot.channels.base import Channel, DeliveryError, InboxPolicy, Intake, IntakeFn
 from nanobot.channels.render import split_telegram, telegram_html
 from nanobot.errors import ConfigError
 
 POLL_TIMEOUT = 30  # seconds a getUpdates long poll is held open by Telegram
 STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
-KEEP_STREAMS = 64  # streamed replies whose final message may still come
+KEEP_STREAMS = 64  # streamed replies (and partly sent ones) remembered at most
+TAKE_ATTEMPTS = 3  # an update that cannot be read this often is skipped (logged)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class Secret(Protocol):
@@ -92,13 +95,6 @@ class _Typing:
     turns: int = 1
 
 
-@dataclass(slots=True)
-class _Received:
-    message: InboundMessage | None
-    refusals: list[str] = field(default_factory=list)
-    saved: list[Path] = field(default_factory=list)
-
-
 class TelegramChannel(Channel):
     """Telegram via the Bot API (long polling). See the module docstring."""
 
@@ -126,7 +122,8 @@ class TelegramChannel(Channel):
         self._streams: OrderedDict[str, _Stream] = OrderedDict()
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._typing: dict[ChatRef, _Typing] = {}
-        self._progress: dict[int, tuple[OutboundMessage, int]] = {}
+        self._progress: OrderedDict[int, tuple[OutboundMessage, int]] = OrderedDict()
+        self._failures: dict[int, int] = {}
 
     # ---- running --------------------------------------------------------------------
 
@@ -154,10 +151,11 @@ class TelegramChannel(Channel):
         app = self._application()
         updater = app.updater
         assert updater is not None  # the builder always makes one
-        self._stopped = asyncio.get_running_loop().create_future()
+        stopped = self._stopped = asyncio.get_running_loop().create_future()
         try:
             async with app:
                 await app.start()
+                self._sender.bot = app.bot
                 try:
                     await updater.start_polling(
                         timeout=self._poll_timeout,
@@ -165,94 +163,73 @@ class TelegramChannel(Channel):
                         drop_pending_updates=False,
                         error_callback=_polling_error,
                     )
-                    self._sender.bot = app.bot
                     logger.info("telegram connected as @{}", app.bot.username)
                     ready()
-                    await self._stopped  # until cancelled, or intake failed
+                    await stopped  # until cancelled, or an update could not be taken
                 finally:
-                    self._sender.bot = None
+                    self._stopped = None
                     await self._stop_typing()
                     if updater.running:
                         await updater.stop()  # confirms what was taken, and no more
+                    self._sender.bot = None
                     await app.stop()
-        except InvalidToken as exc:
-            raise ConfigError(f"channels.telegram.token was rejected by Telegram: {exc}") from exc
+        except InvalidToken:  # its message quotes the token
+            raise ConfigError("channels.telegram.token was rejected by Telegram") from None
         finally:
-            self._stopped = None
+            await app.bot.shutdown()  # PTB leaves it open when `initialize()` failed
 
     async def _take(self, update: Update) -> None:
-        """Hand one update to intake; returns when it may be acknowledged."""
-        try:
-            hold = await self._receive(update)
-        except Exception as exc:  # noqa: BLE001 - PTB's polling task would die silently
-            logger.exception("telegram: taking update {} failed", update.update_id)
-            if self._stopped is not None and not self._stopped.done():
-                self._stopped.set_exception(exc)  # run() fails; the manager restarts it
-            hold = True
-        if hold:
-            # Not acknowledged: the Updater advances its offset only after `put` returns,
-            # and `updater.stop()` cancels us here, so Telegram delivers it again later.
-            await asyncio.get_running_loop().create_future()
+        """Hand one update to intake; returns when it may be acknowledged.
 
-    async def _receive(self, update: Update) -> bool:
-        """Take one update; True if it must not be acknowledged (intake is closed)."""
-        message, bot = update.message, self._sender.bot
-        if message is None or message.from_user is None or bot is None:
-            return False
-        if inbound.for_another_bot(message, bot.bot):
-            return False
+        This runs inside PTB's polling task, which any exception would end silently: so
+        failures are caught here, leave the update unacknowledged and make run() fail (the
+        manager reconnects, Telegram delivers the update again).
+        """
+        bot = self._sender.bot
+        if bot is None:  # stopping: leave it for the next start
+            await _hold()
         try:
-            received = await self._convert(message, bot)
-        except DeliveryError as exc:  # a download failed for good: take it again later
-            raise RuntimeError(f"could not download a file from Telegram: {exc}") from exc
+            received = await inbound.read(
+                update, bot, self._inbox, self._config.group_policy, self._sender.retry
+            )
+        except Exception as exc:  # noqa: BLE001 - see above
+            failures = self._failures.pop(update.update_id, 0) + 1
+            if failures >= TAKE_ATTEMPTS:  # it can never be read: do not block the chat
+                logger.exception("telegram: update {} could not be read; skipped", update.update_id)
+                return
+            self._failures[update.update_id] = failures
+            self._fail(exc, f"reading update {update.update_id} failed")
+            await _hold()
+        self._failures.pop(update.update_id, None)
         outcome = Intake.REFUSED
         if received.message is not None:
-            outcome = await self.intake(received.message)
-        if outcome is not Intake.ACCEPTED and received.saved:
+            try:
+                outcome = await self.intake(received.message)
+            except Exception as exc:  # noqa: BLE001 - the journal decides: never skipped
+                self._fail(exc, f"intake of update {update.update_id} failed")
+                await _hold()
+        accepted = outcome is Intake.ACCEPTED
+        if not accepted and received.saved:  # refused, a redelivery, or taken again later
             await asyncio.to_thread(_remove, received.saved)
-        addressed = received.message is None and inbound.is_addressed(message, bot.bot)
-        if received.refusals and (outcome is Intake.ACCEPTED or addressed):
-            await self._notify(message, "\n".join(received.refusals))
-        return outcome is Intake.CLOSED
+        if outcome is Intake.CLOSED:
+            await _hold()  # the gateway is stopping: Telegram delivers it again after restart
+        # A message that was only a refused file is not handed over: say so if the bot was
+        # addressed; otherwise only once the gate has let the message in.
+        told = accepted or (received.message is None and received.addressed)
+        if received.refusals and told and received.source is not None:
+            await self._notify(received.source, "\n".join(received.refusals))
 
-    async def _convert(self, message: Message, bot: Bot) -> _Received:
-        me = bot.bot
-        addressed = inbound.is_addressed(message, me)
-        private = message.chat.type == "private"
-        policy = self._config.group_policy
-        # Files nobody will read are not downloaded (the gate refuses those messages).
-        wanted = private or (policy == "open" or (policy == "mention" and addressed))
-        received = _Received(None)
-        attachments = []
-        for remote in inbound.remote_files(message) if wanted else []:
-            data = await inbound.download(bot, remote, self._inbox, self._sender.retry)
-            if data is None:
-                received.refusals.append(remote.refusal(self._inbox.max_bytes))
-                continue
-            path = await save_file(self._inbox, remote.name, data)
-            received.saved.append(path)
-            attachments.append(Attachment(remote.kind, path, remote.mime_type, len(data)))
-        text = inbound.text_without_mentions(message, me)
-        notes = "\n".join(f"({line})" for line in received.refusals)
-        if text or attachments:
-            assert message.from_user is not None
-            received.message = InboundMessage(
-                chat=inbound.chat_ref(message),
-                sender_id=str(message.from_user.id),
-                text=f"{text}\n\n{notes}".strip() if notes else text,
-                message_id=inbound.message_key(message),
-                sender_name=inbound.sender_name(message.from_user),
-                is_private=private,
-                addressed=addressed,
-                attachments=tuple(attachments),
-                received_at=message.date,
-            )
-        return received
+    def _fail(self, exc: Exception, what: str) -> None:
+        logger.opt(exception=exc).error("telegram: {}; reconnecting", what)
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_exception(exc)  # run() raises; the manager restarts it
 
     async def _notify(self, message: Message, text: str) -> None:
         chat = inbound.chat_ref(message)
         try:
-            await self._sender.send(chat, _escape(text), reply_to=message.message_id)
+            await self._sender.send(
+                chat, html.escape(text, quote=False), reply_to=message.message_id
+            )
         except DeliveryError as exc:
             logger.warning("telegram: could not tell chat {} about a file: {}", chat.chat_id, exc)
 
@@ -279,17 +256,27 @@ class TelegramChannel(Channel):
             edited = (
                 index == 0
                 and stream is not None
-                and stream.message_id is not None
-                and await self._sender.edit(item.chat, stream.message_id, chunks[0])
+                and await self._edit_stream(item.chat, stream, chunks[0])
             )
             if not edited:
                 first = index == 0
-                await self._sender.send(item.chat, chunks[index], reply_to=reply_to if first else None)
-            self._progress[id(item)] = (item, index + 1)
+                await self._sender.send(
+                    item.chat, chunks[index], reply_to=reply_to if first else None
+                )
+            _remember(self._progress, id(item), (item, index + 1))
         self._progress.pop(id(item), None)
         if item.stream_id:
             self._streams.pop(item.stream_id, None)
             _remember(self._finished, item.stream_id, None)
+
+    async def _edit_stream(self, chat: ChatRef, stream: _Stream, chunk: str) -> bool:
+        """The final edit: exact, and still no sooner than the interval after the last."""
+        if stream.message_id is None:
+            return False
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(stream.at + self._stream_interval - loop.time())
+        stream.at = loop.time()
+        return await self._sender.edit(chat, stream.message_id, chunk)
 
     async def _stream(self, update: StreamUpdate) -> None:
         """Show the reply so far: send it, then edit it. Best effort: never raises."""
@@ -303,13 +290,17 @@ class TelegramChannel(Channel):
         try:
             if state is None:
                 reply_to = inbound.message_number(update.reply_to)
-                sent = await self._sender.send(update.chat, chunks[0], reply_to=reply_to, retry=ONCE)
+                sent = await self._sender.send(
+                    update.chat, chunks[0], reply_to=reply_to, retry=ONCE
+                )
                 _remember(self._streams, update.stream_id, _Stream(sent, chunks[0], now))
             elif state.message_id is not None and state.shown != chunks[0]:
                 if now - state.at < self._stream_interval:
                     return  # the final message is exact; skipped updates are not missed
                 state.at, state.shown = now, chunks[0]
-                if not await self._sender.edit(update.chat, state.message_id, chunks[0], retry=ONCE):
+                if not await self._sender.edit(
+                    update.chat, state.message_id, chunks[0], retry=ONCE
+                ):
                     state.message_id = None
         except DeliveryError as exc:
             logger.debug("telegram stream update skipped: {}", exc)
@@ -318,6 +309,8 @@ class TelegramChannel(Channel):
         """One indicator per chat while any turn runs there."""
         current = self._typing.get(signal.chat)
         if signal.active:
+            if self._sender.bot is None:
+                return  # not connected; and run() could not stop it
             if current is not None:
                 current.turns += 1
             else:
@@ -341,26 +334,29 @@ class TelegramChannel(Channel):
             await _cancel(task)
 
 
-def _remember(cache: OrderedDict[str, Any], key: str, value: Any) -> None:
+def _remember(cache: OrderedDict[K, V], key: K, value: V) -> None:
+    """Put `key` in a small cache that forgets its oldest entries."""
     cache[key] = value
     cache.move_to_end(key)
     while len(cache) > KEEP_STREAMS:
         cache.popitem(last=False)
 
 
+async def _hold() -> NoReturn:
+    """Never return: the update being taken stays unacknowledged until the Updater stops
+    and cancels us (its offset only advances after `put` returns)."""
+    while True:
+        await asyncio.get_running_loop().create_future()
+
+
 async def _cancel(task: asyncio.Task[None]) -> None:
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await asyncio.wait([task])  # unlike `await task`, never swallows our own cancellation
 
 
 def _remove(paths: list[Path]) -> None:
     for path in paths:
         path.unlink(missing_ok=True)
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _polling_error(exc: TelegramError) -> None:

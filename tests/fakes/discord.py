@@ -29,10 +29,17 @@ applied as Discord does: guild messages need GUILD_MESSAGES, DMs DIRECT_MESSAGES
 and without MESSAGE_CONTENT a guild message neither from nor mentioning the bot
 arrives with empty content, embeds and attachments. Messages the bot sends come
 back as MESSAGE_CREATE (``echo_own_messages``), as on Discord.
+
+Standalone: ``python -m tests.fakes.discord --port 0 --guild home --channel general``
+prints one JSON line (``api_base``, ``gateway_url``, ``bot_user_id``, ``guild_id``,
+``channels``) and serves until SIGTERM. ``POST /_fake/user_message`` takes
+``user_message``'s arguments as JSON and returns ``{"id": ...}``; ``GET /_fake/sent``
+lists the bot's messages; ``GET /_fake/state`` the guilds, channels and sessions.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import copy
@@ -41,10 +48,11 @@ import json
 import math
 import mimetypes
 import re
+import signal
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 from urllib.parse import quote
@@ -235,8 +243,13 @@ class GatewaySession:
 class _Connection:
     """A live gateway websocket; frames go through one writer task to keep their order."""
 
-    def __init__(self, ws: web.WebSocketResponse, info: GatewayConnection) -> None:
-        self.ws, self.info = ws, info
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        info: GatewayConnection,
+        transport: asyncio.Transport | None,
+    ) -> None:
+        self.ws, self.info, self.transport = ws, info, transport
         self.session: GatewaySession | None = None
         self.server_closed = False
         self._zlib = zlib.compressobj() if info.compression == "zlib-stream" else None
@@ -263,15 +276,19 @@ class _Connection:
             except (ConnectionError, RuntimeError):
                 return
 
-    async def close(self, code: int, reason: str = "") -> None:
-        """Close from the server side; the session (if any) stays resumable."""
+    async def close(self, code: int, reason: str = "", abort: bool = False) -> None:
+        """Close from the server side (``abort``: drop TCP, no close frame); the session
+        (if any) stays resumable."""
         if self.server_closed or self.ws.closed:
             return
         self.server_closed = True
-        self.info.close_code, self.info.closed_by = code, "server"
+        self.info.close_code, self.info.closed_by = (None if abort else code), "server"
         if self.session is not None and self.session._conn is self:
             self.session._conn = None
         self.finish()
+        if abort and self.transport is not None:
+            self.transport.abort()
+            return
         with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
             await asyncio.wait_for(self.ws.close(code=code, message=reason.encode()), 2.0)
 
@@ -368,6 +385,7 @@ class FakeDiscord:
         self._faults: list[_FaultRule] = []
         self._bodies: dict[int, _Body] = {}  # id(request) -> parsed body, while it is served
         self._inflight: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
         self._live: set[_Connection] = set()
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
@@ -419,6 +437,9 @@ class FakeDiscord:
         for prefix in ("/attachments", "/media/attachments"):
             r.add_get(f"{prefix}/{{channel_id}}/{{attachment_id}}/{{filename}}", self._download)
         r.add_get("/gateway", self._gateway)
+        r.add_post("/_fake/user_message", self._control_user_message)
+        r.add_get("/_fake/sent", self._control_sent)
+        r.add_get("/_fake/state", self._control_state)
         self._stopping = asyncio.Event()
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -429,6 +450,8 @@ class FakeDiscord:
         """Close every websocket (1001), drop hanging requests, close the socket. Idempotent."""
         if self._runner is None:
             return
+        for site in list(self._runner.sites):  # first stop accepting (and clients retrying)
+            await site.stop()
         self._stopping.set()
         self._gate.set()
         await asyncio.gather(*(c.close(1001, "server stopping") for c in list(self._live)))
@@ -456,6 +479,7 @@ class FakeDiscord:
         return user.id
 
     def user(self, user_id: int) -> User:
+        """A known user by id (``KeyError`` if unknown)."""
         return self._users[user_id]
 
     def add_guild(self, name: str, *, owner_id: int | None = None) -> int:
@@ -467,8 +491,8 @@ class FakeDiscord:
         guild = p.Guild(guild_id, name, owner, p.now_iso())
         guild.roles += [p.Role(guild_id, "@everyone"), bot_role]
         self._guilds[guild_id] = guild
-        self._join(guild, self.bot_user.id, [bot_role.id])
-        self._join(guild, owner)
+        self._join(guild, self.bot_user.id, [bot_role.id], announce=False)
+        self._join(guild, owner, announce=False)
         self._dispatch_guild(
             guild_id, "GUILD_CREATE", lambda s: self._guild_payload(guild_id, s), p.GUILDS
         )
@@ -522,6 +546,7 @@ class FakeDiscord:
         return self._dms[user_id]
 
     def channel(self, channel_id: int) -> p.Channel:
+        """The fake's record of a channel, thread or DM (type, name, guild_id, parent_id...)."""
         return self._channels[channel_id]
 
     # ------------------------------------------------------------------ injecting messages
@@ -639,13 +664,16 @@ class FakeDiscord:
         """
         self._faults.append(_FaultRule(pattern, kind, times))
 
-    async def disconnect_all(self, code: int = 4000, reason: str = "") -> None:
-        """Close every gateway socket with ``code``; sessions stay resumable and buffer events.
+    async def disconnect_all(
+        self, code: int = 4000, reason: str = "", *, abort: bool = False
+    ) -> None:
+        """Close every gateway socket with ``code`` (``abort``: drop the TCP connection without
+        a close frame, like a network failure); sessions stay resumable and buffer events.
 
-        discord.py resumes at once after 1000 (server side), 1001 and 4000-4003/4005-4009;
-        4004 and 4010-4014 are fatal to it.
+        discord.py resumes at once after a server's 1000, 1001, 4000-4003, 4005-4009 or an
+        abort; 4004 and 4010-4014 are fatal to it (``ConnectionClosed``).
         """
-        await asyncio.gather(*(c.close(code, reason) for c in list(self._live)))
+        await asyncio.gather(*(c.close(code, reason, abort) for c in list(self._live)))
 
     @contextlib.asynccontextmanager
     async def outage(self, code: int = 4000) -> AsyncIterator[None]:
@@ -687,11 +715,14 @@ class FakeDiscord:
         self._tick.set()
         self._tick = asyncio.Event()
 
-    def _join(self, guild: p.Guild, user_id: int, roles: list[int] | None = None) -> None:
+    def _join(
+        self, guild: p.Guild, user_id: int, roles: list[int] | None = None, announce: bool = True
+    ) -> None:
+        """Make ``user_id`` a member; GUILD_MEMBER_ADD goes to GUILD_MEMBERS sessions."""
         if user_id in guild.members:
             return
         guild.members[user_id] = p.Member(user_id, p.now_iso(), roles or [])
-        if user_id != self.bot_user.id and self.sessions:
+        if announce:
             member = p.member_payload(guild.members[user_id], self._users[user_id])
             data = member | {"guild_id": str(guild.id)}
             self._dispatch_guild(guild.id, "GUILD_MEMBER_ADD", lambda _: data, p.GUILD_MEMBERS)
@@ -1282,7 +1313,7 @@ class FakeDiscord:
         info = GatewayConnection(query, "zlib-stream" if wants_zlib else None)
         ws = web.WebSocketResponse(timeout=2.0, max_msg_size=0)
         await ws.prepare(request)
-        conn = _Connection(ws, info)
+        conn = _Connection(ws, info, request.transport)
         self.connections.append(info)
         self._live.add(conn)
         writer = asyncio.create_task(conn.run_writer())
@@ -1421,7 +1452,9 @@ class FakeDiscord:
         conn.session, session._conn = session, conn
         if old is not None and old is not conn:
             old.session = None
-            asyncio.create_task(old.close(4000, "Session resumed elsewhere."))  # noqa: RUF006
+            task = asyncio.create_task(old.close(4000, "Session resumed elsewhere."))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         for frame in session.frames:
             if frame["s"] > seq:
                 conn.send(frame)
@@ -1451,3 +1484,92 @@ class FakeDiscord:
         if data.get("nonce"):
             chunk["nonce"] = data["nonce"]
         session.push("GUILD_MEMBERS_CHUNK", chunk)
+
+    # ------------------------------------------------------------------ HTTP control API
+
+    async def _control_user_message(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        options = {
+            k: body[k] for k in ("user_id", "username", "mentions_bot", "reply_to") if k in body
+        }
+        message_id = self.user_message(int(body["channel_id"]), str(body["content"]), **options)
+        return web.json_response({"id": str(message_id)})
+
+    async def _control_sent(self, request: web.Request) -> web.Response:
+        channel = _int(request.query.get("channel_id"))
+        return web.json_response([_sent_json(m) for m in self.sent(channel)])
+
+    async def _control_state(self, request: web.Request) -> web.Response:
+        guilds = [
+            {
+                "id": str(g.id),
+                "name": g.name,
+                "channels": [
+                    {"id": str(c), "name": self._channels[c].name, "type": self._channels[c].type}
+                    for c in g.channel_ids
+                ],
+            }
+            for g in self._guilds.values()
+        ]
+        sessions = [
+            {"session_id": s.session_id, "seq": s.seq, "connected": s.connected}
+            for s in self.sessions
+        ]
+        dms = {str(user): str(channel) for user, channel in self._dms.items()}
+        state = {"bot_user_id": str(self.bot_user.id), "guilds": guilds, "dms": dms}
+        return web.json_response(state | {"sessions": sessions, "typing": self.typing})
+
+
+def _sent_json(message: SentMessage) -> JSON:
+    return {
+        "id": str(message.id),
+        "channel_id": str(message.channel_id),
+        "content": message.content,
+        "allowed_mentions": message.allowed_mentions,
+        "message_reference": message.message_reference,
+        "mentions": [str(u) for u in message.mentions],
+        "attachments": [a.filename for a in message.attachments],
+        "edits": message.edits,
+        "deleted": message.deleted,
+    }
+
+
+async def _serve(fake: FakeDiscord, guild_name: str, channel_names: Sequence[str]) -> None:
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopped.set)
+    async with fake:
+        guild = fake.add_guild(guild_name)
+        channels: Mapping[str, str] = {
+            name: str(fake.add_channel(guild, name)) for name in channel_names
+        }
+        info = {
+            "api_base": fake.api_base,
+            "gateway_url": fake.gateway_url,
+            "bot_user_id": str(fake.bot_user.id),
+            "guild_id": str(guild),
+            "channels": channels,
+        }
+        print(json.dumps(info), flush=True)
+        await stopped.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """CLI: ``python -m tests.fakes.discord [--port N] [--guild NAME] [--channel NAME]...``."""
+    parser = argparse.ArgumentParser(description="Fake Discord REST API and gateway.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token", help="the only bot token accepted (default: any)")
+    parser.add_argument("--guild", default="home", help="name of the guild to create")
+    parser.add_argument("--channel", action="append", help="text channel(s) to create")
+    parser.add_argument("--heartbeat-ms", type=int, default=41250)
+    args = parser.parse_args(argv)
+    fake = FakeDiscord(
+        host=args.host, port=args.port, token=args.token, heartbeat_interval_ms=args.heartbeat_ms
+    )
+    asyncio.run(_serve(fake, args.guild, args.channel or ["general"]))
+
+
+if __name__ == "__main__":
+    main()

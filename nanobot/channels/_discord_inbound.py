@@ -1,0 +1,197 @@
+"""Discord messages as nanobot sees them: which chat, whether the bot is addressed, the text
+without the bot's mention, and its files (fetched within the inbox's limit). Plus the lanes
+that take each chat's messages in the order the gateway delivered them.
+
+A thread has its own channel id on Discord, so it is simply its own chat (and session):
+`ChatRef("discord", <thread id>)`, with no `thread_id`. Sending to that id posts in the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+import aiohttp
+import discord
+from loguru import logger
+
+from nanobot.bus.events import Attachment, ChatRef
+from nanobot.channels.base import InboxPolicy, safe_filename, save_file
+
+CHANNEL = "discord"
+MB = 1024 * 1024
+
+FileKind = Literal["photo", "document", "voice", "audio", "video"]
+
+# Only what a person wrote; joins, pins, thread-created notices and the like are not.
+_CONVERSATION = (discord.MessageType.default, discord.MessageType.reply)
+_USER_MENTION = re.compile(r"<@!?(\d+)>")
+
+
+def chat_ref(message: discord.Message) -> ChatRef:
+    return ChatRef(CHANNEL, str(message.channel.id))
+
+
+def is_conversation(message: discord.Message) -> bool:
+    """Written by a person (not a bot, webhook or the system), so possibly for us."""
+    return (
+        not message.author.bot
+        and not message.author.system
+        and message.webhook_id is None
+        and message.type in _CONVERSATION
+    )
+
+
+def is_private(message: discord.Message) -> bool:
+    return message.guild is None
+
+
+def _bot_role(message: discord.Message) -> discord.Role | None:
+    """The bot's own managed role: Discord's autocomplete sometimes picks it for "@bot"."""
+    return message.guild.self_role if message.guild is not None else None
+
+
+def is_addressed(message: discord.Message, me: discord.abc.Snowflake) -> bool:
+    """A DM, a mention of the bot (or of its own role), or a reply to one of its messages.
+
+    Not `ClientUser.mentioned_in`: that counts @everyone and @here, which are not for us.
+    """
+    if is_private(message):
+        return True
+    if any(user.id == me.id for user in message.mentions):
+        return True
+    role = _bot_role(message)
+    if role is not None and any(r.id == role.id for r in message.role_mentions):
+        return True
+    reference = message.reference
+    if reference is None or reference.message_id is None:
+        return False
+    replied = reference.resolved
+    if not isinstance(replied, discord.Message):
+        replied = reference.cached_message
+    return replied is not None and replied.author.id == me.id
+
+
+def text_for_agent(message: discord.Message, me: discord.abc.Snowflake) -> str:
+    """The content without the bot's mentions (`<@ID>`, `<@!ID>`, its role), and with other
+    users' mentions shown as `@name`, as the sender saw them."""
+    names = {user.id: user.display_name for user in message.mentions}
+    role = _bot_role(message)
+
+    def user(match: re.Match[str]) -> str:
+        user_id = int(match.group(1))
+        if user_id == me.id:
+            return ""
+        return f"@{names[user_id]}" if user_id in names else match.group()
+
+    text = _USER_MENTION.sub(user, message.content)
+    if role is not None:
+        text = text.replace(role.mention, "")
+    return re.sub(r"[ \t]{2,}", " ", text).strip()
+
+
+def file_kind(attachment: discord.Attachment) -> FileKind:
+    if attachment.is_voice_message():
+        return "voice"
+    kind = (attachment.content_type or "").split("/", 1)[0]
+    if kind == "image":
+        return "photo"
+    if kind in ("audio", "video"):
+        return kind  # type: ignore[return-value]
+    return "document"
+
+
+def file_name(attachment: discord.Attachment) -> str:
+    return safe_filename(attachment.filename, f"attachment_{attachment.id}")
+
+
+def _size(count: int) -> str:
+    if count >= MB:
+        return f"{count / MB:.3g} MB"
+    return f"{count / 1024:.3g} KB" if count >= 1024 else f"{count} bytes"
+
+
+def too_large(attachment: discord.Attachment, limit: int) -> str:
+    return (
+        f"I can't take {file_name(attachment)} ({_size(attachment.size)}): "
+        f"files may be at most {_size(limit)}."
+    )
+
+
+async def fetch_files(
+    message: discord.Message, inbox: InboxPolicy
+) -> tuple[list[Attachment], list[str]]:
+    """The attachments, saved under the inbox, and what to tell the sender about the rest.
+    A file larger than the inbox allows is never downloaded."""
+    limit = inbox.max_bytes
+    saved: list[Attachment] = []
+    refusals: list[str] = []
+    for remote in message.attachments:
+        name = file_name(remote)
+        if remote.size > limit:
+            refusals.append(too_large(remote, limit))
+            continue
+        try:
+            data = await remote.read()
+        except (discord.HTTPException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            logger.warning("discord: could not download {}: {}", name, exc)
+            refusals.append(f"I could not download {name}; please send it again.")
+            continue
+        if len(data) > limit:  # it was announced smaller
+            refusals.append(too_large(remote, limit))
+            continue
+        path = await save_file(inbox, name, data)
+        saved.append(Attachment(file_kind(remote), path, remote.content_type, len(data)))
+    return saved, refusals
+
+
+Take = Callable[[discord.Message], Awaitable[None]]
+
+
+class Lanes:
+    """One worker per chat: a chat's messages are taken strictly in arrival order, and a slow
+    one (a big download) never holds up another chat. `add` never blocks or drops.
+
+    `take` must not raise; the owner calls `close()`, which cancels the workers.
+    """
+
+    def __init__(self, take: Take) -> None:
+        self._take = take
+        self._queues: dict[int, deque[discord.Message]] = {}
+        self._workers: dict[int, asyncio.Task[None]] = {}
+
+    def add(self, message: discord.Message) -> None:
+        key = message.channel.id
+        queue = self._queues.get(key)
+        if queue is not None:
+            queue.append(message)
+            return
+        self._queues[key] = deque([message])
+        self._workers[key] = asyncio.create_task(self._work(key), name=f"discord-inbound-{key}")
+
+    async def _work(self, key: int) -> None:
+        queue = self._queues[key]
+        try:
+            while queue:
+                await self._take(queue.popleft())
+        finally:
+            del self._queues[key], self._workers[key]
+
+    async def close(self) -> None:
+        """Cancel every worker (`take` is cancelled mid-message); the messages still waiting
+        are logged as lost."""
+        waiting = sum(len(queue) for queue in self._queues.values())
+        workers = list(self._workers.values())
+        for worker in workers:
+            worker.cancel()
+        if workers:
+            await asyncio.wait(workers)
+        if waiting:
+            logger.warning(
+                "discord: {} message(s) arrived while stopping and were not taken "
+                "(Discord does not deliver them again)",
+                waiting,
+            )

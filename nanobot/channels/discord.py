@@ -1,0 +1,393 @@
+"""The Discord channel: discord.py's gateway in, Markdown split to 2000 characters out.
+
+In: discord.py keeps the gateway connection (heartbeats, and RESUME after a dropped
+connection, on which Discord replays every event that was missed). Each message discord.py
+dispatches goes straight into its chat's lane (`Lanes`: nothing awaited first, so nothing is
+dropped or reordered) and is taken from there: files fetched within the inbox's limit, then
+`intake`, which journals it. Discord has no acknowledgement and never delivers a message
+again, so one that arrives while the gateway stops (intake says CLOSED) is dropped with a
+warning. Message ids are Discord's snowflakes, unique across the platform.
+
+Chats: a DM, a guild channel or a thread, each by its channel id. A thread has its own id, so
+it is its own session (see `_discord_inbound`).
+
+Out: Discord renders Markdown itself, so replies are only split (`split_discord`, code fences
+closed and reopened). A streamed reply is posted early and edited at most once per
+`stream_interval`; the final message edits it to exactly its first part.
+
+Servers: discord.py has no option for them. An `api_base` or `gateway_url` other than
+Discord's is set on the process-wide `Route.BASE` / `DiscordWebSocket.DEFAULT_GATEWAY` while
+`run()` runs, and put back when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import discord
+import yarl
+from discord.gateway import DiscordWebSocket
+from discord.http import Route
+from loguru import logger
+
+from nanobot.bus.events import (
+    Attachment,
+    ChatRef,
+    InboundMessage,
+    Outbound,
+    OutboundMessage,
+    StreamUpdate,
+    Typing,
+)
+from nanobot.channels import _discord_inbound as inbound
+from nanobot.channels._discord_send import QUIET, Sender
+from nanobot.channels.base import Channel, DeliveryError, InboxPolicy, Intake, IntakeFn
+from nanobot.channels.render import split_discord
+from nanobot.errors import ConfigError
+
+STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
+TYPING_INTERVAL = 8.0  # Discord shows "typing…" for about 10 s
+GUILD_READY_TIMEOUT = 2.0  # discord.py waits this long after the last GUILD_CREATE
+MAX_RATE_LIMIT_WAIT = 60.0  # a longer 429 wait fails the delivery (the manager retries later)
+KEEP = 64  # streamed replies (and partly sent messages) remembered
+
+
+class Secret(Protocol):
+    def get_secret_value(self) -> str: ...
+
+
+class DiscordSettings(Protocol):
+    """The `channels.discord` config section, as far as this channel reads it."""
+
+    @property
+    def token(self) -> Secret: ...
+    @property
+    def group_policy(self) -> str: ...
+    @property
+    def api_base(self) -> str: ...
+    @property
+    def gateway_url(self) -> str: ...
+
+
+class _Client(discord.Client):
+    """discord.py's client with our two event handlers."""
+
+    def __init__(
+        self,
+        *,
+        ready: Callable[[discord.Client], None],
+        message: Callable[[discord.Message], None],
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        self._when_ready, self._when_message = ready, message  # Client has a `_ready`
+
+    async def on_ready(self) -> None:
+        self._when_ready(self)
+
+    async def on_message(self, message: discord.Message) -> None:
+        if inbound.is_conversation(message):  # not our own echoes, nor other bots
+            self._when_message(message)
+
+
+@dataclass(slots=True)
+class _Stream:
+    """A reply being shown as it is written: the message that shows it, and what it shows."""
+
+    message_id: int | None  # None: it can no longer be edited
+    shown: str
+    at: float
+
+
+@dataclass(slots=True)
+class _Received:
+    """A message read: what goes to intake (if anything) and what became of its files."""
+
+    message: InboundMessage | None
+    addressed: bool = False
+    saved: list[Attachment] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Typing:
+    task: asyncio.Task[None]
+    turns: int = 1
+
+
+def _intents() -> discord.Intents:
+    intents = discord.Intents.default()  # guilds, guild messages and DMs among them
+    intents.message_content = True  # privileged: enabled in the Developer Portal
+    intents.typing = False  # other people's typing is of no use here
+    return intents
+
+
+def _point_at(settings: DiscordSettings) -> Callable[[], None]:
+    """Send discord.py to the configured servers; returns what puts the defaults back."""
+    saved_base, saved_gateway = Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY
+    base, gateway = settings.api_base.rstrip("/"), yarl.URL(settings.gateway_url)
+    if base != saved_base.rstrip("/"):
+        Route.BASE = base
+    if gateway != saved_gateway:
+        DiscordWebSocket.DEFAULT_GATEWAY = gateway
+
+    def restore() -> None:
+        Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY = saved_base, saved_gateway
+
+    return restore
+
+
+class DiscordChannel(Channel):
+    """Discord via a bot account. See the module docstring."""
+
+    name = "discord"
+
+    def __init__(
+        self,
+        config: DiscordSettings,
+        intake: IntakeFn,
+        inbox: InboxPolicy,
+        *,
+        stream_interval: float = STREAM_INTERVAL,
+        typing_interval: float = TYPING_INTERVAL,
+        guild_ready_timeout: float = GUILD_READY_TIMEOUT,
+    ) -> None:
+        super().__init__(intake)
+        self._config = config
+        self._inbox = inbox
+        self._stream_interval = stream_interval
+        self._typing_interval = typing_interval
+        self._guild_ready_timeout = guild_ready_timeout
+        self._sender = Sender()
+        self._streams: OrderedDict[str, _Stream] = OrderedDict()
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._progress: OrderedDict[int, tuple[OutboundMessage, int]] = OrderedDict()
+        self._typing: dict[ChatRef, _Typing] = {}
+
+    # ---- running --------------------------------------------------------------------
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        token = self._config.token.get_secret_value()
+        if not token:
+            raise ConfigError("channels.discord.token is empty: set the bot's token")
+
+        def connected(client: discord.Client) -> None:
+            if self._sender.client is None:
+                self._sender.client = client
+                logger.info("discord connected as {}", client.user)
+                ready()
+            else:  # after a new IDENTIFY (not a RESUME): events in between are not replayed
+                logger.warning(
+                    "discord: new gateway session; messages sent meanwhile may be missed"
+                )
+
+        lanes = inbound.Lanes(lambda message: self._take(client, message))
+        client = _Client(
+            ready=connected,
+            message=lanes.add,
+            intents=_intents(),
+            allowed_mentions=QUIET,
+            guild_ready_timeout=self._guild_ready_timeout,
+            max_ratelimit_timeout=MAX_RATE_LIMIT_WAIT,
+        )
+        restore = _point_at(self._config)
+        try:
+            await client.start(token)
+        except discord.LoginFailure as exc:
+            raise ConfigError(f"channels.discord.token was rejected by Discord: {exc}") from exc
+        except discord.PrivilegedIntentsRequired as exc:
+            raise ConfigError(
+                "Discord refused the Message Content intent: enable it for the bot under "
+                "Bot → Privileged Gateway Intents in the Discord Developer Portal"
+            ) from exc
+        finally:
+            self._sender.client = None
+            await self._stop_typing()
+            await lanes.close()
+            await client.close()
+            restore()
+
+    async def _take(self, client: discord.Client, message: discord.Message) -> None:
+        """Hand one message to intake. Runs in its chat's lane: never raises."""
+        taken = False
+        try:
+            received = await self._read(client, message)
+            outcome = Intake.REFUSED
+            if received.message is not None:
+                outcome = await self.intake(received.message)
+            taken = True
+            await self._settle(message, received, outcome)
+        except asyncio.CancelledError:
+            if not taken:
+                logger.warning("discord: stopped while taking message {}; it is lost", message.id)
+            raise
+        except Exception:  # noqa: BLE001 - a lane must survive one bad message
+            logger.exception("discord: message {} could not be taken; it is lost", message.id)
+
+    async def _read(self, client: discord.Client, message: discord.Message) -> _Received:
+        """The message for intake (None if it is nothing for us), its files saved."""
+        me = client.user
+        if me is None:
+            return _Received(None)
+        private = inbound.is_private(message)
+        received = _Received(None, addressed=inbound.is_addressed(message, me))
+        policy = self._config.group_policy
+        # Files nobody will read are not downloaded (the gate refuses those messages).
+        if private or policy == "open" or (policy == "mention" and received.addressed):
+            received.saved, received.refusals = await inbound.fetch_files(message, self._inbox)
+        text = inbound.text_for_agent(message, me)
+        if not text and not received.saved:
+            return received  # nothing to hand over (perhaps only a refused file)
+        notes = "\n".join(f"({line})" for line in received.refusals)
+        received.message = InboundMessage(
+            chat=inbound.chat_ref(message),
+            sender_id=str(message.author.id),
+            text=f"{text}\n\n{notes}".strip() if notes else text,
+            message_id=str(message.id),
+            sender_name=message.author.display_name,
+            is_private=private,
+            addressed=received.addressed,
+            attachments=tuple(received.saved),
+            received_at=message.created_at,
+        )
+        return received
+
+    async def _settle(self, message: discord.Message, received: _Received, outcome: Intake) -> None:
+        """Drop the files of a message not taken; tell the sender about refused files: once
+        the gate let the message in, or when a refused file was all it had for us."""
+        if outcome is Intake.CLOSED:
+            logger.warning(
+                "discord: message {} arrived while stopping and was not taken "
+                "(Discord does not deliver it again)",
+                message.id,
+            )
+        accepted = outcome is Intake.ACCEPTED
+        if not accepted and received.saved:
+            await asyncio.to_thread(_remove, [a.path for a in received.saved])
+        told = accepted or (received.message is None and received.addressed)
+        if received.refusals and told:
+            chat, text = inbound.chat_ref(message), "\n".join(received.refusals)
+            try:
+                await self._sender.send(chat, text, reply_to=str(message.id))
+            except DeliveryError as exc:
+                logger.warning(
+                    "discord: could not tell chat {} about a file: {}", chat.chat_id, exc
+                )
+
+    # ---- delivering -------------------------------------------------------------------
+
+    async def deliver(self, item: Outbound) -> None:
+        match item:
+            case Typing():
+                await self._set_typing(item)
+            case StreamUpdate():
+                await self._stream(item)
+            case OutboundMessage():
+                await self._send(item)
+
+    async def _send(self, item: OutboundMessage) -> None:
+        """Every part in order; a streamed reply's message becomes the first part. The parts
+        already sent are remembered, so the manager's retry resumes where it failed."""
+        parts = split_discord(item.text)
+        entry = self._progress.get(id(item))
+        done = entry[1] if entry is not None and entry[0] is item else 0
+        stream = self._streams.get(item.stream_id) if item.stream_id else None
+        for index in range(done, len(parts)):
+            edited = (
+                index == 0
+                and stream is not None
+                and await self._edit_stream(item, stream, parts[0])
+            )
+            if not edited:
+                reply_to = item.reply_to if index == 0 else None
+                await self._sender.send(item.chat, parts[index], reply_to=reply_to)
+            _remember(self._progress, id(item), (item, index + 1))
+        self._progress.pop(id(item), None)
+        if item.stream_id:
+            self._streams.pop(item.stream_id, None)
+            _remember(self._finished, item.stream_id, None)
+
+    async def _edit_stream(self, item: OutboundMessage, stream: _Stream, first: str) -> bool:
+        """The final edit: exact, and still no sooner than the interval after the last."""
+        if stream.message_id is None:
+            return False
+        if stream.shown == first:
+            return True
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(stream.at + self._stream_interval - loop.time())
+        stream.at = loop.time()
+        return await self._sender.edit(item.chat, stream.message_id, first)
+
+    async def _stream(self, update: StreamUpdate) -> None:
+        """Show the reply so far: send it, then edit it. Best effort: never raises."""
+        if update.stream_id in self._finished:
+            return  # the final message is out; a late update must not start another
+        parts = split_discord(update.text)
+        if not parts:
+            return
+        now = asyncio.get_running_loop().time()
+        state = self._streams.get(update.stream_id)
+        try:
+            if state is None:
+                sent = await self._sender.send(update.chat, parts[0], reply_to=update.reply_to)
+                _remember(self._streams, update.stream_id, _Stream(sent, parts[0], now))
+            elif state.message_id is not None and state.shown != parts[0]:
+                if now - state.at < self._stream_interval:
+                    return  # the final message is exact; skipped updates are not missed
+                state.at = now
+                if await self._sender.edit(update.chat, state.message_id, parts[0]):
+                    state.shown = parts[0]
+                else:
+                    state.message_id = None
+        except DeliveryError as exc:
+            logger.debug("discord stream update skipped: {}", exc)
+
+    async def _set_typing(self, signal: Typing) -> None:
+        """One indicator per chat while any turn runs there."""
+        current = self._typing.get(signal.chat)
+        if signal.active:
+            if self._sender.client is None:
+                return  # not connected; and run() could not stop it
+            if current is not None:
+                current.turns += 1
+            else:
+                task = asyncio.create_task(self._keep_typing(signal.chat), name="discord-typing")
+                self._typing[signal.chat] = _Typing(task)
+        elif current is not None:
+            current.turns -= 1
+            if current.turns <= 0:
+                del self._typing[signal.chat]
+                await _cancel(current.task)
+
+    async def _keep_typing(self, chat: ChatRef) -> None:
+        while True:
+            await self._sender.typing(chat)
+            await asyncio.sleep(self._typing_interval)
+
+    async def _stop_typing(self) -> None:
+        tasks = [state.task for state in self._typing.values()]
+        self._typing.clear()
+        for task in tasks:
+            await _cancel(task)
+
+
+def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > KEEP:
+        cache.popitem(last=False)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.wait([task])  # unlike `await task`, never swallows our own cancellation
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)

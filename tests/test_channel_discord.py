@@ -1,0 +1,555 @@
+"""The Discord channel: the real discord.py against the fake Discord (REST and gateway)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Literal, cast
+
+import discord
+import discord.http
+import pytest
+from discord.gateway import DiscordWebSocket
+from discord.http import Route
+from loguru import logger
+from pydantic import SecretStr
+
+from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
+from nanobot.channels._discord_inbound import is_addressed, text_for_agent
+from nanobot.channels.base import DeliveryError, InboxPolicy, Intake
+from nanobot.channels.discord import DiscordChannel
+from nanobot.channels.render import split_discord
+from nanobot.config import DiscordConfig
+from nanobot.errors import ConfigError
+from tests.fakes.discord import (
+    AttachmentFile,
+    FakeDiscord,
+    HttpError,
+    RateLimited,
+    ServerError,
+)
+
+TOKEN = "fake-bot-token"
+DISCORD_API = Route.BASE
+DISCORD_GATEWAY = DiscordWebSocket.DEFAULT_GATEWAY
+
+
+class Recorder:
+    """An intake that records what it is given and answers `result`."""
+
+    def __init__(self, result: Intake = Intake.ACCEPTED) -> None:
+        self.result = result
+        self.messages: list[InboundMessage] = []
+        self._changed = asyncio.Event()
+
+    async def __call__(self, message: InboundMessage) -> Intake:
+        self.messages.append(message)
+        self._changed.set()
+        return self.result
+
+    async def wait(self, count: int = 1, seconds: float = 5.0) -> list[InboundMessage]:
+        async with asyncio.timeout(seconds):
+            while len(self.messages) < count:
+                self._changed.clear()
+                await self._changed.wait()
+        return self.messages
+
+
+@dataclass(frozen=True)
+class World:
+    guild: int
+    channel: int
+    thread: int
+    ada: int
+    dm: int
+
+    def chat(self, channel_id: int) -> ChatRef:
+        return ChatRef("discord", str(channel_id))
+
+
+@pytest.fixture(autouse=True)
+def _endpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever happens, discord.py's process-wide endpoints are put back after the test."""
+    monkeypatch.setattr(Route, "BASE", Route.BASE)
+    monkeypatch.setattr(DiscordWebSocket, "DEFAULT_GATEWAY", DiscordWebSocket.DEFAULT_GATEWAY)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord(token=TOKEN, heartbeat_interval_ms=500) as server:
+        yield server
+
+
+@pytest.fixture
+def world(fake: FakeDiscord) -> World:
+    guild = fake.add_guild("home")
+    channel = fake.add_channel(guild, "general")
+    thread = fake.add_thread(channel, "side quest")
+    ada = fake.add_user("ada")
+    return World(guild, channel, thread, ada, fake.dm_channel(ada))
+
+
+@pytest.fixture
+def inbox(tmp_path: Path) -> InboxPolicy:
+    return InboxPolicy(tmp_path / "inbox", max_bytes=1000)
+
+
+@pytest.fixture
+def intake() -> Recorder:
+    return Recorder()
+
+
+def make_channel(
+    fake: FakeDiscord,
+    intake: Recorder,
+    inbox: InboxPolicy,
+    *,
+    token: str = TOKEN,
+    group_policy: Literal["mention", "open", "disabled"] = "mention",
+) -> DiscordChannel:
+    config = DiscordConfig(
+        enabled=True,
+        token=SecretStr(token),
+        api_base=fake.api_base,
+        gateway_url=fake.gateway_url,
+        group_policy=group_policy,
+    )
+    return DiscordChannel(
+        config,
+        intake,
+        inbox,
+        stream_interval=0.2,
+        typing_interval=0.1,
+        guild_ready_timeout=0.05,
+    )
+
+
+@asynccontextmanager
+async def running(channel: DiscordChannel) -> AsyncIterator[asyncio.Task[None]]:
+    connected = asyncio.Event()
+    task = asyncio.create_task(channel.run(connected.set), name="discord-under-test")
+    waiter = asyncio.create_task(connected.wait())
+    await asyncio.wait([task, waiter], timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task.done():
+        task.result()  # raises what run() raised
+    assert connected.is_set()
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.wait([task], timeout=10)
+        assert task.done()
+
+
+@pytest.fixture
+async def channel(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> AsyncIterator[DiscordChannel]:
+    channel = make_channel(fake, intake, inbox)
+    async with running(channel):
+        yield channel
+
+
+@pytest.fixture
+def downloads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the attachments discord.py was asked to download."""
+    names: list[str] = []
+    read = discord.Attachment.read
+
+    async def spy(self: discord.Attachment, **options: Any) -> bytes:
+        names.append(self.filename)
+        return await read(self, **options)
+
+    monkeypatch.setattr(discord.Attachment, "read", spy)
+    return names
+
+
+def posts(fake: FakeDiscord) -> list[str | None]:
+    """The fault (or None) of every message POST the fake answered."""
+    return [r.fault for r in fake.requests if r.method == "POST" and r.path.endswith("/messages")]
+
+
+# ---- inbound ----------------------------------------------------------------------------
+
+
+async def test_dm_is_private_and_addressed(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, intake: Recorder
+) -> None:
+    message_id = fake.user_message(world.dm, "hello there", user_id=world.ada)
+    [message] = await intake.wait()
+    assert message.chat == world.chat(world.dm) and message.chat.thread_id is None
+    assert (message.sender_id, message.sender_name, message.text) == (
+        str(world.ada),
+        "ada",
+        "hello there",
+    )
+    assert message.is_private and message.addressed and message.attachments == ()
+    assert message.message_id == str(message_id) and message.received_at.tzinfo is not None
+
+
+async def test_guild_messages_addressed_by_mention_or_reply(
+    channel: DiscordChannel,
+    fake: FakeDiscord,
+    world: World,
+    intake: Recorder,
+    downloads: list[str],
+) -> None:
+    bot = fake.bot_user.id
+    await channel.deliver(OutboundMessage(world.chat(world.channel), "Which one?"))
+    [question] = fake.sent(world.channel)
+    files = [AttachmentFile("notes.txt", b"not for us")]
+    fake.user_message(world.channel, "just chatting", attachments=files)
+    fake.user_message(world.channel, "what time is it?", mentions_bot=True)
+    fake.user_message(world.channel, f"hey <@!{bot}>, look  here")
+    fake.user_message(world.channel, "the second", reply_to=question.id, reply_ping=False)
+    fake.user_message(world.channel, f"<@{world.ada}> and <@{bot}> /status")
+    messages = await intake.wait(5)
+    await asyncio.sleep(0.1)
+    assert [(m.text, m.addressed) for m in messages] == [
+        ("just chatting", False),
+        ("what time is it?", True),
+        ("hey , look here", True),
+        ("the second", True),
+        ("@ada and /status", True),
+    ]
+    assert {m.chat for m in messages} == {world.chat(world.channel)}
+    assert not any(m.is_private for m in messages)
+    assert messages[0].attachments == () and downloads == []  # nobody would read it
+
+
+async def test_thread_is_its_own_session(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, intake: Recorder
+) -> None:
+    fake.user_message(world.thread, "in the thread", mentions_bot=True)
+    fake.user_message(world.channel, "in the channel", mentions_bot=True)
+    in_thread, in_channel = await intake.wait(2)
+    assert in_thread.chat == world.chat(world.thread)
+    assert in_thread.chat.session_key != in_channel.chat.session_key
+    await channel.deliver(
+        OutboundMessage(in_thread.chat, "thread answer", reply_to=in_thread.message_id)
+    )
+    [sent] = fake.sent(world.thread)
+    assert (sent.content, sent.reply_to) == ("thread answer", int(in_thread.message_id))
+    assert fake.sent(world.channel) == []
+
+
+async def test_own_and_other_bots_messages_are_ignored(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, intake: Recorder
+) -> None:
+    await channel.deliver(OutboundMessage(world.chat(world.channel), f"<@{fake.bot_user.id}>"))
+    other = fake.add_user("helper-bot", bot=True)
+    fake.user_message(world.channel, "beep", user_id=other, mentions_bot=True)
+    fake.user_message(world.channel, "from a person", mentions_bot=True)
+    [message] = await intake.wait()
+    await asyncio.sleep(0.1)
+    assert message.text == "from a person" and len(intake.messages) == 1
+
+
+@pytest.mark.usefixtures("channel")
+async def test_attachments_saved_and_oversize_refused(
+    fake: FakeDiscord,
+    world: World,
+    intake: Recorder,
+    inbox: InboxPolicy,
+    downloads: list[str],
+) -> None:
+    files = [
+        AttachmentFile("résumé notes.txt", b"hello file"),
+        AttachmentFile("photo.png", b"\x89PNG small"),
+        AttachmentFile("huge.bin", b"x" * 5000),
+    ]
+    message_id = fake.user_message(world.dm, "see files", user_id=world.ada, attachments=files)
+    [message] = await intake.wait()
+    notes, photo = message.attachments
+    assert (notes.kind, notes.path.name, notes.mime_type, notes.size) == (
+        "document",
+        "resume_notes.txt",
+        "text/plain",
+        10,
+    )
+    assert notes.path.parent == inbox.directory and notes.path.read_bytes() == b"hello file"
+    assert (photo.kind, photo.path.read_bytes()) == ("photo", b"\x89PNG small")
+    assert downloads == ["résumé notes.txt", "photo.png"]  # never the big one
+    assert message.text.startswith("see files\n\n(I can't take huge.bin")
+    [notice] = await fake.wait_for_sent(1, world.dm)
+    assert notice.reply_to == message_id
+    assert notice.content == "I can't take huge.bin (4.88 KB): files may be at most 1000 bytes."
+
+
+async def test_refused_message_leaves_no_files_and_closed_intake_is_logged(
+    channel: DiscordChannel,
+    fake: FakeDiscord,
+    world: World,
+    intake: Recorder,
+    inbox: InboxPolicy,
+) -> None:
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(str(m)), level="WARNING", format="{message}")
+    try:
+        intake.result = Intake.CLOSED
+        files = [AttachmentFile("a.txt", b"data")]
+        fake.user_message(world.dm, "too late", user_id=world.ada, attachments=files)
+        [message] = await intake.wait()
+        await asyncio.sleep(0.1)
+    finally:
+        logger.remove(sink)
+    assert not message.attachments[0].path.exists()
+    assert any("arrived while stopping" in line for line in warnings)
+
+
+def stub(**fields: Any) -> discord.Message:
+    base: dict[str, Any] = {
+        "guild": SimpleNamespace(self_role=None),
+        "mentions": [],
+        "role_mentions": [],
+        "reference": None,
+        "mention_everyone": False,
+        "content": "",
+    }
+    return cast(discord.Message, SimpleNamespace(**(base | fields)))
+
+
+def test_everyone_is_not_a_mention_but_the_bots_role_is() -> None:
+    me = SimpleNamespace(id=1)
+    role = SimpleNamespace(id=7, mention="<@&7>")
+    guild = SimpleNamespace(self_role=role)
+    everyone = stub(mention_everyone=True, content="@everyone @here hi")
+    assert not is_addressed(everyone, cast(discord.abc.Snowflake, me))
+    by_role = stub(guild=guild, role_mentions=[role], content="<@&7> what's up")
+    assert is_addressed(by_role, cast(discord.abc.Snowflake, me))
+    assert text_for_agent(by_role, cast(discord.abc.Snowflake, me)) == "what's up"
+
+
+# ---- outbound ---------------------------------------------------------------------------
+
+
+def fences_balance(part: str) -> bool:
+    return sum(1 for line in part.split("\n") if line.lstrip().startswith("```")) % 2 == 0
+
+
+async def test_long_reply_is_split_with_balanced_fences(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    code = "\n".join(f"    value_{i} = compute({i})  # step {i}" for i in range(60))
+    text = (
+        "Intro paragraph. " * 90 + "\n\n```python\n" + code + "\n```\n\n" + "Closing words. " * 80
+    )
+    assert 4800 < len(text) < 5400
+    asked = fake.user_message(world.channel, "long one?", mentions_bot=True)
+    await channel.deliver(
+        OutboundMessage(world.chat(world.channel), text, reply_to=str(asked), outbox_id=3)
+    )
+    sent = fake.sent(world.channel)
+    assert [m.content for m in sent] == split_discord(text) and len(sent) >= 3
+    assert all(len(m.content) <= 2000 and fences_balance(m.content) for m in sent)
+    assert any(m.content.startswith("```python\n") for m in sent[1:])  # reopened
+    joined = "\n".join(m.content for m in sent)
+    assert [joined.index(f"value_{i} =") for i in range(60)] == sorted(
+        joined.index(f"value_{i} =") for i in range(60)
+    )
+    assert sent[0].reply_to == asked and sent[0].message_reference is not None
+    assert sent[0].message_reference["fail_if_not_exists"] is False
+    assert all(m.reply_to is None for m in sent[1:])
+
+
+async def test_nobody_is_pinged_but_the_replied_user(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    role = fake.add_role(world.guild, "ops")
+    loud = f"@everyone @here <@&{role}> <@{world.ada}> look!"
+    asked = fake.user_message(world.channel, "ping test", mentions_bot=True)
+    chat = world.chat(world.channel)
+    await channel.deliver(OutboundMessage(chat, loud))
+    await channel.deliver(OutboundMessage(chat, loud, reply_to=str(asked)))
+    plain, reply = fake.sent(world.channel)
+    assert plain.allowed_mentions == {"parse": []}
+    assert (plain.mentions, plain.mention_everyone) == ([], False)
+    assert fake.message(plain.id)["mention_roles"] == []
+    assert reply.allowed_mentions == {"parse": [], "replied_user": True}
+    assert (reply.mentions, reply.mention_everyone) == ([world.ada], False)  # the asker only
+    assert fake.message(reply.id)["mention_roles"] == []
+
+
+async def test_reply_to_a_deleted_message_is_posted_plainly(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    await channel.deliver(OutboundMessage(world.chat(world.channel), "answer", reply_to="12345"))
+    [sent] = fake.sent(world.channel)
+    assert sent.content == "answer" and sent.reply_to == 12345  # asked for, but
+    assert fake.message(sent.id).get("message_reference") is None  # posted plainly
+
+
+async def test_rate_limit_is_waited_out(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    fake.fail_next("POST /channels/*/messages", RateLimited(retry_after=0.2))
+    await channel.deliver(OutboundMessage(world.chat(world.channel), "after the limit"))
+    assert posts(fake) == ["RateLimited", None]
+    assert [m.content for m in fake.sent()] == ["after the limit"]
+
+
+class _QuickSleep:
+    """`discord.http`'s view of asyncio with its 5xx back-off (1, 3, 5, 7, 9 s) cut short."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    @staticmethod
+    async def sleep(delay: float) -> None:
+        await asyncio.sleep(min(delay, 0.01))
+
+
+async def test_persistent_server_error_and_refusals_raise(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(discord.http, "asyncio", _QuickSleep())
+    chat = world.chat(world.channel)
+    fake.fail_next("POST /channels/*/messages", ServerError(500), times=5)
+    with pytest.raises(DeliveryError, match="after retries"):
+        await channel.deliver(OutboundMessage(chat, "never"))
+    assert posts(fake) == ["ServerError"] * 5
+    fake.fail_next("POST /channels/*/messages", HttpError(403, 50013, "Missing Permissions"))
+    with pytest.raises(DeliveryError, match="refused"):
+        await channel.deliver(OutboundMessage(chat, "forbidden"))
+    with pytest.raises(DeliveryError, match="refused"):
+        await channel.deliver(OutboundMessage(ChatRef("discord", "4242"), "nowhere"))
+    assert len(posts(fake)) == 7 and fake.sent() == []  # neither refusal was retried
+
+
+async def test_retry_resumes_after_the_parts_already_sent(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = "\n\n".join(f"Paragraph {i}. " + "words " * 300 for i in range(3))
+    item = OutboundMessage(world.chat(world.channel), text, outbox_id=9)
+    parts = split_discord(text)
+    assert len(parts) == 3
+    send = discord.PartialMessageable.send
+    calls = 0
+
+    async def limited_second(self: discord.PartialMessageable, *args: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # discord.py tries five times, then gives up
+            fake.fail_next("POST /channels/*/messages", RateLimited(retry_after=0.01), times=5)
+        return await send(self, *args, **kw)
+
+    monkeypatch.setattr(discord.PartialMessageable, "send", limited_second)
+    with pytest.raises(DeliveryError, match="after retries"):
+        await channel.deliver(item)
+    assert [m.content for m in fake.sent()] == parts[:1]
+    await channel.deliver(item)  # the manager's retry
+    assert [m.content for m in fake.sent()] == parts
+    assert posts(fake) == [None, *["RateLimited"] * 5, None, None]
+
+
+async def test_typing_while_active(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    chat = world.chat(world.dm)
+    await channel.deliver(Typing(chat, active=True))
+    await channel.deliver(Typing(chat, active=True))  # a second turn in the same chat
+    await fake.wait_until(lambda: fake.typing.count(world.dm) >= 3, 3, "typing")
+    await channel.deliver(Typing(chat, active=False))
+    await asyncio.sleep(0.15)
+    assert fake.typing.count(world.dm) >= 4  # still typing for the other turn
+    await channel.deliver(Typing(chat, active=False))
+    stopped = len(fake.typing)
+    await asyncio.sleep(0.3)
+    assert len(fake.typing) == stopped
+
+
+async def test_streaming_edits_then_exact_final(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    chat = world.chat(world.channel)
+    asked = str(fake.user_message(world.channel, "tell me", mentions_bot=True))
+    stream = "s-1"
+    await channel.deliver(StreamUpdate(chat, stream, "Once", reply_to=asked))
+    await channel.deliver(StreamUpdate(chat, stream, "Once upon", reply_to=asked))  # too soon
+    [shown] = fake.sent(world.channel)
+    assert (shown.content, shown.edits, shown.reply_to) == ("Once", [], int(asked))
+    await asyncio.sleep(0.25)
+    await channel.deliver(StreamUpdate(chat, stream, "Once upon a time", reply_to=asked))
+    assert shown.edits == ["Once upon a time"]
+    final = "Once upon a time there was a **fence**.\n\n" + "more words " * 250
+    parts = split_discord(final)
+    assert len(parts) == 2
+    await channel.deliver(OutboundMessage(chat, final, reply_to=asked, stream_id=stream))
+    first, rest = fake.sent(world.channel)
+    assert first.id == shown.id and first.content == parts[0] and first.edits[-1] == parts[0]
+    assert rest.content == parts[1] and rest.reply_to is None
+    await channel.deliver(StreamUpdate(chat, stream, "late", reply_to=asked))
+    assert len(fake.sent()) == 2 and first.content == parts[0]
+
+
+async def test_stream_updates_never_raise(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    fake.fail_next("POST /channels/*/messages", HttpError(403, 50013, "Missing Permissions"))
+    await channel.deliver(StreamUpdate(world.chat(world.channel), "s-2", "hello"))
+    await channel.deliver(StreamUpdate(ChatRef("discord", "4242"), "s-3", "hello"))
+    await channel.deliver(OutboundMessage(world.chat(world.channel), "hello", stream_id="s-2"))
+    assert [m.content for m in fake.sent()] == ["hello"]
+
+
+# ---- connection -------------------------------------------------------------------------
+
+
+async def test_message_during_outage_arrives_once_after_resume(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, intake: Recorder
+) -> None:
+    fake.user_message(world.dm, "before", user_id=world.ada)
+    await intake.wait(1)
+    async with fake.outage():
+        fake.user_message(world.dm, "while you were away", user_id=world.ada)
+        await asyncio.sleep(0.1)
+        assert len(intake.messages) == 1
+    await fake.wait_for_resume()
+    fake.user_message(world.dm, "after", user_id=world.ada)
+    await intake.wait(3)
+    await asyncio.sleep(0.2)
+    assert [m.text for m in intake.messages] == ["before", "while you were away", "after"]
+    assert len(fake.sessions) == 1 and fake.ready_count == 1  # resumed, not re-identified
+    await channel.deliver(OutboundMessage(world.chat(world.dm), "still here"))
+    assert [m.content for m in fake.sent(world.dm)] == ["still here"]
+
+
+async def test_cancel_disconnects_cleanly_and_restores_endpoints(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    channel = make_channel(fake, intake, inbox)
+    async with running(channel) as task:
+        assert fake.api_base == Route.BASE
+        await channel.deliver(Typing(world.chat(world.dm), active=True))
+        await fake.wait_until(lambda: bool(fake.typing), 3, "typing")
+    assert task.cancelled()
+    await fake.wait_until(lambda: all(c.closed for c in fake.connections), 3, "socket closed")
+    assert (Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY) == (DISCORD_API, DISCORD_GATEWAY)
+    typed = len(fake.typing)
+    await asyncio.sleep(0.3)
+    assert len(fake.typing) == typed  # the typing task went with it
+    with pytest.raises(DeliveryError, match="not connected"):
+        await channel.deliver(OutboundMessage(world.chat(world.dm), "too late"))
+
+
+async def start(channel: DiscordChannel) -> None:
+    async with asyncio.timeout(10):
+        await channel.run(lambda: None)
+
+
+async def test_rejected_token_and_missing_intent_are_config_errors(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    with pytest.raises(ConfigError, match="token was rejected"):
+        await start(make_channel(fake, intake, inbox, token="wrong-token"))
+    with pytest.raises(ConfigError, match="empty"):
+        await start(make_channel(fake, intake, inbox, token=""))
+    async with FakeDiscord(privileged_intents=False) as strict:
+        with pytest.raises(ConfigError, match="Message Content"):
+            await start(make_channel(strict, intake, inbox))
+    assert (Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY) == (DISCORD_API, DISCORD_GATEWAY)

@@ -1,0 +1,491 @@
+"""The Telegram channel: the real python-telegram-bot against the fake Bot API server."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dtm
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from pydantic import SecretStr
+from telegram import Chat, ForumTopicCreated, Message, MessageEntity, User
+
+from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
+from nanobot.channels._telegram_inbound import is_addressed, text_without_mentions
+from nanobot.channels._telegram_send import Retry
+from nanobot.channels.base import DeliveryError, InboxPolicy, Intake
+from nanobot.channels.render import plain_text, split_telegram, telegram_html, visible_length
+from nanobot.channels.telegram import TelegramChannel
+from nanobot.config import TelegramConfig
+from nanobot.errors import ConfigError
+from tests.fakes._telegram_html import utf16_len
+from tests.fakes.telegram import (
+    DEFAULT_TOKEN,
+    ApiError,
+    FakeTelegram,
+    Origin,
+    RateLimited,
+    ServerError,
+    Slow,
+)
+
+USER = 42
+GROUP = -1001234567890
+BOT = "nanobot_test_bot"
+FAST = Retry(backoff=(0.01, 0.02, 0.04))
+
+pytestmark = pytest.mark.filterwarnings("ignore::telegram.warnings.PTBDeprecationWarning")
+
+
+class Recorder:
+    """An intake that records what it is given and answers `result` (or what `decide` says)."""
+
+    def __init__(self, result: Intake = Intake.ACCEPTED) -> None:
+        self.result = result
+        self.messages: list[InboundMessage] = []
+        self.decide: Callable[[InboundMessage], Awaitable[Intake]] | None = None
+        self._changed = asyncio.Event()
+
+    async def __call__(self, message: InboundMessage) -> Intake:
+        self.messages.append(message)
+        self._changed.set()
+        return await self.decide(message) if self.decide else self.result
+
+    async def wait(self, count: int = 1, seconds: float = 5.0) -> list[InboundMessage]:
+        async with asyncio.timeout(seconds):
+            while len(self.messages) < count:
+                self._changed.clear()
+                await self._changed.wait()
+        return self.messages
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+@pytest.fixture
+def inbox(tmp_path: Path) -> InboxPolicy:
+    return InboxPolicy(tmp_path / "inbox", max_bytes=1000)
+
+
+def make_channel(
+    fake: FakeTelegram,
+    intake: Recorder,
+    inbox: InboxPolicy,
+    *,
+    group_policy: Literal["mention", "open", "disabled"] = "mention",
+    stream_interval: float = 0.2,
+) -> TelegramChannel:
+    config = TelegramConfig(
+        enabled=True,
+        token=SecretStr(DEFAULT_TOKEN),
+        api_base=fake.base_url,
+        group_policy=group_policy,
+    )
+    return TelegramChannel(
+        config,
+        intake,
+        inbox,
+        retry=FAST,
+        stream_interval=stream_interval,
+        typing_interval=0.1,
+        poll_timeout=5,
+    )
+
+
+@asynccontextmanager
+async def running(channel: TelegramChannel) -> AsyncIterator[asyncio.Task[None]]:
+    connected = asyncio.Event()
+    task = asyncio.create_task(channel.run(connected.set), name="telegram-under-test")
+    waiter = asyncio.create_task(connected.wait())
+    await asyncio.wait([task, waiter], timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task.done():
+        task.result()  # raises what run() raised
+    assert connected.is_set()
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.wait([task], timeout=10)
+        assert task.done()
+
+
+@pytest.fixture
+async def intake() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+async def channel(
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> AsyncIterator[TelegramChannel]:
+    channel = make_channel(fake, intake, inbox)
+    async with running(channel):
+        yield channel
+
+
+# ---- inbound ----------------------------------------------------------------------------
+
+
+async def test_private_message_is_taken(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder
+) -> None:
+    fake.user_message(USER, "hello there", user_id=USER, first_name="Ada", username="ada")
+    [message] = await intake.wait()
+    assert message.chat == ChatRef("telegram", str(USER))
+    assert (message.sender_id, message.sender_name, message.text) == ("42", "Ada", "hello there")
+    assert message.is_private and message.addressed and message.attachments == ()
+    assert message.message_id == f"{USER}:1" and message.received_at.tzinfo is not None
+
+
+async def test_group_messages_are_addressed_by_mention_reply_or_command(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder
+) -> None:
+    await channel.deliver(OutboundMessage(ChatRef("telegram", str(GROUP)), "Which one?"))
+    [question] = fake.sent(GROUP)
+    group: Origin = {"user_id": 7, "chat_type": "supergroup", "first_name": "Bo"}
+    fake.user_message(GROUP, "just chatting", **group)
+    fake.user_message(GROUP, f"@{BOT} what time is it?", **group)
+    fake.user_message(GROUP, f"hey @{BOT.upper()}, look", **group)
+    answer: Origin = {**group, "reply_to": question.message_id}
+    fake.user_message(GROUP, "the second", **answer)
+    fake.user_message(GROUP, "/status", **group)
+    fake.user_message(GROUP, f"/new@{BOT}", **group)
+    fake.user_message(GROUP, "/new@some_other_bot", **group)  # never handed over
+    fake.user_message(GROUP, "@someone_else hi", **group)
+    messages = await intake.wait(7)
+    await asyncio.sleep(0.1)
+    assert [(m.text, m.addressed) for m in messages] == [
+        ("just chatting", False),
+        ("what time is it?", True),
+        ("hey, look", True),
+        ("the second", True),
+        ("/status", True),
+        (f"/new@{BOT}", True),
+        ("@someone_else hi", False),
+    ]
+    assert {m.chat for m in messages} == {ChatRef("telegram", str(GROUP))}
+    assert not any(m.is_private for m in messages) and messages[0].sender_id == "7"
+
+
+async def test_forum_topic_is_its_own_chat_and_replies_go_there(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder
+) -> None:
+    fake.user_message(GROUP, f"@{BOT} hi", user_id=7, is_topic=True, thread_id=11)
+    fake.user_message(GROUP, "not a topic", user_id=7, chat_type="supergroup", thread_id=3)
+    topic, plain = await intake.wait(2)
+    assert topic.chat == ChatRef("telegram", str(GROUP), "11") and topic.addressed
+    assert plain.chat == ChatRef("telegram", str(GROUP))  # a reply thread, not a topic
+    await channel.deliver(OutboundMessage(topic.chat, "in the topic", reply_to=topic.message_id))
+    [sent] = fake.sent(GROUP)
+    assert (sent.visible, sent.thread_id, sent.reply_to) == ("in the topic", 11, 1)
+
+
+def test_topic_creation_pseudo_reply_does_not_address_the_bot() -> None:
+    bot = User(1, "Nanobot", is_bot=True, username=BOT)
+    user = User(7, "Bo", is_bot=False)
+    chat = Chat(GROUP, "supergroup", is_forum=True)
+    now = dtm.datetime.now(dtm.UTC)
+    created = Message(
+        11, now, chat, from_user=bot, forum_topic_created=ForumTopicCreated("Bot topic", 1)
+    )
+    in_topic = Message(
+        12, now, chat, from_user=user, text="hello", message_thread_id=11,
+        is_topic_message=True, reply_to_message=created,
+    )  # fmt: skip
+    assert not is_addressed(in_topic, bot)
+    text = "Nanobot: hi 😀 @other"
+    mention = MessageEntity("text_mention", 0, 7, user=bot)
+    named = Message(13, now, chat, from_user=user, text=text, entities=[mention])
+    assert is_addressed(named, bot) and text_without_mentions(named, bot) == "hi 😀 @other"
+
+
+async def test_files_are_saved_under_the_inbox(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    fake.user_document(
+        USER,
+        filename="../../etc/pass wd.txt",
+        content=b"secret notes",
+        mime_type="text/plain",
+        caption="read this",
+        user_id=USER,
+    )
+    fake.user_photo(USER, content=b"\xff\xd8jpeg", user_id=USER)
+    fake.user_voice(USER, content=b"OggS voice", user_id=USER)
+    document, photo, voice = await intake.wait(3)
+    assert document.text == "read this" and photo.text == voice.text == ""
+    [doc] = document.attachments
+    assert (doc.kind, doc.mime_type, doc.size) == ("document", "text/plain", 12)
+    assert doc.path.parent == inbox.directory and doc.path.name == "etc_pass_wd.txt"
+    assert doc.path.read_bytes() == b"secret notes"
+    [image] = photo.attachments
+    assert (image.kind, image.mime_type, image.path.read_bytes()) == (
+        "photo",
+        "image/jpeg",
+        b"\xff\xd8jpeg",
+    )
+    [note] = voice.attachments
+    assert (note.kind, note.mime_type, note.path.suffix) == ("voice", "audio/ogg", ".ogg")
+    assert len(fake.calls("getFile")) == 3  # the photo's largest size only
+
+
+async def test_oversize_files_are_refused_with_a_notice(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    fake.user_document(USER, filename="big.bin", content=b"x" * 2000, user_id=USER)
+    [notice] = await fake.wait_for_sent(1, chat_id=USER)
+    assert "big.bin" in notice.visible and "at most" in notice.visible
+    fake.user_document(USER, filename="big2.bin", content=b"x" * 2000, caption="see", user_id=USER)
+    [message] = await intake.wait(1)
+    assert message.text.startswith("see\n\n(") and "big2.bin" in message.text
+    assert message.attachments == ()
+    await fake.wait_for_sent(2, chat_id=USER)
+    assert fake.calls("getFile") == [] and not inbox.directory.exists()
+
+
+async def test_files_of_refused_messages_are_not_kept(
+    fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    intake = Recorder(Intake.REFUSED)
+    async with running(make_channel(fake, intake, inbox, group_policy="open")):
+        fake.user_document(USER, filename="a.txt", content=b"a", user_id=USER)
+        fake.user_photo(GROUP, content=b"p", user_id=7, chat_type="supergroup")
+        await intake.wait(2)
+        await fake.wait_for(lambda: not fake.pending_updates)
+    assert list(inbox.directory.iterdir()) == []
+
+
+# ---- acknowledgement ----------------------------------------------------------------------
+
+
+async def test_update_is_confirmed_only_after_intake_returned(
+    fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    intake, release = Recorder(), asyncio.Event()
+
+    async def slow(message: InboundMessage) -> Intake:
+        await release.wait()
+        return Intake.ACCEPTED
+
+    intake.decide = slow
+    async with running(make_channel(fake, intake, inbox)):
+        update_id = fake.user_message(USER, "journal me first", user_id=USER)
+        await intake.wait()
+        await asyncio.sleep(0.3)
+        assert [u["update_id"] for u in fake.pending_updates] == [update_id]
+        offsets = [int(c.params.get("offset") or 0) for c in fake.calls("getUpdates")]
+        assert max(offsets) <= update_id
+        release.set()
+        await fake.wait_for(lambda: not fake.pending_updates)
+
+
+async def test_closed_intake_leaves_the_update_for_the_next_start(
+    fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    closed = Recorder(Intake.CLOSED)
+    async with running(make_channel(fake, closed, inbox)):
+        update_id = fake.user_message(USER, "too late", user_id=USER)
+        await closed.wait()
+    assert [u["update_id"] for u in fake.pending_updates] == [update_id]
+    again = Recorder()
+    async with running(make_channel(fake, again, inbox)):
+        [message] = await again.wait()
+        await fake.wait_for(lambda: not fake.pending_updates)
+    assert message.text == "too late"
+
+
+async def test_failing_intake_ends_run_and_the_update_comes_again(
+    fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    intake = Recorder()
+
+    async def broken(message: InboundMessage) -> Intake:
+        raise OSError("disk full")
+
+    intake.decide = broken
+    channel = make_channel(fake, intake, inbox)
+    async with running(channel) as task:
+        fake.user_message(USER, "keep me", user_id=USER)
+        with pytest.raises(OSError, match="disk full"):
+            await asyncio.wait_for(task, 5)
+    assert len(fake.pending_updates) == 1
+    intake.decide = None
+    async with running(channel):  # the manager restarts the same channel
+        await intake.wait(2)
+        await fake.wait_for(lambda: not fake.pending_updates)
+
+
+async def test_run_stops_cleanly(fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy) -> None:
+    before = asyncio.all_tasks()
+    channel = make_channel(fake, intake, inbox)
+    async with running(channel) as task:
+        await fake.wait_for(lambda: fake.polling)
+        await channel.deliver(Typing(ChatRef("telegram", str(USER)), active=True))
+    assert task.done() and task.cancelled()
+    await asyncio.sleep(0)
+    assert asyncio.all_tasks() - before == set()
+    assert not fake.polling
+
+
+async def test_a_rejected_token_is_a_config_error(
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    fake.valid_token = "1:another-token"
+    with pytest.raises(ConfigError, match=r"channels\.telegram\.token") as info:
+        await make_channel(fake, intake, inbox).run(lambda: None)
+    assert DEFAULT_TOKEN not in str(info.value) and info.value.__cause__ is None
+
+
+# ---- outbound -----------------------------------------------------------------------------
+
+CHAT = ChatRef("telegram", str(USER))
+
+
+async def test_markup_arrives_intact(channel: TelegramChannel, fake: FakeTelegram) -> None:
+    text = "a < b, mail <email@example.com>, AT&T & co, 2 * 3 *unbalanced, **bold**"
+    await channel.deliver(OutboundMessage(CHAT, text, reply_to=f"{USER}:5"))
+    [sent] = fake.sent(USER)
+    assert sent.parse_mode == "HTML" and sent.reply_to is None  # no message 5: sent anyway
+    for part in ("a < b", "email@example.com", "AT&T & co", "2 * 3 *unbalanced", "bold"):
+        assert part in sent.visible
+    assert "**" not in sent.visible
+
+
+async def test_long_reply_is_split_in_order(channel: TelegramChannel, fake: FakeTelegram) -> None:
+    words = [f"w{index:04d}" for index in range(2000)]  # 12,000 characters
+    await channel.deliver(OutboundMessage(CHAT, " ".join(words)))
+    sent = fake.sent(USER)
+    assert len(sent) >= 3 and all(utf16_len(m.visible) <= 4096 for m in sent)
+    assert " ".join(m.visible for m in sent).split() == words
+
+
+async def test_unparsable_chunk_goes_out_as_plain_text(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    fake.fail_next("sendMessage", ApiError(400, "Bad Request: can't parse entities: Unsupported"))
+    await channel.deliver(OutboundMessage(CHAT, "**bold** and a < b"))
+    [sent] = fake.sent(USER)
+    assert (sent.visible, sent.parse_mode) == ("bold and a < b", None)
+
+
+async def test_rate_limit_is_waited_out(channel: TelegramChannel, fake: FakeTelegram) -> None:
+    fake.fail_next("sendMessage", RateLimited(retry_after=1))
+    await channel.deliver(OutboundMessage(CHAT, "patience"))
+    first, second = fake.calls("sendMessage")
+    assert second.at - first.at >= 0.9 and [m.visible for m in fake.sent(USER)] == ["patience"]
+
+
+async def test_server_errors_are_retried_then_given_up(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    fake.fail_next("sendMessage", ServerError(500), times=2)
+    await channel.deliver(OutboundMessage(CHAT, "made it"))
+    assert [m.visible for m in fake.sent(USER)] == ["made it"]
+    fake.fail_next("sendMessage", ServerError(502), times=4)
+    with pytest.raises(DeliveryError):
+        await channel.deliver(OutboundMessage(CHAT, "lost for now"))
+    assert len(fake.calls("sendMessage")) == 3 + 4
+    fake.fail_next("sendMessage", ApiError(403, "Forbidden: bot was blocked by the user"))
+    with pytest.raises(DeliveryError, match="blocked"):
+        await channel.deliver(OutboundMessage(CHAT, "blocked"))
+    assert len(fake.calls("sendMessage")) == 3 + 4 + 1  # no retry
+
+
+async def test_a_retried_delivery_resumes_after_the_sent_chunks(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    message = OutboundMessage(CHAT, "x" * 3500 + "\n\n" + "y" * 3500, outbox_id=9)
+    fake.fail_next("sendMessage", Slow(0.3))  # the first chunk arrives, its answer lags
+    delivery = asyncio.create_task(channel.deliver(message))
+    await fake.wait_for_sent(1, chat_id=USER)
+    fake.fail_next("sendMessage", ServerError(500), times=4)
+    with pytest.raises(DeliveryError):
+        await delivery
+    await channel.deliver(message)  # the manager's retry
+    assert [m.visible for m in fake.sent(USER)] == ["x" * 3500, "y" * 3500]
+
+
+async def test_typing_is_shown_while_a_turn_runs(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    topic = ChatRef("telegram", str(GROUP), "11")
+    await channel.deliver(Typing(topic, active=True))
+    await fake.wait_for(lambda: len(fake.actions) >= 3, 5)
+    await channel.deliver(Typing(topic, active=False))
+    count = len(fake.actions)
+    await asyncio.sleep(0.3)
+    assert len(fake.actions) == count
+    assert {(a.chat_id, a.action, a.thread_id) for a in fake.actions} == {(GROUP, "typing", 11)}
+
+
+async def test_streamed_reply_is_edited_in_place(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder
+) -> None:
+    fake.user_message(USER, "tell me a story", user_id=USER)
+    [question] = await intake.wait()
+    text = ""
+    for index in range(30):
+        text += f"part {index} "
+        await channel.deliver(StreamUpdate(CHAT, "s1", text, reply_to=question.message_id))
+        await asyncio.sleep(0.03)
+    final = text + "\n\n" + "z" * 5000
+    await channel.deliver(
+        OutboundMessage(CHAT, final, reply_to=question.message_id, stream_id="s1")
+    )
+    await channel.deliver(StreamUpdate(CHAT, "s1", "late"))  # after the final: ignored
+    first, *rest = fake.sent(USER)
+    expected = [plain_text(chunk) for chunk in split_telegram(telegram_html(final))]
+    assert [first.visible] + [m.visible for m in rest] == expected and len(rest) == 1
+    assert first.reply_to == 1 and rest[0].reply_to is None
+    assert len(first.history) >= 2 and first.history[0].visible == "part 0"
+    edits = [c.at for c in fake.calls("editMessageText")]
+    assert all(b - a >= 0.19 for a, b in itertools.pairwise(edits))
+    assert len(edits) < 10  # 30 updates, at most one edit per 0.2 s
+
+
+async def test_stream_falls_back_to_new_messages_when_the_edit_fails(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    await channel.deliver(StreamUpdate(CHAT, "s2", "draft"))
+    fake.fail_next("editMessageText", ApiError(400, "Bad Request: message to edit not found"))
+    await channel.deliver(OutboundMessage(CHAT, "final answer", stream_id="s2"))
+    assert [m.visible for m in fake.sent(USER)] == ["draft", "final answer"]
+
+
+async def test_stream_updates_never_raise(channel: TelegramChannel, fake: FakeTelegram) -> None:
+    fake.fail_next("sendMessage", ServerError(500))
+    await channel.deliver(StreamUpdate(CHAT, "s3", "lost"))
+    await channel.deliver(StreamUpdate(CHAT, "s3", "shown"))
+    assert [m.visible for m in fake.sent(USER)] == ["shown"]
+    assert visible_length("shown") == 5
+
+
+async def test_a_file_that_cannot_be_downloaded_is_reported(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder
+) -> None:
+    fake.fail_next("file", ServerError(500), times=4)  # the first try and three retries
+    fake.user_photo(USER, content=b"jpeg", caption="what is this?", user_id=USER)
+    [message] = await intake.wait()
+    assert message.attachments == () and message.text.startswith("what is this?\n\n(")
+    [notice] = await fake.wait_for_sent(1, chat_id=USER)
+    assert "could not download photo_1.jpg" in notice.visible and notice.reply_to == 1
+
+
+async def test_files_in_unaddressed_group_messages_are_not_downloaded(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder
+) -> None:
+    fake.user_photo(GROUP, content=b"jpeg", caption="our trip", user_id=7, chat_type="supergroup")
+    fake.user_photo(GROUP, content=b"jpeg", caption=f"@{BOT} and this?", user_id=7)
+    unaddressed, addressed = await intake.wait(2)
+    assert (unaddressed.addressed, unaddressed.attachments) == (False, ())
+    assert addressed.addressed and addressed.text == "and this?"
+    assert [a.kind for a in addressed.attachments] == ["photo"]
+    assert len(fake.calls("getFile")) == 1

@@ -1,0 +1,254 @@
+"""End to end: `nanobot gateway` as a subprocess, talking to the fake Telegram and fake LLM.
+
+Everything is observed as a user would: messages in through the Bot API fake, replies out
+of it, the process started, signalled and killed like a real deployment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
+from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram, RateLimited, ServerError
+from tests.gateway_process import GatewayProcess
+
+ALICE = 1001
+BOB = 1002
+STRANGER = 6666
+GROUP = -100500
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(token=DEFAULT_TOKEN) as fake:
+        yield fake
+
+
+def gateway_config(
+    root: Path, llm: FakeLLM, telegram: FakeTelegram, **agent: Any
+) -> dict[str, Any]:
+    return {
+        "data_dir": str(root / "data"),
+        "agent": {
+            "model": "openai/fake-model",
+            "api_base": llm.base_url,
+            "api_key": "sk-test-secret-key-123456",
+            "max_retries": 0,
+            **agent,
+        },
+        "channels": {
+            "telegram": {
+                "enabled": True,
+                "token": DEFAULT_TOKEN,
+                "allow_from": [ALICE, BOB],
+                "api_base": telegram.base_url,
+            }
+        },
+        "gateway": {"shutdown_timeout": 5},
+    }
+
+
+@pytest.fixture
+async def gateway(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> AsyncIterator[GatewayProcess]:
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram connected")
+    yield process
+    await process.stop(signal.SIGKILL)
+
+
+async def replies(telegram: FakeTelegram, chat: int, count: int, seconds: float = 30) -> list[str]:
+    """The chat's messages once there are `count` and none is still being streamed."""
+    sent = await telegram.wait_for_sent(count, chat, seconds=seconds)
+    while True:  # a streamed reply is edited until it is final; wait for it to settle
+        before = [(m.message_id, m.visible) for m in sent]
+        try:
+            await telegram.wait_for(
+                lambda: [(m.message_id, m.visible) for m in telegram.sent(chat)] != before,
+                seconds=1.5,
+            )
+        except TimeoutError:
+            return [m.visible for m in telegram.sent(chat)]
+        sent = telegram.sent(chat)
+
+
+async def test_answers_a_private_message(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Text("Hello Alice!"))
+    telegram.user_message(ALICE, "hi there", user_id=ALICE)
+    assert await replies(telegram, ALICE, 1) == ["Hello Alice!"]
+    assert fake_llm.requests[0].messages[-1]["content"].endswith("hi there")
+    assert "sk-test-secret-key-123456" not in gateway.log()
+
+
+async def test_a_slow_chat_does_not_delay_another(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Hang(), Text("quick answer for Bob"))
+    telegram.user_message(ALICE, "think about this for a long time", user_id=ALICE)
+    await fake_llm.wait_for_requests(1, seconds=30)
+    telegram.user_message(BOB, "quick question", user_id=BOB)
+    assert await replies(telegram, BOB, 1) == ["quick answer for Bob"]
+    assert telegram.sent(ALICE) == []
+    telegram.user_message(ALICE, "/stop", user_id=ALICE)
+    assert sorted(await replies(telegram, ALICE, 2)) == ["Stopped.", "Stopped."]
+
+
+async def test_steering_mid_turn(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(
+        ToolCalls(
+            [
+                Call("exec", {"command": "sleep 2"}, id="slow"),
+                Call("exec", {"command": "echo never"}, id="skipped"),
+            ]
+        ),
+        Text("Switching to your new request."),
+    )
+    telegram.user_message(ALICE, "run two commands", user_id=ALICE)
+    await fake_llm.wait_for_requests(1, seconds=30)
+    telegram.user_message(ALICE, "actually, do something else", user_id=ALICE)
+    assert await replies(telegram, ALICE, 1) == ["Switching to your new request."]
+    second = fake_llm.requests[1].messages
+    results = {m["tool_call_id"]: m["content"] for m in second if m["role"] == "tool"}
+    assert results["skipped"] == "Skipped due to queued user message."
+    assert second[-1]["content"].endswith("actually, do something else")
+
+
+async def test_pairing_lets_a_stranger_in_without_a_restart(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    telegram.user_message(STRANGER, "hello?", user_id=STRANGER, first_name="Eve")
+    (notice,) = await replies(telegram, STRANGER, 1)
+    code = notice.split("nanobot pairing approve ")[1].split()[0]
+    assert fake_llm.request_count == 0
+    assert f"user {STRANGER}" in gateway.log()
+    approve = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "nanobot",
+        "pairing",
+        "approve",
+        code,
+        env=gateway.env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await approve.communicate()
+    assert approve.returncode == 0, err.decode()
+    assert "Approved Eve" in out.decode()
+    fake_llm.script(Text("Welcome, Eve."))
+    telegram.user_message(STRANGER, "hello again", user_id=STRANGER, first_name="Eve")
+    assert (await replies(telegram, STRANGER, 2))[-1] == "Welcome, Eve."
+
+
+async def test_group_messages_need_a_mention(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    telegram.user_message(
+        GROUP, "just chatting among humans", user_id=ALICE, chat_type="supergroup"
+    )
+    fake_llm.script(Text("You called?"))
+    telegram.user_message(
+        GROUP, "@nanobot_test_bot what's up?", user_id=ALICE, chat_type="supergroup"
+    )
+    assert await replies(telegram, GROUP, 1) == ["You called?"]
+    assert fake_llm.request_count == 1
+    assert "what's up?" in fake_llm.requests[0].messages[-1]["content"]
+
+
+async def test_long_replies_and_tricky_markup_arrive_whole(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    tricky = "a < b && c > d, mail <ada@example.com>, 2 * 3 * 4, *unbalanced, AT&T"
+    paragraphs = [f"Paragraph {i}: " + "lorem ipsum dolor sit amet " * 12 for i in range(40)]
+    answer = tricky + "\n\n" + "\n\n".join(paragraphs)
+    fake_llm.script(Text(answer))
+    telegram.user_message(ALICE, "write a lot", user_id=ALICE)
+    await telegram.wait_for(
+        lambda: "Paragraph 39" in "".join(m.visible for m in telegram.sent(ALICE)), seconds=30
+    )
+    sent = telegram.sent(ALICE)
+    assert len(sent) >= 3
+    assert all(len(m.visible.encode("utf-16-le")) // 2 <= 4096 for m in sent)
+    visible = " ".join(m.visible for m in sent)
+    assert "a < b && c > d" in visible
+    assert "ada@example.com" in visible
+    assert "2 * 3 * 4, *unbalanced, AT&T" in visible
+    for i in range(40):
+        assert f"Paragraph {i}:" in visible
+
+
+async def test_rate_limits_and_server_errors_are_ridden_out(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    telegram.fail_next("sendMessage", RateLimited(retry_after=1))
+    telegram.fail_next("sendMessage", ServerError(500))
+    fake_llm.script(Text("Eventually."))
+    telegram.user_message(ALICE, "hello", user_id=ALICE)
+    assert await replies(telegram, ALICE, 1) == ["Eventually."]
+    await asyncio.sleep(1)
+    assert [m.visible for m in telegram.sent(ALICE)] == ["Eventually."]  # exactly once
+
+
+async def test_sigterm_lets_the_running_turn_finish(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Text("Finished before leaving.", delay=1.0))
+    telegram.user_message(ALICE, "one more thing", user_id=ALICE)
+    await fake_llm.wait_for_requests(1, seconds=30)
+    assert await gateway.stop(signal.SIGTERM, seconds=20) == 0
+    assert [m.visible for m in telegram.sent(ALICE)] == ["Finished before leaving."]
+    assert "gateway stopped" in gateway.log()
+
+
+@pytest.mark.parametrize("moment", ["model", "tool", "queued"])
+async def test_kill_9_then_restart_answers_each_message_exactly_once(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, moment: str
+) -> None:
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram connected")
+    if moment == "model":
+        fake_llm.script(Hang())
+    elif moment == "tool":
+        fake_llm.script(ToolCalls([Call("exec", {"command": "sleep 30"}, id="long")]))
+    else:
+        fake_llm.script(Hang())
+    telegram.user_message(ALICE, "first", user_id=ALICE)
+    await fake_llm.wait_for_requests(1, seconds=30)
+    if moment == "tool":
+        await asyncio.sleep(0.5)  # let the tool start; if it has not, it is never run either
+    if moment == "queued":
+        telegram.user_message(BOB, "second, from Bob", user_id=BOB)
+        await telegram.wait_for(lambda: not telegram.pending_updates, seconds=10)
+    await process.kill()
+
+    fake_llm.default_reply = Text("Answered after the restart.")
+    await process.start(ready="telegram connected")
+    expected = {ALICE: 1, BOB: 1 if moment == "queued" else 0}
+    for chat, count in expected.items():
+        if count:
+            assert await replies(telegram, chat, count) == ["Answered after the restart."]
+    await asyncio.sleep(1.5)
+    for chat, count in expected.items():
+        assert len(telegram.sent(chat)) == count, telegram.sent(chat)
+    if moment == "tool":
+        resumed = fake_llm.requests[-1].messages
+        assert resumed[-1]["role"] == "tool"
+        assert "not run again" in resumed[-1]["content"]
+    assert await process.stop() == 0
