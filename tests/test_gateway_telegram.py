@@ -68,19 +68,23 @@ async def gateway(
     await process.stop(signal.SIGKILL)
 
 
+def snapshot(telegram: FakeTelegram, chat: int) -> list[tuple[int, str]]:
+    return [(m.message_id, m.visible) for m in telegram.sent(chat)]
+
+
 async def replies(telegram: FakeTelegram, chat: int, count: int, seconds: float = 30) -> list[str]:
     """The chat's messages once there are `count` and none is still being streamed."""
-    sent = await telegram.wait_for_sent(count, chat, seconds=seconds)
+    await telegram.wait_for_sent(count, chat, seconds=seconds)
     while True:  # a streamed reply is edited until it is final; wait for it to settle
-        before = [(m.message_id, m.visible) for m in sent]
+        before = snapshot(telegram, chat)
+
+        def changed(before: list[tuple[int, str]] = before) -> bool:
+            return snapshot(telegram, chat) != before
+
         try:
-            await telegram.wait_for(
-                lambda: [(m.message_id, m.visible) for m in telegram.sent(chat)] != before,
-                seconds=1.5,
-            )
+            await telegram.wait_for(changed, seconds=1.5)
         except TimeoutError:
-            return [m.visible for m in telegram.sent(chat)]
-        sent = telegram.sent(chat)
+            return [visible for _, visible in snapshot(telegram, chat)]
 
 
 async def test_answers_a_private_message(
