@@ -213,7 +213,7 @@ async def test_guild_messages_addressed_by_mention_or_reply(
     assert [(m.text, m.addressed) for m in messages] == [
         ("just chatting", False),
         ("what time is it?", True),
-        ("hey , look here", True),
+        ("hey, look  here", True),
         ("the second", True),
         ("@ada and /status", True),
     ]
@@ -281,7 +281,7 @@ async def test_attachments_saved_and_oversize_refused(
     assert notice.content == "I can't take huge.bin (4.88 KB): files may be at most 1000 bytes."
 
 
-async def test_refused_message_leaves_no_files_and_closed_intake_is_logged(
+async def test_closed_intake_drops_the_message_and_its_files(
     channel: DiscordChannel,
     fake: FakeDiscord,
     world: World,
@@ -361,7 +361,8 @@ async def test_nobody_is_pinged_but_the_replied_user(
     channel: DiscordChannel, fake: FakeDiscord, world: World
 ) -> None:
     role = fake.add_role(world.guild, "ops")
-    loud = f"@everyone @here <@&{role}> <@{world.ada}> look!"
+    grace = fake.add_user("grace")
+    loud = f"@everyone @here <@&{role}> <@{grace}> look!"
     asked = fake.user_message(world.channel, "ping test", mentions_bot=True)
     chat = world.chat(world.channel)
     await channel.deliver(OutboundMessage(chat, loud))
@@ -372,6 +373,7 @@ async def test_nobody_is_pinged_but_the_replied_user(
     assert fake.message(plain.id)["mention_roles"] == []
     assert reply.allowed_mentions == {"parse": [], "replied_user": True}
     assert (reply.mentions, reply.mention_everyone) == ([world.ada], False)  # the asker only
+    assert grace not in plain.mentions + reply.mentions
     assert fake.message(reply.id)["mention_roles"] == []
 
 

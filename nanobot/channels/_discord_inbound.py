@@ -67,8 +67,8 @@ def is_addressed(message: discord.Message, me: discord.abc.Snowflake) -> bool:
     if role is not None and any(r.id == role.id for r in message.role_mentions):
         return True
     reference = message.reference
-    if reference is None or reference.message_id is None:
-        return False
+    if reference is None or reference.type is not discord.MessageReferenceType.reply:
+        return False  # a forward of the bot's message is not talking to it
     replied = reference.resolved
     if not isinstance(replied, discord.Message):
         replied = reference.cached_message
@@ -79,18 +79,23 @@ def text_for_agent(message: discord.Message, me: discord.abc.Snowflake) -> str:
     """The content without the bot's mentions (`<@ID>`, `<@!ID>`, its role), and with other
     users' mentions shown as `@name`, as the sender saw them."""
     names = {user.id: user.display_name for user in message.mentions}
-    role = _bot_role(message)
 
     def user(match: re.Match[str]) -> str:
         user_id = int(match.group(1))
-        if user_id == me.id:
-            return ""
-        return f"@{names[user_id]}" if user_id in names else match.group()
+        return f"@{names[user_id]}" if user_id in names and user_id != me.id else match.group()
 
     text = _USER_MENTION.sub(user, message.content)
-    if role is not None:
-        text = text.replace(role.mention, "")
-    return re.sub(r"[ \t]{2,}", " ", text).strip()
+    role = _bot_role(message)
+    mine = rf"<@!?{me.id}>" + (rf"|<@&{role.id}>" if role is not None else "")
+    pieces = re.split(mine, text)
+    text = pieces[0]
+    for piece in pieces[1:]:  # "hey <@bot>, look" reads "hey, look"; "<@bot> hi" reads "hi"
+        before, after = text.rstrip(" "), piece.lstrip(" ")
+        if not before:
+            after = after.lstrip(",:").lstrip(" ")
+        space = " " if before and after and after[0] not in ",.;:!?\n" else ""
+        text = before + space + after
+    return text.strip()
 
 
 def file_kind(attachment: discord.Attachment) -> FileKind:
@@ -99,9 +104,9 @@ def file_kind(attachment: discord.Attachment) -> FileKind:
     kind = (attachment.content_type or "").split("/", 1)[0]
     if kind == "image":
         return "photo"
-    if kind in ("audio", "video"):
-        return kind  # type: ignore[return-value]
-    return "document"
+    if kind == "audio":
+        return "audio"
+    return "video" if kind == "video" else "document"
 
 
 def file_name(attachment: discord.Attachment) -> str:

@@ -356,7 +356,8 @@ class DiscordChannel(Channel):
             if current is not None:
                 current.turns += 1
             else:
-                task = asyncio.create_task(self._keep_typing(signal.chat), name="discord-typing")
+                name = f"discord-typing-{signal.chat.chat_id}"
+                task = asyncio.create_task(self._keep_typing(signal.chat), name=name)
                 self._typing[signal.chat] = _Typing(task)
         elif current is not None:
             current.turns -= 1
