@@ -1,0 +1,135 @@
+"""The ChannelManager with scripted channels: restarts, per-channel delivery, confirmation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from nanobot.bus.events import ChatRef, Outbound, OutboundMessage, Typing
+from nanobot.bus.queue import MessageBus
+from nanobot.channels import manager as manager_module
+from nanobot.channels.base import Channel, DeliveryError, Intake, IntakeFn
+from nanobot.channels.manager import ChannelManager
+
+
+async def refuse(_: object) -> Intake:
+    return Intake.REFUSED
+
+
+class ScriptedChannel(Channel):
+    def __init__(
+        self, name: str, *, crashes: int = 0, slow: float = 0.0, failures: int = 0
+    ) -> None:
+        intake: IntakeFn = refuse
+        super().__init__(intake)
+        self.name = name
+        self.crashes = crashes
+        self.runs = 0
+        self.slow = slow
+        self.failures = failures
+        self.delivered: list[Outbound] = []
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        self.runs += 1
+        if self.crashes:
+            self.crashes -= 1
+            raise ConnectionError("platform went away")
+        ready()
+        await asyncio.Event().wait()
+
+    async def deliver(self, item: Outbound) -> None:
+        if self.failures and isinstance(item, OutboundMessage):
+            self.failures -= 1
+            raise DeliveryError("500 from the platform")
+        await asyncio.sleep(self.slow)
+        self.delivered.append(item)
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manager_module, "RESTART_DELAYS", (0.01,))
+    monkeypatch.setattr(manager_module, "DELIVERY_RETRIES", (0.01, 0.01))
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.confirmed: list[int] = []
+        self.failed: list[tuple[int, str]] = []
+
+    async def confirm(self, outbox_id: int) -> None:
+        self.confirmed.append(outbox_id)
+
+    async def fail(self, outbox_id: int, error: str) -> None:
+        self.failed.append((outbox_id, error))
+
+
+def reply(channel: str, outbox_id: int, text: str = "hi") -> OutboundMessage:
+    return OutboundMessage(ChatRef(channel, "1"), text, outbox_id=outbox_id)
+
+
+async def run_manager(manager: ChannelManager) -> asyncio.Task[None]:
+    task = asyncio.create_task(manager.run())
+    await asyncio.wait_for(manager.wait_ready(), 5)
+    return task
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_crashed_channel_is_restarted() -> None:
+    bus, ledger = MessageBus(), Ledger()
+    channel = ScriptedChannel("flaky", crashes=2)
+    manager = ChannelManager([channel], bus, confirm=ledger.confirm, failed=ledger.fail)
+    task = await run_manager(manager)
+    assert channel.runs == 3
+    await bus.publish(reply("flaky", 1))
+    await asyncio.wait_for(manager.drain(), 5)
+    assert ledger.confirmed == [1]
+    await stop(task)
+
+
+async def test_a_slow_platform_does_not_delay_another() -> None:
+    bus, ledger = MessageBus(), Ledger()
+    slow = ScriptedChannel("slow", slow=0.5)
+    fast = ScriptedChannel("fast")
+    manager = ChannelManager([slow, fast], bus, confirm=ledger.confirm, failed=ledger.fail)
+    task = await run_manager(manager)
+    await bus.publish(reply("slow", 1))
+    await bus.publish(reply("fast", 2))
+    await asyncio.sleep(0.1)
+    assert ledger.confirmed == [2]
+    await asyncio.wait_for(manager.drain(), 5)
+    assert ledger.confirmed == [2, 1]
+    await stop(task)
+
+
+async def test_delivery_is_retried_and_confirmed_once() -> None:
+    bus, ledger = MessageBus(), Ledger()
+    channel = ScriptedChannel("tg", failures=2)
+    manager = ChannelManager([channel], bus, confirm=ledger.confirm, failed=ledger.fail)
+    task = await run_manager(manager)
+    await bus.publish(reply("tg", 7))
+    await asyncio.wait_for(manager.drain(), 5)
+    assert ledger.confirmed == [7]
+    assert [f[0] for f in ledger.failed] == [7, 7]
+    assert len(channel.delivered) == 1
+    await stop(task)
+
+
+async def test_undeliverable_messages_stay_unconfirmed() -> None:
+    bus, ledger = MessageBus(), Ledger()
+    channel = ScriptedChannel("tg", failures=10)
+    manager = ChannelManager([channel], bus, confirm=ledger.confirm, failed=ledger.fail)
+    task = await run_manager(manager)
+    await bus.publish(reply("tg", 9))
+    await bus.publish(Typing(ChatRef("tg", "1"), active=True))
+    await asyncio.wait_for(manager.drain(), 5)
+    assert ledger.confirmed == []
+    assert len(ledger.failed) == 3  # every attempt recorded; the row stays pending
+    assert channel.delivered == [Typing(ChatRef("tg", "1"), active=True)]
+    await stop(task)
