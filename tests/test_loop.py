@@ -36,6 +36,7 @@ async def make_parts(
     db: Database,
     *,
     context_window: int | None = None,
+    vision: bool = False,
     **settings: Any,
 ) -> Parts:
     workspace = tmp_path / "workspace"
@@ -47,6 +48,7 @@ async def make_parts(
         retry=RetryPolicy(attempts=0),
         context_window=context_window,
         max_tokens=200,
+        vision=vision,
     )
     sleeper = SleepTool()
     sessions = SessionStore(db)
@@ -269,3 +271,30 @@ async def test_configured_follow_up_mode_delivers_all_at_once(
     roles = [e["role"] for e in await parts.entries("t:1")]
     assert roles == ["user", "assistant", "tool", "assistant", "user", "user", "assistant"]
     assert fake_llm.request_count == 3
+
+
+async def test_a_photo_is_shown_once_then_referred_to(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    parts = await make_parts(tmp_path, fake_llm, db, vision=True)
+    photo = tmp_path / "workspace" / "inbox" / "cat.jpg"
+    photo.parent.mkdir(parents=True)
+    photo.write_bytes(b"\xff\xd8\xff\xe0 a tiny jpeg")
+    await parts.loop.handle(TurnRequest("t:1", "what is this?", images=(photo,)))
+    first = fake_llm.requests[0].messages[-1]["content"]
+    assert first[0]["text"].endswith("what is this?")
+    assert first[1]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    stored = (await parts.entries("t:1"))[0]["content"]
+    assert stored[1]["image_url"]["url"] == photo.as_uri()  # no image bytes in the database
+    await parts.loop.handle(TurnRequest("t:1", "and now?"))
+    earlier = fake_llm.requests[1].messages[1]["content"]
+    assert isinstance(earlier, str)
+    assert f"[image: {photo}]" in earlier
+
+
+async def test_a_model_without_vision_gets_no_image(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    parts = await make_parts(tmp_path, fake_llm, db, vision=False)
+    await parts.loop.handle(TurnRequest("t:1", "[photo received]", images=(tmp_path / "x.jpg",)))
+    assert isinstance(fake_llm.requests[0].messages[-1]["content"], str)

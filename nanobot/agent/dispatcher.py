@@ -146,6 +146,7 @@ class Dispatcher:
             listener=_streamer(self._bus, message, stream_id),
             inbound_id=message.journal_id,
             on_reply=deliver,
+            images=tuple(a.path for a in message.attachments if a.kind == "photo"),
         )
         await self._bus.publish(Typing(message.chat, active=True))
         try:

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from nanobot.agent.images import without_images
 from nanobot.providers.base import Message
 from nanobot.store import Entry, SessionStore
 
@@ -155,7 +156,7 @@ class History:
 def render(entry: Entry) -> Message:
     """The model message for an entry."""
     if entry.kind == "message":
-        return entry.data
+        return without_images(entry.data)
     if entry.kind == "compaction":
         return summary_message(str(entry.data.get("summary", "")))
     source = entry.data.get("source", "system")

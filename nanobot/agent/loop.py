@@ -13,11 +13,13 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
+from pathlib import Path
 from typing import Literal
 
 from nanobot.agent.compaction import Compactor, shrink_tool_results
 from nanobot.agent.context import ContextBuilder, user_message
 from nanobot.agent.history import History, Window, repair, summary_message
+from nanobot.agent.images import has_images, inline_images, with_images, without_images
 from nanobot.agent.run import EventListener, LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.providers.base import LLMProvider, Message
@@ -43,6 +45,7 @@ class TurnRequest:
     listener: EventListener | None = None
     mode: QueueMode | None = None  # how to queue it if the session is busy; None: the default
     inbound_id: int | None = None  # its inbound journal row, stored with the user's entry
+    images: tuple[Path, ...] = ()  # photos sent with it, shown to models that can see
     on_reply: ReplySink | None = None  # replies of further turns this call runs (see handle)
 
 
@@ -148,6 +151,8 @@ class AgentLoop:
         """
         lane = self._lanes.setdefault(request.session_key, _Lane())
         message = user_message(request.text, self._now())
+        if request.images and self._provider.supports_vision():
+            message = with_images(message, request.images)
         if lane.busy:
             lane.queue(message, request.mode or self._settings.queue_mode, request.inbound_id)
             return None
@@ -207,7 +212,7 @@ class AgentLoop:
             head.append(summary_message(window.summary))
         run = RunInput(
             session_id=request.session_key,
-            messages=[*head, *window.messages],
+            messages=[*head, *await _show_images(window.messages, inputs)],
             limits=self._settings.limits,
             policy=self._settings.policy,
         )
@@ -332,6 +337,18 @@ class AgentLoop:
 
     def _now(self) -> datetime:
         return datetime.now(self._settings.timezone).astimezone(self._settings.timezone)
+
+
+async def _show_images(messages: Sequence[Message], inputs: Sequence[Message]) -> list[Message]:
+    """The window with this turn's own images inline (older ones stay placeholders)."""
+    shown = list(messages)
+    pending = [m for m in inputs if has_images(m)]
+    for index in range(len(shown) - 1, -1, -1):
+        if not pending:
+            break
+        if shown[index].get("role") == "user" and shown[index] == without_images(pending[-1]):
+            shown[index] = await inline_images(pending.pop())
+    return shown
 
 
 def _take(queue: deque[Message], delivery: Delivery) -> list[Message]:

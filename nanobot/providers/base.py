@@ -146,3 +146,7 @@ class LLMProvider(Protocol):
     def count_tokens(self, messages: Sequence[Message]) -> int:
         """Tokens `messages` take for the primary model (exact where a tokenizer is known)."""
         ...
+
+    def supports_vision(self) -> bool:
+        """Whether the primary model accepts images in user messages."""
+        ...

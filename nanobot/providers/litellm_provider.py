@@ -79,6 +79,7 @@ class LiteLLMProvider:
         request_timeout: float = 120.0,
         retry: RetryPolicy | None = None,
         context_window: int | None = None,
+        vision: bool | None = None,
     ) -> None:
         self._model = model
         self._api_key = api_key
@@ -89,6 +90,7 @@ class LiteLLMProvider:
         self._timeout = request_timeout
         self._retry = retry or RetryPolicy()
         self._context_window = context_window
+        self._vision = vision
 
     @property
     def model(self) -> str:
@@ -208,6 +210,14 @@ class LiteLLMProvider:
         if self._context_window is None:
             self._context_window = _model_window(self._model)
         return self._context_window
+
+    def supports_vision(self) -> bool:
+        if self._vision is None:
+            try:
+                self._vision = bool(_litellm().supports_vision(model=self._model))
+            except Exception:  # noqa: BLE001 - unknown models: assume no vision
+                self._vision = False
+        return self._vision
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
         return int(_litellm().token_counter(model=self._model, messages=list(messages)))
