@@ -27,6 +27,8 @@ from tests.fakes.llm import (
     ServerError,
     Text,
     ToolCalls,
+    ToolThenText,
+    reply_from_json,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -187,6 +189,39 @@ async def test_default_reply_echoes_the_last_user_message() -> None:
     assert data["choices"][0]["message"]["content"] == "echo: second"
     assert _reassemble(chunks)[0] == "echo: s"
     assert [r.path for r in fake.requests] == ["/v1/chat/completions", "/chat/completions"]
+
+
+async def test_tool_then_text_answers_a_tool_result_with_text() -> None:
+    reply = reply_from_json(
+        {
+            "type": "ToolThenText",
+            "call": {"name": "list_dir", "arguments": {"path": "."}},
+            "text": "All done.",
+        }
+    )
+    assert reply == ToolThenText(Call("list_dir", {"path": "."}), "All done.")
+    async with FakeLLM(default_reply=reply) as fake:
+        first = await _stream(fake.base_url, _request(stream=True))
+        (call,) = _reassemble(first)[1].values()
+        body = _request(stream=True)
+        body["messages"] += [
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["name"], "arguments": call["arguments"]},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call["id"], "content": "a.txt"},
+        ]
+        second = await _stream(fake.base_url, body)
+        again = await _stream(fake.base_url, _request(stream=True, text="next"))
+    assert (call["name"], json.loads(call["arguments"])) == ("list_dir", {"path": "."})
+    assert _reassemble(second) == ("All done.", {})
+    assert _reassemble(again)[1][0]["name"] == "list_dir"
 
 
 async def test_rate_limit_has_retry_after_and_openai_body() -> None:

@@ -86,6 +86,15 @@ class ToolCalls(Reply):
 
 
 @dataclass(frozen=True)
+class ToolThenText(Reply):
+    """``ToolCalls([call])``, or ``Text(text)`` when the request's last message is a tool
+    result: one tool round per user message, whatever order concurrent chats call in."""
+
+    call: Call
+    text: str
+
+
+@dataclass(frozen=True)
 class RateLimit(Reply):
     """HTTP 429 with ``Retry-After`` (whole seconds, rounded up) and ``retry-after-ms``."""
 
@@ -126,18 +135,22 @@ _KINDS: dict[str, type[Reply]] = {
     k.__name__: k
     for k in (Text, Echo, ToolCalls, RateLimit, ServerError, ContextLengthError, AuthError, Hang)
 }
+_KINDS["ToolThenText"] = ToolThenText
 _KINDS["Disconnect"] = Disconnect
 
 
 def reply_from_json(obj: Mapping[str, Any]) -> Reply:
     """Build a reply from ``{"type": <class name>, **fields}``.
 
-    ``ToolCalls`` takes ``"calls": [{"name", "arguments", "id"?}]``.
+    ``ToolCalls`` takes ``"calls": [{"name", "arguments", "id"?}]``; ``ToolThenText``
+    takes ``"call": {...}`` and ``"text"``.
     """
     data = dict(obj)
     kind = data.pop("type")
     if kind == "ToolCalls":
         data["calls"] = [Call(**c) for c in data["calls"]]
+    elif kind == "ToolThenText":
+        data["call"] = Call(**data["call"])
     return _KINDS[kind](**data)
 
 
@@ -363,9 +376,14 @@ class FakeLLM:
             return web.Response(status=499)
 
     async def _succeed(self, request: web.Request, body: JSON, reply: Reply) -> web.StreamResponse:
-        """Answer with ``reply`` (Text, Echo, ToolCalls or Disconnect), streamed if asked."""
+        """Answer with ``reply`` (Text, Echo, ToolCalls, ToolThenText or Disconnect), streamed
+        if asked."""
         if isinstance(reply, Echo):
             reply = Text(reply.prefix + _last_user_text(list(body.get("messages", []))))
+        elif isinstance(reply, ToolThenText):
+            messages = list(body.get("messages", []))
+            after_tool = bool(messages) and messages[-1].get("role") == "tool"
+            reply = Text(reply.text) if after_tool else ToolCalls([reply.call])
         content = (reply.content or "") if isinstance(reply, Text | ToolCalls) else ""
         calls: list[JSON] = [
             {

@@ -1,0 +1,103 @@
+"""End to end: `nanobot gateway` as a subprocess, with Telegram and Discord in one process."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.discord import FakeDiscord
+from tests.fakes.llm import FakeLLM, Text
+from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
+from tests.gateway_process import GatewayProcess
+from tests.test_gateway_telegram import ALICE, gateway_config, replies
+
+ADA = 424242
+
+
+@pytest.fixture
+async def discord() -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(token=DEFAULT_TOKEN) as fake:
+        yield fake
+
+
+def config(
+    root: Path, llm: FakeLLM, telegram: FakeTelegram, discord: FakeDiscord
+) -> dict[str, Any]:
+    settings = gateway_config(root, llm, telegram)
+    settings["channels"]["discord"] = {
+        "enabled": True,
+        "token": "discord-bot-token-secret",
+        "allow_from": [ADA],
+        "api_base": discord.api_base,
+        "gateway_url": discord.gateway_url,
+    }
+    return settings
+
+
+async def expect(discord: FakeDiscord, channel: int, texts: list[str]) -> None:
+    """Wait until the bot's messages in `channel` (after edits) read exactly `texts`."""
+
+    def arrived() -> bool:
+        return [m.content for m in discord.sent(channel) if not m.deleted] == texts
+
+    try:
+        await discord.wait_until(arrived, 30, f"replies {texts!r}")
+    except TimeoutError:
+        actual = [m.content for m in discord.sent(channel)]
+        raise AssertionError(f"expected {texts!r}, got {actual!r}") from None
+
+
+async def test_both_platforms_in_one_gateway(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, discord: FakeDiscord
+) -> None:
+    guild = discord.add_guild("home")
+    general = discord.add_channel(guild, "general")
+    thread = discord.add_thread(general, "plans")
+    discord.add_user("ada", user_id=ADA)
+    dm = discord.dm_channel(ADA)
+    process = GatewayProcess(
+        tmp_path, config(tmp_path, fake_llm, telegram, discord), dict(os.environ)
+    )
+    await process.start(ready="gateway started")
+    try:
+        await process.wait_log("discord connected", seconds=60)
+        await process.wait_log("telegram connected", seconds=60)
+        await discord.wait_for_ready()
+
+        fake_llm.default_reply = Text("Hello from nanobot.")
+        discord.user_message(dm, "hi in a DM", user_id=ADA)
+        await expect(discord, dm, ["Hello from nanobot."])
+        telegram.user_message(ALICE, "hi on telegram", user_id=ALICE)
+        assert await replies(telegram, ALICE, 1) == ["Hello from nanobot."]
+
+        # In a server: only when mentioned; a thread is its own conversation.
+        discord.user_message(general, "talking among ourselves", user_id=ADA)
+        discord.user_message(general, "what do you think?", user_id=ADA, mentions_bot=True)
+        await expect(discord, general, ["Hello from nanobot."])
+        discord.user_message(thread, "and here?", user_id=ADA, mentions_bot=True)
+        await expect(discord, thread, ["Hello from nanobot."])
+        thread_request = fake_llm.requests[-1].messages
+        assert [m["role"] for m in thread_request] == ["system", "user"]
+        assert all("talking among ourselves" not in str(m["content"]) for m in thread_request)
+
+        # Model output can never ping anyone.
+        fake_llm.default_reply = Text("@everyone look, <@&123> too")
+        discord.user_message(dm, "ping people", user_id=ADA)
+        await expect(discord, dm, ["Hello from nanobot.", "@everyone look, <@&123> too"])
+        last = discord.sent(dm)[-1]
+        assert not last.mention_everyone
+        assert last.mentions == [] or last.mentions == [ADA]
+        assert "discord-bot-token-secret" not in process.log()
+    finally:
+        assert await process.stop(signal.SIGTERM) == 0
