@@ -97,7 +97,7 @@ async def test_both_platforms_in_one_gateway(
         await expect(discord, dm, ["Hello from nanobot.", "@everyone look, <@&123> too"])
         last = discord.sent(dm)[-1]
         assert not last.mention_everyone
-        assert last.mentions == [] or last.mentions == [ADA]
+        assert last.mentions in ([], [ADA])  # at most the person replied to
         assert "discord-bot-token-secret" not in process.log()
     finally:
         assert await process.stop(signal.SIGTERM) == 0
