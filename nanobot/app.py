@@ -12,11 +12,13 @@ import os
 import re
 import sys
 import zoneinfo
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 
@@ -26,6 +28,7 @@ from nanobot.agent.dispatcher import Dispatcher
 from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
+from nanobot.bus.events import ChatRef
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Channel, InboxPolicy, IntakeFn
 from nanobot.channels.manager import ChannelManager
@@ -33,6 +36,7 @@ from nanobot.config import Config, load
 from nanobot.errors import NanobotError, ProviderError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.gateway import Gateway
+from nanobot.heartbeat import Heartbeat, heartbeat_turn
 from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
 from nanobot.store import Access, Database, Journal, SessionStore, UsageLedger
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
@@ -219,10 +223,11 @@ async def _serve(config: Config) -> int:
             confirm=journal.delivered,
             failed=journal.attempt_failed,
         )
+        dispatcher = Dispatcher(parts.loop, bus, journal, parts.loop)
         gateway = Gateway(
             bus=bus,
             gate=gate,
-            dispatcher=Dispatcher(parts.loop, bus, journal, parts.loop),
+            dispatcher=dispatcher,
             manager=manager,
             shutdown_timeout=config.gateway.shutdown_timeout,
             terminal=(
@@ -230,8 +235,33 @@ async def _serve(config: Config) -> int:
                 if sys.stdin.isatty()
                 else None
             ),
+            services=_services(config, parts, dispatcher),
         )
         return await gateway.run()
+
+
+def _services(
+    config: Config, parts: Parts, dispatcher: Dispatcher
+) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
+    """Background producers of work: the heartbeat (and, later, cron)."""
+    services: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
+    beat = config.heartbeat
+    if beat.enabled:
+        target = beat.deliver_to
+        chat = ChatRef(target.channel, target.chat_id) if target else None
+
+        async def deliver(text: str) -> None:
+            assert chat is not None
+            await dispatcher.send(chat, text)
+
+        heartbeat = Heartbeat(
+            config.workspace_path / "HEARTBEAT.md",
+            beat.interval_minutes * 60,
+            partial(heartbeat_turn, parts.loop),
+            deliver if chat else None,
+        )
+        services.append(("heartbeat", heartbeat.run))
+    return services
 
 
 def _channel_rules(config: Config) -> dict[str, ChannelRules]:

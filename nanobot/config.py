@@ -123,9 +123,22 @@ class GatewayConfig(Section):
     shutdown_timeout: float = Field(10, gt=0)
 
 
+class ChatTarget(Section):
+    """A chat to send to: the channel and its chat id (a Discord channel id, a Telegram chat id)."""
+
+    channel: Literal["telegram", "discord"]
+    chat_id: str
+
+    @field_validator("chat_id", mode="before")
+    @classmethod
+    def _id_as_string(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) else value
+
+
 class HeartbeatConfig(Section):
     enabled: bool = False
-    interval_minutes: int = Field(30, gt=0)
+    interval_minutes: float = Field(30, gt=0)
+    deliver_to: ChatTarget | None = None
 
 
 class LogConfig(Section):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ class Gateway:
     manager: ChannelManager
     shutdown_timeout: float = 10.0
     terminal: Coroutine[Any, Any, None] | None = None
+    services: Sequence[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = ()
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT (or the terminal chat ends); returns the exit code."""
@@ -44,6 +45,7 @@ class Gateway:
             channels = group.create_task(self.manager.run(), name="channels")
             await self.dispatcher.recover()
             dispatching = group.create_task(self.dispatcher.run(), name="dispatcher")
+            services = [group.create_task(start(), name=name) for name, start in self.services]
             terminal = None
             if self.terminal is not None:
                 terminal = group.create_task(self.terminal, name="terminal")
@@ -52,6 +54,8 @@ class Gateway:
             await stop.wait()
             if terminal is not None:
                 terminal.cancel()
+            for service in services:  # no new work from schedules while stopping
+                service.cancel()
             await self._shutdown(dispatching, channels)
         logger.info("gateway stopped")
         return 0

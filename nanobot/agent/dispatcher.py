@@ -18,7 +18,7 @@ from loguru import logger
 
 from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
 from nanobot.agent.run import EventListener, RunEvent
-from nanobot.bus.events import InboundMessage, OutboundMessage, StreamUpdate, Typing
+from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, outbound_from, outbound_record
 from nanobot.store import Journal
@@ -167,6 +167,12 @@ class Dispatcher:
         outbox_id = await self._journal.complete(ids, record)
         if outbound is not None and outbox_id is not None:
             await self._bus.publish(_with_outbox(outbound, outbox_id))
+
+    async def send(self, chat: ChatRef, text: str) -> None:
+        """Send `text` to `chat` on the agent's own initiative, durably (through the outbox)."""
+        outbound = OutboundMessage(chat, text, kind="notice")
+        outbox_id = await self._journal.enqueue(chat.channel, outbound_record(outbound))
+        await self._bus.publish(_with_outbox(outbound, outbox_id))
 
     async def _command(self, message: InboundMessage) -> None:
         key = message.chat.session_key
