@@ -773,16 +773,20 @@ async def _long_round(
 
 
 async def _cold_starts(b: _Bench, key: str, rng: random.Random) -> Samples:
-    """The first turn after start-up (a fresh `_agent`: cold caches), long and empty."""
+    """The first turn after start-up (a fresh `_agent`: cold caches), in the long and in an
+    empty session, and a turn of the running app in the long session, interleaved."""
     samples = Samples()
     for _ in range(COLD_STARTS):
-        keys = [("cold long", key), ("cold empty", b.key())]
+        keys = [("cold long", key), ("cold empty", b.key()), ("warm long", key)]
         rng.shuffle(keys)
         for name, session in keys:
-            async with _stack(b.stack.config) as fresh:
-                timing, calls = await b.turn(session, stack=fresh)
+            if name == "warm long":  # the running app, for comparison
+                timing, calls = await b.turn(session)
+            else:
+                async with _stack(b.stack.config) as fresh:
+                    timing, calls = await b.turn(session, stack=fresh)
             if len(calls) != 1:
-                raise BenchError(f"a first turn after start-up made {len(calls)} model calls")
+                raise BenchError(f"a turn in the start-up comparison made {len(calls)} calls")
             samples.add(name, timing)
     return samples
 
@@ -1224,6 +1228,10 @@ def metrics_of(m: Measurements) -> list[Metric]:
     def ratio(clock: str) -> float:
         return long.median("turn long", clock) / long.median("turn empty", clock)
 
+    def paired(session: str) -> float:
+        turns, bares = long.ms(f"turn {session}"), long.ms(f"bare {session}")
+        return statistics.median(_difference(turns, bares))
+
     return [
         *_short_metrics(m.short, "", full=True),
         *_short_metrics(m.local, "in-process fake, ", full=False),
@@ -1260,6 +1268,12 @@ def metrics_of(m: Measurements) -> list[Metric]:
             target=LONG_TARGET_X,
             note="ratio of the differences of the medians, wall clock",
         ),
+        Metric(
+            "(b) overhead, 10k / empty, paired",
+            "x",
+            [paired("long") / paired("empty")],
+            note="ratio of the medians of the per-round differences turn - bare, wall clock",
+        ),
         Metric("empty session: overhead, CPU", "ms", [overhead("empty", "cpu")]),
         Metric("10k session: overhead, CPU", "ms", [overhead("long", "cpu")]),
         Metric(
@@ -1287,6 +1301,7 @@ def metrics_of(m: Measurements) -> list[Metric]:
         ),
         *_route_metrics(m),
         Metric("first turn after start-up: 10k session", "ms", cold.ms("cold long")),
+        Metric("10k session turn, running app (interleaved)", "ms", cold.ms("warm long")),
         Metric("first turn after start-up: empty session", "ms", cold.ms("cold empty")),
         Metric(
             "first turn after start-up: 10k / empty",

@@ -50,6 +50,9 @@ class AgentConfig(Section):
     max_parallel_tools: int = Field(1, gt=0)
     max_turn_seconds: float = Field(600, gt=0)
     queue_mode: Literal["steer", "follow_up"] = "steer"
+    max_subagents: int = Field(4, ge=0)
+    subagent_max_iterations: int = Field(15, gt=0)
+    subagent_max_seconds: float = Field(300, gt=0)
     steering_delivery: Literal["one", "all"] = "one"
     follow_up_delivery: Literal["one", "all"] = "one"
 
@@ -117,6 +120,7 @@ class ToolsConfig(Section):
 
 class CronConfig(Section):
     enabled: bool = True
+    catch_up_window_minutes: float = Field(60, ge=0)
 
 
 class GatewayConfig(Section):

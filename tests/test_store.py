@@ -297,7 +297,8 @@ async def test_cancelling_a_transaction_that_waits_for_the_lock_leaves_none_open
     session = await store.live("k")
     with closing(sqlite3.connect(db.path, timeout=0, isolation_level=None)) as other:
         other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
-        task = asyncio.create_task(store.append(session, [message("x")]))
+        # Two entries: a transaction (one entry is a lone INSERT, atomic without BEGIN).
+        task = asyncio.create_task(store.append(session, [message("x"), message("y")]))
         await asyncio.sleep(0.2)  # our BEGIN IMMEDIATE is now waiting in the worker thread
         task.cancel()
         other.execute("ROLLBACK")

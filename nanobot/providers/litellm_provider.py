@@ -91,6 +91,7 @@ class LiteLLMProvider:
         self._retry = retry or RetryPolicy()
         self._context_window = context_window
         self._vision = vision
+        self._unpriced: set[str] = set()
 
     @property
     def model(self) -> str:
@@ -196,6 +197,8 @@ class LiteLLMProvider:
         return assembler.result(model, self._cost(model, assembler.usage))
 
     def _cost(self, model: str, usage: Usage) -> Usage:
+        if model in self._unpriced:
+            return usage
         try:
             prompt, completion = _litellm().cost_per_token(
                 model=model,
@@ -203,6 +206,7 @@ class LiteLLMProvider:
                 completion_tokens=usage.completion_tokens,
             )
         except Exception:  # noqa: BLE001 - unknown models have no price; that is not an error
+            self._unpriced.add(model)  # asking again costs a raised exception every call
             return usage
         return Usage(usage.prompt_tokens, usage.completion_tokens, float(prompt + completion))
 
