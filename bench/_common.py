@@ -24,6 +24,7 @@ REPO_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 BIN_DIR = Path(sys.executable).parent  # the venv's bin/: not resolved, or the venv is lost
 RUN_LIMIT_S = 120.0  # one measured command; beyond it the benchmark fails
+COUNT_UNITS = frozenset({"chats", "calls"})  # whole numbers in tables
 
 # Runs argv[2:] and writes, as JSON to argv[1], the child's spawn and exit times
 # (time.monotonic(), one clock for every process on Linux) and its peak RSS from wait4.
@@ -176,7 +177,7 @@ class Metric:
     """One measured figure: its values over the runs and, if it has one, its target."""
 
     name: str
-    unit: str  # "s", "ms", "MiB", "x" (a ratio)
+    unit: str  # "s", "ms", "MiB", "x" (a ratio), or a count (COUNT_UNITS)
     values: list[float]
     target: float | None = None  # the median must be at most this
     note: str = ""
@@ -211,6 +212,8 @@ def _number(value: float, unit: str) -> str:
         return f"{value:.2f} ms"
     if unit == "x":
         return f"{value:.2f}x"
+    if unit in COUNT_UNITS:
+        return f"{value:.0f} {unit}"
     return f"{value:.1f} {unit}"
 
 

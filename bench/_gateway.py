@@ -5,9 +5,10 @@ of its own, driven by JSON lines on stdin, one JSON answer line each on stdout. 
 messages and timing the replies happen next to the fake, so neither HTTP polling nor the
 benchmark's own event loop is part of what is measured:
 
-- ``{"op": "burst", "chats": [...], "text", "final", "timeout"}``: one message in each chat,
-  all queued in the same instant (one getUpdates answer takes up to 100 of them); answers
-  when every chat has received ``final`` or on timeout.
+- ``{"op": "burst", "chats": [...], "text", "final", "timeout", "timeline"?}``: one message
+  in each chat, all queued in the same instant (one getUpdates answer takes up to 100 of
+  them); answers when every chat has received ``final`` or on timeout (with ``timeline``:
+  and lists every bot message sent or edited, with its time).
 - ``{"op": "sequence", "chat", "texts": [...], "final", "pause", "timeout"}``: one message
   at a time, the next ``pause`` seconds after the previous reply was final (``final`` null:
   the reply must repeat the message's text).
@@ -110,6 +111,14 @@ class _Tracker:
             "api_calls": dict(Counter(c.method for c in calls)),
         }
 
+    def timeline(self, injected_at: float) -> list[tuple[float, str, int]]:
+        """(seconds since injection, method, chat) of every bot message sent or edited."""
+        return [
+            (c.at - injected_at, c.method, int(c.params.get("chat_id", 0)))
+            for c in self.fake.requests[self.start :]
+            if c.method.lower() in REPLY_METHODS
+        ]
+
 
 async def _burst(fake: FakeTelegram, command: JSON) -> JSON:
     chats = [int(c) for c in command["chats"]]
@@ -119,7 +128,10 @@ async def _burst(fake: FakeTelegram, command: JSON) -> JSON:
     for chat in chats:
         last = fake.user_message(chat, str(command["text"]), user_id=chat)
     complete = await tracker.wait(float(command["timeout"]))
-    return tracker.report(injected_at, last) | {"complete": complete}
+    answer = tracker.report(injected_at, last) | {"complete": complete}
+    if command.get("timeline"):
+        answer["timeline"] = tracker.timeline(injected_at)
+    return answer
 
 
 async def _sequence(fake: FakeTelegram, command: JSON) -> JSON:

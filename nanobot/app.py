@@ -7,17 +7,13 @@ sets up logging, builds what it needs, runs it and tears it down in order.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import re
 import sys
 import zoneinfo
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -32,42 +28,26 @@ from nanobot.bus.events import ChatRef
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Channel, InboxPolicy, IntakeFn
 from nanobot.channels.manager import ChannelManager
-from nanobot.config import Config, load
+from nanobot.config import Config
+from nanobot.cron.jobs import Jobs
+from nanobot.cron.models import Job
+from nanobot.cron.service import CronService, Outcome
 from nanobot.errors import NanobotError, ProviderError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat, heartbeat_turn
 from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
 from nanobot.store import Access, Database, Journal, SessionStore, UsageLedger
+from nanobot.store.cron import CronStore
+from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from nanobot.tools.message import MessageTool
 from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.shell import DEFAULT_DENY_PATTERNS, ExecTool
 from nanobot.tools.web import WebFetchTool, WebSearchTool
-from nanobot.workspace import bundled, copy_template
+from nanobot.workspace import copy_template
 
 JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe
-
-
-def _secrets(config: Config) -> list[str]:
-    channels = config.channels
-    values = [
-        config.agent.api_key,
-        channels.telegram.token,
-        channels.discord.token,
-        config.tools.web.search_api_key,
-    ]
-    return [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
-
-
-def _setup_logging(config: Config, *, quiet: bool) -> None:
-    level = "WARNING" if quiet and config.log.level in ("INFO", "DEBUG", "TRACE") else None
-    log.setup(
-        level=level or config.log.level,
-        json=config.log.json_,
-        log_dir=config.log_dir,
-        secrets=_secrets(config),
-    )
 
 
 def _timezone(config: Config) -> tzinfo | None:
@@ -89,8 +69,8 @@ def build_provider(config: Config) -> LiteLLMProvider:
     )
 
 
-def build_tools(config: Config) -> ToolRegistry:
-    """The built-in tools, configured from `config.tools`."""
+def build_tools(config: Config, jobs: Jobs | None = None) -> ToolRegistry:
+    """The built-in tools, configured from `config.tools` (and `cron` when `jobs` is given)."""
     tools, workspace = config.tools, config.workspace_path
     restrict = tools.restrict_to_workspace
     registry = ToolRegistry(
@@ -117,6 +97,9 @@ def build_tools(config: Config) -> ToolRegistry:
                 deny_patterns=DEFAULT_DENY_PATTERNS if deny is None else deny,
             )
         )
+    if jobs is not None and config.cron.enabled:
+        deliverable = [n for n in ("telegram", "discord") if getattr(config.channels, n).enabled]
+        registry.register(CronTool(jobs, deliverable=deliverable))
     return registry
 
 
@@ -126,6 +109,7 @@ class Parts:
 
     db: Database
     loop: AgentLoop
+    jobs: Jobs
 
 
 @asynccontextmanager
@@ -158,11 +142,12 @@ async def _parts(config: Config) -> AsyncIterator[Parts]:
     )
     context = ContextBuilder(config.workspace_path, timezone=settings.timezone)
     async with await Database.open(config.state_db_path) as db:
-        runner = Runner(provider, build_tools(config))
+        jobs = Jobs(CronStore(db), config.timezone)
+        runner = Runner(provider, build_tools(config, jobs))
         loop = AgentLoop(
             provider, runner, SessionStore(db), context, settings, usage=UsageLedger(db)
         )
-        yield Parts(db, loop)
+        yield Parts(db, loop, jobs)
 
 
 def ask(config: Config, message: str, session_key: str, *, verbose: bool = False) -> str:
@@ -172,7 +157,7 @@ def ask(config: Config, message: str, session_key: str, *, verbose: bool = False
         ProviderError: the model could not be reached.
         NanobotError: the turn failed otherwise (a limit, storage); the message says why.
     """
-    _setup_logging(config, quiet=not verbose)
+    log.configure(config, quiet=not verbose)
 
     async def run() -> str:
         async with _agent(config) as agent:
@@ -192,7 +177,7 @@ def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
     """An interactive chat in the terminal until EOF, /exit or Ctrl-C twice."""
     from nanobot.channels import terminal
 
-    _setup_logging(config, quiet=not verbose)
+    log.configure(config, quiet=not verbose)
 
     async def run() -> None:
         async with _agent(config) as agent:
@@ -203,7 +188,7 @@ def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
 
 def serve(config: Config) -> int:
     """Run the gateway until SIGTERM/SIGINT; returns the exit code."""
-    _setup_logging(config, quiet=False)
+    log.configure(config, quiet=False)
     return asyncio.run(_serve(config))
 
 
@@ -261,7 +246,42 @@ def _services(
             deliver if chat else None,
         )
         services.append(("heartbeat", heartbeat.run))
+    if config.cron.enabled:
+        cron = CronService(
+            CronStore(parts.db),
+            partial(_run_job, parts.loop, dispatcher),
+            catch_up_window=timedelta(minutes=config.cron.catch_up_window_minutes),
+        )
+        services.append(("cron", cron.run))
     return services
+
+
+async def _run_job(loop: AgentLoop, dispatcher: Dispatcher, job: Job) -> Outcome:
+    """One run of a cron job: a turn in the job's own session, its answer sent to the job's
+    chat exactly once (not again when the message tool already sent that text)."""
+    chat = ChatRef(job.channel, job.to) if job.channel and job.to else None
+
+    async def send(text: str) -> None:
+        assert chat is not None
+        await dispatcher.send(chat, text)
+
+    request = TurnRequest(
+        f"cron:{job.id}",
+        job.message,
+        channel=job.channel or "cron",
+        chat_id=job.to or job.id,
+        send=send if chat else None,
+    )
+    reply = await loop.handle(request)
+    if reply is None:
+        return Outcome(error="the job's previous run was still going")
+    if reply.result.status != "completed":
+        return Outcome(error=reply.result.final_text)
+    if chat is None:
+        return Outcome()
+    if reply.text:
+        await send(reply.text)
+    return Outcome(delivered=True)
 
 
 def _channel_rules(config: Config) -> dict[str, ChannelRules]:
@@ -292,141 +312,8 @@ def build_channels(config: Config, intake: IntakeFn) -> list[Channel]:
     return channels
 
 
-def pairing(config: Config, action: str, *args: str) -> tuple[list[str], bool]:
-    """Run a `nanobot pairing` action; returns the lines to print and whether it succeeded."""
-    _setup_logging(config, quiet=True)
-    actions: dict[str, Callable[..., Awaitable[tuple[list[str], bool]]]] = {
-        "approve": _approve,
-        "deny": _deny,
-        "revoke": _revoke,
-        "list": _pairing_list,
-    }
-
-    async def run() -> tuple[list[str], bool]:
-        config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        async with await Database.open(config.state_db_path) as db:
-            return await actions[action](Access(db), *args)
-
-    return asyncio.run(run())
-
-
-async def _approve(access: Access, code: str) -> tuple[list[str], bool]:
-    request = await access.approve(code)
-    if request is None:
-        return [f"No pending request has the code {code} (or it expired)."], False
-    who = f"{request.name or 'user'} ({request.channel} id {request.user_id})"
-    return [f"Approved {who}. They can talk to nanobot now."], True
-
-
-async def _deny(access: Access, code: str) -> tuple[list[str], bool]:
-    if await access.deny(code):
-        return [f"Denied request {code.upper()}."], True
-    return [f"No pending request has the code {code}."], False
-
-
-async def _revoke(access: Access, user: str, channel: str | None = None) -> tuple[list[str], bool]:
-    if await access.revoke(user, channel):
-        return [f"Revoked user {user}."], True
-    return [f"User {user} was not approved by pairing."], False
-
-
-async def _pairing_list(access: Access) -> tuple[list[str], bool]:
-    lines = ["Pending requests:"]
-    pending = await access.pending()
-    for r in pending:
-        expires = r.expires_at.astimezone().strftime("%H:%M")
-        lines.append(f"  {r.code}  {r.channel} user {r.user_id} ({r.name or '?'}), until {expires}")
-    if not pending:
-        lines.append("  none")
-    lines.append("Approved users:")
-    allowed = await access.allowed()
-    for u in allowed:
-        lines.append(
-            f"  {u.channel} user {u.user_id} ({u.name or '?'}), since {u.approved_at:%Y-%m-%d}"
-        )
-    if not allowed:
-        lines.append("  none")
-    return lines, True
-
-
 def describe_error(exc: NanobotError) -> str:
     """One line for the terminal: the user-facing reason, then the detail."""
     if isinstance(exc, ProviderError):
         return f"{exc.user_message()} ({exc.kind}: {exc})"
     return str(exc)
-
-
-def onboard(path: Path, answers: dict[str, str]) -> list[str]:
-    """Write the config (from the example, with `answers` filled in) and the workspace.
-
-    Never overwrites: an existing config is kept and only missing workspace files are added.
-    Returns what it did, one line each.
-
-    Raises:
-        ConfigError: the existing (or written) config is not valid.
-    """
-    lines: list[str] = []
-    if path.exists():
-        lines.append(f"config: {path} exists; left as it is")
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        text = _fill_example(bundled("config.example.yaml").read_text(encoding="utf-8"), answers)
-        # Exclusive create: a file that appeared meanwhile is not clobbered; 0600 as it may
-        # hold an API key.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-        lines.append(f"config: wrote {path}")
-    config = load(path)
-    config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    created = copy_template(config.workspace_path)
-    state = f"added {len(created)} files" if created else "already complete"
-    lines.append(f"workspace: {config.workspace_path} ({state})")
-    if not path.exists() or not answers.get("api_key"):
-        lines.append(
-            "next: set agent.api_key (or your provider's key variable), then `nanobot agent -m hi`"
-        )
-    return lines
-
-
-def _fill_example(text: str, answers: dict[str, str]) -> str:
-    for key in ("model", "api_key", "api_base"):
-        value = answers.get(key)
-        if value:
-            # A JSON string is a valid YAML scalar; escaped so re.sub takes it literally.
-            line = f"  {key}: {json.dumps(value)}".replace("\\", "\\\\")
-            text = re.sub(rf"(?m)^  {key}: .*$", line, text, count=1)
-    return text
-
-
-def status(config: Config, path: Path) -> list[tuple[str, str]]:
-    """Rows of (label, value) describing this installation, without any secret."""
-    rows = [
-        ("config", f"{path}" + ("" if path.exists() else " (not found; using defaults)")),
-        ("data dir", str(config.data_dir)),
-        (
-            "workspace",
-            str(config.workspace_path) + ("" if config.workspace_path.exists() else " (missing)"),
-        ),
-        (
-            "model",
-            config.agent.model + (f" via {config.agent.api_base}" if config.agent.api_base else ""),
-        ),
-        ("api key", "set" if config.agent.api_key else "not set (provider env vars may apply)"),
-    ]
-    for name in ("telegram", "discord"):
-        channel = getattr(config.channels, name)
-        state = f"enabled, {len(channel.allow_from)} allowed" if channel.enabled else "disabled"
-        rows.append((name, state))
-    if not config.state_db_path.exists():
-        return [*rows, ("state", f"{config.state_db_path} (not created yet)")]
-    return rows + asyncio.run(_store_rows(config.state_db_path))
-
-
-async def _store_rows(db_path: Path) -> list[tuple[str, str]]:
-    async with await Database.open(db_path) as db:
-        stats = await SessionStore(db).stats()
-    return [
-        ("state", f"{db_path} ({stats.size_bytes / 1024:.0f} KiB)"),
-        ("sessions", f"{stats.sessions} ({stats.live_sessions} live), {stats.entries} entries"),
-    ]

@@ -16,7 +16,10 @@ import typer
 from nanobot import __version__
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from nanobot.config import Config
+    from nanobot.cron.jobs import Jobs
 
 app = typer.Typer(
     name="nanobot",
@@ -80,7 +83,7 @@ def onboard(
     ] = False,
 ) -> None:
     """Create the config file and the workspace. Never overwrites an existing file."""
-    from nanobot import app as nanobot_app
+    from nanobot import manage
     from nanobot.config import config_path
     from nanobot.errors import ConfigError
 
@@ -89,7 +92,7 @@ def onboard(
     if not non_interactive and sys.stdin.isatty() and not path.exists():
         answers = _ask_onboarding_questions()
     try:
-        lines = nanobot_app.onboard(path, answers)
+        lines = manage.onboard(path, answers)
     except ConfigError as exc:
         _fail(str(exc), code=2)
     for line in lines:
@@ -107,13 +110,13 @@ def _ask_onboarding_questions() -> dict[str, str]:
 @app.command()
 def status(ctx: typer.Context) -> None:
     """Show the config file, directories, model, channels and store figures (no secrets)."""
-    from nanobot import app as nanobot_app
+    from nanobot import manage
     from nanobot.config import config_path
     from nanobot.errors import StoreError
 
     config = _config(ctx)
     try:
-        rows = nanobot_app.status(config, config_path(ctx.obj))
+        rows = manage.status(config, config_path(ctx.obj))
     except StoreError as exc:
         _fail(str(exc))
     width = max(len(label) for label, _ in rows)
@@ -171,12 +174,12 @@ app.add_typer(pairing_app, name="pairing")
 
 
 def _pairing(ctx: typer.Context, action: str, *args: str) -> None:
-    from nanobot import app as nanobot_app
+    from nanobot import manage
     from nanobot.errors import NanobotError
 
     config = _config(ctx)
     try:
-        lines, ok = nanobot_app.pairing(config, action, *args)
+        lines, ok = manage.pairing(config, action, *args)
     except NanobotError as exc:
         _fail(str(exc))
     for line in lines:
@@ -217,6 +220,109 @@ def pairing_revoke(
 ) -> None:
     """Take back an approval (users in allow_from are not affected)."""
     _pairing(ctx, "revoke", user, *([channel] if channel else []))
+
+
+cron_app = typer.Typer(
+    help="Scheduled jobs: each run is an agent turn; its answer can go to a chat.",
+    no_args_is_help=True,
+)
+app.add_typer(cron_app, name="cron")
+
+
+def _cron(ctx: typer.Context, work: Callable[[Jobs], Awaitable[list[str]]]) -> None:
+    from nanobot import manage
+    from nanobot.errors import NanobotError
+
+    config = _config(ctx)
+    try:
+        lines = manage.cron(config, work)
+    except NanobotError as exc:
+        _fail(str(exc))
+    for line in lines:
+        typer.echo(line)
+
+
+@cron_app.command("list")
+def cron_list(ctx: typer.Context) -> None:
+    """Every job: id, name, schedule, time zone, next run (in its zone), last status."""
+    from nanobot import manage
+
+    async def work(jobs: Jobs) -> list[str]:
+        return manage.job_lines(await jobs.all(), jobs.default_zone)
+
+    _cron(ctx, work)
+
+
+@cron_app.command("add")
+def cron_add(
+    ctx: typer.Context,
+    *,
+    name: Annotated[str, typer.Option("--name", help="A short name.")],
+    message: Annotated[str, typer.Option("--message", help="What nanobot does at each run.")],
+    every: Annotated[
+        str | None, typer.Option("--every", help="Interval: 30s, 10m, 2h, 1d.")
+    ] = None,
+    cron: Annotated[
+        str | None, typer.Option("--cron", help="5-field cron expression: '0 9 * * 1-5'.")
+    ] = None,
+    at: Annotated[
+        str | None, typer.Option("--at", help="One time, ISO 8601: 2026-12-01T09:00+01:00.")
+    ] = None,
+    tz: Annotated[
+        str | None, typer.Option("--tz", help="IANA zone for --cron/--at (default: config).")
+    ] = None,
+    channel: Annotated[
+        str | None, typer.Option("--channel", help="Deliver the answer on: telegram, discord.")
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="The chat id to deliver to.")] = None,
+) -> None:
+    """Add a job. Exactly one of --every, --cron or --at."""
+    from nanobot.cron.jobs import ScheduleSpec
+
+    async def work(jobs: Jobs) -> list[str]:
+        spec = ScheduleSpec(every, cron, at, tz)
+        job = await jobs.add(name, message, spec, channel=channel, to=to)
+        return [f"Added job {job.id}; next run {job.next_run:%Y-%m-%d %H:%M %Z}."]
+
+    _cron(ctx, work)
+
+
+def _job_action(ctx: typer.Context, job_id: str, action: str, done: str) -> None:
+    from nanobot.errors import NanobotError
+
+    async def work(jobs: Jobs) -> list[str]:
+        if not await getattr(jobs, action)(job_id):
+            raise NanobotError(f"no job {job_id} (see nanobot cron list)")
+        return [f"{done} job {job_id}."]
+
+    _cron(ctx, work)
+
+
+JobId = Annotated[str, typer.Argument(help="The job's id (nanobot cron list).")]
+
+
+@cron_app.command("remove")
+def cron_remove(ctx: typer.Context, job_id: JobId) -> None:
+    """Delete a job and its history."""
+    _job_action(ctx, job_id, "remove", "Removed")
+
+
+@cron_app.command("enable")
+def cron_enable(ctx: typer.Context, job_id: JobId) -> None:
+    """Enable a job from now on."""
+    _job_action(ctx, job_id, "enable", "Enabled")
+
+
+@cron_app.command("disable")
+def cron_disable(ctx: typer.Context, job_id: JobId) -> None:
+    """Stop a job from running (it is kept)."""
+    _job_action(ctx, job_id, "disable", "Disabled")
+
+
+@cron_app.command("run")
+def cron_run(ctx: typer.Context, job_id: JobId) -> None:
+    """Run a job now: a running gateway starts it within two seconds."""
+    _job_action(ctx, job_id, "run_now", "Queued")
 
 
 def main() -> None:

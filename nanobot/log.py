@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
+from nanobot.config import Config
+
 if TYPE_CHECKING:
     from loguru import Record
 
@@ -94,3 +96,26 @@ def setup(
     for name in _NOISY_LIBRARIES:
         logging.getLogger(name).setLevel(library_level)
     return redactor
+
+
+def _secrets(config: Config) -> list[str]:
+    channels = config.channels
+    values = [
+        config.agent.api_key,
+        channels.telegram.token,
+        channels.discord.token,
+        config.tools.web.search_api_key,
+    ]
+    return [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
+
+
+def configure(config: Config, *, quiet: bool) -> Redactor:
+    """Logging as `config.log` says, with every secret of `config` redacted. `quiet` keeps
+    stderr to warnings (for commands whose stdout and stderr a person reads)."""
+    level = "WARNING" if quiet and config.log.level in ("INFO", "DEBUG", "TRACE") else None
+    return setup(
+        level=level or config.log.level,
+        json=config.log.json_,
+        log_dir=config.log_dir,
+        secrets=_secrets(config),
+    )

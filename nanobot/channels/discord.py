@@ -23,7 +23,6 @@ Discord's is set on the process-wide `Route.BASE` / `DiscordWebSocket.DEFAULT_GA
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,6 @@ from loguru import logger
 
 from nanobot.bus.events import (
     Attachment,
-    ChatRef,
     InboundMessage,
     Outbound,
     OutboundMessage,
@@ -46,6 +44,9 @@ from nanobot.bus.events import (
 )
 from nanobot.channels import _discord_inbound as inbound
 from nanobot.channels._discord_send import QUIET, Sender
+from nanobot.channels._replies import Replies
+from nanobot.channels._settings import BotSettings
+from nanobot.channels._typing import TypingIndicator
 from nanobot.channels.base import Channel, DeliveryError, InboxPolicy, Intake, IntakeFn
 from nanobot.channels.render import split_discord
 from nanobot.errors import ConfigError
@@ -54,22 +55,11 @@ STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
 TYPING_INTERVAL = 8.0  # Discord shows "typing…" for about 10 s
 GUILD_READY_TIMEOUT = 2.0  # discord.py waits this long after the last GUILD_CREATE
 MAX_RATE_LIMIT_WAIT = 60.0  # a longer 429 wait fails the delivery (the manager retries later)
-KEEP = 64  # streamed replies (and partly sent messages) remembered
 
 
-class Secret(Protocol):
-    def get_secret_value(self) -> str: ...
-
-
-class DiscordSettings(Protocol):
+class DiscordSettings(BotSettings, Protocol):
     """The `channels.discord` config section, as far as this channel reads it."""
 
-    @property
-    def token(self) -> Secret: ...
-    @property
-    def group_policy(self) -> str: ...
-    @property
-    def api_base(self) -> str: ...
     @property
     def gateway_url(self) -> str: ...
 
@@ -96,15 +86,6 @@ class _Client(discord.Client):
 
 
 @dataclass(slots=True)
-class _Stream:
-    """A reply being shown as it is written: the message that shows it, and what it shows."""
-
-    message_id: int | None  # None: it can no longer be edited
-    shown: str
-    at: float
-
-
-@dataclass(slots=True)
 class _Received:
     """A message read: what goes to intake (if anything) and what became of its files."""
 
@@ -112,12 +93,6 @@ class _Received:
     addressed: bool = False
     saved: list[Attachment] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class _Typing:
-    task: asyncio.Task[None]
-    turns: int = 1
 
 
 def _intents() -> discord.Intents:
@@ -160,14 +135,12 @@ class DiscordChannel(Channel):
         super().__init__(intake)
         self._config = config
         self._inbox = inbox
-        self._stream_interval = stream_interval
-        self._typing_interval = typing_interval
         self._guild_ready_timeout = guild_ready_timeout
         self._sender = Sender()
-        self._streams: OrderedDict[str, _Stream] = OrderedDict()
-        self._finished: OrderedDict[str, None] = OrderedDict()
-        self._progress: OrderedDict[int, tuple[OutboundMessage, int]] = OrderedDict()
-        self._typing: dict[ChatRef, _Typing] = {}
+        self._replies = Replies(
+            self._sender, split_discord, interval=stream_interval, name=self.name
+        )
+        self._typing = TypingIndicator(self._sender.typing, typing_interval, name=self.name)
 
     # ---- running --------------------------------------------------------------------
 
@@ -179,6 +152,7 @@ class DiscordChannel(Channel):
         def connected(client: discord.Client) -> None:
             if self._sender.client is None:
                 self._sender.client = client
+                self._typing.start()
                 logger.info("discord connected as {}", client.user)
                 ready()
             else:  # after a new IDENTIFY (not a RESUME): events in between are not replayed
@@ -207,7 +181,7 @@ class DiscordChannel(Channel):
             ) from exc
         finally:
             self._sender.client = None
-            await self._stop_typing()
+            await self._typing.stop()
             await lanes.close()
             await client.close()
             restore()
@@ -284,109 +258,11 @@ class DiscordChannel(Channel):
     async def deliver(self, item: Outbound) -> None:
         match item:
             case Typing():
-                await self._set_typing(item)
+                await self._typing.update(item)
             case StreamUpdate():
-                await self._stream(item)
+                await self._replies.stream(item)
             case OutboundMessage():
-                await self._send(item)
-
-    async def _send(self, item: OutboundMessage) -> None:
-        """Every part in order; a streamed reply's message becomes the first part. The parts
-        already sent are remembered, so the manager's retry resumes where it failed."""
-        parts = split_discord(item.text)
-        entry = self._progress.get(id(item))
-        done = entry[1] if entry is not None and entry[0] is item else 0
-        stream = self._streams.get(item.stream_id) if item.stream_id else None
-        for index in range(done, len(parts)):
-            edited = (
-                index == 0
-                and stream is not None
-                and await self._edit_stream(item, stream, parts[0])
-            )
-            if not edited:
-                reply_to = item.reply_to if index == 0 else None
-                await self._sender.send(item.chat, parts[index], reply_to=reply_to)
-            _remember(self._progress, id(item), (item, index + 1))
-        self._progress.pop(id(item), None)
-        if item.stream_id:
-            self._streams.pop(item.stream_id, None)
-            _remember(self._finished, item.stream_id, None)
-
-    async def _edit_stream(self, item: OutboundMessage, stream: _Stream, first: str) -> bool:
-        """The final edit: exact, and still no sooner than the interval after the last."""
-        if stream.message_id is None:
-            return False
-        if stream.shown == first:
-            return True
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(stream.at + self._stream_interval - loop.time())
-        stream.at = loop.time()
-        return await self._sender.edit(item.chat, stream.message_id, first)
-
-    async def _stream(self, update: StreamUpdate) -> None:
-        """Show the reply so far: send it, then edit it. Best effort: never raises."""
-        if update.stream_id in self._finished:
-            return  # the final message is out; a late update must not start another
-        parts = split_discord(update.text)
-        if not parts:
-            return
-        now = asyncio.get_running_loop().time()
-        state = self._streams.get(update.stream_id)
-        try:
-            if state is None:
-                sent = await self._sender.send(update.chat, parts[0], reply_to=update.reply_to)
-                _remember(self._streams, update.stream_id, _Stream(sent, parts[0], now))
-            elif state.message_id is not None and state.shown != parts[0]:
-                if now - state.at < self._stream_interval:
-                    return  # the final message is exact; skipped updates are not missed
-                state.at = now
-                if await self._sender.edit(update.chat, state.message_id, parts[0]):
-                    state.shown = parts[0]
-                else:
-                    state.message_id = None
-        except DeliveryError as exc:
-            logger.debug("discord stream update skipped: {}", exc)
-
-    async def _set_typing(self, signal: Typing) -> None:
-        """One indicator per chat while any turn runs there."""
-        current = self._typing.get(signal.chat)
-        if signal.active:
-            if self._sender.client is None:
-                return  # not connected; and run() could not stop it
-            if current is not None:
-                current.turns += 1
-            else:
-                name = f"discord-typing-{signal.chat.chat_id}"
-                task = asyncio.create_task(self._keep_typing(signal.chat), name=name)
-                self._typing[signal.chat] = _Typing(task)
-        elif current is not None:
-            current.turns -= 1
-            if current.turns <= 0:
-                del self._typing[signal.chat]
-                await _cancel(current.task)
-
-    async def _keep_typing(self, chat: ChatRef) -> None:
-        while True:
-            await self._sender.typing(chat)
-            await asyncio.sleep(self._typing_interval)
-
-    async def _stop_typing(self) -> None:
-        tasks = [state.task for state in self._typing.values()]
-        self._typing.clear()
-        for task in tasks:
-            await _cancel(task)
-
-
-def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > KEEP:
-        cache.popitem(last=False)
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.wait([task])  # unlike `await task`, never swallows our own cancellation
+                await self._replies.send(item)
 
 
 def _remove(paths: list[Path]) -> None:

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import html
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol
 
 from loguru import logger
 from telegram import Message, Update
@@ -34,7 +32,10 @@ from nanobot.bus.events import (
     Typing,
 )
 from nanobot.channels import _telegram_inbound as inbound
+from nanobot.channels._replies import Replies
+from nanobot.channels._settings import BotSettings
 from nanobot.channels._telegram_send import ONCE, Retry, Sender
+from nanobot.channels._typing import TypingIndicator
 from nanobot.channels.base import Channel, DeliveryError, InboxPolicy, Intake, IntakeFn
 from nanobot.channels.render import split_telegram, telegram_html
 from nanobot.errors import ConfigError
@@ -42,27 +43,11 @@ from nanobot.errors import ConfigError
 POLL_TIMEOUT = 30  # seconds a getUpdates long poll is held open by Telegram
 STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
-KEEP_STREAMS = 64  # streamed replies (and partly sent ones) remembered at most
 TAKE_ATTEMPTS = 3  # an update that cannot be read this often is skipped (logged)
 
 
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class Secret(Protocol):
-    def get_secret_value(self) -> str: ...
-
-
-class TelegramSettings(Protocol):
+class TelegramSettings(BotSettings, Protocol):
     """The `channels.telegram` config section, as far as this channel reads it."""
-
-    @property
-    def token(self) -> Secret: ...
-    @property
-    def api_base(self) -> str: ...
-    @property
-    def group_policy(self) -> str: ...
 
 
 class _IntakeQueue(asyncio.Queue[object]):
@@ -80,19 +65,20 @@ class _IntakeQueue(asyncio.Queue[object]):
             await super().put(item)
 
 
-@dataclass(slots=True)
-class _Stream:
-    """A reply being shown as it is written: the message that shows it, and what it shows."""
+class _Outlet:
+    """The Sender as `Replies` uses it: a reply names its message by the bus's key, and
+    every call tries as hard as `retry` says (None: the Sender's own)."""
 
-    message_id: int | None  # None: it can no longer be edited
-    shown: str
-    at: float
+    def __init__(self, sender: Sender, retry: Retry | None = None) -> None:
+        self._sender = sender
+        self._retry = retry
 
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None) -> int:
+        number = inbound.message_number(reply_to)
+        return await self._sender.send(chat, text, reply_to=number, retry=self._retry)
 
-@dataclass(slots=True)
-class _Typing:
-    task: asyncio.Task[None]
-    turns: int = 1
+    async def edit(self, chat: ChatRef, message_id: int, text: str) -> bool:
+        return await self._sender.edit(chat, message_id, text, retry=self._retry)
 
 
 class TelegramChannel(Channel):
@@ -115,14 +101,16 @@ class TelegramChannel(Channel):
         self._config = config
         self._inbox = inbox
         self._sender = Sender(retry or Retry())
-        self._stream_interval = stream_interval
-        self._typing_interval = typing_interval
+        self._replies = Replies(
+            _Outlet(self._sender),
+            _render,
+            interval=stream_interval,
+            name=self.name,
+            best_effort=_Outlet(self._sender, ONCE),  # a stream update is tried once
+        )
+        self._typing = TypingIndicator(self._sender.typing, typing_interval, name=self.name)
         self._poll_timeout = poll_timeout
         self._stopped: asyncio.Future[None] | None = None
-        self._streams: OrderedDict[str, _Stream] = OrderedDict()
-        self._finished: OrderedDict[str, None] = OrderedDict()
-        self._typing: dict[ChatRef, _Typing] = {}
-        self._progress: OrderedDict[int, tuple[OutboundMessage, int]] = OrderedDict()
         self._failures: dict[int, int] = {}
 
     # ---- running --------------------------------------------------------------------
@@ -156,6 +144,7 @@ class TelegramChannel(Channel):
             async with app:
                 await app.start()
                 self._sender.bot = app.bot
+                self._typing.start()
                 try:
                     await updater.start_polling(
                         timeout=self._poll_timeout,
@@ -168,7 +157,7 @@ class TelegramChannel(Channel):
                     await stopped  # until cancelled, or an update could not be taken
                 finally:
                     self._stopped = None
-                    await self._stop_typing()
+                    await self._typing.stop()
                     if updater.running:
                         await updater.stop()  # confirms what was taken, and no more
                     self._sender.bot = None
@@ -238,108 +227,15 @@ class TelegramChannel(Channel):
     async def deliver(self, item: Outbound) -> None:
         match item:
             case Typing():
-                await self._set_typing(item)
+                await self._typing.update(item)
             case StreamUpdate():
-                await self._stream(item)
+                await self._replies.stream(item)
             case OutboundMessage():
-                await self._send(item)
-
-    async def _send(self, item: OutboundMessage) -> None:
-        """Every chunk in order; a streamed reply's message becomes the first chunk. The
-        chunks already sent are remembered, so the manager's retry resumes where it failed."""
-        chunks = split_telegram(telegram_html(item.text))
-        entry = self._progress.get(id(item))
-        done = entry[1] if entry is not None and entry[0] is item else 0
-        stream = self._streams.get(item.stream_id) if item.stream_id else None
-        reply_to = inbound.message_number(item.reply_to)
-        for index in range(done, len(chunks)):
-            edited = (
-                index == 0
-                and stream is not None
-                and await self._edit_stream(item.chat, stream, chunks[0])
-            )
-            if not edited:
-                first = index == 0
-                await self._sender.send(
-                    item.chat, chunks[index], reply_to=reply_to if first else None
-                )
-            _remember(self._progress, id(item), (item, index + 1))
-        self._progress.pop(id(item), None)
-        if item.stream_id:
-            self._streams.pop(item.stream_id, None)
-            _remember(self._finished, item.stream_id, None)
-
-    async def _edit_stream(self, chat: ChatRef, stream: _Stream, chunk: str) -> bool:
-        """The final edit: exact, and still no sooner than the interval after the last."""
-        if stream.message_id is None:
-            return False
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(stream.at + self._stream_interval - loop.time())
-        stream.at = loop.time()
-        return await self._sender.edit(chat, stream.message_id, chunk)
-
-    async def _stream(self, update: StreamUpdate) -> None:
-        """Show the reply so far: send it, then edit it. Best effort: never raises."""
-        if update.stream_id in self._finished:
-            return  # the final message is out; a late update must not start another
-        chunks = split_telegram(telegram_html(update.text))
-        if not chunks:
-            return
-        now = asyncio.get_running_loop().time()
-        state = self._streams.get(update.stream_id)
-        try:
-            if state is None:
-                reply_to = inbound.message_number(update.reply_to)
-                sent = await self._sender.send(
-                    update.chat, chunks[0], reply_to=reply_to, retry=ONCE
-                )
-                _remember(self._streams, update.stream_id, _Stream(sent, chunks[0], now))
-            elif state.message_id is not None and state.shown != chunks[0]:
-                if now - state.at < self._stream_interval:
-                    return  # the final message is exact; skipped updates are not missed
-                state.at, state.shown = now, chunks[0]
-                if not await self._sender.edit(
-                    update.chat, state.message_id, chunks[0], retry=ONCE
-                ):
-                    state.message_id = None
-        except DeliveryError as exc:
-            logger.debug("telegram stream update skipped: {}", exc)
-
-    async def _set_typing(self, signal: Typing) -> None:
-        """One indicator per chat while any turn runs there."""
-        current = self._typing.get(signal.chat)
-        if signal.active:
-            if self._sender.bot is None:
-                return  # not connected; and run() could not stop it
-            if current is not None:
-                current.turns += 1
-            else:
-                task = asyncio.create_task(self._keep_typing(signal.chat), name="telegram-typing")
-                self._typing[signal.chat] = _Typing(task)
-        elif current is not None:
-            current.turns -= 1
-            if current.turns <= 0:
-                del self._typing[signal.chat]
-                await _cancel(current.task)
-
-    async def _keep_typing(self, chat: ChatRef) -> None:
-        while True:
-            await self._sender.typing(chat)
-            await asyncio.sleep(self._typing_interval)
-
-    async def _stop_typing(self) -> None:
-        tasks = [state.task for state in self._typing.values()]
-        self._typing.clear()
-        for task in tasks:
-            await _cancel(task)
+                await self._replies.send(item)
 
 
-def _remember(cache: OrderedDict[K, V], key: K, value: V) -> None:
-    """Put `key` in a small cache that forgets its oldest entries."""
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > KEEP_STREAMS:
-        cache.popitem(last=False)
+def _render(text: str) -> list[str]:
+    return split_telegram(telegram_html(text))
 
 
 async def _hold() -> NoReturn:
@@ -347,11 +243,6 @@ async def _hold() -> NoReturn:
     and cancels us (its offset only advances after `put` returns)."""
     while True:
         await asyncio.get_running_loop().create_future()
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.wait([task])  # unlike `await task`, never swallows our own cancellation
 
 
 def _remove(paths: list[Path]) -> None:

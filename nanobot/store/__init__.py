@@ -1,6 +1,7 @@
 """The embedded state database (SQLite, WAL): schema, migrations and the stores built on it."""
 
 from nanobot.store.access import Access, AllowedUser, PairingRequest
+from nanobot.store.cron import CronStore
 from nanobot.store.database import Database, SqlValue
 from nanobot.store.journal import Journal, PendingInbound, PendingOutbox
 from nanobot.store.sessions import (
@@ -16,6 +17,7 @@ from nanobot.store.usage import UsageLedger, UsageTotals
 __all__ = [
     "Access",
     "AllowedUser",
+    "CronStore",
     "Database",
     "Entry",
     "EntryKind",

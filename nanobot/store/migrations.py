@@ -101,6 +101,44 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX usage_session_key ON usage (session_key, at);
     """,
+    # 4: cron jobs, their bounded run history, and the counter that tells processes of changes.
+    """
+    CREATE TABLE cron_jobs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        message TEXT NOT NULL,
+        schedule TEXT NOT NULL,  -- JSON: {"kind": "at" | "every" | "cron", ...}
+        enabled INTEGER NOT NULL,
+        channel TEXT,
+        chat_id TEXT,
+        owner TEXT,  -- the session key of the chat that made it; NULL from the CLI
+        created_at TEXT NOT NULL,
+        next_run TEXT,  -- UTC; NULL exactly when disabled
+        last_run TEXT,
+        last_status TEXT,
+        CHECK (enabled = (next_run IS NOT NULL))
+    );
+    CREATE INDEX cron_jobs_next_run ON cron_jobs (next_run) WHERE enabled = 1;
+    CREATE INDEX cron_jobs_owner ON cron_jobs (owner, created_at);
+    CREATE TABLE cron_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id TEXT NOT NULL REFERENCES cron_jobs (id) ON DELETE CASCADE,
+        due_at TEXT,
+        started_at TEXT NOT NULL,
+        ended_at TEXT,
+        status TEXT NOT NULL,
+        error TEXT,
+        delivered INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX cron_runs_job ON cron_runs (job_id, id);
+    CREATE INDEX cron_runs_running ON cron_runs (id) WHERE status = 'running';
+    -- One row; `version` grows in the same transaction as every change to cron_jobs.
+    CREATE TABLE cron_state (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        version INTEGER NOT NULL
+    );
+    INSERT INTO cron_state (id, version) VALUES (1, 0);
+    """,
 )
 
 

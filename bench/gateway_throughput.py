@@ -1,0 +1,536 @@
+"""Issue 4, gateway: concurrent chats, a burst of 1,000 chats, one message's latency.
+
+The real ``nanobot gateway`` runs as a subprocess (as tests/gateway_process.py starts it,
+in an isolated environment and a temporary data dir), polling a fake Telegram and calling a
+fake model, each fake in a process of its own so that neither runs in this event loop:
+
+- the fake model (``python -m tests.fakes.llm``): 200 ms before the first byte of every
+  answer; each chat's first call gets a ``list_dir {"path": "."}`` tool call, the call after
+  the tool result gets the text (``ToolThenText``), so every message is two model calls and
+  one real tool run. A second fake answers text at once (the "0 ms model").
+- the fake Telegram (``python -m bench._gateway telegram``, one per gateway): injects the
+  messages and times the replies next to the fake (see bench/_gateway.py). A reply is
+  delivered when the Bot API request that makes its chat show the final text arrives.
+
+Gateways, all started first and kept running (start-up is not measured; each has a warm-up
+burst): the default ``max_concurrent_turns`` (16), 20, 1 (one chat at a time, like the
+original nanobot) and 1,000, on the 200 ms model; the default on the 0 ms model. A bare
+python-telegram-bot echo bot (bench/_gateway.py) is the baseline of the latency figure.
+
+1. 20 chats write at once (fresh chats every round): time from queuing the 20 messages to
+   the last final reply; the three configurations interleaved, rotating their order.
+2. 1,000 chats write at once: the same time, for the default and 1,000 concurrent turns,
+   and the gateway's RSS (VmRSS sampled every 50 ms: peak minus the value before).
+3. One message at a time in one chat, 0 ms model: time to the first bot message and to the
+   final text, against the echo bot, in interleaved blocks.
+
+CPU seconds used by the gateway and by each fake during every burst are recorded too (from
+/proc): on 2 cores they tell whether the gateway or a fake was the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench._common import (
+    REPO_ROOT,
+    BenchError,
+    Metric,
+    format_table,
+    isolated_env,
+    write_results,
+)
+from bench._gateway import Child, RssSampler, cpu_seconds, hwm_kib
+from tests.fakes.telegram import DEFAULT_TOKEN
+from tests.gateway_process import GatewayProcess
+
+NAME = "gateway_throughput"
+PYTHON = sys.executable
+
+MODEL_DELAY_S = 0.2
+TOOL_CALL = {"name": "list_dir", "arguments": {"path": "."}}
+USER_TEXT = "What is in my workspace?"
+FINAL_TEXT = "Your workspace holds the usual files: memory, skills and notes."
+ZERO_MS_TEXT = "Hello! The fake model answered this at once."
+
+BURST_CHATS, BURST_TARGET_S = 20, 0.8
+BURST_ROUNDS = 5
+WARMUP_CHATS = 4  # one warm-up burst per gateway: lazy imports, first-call set-up
+BIG_CHATS, BIG_TARGET_S, BIG_RSS_TARGET_MIB = 1000, 3.0, 50.0
+# A burst of 1,000 takes minutes on 2 cores (one-off runs: docs/benchmarks.md); the
+# benchmark stops looking after BIG_CAP_S and kills that gateway. Raise it to see them end.
+BIG_CAP_S = 30.0
+LATENCY_BLOCKS, LATENCY_BLOCK = 6, 5  # 30 messages per bot, in interleaved blocks of 5
+LATENCY_WARMUPS = 3
+LATENCY_PAUSE_S = 0.1
+LATENCY_CHAT = 42
+SETTLE_S = 1.0  # after a burst, before the next one: the gateway confirms, typing stops
+BURST_TIMEOUT_S = 120.0
+
+DEFAULT = "default (16)"  # AgentConfig.max_concurrent_turns' default
+ZERO = "0 ms model"
+CONFIGS: dict[str, int | None] = {DEFAULT: None, "20": 20, "1": 1, "1000": 1000}
+BURST_CONFIGS = (DEFAULT, "20", "1")
+BIG_CONFIGS = (DEFAULT, "1000")
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Setup:
+    """One gateway under test, its own fake Telegram and the fake model it calls."""
+
+    name: str
+    gateway: GatewayProcess
+    telegram: Child
+    llm: Child
+    next_chat: int = 1_000_000
+
+    @property
+    def pid(self) -> int:
+        assert self.gateway.process is not None
+        return self.gateway.process.pid
+
+    def chats(self, count: int) -> list[int]:
+        """``count`` chats (private, user id = chat id) this gateway has never seen."""
+        first, self.next_chat = self.next_chat, self.next_chat + count
+        return list(range(first, first + count))
+
+
+@dataclass(frozen=True)
+class Burst:
+    """``chats`` messages queued at once on one gateway, and what became of them.
+
+    Times are seconds since the messages were queued at the fake Telegram.
+    """
+
+    config: str
+    chats: int
+    complete: bool  # every chat got its final reply (else: stopped looking at the cap)
+    looked_s: float  # how long it was watched: until the last reply, or the cap
+    taken_s: float | None  # the getUpdates that acknowledged the last message, if seen
+    first_s: list[float]  # per chat that got one: its first bot message
+    final_s: list[float]  # per chat that got it: its final text
+    verified: int  # chats that show the final text
+    two_messages: int  # chats whose reply left a separate partial message behind
+    api_calls: dict[str, int]
+    cpu_s: dict[str, float]  # gateway, telegram, model: CPU used while watched
+    timeline: list[tuple[float, str, int]] = field(default_factory=list)
+    rss_before_mib: float = 0.0
+    rss_peak_mib: float = 0.0
+    hwm_after_mib: float = 0.0
+    rss_samples: int = 0
+
+    @property
+    def wall(self) -> float:
+        """Until the last final reply."""
+        if not self.complete:
+            raise BenchError(f"{self.config}: the burst did not complete")
+        return max(self.final_s)
+
+    def answered_by(self, seconds: float) -> int:
+        return sum(1 for t in self.final_s if t <= seconds)
+
+    @property
+    def rss_growth_mib(self) -> float:
+        return self.rss_peak_mib - self.rss_before_mib
+
+
+@dataclass
+class Measurements:
+    bursts: dict[str, list[Burst]] = field(default_factory=dict)
+    big: dict[str, Burst] = field(default_factory=dict)
+    gateway_first_s: list[list[float]] = field(default_factory=list)  # per block
+    gateway_final_s: list[list[float]] = field(default_factory=list)
+    echo_s: list[list[float]] = field(default_factory=list)
+    start_up_s: float = 0.0
+
+
+def _config(root: Path, llm_url: str, telegram_url: str, turns: int | None) -> dict[str, Any]:
+    agent: dict[str, Any] = {
+        "model": "openai/fake-model",
+        "api_base": llm_url,
+        "api_key": "sk-bench-not-a-secret",
+        "max_retries": 0,
+    }
+    if turns is not None:
+        agent["max_concurrent_turns"] = turns
+    return {
+        "data_dir": str(root / "data"),
+        "agent": agent,
+        "channels": {
+            "telegram": {
+                "enabled": True,
+                "token": DEFAULT_TOKEN,
+                "allow_from": ["*"],
+                "api_base": telegram_url,
+            }
+        },
+        "gateway": {"shutdown_timeout": 5},
+    }
+
+
+async def _start_llm(
+    tmp: Path, name: str, delay: float, default: dict[str, Any]
+) -> tuple[Child, str]:
+    script = tmp / f"{name}.json"
+    script.write_text(json.dumps({"default": default}), encoding="utf-8")
+    argv = [PYTHON, "-m", "tests.fakes.llm", "--port", "0", "--delay", str(delay)]
+    argv += ["--script", str(script)]
+    child = await Child.start(name, argv, isolated_env(tmp), REPO_ROOT, tmp / f"{name}.log")
+    url = await child.line(60)
+    if not url.startswith("http://"):
+        raise BenchError(f"{name}: unexpected first line {url!r}")
+    return child, url
+
+
+async def _start_telegram(tmp: Path, name: str) -> tuple[Child, str]:
+    argv = [PYTHON, "-m", "bench._gateway", "telegram"]
+    child = await Child.start(name, argv, isolated_env(tmp), REPO_ROOT, tmp / f"{name}.log")
+    return child, str(json.loads(await child.line(60))["base_url"])
+
+
+def _slug(name: str) -> str:
+    return name.split(maxsplit=1)[0]
+
+
+async def _start_gateway(
+    tmp: Path, name: str, llm: tuple[Child, str], turns: int | None, children: list[Child]
+) -> Setup:
+    root = tmp / f"gateway-{_slug(name)}"
+    root.mkdir()
+    telegram, telegram_url = await _start_telegram(tmp, f"telegram-{_slug(name)}")
+    children.append(telegram)
+    config = _config(root, llm[1], telegram_url, turns)
+    gateway = GatewayProcess(root, config, isolated_env(root))
+    setup = Setup(name, gateway, telegram, llm[0])
+    await gateway.start(ready="telegram connected")
+    return setup
+
+
+def _cpu(setup: Setup) -> dict[str, float]:
+    return {
+        "gateway": cpu_seconds(setup.pid),
+        "telegram": cpu_seconds(setup.telegram.pid),
+        "model": cpu_seconds(setup.llm.pid),
+    }
+
+
+async def _burst(
+    setup: Setup, chats: int, *, seconds: float = BURST_TIMEOUT_S, cap: bool = False
+) -> Burst:
+    """Queue one message in each of ``chats`` fresh chats; wait for every final reply (or,
+    with ``cap``, for at most ``seconds``)."""
+    command = {
+        "op": "burst",
+        "chats": setup.chats(chats),
+        "text": USER_TEXT,
+        "final": FINAL_TEXT,
+        "timeout": seconds,
+        "timeline": chats <= BURST_CHATS,
+    }
+    cpu_before = _cpu(setup)
+    sampler = RssSampler(setup.pid)
+    async with sampler:
+        answer = await setup.telegram.ask(command, seconds + 30)
+    cpu_after = _cpu(setup)
+    complete = bool(answer["complete"]) and answer["verified"] == chats
+    if not complete and not cap:
+        raise BenchError(
+            f"{setup.name}: {len(answer['final'])} of {chats} chats got their final reply "
+            f"in {seconds:g} s ({answer['verified']} show it); api calls: {answer['api_calls']}"
+        )
+    start = float(answer["injected_at"])
+    taken = answer["taken_at"]
+    final_s = sorted(float(t) - start for t in answer["final"].values())
+    return Burst(
+        config=setup.name,
+        chats=chats,
+        complete=complete,
+        looked_s=max(final_s) if complete else seconds,
+        taken_s=None if taken is None else float(taken) - start,
+        first_s=sorted(float(t) - start for t in answer["first"].values()),
+        final_s=final_s,
+        verified=int(answer["verified"]),
+        two_messages=int(answer["chats_with_two_messages"]),
+        api_calls=dict(answer["api_calls"]),
+        cpu_s={k: cpu_after[k] - cpu_before[k] for k in cpu_before},
+        timeline=[(float(t), str(m), int(c)) for t, m, c in answer.get("timeline", [])],
+        rss_before_mib=sampler.before / 1024,
+        rss_peak_mib=sampler.peak / 1024,
+        hwm_after_mib=hwm_kib(setup.pid) / 1024,
+        rss_samples=sampler.samples,
+    )
+
+
+async def _sequence(
+    telegram: Child, texts: Sequence[str], final: str | None
+) -> tuple[list[float], list[float]]:
+    """One message at a time in LATENCY_CHAT: (to the first bot message, to the final)."""
+    command = {
+        "op": "sequence",
+        "chat": LATENCY_CHAT,
+        "texts": list(texts),
+        "final": final,
+        "pause": LATENCY_PAUSE_S,
+        "timeout": 30.0,
+    }
+    answer = await telegram.ask(command, 30.0 * len(texts) + 30)
+    if not answer["complete"]:
+        raise BenchError(f"{telegram.name}: no reply to {answer['stuck_on']!r}")
+    return [float(v) for v in answer["first"]], [float(v) for v in answer["final"]]
+
+
+async def _bursts(m: Measurements, setups: dict[str, Setup]) -> None:
+    _progress(f"  warm-up: a burst of {WARMUP_CHATS} chats per gateway")
+    for setup in setups.values():
+        if setup.name != ZERO:
+            await _burst(setup, WARMUP_CHATS)
+            await asyncio.sleep(SETTLE_S)
+    _progress(
+        f"  {BURST_CHATS} chats at once, {BURST_ROUNDS} rounds of max_concurrent_turns "
+        f"{', '.join(BURST_CONFIGS)} (interleaved, order rotating)"
+    )
+    for round_ in range(BURST_ROUNDS):
+        shift = round_ % len(BURST_CONFIGS)
+        for config in BURST_CONFIGS[shift:] + BURST_CONFIGS[:shift]:
+            burst = await _burst(setups[config], BURST_CHATS)
+            m.bursts.setdefault(config, []).append(burst)
+            _progress(f"    {config}: {burst.wall:.3f} s")
+            await asyncio.sleep(SETTLE_S)
+
+
+async def _latency(m: Measurements, gateway: Child, echo: Child) -> None:
+    _progress(
+        f"  one message at a time: {LATENCY_WARMUPS} warm-ups, then {LATENCY_BLOCKS} "
+        f"interleaved blocks of {LATENCY_BLOCK} messages per bot"
+    )
+    texts = (f"ping {i}" for i in itertools.count())
+    warm = [next(texts) for _ in range(LATENCY_WARMUPS)]
+    await _sequence(gateway, warm, ZERO_MS_TEXT)
+    await _sequence(echo, warm, None)
+    for _ in range(LATENCY_BLOCKS):
+        block = [next(texts) for _ in range(LATENCY_BLOCK)]
+        first, final = await _sequence(gateway, block, ZERO_MS_TEXT)
+        m.gateway_first_s.append(first)
+        m.gateway_final_s.append(final)
+        m.echo_s.append((await _sequence(echo, block, None))[1])
+
+
+async def _big(m: Measurements, setups: dict[str, Setup]) -> None:
+    _progress(
+        f"  {BIG_CHATS} chats at once, max_concurrent_turns {', '.join(BIG_CONFIGS)}: "
+        f"watched for at most {BIG_CAP_S:g} s each, then that gateway is killed"
+    )
+    for config in BIG_CONFIGS:
+        setup = setups[config]
+        burst = await _burst(setup, BIG_CHATS, seconds=BIG_CAP_S, cap=True)
+        await setup.gateway.kill()  # what it still owes would disturb the next one
+        m.big[config] = burst
+        _progress(
+            f"    {config}: {burst.answered_by(BIG_TARGET_S)} answered in {BIG_TARGET_S:g} s, "
+            f"{len(burst.final_s)} in {burst.looked_s:.1f} s; RSS "
+            f"+{burst.rss_growth_mib:.1f} MiB"
+        )
+
+
+async def measure() -> Measurements:
+    m = Measurements()
+    with tempfile.TemporaryDirectory(prefix="nanobot-bench-gateway-") as name:
+        tmp = Path(name)
+        children: list[Child] = []
+        gateways: list[GatewayProcess] = []
+        try:
+            _progress("  starting the fakes, 5 gateways and the echo bot")
+            started = time.monotonic()
+            tool_then_text = {"type": "ToolThenText", "call": TOOL_CALL, "text": FINAL_TEXT}
+            llm = await _start_llm(tmp, "model-200ms", MODEL_DELAY_S, tool_then_text)
+            children.append(llm[0])
+            zero_text = {"type": "Text", "content": ZERO_MS_TEXT}
+            llm0 = await _start_llm(tmp, "model-0ms", 0.0, zero_text)
+            children.append(llm0[0])
+            echo_telegram, echo_url = await _start_telegram(tmp, "telegram-echo")
+            children.append(echo_telegram)
+            echo_argv = [PYTHON, "-m", "bench._gateway", "echo-bot", echo_url]
+            echo = await Child.start(
+                "echo-bot", echo_argv, isolated_env(tmp), REPO_ROOT, tmp / "echo-bot.log"
+            )
+            children.append(echo)
+            starting = [_start_gateway(tmp, n, llm, t, children) for n, t in CONFIGS.items()]
+            starting.append(_start_gateway(tmp, ZERO, llm0, None, children))
+            setups = {s.name: s for s in await asyncio.gather(*starting)}
+            gateways.extend(s.gateway for s in setups.values())
+            await echo.line(60)
+            m.start_up_s = time.monotonic() - started
+
+            await _bursts(m, setups)
+            await _latency(m, setups[ZERO].telegram, echo_telegram)
+            idle = [s.gateway.stop() for s in setups.values() if s.name not in BIG_CONFIGS]
+            await asyncio.gather(echo.stop(), *idle)  # not needed any more
+            await _big(m, setups)
+        finally:
+            for gateway in gateways:
+                if gateway.process is not None and gateway.process.returncode is None:
+                    await gateway.kill()
+            for child in children:
+                await child.stop()
+    return m
+
+
+def _per_block(values: list[list[float]], base: list[list[float]]) -> list[float]:
+    med = statistics.median
+    return [med(v) / med(b) for v, b in zip(values, base, strict=True)]
+
+
+def _flat(blocks: list[list[float]], scale: float = 1.0) -> list[float]:
+    return [v * scale for block in blocks for v in block]
+
+
+def metrics_of(m: Measurements) -> list[Metric]:
+    med = statistics.median
+    out: list[Metric] = []
+    for config in BURST_CONFIGS:
+        bursts = m.bursts[config]
+        target = BURST_TARGET_S if config != "1" else None
+        label = f"{BURST_CHATS} chats, turns {config}"
+        out += [
+            Metric(f"{label}: all final", "s", [b.wall for b in bursts], target=target),
+            Metric(f"{label}: median chat final", "s", [med(b.final_s) for b in bursts]),
+            Metric(f"{label}: last 1st message", "s", [max(b.first_s) for b in bursts]),
+            Metric(f"{label}: gateway CPU", "s", [b.cpu_s["gateway"] for b in bursts]),
+        ]
+    default, one = m.bursts[DEFAULT], m.bursts["1"]
+    for config in (DEFAULT, "20"):
+        out.append(
+            Metric(
+                f"{BURST_CHATS} chats: turns 1 / turns {config}",
+                "x",
+                [a.wall / b.wall for a, b in zip(one, m.bursts[config], strict=True)],
+                note="per interleaved round",
+            )
+        )
+    out.append(
+        Metric(
+            f"{BURST_CHATS} chats, turns {DEFAULT}: all taken (acked)",
+            "s",
+            [b.taken_s for b in default if b.taken_s is not None],
+        )
+    )
+    for config, burst in m.big.items():
+        label = f"{BIG_CHATS} chats, turns {config}"
+        late = BIG_CHATS - burst.answered_by(BIG_TARGET_S)
+        out += [
+            Metric(f"{label}: not answered in {BIG_TARGET_S:g} s", "chats", [late], target=0),
+            Metric(
+                f"{label}: answered in {burst.looked_s:g} s",
+                "chats",
+                [len(burst.final_s)],
+                note="the cap" if not burst.complete else "all",
+            ),
+            Metric(f"{label}: RSS growth", "MiB", [burst.rss_growth_mib], BIG_RSS_TARGET_MIB),
+            Metric(f"{label}: gateway CPU", "s", [burst.cpu_s["gateway"]]),
+            Metric(
+                f"{label}: sendChatAction calls",
+                "calls",
+                [burst.api_calls.get("sendChatAction", 0)],
+            ),
+        ]
+        if burst.taken_s is not None:
+            out.append(Metric(f"{label}: all taken (acked)", "s", [burst.taken_s]))
+    out += [
+        Metric("0 ms model, gateway: to 1st message", "ms", _flat(m.gateway_first_s, 1000)),
+        Metric("0 ms model, gateway: to final text", "ms", _flat(m.gateway_final_s, 1000)),
+        Metric("echo bot (PTB): to reply", "ms", _flat(m.echo_s, 1000)),
+        Metric(
+            "gateway final / echo bot",
+            "x",
+            _per_block(m.gateway_final_s, m.echo_s),
+            note="per interleaved block",
+        ),
+        Metric(
+            "gateway 1st message / echo bot",
+            "x",
+            _per_block(m.gateway_first_s, m.echo_s),
+            note="per interleaved block",
+        ),
+    ]
+    return out
+
+
+def _timeline(burst: Burst) -> str:
+    """The bot's sends and edits of one burst, as "+t method×n" runs."""
+    runs: list[tuple[float, str, int]] = []
+    for at, method, _ in burst.timeline:
+        short = "send" if method.lower() == "sendmessage" else "edit"
+        if runs and runs[-1][1] == short:
+            runs[-1] = (runs[-1][0], short, runs[-1][2] + 1)
+        else:
+            runs.append((at, short, 1))
+    return ", ".join(f"{at:.2f} s {method}×{n}" for at, method, n in runs)
+
+
+def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
+    """Print the table and what explains it; return everything for the JSON."""
+    print(format_table(metrics))
+    med = statistics.median
+    print(
+        f"\nBot messages of the median-length round ({BURST_CHATS} chats; 'send' is a reply's "
+        "first words, 'edit' its final text; seconds since the messages were queued):"
+    )
+    for config in BURST_CONFIGS:
+        bursts = sorted(m.bursts[config], key=lambda b: b.wall)
+        print(f"  turns {config}: {_timeline(bursts[len(bursts) // 2])}")
+    for config, burst in m.big.items():
+        print(
+            f"{BIG_CHATS} chats, turns {config}: first final reply after "
+            f"{min(burst.final_s, default=float('nan')):.1f} s; "
+            f"{burst.answered_by(BIG_TARGET_S)} answered in {BIG_TARGET_S:g} s, "
+            f"{len(burst.final_s)} in {burst.looked_s:.1f} s; Bot API calls: {burst.api_calls}; "
+            f"CPU (s): {', '.join(f'{k} {v:.1f}' for k, v in burst.cpu_s.items())}"
+        )
+    print(
+        f"One message, 0 ms model: gateway {med(_flat(m.gateway_first_s, 1000)):.1f} ms to the "
+        f"first message, {med(_flat(m.gateway_final_s, 1000)):.1f} ms to the final text; "
+        f"echo bot {med(_flat(m.echo_s, 1000)):.1f} ms."
+    )
+    return {
+        "metrics": [metric.as_json() for metric in metrics],
+        "bursts": {k: [asdict(b) for b in v] for k, v in m.bursts.items()},
+        "big": {k: asdict(b) for k, b in m.big.items()},
+        "latency_s": {
+            "gateway_first": m.gateway_first_s,
+            "gateway_final": m.gateway_final_s,
+            "echo": m.echo_s,
+        },
+        "start_up_s": m.start_up_s,
+        "settings": {
+            "model_delay_s": MODEL_DELAY_S,
+            "tool_call": TOOL_CALL,
+            "burst_chats": BURST_CHATS,
+            "burst_rounds": BURST_ROUNDS,
+            "big_chats": BIG_CHATS,
+            "big_cap_s": BIG_CAP_S,
+            "latency_messages": LATENCY_BLOCKS * LATENCY_BLOCK,
+            "configs": CONFIGS,
+        },
+    }
+
+
+def main() -> None:
+    m = asyncio.run(measure())
+    metrics = metrics_of(m)
+    payload = report(m, metrics)
+    path = write_results(NAME, payload)
+    print(f"\nResults: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")

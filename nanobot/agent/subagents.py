@@ -1,0 +1,493 @@
+"""Subagents: background runs that the main agent starts with the `spawn` tool.
+
+A subagent works alone on one self-contained task, in its own session (`subagent:<id>`), with
+its own limits and a tool set that never includes `spawn` or `message`. When it ends, a note
+with its outcome (its output wrapped as untrusted data) is added to the session it was started
+from, and `notify` runs a follow-up turn there so the agent tells the user. A cancelled one
+gets the note but no turn: the user asked for the stop.
+
+Progress is recorded as notes in the subagent's own session, next to its work: `started`,
+then `ended` (state and note), `noted` (the note is in the origin session), `reported` (the
+follow-up turn ran). After a restart, `recover()` reports a subagent that never ended as
+interrupted and finishes whatever step the restart cut short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, tzinfo
+from typing import Any, Literal, cast, get_args
+
+from loguru import logger
+
+from nanobot.agent.loop import AgentLoop, Reply, ReplySink, TurnRequest
+from nanobot.agent.run import EventListener, LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
+from nanobot.agent.runner import Runner
+from nanobot.bus.events import ChatRef
+from nanobot.errors import NanobotError
+from nanobot.providers.base import Message
+from nanobot.store import NewEntry, SessionInfo, SessionStore, UsageLedger
+from nanobot.tools.base import SendText, ToolContext, current_context, untrusted
+
+SubagentState = Literal["running", "completed", "failed", "timed_out", "cancelled", "interrupted"]
+Event = Literal["started", "ended", "noted", "reported"]
+
+PREFIX = "subagent:"
+NEVER = frozenset({"spawn", "message"})  # a subagent cannot fork or talk to the user
+KEEP_FINISHED = 200  # finished subagents remembered for `/tasks`
+SHOWN = 10  # the newest ones `/tasks` lists
+RESULT_CHARS = 8_000  # of a subagent's output in the note; the rest stays in its session
+SUMMARY_CHARS = 60
+
+PROMPT = (
+    "You are a background worker of nanobot, a personal AI assistant. The main agent gave you "
+    "the task in the next message. Work on it alone with the tools you have: nobody can answer "
+    "questions while you work and you cannot message the user. When you are done, reply with "
+    "the result, complete and self-contained: your final reply is all the main agent sees. If "
+    "you cannot finish, say what you found and what is missing.\nCurrent time: {now}."
+)
+FOLLOW_UP = (
+    "[system: a background task you started has ended; its note is just above. Tell the user "
+    "what came of it.]"
+)
+_STATE_WORDS: dict[SubagentState, str] = {
+    "running": "running",
+    "completed": "completed",
+    "failed": "failed",
+    "timed_out": "timed out",
+    "cancelled": "cancelled",
+    "interrupted": "interrupted by a restart",
+}
+
+
+class SubagentError(NanobotError):
+    """A subagent cannot start now; the message says why, for the model."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The conversation a subagent was started from, where its result goes."""
+
+    session_key: str
+    channel: str
+    chat_id: str
+    thread_id: str | None = None
+
+    @classmethod
+    def of(cls, context: ToolContext) -> Origin:
+        return cls(context.session_key, context.channel, context.chat_id)
+
+    @property
+    def chat(self) -> ChatRef:
+        return ChatRef(self.channel, self.chat_id, self.thread_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentInfo:
+    """One subagent as `/tasks` shows it. `ended` is None while it runs."""
+
+    id: str
+    task: str
+    origin: Origin
+    started: datetime
+    state: SubagentState = "running"
+    label: str | None = None
+    ended: datetime | None = None
+
+    @property
+    def session_key(self) -> str:
+        return PREFIX + self.id
+
+    @property
+    def summary(self) -> str:
+        lines = self.task.strip().splitlines()
+        text = self.label or (lines[0] if lines else "")
+        return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentSettings:
+    """Limits of subagents. `tools` are the names they may use (see `subagent_tools`)."""
+
+    max_subagents: int = 4
+    max_iterations: int = 30
+    max_seconds: float = 900.0
+    tools: Sequence[str] = ()
+    policy: ToolPolicy = field(default_factory=ToolPolicy)
+    timezone: tzinfo | None = None
+
+
+Notify = Callable[[Origin], Awaitable[None]]
+"""Run a follow-up turn in the origin's session (its note is already there) and deliver the
+reply. May raise: the report is then retried on the next start."""
+
+
+def subagent_tools(names: Iterable[str], *, allow_exec: bool) -> tuple[str, ...]:
+    """The tools among `names` a subagent may use: never spawn or message; exec if allowed."""
+    return tuple(n for n in names if n not in NEVER and (allow_exec or n != "exec"))
+
+
+class Subagents:
+    """Starts, tracks, cancels and reports subagents. Owns their tasks: `stop()` cancels and
+    awaits every one (a subagent cut short that way is reported as interrupted by `recover()`
+    on the next start)."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        sessions: SessionStore,
+        notify: Notify,
+        settings: SubagentSettings | None = None,
+        *,
+        usage: UsageLedger | None = None,
+        model: str = "",
+    ) -> None:
+        self._runner = runner
+        self._sessions = sessions
+        self._notify = notify
+        self._settings = settings or SubagentSettings()
+        self._tools = tuple(n for n in self._settings.tools if n not in NEVER)
+        self._usage, self._model = usage, model
+        self._infos: dict[str, SubagentInfo] = {}  # oldest change first
+        self._run_ids: dict[str, str] = {}
+        self._cancelled: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def running(self) -> int:
+        return sum(1 for info in self._infos.values() if info.state == "running")
+
+    def list(self, session_key: str) -> list[SubagentInfo]:
+        """The subagents started from `session_key` that are remembered, oldest first."""
+        found = [i for i in self._infos.values() if i.origin.session_key == session_key]
+        return sorted(found, key=lambda info: info.started)
+
+    def describe(self, session_key: str) -> str:
+        """The answer to `/tasks`: the session's newest subagents and their states."""
+        infos = self.list(session_key)[-SHOWN:]
+        if not infos:
+            return "No background tasks in this chat."
+        now = _now()
+        lines = ["Background tasks in this chat:"]
+        for info in infos:
+            if info.state == "running":
+                when = f" for {_duration((now - info.started).total_seconds())}"
+            elif info.ended is not None and info.state != "interrupted":
+                when = f" after {_duration((info.ended - info.started).total_seconds())}"
+            else:
+                when = ""
+            lines.append(f"• {info.id} {_STATE_WORDS[info.state]}{when}: {info.summary}")
+        return "\n".join(lines)
+
+    async def spawn(self, task: str, origin: ToolContext, label: str | None = None) -> str:
+        """Start `task` in the background for the conversation of `origin`; returns its id.
+
+        Raises:
+            SubagentError: too many are running, shutting down, or asked from a subagent.
+            StoreError: its session could not be written (nothing was started).
+        """
+        limit = self._settings.max_subagents
+        if self._closed:
+            raise SubagentError("background tasks cannot start while nanobot shuts down")
+        if origin.session_key.startswith(PREFIX):
+            raise SubagentError("a background task cannot start another one")
+        if limit <= 0:
+            raise SubagentError("background tasks are turned off (agent.max_subagents is 0)")
+        if self.running >= limit:
+            raise SubagentError(
+                f"{self.running} background tasks are running, the most allowed at once "
+                f"(agent.max_subagents is {limit}). Wait for one to finish (its result comes to "
+                "you as a note), or do this yourself now."
+            )
+        info = SubagentInfo(
+            uuid.uuid4().hex[:8], task.strip(), Origin.of(origin), _now(), label=label or None
+        )
+        self._remember(info)  # holds the slot while the session is written
+        run = self._run_input(info)
+        try:
+            session_id = await self._sessions.live(info.session_key)
+            started = self._mark(
+                "started",
+                f"started: {info.summary}",
+                task=info.task,
+                label=info.label,
+                origin=asdict(info.origin),
+            )
+            messages = [NewEntry("message", dict(m), run.run_id) for m in run.messages]
+            await self._sessions.append(session_id, [started, *messages])
+        except BaseException:
+            self._infos.pop(info.id, None)
+            raise
+        self._run_ids[info.id] = run.run_id
+        self._start(self._work(info, session_id, run), f"subagent-{info.id}")
+        logger.info("subagent {} started from {}: {}", info.id, origin.session_key, info.summary)
+        return info.id
+
+    def cancel_session(self, session_key: str) -> int:
+        """Stop the running subagents started from `session_key`; returns how many."""
+        count = 0
+        for info in self.list(session_key):
+            if info.state == "running" and info.id not in self._cancelled:
+                self._cancelled.add(info.id)  # in case its run has not begun yet
+                self._runner.abort(self._run_ids[info.id])
+                count += 1
+        return count
+
+    async def recover(self) -> None:
+        """Learn the subagents of earlier runs; report those a restart interrupted, and
+        finish reports a restart cut short. Call once at start, before any `spawn`."""
+        for session in await self._sessions.sessions():
+            if not session.key.startswith(PREFIX) or session.key[len(PREFIX) :] in self._infos:
+                continue
+            try:
+                await self._recover(session)
+            except (KeyError, TypeError, ValueError):
+                logger.warning("session {} has no readable subagent record; skipped", session.key)
+
+    async def stop(self) -> None:
+        """Refuse new subagents, cancel the running ones and their reports, and wait."""
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one subagent ----------------------------------------------------------------------
+
+    def _run_input(self, info: SubagentInfo) -> RunInput:
+        settings = self._settings
+        now = datetime.now(settings.timezone).astimezone(settings.timezone)
+        prompt = PROMPT.format(now=f"{now:%Y-%m-%d %H:%M %Z}".strip())
+        system: Message = {"role": "system", "content": prompt}
+        return RunInput(
+            session_id=info.session_key,
+            messages=[system, {"role": "user", "content": info.task}],
+            allowed_tools=self._tools,
+            policy=settings.policy,
+            limits=LoopLimits(
+                max_iterations=settings.max_iterations,
+                max_tool_rounds=settings.max_iterations,
+                max_run_duration=settings.max_seconds,
+            ),
+        )
+
+    async def _work(self, info: SubagentInfo, session_id: int, run: RunInput) -> None:
+        clock = asyncio.get_running_loop().time
+        begun = clock()
+        result: RunResult | None = None
+        try:
+            result = await self._execute(info, session_id, run)
+        except Exception:  # noqa: BLE001 - a task boundary: the subagent fails, nanobot goes on
+            logger.exception("subagent {} crashed", info.id)
+        state = _state_of(result, clock() - begun, self._settings.max_seconds)
+        ended = replace(info, state=state, ended=_now())
+        self._remember(ended)
+        self._cancelled.discard(info.id)
+        self._run_ids.pop(info.id, None)
+        logger.info("subagent {} {}", info.id, _STATE_WORDS[state])
+        note = _note(ended, result, self._settings.max_seconds)
+        try:
+            await self._sessions.append(session_id, [self._ended(state, note)])
+            await self._account(info, result)
+            await self._report(ended, session_id, note)
+        except Exception:  # noqa: BLE001 - a task boundary
+            logger.exception("could not report subagent {}; retried on the next start", info.id)
+
+    async def _execute(self, info: SubagentInfo, session_id: int, run: RunInput) -> RunResult:
+        if info.id in self._cancelled:
+            return RunResult(run.run_id, run.session_id, "aborted", "Stopped.")
+
+        async def persist(message: Message) -> None:
+            await self._sessions.append(session_id, [NewEntry("message", message, run.run_id)])
+
+        origin = info.origin
+        context = ToolContext(origin.channel, origin.chat_id, info.session_key, run.run_id)
+        token = current_context.set(context)
+        try:
+            return await self._runner.run(run, RunHooks(persist=persist))
+        finally:
+            current_context.reset(token)
+
+    async def _account(self, info: SubagentInfo, result: RunResult | None) -> None:
+        if self._usage is None or result is None or not result.usage.total_tokens:
+            return
+        await self._usage.record(
+            info.origin.session_key,  # what a chat's subagents cost is what the chat cost
+            result.run_id,
+            model=self._model,
+            prompt_tokens=result.usage.prompt_tokens,
+            completion_tokens=result.usage.completion_tokens,
+            cost=result.usage.cost,
+        )
+
+    async def _report(
+        self, info: SubagentInfo, session_id: int, note: str, *, noted: bool = False
+    ) -> None:
+        """Put `note` into the origin session, then (unless cancelled) run the follow-up."""
+        if not noted:
+            origin_id = await self._sessions.live(info.origin.session_key)
+            entry = NewEntry("note", {"source": f"subagent {info.id}", "text": note})
+            await self._sessions.append(origin_id, [entry])
+            await self._sessions.append(session_id, [self._mark("noted", "result noted")])
+        if info.state == "cancelled":
+            return
+        await self._notify(info.origin)
+        await self._sessions.append(session_id, [self._mark("reported", "reported")])
+
+    async def _recover(self, session: SessionInfo) -> None:
+        first = await self._sessions.since(session.id, 0, 1)
+        if not first or first[0].data.get("event") != "started":
+            raise ValueError(session.key)
+        start = first[0].data
+        info = SubagentInfo(
+            session.key[len(PREFIX) :],
+            str(start["task"]),
+            Origin(**start["origin"]),
+            first[0].created_at,
+            label=start.get("label"),
+        )
+        events = {
+            e.data["event"]: e
+            for e in await self._sessions.tail(session.id, 3)
+            if e.kind == "note" and "event" in e.data
+        }
+        ended = events.get("ended")
+        if ended is None:
+            info = replace(info, state="interrupted", ended=_now())
+            note = _note(info, None, self._settings.max_seconds)
+            await self._sessions.append(session.id, [self._ended("interrupted", note)])
+            logger.info("subagent {} was interrupted by a restart", info.id)
+        else:
+            state = cast(SubagentState, ended.data["state"])
+            if state not in get_args(SubagentState):
+                raise ValueError(state)
+            info = replace(info, state=state, ended=ended.created_at)
+            note = str(ended.data["note"])
+        self._remember(info)
+        done = "reported" in events or (info.state == "cancelled" and "noted" in events)
+        if not done:
+            noted = "noted" in events
+            self._start(self._report_later(info, session.id, note, noted), f"report-{info.id}")
+
+    async def _report_later(
+        self, info: SubagentInfo, session_id: int, note: str, noted: bool
+    ) -> None:
+        try:
+            await self._report(info, session_id, note, noted=noted)
+        except Exception:  # noqa: BLE001 - a task boundary
+            logger.exception("could not report subagent {}; retried on the next start", info.id)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _start(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _remember(self, info: SubagentInfo) -> None:
+        self._infos.pop(info.id, None)
+        self._infos[info.id] = info
+        finished = [i.id for i in self._infos.values() if i.state != "running"]
+        for old in finished[: max(0, len(finished) - KEEP_FINISHED)]:
+            del self._infos[old]
+
+    @staticmethod
+    def _mark(event: Event, text: str, **data: Any) -> NewEntry:
+        return NewEntry("note", {"source": "subagent", "event": event, "text": text, **data})
+
+    def _ended(self, state: SubagentState, note: str) -> NewEntry:
+        return self._mark("ended", _STATE_WORDS[state], state=state, note=note)
+
+
+async def follow_up(
+    loop: AgentLoop,
+    origin: Origin,
+    *,
+    send: SendText | None = None,
+    listener: EventListener | None = None,
+    on_reply: ReplySink | None = None,
+) -> Reply | None:
+    """Run a turn in `origin`'s session so the agent tells the user about a subagent whose
+    note was just added there. Returns the reply to deliver; None when the session was busy
+    and the request joined the running turn (whose caller then delivers the answer).
+
+    Raises:
+        StoreError: the session could not be read or written.
+    """
+    request = TurnRequest(
+        origin.session_key,
+        FOLLOW_UP,
+        channel=origin.channel,
+        chat_id=origin.chat_id,
+        send=send,
+        listener=listener,
+        mode="follow_up",
+        on_reply=on_reply,
+    )
+    return await loop.handle(request)
+
+
+def _state_of(result: RunResult | None, elapsed: float, limit: float) -> SubagentState:
+    if result is None:
+        return "failed"
+    if result.status == "completed":
+        return "completed"
+    if result.status == "aborted":
+        return "cancelled"
+    # The runner ends a run that ran out of time as failed, without an error.
+    return "timed_out" if result.error is None and elapsed >= limit else "failed"
+
+
+def _note(info: SubagentInfo, result: RunResult | None, limit: float) -> str:
+    """The note for the origin session: our own words, then the subagent's, as data."""
+    head = f"Background task {info.id} ({info.summary})"
+    source = f"subagent {info.id}"
+    match info.state:
+        case "completed":
+            assert result is not None
+            return f"{head} finished. Its result:\n{untrusted(source, _cut(result.final_text))}"
+        case "cancelled":
+            return f"{head} was cancelled by the user."
+        case "interrupted":
+            return f"{head} was interrupted by a restart before it finished; it was not run again."
+        case "timed_out":
+            text = f"{head} ran out of time: it was stopped at its limit of {_duration(limit)}."
+        case _:
+            reason = result.final_text if result is not None else "it crashed (see the log)"
+            text = f"{head} failed: {reason}"
+    last = _last_words(result.entries if result is not None else ())
+    if last:
+        text += f"\nIts last message before it stopped:\n{untrusted(source, _cut(last))}"
+    return text
+
+
+def _last_words(entries: Sequence[Message]) -> str:
+    for message in reversed(entries):
+        content = message.get("content")
+        if message.get("role") == "assistant" and isinstance(content, str) and content.strip():
+            return content
+    return ""
+
+
+def _cut(text: str) -> str:
+    if len(text) <= RESULT_CHARS:
+        return text
+    left = len(text) - RESULT_CHARS
+    return f"{text[:RESULT_CHARS]}\n[... {left} more characters are kept in its session]"
+
+
+def _duration(seconds: float) -> str:
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,146 @@
+"""Replies in a chat that edits messages: shown while they are written, then sent in full.
+
+The bookkeeping is the same on every such platform; what differs (rendering, the size of a
+message, how a call is made and retried) comes in as a `split` function and an `Outlet`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from loguru import logger
+
+from nanobot.bus.events import ChatRef, OutboundMessage, StreamUpdate
+from nanobot.channels.base import DeliveryError
+
+KEEP = 64  # streams, finished streams and partly sent replies remembered, of each
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Outlet(Protocol):
+    """How `Replies` puts text in a chat. Both calls raise DeliveryError when the platform
+    refuses or the retries run out."""
+
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None) -> int:
+        """Post one message answering `reply_to` (the bus's message id); returns its id."""
+        ...
+
+    async def edit(self, chat: ChatRef, message_id: int, text: str) -> bool:
+        """Make message `message_id` show `text`; False when it can no longer be edited."""
+        ...
+
+
+@dataclass(slots=True)
+class _Stream:
+    """A reply being shown as it is written: the message that shows it, and what it shows."""
+
+    message_id: int | None  # None: it can no longer be edited
+    shown: str
+    at: float  # loop time of the last post or edit
+
+
+class Replies:
+    """The replies of one channel, streamed or not.
+
+    `stream` posts a stream's first update and edits that message with later ones, at most
+    once per `interval`. `send` delivers a final message as the parts `split` makes of it:
+    a streamed reply's message is edited to exactly the first part (no sooner than
+    `interval` after its last edit), the rest are posted; stream updates after it are
+    ignored. The parts already out are remembered, so when `send` raises and the same item
+    is sent again it resumes with the part that failed.
+
+    Stream updates go out through `best_effort`, which may give up sooner than `outlet` (the
+    next update, or the final message, tries again); by default they share `outlet`.
+
+    Holds no tasks. Cancelling `send` leaves it resumable like a failure (the part in flight
+    may go out twice). Memory is bounded: at most `KEEP` of each kind of entry.
+    """
+
+    def __init__(
+        self,
+        outlet: Outlet,
+        split: Callable[[str], list[str]],
+        *,
+        interval: float,
+        name: str,
+        best_effort: Outlet | None = None,
+    ) -> None:
+        self._outlet = outlet
+        self._best_effort = best_effort or outlet
+        self._split = split
+        self._interval = interval
+        self._name = name
+        self._streams: OrderedDict[str, _Stream] = OrderedDict()
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._progress: OrderedDict[int, tuple[OutboundMessage, int]] = OrderedDict()
+
+    async def send(self, item: OutboundMessage) -> None:
+        """Every part in order. Raises DeliveryError (see the class docstring)."""
+        parts = self._split(item.text)
+        entry = self._progress.get(id(item))
+        done = entry[1] if entry is not None and entry[0] is item else 0
+        stream = self._streams.get(item.stream_id) if item.stream_id else None
+        for index in range(done, len(parts)):
+            first = index == 0
+            edited = (
+                first and stream is not None and await self._finish(item.chat, stream, parts[0])
+            )
+            if not edited:
+                reply_to = item.reply_to if first else None
+                await self._outlet.send(item.chat, parts[index], reply_to=reply_to)
+            _remember(self._progress, id(item), (item, index + 1))
+        self._progress.pop(id(item), None)
+        if item.stream_id:
+            self._streams.pop(item.stream_id, None)
+            _remember(self._finished, item.stream_id, None)
+
+    async def _finish(self, chat: ChatRef, stream: _Stream, first: str) -> bool:
+        """The final edit: exact, and still no sooner than the interval after the last."""
+        if stream.message_id is None:
+            return False
+        if stream.shown == first:
+            return True
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(stream.at + self._interval - loop.time())
+        stream.at = loop.time()
+        return await self._outlet.edit(chat, stream.message_id, first)
+
+    async def stream(self, update: StreamUpdate) -> None:
+        """Show the reply so far: post it, then edit it. Best effort: never raises."""
+        if update.stream_id in self._finished:
+            return  # the final message is out; a late update must not start another
+        parts = self._split(update.text)
+        if not parts:
+            return
+        now = asyncio.get_running_loop().time()
+        state = self._streams.get(update.stream_id)
+        try:
+            if state is None:
+                sent = await self._best_effort.send(update.chat, parts[0], reply_to=update.reply_to)
+                _remember(self._streams, update.stream_id, _Stream(sent, parts[0], now))
+            elif state.message_id is not None and state.shown != parts[0]:
+                if now - state.at < self._interval:
+                    return  # the final message is exact; skipped updates are not missed
+                state.at = now
+                # `shown` only changes once the edit went through: the final edit may be
+                # skipped when the message already shows its text.
+                if await self._best_effort.edit(update.chat, state.message_id, parts[0]):
+                    state.shown = parts[0]
+                else:
+                    state.message_id = None
+        except DeliveryError as exc:
+            logger.debug("{} stream update skipped: {}", self._name, exc)
+
+
+def _remember(cache: OrderedDict[K, V], key: K, value: V) -> None:
+    """Put `key` in a small cache that forgets its oldest entries."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > KEEP:
+        cache.popitem(last=False)

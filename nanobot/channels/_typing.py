@@ -1,0 +1,79 @@
+"""The "typing…" indicator a chat shows while the agent works on a turn there."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from nanobot.bus.events import ChatRef, Typing
+
+Send = Callable[[ChatRef], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Chat:
+    task: asyncio.Task[None]
+    turns: int = 1
+
+
+class TypingIndicator:
+    """One "typing…" indicator per chat while any turn runs there.
+
+    Platforms show the signal for a few seconds only, so a task per chat calls
+    `send(chat)` every `interval` seconds. Turns are counted: a chat's task starts with
+    its first `Typing(active=True)` and ends with the matching last `active=False`.
+
+    The indicator owns these tasks (named `{name}-typing-{chat id}`). It takes updates only
+    between `start()` and `stop()`, which the channel calls as it connects and disconnects:
+    `stop()` cancels and awaits every task, and updates until the next `start()` are
+    ignored, so no task outlives the connection. `send` must not raise (a failed signal is
+    only logged) and may be cancelled at any await.
+    """
+
+    def __init__(self, send: Send, interval: float, *, name: str) -> None:
+        self._send = send
+        self._interval = interval
+        self._name = name
+        self._chats: dict[ChatRef, _Chat] = {}
+        self._started = False
+
+    def start(self) -> None:
+        """Take updates from now on (again, after a `stop()`)."""
+        self._started = True
+
+    async def update(self, signal: Typing) -> None:
+        """Count a turn in, or out; the last one out cancels the chat's task and awaits it."""
+        current = self._chats.get(signal.chat)
+        if signal.active:
+            if not self._started:
+                return  # not connected; and nothing would stop the task
+            if current is not None:
+                current.turns += 1
+            else:
+                name = f"{self._name}-typing-{signal.chat.chat_id}"
+                task = asyncio.create_task(self._keep_typing(signal.chat), name=name)
+                self._chats[signal.chat] = _Chat(task)
+        elif current is not None:
+            current.turns -= 1
+            if current.turns <= 0:
+                del self._chats[signal.chat]
+                await _cancel(current.task)
+
+    async def stop(self) -> None:
+        """Cancel and await every chat's task; ignore updates until `start()`."""
+        self._started = False
+        tasks = [chat.task for chat in self._chats.values()]
+        self._chats.clear()
+        for task in tasks:
+            await _cancel(task)
+
+    async def _keep_typing(self, chat: ChatRef) -> None:
+        while True:
+            await self._send(chat)
+            await asyncio.sleep(self._interval)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.wait([task])  # unlike `await task`, never swallows our own cancellation

@@ -1,0 +1,204 @@
+"""Managing an installation from the command line: onboarding, status, pairing, cron jobs.
+
+Each function sets up logging, opens what it needs, does one thing and returns lines for the
+CLI to print. None of them imports litellm or the chat libraries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from nanobot import log
+from nanobot.config import Config, load
+from nanobot.cron.jobs import Jobs
+from nanobot.cron.models import Job
+from nanobot.cron.schedule import describe
+from nanobot.store import Access, Database, SessionStore
+from nanobot.store.cron import CronStore
+from nanobot.workspace import bundled, copy_template
+
+
+def pairing(config: Config, action: str, *args: str) -> tuple[list[str], bool]:
+    """Run a `nanobot pairing` action; returns the lines to print and whether it succeeded."""
+    log.configure(config, quiet=True)
+    actions: dict[str, Callable[..., Awaitable[tuple[list[str], bool]]]] = {
+        "approve": _approve,
+        "deny": _deny,
+        "revoke": _revoke,
+        "list": _pairing_list,
+    }
+
+    async def run() -> tuple[list[str], bool]:
+        config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        async with await Database.open(config.state_db_path) as db:
+            return await actions[action](Access(db), *args)
+
+    return asyncio.run(run())
+
+
+async def _approve(access: Access, code: str) -> tuple[list[str], bool]:
+    request = await access.approve(code)
+    if request is None:
+        return [f"No pending request has the code {code} (or it expired)."], False
+    who = f"{request.name or 'user'} ({request.channel} id {request.user_id})"
+    return [f"Approved {who}. They can talk to nanobot now."], True
+
+
+async def _deny(access: Access, code: str) -> tuple[list[str], bool]:
+    if await access.deny(code):
+        return [f"Denied request {code.upper()}."], True
+    return [f"No pending request has the code {code}."], False
+
+
+async def _revoke(access: Access, user: str, channel: str | None = None) -> tuple[list[str], bool]:
+    if await access.revoke(user, channel):
+        return [f"Revoked user {user}."], True
+    return [f"User {user} was not approved by pairing."], False
+
+
+async def _pairing_list(access: Access) -> tuple[list[str], bool]:
+    lines = ["Pending requests:"]
+    pending = await access.pending()
+    for r in pending:
+        expires = r.expires_at.astimezone().strftime("%H:%M")
+        lines.append(f"  {r.code}  {r.channel} user {r.user_id} ({r.name or '?'}), until {expires}")
+    if not pending:
+        lines.append("  none")
+    lines.append("Approved users:")
+    allowed = await access.allowed()
+    for u in allowed:
+        lines.append(
+            f"  {u.channel} user {u.user_id} ({u.name or '?'}), since {u.approved_at:%Y-%m-%d}"
+        )
+    if not allowed:
+        lines.append("  none")
+    return lines, True
+
+
+def onboard(path: Path, answers: dict[str, str]) -> list[str]:
+    """Write the config (from the example, with `answers` filled in) and the workspace.
+
+    Never overwrites: an existing config is kept and only missing workspace files are added.
+    Returns what it did, one line each.
+
+    Raises:
+        ConfigError: the existing (or written) config is not valid.
+    """
+    lines: list[str] = []
+    if path.exists():
+        lines.append(f"config: {path} exists; left as it is")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        text = _fill_example(bundled("config.example.yaml").read_text(encoding="utf-8"), answers)
+        # Exclusive create: a file that appeared meanwhile is not clobbered; 0600 as it may
+        # hold an API key.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+        lines.append(f"config: wrote {path}")
+    config = load(path)
+    config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    created = copy_template(config.workspace_path)
+    state = f"added {len(created)} files" if created else "already complete"
+    lines.append(f"workspace: {config.workspace_path} ({state})")
+    if not path.exists() or not answers.get("api_key"):
+        lines.append(
+            "next: set agent.api_key (or your provider's key variable), then `nanobot agent -m hi`"
+        )
+    return lines
+
+
+def _fill_example(text: str, answers: dict[str, str]) -> str:
+    for key in ("model", "api_key", "api_base"):
+        value = answers.get(key)
+        if value:
+            # A JSON string is a valid YAML scalar; escaped so re.sub takes it literally.
+            line = f"  {key}: {json.dumps(value)}".replace("\\", "\\\\")
+            text = re.sub(rf"(?m)^  {key}: .*$", line, text, count=1)
+    return text
+
+
+def status(config: Config, path: Path) -> list[tuple[str, str]]:
+    """Rows of (label, value) describing this installation, without any secret."""
+    rows = [
+        ("config", f"{path}" + ("" if path.exists() else " (not found; using defaults)")),
+        ("data dir", str(config.data_dir)),
+        (
+            "workspace",
+            str(config.workspace_path) + ("" if config.workspace_path.exists() else " (missing)"),
+        ),
+        (
+            "model",
+            config.agent.model + (f" via {config.agent.api_base}" if config.agent.api_base else ""),
+        ),
+        ("api key", "set" if config.agent.api_key else "not set (provider env vars may apply)"),
+    ]
+    for name in ("telegram", "discord"):
+        channel = getattr(config.channels, name)
+        state = f"enabled, {len(channel.allow_from)} allowed" if channel.enabled else "disabled"
+        rows.append((name, state))
+    if not config.state_db_path.exists():
+        return [*rows, ("state", f"{config.state_db_path} (not created yet)")]
+    return rows + asyncio.run(_store_rows(config.state_db_path))
+
+
+async def _store_rows(db_path: Path) -> list[tuple[str, str]]:
+    async with await Database.open(db_path) as db:
+        stats = await SessionStore(db).stats()
+    return [
+        ("state", f"{db_path} ({stats.size_bytes / 1024:.0f} KiB)"),
+        ("sessions", f"{stats.sessions} ({stats.live_sessions} live), {stats.entries} entries"),
+    ]
+
+
+async def _jobs_call(config: Config, work: Callable[[Jobs], Awaitable[list[str]]]) -> list[str]:
+    config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    async with await Database.open(config.state_db_path) as db:
+        return await work(Jobs(CronStore(db), config.timezone))
+
+
+def cron(config: Config, work: Callable[[Jobs], Awaitable[list[str]]]) -> list[str]:
+    """Run one `nanobot cron` action against the job store; its lines to print.
+
+    Raises:
+        ScheduleError: a schedule was refused (nothing was stored).
+        NanobotError: the job does not exist, or the store failed.
+    """
+    log.configure(config, quiet=True)
+    return asyncio.run(_jobs_call(config, work))
+
+
+def job_lines(jobs: list[Job], zone: str) -> list[str]:
+    """The `cron list` table: id, name, schedule, zone, next run in its zone, last status."""
+    if not jobs:
+        return ["No jobs. Add one with: nanobot cron add --name NAME --message TEXT --every 1h"]
+    rows = [("ID", "NAME", "SCHEDULE", "TZ", "NEXT RUN", "LAST")]
+    for job in jobs:
+        tz = getattr(job.schedule, "tz", None) or zone
+        upcoming = (
+            job.next_run.astimezone(ZoneInfo(tz)).strftime("%Y-%m-%d %H:%M %Z")
+            if job.next_run
+            else "disabled"
+        )
+        target = f" -> {job.channel}:{job.to}" if job.channel else ""
+        rows.append(
+            (
+                job.id,
+                job.name + target,
+                describe(job.schedule),
+                tz,
+                upcoming,
+                job.last_status or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]

@@ -1,0 +1,481 @@
+"""The cron store against real SQLite files, including a second connection as the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from nanobot.cron import At, Cron, Every, Job, Schedule
+from nanobot.errors import StoreError
+from nanobot.store import CronStore, Database
+from nanobot.store.cron import HISTORY_LIMIT, INTERRUPTED_ERROR
+
+T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+DAILY = Cron("0 9 * * *", "Europe/Berlin")
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    async with await Database.open(tmp_path / "state.db") as database:
+        yield database
+
+
+@pytest.fixture
+def store(db: Database) -> CronStore:
+    return CronStore(db)
+
+
+async def add(
+    store: CronStore,
+    name: str = "job",
+    *,
+    next_run: datetime = T0,
+    owner: str | None = None,
+    schedule: Schedule = DAILY,
+) -> Job:
+    return await store.add(
+        name=name, message=f"do {name}", schedule=schedule, next_run=next_run, owner=owner
+    )
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+async def test_add_stores_an_enabled_job(store: CronStore) -> None:
+    job = await store.add(
+        name="standup",
+        message="Summarise my calendar",
+        schedule=DAILY,
+        next_run=T0,
+        channel="telegram",
+        to="12345",
+        owner="telegram:12345",
+    )
+    assert len(job.id) == 8
+    int(job.id, 16)
+    assert job.name == "standup"
+    assert job.message == "Summarise my calendar"
+    assert job.schedule == DAILY
+    assert job.enabled
+    assert (job.channel, job.to, job.owner) == ("telegram", "12345", "telegram:12345")
+    assert job.next_run == T0
+    assert (job.last_run, job.last_status) == (None, None)
+    assert job.created_at.tzinfo is not None
+    assert abs(datetime.now(UTC) - job.created_at) < timedelta(minutes=1)
+    assert await store.get(job.id) == job
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        Cron("0 9 * * 1-5", "America/New_York"),
+        Every(600),
+        Every(5400, datetime(2026, 6, 15, 9, 17, tzinfo=UTC)),
+        Every(1.5),
+        At(datetime(2026, 12, 1, 9, 0, tzinfo=timezone(timedelta(hours=1)))),
+    ],
+)
+async def test_schedules_round_trip(store: CronStore, schedule: Schedule) -> None:
+    job = await add(store, schedule=schedule)
+    stored = await store.get(job.id)
+    assert stored is not None
+    assert stored.schedule == schedule
+    if isinstance(schedule, At):
+        assert isinstance(stored.schedule, At)
+        assert stored.schedule.when.utcoffset() == timedelta(hours=1)  # shown as the user gave it
+
+
+async def test_times_are_stored_as_utc_instants(store: CronStore) -> None:
+    berlin = ZoneInfo("Europe/Berlin")
+    job = await add(store, next_run=datetime(2026, 6, 15, 11, 0, tzinfo=berlin))
+    assert job.next_run == T0
+    assert job.next_run is not None and job.next_run.utcoffset() == timedelta(0)
+    assert [j.id for j in await store.due(datetime(2026, 6, 15, 11, 0, tzinfo=berlin))] == [job.id]
+    assert await store.due(datetime(2026, 6, 15, 10, 59, tzinfo=berlin)) == []
+
+
+async def test_naive_times_are_refused(store: CronStore) -> None:
+    with pytest.raises(ValueError, match="naive"):
+        await add(store, next_run=datetime(2026, 6, 15, 9, 0))  # noqa: DTZ001
+
+
+async def test_get_unknown_job_is_none(store: CronStore) -> None:
+    assert await store.get("deadbeef") is None
+
+
+async def test_list_orders_by_next_run_and_hides_disabled(store: CronStore) -> None:
+    late = await add(store, "late", next_run=T0 + 2 * HOUR)
+    early = await add(store, "early", next_run=T0)
+    off = await add(store, "off", next_run=T0 + HOUR)
+    assert await store.set_enabled(off.id, False)
+    assert [j.name for j in await store.list()] == ["early", "late"]
+    assert [j.name for j in await store.list(include_disabled=True)] == ["early", "late", "off"]
+    assert {j.id for j in await store.list(include_disabled=True)} == {late.id, early.id, off.id}
+
+
+async def test_set_enabled(store: CronStore) -> None:
+    job = await add(store)
+    assert await store.set_enabled(job.id, False)
+    disabled = await store.get(job.id)
+    assert disabled is not None
+    assert (disabled.enabled, disabled.next_run) == (False, None)
+    with pytest.raises(ValueError, match="needs its next run"):
+        await store.set_enabled(job.id, True)
+    assert await store.set_enabled(job.id, True, next_run=T0 + HOUR)
+    enabled = await store.get(job.id)
+    assert enabled is not None
+    assert (enabled.enabled, enabled.next_run) == (True, T0 + HOUR)
+    assert not await store.set_enabled("deadbeef", False)
+
+
+async def test_update_next_run(store: CronStore) -> None:
+    job = await add(store)
+    assert await store.update_next_run(job.id, T0 + HOUR)
+    moved = await store.get(job.id)
+    assert moved is not None and moved.next_run == T0 + HOUR and moved.enabled
+    assert await store.update_next_run(job.id, None)  # nothing left: disabled
+    done = await store.get(job.id)
+    assert done is not None and (done.enabled, done.next_run) == (False, None)
+    assert not await store.update_next_run("deadbeef", T0)
+
+
+async def test_remove_deletes_the_job_and_its_history(store: CronStore, db: Database) -> None:
+    job = await add(store)
+    run = await store.start_run(job.id, due_at=T0, next_run=T0 + HOUR)
+    assert run is not None
+    assert await store.remove(job.id)
+    assert await store.get(job.id) is None
+    assert await store.runs(job.id) == []
+    assert await db.fetchall("SELECT * FROM cron_runs") == []
+    assert not await store.remove(job.id)
+
+
+# --- owners --------------------------------------------------------------------------------
+
+
+async def test_a_chat_neither_sees_nor_changes_another_chats_jobs(store: CronStore) -> None:
+    mine = await add(store, "mine", owner="telegram:1")
+    theirs = await add(store, "theirs", owner="discord:2")
+    cli = await add(store, "cli")
+
+    assert [j.name for j in await store.list("telegram:1")] == ["mine"]
+    assert await store.get(theirs.id, owner="telegram:1") is None
+    assert await store.get(cli.id, owner="telegram:1") is None
+    assert await store.get(mine.id, owner="telegram:1") == mine
+    assert not await store.remove(theirs.id, owner="telegram:1")
+    assert not await store.remove(cli.id, owner="telegram:1")
+    assert not await store.set_enabled(theirs.id, False, owner="telegram:1")
+    assert await store.get(theirs.id) == theirs
+
+    # The CLI (no owner) sees and may change everything.
+    assert {j.name for j in await store.list()} == {"mine", "theirs", "cli"}
+    assert await store.set_enabled(mine.id, False)
+    assert await store.remove(theirs.id)
+    assert await store.remove(mine.id, owner="telegram:1")
+    assert [j.name for j in await store.list(include_disabled=True)] == ["cli"]
+
+
+# --- due -----------------------------------------------------------------------------------
+
+
+async def test_due_and_next_due(store: CronStore) -> None:
+    assert await store.next_due() is None
+    assert await store.due(T0) == []
+    second = await add(store, "second", next_run=T0 + timedelta(minutes=1))
+    first = await add(store, "first", next_run=T0)
+    later = await add(store, "later", next_run=T0 + HOUR)
+    off = await add(store, "off", next_run=T0 - HOUR)
+    await store.set_enabled(off.id, False)
+
+    assert await store.next_due() == T0
+    assert await store.due(T0 - timedelta(microseconds=1)) == []
+    assert [j.id for j in await store.due(T0)] == [first.id]
+    assert [j.id for j in await store.due(T0 + 10 * timedelta(minutes=1))] == [first.id, second.id]
+    assert len(await store.due(T0 + 2 * HOUR)) == 3
+
+    await store.remove(first.id)
+    await store.remove(second.id)
+    assert await store.next_due() == later.next_run
+    await store.set_enabled(later.id, False)
+    assert await store.next_due() is None
+
+
+# --- version -------------------------------------------------------------------------------
+
+
+async def test_every_change_bumps_the_version(store: CronStore) -> None:
+    versions = [await store.version()]
+
+    async def changed() -> bool:
+        versions.append(await store.version())
+        return versions[-1] > versions[-2]
+
+    assert versions == [0]
+    job = await add(store, owner="telegram:1")
+    assert await changed()
+    await store.set_enabled(job.id, False)
+    assert await changed()
+    await store.set_enabled(job.id, True, next_run=T0)
+    assert await changed()
+    await store.update_next_run(job.id, T0 + HOUR)
+    assert await changed()
+    run = await store.start_run(job.id, due_at=T0 + HOUR, next_run=T0 + 2 * HOUR)
+    assert run is not None
+    assert await changed()
+    await store.finish_run(run, "ok")
+    assert await changed()
+    await store.record_missed(job.id, T0 + 2 * HOUR, next_run=T0 + 3 * HOUR)
+    assert await changed()
+    await store.start_run(job.id, due_at=None, next_run=T0 + 3 * HOUR)
+    assert await changed()
+    assert await store.mark_interrupted_runs() == 1
+    assert await changed()
+    await store.remove(job.id)
+    assert await changed()
+
+
+async def test_refused_changes_leave_the_version(store: CronStore) -> None:
+    job = await add(store, owner="telegram:1")
+    before = await store.version()
+    assert not await store.remove("deadbeef")
+    assert not await store.remove(job.id, owner="discord:2")
+    assert not await store.set_enabled(job.id, False, owner="discord:2")
+    assert not await store.update_next_run("deadbeef", T0)
+    assert await store.start_run(job.id, due_at=T0 - HOUR, next_run=T0 + HOUR) is None
+    assert await store.record_missed("deadbeef", T0, next_run=None) is None
+    assert not await store.finish_run(12345, "ok")
+    assert await store.mark_interrupted_runs() == 0
+    await store.runs(job.id)
+    await store.list()
+    await store.due(T0)
+    assert await store.version() == before
+
+
+async def test_changes_from_another_connection_are_seen(tmp_path: Path) -> None:
+    """The CLI and the gateway: two processes, two connections, one file."""
+    path = tmp_path / "state.db"
+    async with await Database.open(path) as gateway_db, await Database.open(path) as cli_db:
+        gateway, cli = CronStore(gateway_db), CronStore(cli_db)
+        seen = await gateway.version()
+
+        job = await add(cli, "from the shell", next_run=T0)
+        assert await gateway.version() > seen
+        assert [j.id for j in await gateway.due(T0)] == [job.id]
+        assert await gateway.next_due() == T0
+
+        seen = await gateway.version()
+        await cli.set_enabled(job.id, False)
+        assert await gateway.version() > seen
+        assert await gateway.due(T0) == []
+
+        # And the other way: what the gateway records, the CLI shows.
+        await cli.set_enabled(job.id, True, next_run=T0)
+        run = await gateway.start_run(job.id, due_at=T0, next_run=T0 + HOUR)
+        assert run is not None
+        await gateway.finish_run(run, "ok", delivered=True)
+        shown = await cli.get(job.id)
+        assert shown is not None and shown.last_status == "ok" and shown.next_run == T0 + HOUR
+
+
+# --- runs ----------------------------------------------------------------------------------
+
+
+async def test_a_run_moves_the_job_on_and_is_recorded(store: CronStore) -> None:
+    job = await add(store, next_run=T0)
+    run_id = await store.start_run(job.id, due_at=T0, next_run=T0 + timedelta(days=1))
+    assert run_id is not None
+
+    running = await store.get(job.id)
+    assert running is not None
+    assert running.next_run == T0 + timedelta(days=1)
+    assert running.last_status == "running"
+    assert running.last_run is not None
+    (run,) = await store.runs(job.id)
+    assert (run.id, run.job_id, run.due_at, run.status) == (run_id, job.id, T0, "running")
+    assert run.started_at == running.last_run
+    assert (run.ended_at, run.error, run.delivered) == (None, None, False)
+
+    assert await store.finish_run(run_id, "error", "the model is down", delivered=False)
+    (run,) = await store.runs(job.id)
+    assert (run.status, run.error, run.delivered) == ("error", "the model is down", False)
+    assert run.ended_at is not None and run.ended_at >= run.started_at
+    finished = await store.get(job.id)
+    assert finished is not None and finished.last_status == "error"
+
+    assert not await store.finish_run(run_id, "ok")  # already finished
+    with pytest.raises(ValueError, match="cannot finish as 'running'"):
+        await store.finish_run(run_id, "running")
+
+
+async def test_a_one_shot_is_disabled_when_it_runs(store: CronStore) -> None:
+    job = await add(store, schedule=At(T0), next_run=T0)
+    run_id = await store.start_run(job.id, due_at=T0, next_run=None)
+    assert run_id is not None
+    done = await store.get(job.id)
+    assert done is not None and (done.enabled, done.next_run) == (False, None)
+    assert await store.due(T0 + HOUR) == []
+    assert await store.finish_run(run_id, "ok", delivered=True)
+    (run,) = await store.runs(job.id)
+    assert (run.status, run.delivered) == ("ok", True)
+
+
+async def test_an_occurrence_is_claimed_once(store: CronStore) -> None:
+    job = await add(store, next_run=T0)
+    assert await store.start_run(job.id, due_at=T0, next_run=T0 + HOUR) is not None
+    # The same occurrence again (a second tick, another process): refused, nothing written.
+    assert await store.start_run(job.id, due_at=T0, next_run=T0 + HOUR) is None
+    assert await store.record_missed(job.id, T0, next_run=T0 + HOUR) is None
+    assert len(await store.runs(job.id)) == 1
+
+
+async def test_a_claim_fails_when_the_job_changed_meanwhile(store: CronStore) -> None:
+    moved = await add(store, "moved", next_run=T0)
+    disabled = await add(store, "disabled", next_run=T0)
+    removed = await add(store, "removed", next_run=T0)
+    await store.update_next_run(moved.id, T0 + HOUR)
+    await store.set_enabled(disabled.id, False)
+    await store.remove(removed.id)
+    for job in (moved, disabled, removed):
+        assert await store.start_run(job.id, due_at=T0, next_run=T0 + HOUR) is None
+        assert await store.runs(job.id) == []
+    stayed = await store.get(disabled.id)
+    assert stayed is not None and not stayed.enabled
+
+
+async def test_a_run_by_hand_claims_nothing(store: CronStore) -> None:
+    job = await add(store, next_run=T0)
+    await store.set_enabled(job.id, False)
+    run_id = await store.start_run(job.id, due_at=None, next_run=None)
+    assert run_id is not None
+    (run,) = await store.runs(job.id)
+    assert run.due_at is None
+    assert await store.start_run("deadbeef", due_at=None, next_run=None) is None
+
+
+async def test_two_processes_claim_one_occurrence_once(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with await Database.open(path) as first_db, await Database.open(path) as second_db:
+        first, second = CronStore(first_db), CronStore(second_db)
+        job = await add(first, next_run=T0)
+        results = await asyncio.gather(
+            first.start_run(job.id, due_at=T0, next_run=T0 + HOUR),
+            second.start_run(job.id, due_at=T0, next_run=T0 + HOUR),
+        )
+        assert sorted(result is None for result in results) == [False, True]
+        assert len(await first.runs(job.id)) == 1
+
+
+async def test_record_missed(store: CronStore) -> None:
+    job = await add(store, next_run=T0)
+    run_id = await store.record_missed(job.id, T0, next_run=T0 + timedelta(days=1))
+    assert run_id is not None
+    (run,) = await store.runs(job.id)
+    assert (run.id, run.status, run.due_at) == (run_id, "missed", T0)
+    assert run.started_at == run.ended_at
+    missed = await store.get(job.id)
+    assert missed is not None
+    assert (missed.last_status, missed.last_run) == ("missed", run.started_at)
+    assert missed.next_run == T0 + timedelta(days=1)
+
+    one_shot = await add(store, schedule=At(T0), next_run=T0)
+    assert await store.record_missed(one_shot.id, T0, next_run=None) is not None
+    gone = await store.get(one_shot.id)
+    assert gone is not None and not gone.enabled
+
+
+async def test_history_is_bounded_per_job(store: CronStore) -> None:
+    busy = await add(store, "busy")
+    quiet = await add(store, "quiet")
+    quiet_run = await store.start_run(quiet.id, due_at=None, next_run=T0)
+    ids = []
+    for _ in range(HISTORY_LIMIT + 10):
+        run_id = await store.start_run(busy.id, due_at=None, next_run=T0)
+        assert run_id is not None
+        await store.finish_run(run_id, "ok")
+        ids.append(run_id)
+    kept = await store.runs(busy.id, limit=1000)
+    assert [run.id for run in kept] == ids[::-1][:HISTORY_LIMIT]
+    assert [run.id for run in await store.runs(busy.id, limit=3)] == ids[::-1][:3]
+    assert [run.id for run in await store.runs(quiet.id)] == [quiet_run]
+
+
+async def test_interrupted_runs_are_marked_at_start_up(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with await Database.open(path) as db:
+        store = CronStore(db)
+        crashed = await add(store, "crashed")
+        finished = await add(store, "finished")
+        left = await store.start_run(crashed.id, due_at=T0, next_run=T0 + HOUR)
+        done = await store.start_run(finished.id, due_at=T0, next_run=T0 + HOUR)
+        assert left is not None and done is not None
+        await store.finish_run(done, "ok")
+    # The process died mid-run; the next one starts.
+    async with await Database.open(path) as db:
+        store = CronStore(db)
+        assert await store.mark_interrupted_runs() == 1
+        assert await store.mark_interrupted_runs() == 0
+        (run,) = await store.runs(crashed.id)
+        assert (run.id, run.status, run.error) == (left, "interrupted", INTERRUPTED_ERROR)
+        assert run.ended_at is not None
+        job = await store.get(crashed.id)
+        assert job is not None
+        assert job.last_status == "interrupted"
+        assert job.next_run == T0 + HOUR  # moved on before the run: not run again
+        other = await store.get(finished.id)
+        assert other is not None and other.last_status == "ok"
+        assert not await store.finish_run(left, "ok")  # too late now
+
+
+async def test_an_older_run_finishing_keeps_the_newer_status(store: CronStore) -> None:
+    job = await add(store)
+    older = await store.start_run(job.id, due_at=None, next_run=T0)
+    newer = await store.start_run(job.id, due_at=None, next_run=T0)
+    assert older is not None and newer is not None
+    await store.finish_run(older, "error", "slow")
+    current = await store.get(job.id)
+    assert current is not None and current.last_status == "running"
+    await store.finish_run(newer, "ok")
+    current = await store.get(job.id)
+    assert current is not None and current.last_status == "ok"
+
+
+async def test_long_errors_are_truncated(store: CronStore) -> None:
+    job = await add(store)
+    run_id = await store.start_run(job.id, due_at=None, next_run=T0)
+    assert run_id is not None
+    await store.finish_run(run_id, "error", "x" * 10_000)
+    (run,) = await store.runs(job.id)
+    assert run.error is not None and len(run.error) == 2000
+
+
+# --- schema --------------------------------------------------------------------------------
+
+
+async def test_an_unreadable_schedule_is_a_store_error(store: CronStore, db: Database) -> None:
+    job = await add(store)
+    await db.execute("UPDATE cron_jobs SET schedule = ? WHERE id = ?", ('{"kind":"x"}', job.id))
+    with pytest.raises(StoreError, match="unreadable cron schedule"):
+        await store.get(job.id)
+    await db.execute("UPDATE cron_jobs SET schedule = ? WHERE id = ?", ("{", job.id))
+    with pytest.raises(StoreError, match="unreadable cron schedule"):
+        await store.list()
+
+
+async def test_the_schema_keeps_enabled_jobs_scheduled(db: Database) -> None:
+    with pytest.raises(StoreError, match="CHECK constraint failed"):
+        await db.execute(
+            "INSERT INTO cron_jobs (id, name, message, schedule, enabled, created_at)"
+            " VALUES ('x', 'x', 'x', '{}', 1, '2026-01-01')"
+        )
+    plan = await db.fetchall(
+        "EXPLAIN QUERY PLAN SELECT * FROM cron_jobs WHERE enabled = 1 AND next_run <= ?"
+        " ORDER BY next_run, id",
+        ("2026",),
+    )
+    assert any("cron_jobs_next_run" in str(row["detail"]) for row in plan)
