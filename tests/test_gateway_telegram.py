@@ -256,3 +256,52 @@ async def test_kill_9_then_restart_answers_each_message_exactly_once(
         assert resumed[-1]["role"] == "tool"
         assert "not run again" in resumed[-1]["content"]
     assert await process.stop() == 0
+
+
+async def nanobot_cli(gateway: GatewayProcess, *args: str) -> str:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "nanobot",
+        *args,
+        env=gateway.env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def test_a_cron_job_from_the_cli_is_delivered_exactly_once(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    added = await nanobot_cli(
+        gateway,
+        "cron",
+        "add",
+        "--name",
+        "stretch",
+        "--message",
+        "remind me to stretch",
+        "--every",
+        "1h",
+        "--channel",
+        "telegram",
+        "--to",
+        str(ALICE),
+    )
+    job_id = added.split()[2].rstrip(";")
+    # The model sends the reminder with the message tool and also answers with it.
+    fake_llm.script(
+        ToolCalls([Call("message", {"text": "Time to stretch!"})]), Text("Time to stretch!")
+    )
+    await nanobot_cli(gateway, "cron", "run", job_id)
+    assert await replies(telegram, ALICE, 1) == ["Time to stretch!"]
+    await asyncio.sleep(1.5)
+    assert [m.visible for m in telegram.sent(ALICE)] == ["Time to stretch!"]
+    listing = await nanobot_cli(gateway, "cron", "list")
+    assert job_id in listing
+    assert "ok" in listing.splitlines()[1]
+    request = fake_llm.requests[0].messages
+    assert request[-1]["content"].endswith("remind me to stretch")
