@@ -94,18 +94,31 @@ class History:
             return None  # much was added elsewhere, or a compaction: read afresh
         entries = [*previous.entries, *added]
         used = previous.tokens + sum(self.tokens(e) for e in added)
-        return self._trim(entries, used, budget, previous)
+        return self._trim(entries, used, budget, previous, added=len(added))
 
-    def _trim(self, entries: list[Entry], used: int, budget: int, previous: Window) -> Window:
+    def _trim(
+        self, entries: list[Entry], used: int, budget: int, previous: Window, *, added: int
+    ) -> Window:
+        """Drop entries from the front until the window fits and starts at a user message.
+
+        `added` is how many entries at the end are new since `previous`; when `previous`
+        needed no repair, its messages are reused and only the new entries are rendered.
+        """
         last_user = max((i for i, e in enumerate(entries) if _is_user(e)), default=0)
         start, beyond = 0, previous.beyond
         while start < last_user and (used > budget or not _is_user(entries[start])):
             cost = self.tokens(entries[start])
             used, beyond, start = used - cost, beyond + cost, start + 1
         kept = entries[start:]
+        old = len(entries) - added
+        if len(previous.messages) == old == len(previous.entries) and start <= old:
+            fresh = repair(render(e) for e in entries[old:])
+            messages = (*previous.messages[start:], *fresh)
+        else:
+            messages = tuple(repair(render(e) for e in kept))
         return replace(
             previous,
-            messages=tuple(repair(render(e) for e in kept)),
+            messages=messages,
             entries=tuple(kept),
             tokens=used,
             first_id=kept[0].id if kept else 0,
@@ -150,7 +163,7 @@ class History:
             summary=str(summary.data.get("summary", "")) if summary is not None else None,
             summarised_through=through,
         )
-        return self._trim(kept, used, budget, replace(empty, beyond=beyond))
+        return self._trim(kept, used, budget, replace(empty, beyond=beyond), added=len(kept))
 
 
 def render(entry: Entry) -> Message:
