@@ -24,6 +24,7 @@ from nanobot.agent.dispatcher import Dispatcher
 from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
+from nanobot.agent.subagents import Notify, Origin, Subagents, SubagentSettings, subagent_tools
 from nanobot.bus.events import ChatRef
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Channel, InboxPolicy, IntakeFn
@@ -44,6 +45,7 @@ from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, Wr
 from nanobot.tools.message import MessageTool
 from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.shell import DEFAULT_DENY_PATTERNS, ExecTool
+from nanobot.tools.spawn import SpawnTool
 from nanobot.tools.web import WebFetchTool, WebSearchTool
 from nanobot.workspace import copy_template
 
@@ -110,6 +112,9 @@ class Parts:
     db: Database
     loop: AgentLoop
     jobs: Jobs
+    runner: Runner
+    tools: ToolRegistry
+    sessions: SessionStore
 
 
 @asynccontextmanager
@@ -143,11 +148,37 @@ async def _parts(config: Config) -> AsyncIterator[Parts]:
     context = ContextBuilder(config.workspace_path, timezone=settings.timezone)
     async with await Database.open(config.state_db_path) as db:
         jobs = Jobs(CronStore(db), config.timezone)
-        runner = Runner(provider, build_tools(config, jobs))
-        loop = AgentLoop(
-            provider, runner, SessionStore(db), context, settings, usage=UsageLedger(db)
-        )
-        yield Parts(db, loop, jobs)
+        tools = build_tools(config, jobs)
+        runner = Runner(provider, tools)
+        sessions = SessionStore(db)
+        loop = AgentLoop(provider, runner, sessions, context, settings, usage=UsageLedger(db))
+        yield Parts(db, loop, jobs, runner, tools, sessions)
+
+
+def build_subagents(config: Config, parts: Parts, notify: Notify) -> Subagents:
+    """Background tasks for the gateway, and the spawn tool that starts them (unless
+    `agent.max_subagents` is 0)."""
+    agent = config.agent
+    subagents = Subagents(
+        parts.runner,
+        parts.sessions,
+        notify,
+        SubagentSettings(
+            max_subagents=agent.max_subagents,
+            max_iterations=agent.subagent_max_iterations,
+            max_seconds=agent.subagent_max_seconds,
+            tools=subagent_tools(parts.tools.names, allow_exec=agent.subagent_exec),
+            policy=ToolPolicy(
+                max_parallel=agent.max_parallel_tools, max_calls_per_run=agent.max_tool_calls
+            ),
+            timezone=_timezone(config),
+        ),
+        usage=UsageLedger(parts.db),
+        model=agent.model,
+    )
+    if agent.max_subagents > 0:
+        parts.tools.register(SpawnTool(subagents))
+    return subagents
 
 
 def ask(config: Config, message: str, session_key: str, *, verbose: bool = False) -> str:
@@ -208,7 +239,13 @@ async def _serve(config: Config) -> int:
             confirm=journal.delivered,
             failed=journal.attempt_failed,
         )
-        dispatcher = Dispatcher(parts.loop, bus, journal, parts.loop)
+
+        async def report(origin: Origin) -> None:
+            if origin.channel in manager.names:  # the terminal has no outbox to deliver to
+                await dispatcher.follow_up(origin)
+
+        subagents = build_subagents(config, parts, report)
+        dispatcher = Dispatcher(parts.loop, bus, journal, parts.loop, subagents)
         gateway = Gateway(
             bus=bus,
             gate=gate,
@@ -220,7 +257,7 @@ async def _serve(config: Config) -> int:
                 if sys.stdin.isatty()
                 else None
             ),
-            services=_services(config, parts, dispatcher),
+            services=[*_services(config, parts, dispatcher), ("subagents", subagents.run)],
         )
         return await gateway.run()
 

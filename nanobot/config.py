@@ -53,6 +53,7 @@ class AgentConfig(Section):
     max_subagents: int = Field(4, ge=0)
     subagent_max_iterations: int = Field(15, gt=0)
     subagent_max_seconds: float = Field(300, gt=0)
+    subagent_exec: bool = False  # background tasks may use exec (when tools.exec.enabled)
     steering_delivery: Literal["one", "all"] = "one"
     follow_up_delivery: Literal["one", "all"] = "one"
 

@@ -7,6 +7,7 @@ has its own script however their requests interleave.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from nanobot.tools.base import Tool, ToolContext, ToolParams
 from nanobot.tools.message import MessageTool
 from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.spawn import SpawnTool
-from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
+from tests.fakes.llm import Call, FakeLLM, RecordedRequest, Text, ToolCalls
 from tests.test_loop import Parts, make_parts
 from tests.test_runner import EchoTool, SleepTool
 
@@ -66,8 +67,8 @@ class ExecStub(Tool[ToolParams]):
 class Rig:
     """The main loop, a subagent runner with its own tools, and what `notify` received."""
 
-    def __init__(self, tmp_path: Path, fake: FakeLLM, db: Database, parts: Parts) -> None:
-        self.tmp_path, self.fake, self.db, self.parts = tmp_path, fake, db, parts
+    def __init__(self, fake: FakeLLM, db: Database, parts: Parts) -> None:
+        self.fake, self.parts = fake, parts
         self.sessions = SessionStore(db)
         self.sleeper, self.gate = SleepTool(), WaitTool()
         self.registry = ToolRegistry(
@@ -120,10 +121,10 @@ class Rig:
     async def notes(self, key: str = KEY) -> list[dict[str, Any]]:
         return [e.data for e in await self.entries(key) if e.kind == "note"]
 
-    def sub_requests(self) -> list[Any]:
+    def sub_requests(self) -> list[RecordedRequest]:
         return [r for r in self.fake.requests if r.model == "sub-model"]
 
-    def main_requests(self) -> list[Any]:
+    def main_requests(self) -> list[RecordedRequest]:
         return [r for r in self.fake.requests if r.model == "fake-model"]
 
 
@@ -140,7 +141,7 @@ async def db(tmp_path: Path) -> AsyncIterator[Database]:
 
 @pytest.fixture
 async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[Rig]:
-    rig = Rig(tmp_path, fake_llm, db, await make_parts(tmp_path, fake_llm, db))
+    rig = Rig(fake_llm, db, await make_parts(tmp_path, fake_llm, db))
     yield rig
     for subagents in rig.instances:
         await subagents.stop()
@@ -279,10 +280,13 @@ async def test_a_subagent_interrupted_by_a_restart_is_reported_as_interrupted(
     rig: Rig, fake_llm: FakeLLM
 ) -> None:
     before = rig.subagents()
+    service = asyncio.create_task(before.run())  # as the gateway runs it
     fake_llm.script_for("sub-model", ToolCalls([Call("sleep", {"seconds": 30})]))
     task_id = await before.spawn("long work", CONTEXT, "survey")
     await rig.sleeper.started.wait()
-    await before.stop()  # what a restart does; a kill leaves the same record
+    service.cancel()  # what a restart does; a kill leaves the same record
+    with contextlib.suppress(asyncio.CancelledError):
+        await service
     assert before._tasks == set()
 
     after = rig.subagents()
@@ -332,7 +336,7 @@ async def test_subagents_get_a_restricted_tool_set(rig: Rig, fake_llm: FakeLLM) 
     assert first.messages[0]["content"].startswith("You are a background worker of nanobot")
     assert first.messages[1] == {"role": "user", "content": "try to fork"}
     assert second.messages[-1]["content"] == "Error: the tool 'spawn' is not available here."
-    names = ["read_file", "exec", "spawn", "message", "web_fetch"]
+    names = ["read_file", "exec", "spawn", "message", "cron", "web_fetch"]
     assert subagent_tools(names, allow_exec=False) == ("read_file", "web_fetch")
     assert subagent_tools(names, allow_exec=True) == ("read_file", "exec", "web_fetch")
 

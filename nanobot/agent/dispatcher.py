@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+import uuid
+from collections.abc import Coroutine, Sequence
 from typing import Protocol
 
 from loguru import logger
 
 from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
 from nanobot.agent.run import EventListener, RunEvent
+from nanobot.agent.subagents import Origin, Subagents, follow_up
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, outbound_from, outbound_record
@@ -26,7 +28,8 @@ from nanobot.store import Journal
 HELP = (
     "I'm nanobot, your assistant. Just write to me. Commands:\n"
     "/new - start a fresh conversation (the old one is kept)\n"
-    "/stop - stop what I'm doing\n"
+    "/stop - stop what I'm doing, background tasks included\n"
+    "/tasks - background tasks in this chat and their state\n"
     "/status - model, tokens used, context fill and state\n"
     "/help - this message"
 )
@@ -41,7 +44,9 @@ class StatusSource(Protocol):
 STREAM_INTERVAL = 0.5  # seconds between two stream updates of one reply
 
 
-def _streamer(bus: MessageBus, message: InboundMessage, stream_id: str) -> EventListener:
+def _streamer(
+    bus: MessageBus, chat: ChatRef, reply_to: str | None, stream_id: str
+) -> EventListener:
     """A run listener that publishes the reply's text so far, at most every STREAM_INTERVAL."""
     parts: list[str] = []
     last = 0.0
@@ -56,7 +61,7 @@ def _streamer(bus: MessageBus, message: InboundMessage, stream_id: str) -> Event
             if now - last >= STREAM_INTERVAL:
                 last = now
                 text = "".join(parts)
-                bus.offer(StreamUpdate(message.chat, stream_id, text, message.message_id))
+                bus.offer(StreamUpdate(chat, stream_id, text, reply_to))
 
     return on_event
 
@@ -65,12 +70,18 @@ class Dispatcher:
     """Consumes the inbound bus until it is closed."""
 
     def __init__(
-        self, loop: AgentLoop, bus: MessageBus, journal: Journal, status: StatusSource
+        self,
+        loop: AgentLoop,
+        bus: MessageBus,
+        journal: Journal,
+        status: StatusSource,
+        subagents: Subagents | None = None,
     ) -> None:
         self._loop = loop
         self._bus = bus
         self._journal = journal
         self._status = status
+        self._subagents = subagents
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -141,9 +152,10 @@ class Dispatcher:
             _with_attachments(message),
             channel=message.chat.channel,
             chat_id=message.chat.chat_id,
+            thread_id=message.chat.thread_id,
             sender_id=message.sender_id,
             send=send_now,
-            listener=_streamer(self._bus, message, stream_id),
+            listener=_streamer(self._bus, message.chat, message.message_id, stream_id),
             inbound_id=message.journal_id,
             on_reply=deliver,
             images=tuple(a.path for a in message.attachments if a.kind == "photo"),
@@ -156,15 +168,51 @@ class Dispatcher:
         if reply is not None:
             await deliver(reply)
 
+    async def follow_up(self, origin: Origin) -> None:
+        """Let the agent tell the user about a background task that ended (its note is
+        already in the session): a turn there, whose reply is journaled and delivered like
+        any other. Raises what the turn raises (`StoreError`)."""
+        chat = origin.chat
+        stream_id = f"{chat.channel}-task-{uuid.uuid4().hex[:12]}"
+
+        async def send_now(text: str) -> None:
+            await self._bus.publish(OutboundMessage(chat, text, kind="progress"))
+
+        async def deliver(reply: Reply) -> None:
+            await self._deliver(chat, reply, stream_id, reply.inbound_ids)
+
+        await self._bus.publish(Typing(chat, active=True))
+        try:
+            reply = await follow_up(
+                self._loop,
+                origin,
+                send=send_now,
+                listener=_streamer(self._bus, chat, None, stream_id),
+                on_reply=deliver,
+            )
+        finally:
+            await self._bus.publish(Typing(chat, active=False))
+        if reply is not None:
+            await deliver(reply)
+
     async def _answer(self, message: InboundMessage, reply: Reply, stream_id: str) -> None:
+        ids = reply.inbound_ids or ((message.journal_id,) if message.journal_id else ())
+        await self._deliver(message.chat, reply, stream_id, ids, message.message_id)
+
+    async def _deliver(
+        self,
+        chat: ChatRef,
+        reply: Reply,
+        stream_id: str,
+        inbound_ids: Sequence[int],
+        reply_to: str | None = None,
+    ) -> None:
+        """Queue the reply in the outbox, marking what it answers done, then publish it."""
         outbound = None
         if reply.text:
-            outbound = OutboundMessage(
-                message.chat, reply.text, reply_to=message.message_id, stream_id=stream_id
-            )
-        ids = reply.inbound_ids or ((message.journal_id,) if message.journal_id else ())
-        record = (message.chat.channel, outbound_record(outbound)) if outbound else None
-        outbox_id = await self._journal.complete(ids, record)
+            outbound = OutboundMessage(chat, reply.text, reply_to=reply_to, stream_id=stream_id)
+        record = (chat.channel, outbound_record(outbound)) if outbound else None
+        outbox_id = await self._journal.complete(inbound_ids, record)
         if outbound is not None and outbox_id is not None:
             await self._bus.publish(_with_outbox(outbound, outbox_id))
 
@@ -181,7 +229,14 @@ class Dispatcher:
                 await self._loop.new_session(key)
                 text = "Started a new conversation. The old one is kept."
             case "stop":
-                text = "Stopped." if self._loop.abort(key) else "Nothing is running."
+                cancelled = self._subagents.cancel_session(key) if self._subagents else 0
+                text = _stopped(self._loop.abort(key), cancelled)
+            case "tasks":
+                text = (
+                    self._subagents.describe(key)
+                    if self._subagents is not None
+                    else "Background tasks are not available here."
+                )
             case "status":
                 text = await self._status.status(key)
             case _:
@@ -211,3 +266,10 @@ def _with_attachments(message: InboundMessage) -> str:
             f"({attachment.size} bytes, {attachment.mime_type or 'unknown type'})]"
         )
     return "\n".join(lines)
+
+
+def _stopped(turn: bool, tasks: int) -> str:
+    if not tasks:
+        return "Stopped." if turn else "Nothing is running."
+    what = "1 background task" if tasks == 1 else f"{tasks} background tasks"
+    return f"Stopped the reply and {what}." if turn else f"Stopped {what}."

@@ -26,7 +26,7 @@ from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import NewEntry, SessionStore, UsageLedger
 from nanobot.tools.base import SendText, ToolContext, current_context
 
-QueueMode = Literal["steer", "follow_up"]
+QueueMode = Literal["steer", "follow_up", "next_turn"]
 Delivery = Literal["one", "all"]
 MARGIN = 1024  # tokens kept free for the envelope and the provider's own framing
 FILL_CACHE_SIZE = 1024
@@ -47,6 +47,7 @@ class TurnRequest:
     inbound_id: int | None = None  # its inbound journal row, stored with the user's entry
     images: tuple[Path, ...] = ()  # photos sent with it, shown to models that can see
     on_reply: ReplySink | None = None  # replies of further turns this call runs (see handle)
+    thread_id: str | None = None  # the thread or topic of the chat, where there is one
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +69,17 @@ class _Lane:
     busy: bool = False
     steering: deque[Message] = field(default_factory=deque)
     follow_up: deque[Message] = field(default_factory=deque)
+    next_turn: deque[Message] = field(default_factory=deque)  # each waits for a turn of its own
     inbound: dict[int, int] = field(default_factory=dict)  # id(message) -> journal row
     answered: list[int] = field(default_factory=list)
 
+    @property
+    def waiting(self) -> bool:
+        return bool(self.steering or self.follow_up or self.next_turn)
+
     def queue(self, message: Message, mode: QueueMode, inbound_id: int | None) -> None:
-        (self.steering if mode == "steer" else self.follow_up).append(message)
+        queues = {"steer": self.steering, "follow_up": self.follow_up, "next_turn": self.next_turn}
+        queues[mode].append(message)
         if inbound_id is not None:
             self.inbound[id(message)] = inbound_id
 
@@ -181,18 +188,19 @@ class AgentLoop:
         try:
             async with self._slots:
                 reply = await self._turn(lane, request, inputs)
-                while lane.steering or lane.follow_up:  # arrived after the run's last look
+                while lane.waiting:  # arrived after the run's last look, or wants a turn
                     if request.on_reply is not None:
                         await request.on_reply(reply)
-                    queued = [*lane.steering, *lane.follow_up]
+                    queued = [*lane.steering, *lane.follow_up, *lane.next_turn]
                     lane.steering.clear()
                     lane.follow_up.clear()
+                    lane.next_turn.clear()
                     reply = await self._turn(lane, request, queued)
             return reply
         finally:
             lane.busy = False
             lane.run_id = None
-            if not lane.steering and not lane.follow_up:
+            if not lane.waiting:
                 self._lanes.pop(request.session_key, None)
 
     async def _turn(self, lane: _Lane, request: TurnRequest, inputs: Sequence[Message]) -> Reply:
@@ -224,6 +232,7 @@ class AgentLoop:
             run.run_id,
             request.sender_id,
             request.send,
+            thread_id=request.thread_id,
         )
         token = current_context.set(context)
         try:

@@ -1,7 +1,7 @@
 """Subagents: background runs that the main agent starts with the `spawn` tool.
 
 A subagent works alone on one self-contained task, in its own session (`subagent:<id>`), with
-its own limits and a tool set that never includes `spawn` or `message`. When it ends, a note
+its own limits and a tool set without `spawn`, `message` or `cron`. When it ends, a note
 with its outcome (its output wrapped as untrusted data) is added to the session it was started
 from, and `notify` runs a follow-up turn there so the agent tells the user. A cancelled one
 gets the note but no turn: the user asked for the stop.
@@ -36,7 +36,7 @@ SubagentState = Literal["running", "completed", "failed", "timed_out", "cancelle
 Event = Literal["started", "ended", "noted", "reported"]
 
 PREFIX = "subagent:"
-NEVER = frozenset({"spawn", "message"})  # a subagent cannot fork or talk to the user
+NEVER = frozenset({"spawn", "message", "cron"})  # no forking, no talking to the user
 KEEP_FINISHED = 200  # finished subagents remembered for `/tasks`
 SHOWN = 10  # the newest ones `/tasks` lists
 RESULT_CHARS = 8_000  # of a subagent's output in the note; the rest stays in its session
@@ -78,7 +78,7 @@ class Origin:
 
     @classmethod
     def of(cls, context: ToolContext) -> Origin:
-        return cls(context.session_key, context.channel, context.chat_id)
+        return cls(context.session_key, context.channel, context.chat_id, context.thread_id)
 
     @property
     def chat(self) -> ChatRef:
@@ -113,8 +113,8 @@ class SubagentSettings:
     """Limits of subagents. `tools` are the names they may use (see `subagent_tools`)."""
 
     max_subagents: int = 4
-    max_iterations: int = 30
-    max_seconds: float = 900.0
+    max_iterations: int = 15
+    max_seconds: float = 300.0
     tools: Sequence[str] = ()
     policy: ToolPolicy = field(default_factory=ToolPolicy)
     timezone: tzinfo | None = None
@@ -126,7 +126,8 @@ reply. May raise: the report is then retried on the next start."""
 
 
 def subagent_tools(names: Iterable[str], *, allow_exec: bool) -> tuple[str, ...]:
-    """The tools among `names` a subagent may use: never spawn or message; exec if allowed."""
+    """The tools among `names` a subagent may use: never spawn, message or cron (it would
+    reach the user on its own); exec only if allowed."""
     return tuple(n for n in names if n not in NEVER and (allow_exec or n != "exec"))
 
 
@@ -247,6 +248,15 @@ class Subagents:
                 await self._recover(session)
             except (KeyError, TypeError, ValueError):
                 logger.warning("session {} has no readable subagent record; skipped", session.key)
+
+    async def run(self) -> None:
+        """`recover()`, then keep the subagents until cancelled, then `stop()`: the shape of
+        a gateway service."""
+        await self.recover()
+        try:
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        finally:
+            await self.stop()
 
     async def stop(self) -> None:
         """Refuse new subagents, cancel the running ones and their reports, and wait."""
@@ -412,8 +422,9 @@ async def follow_up(
     on_reply: ReplySink | None = None,
 ) -> Reply | None:
     """Run a turn in `origin`'s session so the agent tells the user about a subagent whose
-    note was just added there. Returns the reply to deliver; None when the session was busy
-    and the request joined the running turn (whose caller then delivers the answer).
+    note was just added there. Returns the reply to deliver; None when the session was busy:
+    the request then waits for the running turn to end and gets a turn of its own (reading
+    the note from the history), whose reply goes to the running turn's caller.
 
     Raises:
         StoreError: the session could not be read or written.
@@ -425,8 +436,9 @@ async def follow_up(
         chat_id=origin.chat_id,
         send=send,
         listener=listener,
-        mode="follow_up",
+        mode="next_turn",
         on_reply=on_reply,
+        thread_id=origin.thread_id,
     )
     return await loop.handle(request)
 

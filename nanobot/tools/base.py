@@ -60,6 +60,7 @@ class ToolContext:
     sender_id: str | None = None
     send: SendText | None = None
     sent: list[str] = field(default_factory=list)
+    thread_id: str | None = None  # the thread or topic within the chat, where there is one
 
 
 _CLOSING_TAG = re.compile(r"</\s*untrusted_content\s*>", re.IGNORECASE)
