@@ -447,7 +447,9 @@ async def test_streamed_reply_is_edited_in_place(
     assert first.reply_to == 1 and rest[0].reply_to is None
     assert len(first.history) >= 2 and first.history[0].visible == "part 0"
     edits = [c.at for c in fake.calls("editMessageText")]
-    assert all(b - a >= 0.19 for a, b in itertools.pairwise(edits))
+    # Stream edits are spaced; the final, exact edit goes out at once (a wait would hold up
+    # every other chat's delivery on this channel).
+    assert all(b - a >= 0.19 for a, b in itertools.pairwise(edits[:-1]))
     assert len(edits) < 10  # 30 updates, at most one edit per 0.2 s
 
 

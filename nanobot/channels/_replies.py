@@ -50,8 +50,8 @@ class Replies:
 
     `stream` posts a stream's first update and edits that message with later ones, at most
     once per `interval`. `send` delivers a final message as the parts `split` makes of it:
-    a streamed reply's message is edited to exactly the first part (no sooner than
-    `interval` after its last edit), the rest are posted; stream updates after it are
+    a streamed reply's message is edited to exactly the first part (at once), the rest are
+    posted; stream updates after it are
     ignored. The parts already out are remembered, so when `send` raises and the same item
     is sent again it resumes with the part that failed.
 
@@ -101,14 +101,17 @@ class Replies:
             _remember(self._finished, item.stream_id, None)
 
     async def _finish(self, chat: ChatRef, stream: _Stream, first: str) -> bool:
-        """The final edit: exact, and still no sooner than the interval after the last."""
+        """The final edit: exact, and at once.
+
+        It does not wait out the stream interval: deliveries of a channel go one after
+        another, so a wait here would hold up every other chat's reply (a single edit right
+        after the last one is well within the platforms' limits).
+        """
         if stream.message_id is None:
             return False
         if stream.shown == first:
             return True
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(stream.at + self._interval - loop.time())
-        stream.at = loop.time()
+        stream.at = asyncio.get_running_loop().time()
         return await self._outlet.edit(chat, stream.message_id, first)
 
     async def stream(self, update: StreamUpdate) -> None:
