@@ -30,6 +30,8 @@ class ScriptedChannel(Channel):
         self.slow = slow
         self.failures = failures
         self.delivered: list[Outbound] = []
+        self.active = 0
+        self.peak = 0
 
     async def run(self, ready: Callable[[], None]) -> None:
         self.runs += 1
@@ -43,7 +45,12 @@ class ScriptedChannel(Channel):
         if self.failures and isinstance(item, OutboundMessage):
             self.failures -= 1
             raise DeliveryError("500 from the platform")
-        await asyncio.sleep(self.slow)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await asyncio.sleep(self.slow)
+        finally:
+            self.active -= 1
         self.delivered.append(item)
 
 
@@ -132,4 +139,25 @@ async def test_undeliverable_messages_stay_unconfirmed() -> None:
     assert ledger.confirmed == []
     assert len(ledger.failed) == 3  # every attempt recorded; the row stays pending
     assert channel.delivered == [Typing(ChatRef("tg", "1"), active=True)]
+    await stop(task)
+
+
+async def test_chats_are_delivered_in_parallel_each_in_order() -> None:
+    bus, ledger = MessageBus(), Ledger()
+    channel = ScriptedChannel("tg", slow=0.3)
+    manager = ChannelManager([channel], bus, confirm=ledger.confirm, failed=ledger.fail)
+    task = await run_manager(manager)
+    for outbox_id in range(1, 11):
+        chat = ChatRef("tg", str(outbox_id % 5))
+        await bus.publish(OutboundMessage(chat, f"m{outbox_id}", outbox_id=outbox_id))
+    await asyncio.wait_for(manager.drain(), 5)
+    assert sorted(ledger.confirmed) == list(range(1, 11))
+    assert channel.peak == 5  # five chats at once, never two items of one chat
+    for chat in map(str, range(5)):
+        texts = [
+            i.text
+            for i in channel.delivered
+            if isinstance(i, OutboundMessage) and i.chat.chat_id == chat
+        ]
+        assert texts == sorted(texts, key=lambda t: int(t[1:]))
     await stop(task)

@@ -2,18 +2,20 @@
 
 Each channel gets two tasks: a supervisor that runs it and restarts it with backoff when it
 crashes, and a delivery task that drains its outbound queue, so a slow platform never delays
-another. A reply is confirmed (its outbox row marked delivered) only after the platform
-accepted it; one that still fails after retries stays in the outbox for the next start.
+another; within a channel, chats are delivered to in parallel, each chat in order. A reply
+is confirmed (its outbox row marked delivered) only after the platform accepted it; one that
+still fails after retries stays in the outbox for the next start.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
 from loguru import logger
 
-from nanobot.bus.events import Outbound, OutboundMessage
+from nanobot.bus.events import ChatRef, Outbound, OutboundMessage
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Channel, DeliveryError
 
@@ -23,6 +25,7 @@ Failed = Callable[[int, str], Awaitable[None]]
 RESTART_DELAYS = (1.0, 2.0, 5.0, 15.0, 30.0, 60.0)
 STABLE_AFTER = 60.0  # seconds connected after which a crash starts the backoff afresh
 DELIVERY_RETRIES = (2.0, 5.0, 15.0)
+PARALLEL_CHATS = 32  # chats of one channel delivered to at the same time
 
 
 class ChannelManager:
@@ -88,17 +91,39 @@ class ChannelManager:
             await asyncio.sleep(delay)
 
     async def _deliver(self, channel: Channel) -> None:
+        """Drain the channel's queue: chats in parallel (a slow or failing chat holds up no
+        other), each chat's items strictly in order."""
         idle = self._idle[channel.name]
         idle.set()
         await self._ready[channel.name].wait()
-        async for item in self._bus.outbound(channel.name):
-            idle.clear()
+        lanes: dict[ChatRef, deque[Outbound]] = {}
+        slots = asyncio.Semaphore(PARALLEL_CHATS)
+
+        async def drain_chat(chat: ChatRef) -> None:
+            queue = lanes[chat]
             try:
-                await self._deliver_one(channel, item)
+                async with slots:
+                    while queue:
+                        await self._deliver_one(channel, queue[0])
+                        queue.popleft()
             finally:
-                if not self._bus.pending(channel.name):
+                del lanes[chat]
+                if not lanes and not self._bus.pending(channel.name):
                     idle.set()
-        idle.set()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                async for item in self._bus.outbound(channel.name):
+                    idle.clear()
+                    if item.chat in lanes:
+                        lanes[item.chat].append(item)
+                    else:
+                        lanes[item.chat] = deque([item])
+                        group.create_task(
+                            drain_chat(item.chat), name=f"deliver-{channel.name}-chat"
+                        )
+        finally:
+            idle.set()
 
     async def _deliver_one(self, channel: Channel, item: Outbound) -> None:
         message = item if isinstance(item, OutboundMessage) else None
