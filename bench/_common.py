@@ -257,7 +257,7 @@ def _cpu_model() -> str:
 def machine() -> dict[str, Any]:
     """What the figures depend on: CPUs, Python, platform, key library versions."""
     versions: dict[str, str] = {}
-    for name in ("nanobot", "litellm", "pydantic", "typer"):
+    for name in ("nanobot", "litellm", "pydantic", "typer", "python-telegram-bot"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
     return {

@@ -19,8 +19,10 @@ python-telegram-bot echo bot (bench/_gateway.py) is the baseline of the latency 
 
 1. 20 chats write at once (fresh chats every round): time from queuing the 20 messages to
    the last final reply; the three configurations interleaved, rotating their order.
-2. 1,000 chats write at once: the same time, for the default and 1,000 concurrent turns,
-   and the gateway's RSS (VmRSS sampled every 50 ms: peak minus the value before).
+2. 1,000 chats write at once, for the default and 1,000 concurrent turns: how many are
+   answered within 3 s and within BIG_CAP_S (after which the gateway is killed: a whole
+   burst takes minutes), and the gateway's RSS (VmRSS sampled every 50 ms: peak minus the
+   value before). Last, after the other figures, so the other gateways are stopped.
 3. One message at a time in one chat, 0 ms model: time to the first bot message and to the
    final text, against the echo bot, in interleaved blocks.
 
