@@ -159,12 +159,16 @@ class Dispatcher:
             inbound_id=message.journal_id,
             on_reply=deliver,
             images=tuple(a.path for a in message.attachments if a.kind == "photo"),
+            on_start=lambda: started.append(self._bus.offer(Typing(message.chat, active=True))),
         )
-        await self._bus.publish(Typing(message.chat, active=True))
+        # Typing shows once the turn has a slot: chats waiting for one do not keep a typing
+        # indicator (and its API calls) going.
+        started: list[bool] = []
         try:
             reply = await (self._loop.resume(request) if resume else self._loop.handle(request))
         finally:
-            await self._bus.publish(Typing(message.chat, active=False))
+            if started:
+                self._bus.offer(Typing(message.chat, active=False))
         if reply is not None:
             await deliver(reply)
 

@@ -47,6 +47,7 @@ class TurnRequest:
     inbound_id: int | None = None  # its inbound journal row, stored with the user's entry
     images: tuple[Path, ...] = ()  # photos sent with it, shown to models that can see
     on_reply: ReplySink | None = None  # replies of further turns this call runs (see handle)
+    on_start: Callable[[], None] | None = None  # called once its turn has a slot and starts
     thread_id: str | None = None  # the thread or topic of the chat, where there is one
 
 
@@ -187,6 +188,8 @@ class AgentLoop:
         lane.busy = True
         try:
             async with self._slots:
+                if request.on_start is not None:
+                    request.on_start()
                 reply = await self._turn(lane, request, inputs)
                 while lane.waiting:  # arrived after the run's last look, or wants a turn
                     if request.on_reply is not None:
