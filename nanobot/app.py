@@ -287,7 +287,7 @@ def _services(
         cron = CronService(
             CronStore(parts.db),
             partial(_run_job, parts.loop, dispatcher),
-            catch_up_window=timedelta(minutes=config.cron.catch_up_window_minutes),
+            catch_up_window=config.cron.catch_up_window,
         )
         services.append(("cron", cron.run))
     return services

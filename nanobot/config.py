@@ -11,6 +11,7 @@ import os
 import re
 import zoneinfo
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from nanobot.errors import ConfigError
 
 ENV_PREFIX = "NANOBOT_"
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?")
 ENV_CONFIG_PATH = "NANOBOT_CONFIG"
 DEFAULT_DATA_DIR = Path("~/.nanobot")
 DEFAULT_CONFIG_PATH = DEFAULT_DATA_DIR / "config.yaml"
@@ -121,7 +123,19 @@ class ToolsConfig(Section):
 
 class CronConfig(Section):
     enabled: bool = True
-    catch_up_window_minutes: float = Field(60, ge=0)
+    catch_up_window: timedelta = timedelta(hours=1)
+
+    @field_validator("catch_up_window", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        # "1h", "30m", "1h30m" as in `nanobot cron add --every`; a bare number is seconds.
+        if isinstance(value, str) and not value.strip().isdigit():
+            match = _DURATION.fullmatch(value.strip())
+            if match is None or not any(match.groups()):
+                raise ValueError(f"not a duration like 1h, 30m or 1h30m: {value!r}")
+            hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+            return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+        return value
 
 
 class GatewayConfig(Section):

@@ -174,3 +174,16 @@ def test_secrets_are_hidden(tmp_path: Path) -> None:
     dumped = repr(config) + str(config.model_dump())
     assert "sk-verysecret" not in dumped
     assert "discord-secret" not in dumped
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("1h", 3600), ("30m", 1800), ("1h30m", 5400), ("90", 90), ("0", 0)]
+)
+def test_catch_up_window_takes_a_duration(tmp_path: Path, text: str, seconds: int) -> None:
+    config = load(write(tmp_path, f"cron: {{catch_up_window: '{text}'}}\n"))
+    assert config.cron.catch_up_window.total_seconds() == seconds
+
+
+def test_a_bad_duration_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cron\.catch_up_window: .*not a duration"):
+        load(write(tmp_path, "cron: {catch_up_window: soon}\n"))
