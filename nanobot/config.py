@@ -129,7 +129,9 @@ class CronConfig(Section):
     @classmethod
     def _duration(cls, value: object) -> object:
         # "1h", "30m", "1h30m" as in `nanobot cron add --every`; a bare number is seconds.
-        if isinstance(value, str) and not value.strip().isdigit():
+        if isinstance(value, str) and value.strip().isdigit():
+            return timedelta(seconds=int(value))
+        if isinstance(value, str):
             match = _DURATION.fullmatch(value.strip())
             if match is None or not any(match.groups()):
                 raise ValueError(f"not a duration like 1h, 30m or 1h30m: {value!r}")
