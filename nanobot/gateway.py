@@ -41,6 +41,11 @@ class Gateway:
         self._handle_signals(stop)
         for line in self.gate.describe():
             logger.info(line)
+        if not self.manager.names:
+            logger.warning(
+                "no chat channel is enabled: set channels.telegram or channels.discord "
+                "(enabled, token, allow_from) in the config"
+            )
         async with asyncio.TaskGroup() as group:
             channels = group.create_task(self.manager.run(), name="channels")
             await self.dispatcher.recover()
