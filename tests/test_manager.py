@@ -153,11 +153,11 @@ async def test_chats_are_delivered_in_parallel_each_in_order() -> None:
     await asyncio.wait_for(manager.drain(), 5)
     assert sorted(ledger.confirmed) == list(range(1, 11))
     assert channel.peak == 5  # five chats at once, never two items of one chat
-    for chat in map(str, range(5)):
+    for chat_id in map(str, range(5)):
         texts = [
             i.text
             for i in channel.delivered
-            if isinstance(i, OutboundMessage) and i.chat.chat_id == chat
+            if isinstance(i, OutboundMessage) and i.chat.chat_id == chat_id
         ]
         assert texts == sorted(texts, key=lambda t: int(t[1:]))
     await stop(task)
