@@ -225,8 +225,13 @@ async def test_gateway_stops_cleanly_on_sigterm(home: Home) -> None:
         stderr=asyncio.subprocess.PIPE,
     )
     assert process.stderr is not None
-    started = await asyncio.wait_for(process.stderr.readline(), timeout=60)
-    assert b"gateway started" in started
+    logged = b""
+    async with asyncio.timeout(60):
+        while b"gateway started" not in logged:
+            line = await process.stderr.readline()
+            assert line, f"gateway exited early: {logged.decode()}"
+            logged += line
+    assert b"no chat channel is enabled" in logged
     process.terminate()
     _, stderr = await asyncio.wait_for(process.communicate(), timeout=30)
     assert process.returncode == 0
