@@ -364,6 +364,17 @@ async def test_concurrent_live_calls_agree_on_one_session(store: SessionStore) -
     assert len(set(ids)) == 1
 
 
+async def test_execute_returns_the_rows_it_changed(db: Database) -> None:
+    await db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER)")
+    assert await db.execute("INSERT INTO t VALUES ('a', 1), ('b', 1), ('c', 2)") == 3
+    assert await db.execute("INSERT INTO t VALUES ('a', 9) ON CONFLICT DO NOTHING") == 0
+    async with db.transaction():
+        assert await db.execute("UPDATE t SET v = 3 WHERE v = 1") == 2
+        assert await db.execute("DELETE FROM t WHERE k = ?", ("zzz",)) == 0
+    assert await db.execute("DELETE FROM t") == 3
+    assert await db.execute("PRAGMA synchronous = NORMAL") == 0
+
+
 async def test_stats_count_sessions_entries_and_bytes(db: Database, store: SessionStore) -> None:
     session = await store.live("a")
     await store.live("b")

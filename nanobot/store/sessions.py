@@ -95,16 +95,14 @@ class SessionStore:
         )
         if row is not None:
             return int(row["id"])
-        async with self._db.transaction():
-            await self._db.execute(
-                "INSERT INTO sessions (key, created_at) VALUES (?, ?)"
-                " ON CONFLICT (key) WHERE archived_at IS NULL DO NOTHING",
-                (key, _now()),
-            )
-            row = await self._db.fetchone(
-                "SELECT id FROM sessions WHERE key = ? AND archived_at IS NULL", (key,)
-            )
-        assert row is not None, "the live session exists inside the transaction that made it"
+        # The no-op update makes RETURNING give the id whether this insert won or not.
+        row = await self._db.fetchone(
+            "INSERT INTO sessions (key, created_at) VALUES (?, ?)"
+            " ON CONFLICT (key) WHERE archived_at IS NULL DO UPDATE SET key = excluded.key"
+            " RETURNING id",
+            (key, _now()),
+        )
+        assert row is not None, "an upsert with RETURNING always returns its row"
         return int(row["id"])
 
     async def archive(self, key: str) -> int | None:
