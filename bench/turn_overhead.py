@@ -135,6 +135,9 @@ class _Recorder:
     def model(self) -> str:
         return self.inner.model
 
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
     async def complete(
         self,
         messages: Sequence[Message],

@@ -57,8 +57,14 @@ def _timezone(config: Config) -> tzinfo | None:
 
 
 def build_provider(config: Config) -> LiteLLMProvider:
+    """The model provider of `agent.transport`; the caller closes it (`aclose`)."""
     agent = config.agent
-    return LiteLLMProvider(
+    transport = LiteLLMProvider
+    if agent.transport == "direct":
+        from nanobot.providers.openai_direct import DirectOpenAIProvider  # aiohttp: ~0.1 s
+
+        transport = DirectOpenAIProvider
+    return transport(
         agent.model,
         api_key=agent.api_key.get_secret_value() if agent.api_key else None,
         api_base=agent.api_base,
@@ -128,7 +134,6 @@ async def _parts(config: Config) -> AsyncIterator[Parts]:
     config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     copy_template(config.workspace_path)
     agent = config.agent
-    provider = build_provider(config)
     settings = LoopSettings(
         max_tokens=agent.max_tokens,
         max_concurrent_turns=agent.max_concurrent_turns,
@@ -146,13 +151,17 @@ async def _parts(config: Config) -> AsyncIterator[Parts]:
         timezone=_timezone(config),
     )
     context = ContextBuilder(config.workspace_path, timezone=settings.timezone)
-    async with await Database.open(config.state_db_path) as db:
-        jobs = Jobs(CronStore(db), config.timezone)
-        tools = build_tools(config, jobs)
-        runner = Runner(provider, tools)
-        sessions = SessionStore(db)
-        loop = AgentLoop(provider, runner, sessions, context, settings, usage=UsageLedger(db))
-        yield Parts(db, loop, jobs, runner, tools, sessions)
+    provider = build_provider(config)
+    try:
+        async with await Database.open(config.state_db_path) as db:
+            jobs = Jobs(CronStore(db), config.timezone)
+            tools = build_tools(config, jobs)
+            runner = Runner(provider, tools)
+            sessions = SessionStore(db)
+            loop = AgentLoop(provider, runner, sessions, context, settings, usage=UsageLedger(db))
+            yield Parts(db, loop, jobs, runner, tools, sessions)
+    finally:
+        await provider.aclose()
 
 
 def build_subagents(config: Config, parts: Parts, notify: Notify) -> Subagents:

@@ -13,10 +13,18 @@ import zoneinfo
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from nanobot.errors import ConfigError
@@ -38,11 +46,12 @@ class AgentConfig(Section):
     model: str = "openai/gpt-4o-mini"
     api_key: SecretStr | None = None
     api_base: str | None = None
+    transport: Literal["litellm", "direct"] = "litellm"
     fallbacks: list[str] = Field(default_factory=list)
     max_tokens: int = Field(4096, gt=0)
     temperature: float = Field(0.3, ge=0, le=2)
     max_iterations: int = Field(20, gt=0)
-    max_concurrent_turns: int = Field(16, gt=0)
+    max_concurrent_turns: int = Field(32, gt=0)
     context_window: int | None = Field(None, gt=0)
     request_timeout: float = Field(120, gt=0)
     max_retries: int = Field(3, ge=0, le=10)
@@ -58,6 +67,15 @@ class AgentConfig(Section):
     subagent_exec: bool = False  # background tasks may use exec (when tools.exec.enabled)
     steering_delivery: Literal["one", "all"] = "one"
     follow_up_delivery: Literal["one", "all"] = "one"
+
+    @model_validator(mode="after")
+    def _direct_needs_a_base(self) -> Self:
+        if self.transport == "direct" and not self.api_base:
+            raise ValueError(
+                "agent.transport: direct needs agent.api_base (the URL of an "
+                "OpenAI-compatible API, e.g. http://localhost:8000/v1)"
+            )
+        return self
 
 
 class ChannelConfig(Section):

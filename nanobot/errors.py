@@ -38,13 +38,22 @@ class ProviderError(NanobotError):
 
     `kind` says why, for callers that react differently (a context overflow triggers
     compaction; the rest become one short line for the user). `model` is the last model tried.
+    `retry_after` is the wait in seconds the server asked for, if it named one.
     The message is for logs; it is never written into a conversation as assistant text.
     """
 
-    def __init__(self, kind: ProviderErrorKind, message: str, *, model: str = "") -> None:
+    def __init__(
+        self,
+        kind: ProviderErrorKind,
+        message: str,
+        *,
+        model: str = "",
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind: ProviderErrorKind = kind
         self.model = model
+        self.retry_after = retry_after
 
     def user_message(self) -> str:
         """A short, plain line for the person in the chat."""

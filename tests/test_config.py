@@ -104,6 +104,13 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         ("channels: {telegram: {enabled: maybe}}\n", "channels.telegram.enabled", "boolean"),
         ("log: {level: LOUD}\n", "log.level", "Input should be"),
         ("timezone: Mars/Olympus\n", "timezone", "unknown IANA time zone"),
+        ("agent: {transport: grpc}\n", "agent.transport", "Input should be"),
+        (
+            "agent: {transport: direct}\n",
+            "agent",
+            "agent.transport: direct needs agent.api_base (the URL of an OpenAI-compatible API, "
+            "e.g. http://localhost:8000/v1)",
+        ),
     ],
 )
 def test_invalid_values_name_file_key_and_reason(
@@ -116,6 +123,12 @@ def test_invalid_values_name_file_key_and_reason(
     assert str(path) in message
     assert f"{key}: " in message
     assert reason in message
+
+
+def test_transport_defaults_to_litellm(tmp_path: Path) -> None:
+    assert load(write(tmp_path, "")).agent.transport == "litellm"
+    direct = "agent: {transport: direct, api_base: 'http://localhost:8000/v1'}\n"
+    assert load(write(tmp_path, direct)).agent.transport == "direct"
 
 
 def test_bad_yaml(tmp_path: Path) -> None:

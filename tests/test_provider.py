@@ -6,9 +6,13 @@ import json
 
 import pytest
 
+from nanobot.app import build_provider
+from nanobot.config import AgentConfig, Config
 from nanobot.errors import ProviderError
 from nanobot.providers import Delta, TextDelta, ToolCallDelta
-from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy, _retry_after
+from nanobot.providers._stream import retry_after
+from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+from nanobot.providers.openai_direct import DirectOpenAIProvider
 from tests.fakes.llm import (
     AuthError,
     Call,
@@ -218,11 +222,11 @@ def test_retry_after_header_parsing() -> None:
         def __init__(self, headers: dict[str, str]) -> None:
             self.response = Response(headers)
 
-    assert _retry_after(Failure({"retry-after": "3"})) == 3.0
-    assert _retry_after(Failure({"retry-after-ms": "1500", "retry-after": "2"})) == 1.5
-    assert _retry_after(Failure({"retry-after": "soon"})) is None
-    assert _retry_after(Failure({})) is None
-    assert _retry_after(ValueError()) is None
+    assert retry_after(Failure({"retry-after": "3"})) == 3.0
+    assert retry_after(Failure({"retry-after-ms": "1500", "retry-after": "2"})) == 1.5
+    assert retry_after(Failure({"retry-after": "soon"})) is None
+    assert retry_after(Failure({})) is None
+    assert retry_after(ValueError()) is None
 
 
 def test_context_window_and_token_count() -> None:
@@ -231,3 +235,12 @@ def test_context_window_and_token_count() -> None:
     assert LiteLLMProvider("openai/gpt-4o-mini").context_window() > 100_000
     count = LiteLLMProvider("openai/gpt-4o-mini").count_tokens(MESSAGES)
     assert 3 < count < 50
+
+
+async def test_build_provider_follows_the_transport() -> None:
+    assert type(build_provider(Config())) is LiteLLMProvider
+    agent = AgentConfig(transport="direct", api_base="http://localhost:8000/v1")
+    direct = build_provider(Config(agent=agent))
+    assert isinstance(direct, DirectOpenAIProvider)
+    assert direct.model == agent.model
+    await direct.aclose()

@@ -19,13 +19,11 @@ from typing import Any
 from loguru import logger
 
 from nanobot.errors import ProviderError, ProviderErrorKind
+from nanobot.providers._stream import Assembler, looks_like_overflow, retry_after
 from nanobot.providers.base import (
     Completion,
     DeltaHandler,
     Message,
-    TextDelta,
-    ToolCall,
-    ToolCallDelta,
     ToolSchema,
     Usage,
 )
@@ -143,12 +141,13 @@ class LiteLLMProvider:
         while True:
             try:
                 return await self._stream_once(model, messages, tools, on_delta, max_tokens)
+            except ProviderError as exc:  # a transport that classifies its own failures
+                error = exc
             except Exception as exc:  # noqa: BLE001 - every litellm failure is classified here
                 error = _classify(exc, model)
-                retry_after = _retry_after(exc)
             if error.kind not in _RETRYABLE or attempt >= self._retry.attempts:
                 raise error
-            wait = self._retry.delay(attempt, retry_after)
+            wait = self._retry.delay(attempt, error.retry_after)
             if time.monotonic() + wait > deadline:
                 raise error
             logger.info(
@@ -162,6 +161,10 @@ class LiteLLMProvider:
             await asyncio.sleep(wait)
             attempt += 1
 
+    async def aclose(self) -> None:
+        """Release the transport's connections. Nothing to release here: litellm owns its
+        HTTP clients. Subclasses with their own connections close them here."""
+
     async def _stream_once(
         self,
         model: str,
@@ -170,6 +173,12 @@ class LiteLLMProvider:
         on_delta: DeltaHandler | None,
         max_tokens: int,
     ) -> Completion:
+        """One streamed call to `model`, no retries.
+
+        Raises:
+            ProviderError: a failure the transport classified itself (used as is), or
+            Exception: anything else, classified by `_classify`.
+        """
         litellm = _litellm()
         kwargs: dict[str, Any] = {
             "model": model,
@@ -188,7 +197,7 @@ class LiteLLMProvider:
         if self._api_base:
             kwargs["api_base"] = self._api_base
         stream = await litellm.acompletion(**kwargs)
-        assembler = _Assembler(on_delta)
+        assembler = Assembler(on_delta)
         try:
             async for chunk in stream:
                 assembler.add(chunk)
@@ -235,62 +244,6 @@ def _model_window(model: str) -> int:
     return int(info.get("max_input_tokens") or info.get("max_tokens") or DEFAULT_CONTEXT_WINDOW)
 
 
-class _Assembler:
-    """Turns litellm's streamed chunks into deltas for the listener and one Completion."""
-
-    def __init__(self, on_delta: DeltaHandler | None) -> None:
-        self._on_delta = on_delta
-        self._seq = 0
-        self._text: list[str] = []
-        self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments...]
-        self._finish = "stop"
-        self.usage = Usage()
-
-    def add(self, chunk: Any) -> None:
-        usage = getattr(chunk, "usage", None)
-        if usage is not None and getattr(usage, "prompt_tokens", None) is not None:
-            self.usage = Usage(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
-        for choice in chunk.choices or ():
-            if choice.finish_reason:
-                self._finish = choice.finish_reason
-            delta = choice.delta
-            if delta is None:
-                continue
-            if delta.content:
-                self._text.append(delta.content)
-                self._emit(TextDelta(self._seq, delta.content))
-            for call in delta.tool_calls or ():
-                self._add_call(call)
-
-    def _add_call(self, call: Any) -> None:
-        index = int(call.index or 0)
-        parts = self._calls.setdefault(index, ["", ""])
-        function = call.function
-        name = getattr(function, "name", None) if function else None
-        arguments = (getattr(function, "arguments", None) or "") if function else ""
-        if call.id and not parts[0]:
-            parts[0] = call.id
-        if name and not parts[1]:
-            parts[1] = name
-        if arguments:
-            parts.append(arguments)
-        self._emit(ToolCallDelta(self._seq, index, call.id, name, arguments))
-
-    def _emit(self, delta: TextDelta | ToolCallDelta) -> None:
-        self._seq += 1
-        if self._on_delta is not None:
-            self._on_delta(delta)
-
-    def result(self, model: str, usage: Usage) -> Completion:
-        calls = tuple(
-            ToolCall(id=parts[0] or f"call_{index}", name=parts[1], arguments="".join(parts[2:]))
-            for index, parts in sorted(self._calls.items())
-        )
-        text = "".join(self._text)
-        finish = "tool_calls" if calls else self._finish
-        return Completion(text or None, calls, finish, usage, model)
-
-
 async def _close(stream: Any) -> None:
     closer = getattr(stream, "aclose", None)
     if closer is not None:
@@ -301,9 +254,13 @@ async def _close(stream: Any) -> None:
 
 
 def _classify(exc: BaseException, model: str) -> ProviderError:
-    """Map a litellm/openai/httpx exception to a ProviderError kind."""
-    litellm = _litellm()
+    """Map a litellm/openai/httpx exception to a ProviderError, with the server's wait."""
     message = f"{model}: {type(exc).__name__}: {exc}"
+    return ProviderError(_kind(exc), message, model=model, retry_after=retry_after(exc))
+
+
+def _kind(exc: BaseException) -> ProviderErrorKind:
+    litellm = _litellm()
     checks: tuple[
         tuple[type[BaseException] | tuple[type[BaseException], ...], ProviderErrorKind], ...
     ] = (
@@ -327,35 +284,13 @@ def _classify(exc: BaseException, model: str) -> ProviderError:
     )
     for types, kind in checks:
         if isinstance(exc, types):
-            overflow = kind == "bad_request" and _looks_like_overflow(str(exc))
-            return ProviderError("context_overflow" if overflow else kind, message, model=model)
+            overflow = kind == "bad_request" and looks_like_overflow(str(exc))
+            return "context_overflow" if overflow else kind
     if isinstance(exc, TimeoutError):
-        return ProviderError("timeout", message, model=model)
+        return "timeout"
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and (status >= 500 or status == 408):
-        return ProviderError("unavailable", message, model=model)
+        return "unavailable"
     if isinstance(exc, (ConnectionError, OSError)):
-        return ProviderError("unavailable", message, model=model)
-    return ProviderError("bad_request", message, model=model)
-
-
-def _looks_like_overflow(text: str) -> bool:
-    text = text.lower()
-    return "context length" in text or "context_length" in text or "too many tokens" in text
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    """Seconds the server asked us to wait, from `retry-after-ms` or `retry-after`."""
-    # litellm keeps the vendor's headers on `litellm_response_headers`; `response.headers`
-    # is empty on its own rate-limit errors.
-    for source in (exc, getattr(exc, "response", None)):
-        for attribute in ("litellm_response_headers", "headers"):
-            headers = getattr(source, attribute, None)
-            if not headers:
-                continue
-            for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-                try:
-                    return max(0.0, float(headers[name]) * scale)
-                except (KeyError, TypeError, ValueError):
-                    continue
-    return None
+        return "unavailable"
+    return "bad_request"

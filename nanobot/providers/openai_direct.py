@@ -1,0 +1,264 @@
+"""LLMProvider that speaks the OpenAI chat-completions streaming protocol itself, over aiohttp.
+
+For OpenAI-compatible servers only (vLLM, llama.cpp, LM Studio, Ollama's /v1, OpenAI). It
+costs a small fraction of litellm's CPU per call; parameters are sent as given, with none of
+litellm's per-vendor translation. Retries, fallbacks, token counting, the context window,
+vision and prices are still `LiteLLMProvider`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
+
+import aiohttp
+
+from nanobot.errors import ProviderError, ProviderErrorKind
+from nanobot.providers._stream import Assembler, looks_like_overflow, retry_after
+from nanobot.providers.base import Completion, DeltaHandler, Message, ToolSchema
+from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+
+_DETAIL_LIMIT = 500  # characters of the server's error message kept in ours
+
+
+class DirectOpenAIProvider(LiteLLMProvider):
+    """A `LiteLLMProvider` whose calls go straight to `{api_base}/chat/completions`.
+
+    Every model, fallbacks included, is sent to the same endpoint, without a leading
+    `openai/`, through the proxy the environment names for it when built (as litellm's httpx
+    would). One aiohttp session per provider, opened on the first call in the running loop;
+    `aclose()` closes it, and a later call opens a new one (so use one event loop at a time,
+    and close the provider before its loop ends).
+
+    Raises:
+        ValueError: `api_base` is missing.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        api_base: str | None = None,
+        fallbacks: Sequence[str] = (),
+        max_tokens: int = 4096,
+        temperature: float = 0.3,
+        request_timeout: float = 120.0,
+        retry: RetryPolicy | None = None,
+        context_window: int | None = None,
+        vision: bool | None = None,
+    ) -> None:
+        if not api_base:
+            raise ValueError(
+                "the direct transport needs api_base: the URL of an OpenAI-compatible API, "
+                "e.g. http://localhost:8000/v1"
+            )
+        super().__init__(
+            model,
+            api_key=api_key,
+            api_base=api_base,
+            fallbacks=fallbacks,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            request_timeout=request_timeout,
+            retry=retry,
+            context_window=context_window,
+            vision=vision,
+        )
+        self._url = f"{api_base.rstrip('/')}/chat/completions"
+        self._headers = {"Accept": "text/event-stream"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._proxy = _env_proxy(self._url)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def aclose(self) -> None:
+        """Close the HTTP session; calls still streaming fail as "unavailable"."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                # Concurrency is bounded by the agent's turn limit, not by the pool.
+                connector=aiohttp.TCPConnector(limit=0),
+                # A stream may rightly run for minutes; only silence that long is a failure.
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=self._timeout, sock_read=self._timeout
+                ),
+            )
+        return self._session
+
+    async def _stream_once(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema],
+        on_delta: DeltaHandler | None,
+        max_tokens: int,
+    ) -> Completion:
+        """One streamed call to `model`, no retries.
+
+        Raises:
+            ProviderError: the connection, the HTTP status or the stream failed; classified.
+            Exception: a chunk of an unexpected shape (`_with_retries` calls it "bad_request").
+        Cancellation closes the HTTP response.
+        """
+        body: dict[str, Any] = {
+            "model": model.removeprefix("openai/"),
+            "messages": list(messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": max_tokens,
+            "temperature": self._temperature,
+        }
+        if tools:
+            body["tools"] = list(tools)
+        assembler = Assembler(on_delta)
+        try:
+            request = self._client().post(
+                self._url, json=body, headers=self._headers, proxy=self._proxy
+            )
+            async with request as reply:
+                if reply.status >= 400:
+                    raise await self._http_error(model, reply)
+                await self._read_stream(model, reply, assembler)
+        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
+            message = f"{model}: no answer for {self._timeout:g}s"
+            raise ProviderError("timeout", message, model=model) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            message = f"{model}: {type(exc).__name__}: {exc}"
+            raise ProviderError("unavailable", message, model=model) from exc
+        return assembler.result(model, self._cost(model, assembler.usage))
+
+    async def _read_stream(
+        self, model: str, reply: aiohttp.ClientResponse, assembler: Assembler
+    ) -> None:
+        lines = _Lines()
+        async for data in reply.content.iter_any():
+            for payload in lines.feed(data):
+                if payload == b"[DONE]":
+                    return
+                chunk = _decode(payload, model)
+                if chunk.get("error") is not None:
+                    raise self._stream_error(model, chunk["error"])
+                assembler.add_json(chunk)
+        if not assembler.finished:
+            message = f"{model}: the stream ended before the answer did"
+            raise ProviderError("unavailable", message, model=model)
+
+    async def _http_error(self, model: str, reply: aiohttp.ClientResponse) -> ProviderError:
+        text = (await reply.read()).decode("utf-8", "replace")
+        kind = _kind_for_status(reply.status, text)
+        wait = retry_after(reply) if kind == "rate_limited" else None
+        message = f"{model}: HTTP {reply.status}: {self._redact(_server_message(text))}"
+        return ProviderError(kind, message, model=model, retry_after=wait)
+
+    def _stream_error(self, model: str, error: object) -> ProviderError:
+        status = _error_status(error)
+        text = json.dumps(error)
+        message = f"{model}: error in the stream ({status}): {self._redact(_server_message(text))}"
+        return ProviderError(_kind_for_status(status, text), message, model=model)
+
+    def _redact(self, text: str) -> str:
+        # OpenAI, and so the servers copying it, quote a refused key back in the message.
+        if self._api_key:
+            text = text.replace(self._api_key, "<api_key>")
+        return text
+
+
+class _Lines:
+    """Splits a server-sent-events byte stream into the payloads of its `data:` lines.
+
+    One JSON document per `data:` line is what every OpenAI-compatible server sends, so
+    lines are not joined into multi-line events; blank lines, comments (`:`) and other fields
+    are skipped.
+    """
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The payloads of the lines `data` completes, in order; a partial line waits."""
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        return [line[5:].strip() for line in lines if line.startswith(b"data:")]
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy HTTPS_PROXY/HTTP_PROXY/ALL_PROXY name for `url`, unless NO_PROXY exempts it.
+
+    Looked up once: aiohttp's `trust_env` looks it up on every request, in a thread, which
+    costs more CPU than the rest of the call.
+    """
+    parts = urlsplit(url)
+    proxies = getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
+
+
+def _decode(payload: bytes, model: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        chunk = None
+    if not isinstance(chunk, dict):
+        # Bytes that are not a chunk come from a broken server or proxy mid-answer, not from
+        # our request: "unavailable" retries, then moves on to a fallback.
+        shown = payload[:_DETAIL_LIMIT].decode("utf-8", "replace")
+        message = f"{model}: the stream carried something that is not a JSON chunk: {shown!r}"
+        raise ProviderError("unavailable", message, model=model)
+    return chunk
+
+
+def _kind_for_status(status: int, body: str) -> ProviderErrorKind:
+    """The error kind of an HTTP status, given the body the server sent with it."""
+    if status == 429:
+        return "rate_limited"
+    if status in (401, 403):
+        return "auth"
+    if status == 408 or status >= 500:
+        return "unavailable"
+    return "context_overflow" if looks_like_overflow(body) else "bad_request"
+
+
+def _error_status(error: object) -> int:
+    """The HTTP status an `{"error": ...}` object sent mid-stream stands for."""
+    if not isinstance(error, Mapping):
+        return 500
+    code = error.get("code")
+    if isinstance(code, int) and 400 <= code < 600:
+        return code
+    words = f"{error.get('type')} {code}".lower()
+    for marker, status in (
+        ("rate_limit", 429),
+        ("api_key", 401),
+        ("auth", 401),
+        ("permission", 403),
+        ("context_length", 400),
+        ("invalid_request", 400),
+    ):
+        if marker in words:
+            return status
+    return 500  # the server accepted the request and then failed: its fault
+
+
+def _server_message(text: str) -> str:
+    """The server's own error message from an error body, else the body, shortened."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    error = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(error, dict) and error.get("message"):
+        text = str(error["message"])
+    elif isinstance(error, str):
+        text = error
+    text = " ".join(text.split())
+    return text if len(text) <= _DETAIL_LIMIT else text[: _DETAIL_LIMIT - 1] + "…"
