@@ -13,15 +13,17 @@ fake model, each fake in a process of its own so that neither runs in this event
   delivered when the Bot API request that makes its chat show the final text arrives.
 
 Gateways, all started first and kept running (start-up is not measured; each has a warm-up
-burst): the default ``max_concurrent_turns`` (16), 20, 1 (one chat at a time, like the
-original nanobot) and 1,000, on the 200 ms model; the default on the 0 ms model. A bare
-python-telegram-bot echo bot (bench/_gateway.py) is the baseline of the latency figure.
+burst), on the 200 ms model: the defaults (``max_concurrent_turns`` 32, ``agent.transport:
+litellm``); the defaults with ``transport: direct``; one chat at a time (``max_concurrent_turns:
+1``, like the original nanobot); ``transport: direct`` with 1,000 turns. On the 0 ms model:
+the defaults, and with ``transport: direct``. A bare python-telegram-bot echo bot
+(bench/_gateway.py) is the baseline of the latency figure.
 
 1. 20 chats write at once (fresh chats every round): time from queuing the 20 messages to
-   the last final reply; the three configurations interleaved, rotating their order.
-2. 1,000 chats write at once, for the default and 1,000 concurrent turns: how many are
-   answered within 3 s and within BIG_CAP_S (after which the gateway is killed: a whole
-   burst takes minutes), and the gateway's RSS (VmRSS sampled every 50 ms: peak minus the
+   the last final reply; the three 20-chat configurations interleaved, rotating their order.
+2. 1,000 chats write at once, for the default, direct and direct with 1,000 turns: how many
+   are answered within 3 s and within BIG_CAP_S (after which the gateway is killed: a whole
+   burst takes long), and the gateway's RSS (VmRSS sampled every 50 ms: peak minus the
    value before). Last, after the other figures, so the other gateways are stopped.
 3. One message at a time in one chat, 0 ms model: time to the first bot message and to the
    final text, against the echo bot, in interleaved blocks.
@@ -80,11 +82,25 @@ LATENCY_CHAT = 42
 SETTLE_S = 0.5  # after a burst, before the next one: the gateway confirms, typing stops
 BURST_TIMEOUT_S = 120.0
 
-DEFAULT = "default (16)"  # AgentConfig.max_concurrent_turns' default
+# Gateways: name -> (max_concurrent_turns, None for the default; agent.transport).
+DEFAULT = "default"  # AgentConfig's defaults: 32 turns, transport litellm
+DIRECT = "direct"  # the defaults but agent.transport: direct
+ONE = "1"  # one chat at a time, like the original nanobot
+DIRECT_1000 = "direct, 1000"
 ZERO = "0 ms model"
-CONFIGS: dict[str, int | None] = {DEFAULT: None, "20": 20, "1": 1, "1000": 1000}
-BURST_CONFIGS = (DEFAULT, "20", "1")
-BIG_CONFIGS = (DEFAULT, "1000")
+ZERO_DIRECT = "0 ms model, direct"
+CONFIGS: dict[str, tuple[int | None, str]] = {
+    DEFAULT: (None, "litellm"),
+    DIRECT: (None, "direct"),
+    ONE: (1, "litellm"),
+    DIRECT_1000: (1000, "direct"),
+}
+ZERO_CONFIGS: dict[str, tuple[int | None, str]] = {
+    ZERO: (None, "litellm"),
+    ZERO_DIRECT: (None, "direct"),
+}
+BURST_CONFIGS = (DEFAULT, DIRECT, ONE)
+BIG_CONFIGS = (DEFAULT, DIRECT, DIRECT_1000)
 
 
 def _progress(text: str) -> None:
@@ -155,18 +171,22 @@ class Burst:
 class Measurements:
     bursts: dict[str, list[Burst]] = field(default_factory=dict)
     big: dict[str, Burst] = field(default_factory=dict)
-    gateway_first_s: list[list[float]] = field(default_factory=list)  # per block
-    gateway_final_s: list[list[float]] = field(default_factory=list)
+    # per 0 ms gateway, per block: to its first message, to the final text
+    first_s: dict[str, list[list[float]]] = field(default_factory=dict)
+    final_s: dict[str, list[list[float]]] = field(default_factory=dict)
     echo_s: list[list[float]] = field(default_factory=list)
     start_up_s: float = 0.0
 
 
-def _config(root: Path, llm_url: str, telegram_url: str, turns: int | None) -> dict[str, Any]:
+def _config(
+    root: Path, llm_url: str, telegram_url: str, turns: int | None, transport: str
+) -> dict[str, Any]:
     agent: dict[str, Any] = {
         "model": "openai/fake-model",
         "api_base": llm_url,
         "api_key": "sk-bench-not-a-secret",
         "max_retries": 0,
+        "transport": transport,
     }
     if turns is not None:
         agent["max_concurrent_turns"] = turns
@@ -206,18 +226,24 @@ async def _start_telegram(tmp: Path, name: str) -> tuple[Child, str]:
 
 
 def _slug(name: str) -> str:
-    return name.split(maxsplit=1)[0]
+    return "-".join("".join(c if c.isalnum() else " " for c in name).split())
 
 
 async def _start_gateway(
-    tmp: Path, name: str, llm: tuple[Child, str], turns: int | None, children: list[Child]
+    tmp: Path,
+    name: str,
+    llm: tuple[Child, str],
+    config: tuple[int | None, str],
+    children: list[Child],
 ) -> Setup:
     root = tmp / f"gateway-{_slug(name)}"
     root.mkdir()
     telegram, telegram_url = await _start_telegram(tmp, f"telegram-{_slug(name)}")
     children.append(telegram)
-    config = _config(root, llm[1], telegram_url, turns)
-    gateway = GatewayProcess(root, config, isolated_env(root))
+    turns, transport = config
+    gateway = GatewayProcess(
+        root, _config(root, llm[1], telegram_url, turns, transport), isolated_env(root)
+    )
     setup = Setup(name, gateway, telegram, llm[0])
     await gateway.start(ready="telegram connected")
     return setup
@@ -299,7 +325,7 @@ async def _sequence(
 async def _bursts(m: Measurements, setups: dict[str, Setup]) -> None:
     _progress(f"  warm-up: a burst of {WARMUP_CHATS} chats per gateway")
     for setup in setups.values():
-        if setup.name != ZERO:
+        if setup.name not in ZERO_CONFIGS:
             await _burst(setup, WARMUP_CHATS)
             await asyncio.sleep(SETTLE_S)
     _progress(
@@ -315,20 +341,22 @@ async def _bursts(m: Measurements, setups: dict[str, Setup]) -> None:
             await asyncio.sleep(SETTLE_S)
 
 
-async def _latency(m: Measurements, gateway: Child, echo: Child) -> None:
+async def _latency(m: Measurements, gateways: dict[str, Child], echo: Child) -> None:
     _progress(
         f"  one message at a time: {LATENCY_WARMUPS} warm-ups, then {LATENCY_BLOCKS} "
         f"interleaved blocks of {LATENCY_BLOCK} messages per bot"
     )
     texts = (f"ping {i}" for i in itertools.count())
     warm = [next(texts) for _ in range(LATENCY_WARMUPS)]
-    await _sequence(gateway, warm, ZERO_MS_TEXT)
+    for gateway in gateways.values():
+        await _sequence(gateway, warm, ZERO_MS_TEXT)
     await _sequence(echo, warm, None)
     for _ in range(LATENCY_BLOCKS):
         block = [next(texts) for _ in range(LATENCY_BLOCK)]
-        first, final = await _sequence(gateway, block, ZERO_MS_TEXT)
-        m.gateway_first_s.append(first)
-        m.gateway_final_s.append(final)
+        for name, gateway in gateways.items():
+            first, final = await _sequence(gateway, block, ZERO_MS_TEXT)
+            m.first_s.setdefault(name, []).append(first)
+            m.final_s.setdefault(name, []).append(final)
         m.echo_s.append((await _sequence(echo, block, None))[1])
 
 
@@ -356,7 +384,7 @@ async def measure() -> Measurements:
         children: list[Child] = []
         gateways: list[GatewayProcess] = []
         try:
-            _progress("  starting the fakes, 5 gateways and the echo bot")
+            _progress("  starting the fakes, 6 gateways and the echo bot")
             started = time.monotonic()
             tool_then_text = {"type": "ToolThenText", "call": TOOL_CALL, "text": FINAL_TEXT}
             llm = await _start_llm(tmp, "model-200ms", MODEL_DELAY_S, tool_then_text)
@@ -371,15 +399,16 @@ async def measure() -> Measurements:
                 "echo-bot", echo_argv, isolated_env(tmp), REPO_ROOT, tmp / "echo-bot.log"
             )
             children.append(echo)
-            starting = [_start_gateway(tmp, n, llm, t, children) for n, t in CONFIGS.items()]
-            starting.append(_start_gateway(tmp, ZERO, llm0, None, children))
+            starting = [_start_gateway(tmp, n, llm, c, children) for n, c in CONFIGS.items()]
+            starting += [_start_gateway(tmp, n, llm0, c, children) for n, c in ZERO_CONFIGS.items()]
             setups = {s.name: s for s in await asyncio.gather(*starting)}
             gateways.extend(s.gateway for s in setups.values())
             await echo.line(60)
             m.start_up_s = time.monotonic() - started
 
             await _bursts(m, setups)
-            await _latency(m, setups[ZERO].telegram, echo_telegram)
+            zero = {name: setups[name].telegram for name in ZERO_CONFIGS}
+            await _latency(m, zero, echo_telegram)
             idle = [s.gateway.stop() for s in setups.values() if s.name not in BIG_CONFIGS]
             await asyncio.gather(echo.stop(), *idle)  # not needed any more
             await _big(m, setups)
@@ -406,7 +435,7 @@ def metrics_of(m: Measurements) -> list[Metric]:
     out: list[Metric] = []
     for config in BURST_CONFIGS:
         bursts = m.bursts[config]
-        target = BURST_TARGET_S if config != "1" else None
+        target = BURST_TARGET_S if config != ONE else None
         label = f"{BURST_CHATS} chats, turns {config}"
         out += [
             Metric(f"{label}: all final", "s", [b.wall for b in bursts], target=target),
@@ -414,8 +443,8 @@ def metrics_of(m: Measurements) -> list[Metric]:
             Metric(f"{label}: last 1st message", "s", [max(b.first_s) for b in bursts]),
             Metric(f"{label}: gateway CPU", "s", [b.cpu_s["gateway"] for b in bursts]),
         ]
-    default, one = m.bursts[DEFAULT], m.bursts["1"]
-    for config in (DEFAULT, "20"):
+    default, one = m.bursts[DEFAULT], m.bursts[ONE]
+    for config in (DEFAULT, DIRECT):
         out.append(
             Metric(
                 f"{BURST_CHATS} chats: turns 1 / turns {config}",
@@ -452,23 +481,25 @@ def metrics_of(m: Measurements) -> list[Metric]:
         ]
         if burst.taken_s is not None:
             out.append(Metric(f"{label}: all taken (acked)", "s", [burst.taken_s]))
-    out += [
-        Metric("0 ms model, gateway: to 1st message", "ms", _flat(m.gateway_first_s, 1000)),
-        Metric("0 ms model, gateway: to final text", "ms", _flat(m.gateway_final_s, 1000)),
-        Metric("echo bot (PTB): to reply", "ms", _flat(m.echo_s, 1000)),
-        Metric(
-            "gateway final / echo bot",
-            "x",
-            _per_block(m.gateway_final_s, m.echo_s),
-            note="per interleaved block",
-        ),
-        Metric(
-            "gateway 1st message / echo bot",
-            "x",
-            _per_block(m.gateway_first_s, m.echo_s),
-            note="per interleaved block",
-        ),
-    ]
+    out.append(Metric("echo bot (PTB): to reply", "ms", _flat(m.echo_s, 1000)))
+    for name in ZERO_CONFIGS:
+        first, final = m.first_s[name], m.final_s[name]
+        out += [
+            Metric(f"{name}, gateway: to 1st message", "ms", _flat(first, 1000)),
+            Metric(f"{name}, gateway: to final text", "ms", _flat(final, 1000)),
+            Metric(
+                f"{name}: gateway final / echo bot",
+                "x",
+                _per_block(final, m.echo_s),
+                note="per interleaved block",
+            ),
+            Metric(
+                f"{name}: gateway 1st message / echo bot",
+                "x",
+                _per_block(first, m.echo_s),
+                note="per interleaved block",
+            ),
+        ]
     return out
 
 
@@ -503,18 +534,19 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
             f"{len(burst.final_s)} in {burst.looked_s:.1f} s; Bot API calls: {burst.api_calls}; "
             f"CPU (s): {', '.join(f'{k} {v:.1f}' for k, v in burst.cpu_s.items())}"
         )
-    print(
-        f"One message, 0 ms model: gateway {med(_flat(m.gateway_first_s, 1000)):.1f} ms to the "
-        f"first message, {med(_flat(m.gateway_final_s, 1000)):.1f} ms to the final text; "
-        f"echo bot {med(_flat(m.echo_s, 1000)):.1f} ms."
-    )
+    for name in ZERO_CONFIGS:
+        print(
+            f"One message, {name}: gateway {med(_flat(m.first_s[name], 1000)):.1f} ms to the "
+            f"first message, {med(_flat(m.final_s[name], 1000)):.1f} ms to the final text; "
+            f"echo bot {med(_flat(m.echo_s, 1000)):.1f} ms."
+        )
     return {
         "metrics": [metric.as_json() for metric in metrics],
         "bursts": {k: [asdict(b) for b in v] for k, v in m.bursts.items()},
         "big": {k: asdict(b) for k, b in m.big.items()},
         "latency_s": {
-            "gateway_first": m.gateway_first_s,
-            "gateway_final": m.gateway_final_s,
+            "gateway_first": m.first_s,
+            "gateway_final": m.final_s,
             "echo": m.echo_s,
         },
         "start_up_s": m.start_up_s,
@@ -527,7 +559,7 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
             "big_chats": BIG_CHATS,
             "big_cap_s": BIG_CAP_S,
             "latency_messages": LATENCY_BLOCKS * LATENCY_BLOCK,
-            "configs": CONFIGS,
+            "configs": {**CONFIGS, **ZERO_CONFIGS},
         },
     }
 

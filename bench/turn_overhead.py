@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import cProfile
+import functools
 import json
 import os
 import pstats
@@ -195,8 +196,12 @@ async def _stack(config: Config, *, instant: bool = False) -> AsyncIterator[_Sta
         yield _Stack(config, loop, built[-1])
 
 
-def _config(data_dir: Path, base_url: str, model: str = MODEL) -> Config:
-    agent = AgentConfig(model=model, api_base=base_url, api_key="sk-bench")
+def _config(
+    data_dir: Path, base_url: str, model: str = MODEL, transport: str = "litellm"
+) -> Config:
+    agent = AgentConfig.model_validate(
+        {"model": model, "api_base": base_url, "api_key": "sk-bench", "transport": transport}
+    )
     return Config(data_dir=data_dir, agent=agent)
 
 
@@ -392,11 +397,13 @@ class _Bench:
         fake: _Fake,
         label: str,
         instant: _Stack | None = None,
-        route: _Bench | None = None,
+        variants: dict[str, _Bench] | None = None,
     ) -> None:
         self.stack, self.fake, self.label = stack, fake, label
         self.instant = instant  # the same app on the same database, with instant model calls
-        self.route = route  # the same app on the same database and fake, model ROUTE_MODEL
+        # The same app on the same database and fake, another way to the model: "route"
+        # (model ROUTE_MODEL), "direct" (agent.transport: direct).
+        self.variants = variants or {}
         self.litellm: ModuleType = _litellm()  # as nanobot configures it
         self._keys = 0
 
@@ -460,6 +467,14 @@ class _Bench:
         del calls[:]
         _check(reply, text, tool_call)
         return timing, made
+
+
+class _DirectBench(_Bench):
+    """A stack with `agent.transport: direct`: its "bare" call is the provider's own, as
+    there is no litellm below it to call instead."""
+
+    async def bare_call(self, request: Request) -> None:
+        await self.stack.provider.inner.complete(request.messages, request.tools)
 
 
 def _check(reply: Reply | None, text: str, tool_call: bool) -> None:
@@ -565,16 +580,15 @@ async def _short_round(
     ]
     if b.instant is not None:
         items += [instant_plain, instant_tool]
-    if b.route is not None:
-        route = b.route
+    for prefix, variant in b.variants.items():
 
-        async def route_plain() -> None:
-            add("route turn plain", (await route.turn(route.key()))[0])
+        async def variant_plain(prefix: str = prefix, variant: _Bench = variant) -> None:
+            add(f"{prefix} turn plain", (await variant.turn(variant.key()))[0])
 
-        async def route_bare() -> None:
-            add("route bare plain", await route.bare(requests.plain))
+        async def variant_bare(prefix: str = prefix, variant: _Bench = variant) -> None:
+            add(f"{prefix} bare plain", await variant.bare(requests.plain))
 
-        items += [route_plain, route_bare]
+        items += [variant_plain, variant_bare]
     rng.shuffle(items)
     for item in items:
         await item()
@@ -752,24 +766,22 @@ async def _long_round(
         for name, session in parts:
             add(name, (await b.turn(session, stack=b.instant))[0])
 
-    async def route_group() -> None:
-        assert b.route is not None
-        route = b.route
+    async def variant_group(prefix: str, variant: _Bench) -> None:
         order = ["long", "empty"]
         rng.shuffle(order)
         for session in order:
-            timing, calls = await route.turn(key if session == "long" else route.key())
+            timing, calls = await variant.turn(key if session == "long" else variant.key())
             if len(calls) != 1:
                 info.compacting_turns += 1
                 return
-            add(f"route turn {session}", timing)
-            add(f"route bare {session}", await route.bare(calls[0]))
+            add(f"{prefix} turn {session}", timing)
+            add(f"{prefix} bare {session}", await variant.bare(calls[0]))
 
     groups: list[Callable[[], Awaitable[None]]] = [long_group, empty_group]
     if b.instant is not None:
         groups.append(instant_group)
-    if b.route is not None:
-        groups.append(route_group)
+    for prefix, variant in b.variants.items():
+        groups.append(functools.partial(variant_group, prefix, variant))
     rng.shuffle(groups)
     for group in groups:
         await group()
@@ -1088,8 +1100,13 @@ async def measure() -> Measurements:
             _stack(_config(data_dir, fake.base_url)) as s,
             _stack(_config(data_dir, fake.base_url), instant=True) as instant,
             _stack(_config(data_dir, fake.base_url, ROUTE_MODEL)) as routed,
+            _stack(_config(data_dir, fake.base_url, transport="direct")) as direct,
         ):
-            b = _Bench(s, fake, "process", instant, _Bench(routed, fake, "route"))
+            variants = {
+                "route": _Bench(routed, fake, "route"),
+                "direct": _DirectBench(direct, fake, "direct"),
+            }
+            b = _Bench(s, fake, "process", instant, variants)
             _progress(
                 f"empty sessions, fake in its own process: {WARMUP_ROUNDS} warm-up + "
                 f"{ROUNDS} rounds ..."
@@ -1302,7 +1319,8 @@ def metrics_of(m: Measurements) -> list[Metric]:
             target=LONG_TARGET_X,
             note="instant-provider turns, ratio of the medians, process CPU time",
         ),
-        *_route_metrics(m),
+        *_variant_metrics(m, "route"),
+        *_variant_metrics(m, "direct"),
         Metric("first turn after start-up: 10k session", "ms", cold.ms("cold long")),
         Metric("10k session turn, running app (interleaved)", "ms", cold.ms("warm long")),
         Metric("first turn after start-up: empty session", "ms", cold.ms("cold empty")),
@@ -1315,35 +1333,40 @@ def metrics_of(m: Measurements) -> list[Metric]:
     ]
 
 
-def _route_metrics(m: Measurements) -> list[Metric]:
-    """The same, with the model reached through litellm's own handler (no openai SDK)."""
+def _variant_metrics(m: Measurements, prefix: str) -> list[Metric]:
+    """The same app reaching the model another way: "route", litellm's own HTTP handler
+    (ROUTE_MODEL, no openai SDK); "direct", `agent.transport: direct` (no litellm at all;
+    its "bare" call is `DirectOpenAIProvider.complete`)."""
     s, long = m.short, m.long
-    route = ROUTE_MODEL.split("/", maxsplit=1)[0] + "/"
+    if prefix == "route":
+        label, bare = ROUTE_MODEL.split("/", maxsplit=1)[0] + "/", "bare litellm"
+    else:
+        label, bare = "transport direct:", "DirectOpenAIProvider.complete"
 
     def overhead(session: str) -> float:
-        return long.median(f"route turn {session}") - long.median(f"route bare {session}")
+        return long.median(f"{prefix} turn {session}") - long.median(f"{prefix} bare {session}")
 
     return [
-        Metric(f"{route} plain turn: (3)", "ms", s.ms("route turn plain")),
-        Metric(f"{route} plain: (1) bare litellm", "ms", s.ms("route bare plain")),
+        Metric(f"{label} plain turn: (3)", "ms", s.ms(f"{prefix} turn plain")),
+        Metric(f"{label} plain: (1) {bare}", "ms", s.ms(f"{prefix} bare plain")),
         Metric(
-            f"{route} plain: nanobot overhead (3)-(1)",
+            f"{label} plain: nanobot overhead (3)-(1)",
             "ms",
-            [s.median("route turn plain") - s.median("route bare plain")],
+            [s.median(f"{prefix} turn plain") - s.median(f"{prefix} bare plain")],
             note="difference of the medians, wall clock",
         ),
-        Metric(f"{route} empty session: turn", "ms", long.ms("route turn empty")),
-        Metric(f"{route} 10k session: turn", "ms", long.ms("route turn long")),
-        Metric(f"{route} 10k session: bare litellm", "ms", long.ms("route bare long")),
+        Metric(f"{label} empty session: turn", "ms", long.ms(f"{prefix} turn empty")),
+        Metric(f"{label} 10k session: turn", "ms", long.ms(f"{prefix} turn long")),
+        Metric(f"{label} 10k session: {bare}", "ms", long.ms(f"{prefix} bare long")),
         Metric(
-            f"{route} (a) turn, 10k / empty",
+            f"{label} (a) turn, 10k / empty",
             "x",
-            [long.median("route turn long") / long.median("route turn empty")],
+            [long.median(f"{prefix} turn long") / long.median(f"{prefix} turn empty")],
             target=LONG_TARGET_X,
             note="ratio of the medians, wall clock",
         ),
         Metric(
-            f"{route} (b) overhead, 10k / empty",
+            f"{label} (b) overhead, 10k / empty",
             "x",
             [overhead("long") / overhead("empty")],
             target=LONG_TARGET_X,

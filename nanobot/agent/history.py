@@ -104,7 +104,8 @@ class History:
         `added` is how many entries at the end are new since `previous`; when `previous`
         needed no repair, its messages are reused and only the new entries are rendered.
         """
-        last_user = max((i for i, e in enumerate(entries) if _is_user(e)), default=0)
+        # From the end: the newest user message is near it, and the window may be long.
+        last_user = next((i for i in range(len(entries) - 1, -1, -1) if _is_user(entries[i])), 0)
         start, beyond = 0, previous.beyond
         while start < last_user and (used > budget or not _is_user(entries[start])):
             cost = self.tokens(entries[start])
