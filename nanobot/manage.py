@@ -135,7 +135,9 @@ def status(config: Config, path: Path) -> list[tuple[str, str]]:
         ),
         (
             "model",
-            config.agent.model + (f" via {config.agent.api_base}" if config.agent.api_base else ""),
+            config.agent.model
+            + (f" via {config.agent.api_base}" if config.agent.api_base else "")
+            + f" ({config.agent.transport})",
         ),
         ("api key", "set" if config.agent.api_key else "not set (provider env vars may apply)"),
     ]
