@@ -332,6 +332,7 @@ def _describe(exc: ValidationError, file: Path) -> str:
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"])
         reason = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        reason = reason.removeprefix("Value error, ")  # pydantic's prefix for our own checks
         env_name = ENV_PREFIX + "__".join(str(part) for part in error["loc"]).upper()
         origin = f" (from environment variable {env_name})" if env_name in os.environ else ""
         lines.append(f"  {key}: {reason}{origin}")

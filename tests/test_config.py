@@ -108,8 +108,8 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         (
             "agent: {transport: direct}\n",
             "agent",
-            "agent.transport: direct needs agent.api_base (the URL of an OpenAI-compatible API, "
-            "e.g. http://localhost:8000/v1)",
+            "agent: agent.transport: direct needs agent.api_base (the URL of an "
+            "OpenAI-compatible API, e.g. http://localhost:8000/v1)",
         ),
     ],
 )
