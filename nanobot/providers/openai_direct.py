@@ -19,7 +19,7 @@ import aiohttp
 from nanobot.errors import ProviderError, ProviderErrorKind
 from nanobot.providers._stream import Assembler, looks_like_overflow, retry_after
 from nanobot.providers.base import Completion, DeltaHandler, Message, ToolSchema
-from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+from nanobot.providers.litellm_provider import LiteLLMProvider
 
 _DETAIL_LIMIT = 500  # characters of the server's error message kept in ours
 
@@ -37,41 +37,18 @@ class DirectOpenAIProvider(LiteLLMProvider):
         ValueError: `api_base` is missing.
     """
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None = None,
-        api_base: str | None = None,
-        fallbacks: Sequence[str] = (),
-        max_tokens: int = 4096,
-        temperature: float = 0.3,
-        request_timeout: float = 120.0,
-        retry: RetryPolicy | None = None,
-        context_window: int | None = None,
-        vision: bool | None = None,
-    ) -> None:
+    def __init__(self, model: str, *, api_base: str | None = None, **options: Any) -> None:
+        """`options` are `LiteLLMProvider`'s."""
         if not api_base:
             raise ValueError(
                 "the direct transport needs api_base: the URL of an OpenAI-compatible API, "
                 "e.g. http://localhost:8000/v1"
             )
-        super().__init__(
-            model,
-            api_key=api_key,
-            api_base=api_base,
-            fallbacks=fallbacks,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            request_timeout=request_timeout,
-            retry=retry,
-            context_window=context_window,
-            vision=vision,
-        )
+        super().__init__(model, api_base=api_base, **options)
         self._url = f"{api_base.rstrip('/')}/chat/completions"
         self._headers = {"Accept": "text/event-stream"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        if self._api_key:
+            self._headers["Authorization"] = f"Bearer {self._api_key}"
         self._proxy = _env_proxy(self._url)
         self._session: aiohttp.ClientSession | None = None
 
