@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -235,6 +236,29 @@ def test_context_window_and_token_count() -> None:
     assert LiteLLMProvider("openai/gpt-4o-mini").context_window() > 100_000
     count = LiteLLMProvider("openai/gpt-4o-mini").count_tokens(MESSAGES)
     assert 3 < count < 50
+
+
+@pytest.mark.parametrize(
+    "model", ["ollama/llama3", "together_ai/meta-llama/Llama-2-7b-chat-hf", "cohere/command-r"]
+)
+def test_counting_tokens_never_downloads_a_tokenizer(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # litellm fetches these models' tokenizers from Hugging Face unless told not to; the
+    # daemon reaches only what its config names.
+    reached: list[object] = []
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        reached.append(args)
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    provider = LiteLLMProvider(model)
+    first = provider.count_tokens(MESSAGES)
+    assert 3 < first < 50
+    assert provider.count_tokens(MESSAGES) == first
+    assert reached == []
 
 
 async def test_build_provider_follows_the_transport() -> None:

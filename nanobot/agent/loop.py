@@ -372,4 +372,7 @@ def _take(queue: deque[Message], delivery: Delivery) -> list[Message]:
 
 
 def _last_user(messages: Sequence[Message]) -> int:
-    return max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+    # From the end: the window may hold hundreds of messages, the last user message is near it.
+    return next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), 0
+    )

@@ -43,6 +43,11 @@ def _litellm() -> ModuleType:
     litellm.suppress_debug_info = True
     litellm.telemetry = False
     litellm.drop_params = True  # a setting the model does not take is dropped, not an error
+    # For Llama, Cohere and Claude models litellm would fetch a tokenizer from Hugging Face on
+    # the first count (and again after every failure, offline). The daemon reaches only what
+    # its config names: those models are counted with tiktoken, an estimate within the
+    # history window's margin.
+    litellm.disable_hf_tokenizer_download = True
     return litellm
 
 
@@ -90,6 +95,7 @@ class LiteLLMProvider:
         self._context_window = context_window
         self._vision = vision
         self._unpriced: set[str] = set()
+        self._tokenizer: dict[str, Any] | None = None
 
     @property
     def model(self) -> str:
@@ -233,7 +239,16 @@ class LiteLLMProvider:
         return self._vision
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
-        return int(_litellm().token_counter(model=self._model, messages=list(messages)))
+        litellm = _litellm()
+        if self._tokenizer is None:
+            # Chosen once: litellm looks the model's tokenizer up again on every count, which
+            # for a known model costs several times the counting itself.
+            self._tokenizer = dict(litellm.utils._select_tokenizer(self._model))
+        return int(
+            litellm.token_counter(
+                model=self._model, messages=list(messages), custom_tokenizer=self._tokenizer
+            )
+        )
 
 
 def _model_window(model: str) -> int:
