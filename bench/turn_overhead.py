@@ -80,6 +80,8 @@ LONG_TARGET_X = 1.2
 WARMUP_ROUNDS, ROUNDS = 10, 100  # empty sessions, fake in its own process
 LOCAL_WARMUP_ROUNDS, LOCAL_ROUNDS = 5, 60  # the same with the fake in this process
 LONG_WARMUPS, LONG_ROUNDS = 5, 50  # 10,000-entry session against empty sessions
+# The same with `transport: direct` alone: its turns take ~3 ms, so many rounds are cheap.
+DIRECT_WARMUPS, DIRECT_ROUNDS = 20, 300
 COLD_STARTS = 7  # first turn after start-up (a fresh `_agent`), long and empty session
 PROFILE_TURNS, PROFILE_LONG_TURNS, PROFILE_LONG_CALLS = 50, 10, 10
 MICRO_RUNS = 300
@@ -688,6 +690,8 @@ class LongInfo:
     messages_empty: int = 0
     bytes_empty: int = 0
     compacting_turns: int = 0
+    messages_direct: list[int] = field(default_factory=list)
+    compacting_turns_direct: int = 0
 
 
 async def _first_long_turn(b: _Bench, key: str, info: LongInfo) -> None:
@@ -785,6 +789,29 @@ async def _long_round(
     rng.shuffle(groups)
     for group in groups:
         await group()
+
+
+async def _direct_long_phase(
+    direct: _Bench, key: str, rng: random.Random, info: LongInfo
+) -> Samples:
+    """`transport: direct` alone: a turn in the long session and one in a new session per
+    round, in random order; with nothing else in the rounds (litellm's turns leave garbage
+    and threads behind), a ratio of a few ms against a few ms is not drowned in noise."""
+    samples = Samples()
+    for index in range(DIRECT_WARMUPS + DIRECT_ROUNDS):
+        order = ["long", "empty"]
+        rng.shuffle(order)
+        for session in order:
+            timing, calls = await direct.turn(key if session == "long" else direct.key())
+            if len(calls) != 1:  # compacted after the turn: not a steady-state turn
+                info.compacting_turns_direct += 1
+                continue
+            if index >= DIRECT_WARMUPS:
+                samples.add(f"turn {session}", timing)
+                if session == "long":
+                    info.messages_direct.append(len(calls[0].messages))
+            await asyncio.sleep(PAUSE_S)
+    return samples
 
 
 async def _cold_starts(b: _Bench, key: str, rng: random.Random) -> Samples:
@@ -1077,6 +1104,7 @@ class Measurements:
     short_requests: ShortRequests
     local: Samples
     long: Samples
+    direct_long: Samples
     cold: Samples
     info: LongInfo
     profile: pstats.Stats
@@ -1121,6 +1149,11 @@ async def measure() -> Measurements:
             for index in range(LONG_WARMUPS + LONG_ROUNDS):
                 sink = long if index >= LONG_WARMUPS else None
                 await _long_round(b, long_key, requests.plain, rng, samples=sink, info=info)
+            _progress(
+                f"10,000-entry session, transport: direct alone: {DIRECT_WARMUPS} warm-up + "
+                f"{DIRECT_ROUNDS} rounds ..."
+            )
+            direct_long = await _direct_long_phase(variants["direct"], long_key, rng, info)
             _progress(f"first turn after start-up: {COLD_STARTS} x 2 fresh stacks ...")
             cold = await _cold_starts(b, long_key, rng)
 
@@ -1149,6 +1182,7 @@ async def measure() -> Measurements:
         short_requests=requests,
         local=local,
         long=long,
+        direct_long=direct_long,
         cold=cold,
         info=info,
         profile=profile,
@@ -1321,6 +1355,28 @@ def metrics_of(m: Measurements) -> list[Metric]:
         ),
         *_variant_metrics(m, "route"),
         *_variant_metrics(m, "direct"),
+        Metric(
+            "transport direct, own rounds: empty session: turn",
+            "ms",
+            m.direct_long.ms("turn empty"),
+        ),
+        Metric(
+            "transport direct, own rounds: 10k session: turn", "ms", m.direct_long.ms("turn long")
+        ),
+        Metric(
+            "transport direct, own rounds: (a) turn, 10k / empty",
+            "x",
+            [m.direct_long.median("turn long") / m.direct_long.median("turn empty")],
+            target=LONG_TARGET_X,
+            note="ratio of the medians, wall clock",
+        ),
+        Metric(
+            "transport direct, own rounds: (a) turn, 10k / empty, CPU",
+            "x",
+            [m.direct_long.median("turn long", "cpu") / m.direct_long.median("turn empty", "cpu")],
+            target=LONG_TARGET_X,
+            note="ratio of the medians, process CPU time",
+        ),
         Metric("first turn after start-up: 10k session", "ms", cold.ms("cold long")),
         Metric("10k session turn, running app (interleaved)", "ms", cold.ms("warm long")),
         Metric("first turn after start-up: empty session", "ms", cold.ms("cold empty")),
@@ -1420,7 +1476,11 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
         f"({info.bytes_empty / 1024:.1f} KiB of messages, {len(plain.tools)} tools); the "
         f"10k-session turn {messages_long:.0f} ({bytes_long / 1024:.0f} KiB). The first turn in "
         f"the pre-filled session sent {info.first_turn_messages} and its compaction "
-        f"{info.compaction_messages}; measured turns that compacted: {info.compacting_turns}."
+        f"{info.compaction_messages}; measured turns that compacted: {info.compacting_turns}. "
+        f"In the direct transport's own rounds the long session sent "
+        f"{statistics.median(info.messages_direct):.0f} messages (median; "
+        f"{min(info.messages_direct)}-{max(info.messages_direct)}) and "
+        f"{info.compacting_turns_direct} turns compacted."
     )
     print(
         f"The bare litellm call costs {slope:.3f} ms more per extra message. Under cProfile, "
@@ -1452,6 +1512,7 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
             "empty_sessions_process_fake": m.short.as_json(),
             "empty_sessions_in_process_fake": m.local.as_json(),
             "long_session": m.long.as_json(),
+            "long_session_direct_alone": m.direct_long.as_json(),
             "first_turn_after_start_up": m.cold.as_json(),
         },
         "long_session": {
@@ -1466,6 +1527,8 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
             "messages_per_request_empty": info.messages_empty,
             "message_bytes_empty": info.bytes_empty,
             "compacting_turns": info.compacting_turns,
+            "messages_per_request_long_direct": statistics.median(info.messages_direct),
+            "compacting_turns_direct": info.compacting_turns_direct,
             "bare_ms_per_extra_message": slope,
             "openai_transform_ms_profiled": transform_ms,
             "bare_call_ms_profiled": bare_profiled_ms,

@@ -8,8 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from nanobot.agent.dispatcher import Dispatcher
-from nanobot.bus.events import ChatRef, InboundMessage, Outbound, OutboundMessage, Typing
+from nanobot.agent.dispatcher import STREAM_INTERVAL, Dispatcher, _streamer
+from nanobot.agent.run import RunEvent
+from nanobot.bus.events import (
+    ChatRef,
+    InboundMessage,
+    Outbound,
+    OutboundMessage,
+    StreamUpdate,
+    Typing,
+)
 from nanobot.bus.queue import MessageBus
 from nanobot.gate import ChannelRules, Gate
 from nanobot.store import Access, Database, Journal
@@ -180,3 +188,30 @@ async def test_recovery_sends_undelivered_replies_and_finishes_turns(
     assert [m["content"] for m in resumed if m["role"] == "user"][-1].endswith("long job")
     assert await second.journal.pending_inbound() == []
     await second.stop()
+
+
+async def test_a_reply_streamed_in_quickly_goes_out_whole_and_a_slow_one_as_it_comes() -> None:
+    bus = MessageBus()
+    chat = ChatRef("telegram", "1")
+    now = [100.0]
+    listener = _streamer(bus, chat, "m1", "s1", clock=lambda: now[0])
+
+    def delta(text: str, after: float) -> None:
+        now[0] += after
+        listener(RunEvent("message_update", "run", "session", text=text))
+
+    listener(RunEvent("message_start", "run", "session"))
+    for word in ("The ", "whole ", "answer"):
+        delta(word, 0.1)  # all within STREAM_INTERVAL of the first: nothing shown early
+    assert bus.pending("telegram") == 0
+
+    delta(" and", STREAM_INTERVAL)  # the answer has been arriving for a while: show it
+    delta(" more", 0.1)  # too soon after that
+    delta(" still", STREAM_INTERVAL)
+    shown: list[str] = []
+    bus.close_outbound()
+    async for item in bus.outbound("telegram"):
+        assert isinstance(item, StreamUpdate)
+        assert (item.stream_id, item.reply_to) == ("s1", "m1")
+        shown.append(item.text)
+    assert shown == ["The whole answer and", "The whole answer and more still"]
