@@ -17,6 +17,7 @@ from telegram import Chat, ForumTopicCreated, Message, MessageEntity, User
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
 from nanobot.channels._telegram_inbound import is_addressed, text_without_mentions
 from nanobot.channels._telegram_send import Retry
+from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels.base import DeliveryError, InboxPolicy, Intake
 from nanobot.channels.render import plain_text, split_telegram, telegram_html, visible_length
 from nanobot.channels.telegram import TelegramChannel
@@ -424,6 +425,16 @@ async def test_typing_is_shown_while_a_turn_runs(
     await asyncio.sleep(0.3)
     assert len(fake.actions) == count
     assert {(a.chat_id, a.action, a.thread_id) for a in fake.actions} == {(GROUP, "typing", 11)}
+
+
+async def test_a_quick_turn_shows_no_typing(channel: TelegramChannel, fake: FakeTelegram) -> None:
+    # Telegram: send a chat action only when the answer takes a noticeable time.
+    chat = ChatRef("telegram", str(USER))
+    await channel.deliver(Typing(chat, active=True))
+    await asyncio.sleep(TYPING_DELAY / 3)
+    await channel.deliver(Typing(chat, active=False))
+    await asyncio.sleep(TYPING_DELAY)
+    assert fake.actions == []
 
 
 async def test_streamed_reply_is_edited_in_place(

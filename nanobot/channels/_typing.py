@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from nanobot.bus.events import ChatRef, Typing
 
 Send = Callable[[ChatRef], Awaitable[None]]
+DELAY = 1.0  # seconds into a turn before "typing…" is shown
 
 
 @dataclass(slots=True)
@@ -21,7 +22,9 @@ class TypingIndicator:
     """One "typing…" indicator per chat while any turn runs there.
 
     Platforms show the signal for a few seconds only, so a task per chat calls
-    `send(chat)` every `interval` seconds. Turns are counted: a chat's task starts with
+    `send(chat)` every `interval` seconds, the first time `delay` seconds after the turn
+    began: a reply that comes sooner needs no indicator (Telegram's advice too), and
+    skipping it saves a platform call per quick turn. Turns are counted: a chat's task starts with
     its first `Typing(active=True)` and ends with the matching last `active=False`.
 
     The indicator owns these tasks (named `{name}-typing-{chat id}`). It takes updates only
@@ -31,9 +34,10 @@ class TypingIndicator:
     only logged) and may be cancelled at any await.
     """
 
-    def __init__(self, send: Send, interval: float, *, name: str) -> None:
+    def __init__(self, send: Send, interval: float, *, delay: float = DELAY, name: str) -> None:
         self._send = send
         self._interval = interval
+        self._delay = delay
         self._name = name
         self._chats: dict[ChatRef, _Chat] = {}
         self._started = False
@@ -69,6 +73,7 @@ class TypingIndicator:
             await _cancel(task)
 
     async def _keep_typing(self, chat: ChatRef) -> None:
+        await asyncio.sleep(self._delay)
         while True:
             await self._send(chat)
             await asyncio.sleep(self._interval)

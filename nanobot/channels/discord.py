@@ -46,6 +46,7 @@ from nanobot.channels import _discord_inbound as inbound
 from nanobot.channels._discord_send import QUIET, Sender
 from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
+from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
 from nanobot.channels.base import Channel, DeliveryError, InboxPolicy, Intake, IntakeFn
 from nanobot.channels.render import split_discord
@@ -130,6 +131,7 @@ class DiscordChannel(Channel):
         *,
         stream_interval: float = STREAM_INTERVAL,
         typing_interval: float = TYPING_INTERVAL,
+        typing_delay: float = TYPING_DELAY,
         guild_ready_timeout: float = GUILD_READY_TIMEOUT,
     ) -> None:
         super().__init__(intake)
@@ -140,7 +142,9 @@ class DiscordChannel(Channel):
         self._replies = Replies(
             self._sender, split_discord, interval=stream_interval, name=self.name
         )
-        self._typing = TypingIndicator(self._sender.typing, typing_interval, name=self.name)
+        self._typing = TypingIndicator(
+            self._sender.typing, typing_interval, delay=typing_delay, name=self.name
+        )
 
     # ---- running --------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from nanobot.channels import _telegram_inbound as inbound
 from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
 from nanobot.channels._telegram_send import ONCE, Retry, Sender
+from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
 from nanobot.channels.base import Channel, DeliveryError, InboxPolicy, Intake, IntakeFn
 from nanobot.channels.render import split_telegram, telegram_html
@@ -95,6 +96,7 @@ class TelegramChannel(Channel):
         retry: Retry | None = None,
         stream_interval: float = STREAM_INTERVAL,
         typing_interval: float = TYPING_INTERVAL,
+        typing_delay: float = TYPING_DELAY,
         poll_timeout: int = POLL_TIMEOUT,
     ) -> None:
         super().__init__(intake)
@@ -108,7 +110,9 @@ class TelegramChannel(Channel):
             name=self.name,
             best_effort=_Outlet(self._sender, ONCE),  # a stream update is tried once
         )
-        self._typing = TypingIndicator(self._sender.typing, typing_interval, name=self.name)
+        self._typing = TypingIndicator(
+            self._sender.typing, typing_interval, delay=typing_delay, name=self.name
+        )
         self._poll_timeout = poll_timeout
         self._stopped: asyncio.Future[None] | None = None
         self._failures: dict[int, int] = {}
