@@ -24,8 +24,9 @@ class TypingIndicator:
     Platforms show the signal for a few seconds only, so a task per chat calls
     `send(chat)` every `interval` seconds, the first time `delay` seconds after the turn
     began: a reply that comes sooner needs no indicator (Telegram's advice too), and
-    skipping it saves a platform call per quick turn. Turns are counted: a chat's task starts with
-    its first `Typing(active=True)` and ends with the matching last `active=False`.
+    skipping it saves a platform call per quick turn. Turns are counted: a chat's task
+    starts with its first `Typing(active=True)` and ends with the matching last
+    `active=False`.
 
     The indicator owns these tasks (named `{name}-typing-{chat id}`). It takes updates only
     between `start()` and `stop()`, which the channel calls as it connects and disconnects:
