@@ -61,8 +61,10 @@ class Gate:
         self._closed = False
 
     def close(self) -> None:
-        """Stop intake: from now on messages are not taken (channels leave them unacknowledged,
-        so the platform delivers them again after the restart)."""
+        """Stop handing messages to the agent: from now on an allowed message is journaled
+        and answered after the restart (Discord never delivers a message twice, so leaving
+        it to the platform would lose it). Strangers get no pairing code while stopping:
+        their messages are not taken (`Intake.CLOSED`; Telegram delivers them again)."""
         self._closed = True
 
     def describe(self) -> list[str]:
@@ -90,16 +92,25 @@ class Gate:
                 "{} message {} seen before; ignored", message.chat.channel, message.message_id
             )
             return Intake.DUPLICATE
+        if self._closed:  # checked after the journal write: the gate may close during it
+            logger.info(
+                "{} message {} arrived while stopping: kept, answered after the restart",
+                message.chat.channel,
+                message.message_id,
+            )
+            return Intake.ACCEPTED
         await self._bus.publish_inbound(replace(message, journal_id=journal_id))
         return Intake.ACCEPTED
 
     async def _check(self, message: InboundMessage) -> Intake | None:
         """Why `message` is not taken, or None when it may go to the agent."""
         rules = self._rules.get(message.chat.channel)
-        if self._closed or rules is None:
-            return Intake.CLOSED if self._closed else self._refuse(message, "unknown channel")
+        if rules is None:
+            return self._refuse(message, "unknown channel")
         if message.is_private:
-            return None if await self._allowed(rules, message) else await self._pair(message)
+            if await self._allowed(rules, message):
+                return None
+            return Intake.CLOSED if self._closed else await self._pair(message)
         if rules.group_policy == "disabled" or (
             rules.group_policy == "mention" and not message.addressed
         ):

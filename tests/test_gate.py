@@ -136,8 +136,24 @@ async def test_strangers_in_groups_get_nothing(db: Database) -> None:
     assert await Access(db).pending() == []
 
 
-async def test_closed_gate_takes_nothing(db: Database) -> None:
-    gate = make_gate(db, MessageBus(), {"42"})
+async def test_a_closed_gate_keeps_allowed_messages_for_the_next_start(db: Database) -> None:
+    bus = MessageBus()
+    gate = make_gate(db, bus, {"42"})
     gate.close()
-    assert await gate(message()) is Intake.CLOSED
+    # Journaled, not handed to the agent that is stopping: the next start's recovery answers
+    # it (Discord would never deliver it again).
+    assert await gate(message()) is Intake.ACCEPTED
+    assert [p.message["message_id"] for p in await Journal(db).pending_inbound()] == ["1"]
+    assert len(bus._inbound) == 0
+    assert await gate(message()) is Intake.DUPLICATE
+
+
+async def test_a_closed_gate_gives_strangers_no_pairing_code(db: Database) -> None:
+    bus = MessageBus()
+    gate = make_gate(db, bus, {"42"})
+    gate.close()
+    assert await gate(message("666")) is Intake.CLOSED  # Telegram delivers it again
+    assert await gate(message("666", mid="2", private=False)) is Intake.REFUSED
+    assert drain_outbound(bus) == []
+    assert await Access(db).pending() == []
     assert await Journal(db).pending_inbound() == []

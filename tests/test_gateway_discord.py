@@ -101,3 +101,36 @@ async def test_both_platforms_in_one_gateway(
         assert "discord-bot-token-secret" not in process.log()
     finally:
         assert await process.stop(signal.SIGTERM) == 0
+
+
+async def test_a_discord_message_that_arrives_while_stopping_is_answered_after_the_restart(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, discord: FakeDiscord
+) -> None:
+    # Discord never delivers a message twice: the gateway keeps it in the journal.
+    discord.add_user("ada", user_id=ADA)
+    dm = discord.dm_channel(ADA)
+    process = GatewayProcess(
+        tmp_path, config(tmp_path, fake_llm, telegram, discord), dict(os.environ)
+    )
+    await process.start(ready="gateway started")
+    try:
+        await process.wait_log("discord connected", seconds=60)
+        await discord.wait_for_ready()
+        fake_llm.script(Text("Finished before leaving.", delay=2.0))
+        discord.user_message(dm, "a long one", user_id=ADA)
+        await fake_llm.wait_for_requests(1, seconds=30)
+        assert process.process is not None
+        process.process.send_signal(signal.SIGTERM)
+        await process.wait_log("running turn(s)")  # intake is closed, the turn still runs
+        discord.user_message(dm, "one more thing", user_id=ADA)
+        await process.wait_log("arrived while stopping: kept")
+        assert await process.stop(seconds=30) == 0
+        await expect(discord, dm, ["Finished before leaving."])
+        assert len(fake_llm.requests) == 1
+
+        fake_llm.default_reply = Text("Answered after the restart.")
+        await process.start(ready="gateway started")
+        await expect(discord, dm, ["Finished before leaving.", "Answered after the restart."])
+        assert "one more thing" in str(fake_llm.requests[-1].messages[-1]["content"])
+    finally:
+        assert await process.stop(signal.SIGTERM) == 0

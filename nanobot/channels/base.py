@@ -26,7 +26,9 @@ class Intake(Enum):
     DUPLICATE = "duplicate"  # seen before (a redelivery); nothing to do
     REFUSED = "refused"  # not allowed; nothing was sent to the sender
     PAIRING = "pairing"  # an unknown user in a private chat; a pairing code was sent
-    CLOSED = "closed"  # the gateway is stopping: not taken; do not acknowledge it
+    # The gateway is stopping and the sender has no access (no pairing codes while stopping):
+    # not taken; do not acknowledge it. Allowed senders' messages are ACCEPTED even then.
+    CLOSED = "closed"
 
 
 IntakeFn = Callable[[InboundMessage], Awaitable[Intake]]

@@ -5,8 +5,9 @@ connection, on which Discord replays every event that was missed). Each message 
 dispatches goes straight into its chat's lane (`Lanes`: nothing awaited first, so nothing is
 dropped or reordered) and is taken from there: files fetched within the inbox's limit, then
 `intake`, which journals it. Discord has no acknowledgement and never delivers a message
-again, so one that arrives while the gateway stops (intake says CLOSED) is dropped with a
-warning. Message ids are Discord's snowflakes, unique across the platform.
+again: one that arrives while the gateway stops is still journaled (and answered after the
+restart); only a stranger's, which would need a pairing code (intake says CLOSED), is dropped
+with a warning. Message ids are Discord's snowflakes, unique across the platform.
 
 Chats: a DM, a guild channel or a thread, each by its channel id. A thread has its own id, so
 it is its own session (see `_discord_inbound`).
@@ -240,8 +241,8 @@ class DiscordChannel(Channel):
         the gate let the message in, or when a refused file was all it had for us."""
         if outcome is Intake.CLOSED:
             logger.warning(
-                "discord: message {} arrived while stopping and was not taken "
-                "(Discord does not deliver it again)",
+                "discord: message {} from a user without access arrived while stopping; "
+                "no pairing code is sent now (Discord does not deliver it again)",
                 message.id,
             )
         accepted = outcome is Intake.ACCEPTED
