@@ -27,7 +27,7 @@ from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Notify, Origin, Subagents, SubagentSettings, subagent_tools
 from nanobot.bus.events import ChatRef
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import Channel, InboxPolicy, IntakeFn
+from nanobot.channels.base import Channel, InboxPolicy, IntakeFn, Progress
 from nanobot.channels.manager import ChannelManager
 from nanobot.config import Config
 from nanobot.cron.jobs import Jobs
@@ -243,7 +243,7 @@ async def _serve(config: Config) -> int:
             logger.debug("pruned {} finished journal rows", pruned)
         gate = Gate(_channel_rules(config), Access(parts.db), journal, bus)
         manager = ChannelManager(
-            build_channels(config, gate),
+            build_channels(config, gate, journal.parts_sent),
             bus,
             confirm=journal.delivered,
             failed=journal.attempt_failed,
@@ -339,8 +339,11 @@ def _channel_rules(config: Config) -> dict[str, ChannelRules]:
     return rules
 
 
-def build_channels(config: Config, intake: IntakeFn) -> list[Channel]:
-    """The enabled chat channels (their libraries are imported only when enabled)."""
+def build_channels(
+    config: Config, intake: IntakeFn, progress: Progress | None = None
+) -> list[Channel]:
+    """The enabled chat channels (their libraries are imported only when enabled).
+    `progress` keeps the outbox told how much of a long reply is out."""
     channels: list[Channel] = []
     inbox = config.workspace_path / "inbox"
     telegram = config.channels.telegram
@@ -348,13 +351,13 @@ def build_channels(config: Config, intake: IntakeFn) -> list[Channel]:
         from nanobot.channels.telegram import TelegramChannel
 
         policy = InboxPolicy(inbox, int(telegram.max_file_mb * 1024 * 1024))
-        channels.append(TelegramChannel(telegram, intake, policy))
+        channels.append(TelegramChannel(telegram, intake, policy, progress=progress))
     discord = config.channels.discord
     if discord.enabled:
         from nanobot.channels.discord import DiscordChannel
 
         policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024))
-        channels.append(DiscordChannel(discord, intake, policy))
+        channels.append(DiscordChannel(discord, intake, policy, progress=progress))
     return channels
 
 

@@ -18,7 +18,7 @@ from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamU
 from nanobot.channels._telegram_inbound import is_addressed, text_without_mentions
 from nanobot.channels._telegram_send import Retry
 from nanobot.channels._typing import DELAY as TYPING_DELAY
-from nanobot.channels.base import DeliveryError, InboxPolicy, Intake
+from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, Progress
 from nanobot.channels.render import plain_text, split_telegram, telegram_html, visible_length
 from nanobot.channels.telegram import TelegramChannel
 from nanobot.config import TelegramConfig
@@ -82,6 +82,7 @@ def make_channel(
     *,
     group_policy: Literal["mention", "open", "disabled"] = "mention",
     stream_interval: float = 0.2,
+    progress: Progress | None = None,
 ) -> TelegramChannel:
     config = TelegramConfig(
         enabled=True,
@@ -97,6 +98,7 @@ def make_channel(
         stream_interval=stream_interval,
         typing_interval=0.1,
         poll_timeout=5,
+        progress=progress,
     )
 
 
@@ -412,6 +414,25 @@ async def test_a_retried_delivery_resumes_after_the_sent_chunks(
         await delivery
     await channel.deliver(message)  # the manager's retry
     assert [m.visible for m in fake.sent(USER)] == ["x" * 3500, "y" * 3500]
+
+
+async def test_a_long_reply_reports_its_parts_and_resumes_from_them(
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    told: list[tuple[int, int]] = []
+
+    async def progress(outbox_id: int, parts: int) -> None:
+        told.append((outbox_id, parts))
+
+    channel = make_channel(fake, intake, inbox, progress=progress)
+    text = "\n\n".join(["x" * 3500, "y" * 3500, "z" * 3500])
+    async with running(channel):
+        await channel.deliver(OutboundMessage(ChatRef("telegram", str(USER)), text, outbox_id=7))
+        assert told == [(7, 1), (7, 2)]  # not the last part: the manager confirms the reply
+        # After a restart the outbox row says two parts were out: only the third is sent.
+        again = OutboundMessage(ChatRef("telegram", str(USER)), text, outbox_id=7, parts_sent=2)
+        await channel.deliver(again)
+    assert [m.visible for m in fake.sent(USER)] == ["x" * 3500, "y" * 3500, "z" * 3500, "z" * 3500]
 
 
 async def test_typing_is_shown_while_a_turn_runs(

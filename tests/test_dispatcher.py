@@ -158,7 +158,7 @@ async def test_recovery_sends_undelivered_replies_and_finishes_turns(
     first = Harness(parts, db)
     # A reply that never got delivered, and a message whose turn was cut short mid-tool.
     journal = first.journal
-    await journal.enqueue(
+    outbox_id = await journal.enqueue(
         "telegram",
         {
             "chat": {"channel": "telegram", "chat_id": "1", "thread_id": None},
@@ -168,6 +168,7 @@ async def test_recovery_sends_undelivered_replies_and_finishes_turns(
             "stream_id": None,
         },
     )
+    await journal.parts_sent(outbox_id, 2)  # it was long: two parts were out already
     fake_llm.script(ToolCalls([Call("sleep", {"seconds": 30}, id="s1")]))
     await first.start()
     await first.send("2", "long job", "m1")
@@ -182,6 +183,8 @@ async def test_recovery_sends_undelivered_replies_and_finishes_turns(
     await second.wait_replies(2)
     texts = sorted(r.text for r in second.replies())
     assert texts == ["Done, after the restart.", "from before the crash"]
+    resent = next(r for r in second.replies() if r.outbox_id == outbox_id)
+    assert resent.parts_sent == 2
     resumed = fake_llm.requests[-1].messages
     assert resumed[-1]["role"] == "tool"
     assert "not run again" in resumed[-1]["content"]

@@ -18,6 +18,7 @@ import pytest
 
 from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram, RateLimited, ServerError
+from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
 
 ALICE = 1001
@@ -255,6 +256,33 @@ async def test_kill_9_then_restart_answers_each_message_exactly_once(
         resumed = fake_llm.requests[-1].messages
         assert resumed[-1]["role"] == "tool"
         assert "not run again" in resumed[-1]["content"]
+    assert await process.stop() == 0
+
+
+async def test_a_restart_between_the_parts_of_a_long_reply_sends_only_the_rest(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    paragraphs = [f"Paragraph {i}: " + "lorem ipsum dolor sit amet " * 12 for i in range(40)]
+    fake_llm.script(Text("\n\n".join(paragraphs)))  # four Telegram messages
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram connected")
+    telegram.user_message(ALICE, "write a lot", user_id=ALICE)
+    await telegram.wait_for_sent(1, ALICE, seconds=30)
+    telegram.fail_next("sendMessage", FakeHang())  # the second part never gets through
+    await telegram.wait_for(lambda: len(telegram.calls("sendMessage")) >= 2, seconds=30)
+    await process.kill()
+    assert len(telegram.sent(ALICE)) == 1
+
+    await process.start(ready="telegram connected")
+    await telegram.wait_for(
+        lambda: "Paragraph 39" in "".join(m.visible for m in telegram.sent(ALICE)), seconds=30
+    )
+    await asyncio.sleep(1)
+    sent = [m.visible for m in telegram.sent(ALICE)]
+    # The first part is not sent again: every paragraph is in exactly one message.
+    assert [sum(f"Paragraph {i}:" in m for m in sent) for i in range(40)] == [1] * 40
     assert await process.stop() == 0
 
 

@@ -117,7 +117,7 @@ class Dispatcher:
     async def recover(self) -> None:
         """Publish undelivered replies; finish turns a crash or restart interrupted."""
         for item in await self._journal.pending_outbox():
-            await self._bus.publish(outbound_from(item.message, item.id))
+            await self._bus.publish(outbound_from(item.message, item.id, item.parts_sent))
         pending = await self._journal.pending_inbound()
         reached = await self._journal.reached_session([p.id for p in pending])
         for row in pending:

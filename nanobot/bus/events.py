@@ -87,6 +87,7 @@ class OutboundMessage:
     reply_to: str | None = None
     outbox_id: int | None = None
     stream_id: str | None = None
+    parts_sent: int = 0  # leading parts already on the platform (a restart mid-reply)
 
 
 @dataclass(frozen=True, slots=True)

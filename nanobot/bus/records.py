@@ -64,8 +64,9 @@ def outbound_record(message: OutboundMessage) -> Record:
     }
 
 
-def outbound_from(record: Record, outbox_id: int) -> OutboundMessage:
+def outbound_from(record: Record, outbox_id: int, parts_sent: int = 0) -> OutboundMessage:
     return OutboundMessage(
+        parts_sent=parts_sent,
         chat=chat_from(record["chat"]),
         text=str(record["text"]),
         kind=record.get("kind", "reply"),

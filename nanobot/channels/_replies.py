@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 from loguru import logger
 
 from nanobot.bus.events import ChatRef, OutboundMessage, StreamUpdate
-from nanobot.channels.base import DeliveryError
+from nanobot.channels.base import DeliveryError, Progress
 
 KEEP = 64  # streams, finished streams and partly sent replies remembered, of each
 
@@ -51,9 +51,10 @@ class Replies:
     `stream` posts a stream's first update and edits that message with later ones, at most
     once per `interval`. `send` delivers a final message as the parts `split` makes of it:
     a streamed reply's message is edited to exactly the first part (at once), the rest are
-    posted; stream updates after it are
-    ignored. The parts already out are remembered, so when `send` raises and the same item
-    is sent again it resumes with the part that failed.
+    posted; stream updates after it are ignored. The parts already out are remembered, so
+    when `send` raises and the same item is sent again it resumes with the part that failed;
+    across a restart, `progress` keeps the count in the outbox and the item comes back with
+    `parts_sent`.
 
     Stream updates go out through `best_effort`, which may give up sooner than `outlet` (the
     next update, or the final message, tries again); by default they share `outlet`.
@@ -70,8 +71,10 @@ class Replies:
         interval: float,
         name: str,
         best_effort: Outlet | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self._outlet = outlet
+        self._progress_to = progress
         self._best_effort = best_effort or outlet
         self._split = split
         self._interval = interval
@@ -84,7 +87,7 @@ class Replies:
         """Every part in order. Raises DeliveryError (see the class docstring)."""
         parts = self._split(item.text)
         entry = self._progress.get(id(item))
-        done = entry[1] if entry is not None and entry[0] is item else 0
+        done = entry[1] if entry is not None and entry[0] is item else item.parts_sent
         stream = self._streams.get(item.stream_id) if item.stream_id else None
         for index in range(done, len(parts)):
             first = index == 0
@@ -95,10 +98,25 @@ class Replies:
                 reply_to = item.reply_to if first else None
                 await self._outlet.send(item.chat, parts[index], reply_to=reply_to)
             _remember(self._progress, id(item), (item, index + 1))
+            if index + 1 < len(parts):  # the last one: the manager confirms the whole reply
+                await self._record(item, index + 1)
         self._progress.pop(id(item), None)
         if item.stream_id:
             self._streams.pop(item.stream_id, None)
             _remember(self._finished, item.stream_id, None)
+
+    async def _record(self, item: OutboundMessage, parts: int) -> None:
+        if self._progress_to is None or item.outbox_id is None:
+            return
+        try:
+            await self._progress_to(item.outbox_id, parts)
+        except Exception:  # noqa: BLE001 - the parts are out; at worst a restart resends them
+            logger.opt(exception=True).warning(
+                "{}: could not record that {} part(s) of reply {} were sent",
+                self._name,
+                parts,
+                item.outbox_id,
+            )
 
     async def _finish(self, chat: ChatRef, stream: _Stream, first: str) -> bool:
         """The final edit: exact, and at once.

@@ -33,6 +33,10 @@ class Intake(Enum):
 
 IntakeFn = Callable[[InboundMessage], Awaitable[Intake]]
 
+Progress = Callable[[int, int], Awaitable[None]]
+"""Told (outbox id, parts on the platform) after each part of a long reply but the last, so
+a restart sends only the rest. A failure is logged: at worst those parts are sent again."""
+
 
 class DeliveryError(Exception):
     """A message could not be delivered after the channel's own retries."""

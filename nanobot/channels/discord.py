@@ -49,7 +49,14 @@ from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
-from nanobot.channels.base import Channel, DeliveryError, InboxPolicy, Intake, IntakeFn
+from nanobot.channels.base import (
+    Channel,
+    DeliveryError,
+    InboxPolicy,
+    Intake,
+    IntakeFn,
+    Progress,
+)
 from nanobot.channels.render import split_discord
 from nanobot.errors import ConfigError
 
@@ -133,6 +140,7 @@ class DiscordChannel(Channel):
         stream_interval: float = STREAM_INTERVAL,
         typing_interval: float = TYPING_INTERVAL,
         typing_delay: float = TYPING_DELAY,
+        progress: Progress | None = None,
         guild_ready_timeout: float = GUILD_READY_TIMEOUT,
     ) -> None:
         super().__init__(intake)
@@ -141,7 +149,11 @@ class DiscordChannel(Channel):
         self._guild_ready_timeout = guild_ready_timeout
         self._sender = Sender()
         self._replies = Replies(
-            self._sender, split_discord, interval=stream_interval, name=self.name
+            self._sender,
+            split_discord,
+            interval=stream_interval,
+            name=self.name,
+            progress=progress,
         )
         self._typing = TypingIndicator(
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name

@@ -37,7 +37,14 @@ from nanobot.channels._settings import BotSettings
 from nanobot.channels._telegram_send import ONCE, Retry, Sender
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
-from nanobot.channels.base import Channel, DeliveryError, InboxPolicy, Intake, IntakeFn
+from nanobot.channels.base import (
+    Channel,
+    DeliveryError,
+    InboxPolicy,
+    Intake,
+    IntakeFn,
+    Progress,
+)
 from nanobot.channels.render import split_telegram, telegram_html
 from nanobot.errors import ConfigError
 
@@ -97,6 +104,7 @@ class TelegramChannel(Channel):
         stream_interval: float = STREAM_INTERVAL,
         typing_interval: float = TYPING_INTERVAL,
         typing_delay: float = TYPING_DELAY,
+        progress: Progress | None = None,
         poll_timeout: int = POLL_TIMEOUT,
     ) -> None:
         super().__init__(intake)
@@ -109,6 +117,7 @@ class TelegramChannel(Channel):
             interval=stream_interval,
             name=self.name,
             best_effort=_Outlet(self._sender, ONCE),  # a stream update is tried once
+            progress=progress,
         )
         self._typing = TypingIndicator(
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name

@@ -33,6 +33,7 @@ class PendingOutbox:
     channel: str
     message: Record
     attempts: int
+    parts_sent: int = 0  # leading parts of the reply already on the platform
 
 
 class Journal:
@@ -96,12 +97,22 @@ class Journal:
 
     async def pending_outbox(self) -> list[PendingOutbox]:
         rows = await self._db.fetchall(
-            "SELECT id, channel, message, attempts FROM outbox WHERE state = 'pending' ORDER BY id"
+            "SELECT id, channel, message, attempts, parts_sent FROM outbox"
+            " WHERE state = 'pending' ORDER BY id"
         )
         return [
-            PendingOutbox(r["id"], r["channel"], json.loads(r["message"]), r["attempts"])
+            PendingOutbox(
+                r["id"], r["channel"], json.loads(r["message"]), r["attempts"], r["parts_sent"]
+            )
             for r in rows
         ]
+
+    async def parts_sent(self, outbox_id: int, parts: int) -> None:
+        """Record that the first `parts` parts of a long reply are on the platform."""
+        await self._db.execute(
+            "UPDATE outbox SET parts_sent = ? WHERE id = ? AND state = 'pending'",
+            (parts, outbox_id),
+        )
 
     async def delivered(self, outbox_id: int) -> None:
         await self._db.execute(

@@ -139,6 +139,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     INSERT INTO cron_state (id, version) VALUES (1, 0);
     """,
+    # 5: how many parts of a long reply are already on the platform, so a restart between
+    # parts sends only the rest.
+    """
+    ALTER TABLE outbox ADD COLUMN parts_sent INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 
