@@ -302,6 +302,30 @@ async def test_closed_intake_drops_the_message_and_its_files(
     assert any("arrived while stopping" in line for line in warnings)
 
 
+class SlowRecorder(Recorder):
+    """A Recorder whose intake takes a while (a journal write on a busy disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = asyncio.Event()
+
+    async def __call__(self, message: InboundMessage) -> Intake:
+        self.started.set()
+        await asyncio.sleep(0.3)
+        return await super().__call__(message)
+
+
+async def test_stopping_lets_a_message_being_taken_finish(
+    fake: FakeDiscord, world: World, inbox: InboxPolicy
+) -> None:
+    # Discord does not deliver it again: stopping must not cut its intake short.
+    intake = SlowRecorder()
+    async with running(make_channel(fake, intake, inbox)):
+        fake.user_message(world.dm, "just in time", user_id=world.ada)
+        await asyncio.wait_for(intake.started.wait(), 5)
+    assert [m.text for m in intake.messages] == ["just in time"]
+
+
 def stub(**fields: Any) -> discord.Message:
     base: dict[str, Any] = {
         "guild": SimpleNamespace(self_role=None),

@@ -160,7 +160,8 @@ class Lanes:
     """One worker per chat: a chat's messages are taken strictly in arrival order, and a slow
     one (a big download) never holds up another chat. `add` never blocks or drops.
 
-    `take` must not raise; the owner calls `close()`, which cancels the workers.
+    `take` must not raise; the owner calls `close()`, which lets the workers finish for a
+    while and then cancels them.
     """
 
     def __init__(self, take: Take) -> None:
@@ -185,9 +186,12 @@ class Lanes:
         finally:
             del self._queues[key], self._workers[key]
 
-    async def close(self) -> None:
-        """Cancel every worker (`take` is cancelled mid-message); the messages still waiting
-        are logged as lost."""
+    async def close(self, grace: float = 0.0) -> None:
+        """Give the workers up to `grace` seconds to take what they hold (Discord never
+        delivers a message again), then cancel the rest (`take` is cancelled mid-message);
+        the messages still waiting then are logged as lost."""
+        if grace > 0 and self._workers:
+            await asyncio.wait(list(self._workers.values()), timeout=grace)
         waiting = sum(len(queue) for queue in self._queues.values())
         workers = list(self._workers.values())
         for worker in workers:

@@ -61,6 +61,7 @@ from nanobot.channels.render import split_discord
 from nanobot.errors import ConfigError
 
 STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
+TAKE_GRACE = 5.0  # seconds messages already received may still be taken when stopping
 TYPING_INTERVAL = 8.0  # Discord shows "typing…" for about 10 s
 GUILD_READY_TIMEOUT = 2.0  # discord.py waits this long after the last GUILD_CREATE
 MAX_RATE_LIMIT_WAIT = 60.0  # a longer 429 wait fails the delivery (the manager retries later)
@@ -199,7 +200,7 @@ class DiscordChannel(Channel):
         finally:
             self._sender.client = None
             await self._typing.stop()
-            await lanes.close()
+            await lanes.close(grace=TAKE_GRACE)
             await client.close()
             restore()
 
