@@ -74,7 +74,7 @@ class Replies:
         progress: Progress | None = None,
     ) -> None:
         self._outlet = outlet
-        self._progress_to = progress
+        self._on_parts = progress
         self._best_effort = best_effort or outlet
         self._split = split
         self._interval = interval
@@ -106,10 +106,10 @@ class Replies:
             _remember(self._finished, item.stream_id, None)
 
     async def _record(self, item: OutboundMessage, parts: int) -> None:
-        if self._progress_to is None or item.outbox_id is None:
+        if self._on_parts is None or item.outbox_id is None:
             return
         try:
-            await self._progress_to(item.outbox_id, parts)
+            await self._on_parts(item.outbox_id, parts)
         except Exception:  # noqa: BLE001 - the parts are out; at worst a restart resends them
             logger.opt(exception=True).warning(
                 "{}: could not record that {} part(s) of reply {} were sent",
