@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nanobot.errors import StoreError
-from nanobot.store import Database, Entry, NewEntry, SessionStore, SqlValue, migrations
+from nanobot.store import Database, Entry, Journal, NewEntry, SessionStore, SqlValue, migrations
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -481,6 +481,31 @@ async def test_a_corrupt_file_stops_open_and_is_left_untouched(
         await Database.open(path)
     assert str(path) in str(raised.value)
     assert path.read_bytes() == before
+
+
+async def test_an_outbox_from_before_part_counting_is_upgraded_intact(tmp_path: Path) -> None:
+    # Schema 4 had no outbox.parts_sent: a reply still pending there comes back with 0.
+    path = tmp_path / "state.db"
+    with closing(sqlite3.connect(path)) as conn:
+        for version, script in enumerate(migrations.MIGRATIONS[:4], start=1):
+            conn.executescript(script)
+            conn.execute(f"PRAGMA user_version = {version}")
+        conn.execute(
+            "INSERT INTO outbox (channel, message, created_at) VALUES ('telegram', ?, ?)",
+            ('{"text": "from before the upgrade"}', "2026-01-01T00:00:00+00:00"),
+        )
+        conn.commit()
+    async with await Database.open(path) as db:
+        journal = Journal(db)
+        [pending] = await journal.pending_outbox()
+        assert (pending.message["text"], pending.parts_sent) == ("from before the upgrade", 0)
+        await journal.parts_sent(pending.id, 2)
+        [pending] = await journal.pending_outbox()
+        assert pending.parts_sent == 2
+        await journal.delivered(pending.id)
+        await journal.parts_sent(pending.id, 3)  # late: a delivered reply is left alone
+        row = await db.fetchone("SELECT parts_sent FROM outbox WHERE id = ?", (pending.id,))
+        assert row is not None and row[0] == 2
 
 
 @pytest.mark.parametrize("wal", [False, True])
