@@ -357,6 +357,12 @@ class Samples:
     def ms(self, name: str, clock: str = "wall") -> list[float]:
         return self.values[clock][name]
 
+    def merge(self, other: Samples) -> None:
+        """Append `other`'s values (one round's) to this phase's."""
+        for clock in CLOCKS:
+            for name, values in other.values[clock].items():
+                self.values[clock][name].extend(values)
+
     def median(self, name: str, clock: str = "wall") -> float:
         return statistics.median(self.values[clock][name])
 
@@ -713,6 +719,19 @@ async def _first_long_turn(b: _Bench, key: str, info: LongInfo) -> None:
     info.compaction_messages = len(calls[1].messages)
 
 
+@dataclass
+class _Round:
+    """One round's samples, and whether a long-session turn in it compacted."""
+
+    info: LongInfo
+    samples: Samples = field(default_factory=Samples)
+    compacted: bool = False
+
+    def skip(self) -> None:
+        self.compacted = True
+        self.info.compacting_turns += 1
+
+
 async def _long_round(
     b: _Bench,
     key: str,
@@ -723,16 +742,16 @@ async def _long_round(
     info: LongInfo,
 ) -> None:
     """A turn in the long session, then the bare and provider calls with its very messages;
-    and a turn in an empty session with its bare and provider calls. Shuffled."""
-
-    def add(name: str, timing: Timing) -> None:
-        if samples is not None:
-            samples.add(name, timing)
+    and a turn in an empty session with its bare and provider calls. Shuffled. A round in
+    which a long-session turn compacted (not a steady-state turn) is left out whole, so that
+    the phase's lists stay aligned by round."""
+    this_round = _Round(info)
+    add, skip_round = this_round.samples.add, this_round.skip
 
     async def long_group() -> None:
         timing, calls = await b.turn(key)
         if len(calls) != 1:  # compacted after the turn: not a steady-state turn
-            info.compacting_turns += 1
+            skip_round()
             return
         add("turn long", timing)
         request = calls[0]
@@ -768,7 +787,11 @@ async def _long_round(
         parts = [("instant long", key), ("instant empty", b.key())]
         rng.shuffle(parts)
         for name, session in parts:
-            add(name, (await b.turn(session, stack=b.instant))[0])
+            timing, calls = await b.turn(session, stack=b.instant)
+            if len(calls) != 1:
+                skip_round()
+                return
+            add(name, timing)
 
     async def variant_group(prefix: str, variant: _Bench) -> None:
         order = ["long", "empty"]
@@ -776,7 +799,7 @@ async def _long_round(
         for session in order:
             timing, calls = await variant.turn(key if session == "long" else variant.key())
             if len(calls) != 1:
-                info.compacting_turns += 1
+                skip_round()
                 return
             add(f"{prefix} turn {session}", timing)
             add(f"{prefix} bare {session}", await variant.bare(calls[0]))
@@ -789,28 +812,37 @@ async def _long_round(
     rng.shuffle(groups)
     for group in groups:
         await group()
+    if samples is not None and not this_round.compacted:
+        samples.merge(this_round.samples)
 
 
-async def _direct_long_phase(
-    direct: _Bench, key: str, rng: random.Random, info: LongInfo
+async def _alone_phase(
+    direct: _Bench, instant: _Stack, key: str, rng: random.Random, info: LongInfo
 ) -> Samples:
-    """`transport: direct` alone: a turn in the long session and one in a new session per
-    round, in random order; with nothing else in the rounds (litellm's turns leave garbage
-    and threads behind), a ratio of a few ms against a few ms is not drowned in noise."""
+    """`transport: direct` alone, then nanobot alone (the instant provider) alone: per round
+    a turn in the long session and one in a new session, in random order.
+
+    With nothing else in the rounds, a ratio of a few ms against a few ms is not drowned in
+    noise: litellm's turns leave garbage and threads behind, and every other stack's turns
+    in the long session add entries that the next turn must read and count.
+    """
     samples = Samples()
-    for index in range(DIRECT_WARMUPS + DIRECT_ROUNDS):
-        order = ["long", "empty"]
-        rng.shuffle(order)
-        for session in order:
-            timing, calls = await direct.turn(key if session == "long" else direct.key())
-            if len(calls) != 1:  # compacted after the turn: not a steady-state turn
-                info.compacting_turns_direct += 1
-                continue
-            if index >= DIRECT_WARMUPS:
-                samples.add(f"turn {session}", timing)
-                if session == "long":
-                    info.messages_direct.append(len(calls[0].messages))
-            await asyncio.sleep(PAUSE_S)
+    for prefix, stack in (("turn", direct.stack), ("instant", instant)):
+        for index in range(DIRECT_WARMUPS + DIRECT_ROUNDS):
+            order = ["long", "empty"]
+            rng.shuffle(order)
+            for session in order:
+                timing, calls = await direct.turn(
+                    key if session == "long" else direct.key(), stack=stack
+                )
+                if len(calls) != 1:  # compacted after the turn: not a steady-state turn
+                    info.compacting_turns_direct += 1
+                    continue
+                if index >= DIRECT_WARMUPS:
+                    samples.add(f"{prefix} {session}", timing)
+                    if session == "long" and prefix == "turn":
+                        info.messages_direct.append(len(calls[0].messages))
+                await asyncio.sleep(PAUSE_S)
     return samples
 
 
@@ -1120,6 +1152,20 @@ async def measure() -> Measurements:
     info = LongInfo()
     long_key = "bench:long"
     with tempfile.TemporaryDirectory(prefix="nanobot-bench-turn-") as tmp:
+        # First, while the process is fresh: with the fake in this process, every object the
+        # later phases leave alive (profiles, samples, caches) would slow its garbage
+        # collections (measured: 3.2 ms of overhead at the end of the run, 2.1-2.3 fresh).
+        _progress(
+            f"empty sessions, fake in this process: {LOCAL_WARMUP_ROUNDS} warm-up + "
+            f"{LOCAL_ROUNDS} rounds ..."
+        )
+        async with FakeLLM() as server:
+            local_fake = _LocalFake(server)
+            config = _config(Path(tmp) / "data-local", local_fake.base_url)
+            async with _stack(config) as s:
+                local, _ = await _short_phase(
+                    _Bench(s, local_fake, "local"), LOCAL_WARMUP_ROUNDS, LOCAL_ROUNDS, rng
+                )
         data_dir = Path(tmp) / "data"
         _progress(f"pre-filling a session with {LONG_ENTRIES:,} entries ...")
         info.prefill_s = await _prefill(data_dir / "state.db", long_key, LONG_ENTRIES)
@@ -1150,10 +1196,10 @@ async def measure() -> Measurements:
                 sink = long if index >= LONG_WARMUPS else None
                 await _long_round(b, long_key, requests.plain, rng, samples=sink, info=info)
             _progress(
-                f"10,000-entry session, transport: direct alone: {DIRECT_WARMUPS} warm-up + "
-                f"{DIRECT_ROUNDS} rounds ..."
+                f"10,000-entry session, transport: direct alone, then nanobot alone: "
+                f"{DIRECT_WARMUPS} warm-up + {DIRECT_ROUNDS} rounds each ..."
             )
-            direct_long = await _direct_long_phase(variants["direct"], long_key, rng, info)
+            direct_long = await _alone_phase(variants["direct"], instant, long_key, rng, info)
             _progress(f"first turn after start-up: {COLD_STARTS} x 2 fresh stacks ...")
             cold = await _cold_starts(b, long_key, rng)
 
@@ -1166,17 +1212,6 @@ async def measure() -> Measurements:
             profile_long_bare = await _profile_bare(b, long_request, PROFILE_LONG_CALLS)
             micro = await _micro(b, profile, PROFILE_TURNS)
 
-        _progress(
-            f"empty sessions, fake in this process: {LOCAL_WARMUP_ROUNDS} warm-up + "
-            f"{LOCAL_ROUNDS} rounds ..."
-        )
-        async with FakeLLM() as server:
-            local_fake = _LocalFake(server)
-            config = _config(Path(tmp) / "data-local", local_fake.base_url)
-            async with _stack(config) as s:
-                local, _ = await _short_phase(
-                    _Bench(s, local_fake, "local"), LOCAL_WARMUP_ROUNDS, LOCAL_ROUNDS, rng
-                )
     return Measurements(
         short=short,
         short_requests=requests,
@@ -1376,6 +1411,31 @@ def metrics_of(m: Measurements) -> list[Metric]:
             [m.direct_long.median("turn long", "cpu") / m.direct_long.median("turn empty", "cpu")],
             target=LONG_TARGET_X,
             note="ratio of the medians, process CPU time",
+        ),
+        Metric(
+            "nanobot alone, own rounds: empty session turn",
+            "ms",
+            m.direct_long.ms("instant empty"),
+        ),
+        Metric(
+            "nanobot alone, own rounds: 10k session turn", "ms", m.direct_long.ms("instant long")
+        ),
+        Metric(
+            "(b') nanobot alone, own rounds, 10k / empty",
+            "x",
+            [m.direct_long.median("instant long") / m.direct_long.median("instant empty")],
+            target=LONG_TARGET_X,
+            note="instant-provider turns, ratio of the medians, wall clock",
+        ),
+        Metric(
+            "(b') nanobot alone, own rounds, 10k / empty, CPU",
+            "x",
+            [
+                m.direct_long.median("instant long", "cpu")
+                / m.direct_long.median("instant empty", "cpu")
+            ],
+            target=LONG_TARGET_X,
+            note="instant-provider turns, ratio of the medians, process CPU time",
         ),
         Metric("first turn after start-up: 10k session", "ms", cold.ms("cold long")),
         Metric("10k session turn, running app (interleaved)", "ms", cold.ms("warm long")),
