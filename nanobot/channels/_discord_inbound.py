@@ -200,7 +200,7 @@ class Lanes:
             await asyncio.wait(workers)
         if waiting:
             logger.warning(
-                "discord: {} message(s) arrived while stopping and were not taken "
-                "(Discord does not deliver them again)",
+                "discord: {} message(s) were still waiting to be taken when the channel "
+                "stopped and are lost (Discord does not deliver them again)",
                 waiting,
             )

@@ -214,7 +214,7 @@ class TelegramChannel(Channel):
         if not accepted and received.saved:  # refused, a redelivery, or taken again later
             await asyncio.to_thread(_remove, received.saved)
         if outcome is Intake.CLOSED:
-            await _hold()  # the gateway is stopping: Telegram delivers it again after restart
+            await _hold()  # stopping, and a stranger's: Telegram delivers it again after restart
         # A message that was only a refused file is not handed over: say so if the bot was
         # addressed; otherwise only once the gate has let the message in.
         told = accepted or (received.message is None and received.addressed)
