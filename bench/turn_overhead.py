@@ -1390,53 +1390,8 @@ def metrics_of(m: Measurements) -> list[Metric]:
         ),
         *_variant_metrics(m, "route"),
         *_variant_metrics(m, "direct"),
-        Metric(
-            "transport direct, own rounds: empty session: turn",
-            "ms",
-            m.direct_long.ms("turn empty"),
-        ),
-        Metric(
-            "transport direct, own rounds: 10k session: turn", "ms", m.direct_long.ms("turn long")
-        ),
-        Metric(
-            "transport direct, own rounds: (a) turn, 10k / empty",
-            "x",
-            [m.direct_long.median("turn long") / m.direct_long.median("turn empty")],
-            target=LONG_TARGET_X,
-            note="ratio of the medians, wall clock",
-        ),
-        Metric(
-            "transport direct, own rounds: (a) turn, 10k / empty, CPU",
-            "x",
-            [m.direct_long.median("turn long", "cpu") / m.direct_long.median("turn empty", "cpu")],
-            target=LONG_TARGET_X,
-            note="ratio of the medians, process CPU time",
-        ),
-        Metric(
-            "nanobot alone, own rounds: empty session turn",
-            "ms",
-            m.direct_long.ms("instant empty"),
-        ),
-        Metric(
-            "nanobot alone, own rounds: 10k session turn", "ms", m.direct_long.ms("instant long")
-        ),
-        Metric(
-            "(b') nanobot alone, own rounds, 10k / empty",
-            "x",
-            [m.direct_long.median("instant long") / m.direct_long.median("instant empty")],
-            target=LONG_TARGET_X,
-            note="instant-provider turns, ratio of the medians, wall clock",
-        ),
-        Metric(
-            "(b') nanobot alone, own rounds, 10k / empty, CPU",
-            "x",
-            [
-                m.direct_long.median("instant long", "cpu")
-                / m.direct_long.median("instant empty", "cpu")
-            ],
-            target=LONG_TARGET_X,
-            note="instant-provider turns, ratio of the medians, process CPU time",
-        ),
+        *_alone_metrics(m.direct_long, "transport direct, own rounds:", "turn", "(a) turn"),
+        *_alone_metrics(m.direct_long, "nanobot alone, own rounds:", "instant", "(b')"),
         Metric("first turn after start-up: 10k session", "ms", cold.ms("cold long")),
         Metric("10k session turn, running app (interleaved)", "ms", cold.ms("warm long")),
         Metric("first turn after start-up: empty session", "ms", cold.ms("cold empty")),
@@ -1446,6 +1401,29 @@ def metrics_of(m: Measurements) -> list[Metric]:
             [cold.median("cold long") / cold.median("cold empty")],
         ),
         Metric("first turn in the pre-filled session (+compaction)", "ms", [m.info.first_turn_ms]),
+    ]
+
+
+def _alone_metrics(samples: Samples, label: str, prefix: str, ratio: str) -> list[Metric]:
+    """The long and the empty session's turn of one stack's own rounds, and their ratio
+    (wall clock and CPU time), from the items `{prefix} long` and `{prefix} empty`."""
+    long, empty = f"{prefix} long", f"{prefix} empty"
+    return [
+        Metric(f"{label} empty session: turn", "ms", samples.ms(empty)),
+        Metric(f"{label} 10k session: turn", "ms", samples.ms(long)),
+        *(
+            Metric(
+                f"{label} {ratio}, 10k / empty{suffix}",
+                "x",
+                [samples.median(long, clock) / samples.median(empty, clock)],
+                target=LONG_TARGET_X,
+                note=f"ratio of the medians, {what}",
+            )
+            for clock, suffix, what in (
+                ("wall", "", "wall clock"),
+                ("cpu", ", CPU", "process CPU time"),
+            )
+        ),
     ]
 
 
