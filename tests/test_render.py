@@ -9,6 +9,8 @@ from html.parser import HTMLParser
 import pytest
 
 from nanobot.channels.render import (
+    TELEGRAM_LIMIT,
+    _split_atoms,
     plain_text,
     split_discord,
     split_plain,
@@ -516,3 +518,14 @@ def test_fuzz_long_documents() -> None:
         assert telegram_problems(markup) == []
         check_telegram_split(markup, rng.choice([4096, 500, 97]))
         check_discord_split(markdown, rng.choice([2000, 300, 64]))
+
+
+def test_a_reply_that_fits_is_split_as_the_general_path_splits_it() -> None:
+    rng = random.Random(4096)
+    raw = ["<b>x", "</i>y", "a < b", "&amp;", "<br/>", "<!-- c -->", "&nbsp;", " ", "😀", "\n"]
+    markups = [telegram_html(random_markdown(rng, rng.randint(0, 60))) for _ in range(300)]
+    markups += ["".join(rng.choice(raw) for _ in range(rng.randint(0, 12))) for _ in range(300)]
+    for markup in markups:
+        for limit in (visible_length(markup), visible_length(markup) + 1, TELEGRAM_LIMIT):
+            if limit >= 2:
+                assert split_telegram(markup, limit) == _split_atoms(markup, limit), markup

@@ -31,6 +31,7 @@ _SEPARATORS = ("\n\n", "\n", " ")
 # alternatives at each position, so `plain_text` sees exactly what `_atoms` sees.
 _MARKUP_PATTERN = r"<[^<>]*>|&(?:#[0-9]+|#[xX][0-9a-fA-F]+|[a-zA-Z][a-zA-Z0-9]*);"
 _MARKUP = re.compile(_MARKUP_PATTERN)
+_TAG = re.compile(r"<[^<>]*>")
 _ATOM = re.compile(_MARKUP_PATTERN + r"|[^<&]+|[<&]")
 _TAG_NAME = re.compile(r"</?\s*([a-zA-Z][\w-]*)")
 _FENCE_OPEN = re.compile(r"[ \t]*(`{3,})([^`]*)")
@@ -121,6 +122,18 @@ def split_telegram(markup: str, limit: int = TELEGRAM_LIMIT) -> list[str]:
     is exactly the whole's. Blank input gives []. Raises ValueError if `limit` < 2.
     """
     _check(limit, 2)
+    if visible_length(markup) <= limit:
+        # One chunk: what the general path below gives, without an atom per character
+        # (most replies fit, and for them that was most of the rendering's cost).
+        if not plain_text(markup).strip():
+            return []
+        tags = [_tag(tag) for tag in _TAG.findall(markup)]
+        return [markup + "".join(f"</{atom.name}>" for atom in reversed(_nest([], tags)))]
+    return _split_atoms(markup, limit)
+
+
+def _split_atoms(markup: str, limit: int) -> list[str]:
+    """`split_telegram` for any length, atom by atom."""
     atoms = _atoms(markup)
     units = [atom.text for atom in atoms]
     widths = [atom.width for atom in atoms]
