@@ -14,14 +14,15 @@ fake model, each fake in a process of its own so that neither runs in this event
 
 Gateways, all started first and kept running (start-up is not measured; each has a warm-up
 burst), on the 200 ms model: the defaults (``max_concurrent_turns`` 32, ``agent.transport:
-litellm``); the defaults with ``transport: direct``; one chat at a time (``max_concurrent_turns:
-1``, like the original nanobot); ``transport: direct`` with 1,000 turns. On the 0 ms model:
-the defaults, and with ``transport: direct``. A bare python-telegram-bot echo bot
-(bench/_gateway.py) is the baseline of the latency figure.
+auto``, which calls this model directly: litellm would send the same request); the defaults
+with ``transport: litellm``; one chat at a time (``max_concurrent_turns: 1``, like the
+original nanobot); the defaults with 1,000 turns. On the 0 ms model: the defaults, and with
+``transport: litellm``. A bare python-telegram-bot echo bot (bench/_gateway.py) is the
+baseline of the latency figure.
 
 1. 20 chats write at once (fresh chats every round): time from queuing the 20 messages to
    the last final reply; the three 20-chat configurations interleaved, rotating their order.
-2. 1,000 chats write at once, for the default, direct and direct with 1,000 turns: how many
+2. 1,000 chats write at once, for the defaults, litellm and 1,000 turns: how many
    are answered within 3 s and within BIG_CAP_S (after which the gateway is killed: a whole
    burst takes long), and the gateway's RSS (VmRSS sampled every 50 ms: peak minus the
    value before). Last, after the other figures, so the other gateways are stopped.
@@ -83,24 +84,24 @@ SETTLE_S = 0.5  # after a burst, before the next one: the gateway confirms, typi
 BURST_TIMEOUT_S = 120.0
 
 # Gateways: name -> (max_concurrent_turns, None for the default; agent.transport).
-DEFAULT = "default"  # AgentConfig's defaults: 32 turns, transport litellm
-DIRECT = "direct"  # the defaults but agent.transport: direct
+DEFAULT = "default"  # AgentConfig's defaults: 32 turns, transport auto (direct for this model)
+LITELLM = "default, litellm"  # the defaults but agent.transport: litellm
 ONE = "1"  # one chat at a time, like the original nanobot
-DIRECT_1000 = "direct, 1000"
+DEFAULT_1000 = "1000"
 ZERO = "0 ms model"
-ZERO_DIRECT = "0 ms model, direct"
+ZERO_LITELLM = "0 ms model, litellm"
 CONFIGS: dict[str, tuple[int | None, str]] = {
-    DEFAULT: (None, "litellm"),
-    DIRECT: (None, "direct"),
-    ONE: (1, "litellm"),
-    DIRECT_1000: (1000, "direct"),
+    DEFAULT: (None, "auto"),
+    LITELLM: (None, "litellm"),
+    ONE: (1, "auto"),
+    DEFAULT_1000: (1000, "auto"),
 }
 ZERO_CONFIGS: dict[str, tuple[int | None, str]] = {
-    ZERO: (None, "litellm"),
-    ZERO_DIRECT: (None, "direct"),
+    ZERO: (None, "auto"),
+    ZERO_LITELLM: (None, "litellm"),
 }
-BURST_CONFIGS = (DEFAULT, DIRECT, ONE)
-BIG_CONFIGS = (DEFAULT, DIRECT, DIRECT_1000)
+BURST_CONFIGS = (DEFAULT, LITELLM, ONE)
+BIG_CONFIGS = (DEFAULT, LITELLM, DEFAULT_1000)
 
 
 def _progress(text: str) -> None:
@@ -444,7 +445,7 @@ def metrics_of(m: Measurements) -> list[Metric]:
             Metric(f"{label}: gateway CPU", "s", [b.cpu_s["gateway"] for b in bursts]),
         ]
     default, one = m.bursts[DEFAULT], m.bursts[ONE]
-    for config in (DEFAULT, DIRECT):
+    for config in (DEFAULT, LITELLM):
         out.append(
             Metric(
                 f"{BURST_CHATS} chats: turns 1 / turns {config}",

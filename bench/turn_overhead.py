@@ -24,8 +24,11 @@ in-process variant is measured too.
 
 The long-session part fills a session with 10,000 entries and compares turns there with
 turns in empty sessions: whole, minus the bare litellm call with the same messages, and with
-the instant provider. A profile (cProfile) of plain turns says where the time goes, and
-micro-measurements price nanobot's per-turn operations without the profiler's inflation.
+the instant provider. The stacks above are `agent.transport: litellm`; the same app with the
+default transport (`auto`, which calls this model directly, as litellm would send the same
+request) is measured alongside, in interleaved rounds and in rounds of its own. A profile
+(cProfile) of plain turns says where the time goes, and micro-measurements price nanobot's
+per-turn operations without the profiler's inflation.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ LONG_TARGET_X = 1.2
 WARMUP_ROUNDS, ROUNDS = 10, 100  # empty sessions, fake in its own process
 LOCAL_WARMUP_ROUNDS, LOCAL_ROUNDS = 5, 60  # the same with the fake in this process
 LONG_WARMUPS, LONG_ROUNDS = 5, 50  # 10,000-entry session against empty sessions
-# The same with `transport: direct` alone: its turns take ~3 ms, so many rounds are cheap.
+# The same with the default transport (auto: direct here) alone: its turns take ~3 ms, so
+# many rounds are cheap.
 DIRECT_WARMUPS, DIRECT_ROUNDS = 20, 300
 COLD_STARTS = 7  # first turn after start-up (a fresh `_agent`), long and empty session
 PROFILE_TURNS, PROFILE_LONG_TURNS, PROFILE_LONG_CALLS = 50, 10, 10
@@ -410,7 +414,7 @@ class _Bench:
         self.stack, self.fake, self.label = stack, fake, label
         self.instant = instant  # the same app on the same database, with instant model calls
         # The same app on the same database and fake, another way to the model: "route"
-        # (model ROUTE_MODEL), "direct" (agent.transport: direct).
+        # (model ROUTE_MODEL), "direct" (agent.transport: auto, the default: direct here).
         self.variants = variants or {}
         self.litellm: ModuleType = _litellm()  # as nanobot configures it
         self._keys = 0
@@ -478,7 +482,8 @@ class _Bench:
 
 
 class _DirectBench(_Bench):
-    """A stack with `agent.transport: direct`: its "bare" call is the provider's own, as
+    """A stack calling the model directly (`agent.transport: auto` with this model, as with
+    `direct`): its "bare" call is the provider's own, as
     there is no litellm below it to call instead."""
 
     async def bare_call(self, request: Request) -> None:
@@ -1174,7 +1179,7 @@ async def measure() -> Measurements:
             _stack(_config(data_dir, fake.base_url)) as s,
             _stack(_config(data_dir, fake.base_url), instant=True) as instant,
             _stack(_config(data_dir, fake.base_url, ROUTE_MODEL)) as routed,
-            _stack(_config(data_dir, fake.base_url, transport="direct")) as direct,
+            _stack(_config(data_dir, fake.base_url, transport="auto")) as direct,
         ):
             variants = {
                 "route": _Bench(routed, fake, "route"),
@@ -1196,7 +1201,7 @@ async def measure() -> Measurements:
                 sink = long if index >= LONG_WARMUPS else None
                 await _long_round(b, long_key, requests.plain, rng, samples=sink, info=info)
             _progress(
-                f"10,000-entry session, transport: direct alone, then nanobot alone: "
+                f"10,000-entry session, transport: auto (direct) alone, then nanobot alone: "
                 f"{DIRECT_WARMUPS} warm-up + {DIRECT_ROUNDS} rounds each ..."
             )
             direct_long = await _alone_phase(variants["direct"], instant, long_key, rng, info)
@@ -1390,7 +1395,7 @@ def metrics_of(m: Measurements) -> list[Metric]:
         ),
         *_variant_metrics(m, "route"),
         *_variant_metrics(m, "direct"),
-        *_alone_metrics(m.direct_long, "transport direct, own rounds:", "turn", "(a) turn"),
+        *_alone_metrics(m.direct_long, "transport auto (direct), own rounds:", "turn", "(a) turn"),
         *_alone_metrics(m.direct_long, "nanobot alone, own rounds:", "instant", "(b')"),
         Metric("first turn after start-up: 10k session", "ms", cold.ms("cold long")),
         Metric("10k session turn, running app (interleaved)", "ms", cold.ms("warm long")),
@@ -1429,13 +1434,14 @@ def _alone_metrics(samples: Samples, label: str, prefix: str, ratio: str) -> lis
 
 def _variant_metrics(m: Measurements, prefix: str) -> list[Metric]:
     """The same app reaching the model another way: "route", litellm's own HTTP handler
-    (ROUTE_MODEL, no openai SDK); "direct", `agent.transport: direct` (no litellm at all;
-    its "bare" call is `DirectOpenAIProvider.complete`)."""
+    (ROUTE_MODEL, no openai SDK); "direct", `agent.transport: auto`, the default, which
+    calls this model directly (no litellm at all; its "bare" call is
+    `DirectOpenAIProvider.complete`)."""
     s, long = m.short, m.long
     if prefix == "route":
         label, bare = ROUTE_MODEL.split("/", maxsplit=1)[0] + "/", "bare litellm"
     else:
-        label, bare = "transport direct:", "DirectOpenAIProvider.complete"
+        label, bare = "transport auto (direct):", "DirectOpenAIProvider.complete"
 
     def overhead(session: str) -> float:
         return long.median(f"{prefix} turn {session}") - long.median(f"{prefix} bare {session}")

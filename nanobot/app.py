@@ -59,11 +59,11 @@ def _timezone(config: Config) -> tzinfo | None:
 def build_provider(config: Config) -> LiteLLMProvider:
     """The model provider of `agent.transport`; the caller closes it (`aclose`)."""
     agent = config.agent
-    transport = LiteLLMProvider
-    if agent.transport == "direct":
+    transport: Callable[..., LiteLLMProvider] = LiteLLMProvider
+    if agent.transport == "direct" or (agent.transport == "auto" and agent.api_base):
         from nanobot.providers.openai_direct import DirectOpenAIProvider  # aiohttp: ~0.1 s
 
-        transport = DirectOpenAIProvider
+        transport = partial(DirectOpenAIProvider, auto=agent.transport == "auto")
     return transport(
         agent.model,
         api_key=agent.api_key.get_secret_value() if agent.api_key else None,

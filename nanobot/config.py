@@ -46,7 +46,7 @@ class AgentConfig(Section):
     model: str = "openai/gpt-4o-mini"
     api_key: SecretStr | None = None
     api_base: str | None = None
-    transport: Literal["litellm", "direct"] = "litellm"
+    transport: Literal["auto", "litellm", "direct"] = "auto"
     fallbacks: list[str] = Field(default_factory=list)
     max_tokens: int = Field(4096, gt=0)
     temperature: float = Field(0.3, ge=0, le=2)

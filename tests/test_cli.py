@@ -139,7 +139,7 @@ async def test_status_shows_figures_and_no_secrets(home: Home, fake_llm: FakeLLM
     assert result.code == 0, result.stderr
     assert str(home.config) in result.stdout
     assert "openai/fake-model via http://127.0.0.1:" in result.stdout
-    assert "(litellm)" in result.stdout  # the transport
+    assert "(auto)" in result.stdout  # the transport
     assert "enabled, 2 allowed" in result.stdout
     assert "1 (1 live), 2 entries" in result.stdout
     for secret in (SECRET, "tg-secret"):

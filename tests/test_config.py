@@ -125,8 +125,8 @@ def test_invalid_values_name_file_key_and_reason(
     assert reason in message
 
 
-def test_transport_defaults_to_litellm(tmp_path: Path) -> None:
-    assert load(write(tmp_path, "")).agent.transport == "litellm"
+def test_transport_defaults_to_auto(tmp_path: Path) -> None:
+    assert load(write(tmp_path, "")).agent.transport == "auto"
     direct = "agent: {transport: direct, api_base: 'http://localhost:8000/v1'}\n"
     assert load(write(tmp_path, direct)).agent.transport == "direct"
 

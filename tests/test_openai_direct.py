@@ -404,6 +404,45 @@ async def test_aclose_closes_and_a_later_call_reopens(fake_llm: FakeLLM, make: M
     assert llm._session is not session
 
 
+async def test_auto_goes_direct_where_litellm_would_send_the_same(
+    fake_llm: FakeLLM, make: Make
+) -> None:
+    llm = make(fake_llm.base_url, auto=True)
+    assert (await llm.complete(MESSAGES)).content == "echo: hi"
+    assert "aiohttp" in fake_llm.requests[0].headers["User-Agent"]
+    assert fake_llm.requests[0].body["temperature"] == 0.3
+
+
+async def test_auto_leaves_what_litellm_translates_to_litellm(
+    fake_llm: FakeLLM, make: Make
+) -> None:
+    # A reasoning model takes max_completion_tokens and no temperature; the primary fails
+    # for want of a key, so the fallback is called in the same complete().
+    fake_llm.script_for("fake-model", AuthError())
+    llm = make(fake_llm.base_url, auto=True, fallbacks=["openai/o3-mini"])
+    assert (await llm.complete(MESSAGES)).content == "echo: hi"
+    direct, translated = fake_llm.requests
+    assert "aiohttp" in direct.headers["User-Agent"]
+    assert translated.model == "o3-mini"
+    assert "aiohttp" not in translated.headers["User-Agent"]
+    assert translated.body["max_completion_tokens"] == 4096
+    assert "temperature" not in translated.body
+    assert translated.headers["Authorization"] == "Bearer sk-test"
+    assert not llm.goes_direct("anthropic/claude-sonnet-4-5")  # not OpenAI-compatible
+    assert make(fake_llm.base_url).goes_direct("openai/o3-mini")  # direct: always
+
+
+async def test_auto_takes_the_key_from_the_environment_as_litellm_would(
+    fake_llm: FakeLLM, make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    await make(fake_llm.base_url, api_key=None, auto=True).complete(MESSAGES)
+    await make(fake_llm.base_url, api_key=None).complete(MESSAGES)
+    auto, direct = fake_llm.requests
+    assert auto.headers["Authorization"] == "Bearer sk-from-env"
+    assert "Authorization" not in direct.headers  # transport: direct takes api_key only
+
+
 def test_api_base_is_required() -> None:
     with pytest.raises(ValueError, match="api_base"):
         DirectOpenAIProvider("openai/fake-model")

@@ -262,9 +262,14 @@ def test_counting_tokens_never_downloads_a_tokenizer(
 
 
 async def test_build_provider_follows_the_transport() -> None:
-    assert type(build_provider(Config())) is LiteLLMProvider
-    agent = AgentConfig(transport="direct", api_base="http://localhost:8000/v1")
-    direct = build_provider(Config(agent=agent))
-    assert isinstance(direct, DirectOpenAIProvider)
-    assert direct.model == agent.model
-    await direct.aclose()
+    base = "http://localhost:8000/v1"
+    assert type(build_provider(Config())) is LiteLLMProvider  # auto without api_base
+    litellm = AgentConfig(transport="litellm", api_base=base)
+    assert type(build_provider(Config(agent=litellm))) is LiteLLMProvider
+    for transport, always in (("direct", True), ("auto", False)):
+        agent = AgentConfig(model="openai/o3-mini", transport=transport, api_base=base)
+        provider = build_provider(Config(agent=agent))
+        assert isinstance(provider, DirectOpenAIProvider)
+        assert provider.model == agent.model
+        assert provider.goes_direct(agent.model) is always
+        await provider.aclose()

@@ -10,7 +10,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
@@ -251,11 +251,16 @@ class LiteLLMProvider:
         )
 
 
-def _model_window(model: str) -> int:
+def model_info(model: str) -> Mapping[str, Any] | None:
+    """What litellm's model list says about `model`; None for a model it does not know."""
     try:
-        info = _litellm().get_model_info(model)
+        return _litellm().get_model_info(model)  # type: ignore[no-any-return]
     except Exception:  # noqa: BLE001 - litellm raises a bare Exception for unknown models
-        return DEFAULT_CONTEXT_WINDOW
+        return None
+
+
+def _model_window(model: str) -> int:
+    info = model_info(model) or {}
     return int(info.get("max_input_tokens") or info.get("max_tokens") or DEFAULT_CONTEXT_WINDOW)
 
 
@@ -309,3 +314,22 @@ def _kind(exc: BaseException) -> ProviderErrorKind:
     if isinstance(exc, (ConnectionError, OSError)):
         return "unavailable"
     return "bad_request"
+
+
+def passes_through(model: str, params: Mapping[str, Any]) -> bool:
+    """Whether litellm would send `params` to the OpenAI-compatible `model` unchanged.
+
+    `model` is an `openai/…` id. False where litellm translates them (reasoning models get
+    `max_completion_tokens` and lose `temperature`), and if the check itself fails.
+    """
+    litellm = _litellm()
+    try:
+        mapped = litellm.OpenAIConfig().map_openai_params(
+            non_default_params=dict(params),
+            optional_params={},
+            model=model.removeprefix("openai/"),
+            drop_params=True,
+        )
+    except Exception:  # noqa: BLE001 - when in doubt, litellm knows best
+        return False
+    return bool(mapped == dict(params))

@@ -4,11 +4,15 @@ For OpenAI-compatible servers only (vLLM, llama.cpp, LM Studio, Ollama's /v1, Op
 costs a small fraction of litellm's CPU per call; parameters are sent as given, with none of
 litellm's per-vendor translation. Retries, fallbacks, token counting, the context window,
 vision and prices are still `LiteLLMProvider`'s.
+
+`agent.transport: auto` (the default, when `api_base` is set) uses it only for the calls
+litellm would make unchanged, and litellm for every other.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,11 +20,12 @@ from urllib.request import getproxies, proxy_bypass
 
 import aiohttp
 import orjson
+from loguru import logger
 
 from nanobot.errors import ProviderError, ProviderErrorKind
 from nanobot.providers._stream import Assembler, looks_like_overflow, retry_after
 from nanobot.providers.base import Completion, DeltaHandler, Message, ToolSchema
-from nanobot.providers.litellm_provider import LiteLLMProvider
+from nanobot.providers.litellm_provider import LiteLLMProvider, passes_through
 
 _DETAIL_LIMIT = 500  # characters of the server's error message kept in ours
 
@@ -34,11 +39,18 @@ class DirectOpenAIProvider(LiteLLMProvider):
     `aclose()` closes it, and a later call opens a new one (so use one event loop at a time,
     and close the provider before its loop ends).
 
+    With `auto`, a model goes direct only where litellm would send the very same request
+    (`goes_direct`); every other model, fallbacks included, goes through litellm as with
+    `LiteLLMProvider`. The key of direct calls is then `api_key`, else OPENAI_API_KEY, as
+    litellm would take it; without `auto` it is `api_key` only.
+
     Raises:
         ValueError: `api_base` is missing.
     """
 
-    def __init__(self, model: str, *, api_base: str | None = None, **options: Any) -> None:
+    def __init__(
+        self, model: str, *, api_base: str | None = None, auto: bool = False, **options: Any
+    ) -> None:
         """`options` are `LiteLLMProvider`'s."""
         if not api_base:
             raise ValueError(
@@ -47,9 +59,12 @@ class DirectOpenAIProvider(LiteLLMProvider):
             )
         super().__init__(model, api_base=api_base, **options)
         self._url = f"{api_base.rstrip('/')}/chat/completions"
+        self._auto = auto
+        self._direct: dict[str, bool] = {}  # auto: model -> whether it goes direct
+        self._key = self._api_key or (os.environ.get("OPENAI_API_KEY") if auto else None)
         self._headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
-        if self._api_key:
-            self._headers["Authorization"] = f"Bearer {self._api_key}"
+        if self._key:
+            self._headers["Authorization"] = f"Bearer {self._key}"
         self._proxy = _env_proxy(self._url)
         self._session: aiohttp.ClientSession | None = None
 
@@ -58,6 +73,26 @@ class DirectOpenAIProvider(LiteLLMProvider):
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+
+    def goes_direct(self, model: str) -> bool:
+        """Whether calls to `model` bypass litellm: always, unless built with `auto`; then
+        only for an `openai/` model whose parameters litellm would send unchanged (not, for
+        example, a reasoning model, whose `max_tokens` and `temperature` litellm translates).
+        """
+        if not self._auto:
+            return True
+        direct = self._direct.get(model)
+        if direct is None:
+            params = {
+                "max_tokens": self._max_tokens,
+                "temperature": self._temperature,
+                "stream_options": {"include_usage": True},
+            }
+            direct = model.startswith("openai/") and passes_through(model, params)
+            self._direct[model] = direct
+            how = "directly" if direct else "through litellm"
+            logger.info("model {}: calls go {} (agent.transport: auto)", model, how)
+        return direct
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -79,13 +114,15 @@ class DirectOpenAIProvider(LiteLLMProvider):
         on_delta: DeltaHandler | None,
         max_tokens: int,
     ) -> Completion:
-        """One streamed call to `model`, no retries.
+        """One streamed call to `model`, no retries (litellm's unless `goes_direct(model)`).
 
         Raises:
             ProviderError: the connection, the HTTP status or the stream failed; classified.
             Exception: a chunk of an unexpected shape (`_with_retries` calls it "bad_request").
         Cancellation closes the HTTP response.
         """
+        if not self.goes_direct(model):
+            return await super()._stream_once(model, messages, tools, on_delta, max_tokens)
         body: dict[str, Any] = {
             "model": model.removeprefix("openai/"),
             "messages": list(messages),
@@ -146,8 +183,8 @@ class DirectOpenAIProvider(LiteLLMProvider):
 
     def _redact(self, text: str) -> str:
         # OpenAI, and so the servers copying it, quote a refused key back in the message.
-        if self._api_key:
-            text = text.replace(self._api_key, "<api_key>")
+        if self._key:
+            text = text.replace(self._key, "<api_key>")
         return text
 
 
