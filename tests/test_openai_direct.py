@@ -16,7 +16,6 @@ from nanobot.providers import Delta, TextDelta, ToolCallDelta
 from nanobot.providers.litellm_provider import RetryPolicy
 from nanobot.providers.openai_direct import (
     DirectOpenAIProvider,
-    _env_proxy,
     _error_status,
     _kind_for_status,
     _Lines,
@@ -169,32 +168,6 @@ async def test_goes_through_the_environments_proxy(
     completion = await make("http://model.invalid/v1").complete(MESSAGES)
     assert completion.content == "echo: hi"
     assert fake_llm.requests[0].headers["Host"] == "model.invalid"
-
-
-@pytest.mark.parametrize(
-    ("env", "url", "proxy"),
-    [
-        ({}, "http://localhost:8000/v1", None),
-        ({"HTTP_PROXY": "http://proxy:3128"}, "http://gpu-box:8000/v1", "http://proxy:3128"),
-        ({"HTTP_PROXY": "http://proxy:3128"}, "https://api.openai.com/v1", None),
-        ({"HTTPS_PROXY": "http://proxy:3128"}, "https://api.openai.com/v1", "http://proxy:3128"),
-        ({"ALL_PROXY": "http://proxy:3128"}, "https://api.openai.com/v1", "http://proxy:3128"),
-        (
-            {"HTTP_PROXY": "http://proxy:3128", "NO_PROXY": "localhost,gpu-box"},
-            "http://gpu-box:8000/v1",
-            None,
-        ),
-    ],
-)
-def test_env_proxy(
-    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], url: str, proxy: str | None
-) -> None:
-    for scheme in ("http", "https", "all", "no"):
-        monkeypatch.delenv(f"{scheme}_proxy", raising=False)
-        monkeypatch.delenv(f"{scheme.upper()}_PROXY", raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert _env_proxy(url) == proxy
 
 
 async def test_rate_limit_then_success_honours_retry_after(fake_llm: FakeLLM, make: Make) -> None:

@@ -17,7 +17,7 @@ import asyncio
 import html
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, Final, NoReturn, Protocol
 
 from loguru import logger
 from telegram import Message, Update
@@ -34,6 +34,7 @@ from nanobot.bus.events import (
 from nanobot.channels import _telegram_inbound as inbound
 from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
+from nanobot.channels._telegram_http import AiohttpRequest
 from nanobot.channels._telegram_send import ONCE, Retry, Sender
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
@@ -52,6 +53,14 @@ POLL_TIMEOUT = 30  # seconds a getUpdates long poll is held open by Telegram
 STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
 TAKE_ATTEMPTS = 3  # an update that cannot be read this often is skipped (logged)
+# Seconds, for Bot API calls and for getUpdates (whose read timeout PTB lengthens by the poll's).
+REQUEST_TIMEOUTS: Final = {
+    "connect_timeout": 10.0,
+    "read_timeout": 20.0,
+    "write_timeout": 20.0,
+    "pool_timeout": 10.0,
+}
+POLL_TIMEOUTS: Final = dict.fromkeys(REQUEST_TIMEOUTS, 10.0)
 
 
 class TelegramSettings(BotSettings, Protocol):
@@ -137,14 +146,9 @@ class TelegramChannel(Channel):
             .base_file_url(f"{base}/file/bot")
             .update_queue(_IntakeQueue(self._take))
             .job_queue(None)
-            .connect_timeout(10)
-            .read_timeout(20)
-            .write_timeout(20)
-            .pool_timeout(10)
-            .get_updates_connect_timeout(10)
-            .get_updates_read_timeout(10)  # PTB adds the long poll's own timeout to this
-            .get_updates_write_timeout(10)
-            .get_updates_pool_timeout(10)
+            .request(AiohttpRequest(base, pool_size=256, **REQUEST_TIMEOUTS))
+            # PTB adds the long poll's own timeout to the read timeout of getUpdates.
+            .get_updates_request(AiohttpRequest(base, pool_size=1, **POLL_TIMEOUTS))
             .build()
         )
 

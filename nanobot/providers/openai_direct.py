@@ -15,8 +15,6 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
-from urllib.request import getproxies, proxy_bypass
 
 import aiohttp
 import orjson
@@ -26,6 +24,7 @@ from nanobot.errors import ProviderError, ProviderErrorKind
 from nanobot.providers._stream import Assembler, looks_like_overflow, retry_after
 from nanobot.providers.base import Completion, DeltaHandler, Message, ToolSchema
 from nanobot.providers.litellm_provider import LiteLLMProvider, passes_through
+from nanobot.proxies import env_proxy
 
 _DETAIL_LIMIT = 500  # characters of the server's error message kept in ours
 
@@ -65,7 +64,7 @@ class DirectOpenAIProvider(LiteLLMProvider):
         self._headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
         if self._key:
             self._headers["Authorization"] = f"Bearer {self._key}"
-        self._proxy = _env_proxy(self._url)
+        self._proxy = env_proxy(self._url)
         self._session: aiohttp.ClientSession | None = None
 
     async def aclose(self) -> None:
@@ -204,20 +203,6 @@ class _Lines:
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         return [line[5:].strip() for line in lines if line.startswith(b"data:")]
-
-
-def _env_proxy(url: str) -> str | None:
-    """The proxy HTTPS_PROXY/HTTP_PROXY/ALL_PROXY name for `url`, unless NO_PROXY exempts it.
-
-    Looked up once: aiohttp's `trust_env` looks it up on every request, in a thread, which
-    costs more CPU than the rest of the call.
-    """
-    parts = urlsplit(url)
-    proxies = getproxies()
-    proxy = proxies.get(parts.scheme) or proxies.get("all")
-    if not proxy or proxy_bypass(parts.hostname or ""):
-        return None
-    return proxy
 
 
 def _decode(payload: bytes, model: str) -> dict[str, Any]:
