@@ -523,3 +523,31 @@ async def test_files_in_unaddressed_group_messages_are_not_downloaded(
     assert addressed.addressed and addressed.text == "and this?"
     assert [a.kind for a in addressed.attachments] == ["photo"]
     assert len(fake.calls("getFile")) == 1
+
+
+async def test_one_chats_slow_intake_does_not_hold_up_another_nor_is_confirmed_early(
+    fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    other = USER + 1
+    intake, release = Recorder(), asyncio.Event()
+
+    async def decide(message: InboundMessage) -> Intake:
+        if message.text == "slow":
+            await release.wait()
+        return Intake.ACCEPTED
+
+    intake.decide = decide
+    # Queued before the channel polls, so they come in one getUpdates batch.
+    fake.user_message(USER, "slow", user_id=USER)
+    fake.user_message(USER, "after slow, same chat", user_id=USER)
+    fake.user_message(other, "another chat", user_id=other)
+    async with running(make_channel(fake, intake, inbox)):
+        await intake.wait(2)
+        assert [m.text for m in intake.messages] == ["slow", "another chat"]
+        await asyncio.sleep(0.3)
+        assert len(intake.messages) == 2  # the same chat waits its turn
+        assert len(fake.pending_updates) == 3  # nothing confirmed while one is being taken
+        release.set()
+        await intake.wait(3)
+        assert intake.messages[2].text == "after slow, same chat"
+        await fake.wait_for(lambda: not fake.pending_updates)

@@ -1,11 +1,13 @@
 """The Telegram channel: python-telegram-bot long polling in, rendered HTML out.
 
 Nothing is acknowledged before it is journaled. PTB's Updater hands every update it fetched
-to the Application's `update_queue` and only then asks Telegram for the next ones with a
-higher offset, which is what acknowledges them. Our queue's `put` *is* the intake: it turns
-the update into an `InboundMessage` and awaits `intake` (which journals it) before
-returning, so an update is confirmed only after the journal has it. No PTB handlers are
-registered; the Application never sees an update, so nothing is processed twice.
+to the Application's `update_queue` and then asks Telegram for the next ones with a higher
+offset, which is what acknowledges them. Our queue's `put` *is* the intake: it starts
+turning the update into an `InboundMessage` and handing it to `intake` (which journals it),
+in the update's chat's lane (`IntakeLanes`: in order per chat, concurrently across chats),
+and the getUpdates request that would acknowledge it first waits until every lane is done,
+so an update is confirmed only after the journal has it. No PTB handlers are registered; the
+Application never sees an update, so nothing is processed twice.
 
 Out: Markdown is rendered to Telegram HTML and split into messages of at most 4096 visible
 characters; a reply that was streamed is edited in place, at most about once a second.
@@ -15,14 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import html
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, NoReturn, Protocol
+from typing import Any, Final, Protocol
 
 from loguru import logger
 from telegram import Message, Update
+from telegram._utils.types import ODVInput
 from telegram.error import InvalidToken, TelegramError
 from telegram.ext import Application, ApplicationBuilder
+from telegram.request import BaseRequest, RequestData
 
 from nanobot.bus.events import (
     ChatRef,
@@ -35,6 +39,7 @@ from nanobot.channels import _telegram_inbound as inbound
 from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
 from nanobot.channels._telegram_http import AiohttpRequest
+from nanobot.channels._telegram_lanes import IntakeLanes
 from nanobot.channels._telegram_send import ONCE, Retry, Sender
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
@@ -68,18 +73,48 @@ class TelegramSettings(BotSettings, Protocol):
 
 
 class _IntakeQueue(asyncio.Queue[object]):
-    """The update queue PTB's Updater puts fetched updates into; `put` returns only when
-    the update has been taken care of (see the module docstring)."""
+    """The update queue PTB's Updater puts fetched updates into; `put` hands an update to
+    its chat's intake lane (see the module docstring)."""
 
-    def __init__(self, take: Callable[[Update], Awaitable[None]]) -> None:
+    def __init__(self, lanes: IntakeLanes) -> None:
         super().__init__()
-        self._take = take
+        self._lanes = lanes
 
     async def put(self, item: object) -> None:
         if isinstance(item, Update):
-            await self._take(item)
+            self._lanes.add(item)
         else:  # the Application's own stop signal
             await super().put(item)
+
+
+class _PollRequest(AiohttpRequest):
+    """The transport of getUpdates (and only of it): a poll confirms the updates fetched
+    before it, so it is made only once they have all been taken."""
+
+    def __init__(self, base_url: str, lanes: IntakeLanes) -> None:
+        # PTB adds the long poll's own timeout to the read timeout.
+        super().__init__(base_url, pool_size=1, **POLL_TIMEOUTS)
+        self._lanes = lanes
+
+    async def do_request(  # noqa: PLR0917 - the signature is PTB's
+        self,
+        url: str,
+        method: str,
+        request_data: RequestData | None = None,
+        read_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
+        write_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
+        connect_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
+        pool_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
+    ) -> tuple[int, bytes]:
+        """`AiohttpRequest.do_request`, once every update handed over has been taken.
+
+        Raises:
+            Unconfirmed: one could not be taken; the request is not made.
+        """
+        await self._lanes.settled()
+        return await super().do_request(
+            url, method, request_data, read_timeout, write_timeout, connect_timeout, pool_timeout
+        )
 
 
 class _Outlet:
@@ -137,23 +172,23 @@ class TelegramChannel(Channel):
 
     # ---- running --------------------------------------------------------------------
 
-    def _application(self) -> Application[Any, Any, Any, Any, Any, Any]:
+    def _application(self, lanes: IntakeLanes) -> Application[Any, Any, Any, Any, Any, Any]:
         base = self._config.api_base.rstrip("/")
         return (
             ApplicationBuilder()
             .token(self._config.token.get_secret_value())
             .base_url(f"{base}/bot")
             .base_file_url(f"{base}/file/bot")
-            .update_queue(_IntakeQueue(self._take))
+            .update_queue(_IntakeQueue(lanes))
             .job_queue(None)
             .request(AiohttpRequest(base, pool_size=256, **REQUEST_TIMEOUTS))
-            # PTB adds the long poll's own timeout to the read timeout of getUpdates.
-            .get_updates_request(AiohttpRequest(base, pool_size=1, **POLL_TIMEOUTS))
+            .get_updates_request(_PollRequest(base, lanes))
             .build()
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        app = self._application()
+        lanes = IntakeLanes(self._take)  # one run's: a failed take fails only that run
+        app = self._application(lanes)
         updater = app.updater
         assert updater is not None  # the builder always makes one
         stopped = self._stopped = asyncio.get_running_loop().create_future()
@@ -177,6 +212,7 @@ class TelegramChannel(Channel):
                     await self._typing.stop()
                     if updater.running:
                         await updater.stop()  # confirms what was taken, and no more
+                    await lanes.close()  # what is left was not confirmed: comes again
                     self._sender.bot = None
                     await app.stop()
         except InvalidToken:  # its message quotes the token
@@ -184,16 +220,15 @@ class TelegramChannel(Channel):
         finally:
             await app.bot.shutdown()  # PTB leaves it open when `initialize()` failed
 
-    async def _take(self, update: Update) -> None:
-        """Hand one update to intake; returns when it may be acknowledged.
+    async def _take(self, update: Update) -> bool:
+        """Hand one update to intake; True once it may be acknowledged.
 
-        This runs inside PTB's polling task, which any exception would end silently: so
-        failures are caught here, leave the update unacknowledged and make run() fail (the
-        manager reconnects, Telegram delivers the update again).
+        False leaves it unacknowledged: while stopping, or after a failure, which also makes
+        run() fail (the manager reconnects, Telegram delivers the update again).
         """
         bot = self._sender.bot
         if bot is None:  # stopping: leave it for the next start
-            await _hold()
+            return False
         try:
             received = await inbound.read(
                 update, bot, self._inbox, self._config.group_policy, self._sender.retry
@@ -202,10 +237,10 @@ class TelegramChannel(Channel):
             failures = self._failures.pop(update.update_id, 0) + 1
             if failures >= TAKE_ATTEMPTS:  # it can never be read: do not block the chat
                 logger.exception("telegram: update {} could not be read; skipped", update.update_id)
-                return
+                return True
             self._failures[update.update_id] = failures
             self._fail(exc, f"reading update {update.update_id} failed")
-            await _hold()
+            return False
         self._failures.pop(update.update_id, None)
         outcome = Intake.REFUSED
         if received.message is not None:
@@ -213,17 +248,18 @@ class TelegramChannel(Channel):
                 outcome = await self.intake(received.message)
             except Exception as exc:  # noqa: BLE001 - the journal decides: never skipped
                 self._fail(exc, f"intake of update {update.update_id} failed")
-                await _hold()
+                return False
         accepted = outcome is Intake.ACCEPTED
         if not accepted and received.saved:  # refused, a redelivery, or taken again later
             await asyncio.to_thread(_remove, received.saved)
         if outcome is Intake.CLOSED:
-            await _hold()  # stopping, and a stranger's: Telegram delivers it again after restart
+            return False  # stopping, and a stranger's: Telegram delivers it again after restart
         # A message that was only a refused file is not handed over: say so if the bot was
         # addressed; otherwise only once the gate has let the message in.
         told = accepted or (received.message is None and received.addressed)
         if received.refusals and told and received.source is not None:
             await self._notify(received.source, "\n".join(received.refusals))
+        return True
 
     def _fail(self, exc: Exception, what: str) -> None:
         logger.opt(exception=exc).error("telegram: {}; reconnecting", what)
@@ -253,13 +289,6 @@ class TelegramChannel(Channel):
 
 def _render(text: str) -> list[str]:
     return split_telegram(telegram_html(text))
-
-
-async def _hold() -> NoReturn:
-    """Never return: the update being taken stays unacknowledged until the Updater stops
-    and cancels us (its offset only advances after `put` returns)."""
-    while True:
-        await asyncio.get_running_loop().create_future()
 
 
 def _remove(paths: list[Path]) -> None:

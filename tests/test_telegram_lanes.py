@@ -1,0 +1,87 @@
+"""Telegram intake lanes: in order per chat, concurrently across chats, and the barrier."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dtm
+
+import pytest
+from telegram import Chat, Message, Update
+
+from nanobot.channels._telegram_lanes import IntakeLanes, Unconfirmed
+
+
+def update(update_id: int, chat_id: int | None) -> Update:
+    if chat_id is None:
+        return Update(update_id)
+    chat = Chat(chat_id, Chat.PRIVATE)
+    return Update(update_id, message=Message(update_id, dtm.datetime.now(dtm.UTC), chat))
+
+
+class Takes:
+    """A take that records starts and ends and waits for `release[update_id]` if set."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.ended: list[int] = []
+        self.release: dict[int, asyncio.Event] = {}
+        self.answer: dict[int, bool] = {}
+
+    async def __call__(self, item: Update) -> bool:
+        self.started.append(item.update_id)
+        if item.update_id in self.release:
+            await self.release[item.update_id].wait()
+        self.ended.append(item.update_id)
+        return self.answer.get(item.update_id, True)
+
+
+async def test_chats_run_concurrently_and_each_in_order() -> None:
+    takes = Takes()
+    takes.release = {1: asyncio.Event()}
+    lanes = IntakeLanes(takes)
+    for item in (update(1, 10), update(2, 10), update(3, 20), update(4, None)):
+        lanes.add(item)
+    await asyncio.sleep(0.05)
+    assert takes.started == [1, 3, 4]  # 2 waits for 1, its chat's earlier update
+    settled = asyncio.create_task(lanes.settled())
+    await asyncio.sleep(0.05)
+    assert not settled.done()  # the barrier holds while an update is being taken
+    takes.release[1].set()
+    await settled
+    assert takes.ended[-2:] == [1, 2]
+
+
+async def test_a_take_that_fails_stops_the_rest_and_the_barrier() -> None:
+    takes = Takes()
+    takes.answer = {1: False}
+    lanes = IntakeLanes(takes)
+    lanes.add(update(1, 10))
+    with pytest.raises(Unconfirmed):
+        await lanes.settled()
+    lanes.add(update(2, 20))
+    with pytest.raises(Unconfirmed):
+        await lanes.settled()
+    assert takes.started == [1]  # left for the redelivery, with the one that failed
+
+
+async def test_a_take_that_raises_counts_as_not_taken() -> None:
+    async def broken(item: Update) -> bool:
+        raise RuntimeError("bug")
+
+    lanes = IntakeLanes(broken)
+    lanes.add(update(1, 10))
+    with pytest.raises(Unconfirmed):
+        await lanes.settled()
+
+
+async def test_close_cancels_what_is_still_being_taken() -> None:
+    takes = Takes()
+    takes.release = {1: asyncio.Event()}
+    lanes = IntakeLanes(takes)
+    lanes.add(update(1, 10))
+    lanes.add(update(2, 10))
+    await asyncio.sleep(0.01)
+    await lanes.close()
+    assert takes.ended == []
+    with pytest.raises(Unconfirmed):
+        await lanes.settled()
