@@ -10,6 +10,9 @@ from nanobot.bus.events import ChatRef, Typing
 
 Send = Callable[[ChatRef], Awaitable[None]]
 DELAY = 1.0  # seconds into a turn before "typing…" is shown
+# Signals per second over all chats of a channel. Telegram takes about 30 messages a second
+# from a bot before it answers 429; "typing…" must never use up what replies need.
+RATE = 10.0
 
 
 @dataclass(slots=True)
@@ -28,6 +31,10 @@ class TypingIndicator:
     starts with its first `Typing(active=True)` and ends with the matching last
     `active=False`.
 
+    Over all chats, at most `rate` signals a second go out (bursts up to `rate`); a signal
+    beyond that is skipped, not delayed, as a late one tells nothing: under a burst of
+    turns, replies get the platform's rate limit, not "typing…".
+
     The indicator owns these tasks (named `{name}-typing-{chat id}`). It takes updates only
     between `start()` and `stop()`, which the channel calls as it connects and disconnects:
     `stop()` cancels and awaits every task, and updates until the next `start()` are
@@ -35,11 +42,14 @@ class TypingIndicator:
     only logged) and may be cancelled at any await.
     """
 
-    def __init__(self, send: Send, interval: float, *, delay: float = DELAY, name: str) -> None:
+    def __init__(
+        self, send: Send, interval: float, *, delay: float = DELAY, rate: float = RATE, name: str
+    ) -> None:
         self._send = send
         self._interval = interval
         self._delay = delay
         self._name = name
+        self._budget = _Budget(rate)
         self._chats: dict[ChatRef, _Chat] = {}
         self._started = False
 
@@ -76,8 +86,29 @@ class TypingIndicator:
     async def _keep_typing(self, chat: ChatRef) -> None:
         await asyncio.sleep(self._delay)
         while True:
-            await self._send(chat)
+            if self._budget.take():
+                await self._send(chat)
             await asyncio.sleep(self._interval)
+
+
+class _Budget:
+    """A token bucket: `rate` tokens a second, holding at most `rate`."""
+
+    def __init__(self, rate: float) -> None:
+        self._rate = rate
+        self._tokens = rate
+        self._at: float | None = None
+
+    def take(self) -> bool:
+        """Spend a token if there is one."""
+        now = asyncio.get_running_loop().time()
+        if self._at is not None:
+            self._tokens = min(self._rate, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
