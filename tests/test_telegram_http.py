@@ -26,17 +26,20 @@ from tests.fakes.telegram import (
 CHAT = 42
 
 
-def request(base: str, **timeouts: float) -> AiohttpRequest:
-    return AiohttpRequest(base, pool_size=8, **(REQUEST_TIMEOUTS | timeouts))
+def request(base: str, read_timeout: float | None = None) -> AiohttpRequest:
+    timeouts = REQUEST_TIMEOUTS.copy()
+    if read_timeout is not None:
+        timeouts["read_timeout"] = read_timeout
+    return AiohttpRequest(base, pool_size=8, **timeouts)
 
 
-def make_bot(base: str, **timeouts: float) -> Bot:
+def make_bot(base: str, read_timeout: float | None = None) -> Bot:
     return Bot(
         DEFAULT_TOKEN,
         base_url=f"{base}/bot",
         base_file_url=f"{base}/file/bot",
-        request=request(base, **timeouts),
-        get_updates_request=request(base, **timeouts),
+        request=request(base, read_timeout),
+        get_updates_request=request(base, read_timeout),
     )
 
 

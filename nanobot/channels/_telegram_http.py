@@ -8,6 +8,9 @@ parameters, the status codes and their errors (`BadRequest`, `RetryAfter`, …).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypedDict
+
 import aiohttp
 import orjson
 from telegram._utils.defaultvalue import DefaultValue
@@ -18,6 +21,15 @@ from telegram.request import BaseRequest, RequestData
 from nanobot.proxies import env_proxy
 
 
+class Timeouts(TypedDict):
+    """PTB's four timeouts, in seconds (None: no limit)."""
+
+    connect_timeout: float | None
+    read_timeout: float | None
+    write_timeout: float | None
+    pool_timeout: float | None
+
+
 class AiohttpRequest(BaseRequest):
     """A `BaseRequest` over one aiohttp session, for the Bot API at `base_url`.
 
@@ -25,7 +37,8 @@ class AiohttpRequest(BaseRequest):
     does not tell the two apart), `read` bounds each wait for the server, and all four
     together bound the whole request (aiohttp has no write timeout of its own). A timeout
     raises `TimedOut`, any other transport failure `NetworkError`. The proxy is the one the
-    environment names for `base_url` (as httpx would use it), looked up once.
+    environment names for `base_url` (as httpx would use it), looked up once. `before`, if
+    given, is awaited before every request; what it raises ends the request unmade.
     """
 
     def __init__(
@@ -38,8 +51,10 @@ class AiohttpRequest(BaseRequest):
         write_timeout: float | None,
         pool_timeout: float | None,
         media_write_timeout: float | None = 20.0,
+        before: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._pool_size = pool_size
+        self._before = before
         self._timeouts = (connect_timeout, read_timeout, write_timeout, pool_timeout)
         self._media_write_timeout = media_write_timeout
         self._proxy = env_proxy(base_url)
@@ -88,6 +103,8 @@ class AiohttpRequest(BaseRequest):
         """Make one request; returns the status code and the body, whatever the status."""
         if self._session is None:
             raise RuntimeError("AiohttpRequest is not initialized")
+        if self._before is not None:
+            await self._before()
         files = request_data is not None and request_data.contains_files
         default_write = self._media_write_timeout if files else self._timeouts[2]
         connect, read, write, pool = (

@@ -23,10 +23,8 @@ from typing import Any, Final, Protocol
 
 from loguru import logger
 from telegram import Message, Update
-from telegram._utils.types import ODVInput
 from telegram.error import InvalidToken, TelegramError
 from telegram.ext import Application, ApplicationBuilder
-from telegram.request import BaseRequest, RequestData
 
 from nanobot.bus.events import (
     ChatRef,
@@ -38,7 +36,7 @@ from nanobot.bus.events import (
 from nanobot.channels import _telegram_inbound as inbound
 from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
-from nanobot.channels._telegram_http import AiohttpRequest
+from nanobot.channels._telegram_http import AiohttpRequest, Timeouts
 from nanobot.channels._telegram_lanes import IntakeLanes
 from nanobot.channels._telegram_send import ONCE, Retry, Sender
 from nanobot.channels._typing import DELAY as TYPING_DELAY
@@ -59,13 +57,12 @@ STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
 TAKE_ATTEMPTS = 3  # an update that cannot be read this often is skipped (logged)
 # Seconds, for Bot API calls and for getUpdates (whose read timeout PTB lengthens by the poll's).
-REQUEST_TIMEOUTS: Final = {
-    "connect_timeout": 10.0,
-    "read_timeout": 20.0,
-    "write_timeout": 20.0,
-    "pool_timeout": 10.0,
-}
-POLL_TIMEOUTS: Final = dict.fromkeys(REQUEST_TIMEOUTS, 10.0)
+REQUEST_TIMEOUTS: Final = Timeouts(
+    connect_timeout=10.0, read_timeout=20.0, write_timeout=20.0, pool_timeout=10.0
+)
+POLL_TIMEOUTS: Final = Timeouts(
+    connect_timeout=10.0, read_timeout=10.0, write_timeout=10.0, pool_timeout=10.0
+)
 
 
 class TelegramSettings(BotSettings, Protocol):
@@ -85,36 +82,6 @@ class _IntakeQueue(asyncio.Queue[object]):
             self._lanes.add(item)
         else:  # the Application's own stop signal
             await super().put(item)
-
-
-class _PollRequest(AiohttpRequest):
-    """The transport of getUpdates (and only of it): a poll confirms the updates fetched
-    before it, so it is made only once they have all been taken."""
-
-    def __init__(self, base_url: str, lanes: IntakeLanes) -> None:
-        # PTB adds the long poll's own timeout to the read timeout.
-        super().__init__(base_url, pool_size=1, **POLL_TIMEOUTS)
-        self._lanes = lanes
-
-    async def do_request(  # noqa: PLR0917 - the signature is PTB's
-        self,
-        url: str,
-        method: str,
-        request_data: RequestData | None = None,
-        read_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
-        write_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
-        connect_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
-        pool_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
-    ) -> tuple[int, bytes]:
-        """`AiohttpRequest.do_request`, once every update handed over has been taken.
-
-        Raises:
-            Unconfirmed: one could not be taken; the request is not made.
-        """
-        await self._lanes.settled()
-        return await super().do_request(
-            url, method, request_data, read_timeout, write_timeout, connect_timeout, pool_timeout
-        )
 
 
 class _Outlet:
@@ -182,7 +149,12 @@ class TelegramChannel(Channel):
             .update_queue(_IntakeQueue(lanes))
             .job_queue(None)
             .request(AiohttpRequest(base, pool_size=256, **REQUEST_TIMEOUTS))
-            .get_updates_request(_PollRequest(base, lanes))
+            # A poll confirms the updates fetched before it: it waits until all are taken
+            # (and is not made if one could not be). PTB lengthens its read timeout by the
+            # poll's own.
+            .get_updates_request(
+                AiohttpRequest(base, pool_size=1, before=lanes.settled, **POLL_TIMEOUTS)
+            )
             .build()
         )
 
