@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import closing
 from datetime import UTC
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -373,6 +375,33 @@ async def test_execute_returns_the_rows_it_changed(db: Database) -> None:
         assert await db.execute("DELETE FROM t WHERE k = ?", ("zzz",)) == 0
     assert await db.execute("DELETE FROM t") == 3
     assert await db.execute("PRAGMA synchronous = NORMAL") == 0
+
+
+async def test_statements_sent_at_once_keep_counts_and_transactions_exact(db: Database) -> None:
+    # Row-returning statements from many tasks go to the thread without waiting for each
+    # other; an `execute` (whose count is the change in total_changes) and a transaction
+    # still run with nothing else in flight.
+    await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+    await db.execute("INSERT INTO t VALUES (0, 'x')")
+
+    async def insert(k: int) -> None:
+        assert await db.fetchone("INSERT INTO t VALUES (?, 'y') RETURNING k", (k,)) is not None
+
+    async def touch() -> int:
+        return await db.execute("UPDATE t SET v = v WHERE k = 0")
+
+    async def rolled_back() -> None:
+        with contextlib.suppress(RuntimeError):
+            async with db.transaction():
+                await db.execute("INSERT INTO t VALUES (-1, 'gone')")
+                raise RuntimeError("undo")
+
+    work: list[Coroutine[Any, Any, int | None]] = [insert(k) for k in range(1, 201)]
+    work[50:50] = [touch() for _ in range(20)]
+    work.insert(100, rolled_back())
+    results = await asyncio.gather(*work)
+    assert [r for r in results if r is not None] == [1] * 20
+    assert tuple(await db.fetchone("SELECT count(*), min(k) FROM t") or ()) == (201, 0)
 
 
 async def test_stats_count_sessions_entries_and_bytes(db: Database, store: SessionStore) -> None:

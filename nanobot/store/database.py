@@ -5,10 +5,15 @@ processes (the gateway and CLI commands) may use the same file at once: WAL lets
 one writer proceed together, writers wait up to the busy timeout for each other, and every
 multi-statement write is a short `BEGIN IMMEDIATE` transaction.
 
-Within one process the connection is shared by all tasks. A lock serialises them, so a
-transaction sees only its own statements and no other task's half-finished writes. Which
-transaction a statement belongs to is carried in a ContextVar, so it follows the task into
-the tasks it starts (`wait_for`, `gather`) instead of deadlocking them on the lock.
+Within one process the connection is shared by all tasks. A transaction has it to itself:
+it takes a lock, waits for statements already sent to finish, and until it ends every other
+statement waits, so it sees only its own statements and no other task's half-finished
+writes. Reads and single-statement writes that return rows (`fetchall`, `fetchone`) do not
+wait for each other: outside transactions they go to aiosqlite's thread as they come (it
+runs them one at a time, in order), instead of each waiting a round trip through the busy
+event loop for the one before. Which transaction a statement belongs to is carried in a
+ContextVar, so it follows the task into the tasks it starts (`wait_for`, `gather`) instead
+of deadlocking them on the lock.
 """
 
 from __future__ import annotations
@@ -52,7 +57,10 @@ class Database:
         """Wrap an already open connection; use `open()` instead."""
         self._conn = connection
         self._path = path
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # held by a transaction, or an `execute` (see there)
+        self._sent = 0  # statements sent without the lock and not finished
+        self._idle = asyncio.Event()  # set when _sent is 0
+        self._idle.set()
         self._active: object | None = None  # token of the transaction in progress
         self._savepoints = 0
         self._closed = False
@@ -86,6 +94,7 @@ class Database:
     async def close(self) -> None:
         """Wait for running statements and transactions to finish, then close. Idempotent."""
         async with self._lock:
+            await self._idle.wait()
             self._closed = True
             await self._conn.close()
 
@@ -110,7 +119,7 @@ class Database:
         async def run() -> int:
             # One trip to aiosqlite's thread instead of two (a cursor needs closing in a
             # second one). The schema has no triggers, so the change in total_changes is the
-            # statement's rowcount; nothing else runs on the connection while we hold it.
+            # statement's rowcount: it runs under the lock, with no other statement sent.
             before = self._conn.total_changes
             await self._conn.execute_fetchall(sql, params)
             return self._conn.total_changes - before
@@ -123,7 +132,7 @@ class Database:
         async def run() -> list[sqlite3.Row]:
             return list(await self._conn.execute_fetchall(sql, params))
 
-        return await self._run(run)
+        return await self._run(run, shared=True)
 
     async def fetchone(self, sql: str, params: Sequence[SqlValue] = ()) -> sqlite3.Row | None:
         """Run one statement and return its first row, or None if it returned none.
@@ -150,6 +159,7 @@ class Database:
                 yield
             return
         async with self._lock:
+            await self._idle.wait()
             token = object()
             self._active = token
             context = _transaction.set(token)
@@ -201,17 +211,33 @@ class Database:
     def _in_transaction(self) -> bool:
         return self._active is not None and _transaction.get() is self._active
 
-    async def _run(self, operation: Callable[[], Awaitable[_T]]) -> _T:
-        """Run `operation` inside this task's transaction, or alone under the lock."""
+    async def _run(self, operation: Callable[[], Awaitable[_T]], *, shared: bool = False) -> _T:
+        """Run `operation` inside this task's transaction; else, if `shared` and no
+        transaction holds or awaits the connection, at once; else alone under the lock."""
         try:
             if self._in_transaction():
                 return await operation()
+            if shared and not self._lock.locked():
+                return await self._send(operation)
             async with self._lock:
-                if self._closed:
-                    raise StoreError(f"{self._path}: the database is already closed")
-                return await operation()
+                await self._idle.wait()
+                return await self._send(operation)
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
+
+    async def _send(self, operation: Callable[[], Awaitable[_T]]) -> _T:
+        if self._closed:
+            raise StoreError(f"{self._path}: the database is already closed")
+        # Counted from here: `operation` hands its statement to aiosqlite's queue before it
+        # first suspends, so a transaction that finds nothing counted is next in that queue.
+        self._sent += 1
+        self._idle.clear()
+        try:
+            return await operation()
+        finally:
+            self._sent -= 1
+            if not self._sent:
+                self._idle.set()
 
     async def _probe(self) -> None:
         """Read the header and schema, writing nothing, before anything else touches the file."""
