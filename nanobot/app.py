@@ -27,7 +27,7 @@ from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Notify, Origin, Subagents, SubagentSettings, subagent_tools
 from nanobot.bus.events import ChatRef
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import Channel, InboxPolicy, IntakeFn, Progress
+from nanobot.channels.base import Channel, InboxPolicy, IntakeFn, Progress, Streams
 from nanobot.channels.manager import ChannelManager
 from nanobot.config import Config
 from nanobot.cron.jobs import Jobs
@@ -243,7 +243,14 @@ async def _serve(config: Config) -> int:
             logger.debug("pruned {} finished journal rows", pruned)
         gate = Gate(_channel_rules(config), Access(parts.db), journal, bus)
         manager = ChannelManager(
-            build_channels(config, gate, journal.parts_sent),
+            build_channels(
+                config,
+                gate,
+                journal.parts_sent,
+                Streams(
+                    await journal.open_streams(), journal.stream_started, journal.stream_finished
+                ),
+            ),
             bus,
             confirm=journal.delivered,
             failed=journal.attempt_failed,
@@ -340,10 +347,14 @@ def _channel_rules(config: Config) -> dict[str, ChannelRules]:
 
 
 def build_channels(
-    config: Config, intake: IntakeFn, progress: Progress | None = None
+    config: Config,
+    intake: IntakeFn,
+    progress: Progress | None = None,
+    streams: Streams | None = None,
 ) -> list[Channel]:
     """The enabled chat channels (their libraries are imported only when enabled).
-    `progress` keeps the outbox told how much of a long reply is out."""
+    `progress` keeps the outbox told how much of a long reply is out, `streams` which
+    message shows each reply being streamed."""
     channels: list[Channel] = []
     inbox = config.workspace_path / "inbox"
     telegram = config.channels.telegram
@@ -351,13 +362,15 @@ def build_channels(
         from nanobot.channels.telegram import TelegramChannel
 
         policy = InboxPolicy(inbox, int(telegram.max_file_mb * 1024 * 1024))
-        channels.append(TelegramChannel(telegram, intake, policy, progress=progress))
+        channels.append(
+            TelegramChannel(telegram, intake, policy, progress=progress, streams=streams)
+        )
     discord = config.channels.discord
     if discord.enabled:
         from nanobot.channels.discord import DiscordChannel
 
         policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024))
-        channels.append(DiscordChannel(discord, intake, policy, progress=progress))
+        channels.append(DiscordChannel(discord, intake, policy, progress=progress, streams=streams))
     return channels
 
 

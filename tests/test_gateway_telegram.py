@@ -286,6 +286,34 @@ async def test_a_restart_between_the_parts_of_a_long_reply_sends_only_the_rest(
     assert await process.stop() == 0
 
 
+async def test_a_reply_cut_off_mid_stream_is_finished_in_its_message_after_a_restart(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    answer = " ".join(f"word{i}" for i in range(40))
+    fake_llm.script(Text(answer), Text(answer))  # the first is cut off, the second finishes
+    fake_llm.chunk_delay = 0.2  # eight seconds of streaming: the reply shows while written
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram connected")
+    telegram.user_message(ALICE, "tell me", user_id=ALICE)
+    await telegram.wait_for_sent(1, ALICE, seconds=30)
+    await telegram.wait_for(lambda: bool(telegram.calls("editMessageText")), seconds=30)
+    await process.kill()  # an edit went out: the stream's message was recorded before it
+    (partial,) = telegram.sent(ALICE)
+    assert partial.visible != answer
+
+    fake_llm.chunk_delay = 0.0
+    await process.start(ready="telegram connected")
+    await telegram.wait_for(
+        lambda: any(m.visible == answer for m in telegram.sent(ALICE)), seconds=30
+    )
+    await asyncio.sleep(1)
+    (final,) = telegram.sent(ALICE)  # the cut-off message now shows the whole reply
+    assert (final.message_id, final.visible) == (partial.message_id, answer)
+    assert await process.stop() == 0
+
+
 async def nanobot_cli(gateway: GatewayProcess, *args: str) -> str:
     process = await asyncio.create_subprocess_exec(
         sys.executable,

@@ -9,7 +9,7 @@ import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import closing
-from datetime import UTC
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -402,6 +402,27 @@ async def test_statements_sent_at_once_keep_counts_and_transactions_exact(db: Da
     results = await asyncio.gather(*work)
     assert [r for r in results if r is not None] == [1] * 20
     assert tuple(await db.fetchone("SELECT count(*), min(k) FROM t") or ()) == (201, 0)
+
+
+async def test_streams_are_remembered_until_finished_and_pruned_when_stale(db: Database) -> None:
+    journal = Journal(db)
+    await journal.stream_started("telegram-7", 41)
+    await journal.stream_started("telegram-7", 42)  # posted again: the newer message counts
+    await journal.stream_started("discord-8", 99)
+    assert await journal.open_streams() == {"telegram-7": 42, "discord-8": 99}
+    await journal.stream_finished("discord-8")
+    await journal.stream_finished("never-started")
+    assert await journal.open_streams() == {"telegram-7": 42}
+    # Pruning forgets finished journal rows and streams older than the window, nothing else.
+    inbound = await journal.accept("telegram", "m1", {"text": "hi"})
+    assert inbound is not None
+    await journal.complete([inbound], ("telegram", {"text": "hello"}))
+    pending = await journal.accept("telegram", "m2", {"text": "still owed"})
+    assert await journal.prune(timedelta(days=7)) == 0
+    assert await journal.prune(timedelta(seconds=-1)) == 2  # the answered message, the stream
+    assert await journal.open_streams() == {}
+    assert [p.id for p in await journal.pending_inbound()] == [pending]
+    assert [o.message for o in await journal.pending_outbox()] == [{"text": "hello"}]
 
 
 async def test_stats_count_sessions_entries_and_bytes(db: Database, store: SessionStore) -> None:

@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 from loguru import logger
 
 from nanobot.bus.events import ChatRef, OutboundMessage, StreamUpdate
-from nanobot.channels.base import DeliveryError, Progress
+from nanobot.channels.base import DeliveryError, Progress, Streams
 
 KEEP = 64  # streams, finished streams and partly sent replies remembered, of each
 
@@ -59,6 +59,10 @@ class Replies:
     Stream updates go out through `best_effort`, which may give up sooner than `outlet` (the
     next update, or the final message, tries again); by default they share `outlet`.
 
+    With `streams`, a stream's message is stored when it is posted and forgotten once the
+    final message is out; a stream open before a restart (`streams.open`) is edited, by its
+    later updates and by its final message, as if it had been posted here.
+
     Holds no tasks. Cancelling `send` leaves it resumable like a failure (the part in flight
     may go out twice). Memory is bounded: at most `KEEP` of each kind of entry.
     """
@@ -72,8 +76,11 @@ class Replies:
         name: str,
         best_effort: Outlet | None = None,
         progress: Progress | None = None,
+        streams: Streams | None = None,
     ) -> None:
         self._outlet = outlet
+        self._log = streams
+        self._recovered: dict[str, int] = dict(streams.open) if streams else {}
         self._on_parts = progress
         self._best_effort = best_effort or outlet
         self._split = split
@@ -88,7 +95,7 @@ class Replies:
         parts = self._split(item.text)
         entry = self._progress.get(id(item))
         done = entry[1] if entry is not None and entry[0] is item else item.parts_sent
-        stream = self._streams.get(item.stream_id) if item.stream_id else None
+        stream = self._open_stream(item.stream_id, 0.0) if item.stream_id else None
         for index in range(done, len(parts)):
             first = index == 0
             edited = (
@@ -104,6 +111,30 @@ class Replies:
         if item.stream_id:
             self._streams.pop(item.stream_id, None)
             _remember(self._finished, item.stream_id, None)
+            if stream is not None:
+                await self._store(item.stream_id, None)
+
+    def _open_stream(self, stream_id: str, at: float) -> _Stream | None:
+        """The stream's state: from this run, else from before a restart (taken over)."""
+        state = self._streams.get(stream_id)
+        if state is None and stream_id in self._recovered:
+            state = _Stream(self._recovered.pop(stream_id), "", at)
+            _remember(self._streams, stream_id, state)
+        return state
+
+    async def _store(self, stream_id: str, message_id: int | None) -> None:
+        """Store (or, with None, forget) a stream's message; best effort."""
+        if self._log is None:
+            return
+        try:
+            if message_id is None:
+                await self._log.finished(stream_id)
+            else:
+                await self._log.started(stream_id, message_id)
+        except Exception:  # noqa: BLE001 - at worst a restart posts the reply anew
+            logger.opt(exception=True).warning(
+                "{}: could not record stream {}", self._name, stream_id
+            )
 
     async def _record(self, item: OutboundMessage, parts: int) -> None:
         if self._on_parts is None or item.outbox_id is None:
@@ -140,11 +171,12 @@ class Replies:
         if not parts:
             return
         now = asyncio.get_running_loop().time()
-        state = self._streams.get(update.stream_id)
+        state = self._open_stream(update.stream_id, now - self._interval)
         try:
             if state is None:
                 sent = await self._best_effort.send(update.chat, parts[0], reply_to=update.reply_to)
                 _remember(self._streams, update.stream_id, _Stream(sent, parts[0], now))
+                await self._store(update.stream_id, sent)
             elif state.message_id is not None and state.shown != parts[0]:
                 if now - state.at < self._interval:
                     return  # the final message is exact; skipped updates are not missed

@@ -38,6 +38,22 @@ Progress = Callable[[int, int], Awaitable[None]]
 a restart sends only the rest. A failure is logged: at worst those parts are sent again."""
 
 
+@dataclass(frozen=True, slots=True)
+class Streams:
+    """Where a channel keeps the platform message showing each reply it streams, until the
+    reply's final text is out: after a crash mid-stream, the final text (sent after the
+    restart) then replaces that message instead of following it.
+
+    `open`: stream id → message id, as stored when the channel was built. `started` and
+    `finished` store and forget one; a failure of either is logged, and at worst the reply
+    comes as a new message.
+    """
+
+    open: dict[str, int]
+    started: Callable[[str, int], Awaitable[None]]
+    finished: Callable[[str], Awaitable[None]]
+
+
 class DeliveryError(Exception):
     """A message could not be delivered after the channel's own retries."""
 

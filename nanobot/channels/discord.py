@@ -56,6 +56,7 @@ from nanobot.channels.base import (
     Intake,
     IntakeFn,
     Progress,
+    Streams,
 )
 from nanobot.channels.render import split_discord
 from nanobot.errors import ConfigError
@@ -142,6 +143,7 @@ class DiscordChannel(Channel):
         typing_interval: float = TYPING_INTERVAL,
         typing_delay: float = TYPING_DELAY,
         progress: Progress | None = None,
+        streams: Streams | None = None,
         guild_ready_timeout: float = GUILD_READY_TIMEOUT,
     ) -> None:
         super().__init__(intake)
@@ -155,6 +157,7 @@ class DiscordChannel(Channel):
             interval=stream_interval,
             name=self.name,
             progress=progress,
+            streams=streams,
         )
         self._typing = TypingIndicator(
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name

@@ -48,6 +48,7 @@ from nanobot.channels.base import (
     Intake,
     IntakeFn,
     Progress,
+    Streams,
 )
 from nanobot.channels.render import split_telegram, telegram_html
 from nanobot.errors import ConfigError
@@ -116,6 +117,7 @@ class TelegramChannel(Channel):
         typing_interval: float = TYPING_INTERVAL,
         typing_delay: float = TYPING_DELAY,
         progress: Progress | None = None,
+        streams: Streams | None = None,
         poll_timeout: int = POLL_TIMEOUT,
     ) -> None:
         super().__init__(intake)
@@ -129,6 +131,7 @@ class TelegramChannel(Channel):
             name=self.name,
             best_effort=_Outlet(self._sender, ONCE),  # a stream update is tried once
             progress=progress,
+            streams=streams,
         )
         self._typing = TypingIndicator(
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name

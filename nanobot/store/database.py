@@ -126,6 +126,14 @@ class Database:
 
         return await self._run(run)
 
+    async def write(self, sql: str, params: Sequence[SqlValue] = ()) -> None:
+        """Run one statement whose rows and count are not needed.
+
+        Like `fetchall`, it does not wait for other statements outside transactions, where
+        `execute` (which must count) does.
+        """
+        await self.fetchall(sql, params)
+
     async def fetchall(self, sql: str, params: Sequence[SqlValue] = ()) -> list[sqlite3.Row]:
         """Run one statement and return all its rows (columns by index or by name)."""
 

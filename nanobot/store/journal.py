@@ -109,13 +109,13 @@ class Journal:
 
     async def parts_sent(self, outbox_id: int, parts: int) -> None:
         """Record that the first `parts` parts of a long reply are on the platform."""
-        await self._db.execute(
+        await self._db.write(
             "UPDATE outbox SET parts_sent = ? WHERE id = ? AND state = 'pending'",
             (parts, outbox_id),
         )
 
     async def delivered(self, outbox_id: int) -> None:
-        await self._db.execute(
+        await self._db.write(
             "UPDATE outbox SET state = 'delivered', delivered_at = ? WHERE id = ?",
             (_now(), outbox_id),
         )
@@ -127,6 +127,24 @@ class Journal:
             (error[:500], outbox_id),
         )
 
+    async def stream_started(self, stream_id: str, message_id: int) -> None:
+        """Record the platform message that shows stream `stream_id` while it is written."""
+        await self._db.write(
+            "INSERT INTO streams (stream_id, message_id, created_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (stream_id) DO UPDATE SET message_id = excluded.message_id",
+            (stream_id, message_id, _now()),
+        )
+
+    async def stream_finished(self, stream_id: str) -> None:
+        """Forget stream `stream_id`: its final text is out."""
+        await self._db.write("DELETE FROM streams WHERE stream_id = ?", (stream_id,))
+
+    async def open_streams(self) -> dict[str, int]:
+        """Streams whose message is on the platform and whose final text is not: stream id
+        to platform message id."""
+        rows = await self._db.fetchall("SELECT stream_id, message_id FROM streams")
+        return {str(r["stream_id"]): int(r["message_id"]) for r in rows}
+
     async def prune(self, older_than: timedelta) -> int:
         """Forget finished rows older than `older_than` (the dedupe window); returns how many."""
         cutoff = _format(datetime.now(UTC) - older_than)
@@ -137,7 +155,9 @@ class Journal:
             outbox = await self._db.execute(
                 "DELETE FROM outbox WHERE state = 'delivered' AND created_at < ?", (cutoff,)
             )
-        return inbound + outbox
+            # A stream whose reply never came (its turn was lost) leaves a message behind.
+            streams = await self._db.execute("DELETE FROM streams WHERE created_at < ?", (cutoff,))
+        return inbound + outbox + streams
 
 
 def _encode(record: Record) -> str:

@@ -144,6 +144,15 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE outbox ADD COLUMN parts_sent INTEGER NOT NULL DEFAULT 0;
     """,
+    # 6: the platform message showing a reply while it streams, until the reply is out, so
+    # after a restart the final text replaces it instead of following it.
+    """
+    CREATE TABLE streams (
+        stream_id TEXT PRIMARY KEY,
+        message_id INTEGER NOT NULL,
+        created_at TEXT NOT NULL
+    );
+    """,
 )
 
 
