@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
 from nanobot.channels._discord_inbound import is_addressed, text_for_agent
-from nanobot.channels.base import DeliveryError, InboxPolicy, Intake
+from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, Streams
 from nanobot.channels.discord import DiscordChannel
 from nanobot.channels.render import split_discord
 from nanobot.config import DiscordConfig
@@ -110,6 +110,7 @@ def make_channel(
     *,
     token: str = TOKEN,
     group_policy: Literal["mention", "open", "disabled"] = "mention",
+    streams: Streams | None = None,
 ) -> DiscordChannel:
     config = DiscordConfig(
         enabled=True,
@@ -125,6 +126,7 @@ def make_channel(
         stream_interval=0.2,
         typing_interval=0.1,
         guild_ready_timeout=0.05,
+        streams=streams,
     )
 
 
@@ -511,6 +513,38 @@ async def test_streaming_edits_then_exact_final(
     assert rest.content == parts[1] and rest.reply_to is None
     await channel.deliver(StreamUpdate(chat, stream, "late", reply_to=asked))
     assert len(fake.sent()) == 2 and first.content == parts[0]
+
+
+async def test_a_stream_open_before_a_restart_is_taken_over_and_finished_in_place(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    chat = world.chat(world.channel)
+    asked = str(fake.user_message(world.channel, "tell me", mentions_bot=True))
+    log: dict[str, int] = {}
+
+    async def started(stream_id: str, message_id: int) -> None:
+        log[stream_id] = message_id
+
+    async def finished(stream_id: str) -> None:
+        del log[stream_id]
+
+    first = make_channel(fake, intake, inbox, streams=Streams({}, started, finished))
+    async with running(first):
+        await first.deliver(StreamUpdate(chat, "s-9", "Once", reply_to=asked))
+    [shown] = fake.sent(world.channel)
+    assert log == {"s-9": shown.id}  # the process dies here, before the final message
+
+    again = make_channel(fake, intake, inbox, streams=Streams(dict(log), started, finished))
+    async with running(again):
+        await again.deliver(StreamUpdate(chat, "s-9", "Once upon", reply_to=asked))
+        await again.deliver(OutboundMessage(chat, "Once upon a time.", stream_id="s-9"))
+    [final] = fake.sent(world.channel)
+    assert (final.id, final.content, final.edits) == (
+        shown.id,
+        "Once upon a time.",
+        ["Once upon", "Once upon a time."],
+    )
+    assert log == {}
 
 
 async def test_stream_updates_never_raise(
