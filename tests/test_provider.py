@@ -6,6 +6,7 @@ import json
 import socket
 
 import pytest
+from aiohttp import web
 
 from nanobot.app import build_provider
 from nanobot.config import AgentConfig, Config
@@ -149,6 +150,34 @@ async def test_fallback_after_auth_failure(fake_llm: FakeLLM) -> None:
     fake_llm.script_for("backup-model", Text("ok"))
     completion = await provider(fake_llm, fallbacks=["openai/backup-model"]).complete(MESSAGES)
     assert completion.content == "ok"
+
+
+async def test_a_fallback_of_another_provider_gets_neither_our_key_nor_our_server(
+    fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    async def anthropic(request: web.Request) -> web.Response:
+        seen.append((request.path, request.headers.get("x-api-key")))
+        return web.json_response({"type": "error", "error": {"message": "no"}}, status=401)
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", anthropic)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        monkeypatch.setenv("ANTHROPIC_API_BASE", f"http://127.0.0.1:{runner.addresses[0][1]}")
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-own")
+        fake_llm.script_for("fake-model", AuthError())
+        llm = provider(fake_llm, fallbacks=["anthropic/claude-3-5-haiku-20241022"])
+        with pytest.raises(ProviderError) as info:
+            await llm.complete(MESSAGES)
+    finally:
+        await runner.cleanup()
+    assert info.value.model == "anthropic/claude-3-5-haiku-20241022"
+    assert [r.model for r in fake_llm.requests] == ["fake-model"]  # not our server
+    assert seen == [("/v1/messages", "sk-ant-own")]  # its own key, not "sk-test"
 
 
 async def test_no_fallback_for_context_overflow(fake_llm: FakeLLM) -> None:

@@ -198,10 +198,11 @@ class LiteLLMProvider:
         }
         if tools:
             kwargs["tools"] = list(tools)
-        if self._api_key:
-            kwargs["api_key"] = self._api_key
-        if self._api_base:
-            kwargs["api_base"] = self._api_base
+        if self._own_endpoint(model):
+            if self._api_key:
+                kwargs["api_key"] = self._api_key
+            if self._api_base:
+                kwargs["api_base"] = self._api_base
         stream = await litellm.acompletion(**kwargs)
         assembler = Assembler(on_delta)
         try:
@@ -210,6 +211,12 @@ class LiteLLMProvider:
         finally:
             await _close(stream)
         return assembler.result(model, self._cost(model, assembler.usage))
+
+    def _own_endpoint(self, model: str) -> bool:
+        """Whether `model` is reached with the configured key and base: the primary model's
+        provider's. A fallback of another provider uses that provider's own (its usual
+        environment variables): never the primary's key, nor its server."""
+        return model == self._model or _provider(model) == _provider(self._model)
 
     def _cost(self, model: str, usage: Usage) -> Usage:
         if model in self._unpriced:
@@ -249,6 +256,15 @@ class LiteLLMProvider:
                 model=self._model, messages=list(messages), custom_tokenizer=self._tokenizer
             )
         )
+
+
+@cache
+def _provider(model: str) -> str:
+    """litellm's provider of `model` ("openai" for "gpt-4o" too); else its prefix."""
+    try:
+        return str(_litellm().get_llm_provider(model)[1])
+    except Exception:  # noqa: BLE001 - litellm raises for ids it cannot place
+        return model.split("/", 1)[0] if "/" in model else ""
 
 
 def model_info(model: str) -> Mapping[str, Any] | None:
