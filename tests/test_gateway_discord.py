@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,21 @@ def config(
     return settings
 
 
+@asynccontextmanager
+async def running(
+    root: Path, llm: FakeLLM, telegram: FakeTelegram, discord: FakeDiscord
+) -> AsyncIterator[GatewayProcess]:
+    """The gateway with both platforms, once Discord is connected; stopped (exit 0) after."""
+    process = GatewayProcess(root, config(root, llm, telegram, discord), dict(os.environ))
+    await process.start(ready="gateway started")
+    try:
+        await process.wait_log("discord connected", seconds=60)
+        await discord.wait_for_ready()
+        yield process
+    finally:
+        assert await process.stop(signal.SIGTERM) == 0
+
+
 async def expect(discord: FakeDiscord, channel: int, texts: list[str]) -> None:
     """Wait until the bot's messages in `channel` (after edits) read exactly `texts`."""
 
@@ -66,15 +82,8 @@ async def test_both_platforms_in_one_gateway(
     thread = discord.add_thread(general, "plans")
     discord.add_user("ada", user_id=ADA)
     dm = discord.dm_channel(ADA)
-    process = GatewayProcess(
-        tmp_path, config(tmp_path, fake_llm, telegram, discord), dict(os.environ)
-    )
-    await process.start(ready="gateway started")
-    try:
-        await process.wait_log("discord connected", seconds=60)
+    async with running(tmp_path, fake_llm, telegram, discord) as process:
         await process.wait_log("telegram connected", seconds=60)
-        await discord.wait_for_ready()
-
         fake_llm.default_reply = Text("Hello from nanobot.")
         discord.user_message(dm, "hi in a DM", user_id=ADA)
         await expect(discord, dm, ["Hello from nanobot."])
@@ -99,8 +108,6 @@ async def test_both_platforms_in_one_gateway(
         assert not last.mention_everyone
         assert last.mentions in ([], [ADA])  # at most the person replied to
         assert "discord-bot-token-secret" not in process.log()
-    finally:
-        assert await process.stop(signal.SIGTERM) == 0
 
 
 async def test_a_discord_message_that_arrives_while_stopping_is_answered_after_the_restart(
@@ -109,13 +116,7 @@ async def test_a_discord_message_that_arrives_while_stopping_is_answered_after_t
     # Discord never delivers a message twice: the gateway keeps it in the journal.
     discord.add_user("ada", user_id=ADA)
     dm = discord.dm_channel(ADA)
-    process = GatewayProcess(
-        tmp_path, config(tmp_path, fake_llm, telegram, discord), dict(os.environ)
-    )
-    await process.start(ready="gateway started")
-    try:
-        await process.wait_log("discord connected", seconds=60)
-        await discord.wait_for_ready()
+    async with running(tmp_path, fake_llm, telegram, discord) as process:
         fake_llm.script(Text("Finished before leaving.", delay=2.0))
         discord.user_message(dm, "a long one", user_id=ADA)
         await fake_llm.wait_for_requests(1, seconds=30)
@@ -132,5 +133,3 @@ async def test_a_discord_message_that_arrives_while_stopping_is_answered_after_t
         await process.start(ready="gateway started")
         await expect(discord, dm, ["Finished before leaving.", "Answered after the restart."])
         assert "one more thing" in str(fake_llm.requests[-1].messages[-1]["content"])
-    finally:
-        assert await process.stop(signal.SIGTERM) == 0

@@ -33,6 +33,7 @@ from tests.fakes.llm import (
     Text,
     ToolCalls,
 )
+from tests.local_http import serving
 from tests.test_provider import FAST, MESSAGES, READ_FILE
 
 NO_RETRY = RetryPolicy(attempts=0)
@@ -78,13 +79,8 @@ async def raw_server(*writes: bytes) -> AsyncIterator[tuple[str, list[int]]]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1", received
-    finally:
-        await runner.cleanup()
+    async with serving(app) as base:
+        yield f"{base}/v1", received
 
 
 def sse(*chunks: dict[str, Any]) -> list[bytes]:

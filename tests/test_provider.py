@@ -27,6 +27,7 @@ from tests.fakes.llm import (
     Text,
     ToolCalls,
 )
+from tests.local_http import serving
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
 READ_FILE = {
@@ -163,18 +164,13 @@ async def test_a_fallback_of_another_provider_gets_neither_our_key_nor_our_serve
 
     app = web.Application()
     app.router.add_post("/v1/messages", anthropic)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        monkeypatch.setenv("ANTHROPIC_API_BASE", f"http://127.0.0.1:{runner.addresses[0][1]}")
+    async with serving(app) as base:
+        monkeypatch.setenv("ANTHROPIC_API_BASE", base)
         monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-own")
         fake_llm.script_for("fake-model", AuthError())
         llm = provider(fake_llm, fallbacks=["anthropic/claude-3-5-haiku-20241022"])
         with pytest.raises(ProviderError) as info:
             await llm.complete(MESSAGES)
-    finally:
-        await runner.cleanup()
     assert info.value.model == "anthropic/claude-3-5-haiku-20241022"
     assert [r.model for r in fake_llm.requests] == ["fake-model"]  # not our server
     assert seen == [("/v1/messages", "sk-ant-own")]  # its own key, not "sk-test"
