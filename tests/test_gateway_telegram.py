@@ -98,6 +98,25 @@ async def test_answers_a_private_message(
     assert "sk-test-secret-key-123456" not in gateway.log()
 
 
+async def test_start_up_loads_the_model_before_taking_messages(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    # litellm takes seconds to import: loaded lazily, it would stall the first turn and
+    # every chat with it. The heap start-up built is then left out of garbage collection.
+    config = gateway_config(tmp_path, fake_llm, telegram) | {"log": {"level": "DEBUG"}}
+    process = GatewayProcess(tmp_path, config, dict(os.environ))
+    await process.start(ready="telegram connected")
+    try:
+        lines = ("calls go directly", "start-up heap frozen", "gateway started")
+        ready, frozen, started = [await process.wait_log(line, seconds=1) for line in lines]
+        assert ready < frozen < started
+        fake_llm.script(Text("ready"))
+        telegram.user_message(ALICE, "hi", user_id=ALICE)
+        assert await replies(telegram, ALICE, 1) == ["ready"]
+    finally:
+        await process.stop(signal.SIGKILL)
+
+
 async def test_a_slow_chat_does_not_delay_another(
     gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
 ) -> None:

@@ -13,7 +13,7 @@ from nanobot.config import AgentConfig, Config
 from nanobot.errors import ProviderError
 from nanobot.providers import Delta, TextDelta, ToolCallDelta
 from nanobot.providers._stream import retry_after
-from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy, _litellm
 from nanobot.providers.openai_direct import DirectOpenAIProvider
 from tests.fakes.llm import (
     AuthError,
@@ -261,6 +261,22 @@ def test_context_window_and_token_count() -> None:
     assert LiteLLMProvider("openai/gpt-4o-mini").context_window() > 100_000
     count = LiteLLMProvider("openai/gpt-4o-mini").count_tokens(MESSAGES)
     assert 3 < count < 50
+
+
+def test_prepare_loads_what_the_first_turn_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = LiteLLMProvider("openai/gpt-4o-mini")
+    provider.prepare()
+    litellm = _litellm()
+
+    def looked_up_again(*args: object, **kwargs: object) -> None:
+        raise AssertionError("prepare() should have looked this up")
+
+    for name in ("get_model_info", "supports_vision"):
+        monkeypatch.setattr(litellm, name, looked_up_again)
+    monkeypatch.setattr(litellm.utils, "_select_tokenizer", looked_up_again)
+    assert provider.context_window() > 100_000
+    assert provider.supports_vision() is True
+    assert 3 < provider.count_tokens(MESSAGES) < 50
 
 
 @pytest.mark.parametrize(

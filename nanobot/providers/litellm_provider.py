@@ -245,6 +245,17 @@ class LiteLLMProvider:
                 self._vision = False
         return self._vision
 
+    def prepare(self) -> None:
+        """Load now what the first turn would otherwise load: litellm (seconds to import),
+        the model's tokenizer, context window and vision support.
+
+        Blocking, so run it in a thread: done lazily, on the event loop in the middle of the
+        first turn, it would stall every chat for as long. Idempotent.
+        """
+        self.count_tokens([])
+        self.context_window()
+        self.supports_vision()
+
     def count_tokens(self, messages: Sequence[Message]) -> int:
         litellm = _litellm()
         if self._tokenizer is None:

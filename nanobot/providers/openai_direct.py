@@ -73,6 +73,12 @@ class DirectOpenAIProvider(LiteLLMProvider):
         if session is not None:
             await session.close()
 
+    def prepare(self) -> None:
+        """See `LiteLLMProvider.prepare`; also decides (and logs) which way the primary
+        model's calls go."""
+        super().prepare()
+        self.goes_direct(self._model)
+
     def goes_direct(self, model: str) -> bool:
         """Whether calls to `model` bypass litellm: always, unless built with `auto`; then
         only for an `openai/` model whose parameters litellm would send unchanged (not, for
