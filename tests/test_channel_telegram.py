@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dtm
 import itertools
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,6 +30,7 @@ from tests.fakes.telegram import (
     DEFAULT_TOKEN,
     ApiError,
     FakeTelegram,
+    Garbled,
     Origin,
     RateLimited,
     ServerError,
@@ -402,6 +405,17 @@ async def test_server_errors_are_retried_then_given_up(
     assert len(fake.calls("sendMessage")) == 3 + 4 + 1  # no retry
 
 
+async def test_a_send_answered_with_no_message_is_a_clear_delivery_error(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    for answer in (True, {"chat": {"id": USER}}, {"message_id": "7"}):
+        fake.fail_next("sendMessage", Garbled(answer))
+        with pytest.raises(DeliveryError, match=r"sendMessage: Telegram answered .*not a message"):
+            await channel.deliver(OutboundMessage(CHAT, "hello"))
+    await channel.deliver(OutboundMessage(CHAT, "hello again"))
+    assert [m.visible for m in fake.sent(USER)] == ["hello again"]
+
+
 async def test_a_retried_delivery_resumes_after_the_sent_chunks(
     channel: TelegramChannel, fake: FakeTelegram
 ) -> None:
@@ -551,3 +565,20 @@ async def test_one_chats_slow_intake_does_not_hold_up_another_nor_is_confirmed_e
         await intake.wait(3)
         assert intake.messages[2].text == "after slow, same chat"
         await fake.wait_for(lambda: not fake.pending_updates)
+
+
+def test_the_raw_send_does_not_warn_outside_tests() -> None:
+    # pytest resets warning filters for every test, so the module's filter is checked in a
+    # fresh interpreter, where every other warning would be an error.
+    code = (
+        "import warnings\n"
+        "from telegram.warnings import PTBUserWarning\n"
+        "import nanobot.channels._telegram_send\n"
+        "for method in ('sendMessage', 'editMessageText'):\n"
+        "    warnings.warn(f\"Please use 'Bot.{method}' instead of 'Bot.do_api_request(...)'\","
+        " PTBUserWarning)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stderr) == (0, "")

@@ -39,6 +39,7 @@ from tests.fakes.telegram import (
     ApiError,
     Disconnect,
     FakeTelegram,
+    Garbled,
     Hang,
     RateLimited,
     ServerError,
@@ -213,6 +214,12 @@ async def test_slow_answer_times_out_after_sending(bot: Bot, fake: FakeTelegram)
     with pytest.raises(TimedOut):
         await bot.send_message(CHAT, "maybe", read_timeout=0.3)
     assert [m.visible for m in fake.sent()] == ["maybe"]  # a retry would duplicate it
+
+
+async def test_garbled_answer_is_ok_but_not_performed(bot: Bot, fake: FakeTelegram) -> None:
+    fake.fail_next("sendMessage", Garbled({"odd": 1}))
+    assert await bot.do_api_request("sendMessage", {"chat_id": CHAT, "text": "x"}) == {"odd": 1}
+    assert fake.sent() == []
 
 
 async def test_a_token_other_than_the_first_is_unauthorized(bot: Bot, fake: FakeTelegram) -> None:

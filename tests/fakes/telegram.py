@@ -128,8 +128,16 @@ class Slow(Fault):
     seconds: float = 10.0
 
 
+@dataclass(frozen=True)
+class Garbled(Fault):
+    """Answer ``{"ok": true, "result": result}`` without performing the method: a reply of
+    the wrong shape (the default, ``true``, where a message was due)."""
+
+    result: Any = True
+
+
 _FAULTS: dict[str, type[Fault]] = {
-    k.__name__: k for k in (RateLimited, ServerError, ApiError, Hang, Disconnect, Slow)
+    k.__name__: k for k in (RateLimited, ServerError, ApiError, Hang, Disconnect, Slow, Garbled)
 }
 
 
@@ -687,6 +695,8 @@ class FakeTelegram:
                 return _error(status, names.get(status, "Service Unavailable"))
             case ApiError(status=status, description=description):
                 return _error(status, description)
+            case Garbled(result=result):
+                return web.json_response({"ok": True, "result": result})
             case Hang():
                 await self._stopping.wait()
         return self._abort(request) if isinstance(fault, Hang | Disconnect) else None
