@@ -145,6 +145,9 @@ class _Recorder:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
+    def prepare(self) -> None:
+        self.inner.prepare()
+
     async def complete(
         self,
         messages: Sequence[Message],
