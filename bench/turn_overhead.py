@@ -885,7 +885,6 @@ _OWNERS = (
         (package, HTTP)
         for package in ("httpx", "httpcore", "anyio", "h11", "aiohttp", "yarl", "multidict")
     ),
-    ("aiosqlite", "aiosqlite (main-thread side)"),
 )
 IDLE = "idle: event loop waiting (fake server, SQLite thread)"
 LOOP = "asyncio event loop"
@@ -1087,9 +1086,7 @@ async def _micro(b: _Bench, profile: pstats.Stats, turns: int) -> list[Micro]:
     def per_turn(path_end: str, name: str) -> float:
         return ncalls(profile, path_end, name) / turns
 
-    round_trips = per_turn("aiosqlite/core.py", "set_result") + per_turn(
-        "aiosqlite/core.py", "set_exception"
-    )
+    round_trips = per_turn("nanobot/store/database.py", "submit")
     async with await Database.open(config.state_db_path) as db:
         select = await _median_us_async(lambda: db.fetchone("SELECT 1"))
         store = SessionStore(db)
@@ -1103,12 +1100,12 @@ async def _micro(b: _Bench, profile: pstats.Stats, turns: int) -> list[Micro]:
             per_turn("nanobot/tools/registry.py", "schemas"),
         ),
         Micro(
-            "SQLite statement via aiosqlite's thread (`SELECT 1` round trip)",
+            "SQLite statement via the store's thread (`SELECT 1` round trip)",
             select,
             round_trips,
         ),
         Micro(
-            "SessionStore.append(1 entry): BEGIN IMMEDIATE, INSERT … RETURNING, COMMIT",
+            "SessionStore.append(1 entry): BEGIN IMMEDIATE, INSERT … RETURNING, COMMIT (one trip)",
             append,
             per_turn("nanobot/store/sessions.py", "_encode"),
         ),

@@ -29,7 +29,7 @@ REDACTED = "***"
 _SECRET_SHAPES = re.compile(
     r"(?P<key>\bsk-[A-Za-z0-9_\-]{8,})|(?P<bot>(?<=/bot)\d{5,}:[A-Za-z0-9_\-]{20,})"
 )
-_NOISY_LIBRARIES = ("httpx", "httpcore", "telegram", "discord", "LiteLLM", "litellm", "aiosqlite")
+_NOISY_LIBRARIES = ("httpx", "httpcore", "telegram", "discord", "LiteLLM", "litellm")
 
 
 class Redactor:

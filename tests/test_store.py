@@ -297,10 +297,15 @@ async def test_cancelling_a_transaction_that_waits_for_the_lock_leaves_none_open
     db: Database, store: SessionStore
 ) -> None:
     session = await store.live("k")
+
+    async def two() -> None:
+        async with db.transaction():
+            await store.append(session, [message("x")])
+            await store.append(session, [message("y")])
+
     with closing(sqlite3.connect(db.path, timeout=0, isolation_level=None)) as other:
         other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
-        # Two entries: a transaction (one entry is a lone INSERT, atomic without BEGIN).
-        task = asyncio.create_task(store.append(session, [message("x"), message("y")]))
+        task = asyncio.create_task(two())
         await asyncio.sleep(0.2)  # our BEGIN IMMEDIATE is now waiting in the worker thread
         task.cancel()
         other.execute("ROLLBACK")
@@ -308,6 +313,25 @@ async def test_cancelling_a_transaction_that_waits_for_the_lock_leaves_none_open
         await task
     # The abandoned BEGIN then succeeds in the worker thread; it must not stay open.
     assert await store.count(session) == 0
+    with closing(sqlite3.connect(db.path, timeout=0, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+
+
+async def test_a_cancelled_atomic_write_is_whole_or_absent_and_leaves_none_open(
+    db: Database, store: SessionStore
+) -> None:
+    # Sent as one: cancelling the caller does not stop it half-way in the worker thread.
+    session = await store.live("k")
+    with closing(sqlite3.connect(db.path, timeout=0, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")
+        task = asyncio.create_task(store.append(session, [message("x"), message("y")]))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        other.execute("ROLLBACK")
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await store.count(session) in (0, 2)
     with closing(sqlite3.connect(db.path, timeout=0, isolation_level=None)) as other:
         other.execute("BEGIN IMMEDIATE")
         other.execute("ROLLBACK")
@@ -378,9 +402,8 @@ async def test_execute_returns_the_rows_it_changed(db: Database) -> None:
 
 
 async def test_statements_sent_at_once_keep_counts_and_transactions_exact(db: Database) -> None:
-    # Row-returning statements from many tasks go to the thread without waiting for each
-    # other; an `execute` (whose count is the change in total_changes) and a transaction
-    # still run with nothing else in flight.
+    # Statements from many tasks go to the thread without waiting for each other; each
+    # `execute` counts only its own changes, and a transaction sees only its own statements.
     await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
     await db.execute("INSERT INTO t VALUES (0, 'x')")
 
@@ -402,6 +425,78 @@ async def test_statements_sent_at_once_keep_counts_and_transactions_exact(db: Da
     results = await asyncio.gather(*work)
     assert [r for r in results if r is not None] == [1] * 20
     assert tuple(await db.fetchone("SELECT count(*), min(k) FROM t") or ()) == (201, 0)
+
+
+async def test_atomic_returns_each_statements_rows_or_keeps_nothing(db: Database) -> None:
+    await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+    rows = await db.atomic(
+        [
+            ("INSERT INTO t VALUES (1, 'a') RETURNING k", ()),
+            ("INSERT INTO t VALUES (?, ?) RETURNING v", (2, "b")),
+            ("UPDATE t SET v = 'c' WHERE k = 1", ()),
+            ("SELECT k, v FROM t ORDER BY k", ()),
+        ]
+    )
+    assert [[tuple(r) for r in result] for result in rows] == [
+        [(1,)],
+        [("b",)],
+        [],
+        [(1, "c"), (2, "b")],
+    ]
+    with pytest.raises(StoreError, match="NOT NULL"):
+        await db.atomic(
+            [("INSERT INTO t VALUES (3, 'd')", ()), ("INSERT INTO t VALUES (4, NULL)", ())]
+        )
+    assert await db.fetchall("SELECT k FROM t WHERE k > 2") == []  # the first was undone
+    [[row]] = await db.atomic([("INSERT INTO t VALUES (3, 'd') RETURNING k", ())])
+    assert row["k"] == 3
+
+
+async def test_atomic_inside_a_transaction_is_a_savepoint_of_it(db: Database) -> None:
+    await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+    async with db.transaction():
+        await db.execute("INSERT INTO t VALUES (1)")
+        with pytest.raises(StoreError, match="UNIQUE"):
+            await db.atomic([("INSERT INTO t VALUES (2)", ()), ("INSERT INTO t VALUES (1)", ())])
+        await db.atomic([("INSERT INTO t VALUES (3)", ())])
+    assert [r[0] for r in await db.fetchall("SELECT k FROM t ORDER BY k")] == [1, 3]
+
+
+async def test_atomic_waits_for_another_tasks_transaction(db: Database) -> None:
+    await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def writer() -> None:
+        async with db.transaction():
+            await db.execute("INSERT INTO t VALUES (1)")
+            inside.set()
+            await release.wait()
+            await db.execute("DELETE FROM t WHERE k = 1")
+
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(writer())
+        await inside.wait()
+        other = tasks.create_task(db.atomic([("SELECT count(*) FROM t", ())]))
+        await asyncio.sleep(0.05)
+        assert not other.done()
+        release.set()
+    assert other.result()[0][0][0] == 0  # it ran after the transaction, not inside it
+
+
+async def test_close_lets_statements_already_sent_finish(tmp_path: Path) -> None:
+    db = await Database.open(tmp_path / "state.db")
+    await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+    inserts = [
+        asyncio.ensure_future(db.fetchone("INSERT INTO t VALUES (?) RETURNING k", (k,)))
+        for k in range(100)
+    ]
+    await asyncio.sleep(0)  # each task runs to its first wait: its statement is sent
+    await db.close()
+    assert [tuple(row or ()) for row in await asyncio.gather(*inserts)] == [
+        (k,) for k in range(100)
+    ]
+    async with await Database.open(tmp_path / "state.db") as again:
+        assert tuple(await again.fetchone("SELECT count(*) FROM t") or ()) == (100,)
 
 
 async def test_streams_are_remembered_until_finished_and_pruned_when_stale(db: Database) -> None:

@@ -1,17 +1,19 @@
-"""The state database: one SQLite file in WAL mode, reached through one aiosqlite connection.
+"""The state database: one SQLite file in WAL mode, reached through one connection that lives
+in a thread of its own.
 
-aiosqlite runs sqlite3 in its own thread, so no statement blocks the event loop. Several
-processes (the gateway and CLI commands) may use the same file at once: WAL lets readers and
-one writer proceed together, writers wait up to the busy timeout for each other, and every
-multi-statement write is a short `BEGIN IMMEDIATE` transaction.
+The thread runs sqlite3 for the event loop (no statement blocks it): statements queue up and
+run one at a time, in the order they were sent, and their results go back to the loop in
+batches, one wake-up for all that finished together. Several processes (the gateway and CLI
+commands) may use the same file at once: WAL lets readers and one writer proceed together,
+writers wait up to the busy timeout for each other, and every multi-statement write is a
+short `BEGIN IMMEDIATE` transaction.
 
-Within one process the connection is shared by all tasks. A transaction has it to itself:
-it takes a lock, waits for statements already sent to finish, and until it ends every other
-statement waits, so it sees only its own statements and no other task's half-finished
-writes. Reads and single-statement writes that return rows (`fetchall`, `fetchone`) do not
-wait for each other: outside transactions they go to aiosqlite's thread as they come (it
-runs them one at a time, in order), instead of each waiting a round trip through the busy
-event loop for the one before. Which transaction a statement belongs to is carried in a
+Within one process the connection is shared by all tasks. Single statements, and `atomic`
+groups of them (one transaction, sent as one), go to the thread as they come: each runs
+whole before the next, so nothing interleaves with them. A `transaction()` block, whose
+statements the task sends one by one, has the connection to itself: it takes a lock, and
+until it ends every other task's statements wait, so it sees only its own statements and no
+other task's half-finished writes. Which transaction a statement belongs to is carried in a
 ContextVar, so it follows the task into the tasks it starts (`wait_for`, `gather`) instead
 of deadlocking them on the lock.
 """
@@ -20,15 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Self, TypeVar
-
-import aiosqlite
+from typing import Any, Final, Self, TypeVar
 
 from nanobot.errors import StoreError
 from nanobot.store import migrations
@@ -36,7 +38,12 @@ from nanobot.store import migrations
 SqlValue = str | int | float | bytes | None
 """A value that can be bound to a `?` placeholder."""
 
+Statement = tuple[str, Sequence[SqlValue]]
+"""SQL and its parameters."""
+
 BUSY_TIMEOUT_MS: Final = 5000
+# Results go back to the loop at least this often while statements keep coming.
+_SETTLE_EVERY: Final = 64
 
 _T = TypeVar("_T")
 
@@ -50,17 +57,15 @@ class Database:
     Every method raises `StoreError` (naming the file and the reason) when SQLite fails; the
     original `sqlite3.Error` is chained as its cause. A cancelled transaction is rolled back
     (the cancellation completes once it is, which can take up to the busy timeout if it was
-    waiting for the write lock); a cancelled standalone statement may or may not have run.
+    waiting for the write lock); a cancelled standalone statement (or `atomic` group) may or
+    may not have run.
     """
 
-    def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
-        """Wrap an already open connection; use `open()` instead."""
-        self._conn = connection
+    def __init__(self, worker: _Worker, path: Path) -> None:
+        """Wrap a connection's open worker thread; use `open()` instead."""
+        self._worker = worker
         self._path = path
-        self._lock = asyncio.Lock()  # held by a transaction, or an `execute` (see there)
-        self._sent = 0  # statements sent without the lock and not finished
-        self._idle = asyncio.Event()  # set when _sent is 0
-        self._idle.set()
+        self._lock = asyncio.Lock()  # held by a transaction() block for its whole length
         self._active: object | None = None  # token of the transaction in progress
         self._savepoints = 0
         self._closed = False
@@ -80,23 +85,28 @@ class Database:
         truncated or replaced; on failure it is left exactly as it was found.
         """
         path, uri = await asyncio.to_thread(_locate, path)
-        connection = await _connect(path, uri)
-        db = cls(connection, path)
+        try:
+            worker = await _Worker.start(uri)
+        except sqlite3.Error as exc:
+            raise StoreError(_describe(path, exc)) from exc
+        db = cls(worker, path)
         try:
             await db._probe()
             await db._configure()
             await migrations.migrate(db)
         except BaseException:
-            await connection.close()
+            await worker.stop()
             raise
         return db
 
     async def close(self) -> None:
         """Wait for running statements and transactions to finish, then close. Idempotent."""
         async with self._lock:
-            await self._idle.wait()
+            if self._closed:
+                return
             self._closed = True
-            await self._conn.close()
+            # Queued behind every statement already sent, which therefore all complete.
+            await self._worker.stop()
 
     async def __aenter__(self) -> Self:
         return self
@@ -116,31 +126,27 @@ class Database:
         otherwise it commits on its own.
         """
 
-        async def run() -> int:
-            # One trip to aiosqlite's thread instead of two (a cursor needs closing in a
-            # second one). The schema has no triggers, so the change in total_changes is the
-            # statement's rowcount: it runs under the lock, with no other statement sent.
-            before = self._conn.total_changes
-            await self._conn.execute_fetchall(sql, params)
-            return self._conn.total_changes - before
+        def run(conn: sqlite3.Connection) -> int:
+            # The schema has no triggers, so the change in total_changes is the statement's
+            # rowcount (which sqlite3 leaves at -1 for some statements); nothing else runs
+            # on the connection in between.
+            before = conn.total_changes
+            conn.execute(sql, params).fetchall()
+            return conn.total_changes - before
 
         return await self._run(run)
 
     async def write(self, sql: str, params: Sequence[SqlValue] = ()) -> None:
-        """Run one statement whose rows and count are not needed.
-
-        Like `fetchall`, it does not wait for other statements outside transactions, where
-        `execute` (which must count) does.
-        """
+        """Run one statement whose rows and count are not needed."""
         await self.fetchall(sql, params)
 
     async def fetchall(self, sql: str, params: Sequence[SqlValue] = ()) -> list[sqlite3.Row]:
         """Run one statement and return all its rows (columns by index or by name)."""
 
-        async def run() -> list[sqlite3.Row]:
-            return list(await self._conn.execute_fetchall(sql, params))
+        def run(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+            return conn.execute(sql, params).fetchall()
 
-        return await self._run(run, shared=True)
+        return await self._run(run)
 
     async def fetchone(self, sql: str, params: Sequence[SqlValue] = ()) -> sqlite3.Row | None:
         """Run one statement and return its first row, or None if it returned none.
@@ -150,24 +156,52 @@ class Database:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
 
+    async def atomic(self, statements: Sequence[Statement]) -> list[list[sqlite3.Row]]:
+        """Run `statements` as one transaction, sent to the thread as one; returns each
+        statement's rows, in order.
+
+        All or nothing: if one fails, none of them is kept and the error is raised. Unlike a
+        `transaction()` block it never holds the connection while the event loop is busy
+        elsewhere, so prefer it when the statements do not depend on each other's results.
+        Inside `transaction()` (in the same task) it becomes a savepoint of that transaction.
+        """
+        nested = self._in_transaction()
+        begin, end, undo = (
+            ("SAVEPOINT atomic", "RELEASE atomic", ("ROLLBACK TO atomic", "RELEASE atomic"))
+            if nested
+            else ("BEGIN IMMEDIATE", "COMMIT", ("ROLLBACK",))
+        )
+
+        def run(conn: sqlite3.Connection) -> list[list[sqlite3.Row]]:
+            conn.execute(begin)
+            try:
+                rows = [conn.execute(sql, params).fetchall() for sql, params in statements]
+                conn.execute(end)
+            except BaseException:
+                for sql in undo:
+                    _rollback(conn, sql)
+                raise
+            return rows
+
+        return await self._run(run)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         """Make the statements run in the block one atomic write.
 
         Statements from this task, and from tasks it starts inside the block, join the
         transaction; every other task's statements wait until the block ends, so keep it
-        short. Starts with `BEGIN IMMEDIATE`: the write lock is taken up front (waiting up
-        to the busy timeout for other processes), so the transaction never fails half-way
-        for want of it. Commits when the block ends; rolls back if the block raises or is
-        cancelled before the commit. Nested blocks become savepoints: an inner block that
-        raises undoes only its own statements.
+        short (and see `atomic`). Starts with `BEGIN IMMEDIATE`: the write lock is taken up
+        front (waiting up to the busy timeout for other processes), so the transaction never
+        fails half-way for want of it. Commits when the block ends; rolls back if the block
+        raises or is cancelled before the commit. Nested blocks become savepoints: an inner
+        block that raises undoes only its own statements.
         """
         if self._in_transaction():
             async with self._savepoint():
                 yield
             return
         async with self._lock:
-            await self._idle.wait()
             token = object()
             self._active = token
             context = _transaction.set(token)
@@ -204,57 +238,40 @@ class Database:
             self._savepoints -= 1
 
     async def _rollback(self, sql: str) -> None:
-        # After SQLITE_FULL or an I/O error SQLite may already have rolled the whole
-        # transaction back, and then ROLLBACK itself fails; the original error is the one
-        # worth reporting, and the connection is out of the transaction either way.
-        with suppress(sqlite3.Error):
-            await self._conn.execute_fetchall(sql)
+        await self._worker.submit(lambda conn: _rollback(conn, sql))
 
     async def _statement(self, sql: str) -> None:
         try:
-            await self._conn.execute_fetchall(sql)
+            await self._worker.submit(lambda conn: conn.execute(sql).fetchall())
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
 
     def _in_transaction(self) -> bool:
         return self._active is not None and _transaction.get() is self._active
 
-    async def _run(self, operation: Callable[[], Awaitable[_T]], *, shared: bool = False) -> _T:
-        """Run `operation` inside this task's transaction; else, if `shared` and no
-        transaction holds or awaits the connection, at once; else alone under the lock."""
+    async def _run(self, call: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `call` in the thread: at once inside this task's transaction or when no
+        transaction holds the connection; else as soon as the one that does has ended."""
         try:
-            if self._in_transaction():
-                return await operation()
-            if shared and not self._lock.locked():
-                return await self._send(operation)
+            if self._in_transaction() or not self._lock.locked():
+                return await self._send(call)
             async with self._lock:
-                await self._idle.wait()
-                return await self._send(operation)
+                # Queued now, ahead of whatever takes the lock next; awaited without it.
+                sent = self._send(call)
+            return await sent
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
 
-    async def _send(self, operation: Callable[[], Awaitable[_T]]) -> _T:
+    def _send(self, call: Callable[[sqlite3.Connection], _T]) -> asyncio.Future[_T]:
         if self._closed:
             raise StoreError(f"{self._path}: the database is already closed")
-        # Counted from here: `operation` hands its statement to aiosqlite's queue before it
-        # first suspends, so a transaction that finds nothing counted is next in that queue.
-        self._sent += 1
-        self._idle.clear()
-        try:
-            return await operation()
-        finally:
-            self._sent -= 1
-            if not self._sent:
-                self._idle.set()
+        return self._worker.submit(call)
 
     async def _probe(self) -> None:
         """Read the header and schema, writing nothing, before anything else touches the file."""
-        try:
-            await self._conn.execute_fetchall(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            await self._conn.execute_fetchall("SELECT count(*) FROM sqlite_master")
-            row = await self.fetchone("PRAGMA user_version")
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
+        await self._statement(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        await self._statement("SELECT count(*) FROM sqlite_master")
+        row = await self.fetchone("PRAGMA user_version")
         version = int(row[0]) if row else 0
         migrations.check_version(self._path, version)
 
@@ -269,6 +286,103 @@ class Database:
 
     def _error(self, exc: sqlite3.Error) -> StoreError:
         return StoreError(_describe(self._path, exc))
+
+
+class _Worker:
+    """The thread that owns the sqlite3 connection and runs calls on it, one at a time, in
+    the order they were submitted."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, uri: str) -> None:
+        self._loop = loop
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._opened: asyncio.Future[None] = loop.create_future()
+        self._thread = threading.Thread(
+            target=self._serve, args=(uri,), name="nanobot-sqlite", daemon=True
+        )
+
+    @classmethod
+    async def start(cls, uri: str) -> _Worker:
+        """Open `uri` (autocommit; rows by index or by name) in a new thread.
+
+        Raises:
+            sqlite3.Error: it could not be opened (the thread has ended).
+        """
+        worker = cls(asyncio.get_running_loop(), uri)
+        worker._thread.start()
+        await worker._opened
+        return worker
+
+    def submit(self, call: Callable[[sqlite3.Connection], _T]) -> asyncio.Future[_T]:
+        """Queue `call(connection)`; the future gets its result or exception. Never blocks."""
+        future: asyncio.Future[_T] = self._loop.create_future()
+        self._queue.put((call, future))
+        return future
+
+    async def stop(self) -> None:
+        """Close the connection once every call submitted so far has run; end the thread."""
+        try:
+            await self.submit(_close)
+        finally:
+            self._queue.put(None)
+
+    def _serve(self, uri: str) -> None:
+        try:
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+        except BaseException as exc:  # noqa: BLE001 - handed to the task opening it
+            self._settle([(self._opened, None, exc)])
+            return
+        done: list[_Done] = [(self._opened, None, None)]
+        while True:
+            try:
+                job = self._queue.get(block=not done)
+            except queue.Empty:  # nothing more for now: hand back what has finished
+                self._settle(done)
+                done = []
+                continue
+            if job is None:
+                self._settle(done)
+                return
+            call, future = job
+            try:
+                done.append((future, call(conn), None))
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                done.append((future, None, exc))
+            if len(done) >= _SETTLE_EVERY:
+                self._settle(done)
+                done = []
+
+    def _settle(self, done: list[_Done]) -> None:
+        # One wake-up of the loop for every result that is ready.
+        if done:
+            with suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+                self._loop.call_soon_threadsafe(_resolve, done)
+
+
+_Job = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]"]
+_Done = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+def _resolve(done: list[_Done]) -> None:
+    for future, result, exc in done:
+        if future.cancelled():  # its task was cancelled while the call ran
+            continue
+        if exc is None:
+            future.set_result(result)
+        else:
+            future.set_exception(exc)
+
+
+def _close(conn: sqlite3.Connection) -> None:
+    conn.close()
+
+
+def _rollback(conn: sqlite3.Connection, sql: str) -> None:
+    # After SQLITE_FULL or an I/O error SQLite may already have rolled the whole
+    # transaction back, and then ROLLBACK itself fails; the original error is the one
+    # worth reporting, and the connection is out of the transaction either way.
+    with suppress(sqlite3.Error):
+        conn.execute(sql).fetchall()
 
 
 def _locate(path: Path) -> tuple[Path, str]:
@@ -292,15 +406,6 @@ def _locate(path: Path) -> tuple[Path, str]:
     # mode=rw refuses to create: if the file vanishes between this check and the connect,
     # opening fails loudly instead of starting over with an empty database.
     return path, f"{path.as_uri()}?mode={'rw' if exists else 'rwc'}"
-
-
-async def _connect(path: Path, uri: str) -> aiosqlite.Connection:
-    try:
-        connection = await aiosqlite.connect(uri, uri=True, isolation_level=None)
-    except sqlite3.Error as exc:
-        raise StoreError(_describe(path, exc)) from exc
-    connection.row_factory = sqlite3.Row
-    return connection
 
 
 def _describe(path: Path, exc: sqlite3.Error) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from nanobot.store.database import Database
+from nanobot.store.database import Database, Statement
 
 Record = dict[str, Any]
 
@@ -58,23 +58,15 @@ class Journal:
 
         `reply` is (channel, message record); returns its outbox id (None without a reply).
         """
-        async with self._db.transaction():
-            outbox_id = None
-            if reply is not None:
-                outbox_id = await self.enqueue(*reply)
-            for inbound_id in inbound_ids:
-                await self._db.execute(
-                    "UPDATE inbound SET state = 'done', done_at = ? WHERE id = ?",
-                    (_now(), inbound_id),
-                )
-        return outbox_id
+        now = _now()
+        statements = [_queue(*reply, now)] if reply is not None else []
+        statements += [(_DONE, (now, inbound_id)) for inbound_id in inbound_ids]
+        rows = await self._db.atomic(statements)
+        return None if reply is None else int(rows[0][0]["id"])
 
     async def enqueue(self, channel: str, message: Record) -> int:
         """Put a message in the outbox; returns its id."""
-        row = await self._db.fetchone(
-            "INSERT INTO outbox (channel, message, created_at) VALUES (?, ?, ?) RETURNING id",
-            (channel, _encode(message), _now()),
-        )
+        row = await self._db.fetchone(*_queue(channel, message, _now()))
         assert row is not None
         return int(row["id"])
 
@@ -158,6 +150,17 @@ class Journal:
             # A stream whose reply never came (its turn was lost) leaves a message behind.
             streams = await self._db.execute("DELETE FROM streams WHERE created_at < ?", (cutoff,))
         return inbound + outbox + streams
+
+
+_DONE = "UPDATE inbound SET state = 'done', done_at = ? WHERE id = ?"
+
+
+def _queue(channel: str, message: Record, now: str) -> Statement:
+    """The outbox insert of `message`, returning its id."""
+    return (
+        "INSERT INTO outbox (channel, message, created_at) VALUES (?, ?, ?) RETURNING id",
+        (channel, _encode(message), now),
+    )
 
 
 def _encode(record: Record) -> str:

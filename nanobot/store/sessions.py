@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, cast, get_args
 
 from nanobot.errors import StoreError
-from nanobot.store.database import Database
+from nanobot.store.database import Database, Statement
 
 EntryKind = Literal["message", "compaction", "note"]
 """What an entry holds: a chat message, a compaction summary, or a system note."""
@@ -128,37 +128,34 @@ class SessionStore:
             return []
         created_at = datetime.now(UTC)
         stamp = _format_time(created_at)
-        # Encode first: a payload that is not JSON fails before the write lock is taken.
-        payloads = [_encode(entry.data) for entry in entries]
-        stored: list[Entry] = []
-        if len(entries) == 1:
-            # One INSERT is atomic on its own: no BEGIN/COMMIT round trips for the common case.
-            stored.append(
-                await self._insert(session_id, entries[0], payloads[0], stamp, created_at)
+        # Encode first: a payload that is not JSON fails before anything is sent.
+        statements: list[Statement] = [
+            (
+                "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
+                " VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                (
+                    session_id,
+                    entry.kind,
+                    _encode(entry.data),
+                    entry.run_id,
+                    stamp,
+                    entry.inbound_id,
+                ),
             )
-            return stored
-        async with self._db.transaction():
-            for entry, payload in zip(entries, payloads, strict=True):
-                stored.append(await self._insert(session_id, entry, payload, stamp, created_at))
-        return stored
-
-    async def _insert(
-        self, session_id: int, entry: NewEntry, payload: str, stamp: str, created_at: datetime
-    ) -> Entry:
-        row = await self._db.fetchone(
-            "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
-            " VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-            (session_id, entry.kind, payload, entry.run_id, stamp, entry.inbound_id),
-        )
-        assert row is not None, "INSERT … RETURNING yields the new row"
-        return Entry(
-            id=int(row["id"]),
-            session_id=session_id,
-            kind=entry.kind,
-            data=entry.data,
-            run_id=entry.run_id,
-            created_at=created_at,
-        )
+            for entry in entries
+        ]
+        rows = await self._db.atomic(statements)
+        return [
+            Entry(
+                id=int(row["id"]),
+                session_id=session_id,
+                kind=entry.kind,
+                data=entry.data,
+                run_id=entry.run_id,
+                created_at=created_at,
+            )
+            for entry, [row] in zip(entries, rows, strict=True)
+        ]
 
     async def tail(self, session_id: int, limit: int, before_id: int | None = None) -> list[Entry]:
         """Return the last `limit` entries of the session, oldest first.
