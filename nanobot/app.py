@@ -231,6 +231,15 @@ def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
 def serve(config: Config) -> int:
     """Run the gateway until SIGTERM/SIGINT; returns the exit code."""
     log.configure(config, quiet=False)
+    if config.gateway.event_loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            logger.warning("uvloop is not installed; the gateway uses asyncio's own event loop")
+        else:
+            logger.debug("event loop: uvloop")
+            return uvloop.run(_serve(config))
+    logger.debug("event loop: asyncio")
     return asyncio.run(_serve(config))
 
 

@@ -105,6 +105,7 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         ("log: {level: LOUD}\n", "log.level", "Input should be"),
         ("timezone: Mars/Olympus\n", "timezone", "unknown IANA time zone"),
         ("agent: {transport: grpc}\n", "agent.transport", "Input should be"),
+        ("gateway: {event_loop: trio}\n", "gateway.event_loop", "'uvloop' or 'asyncio'"),
         (
             "agent: {transport: direct}\n",
             "agent",
@@ -123,6 +124,11 @@ def test_invalid_values_name_file_key_and_reason(
     assert str(path) in message
     assert f"{key}: " in message
     assert reason in message
+
+
+def test_event_loop_defaults_to_uvloop(tmp_path: Path) -> None:
+    assert load(write(tmp_path, "")).gateway.event_loop == "uvloop"
+    assert load(write(tmp_path, "gateway: {event_loop: asyncio}\n")).gateway.event_loop == "asyncio"
 
 
 def test_transport_defaults_to_auto(tmp_path: Path) -> None:

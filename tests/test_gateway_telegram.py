@@ -98,18 +98,22 @@ async def test_answers_a_private_message(
     assert "sk-test-secret-key-123456" not in gateway.log()
 
 
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
 async def test_start_up_loads_the_model_before_taking_messages(
-    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, event_loop: str
 ) -> None:
     # litellm takes seconds to import: loaded lazily, it would stall the first turn and
     # every chat with it. The heap start-up built is then left out of garbage collection.
-    config = gateway_config(tmp_path, fake_llm, telegram) | {"log": {"level": "DEBUG"}}
+    config = gateway_config(tmp_path, fake_llm, telegram) | {
+        "log": {"level": "DEBUG"},
+        "gateway": {"event_loop": event_loop},
+    }
     process = GatewayProcess(tmp_path, config, dict(os.environ))
     await process.start(ready="telegram connected")
     try:
-        lines = ("calls go directly", "start-up heap frozen", "gateway started")
-        ready, frozen, started = [await process.wait_log(line, seconds=1) for line in lines]
-        assert ready < frozen < started
+        lines = (f"event loop: {event_loop}", "calls go directly", "start-up heap frozen")
+        loop, ready, frozen = [await process.wait_log(line, seconds=1) for line in lines]
+        assert loop < ready < frozen < await process.wait_log("gateway started", seconds=1)
         fake_llm.script(Text("ready"))
         telegram.user_message(ALICE, "hi", user_id=ALICE)
         assert await replies(telegram, ALICE, 1) == ["ready"]

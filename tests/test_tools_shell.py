@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,6 +141,24 @@ async def test_cancellation_kills_the_process_group(tmp_path: Path) -> None:
     with pytest.raises(asyncio.CancelledError):
         await call
     assert await gone(grandchild)
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        test_timeout_kills_the_process_group_with_its_grandchild,
+        test_a_process_ignoring_sigterm_is_killed,
+        test_background_children_are_stopped_when_the_command_ends,
+        test_cancellation_kills_the_process_group,
+    ],
+)
+def test_process_groups_are_cleaned_up_under_uvloop_too(
+    scenario: Callable[[Path], Coroutine[Any, Any, None]], tmp_path: Path
+) -> None:
+    # The gateway runs on uvloop by default (gateway.event_loop); its subprocesses and
+    # signals are libuv's, not asyncio's.
+    uvloop = pytest.importorskip("uvloop")
+    uvloop.run(scenario(tmp_path))
 
 
 @pytest.mark.parametrize(
