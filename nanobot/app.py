@@ -51,6 +51,7 @@ from nanobot.tools.web import WebFetchTool, WebSearchTool
 from nanobot.workspace import copy_template
 
 JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe
+GC_YOUNG_THRESHOLD = 10_000  # new objects between two collections of the youngest generation
 
 
 def _timezone(config: Config) -> tzinfo | None:
@@ -247,7 +248,7 @@ async def _serve(config: Config) -> int:
     from nanobot.channels import terminal
 
     async with _parts(config) as parts:
-        _freeze_startup_heap()
+        _tune_garbage_collection()
         bus = MessageBus()
         journal = Journal(parts.db)
         pruned = await journal.prune(JOURNAL_KEEP)
@@ -290,17 +291,26 @@ async def _serve(config: Config) -> int:
         return await gateway.run()
 
 
-def _freeze_startup_heap() -> None:
-    """Keep what start-up built out of every later garbage collection.
+def _tune_garbage_collection() -> None:
+    """Fit the garbage collector to a long-running server with many turns in flight.
 
-    The imported modules (litellm's alone are about 300,000 objects) live as long as the
-    process; a full collection under load walked all of them, 0.1-0.2 s with the event loop
-    stopped, several times a minute in a burst of messages.
+    What start-up built is frozen out of every later collection: the imported modules
+    (litellm's alone are about 300,000 objects) live as long as the process, and a full
+    collection under load walked all of them, 0.1-0.2 s with the event loop stopped. And the
+    youngest generation is collected after 10,000 new objects instead of 700: with hundreds
+    of turns in flight, each of those frequent collections walked thousands of live objects
+    (a tenth of the CPU of a 1,000-chat burst). Cyclic garbage waits a little longer; memory
+    barely changes.
     """
     gc.collect()
     gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
     logger.debug(
-        "start-up heap frozen: {} objects left out of garbage collection", gc.get_freeze_count()
+        "start-up heap frozen: {} objects left out of garbage collection; young generation "
+        "collected every {} objects",
+        gc.get_freeze_count(),
+        GC_YOUNG_THRESHOLD,
     )
 
 

@@ -111,9 +111,10 @@ async def test_start_up_loads_the_model_before_taking_messages(
     process = GatewayProcess(tmp_path, config, dict(os.environ))
     await process.start(ready="telegram connected")
     try:
-        lines = (f"event loop: {event_loop}", "calls go directly", "start-up heap frozen")
+        lines = (f"event loop: {event_loop}", "calls go directly", "start-up heap frozen: ")
         loop, ready, frozen = [await process.wait_log(line, seconds=1) for line in lines]
         assert loop < ready < frozen < await process.wait_log("gateway started", seconds=1)
+        assert "collected every 10000 objects" in process.lines[frozen]
         fake_llm.script(Text("ready"))
         telegram.user_message(ALICE, "hi", user_id=ALICE)
         assert await replies(telegram, ALICE, 1) == ["ready"]
