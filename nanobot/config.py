@@ -51,7 +51,7 @@ class AgentConfig(Section):
     max_tokens: int = Field(4096, gt=0)
     temperature: float = Field(0.3, ge=0, le=2)
     max_iterations: int = Field(20, gt=0)
-    max_concurrent_turns: int = Field(32, gt=0)
+    max_concurrent_turns: int = Field(1000, gt=0)
     context_window: int | None = Field(None, gt=0)
     request_timeout: float = Field(120, gt=0)
     max_retries: int = Field(3, ge=0, le=10)

@@ -95,7 +95,7 @@ class _Lane:
 @dataclass(frozen=True, slots=True)
 class LoopSettings:
     max_tokens: int = 4096
-    max_concurrent_turns: int = 32
+    max_concurrent_turns: int = 1000
     limits: LoopLimits = field(default_factory=LoopLimits)
     policy: ToolPolicy = field(default_factory=ToolPolicy)
     queue_mode: QueueMode = "steer"
