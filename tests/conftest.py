@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.llm import FakeLLM
+from tests.fakes.telegram import FakeTelegram
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -27,6 +28,13 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture
 async def fake_llm() -> AsyncIterator[FakeLLM]:
     async with FakeLLM() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake_telegram() -> AsyncIterator[FakeTelegram]:
+    """The fake Bot API; it takes the first well-formed token it sees as the bot's."""
+    async with FakeTelegram() as fake:
         yield fake
 
 

@@ -68,9 +68,8 @@ class Recorder:
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
+def fake(fake_telegram: FakeTelegram) -> FakeTelegram:
+    return fake_telegram
 
 
 @pytest.fixture

@@ -55,9 +55,8 @@ def make_bot(fake: FakeTelegram, token: str = DEFAULT_TOKEN) -> Bot:
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
+def fake(fake_telegram: FakeTelegram) -> FakeTelegram:
+    return fake_telegram
 
 
 @pytest.fixture

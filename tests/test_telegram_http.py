@@ -44,9 +44,8 @@ def make_bot(base: str, read_timeout: float | None = None) -> Bot:
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
+def fake(fake_telegram: FakeTelegram) -> FakeTelegram:
+    return fake_telegram
 
 
 @pytest.fixture
