@@ -334,6 +334,50 @@ async def test_records_requests() -> None:
     assert fake.pending == 0
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"[1, 2]", b'{"model": "m", "messages": "hi"}'],
+    ids=["not JSON", "not an object", "messages not an array"],
+)
+async def test_a_malformed_body_is_a_400_and_not_recorded(body: bytes) -> None:
+    async with FakeLLM() as fake, httpx.AsyncClient(trust_env=False) as client:
+        response = await client.post(
+            f"{fake.base_url}/chat/completions",
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert fake.request_count == 0
+
+
+async def test_echoes_the_last_user_message_past_others() -> None:
+    messages: list[JSON] = [
+        {"role": "user", "content": "first"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "sec"}, {"type": "text", "text": "ond"}],
+        },
+        {"role": "assistant", "content": None, "tool_calls": []},
+        {"role": "tool", "tool_call_id": "c1", "content": "result"},
+    ]
+    async with FakeLLM() as fake:
+        reply = (await _post(fake.base_url, {"model": "m", "messages": messages})).json()
+    assert reply["choices"][0]["message"]["content"] == "echo: second"
+    assert fake.requests[0].messages == messages  # the record parses the whole body
+
+
+async def test_keeps_only_the_newest_requests_when_told() -> None:
+    async with FakeLLM(keep_requests=2) as fake:
+        for text in ("one", "two", "three"):
+            await _post(fake.base_url, _request(text=text))
+        await fake.wait_for_requests(3)
+    assert fake.request_count == 3
+    assert [r.messages[0]["content"] for r in fake.requests] == ["two", "three"]
+    with pytest.raises(ValueError, match="keep_requests must be at least 1"):
+        FakeLLM(keep_requests=0)
+
+
 async def test_per_model_scripts_take_precedence() -> None:
     async with FakeLLM() as fake:
         fake.script_for("openai/model-a", ServerError(), RateLimit(1))
@@ -384,6 +428,8 @@ async def test_standalone_process_serves_a_script_until_sigterm(tmp_path: Path) 
         "tests.fakes.llm",
         "--script",
         str(script),
+        "--keep-requests",
+        "2",
         cwd=REPO_ROOT,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -403,7 +449,7 @@ async def test_standalone_process_serves_a_script_until_sigterm(tmp_path: Path) 
             data = (await client.post(f"{base_url}/chat/completions", json=_request())).json()
             assert data["choices"][0]["message"]["content"] == "late"
             recorded = (await client.get(f"{root}/_fake/requests")).json()
-        assert [r["body"]["model"] for r in recorded] == ["broken", "fake-model", "fake-model"]
+        assert [r["body"]["model"] for r in recorded] == ["fake-model", "fake-model"]
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
