@@ -7,6 +7,7 @@ message, how a call is made and retried) comes in as a `split` function and an `
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ class Replies:
         parts = self._split(item.text)
         entry = self._progress.get(id(item))
         done = entry[1] if entry is not None and entry[0] is item else item.parts_sent
-        stream = self._open_stream(item.stream_id, 0.0) if item.stream_id else None
+        stream = self._open_stream(item.stream_id) if item.stream_id else None
         for index in range(done, len(parts)):
             first = index == 0
             edited = (
@@ -114,11 +115,14 @@ class Replies:
             if stream is not None:
                 await self._store(item.stream_id, None)
 
-    def _open_stream(self, stream_id: str, at: float) -> _Stream | None:
-        """The stream's state: from this run, else from before a restart (taken over)."""
+    def _open_stream(self, stream_id: str) -> _Stream | None:
+        """The stream's state: from this run, else from before a restart (taken over; never
+        edited in this run, so its next update edits at once)."""
         state = self._streams.get(stream_id)
         if state is None and stream_id in self._recovered:
-            state = _Stream(self._recovered.pop(stream_id), "", at)
+            # -inf, not `now - interval`: that difference, taken back from `now`, may come
+            # out a rounding error short of the interval and skip the update.
+            state = _Stream(self._recovered.pop(stream_id), "", -math.inf)
             _remember(self._streams, stream_id, state)
         return state
 
@@ -171,7 +175,7 @@ class Replies:
         if not parts:
             return
         now = asyncio.get_running_loop().time()
-        state = self._open_stream(update.stream_id, now - self._interval)
+        state = self._open_stream(update.stream_id)
         try:
             if state is None:
                 sent = await self._best_effort.send(update.chat, parts[0], reply_to=update.reply_to)
