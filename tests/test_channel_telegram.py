@@ -566,6 +566,32 @@ async def test_one_chats_slow_intake_does_not_hold_up_another_nor_is_confirmed_e
         await fake.wait_for(lambda: not fake.pending_updates)
 
 
+async def test_new_messages_of_other_chats_come_in_while_one_is_being_taken(
+    fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    other = USER + 1
+    intake, release = Recorder(), asyncio.Event()
+
+    async def decide(message: InboundMessage) -> Intake:
+        if message.text == "slow":
+            await release.wait()
+        return Intake.ACCEPTED
+
+    intake.decide = decide
+    async with running(make_channel(fake, intake, inbox)):
+        slow = fake.user_message(USER, "slow", user_id=USER)
+        await intake.wait(1)
+        meanwhile = fake.user_message(other, "meanwhile", user_id=other)  # a later poll's
+        await intake.wait(2)
+        # Polls repeat both updates (nothing from the slow one on is confirmed yet), and
+        # neither is taken twice.
+        await fake.wait_for(lambda: len(fake.calls("getUpdates")) >= 4)
+        assert [u["update_id"] for u in fake.pending_updates] == [slow, meanwhile]
+        release.set()
+        await fake.wait_for(lambda: not fake.pending_updates)
+    assert [m.text for m in intake.messages] == ["slow", "meanwhile"]
+
+
 def test_the_raw_send_does_not_warn_outside_tests() -> None:
     # pytest resets warning filters for every test, so the module's filter is checked in a
     # fresh interpreter, where every other warning would be an error.

@@ -114,6 +114,25 @@ async def test_timeouts_given_and_default(fake: FakeTelegram) -> None:
             await bot.send_message(CHAT, "hi")  # the request's own
 
 
+async def test_before_sees_and_may_change_the_form(fake: FakeTelegram) -> None:
+    seen: list[dict[str, str]] = []
+
+    async def before(fields: dict[str, str]) -> None:
+        seen.append(dict(fields))
+        if "offset" in fields:
+            fields["offset"] = "1"
+
+    polls = AiohttpRequest(fake.base_url, pool_size=1, before=before, **REQUEST_TIMEOUTS)
+    first = fake.user_message(CHAT, "one", user_id=CHAT)
+    fake.user_message(CHAT, "two", user_id=CHAT)
+    async with Bot(
+        DEFAULT_TOKEN, base_url=f"{fake.base_url}/bot", get_updates_request=polls
+    ) as bot:
+        updates = await bot.get_updates(offset=first + 1, timeout=0)
+    assert seen[-1]["offset"] == str(first + 1)
+    assert [u.message.text for u in updates if u.message] == ["one", "two"]  # asked from 1
+
+
 async def test_unreachable_server_is_a_network_error() -> None:
     with pytest.raises(NetworkError, match=r"aiohttp\.ClientConnectorError"):
         async with make_bot("http://127.0.0.1:9"):  # initialising calls getMe

@@ -38,7 +38,8 @@ class AiohttpRequest(BaseRequest):
     together bound the whole request (aiohttp has no write timeout of its own). A timeout
     raises `TimedOut`, any other transport failure `NetworkError`. The proxy is the one the
     environment names for `base_url` (as httpx would use it), looked up once. `before`, if
-    given, is awaited before every request; what it raises ends the request unmade.
+    given, is awaited before every request with the request's form fields, which it may
+    change; what it raises ends the request unmade.
     """
 
     def __init__(
@@ -51,7 +52,7 @@ class AiohttpRequest(BaseRequest):
         write_timeout: float | None,
         pool_timeout: float | None,
         media_write_timeout: float | None = 20.0,
-        before: Callable[[], Awaitable[None]] | None = None,
+        before: Callable[[dict[str, str]], Awaitable[None]] | None = None,
     ) -> None:
         self._pool_size = pool_size
         self._before = before
@@ -103,8 +104,9 @@ class AiohttpRequest(BaseRequest):
         """Make one request; returns the status code and the body, whatever the status."""
         if self._session is None:
             raise RuntimeError("AiohttpRequest is not initialized")
+        fields = request_data.json_parameters if request_data is not None else {}
         if self._before is not None:
-            await self._before()
+            await self._before(fields)
         files = request_data is not None and request_data.contains_files
         default_write = self._media_write_timeout if files else self._timeouts[2]
         connect, read, write, pool = (
@@ -122,7 +124,7 @@ class AiohttpRequest(BaseRequest):
         )
         try:
             async with self._session.request(
-                method, url, data=_body(request_data), timeout=timeout, proxy=self._proxy
+                method, url, data=_body(request_data, fields), timeout=timeout, proxy=self._proxy
             ) as reply:
                 return reply.status, await reply.read()
         except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
@@ -131,11 +133,13 @@ class AiohttpRequest(BaseRequest):
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
 
 
-def _body(request_data: RequestData | None) -> aiohttp.FormData | dict[str, str] | None:
-    """The form PTB's httpx request would send: urlencoded, or multipart with files."""
+def _body(
+    request_data: RequestData | None, fields: dict[str, str]
+) -> aiohttp.FormData | dict[str, str] | None:
+    """The form PTB's httpx request would send (`fields`: its JSON-encoded parameters):
+    urlencoded, or multipart with files."""
     if request_data is None:
         return None
-    fields = request_data.json_parameters
     if not request_data.contains_files:
         return fields
     form = aiohttp.FormData(quote_fields=False)

@@ -5,8 +5,8 @@ to the Application's `update_queue` and then asks Telegram for the next ones wit
 offset, which is what acknowledges them. Our queue's `put` *is* the intake: it starts
 turning the update into an `InboundMessage` and handing it to `intake` (which journals it),
 in the update's chat's lane (`IntakeLanes`: in order per chat, concurrently across chats),
-and the getUpdates request that would acknowledge it first waits until every lane is done,
-so an update is confirmed only after the journal has it. No PTB handlers are registered; the
+and the getUpdates request that would acknowledge it asks from the oldest update still being
+taken, so an update is confirmed only after the journal has it. No PTB handlers are registered; the
 Application never sees an update, so nothing is processed twice.
 
 Out: Markdown is rendered to Telegram HTML and split into messages of at most 4096 visible
@@ -152,11 +152,11 @@ class TelegramChannel(Channel):
             .update_queue(_IntakeQueue(lanes))
             .job_queue(None)
             .request(AiohttpRequest(base, pool_size=256, **REQUEST_TIMEOUTS))
-            # A poll confirms the updates fetched before it: it waits until all are taken
-            # (and is not made if one could not be). PTB lengthens its read timeout by the
-            # poll's own.
+            # A poll confirms the updates fetched before it: it waits a moment for them to be
+            # taken, then asks again from the oldest still being taken (and is not made if
+            # one could not be). PTB lengthens its read timeout by the poll's own.
             .get_updates_request(
-                AiohttpRequest(base, pool_size=1, before=lanes.settled, **POLL_TIMEOUTS)
+                AiohttpRequest(base, pool_size=1, before=lanes.before_poll, **POLL_TIMEOUTS)
             )
             .build()
         )
