@@ -7,7 +7,9 @@ chat's. Here each chat's updates run in a lane of their own, and before the next
 request (`before_poll`) waits a moment for them. Updates still being taken then are not
 waited for: the request asks again from the oldest of them (a lower offset confirms only
 what came before it), so other chats' new messages come in meanwhile. What comes again and
-is in hand already is skipped here; nothing is confirmed before the journal has it.
+is in hand already is skipped here; nothing is confirmed before the journal has it. (An
+answer holds at most 100 updates, so while one is still being taken, at most the 99 after
+it come in.)
 """
 
 from __future__ import annotations
