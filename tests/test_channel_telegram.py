@@ -538,10 +538,8 @@ async def test_files_in_unaddressed_group_messages_are_not_downloaded(
     assert len(fake.calls("getFile")) == 1
 
 
-async def test_one_chats_slow_intake_does_not_hold_up_another_nor_is_confirmed_early(
-    fake: FakeTelegram, inbox: InboxPolicy
-) -> None:
-    other = USER + 1
+def slow_intake() -> tuple[Recorder, asyncio.Event]:
+    """An intake that holds the message "slow" until the event is set."""
     intake, release = Recorder(), asyncio.Event()
 
     async def decide(message: InboundMessage) -> Intake:
@@ -550,6 +548,14 @@ async def test_one_chats_slow_intake_does_not_hold_up_another_nor_is_confirmed_e
         return Intake.ACCEPTED
 
     intake.decide = decide
+    return intake, release
+
+
+async def test_one_chats_slow_intake_does_not_hold_up_another_nor_is_confirmed_early(
+    fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    other = USER + 1
+    intake, release = slow_intake()
     # Queued before the channel polls, so they come in one getUpdates batch.
     fake.user_message(USER, "slow", user_id=USER)
     fake.user_message(USER, "after slow, same chat", user_id=USER)
@@ -570,14 +576,7 @@ async def test_new_messages_of_other_chats_come_in_while_one_is_being_taken(
     fake: FakeTelegram, inbox: InboxPolicy
 ) -> None:
     other = USER + 1
-    intake, release = Recorder(), asyncio.Event()
-
-    async def decide(message: InboundMessage) -> Intake:
-        if message.text == "slow":
-            await release.wait()
-        return Intake.ACCEPTED
-
-    intake.decide = decide
+    intake, release = slow_intake()
     async with running(make_channel(fake, intake, inbox)):
         slow = fake.user_message(USER, "slow", user_id=USER)
         await intake.wait(1)
