@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from nanobot.config import Config
-
 if TYPE_CHECKING:
     from loguru import Record
+
+    from nanobot.config import Config
 
 REDACTED = "***"
 
@@ -30,6 +30,20 @@ _SECRET_SHAPES = re.compile(
     r"(?P<key>\bsk-[A-Za-z0-9_\-]{8,})|(?P<bot>(?<=/bot)\d{5,}:[A-Za-z0-9_\-]{20,})"
 )
 _NOISY_LIBRARIES = ("httpx", "httpcore", "telegram", "discord", "LiteLLM", "litellm")
+# Control characters (C0, DEL, C1), the line and paragraph separators, and the bidirectional
+# overrides that reorder how a line is shown.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` from outside (a chat user's name or message) made safe to show on one line of a
+    log or a terminal: every control character becomes a visible escape (`\\n`, `\\x1b`,
+    `\\u202e`), so it can neither forge a log line nor move the cursor."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
 
 
 class Redactor:
