@@ -1076,7 +1076,7 @@ async def _micro(b: _Bench, profile: pstats.Stats, turns: int) -> list[Micro]:
     """nanobot's per-turn operations, priced one by one (no profiler); calls per plain turn
     from the profile."""
     config = b.stack.config
-    registry = app.build_tools(config)
+    registry = app.build_tools(config, sandbox=app.build_sandbox(config))
     context = ContextBuilder(config.workspace_path)
     context.system_prompt()
     provider = b.stack.provider.inner

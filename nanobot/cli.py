@@ -140,7 +140,7 @@ def agent(
 ) -> None:
     """Talk to the agent from the terminal: one message with -m, else an interactive chat."""
     from nanobot import app as nanobot_app
-    from nanobot.errors import NanobotError
+    from nanobot.errors import ConfigError, NanobotError
 
     config = _config(ctx)
     try:
@@ -149,20 +149,20 @@ def agent(
         else:
             typer.echo(nanobot_app.ask(config, message, session, verbose=verbose))
     except NanobotError as exc:
-        _fail(nanobot_app.describe_error(exc))
+        _fail(nanobot_app.describe_error(exc), code=2 if isinstance(exc, ConfigError) else 1)
 
 
 @app.command()
 def gateway(ctx: typer.Context) -> None:
     """Run the long-lived service: channels, the agent loop and schedules."""
     from nanobot import app as nanobot_app
-    from nanobot.errors import NanobotError
+    from nanobot.errors import ConfigError, NanobotError
 
     config = _config(ctx)
     try:
         code = nanobot_app.serve(config)
     except NanobotError as exc:
-        _fail(nanobot_app.describe_error(exc))
+        _fail(nanobot_app.describe_error(exc), code=2 if isinstance(exc, ConfigError) else 1)
     raise typer.Exit(code)
 
 

@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -113,6 +114,10 @@ class ChannelsConfig(Section):
 class ExecConfig(Section):
     enabled: bool = True
     timeout: float = Field(60, gt=0)
+    # auto: bubblewrap where it works, else exec is refused (never run bare); bwrap: it must
+    # work or start-up fails; none: no sandbox, commands run with nanobot's own rights.
+    sandbox: Literal["auto", "bwrap", "none"] = "auto"
+    network: bool = True  # whether sandboxed commands reach the network
     deny_patterns: list[str] | None = None
 
     @field_validator("deny_patterns")
@@ -216,6 +221,9 @@ class Config(BaseSettings):
     cron: CronConfig = Field(default_factory=CronConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    # The file this was loaded from (None when built directly): a secret to keep out of
+    # the sandbox like the data dir.
+    _source: Path | None = PrivateAttr(default=None)
 
     @classmethod
     def settings_customise_sources(
@@ -243,6 +251,11 @@ class Config(BaseSettings):
             except (zoneinfo.ZoneInfoNotFoundError, ValueError):
                 raise ValueError(f"unknown IANA time zone {value!r}") from None
         return value
+
+    @property
+    def source(self) -> Path | None:
+        """The config file `load()` read this from (whether or not it existed)."""
+        return self._source
 
     @property
     def workspace_path(self) -> Path:
@@ -282,9 +295,24 @@ def load(path: Path | None = None) -> Config:
     data = _read_yaml(file, must_exist=named)
     _check_env_names(os.environ)
     try:
-        return Config(**data)
+        config = Config(**data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, file)) from None
+    _check_workspace(config, file)
+    config._source = file
+    return config
+
+
+def _check_workspace(config: Config, file: Path) -> None:
+    """The workspace is what the agent may read: it must not hold nanobot's own secrets."""
+    workspace = config.workspace_path.resolve()
+    for what, path in (("data_dir", config.data_dir), ("the config file", file)):
+        if path.resolve().is_relative_to(workspace):
+            raise ConfigError(
+                f"{file}: invalid configuration\n  workspace: {config.workspace_path} holds "
+                f"{what} ({path}), so the agent could read nanobot's state and secrets; "
+                "choose a workspace folder that holds neither"
+            )
 
 
 def _read_yaml(file: Path, *, must_exist: bool) -> dict[str, Any]:

@@ -1,8 +1,10 @@
-"""The exec tool: output and exit code, the minimal environment, and process-group cleanup."""
+"""The exec tool: output and exit code, the minimal environment, and stopping everything a
+command started, in the real bubblewrap sandbox and without one (`tools.exec.sandbox: none`)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from collections.abc import Callable, Coroutine
@@ -13,44 +15,66 @@ import pytest
 
 from nanobot.tools import shell
 from nanobot.tools.registry import ToolRegistry
+from nanobot.tools.sandbox import Confinement, Sandbox, Unavailable, Unconfined, probe
 from nanobot.tools.shell import ExecParams, ExecTool
 
-# A child shell that starts a grandchild, records the grandchild's pid, and waits for it.
-GRANDCHILD = "sh -c 'sleep 100 & echo $! > gc.pid; wait' & wait"
+_serial = itertools.count(1)
 
 
-def registry(ws: Path, *, timeout: float = 60) -> ToolRegistry:
-    return ToolRegistry([ExecTool(ws, timeout=timeout)])
+def make_sandbox(kind: str, ws: Path) -> Sandbox:
+    return Unconfined() if kind == "none" else probe("bwrap", Confinement(ws))
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` still runs (a zombie waiting for init to reap it does not count)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return True
-    return state not in ("Z", "X")
+@pytest.fixture(params=["bwrap", "none"])
+def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Sandbox:
+    return make_sandbox(request.param, tmp_path)
 
 
-async def gone(pid: int, within: float = 3.0) -> bool:
+@pytest.fixture
+def bwrap(tmp_path: Path) -> Sandbox:
+    return make_sandbox("bwrap", tmp_path)
+
+
+def registry(ws: Path, sandbox: Sandbox, *, timeout: float = 60) -> ToolRegistry:
+    return ToolRegistry([ExecTool(ws, sandbox=sandbox, timeout=timeout)])
+
+
+def marker() -> str:
+    """A `sleep` duration no other process uses, to find the sleeper from outside (a pid
+    written inside the sandbox is of its own PID namespace)."""
+    return f"{1000 + os.getpid() % 1000}.{next(_serial)}{time.monotonic_ns() % 10_000}"
+
+
+def sleepers(mark: str) -> list[int]:
+    """Host pids of live (not zombie) processes whose command line is `sleep <mark>`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if cmdline[:2] == [b"sleep", mark.encode()] and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+async def started(mark: str, count: int = 1, within: float = 5.0) -> None:
     deadline = time.monotonic() + within
-    while alive(pid):
+    while len(sleepers(mark)) < count:
+        assert time.monotonic() < deadline, f"sleep {mark} never started"
+        await asyncio.sleep(0.02)
+
+
+async def gone(mark: str, within: float = 3.0) -> bool:
+    deadline = time.monotonic() + within
+    while sleepers(mark):
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.02)
     return True
-
-
-async def pid_from(path: Path, within: float = 3.0) -> int:
-    deadline = time.monotonic() + within
-    while not path.exists() or not path.read_text().strip():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        await asyncio.sleep(0.02)
-    return int(path.read_text())
 
 
 @pytest.fixture(autouse=True)
@@ -58,23 +82,27 @@ def short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shell, "TERM_GRACE", 0.3)
 
 
-async def test_output_and_exit_code(tmp_path: Path) -> None:
-    result = await registry(tmp_path).execute("exec", {"command": "echo out; echo err >&2; exit 3"})
+async def test_output_and_exit_code(tmp_path: Path, sandbox: Sandbox) -> None:
+    result = await registry(tmp_path, sandbox).execute(
+        "exec", {"command": "echo out; echo err >&2; exit 3"}
+    )
     assert not result.is_error  # a failing command is a result, not a tool failure
     assert result.content == "exit code 3\nout\nerr\n"
 
 
-async def test_runs_in_the_workspace(tmp_path: Path) -> None:
-    result = await registry(tmp_path).execute("exec", {"command": "pwd; echo ~"})
+async def test_runs_in_the_workspace(tmp_path: Path, sandbox: Sandbox) -> None:
+    result = await registry(tmp_path, sandbox).execute("exec", {"command": "pwd; echo ~"})
     real = os.path.realpath(tmp_path)
     assert result.content == f"exit code 0\n{real}\n{tmp_path}\n"
 
 
-async def test_environment_has_no_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_environment_has_no_secrets(
+    tmp_path: Path, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-secret-value")
     monkeypatch.setenv("NANOBOT_AGENT__API_KEY", "sk-nanobot-secret-value")
     monkeypatch.setenv("TELEGRAM_TOKEN", "123:telegram-secret")
-    result = await registry(tmp_path).execute(
+    result = await registry(tmp_path, sandbox).execute(
         "exec", {"command": 'env; echo "[$OPENAI_API_KEY][$NANOBOT_AGENT__API_KEY]"'}
     )
     for leaked in ("sk-openai-secret-value", "sk-nanobot-secret-value", "telegram", "API_KEY"):
@@ -84,81 +112,149 @@ async def test_environment_has_no_secrets(tmp_path: Path, monkeypatch: pytest.Mo
     assert names <= {"PATH", "HOME", "LANG", "TERM", "PWD", "SHLVL", "_", "OLDPWD"}
 
 
-async def test_stderr_and_stdout_are_combined_and_output_is_capped(tmp_path: Path) -> None:
-    tool = ExecTool(tmp_path, max_output_bytes=1000)
+async def test_stderr_and_stdout_are_combined_and_output_is_capped(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    tool = ExecTool(tmp_path, sandbox=sandbox, max_output_bytes=1000)
     text = await tool.run(ExecParams(command="head -c 200000 /dev/zero | tr '\\0' a"))
     assert text == "exit code 0\n" + "a" * 1000 + "\n[... 199000 more bytes of output not shown]"
 
 
-async def test_no_output(tmp_path: Path) -> None:
-    result = await registry(tmp_path).execute("exec", {"command": "true"})
+async def test_no_output(tmp_path: Path, sandbox: Sandbox) -> None:
+    result = await registry(tmp_path, sandbox).execute("exec", {"command": "true"})
     assert result.content == "exit code 0\n(no output)"
 
 
-async def test_timeout_kills_the_process_group_with_its_grandchild(tmp_path: Path) -> None:
-    started = time.monotonic()
-    result = await registry(tmp_path).execute(
-        "exec", {"command": f"echo before; {GRANDCHILD}", "timeout": 0.5}
+async def test_timeout_kills_the_command_with_its_grandchild(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    mark = marker()
+    started_at = time.monotonic()
+    result = await registry(tmp_path, sandbox).execute(
+        "exec", {"command": f"echo before; sh -c 'sleep {mark} & wait' & wait", "timeout": 0.5}
     )
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started_at < 3
     assert result.is_error
     assert "timed out after 0.5 s" in result.content
     assert "before" in result.content
-    assert await gone(await pid_from(tmp_path / "gc.pid"))
+    assert await gone(mark)
 
 
-async def test_requested_timeout_is_capped_at_the_configured_one(tmp_path: Path) -> None:
-    started = time.monotonic()
-    result = await registry(tmp_path, timeout=0.3).execute(
+async def test_requested_timeout_is_capped_at_the_configured_one(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    started_at = time.monotonic()
+    result = await registry(tmp_path, sandbox, timeout=0.3).execute(
         "exec", {"command": "sleep 5", "timeout": 100}
     )
     assert "timed out after 0.3 s" in result.content
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started_at < 2
 
 
-async def test_a_process_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
-    command = "trap '' TERM; echo $$ > sh.pid; sleep 5; sleep 5"
-    result = await registry(tmp_path).execute("exec", {"command": command, "timeout": 0.3})
+async def test_a_process_ignoring_sigterm_is_killed(tmp_path: Path, sandbox: Sandbox) -> None:
+    mark = marker()
+    command = f"trap '' TERM; sleep {mark}; sleep 5"
+    result = await registry(tmp_path, sandbox).execute(
+        "exec", {"command": command, "timeout": 0.3}
+    )
     assert result.is_error
-    assert await gone(await pid_from(tmp_path / "sh.pid"))
+    assert await gone(mark)
 
 
-async def test_background_children_are_stopped_when_the_command_ends(tmp_path: Path) -> None:
-    started = time.monotonic()
-    result = await registry(tmp_path).execute(
-        "exec", {"command": "sleep 100 & echo $! > bg.pid; echo started"}
+async def test_background_children_are_stopped_when_the_command_ends(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    mark = marker()
+    started_at = time.monotonic()
+    result = await registry(tmp_path, sandbox).execute(
+        "exec", {"command": f"sleep {mark} & echo started"}
     )
     assert result.content == "exit code 0\nstarted\n"
-    assert time.monotonic() - started < 3
-    assert await gone(await pid_from(tmp_path / "bg.pid"))
+    assert time.monotonic() - started_at < 3
+    assert await gone(mark)
 
 
-async def test_cancellation_kills_the_process_group(tmp_path: Path) -> None:
-    tool = ExecTool(tmp_path)
-    call = asyncio.create_task(tool.run(ExecParams(command=GRANDCHILD)))
-    grandchild = await pid_from(tmp_path / "gc.pid")
+async def test_cancellation_kills_the_command_and_its_children(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    mark = marker()
+    tool = ExecTool(tmp_path, sandbox=sandbox)
+    call = asyncio.create_task(tool.run(ExecParams(command=f"sh -c 'sleep {mark} & wait'")))
+    await started(mark)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    assert await gone(grandchild)
+    assert await gone(mark)
+
+
+# What leaves the process group: only the sandbox's PID namespace contains these.
+ESCAPES = [
+    "setsid sleep {m} > /dev/null 2>&1 &",
+    "nohup sleep {m} > /dev/null 2>&1 &",
+    "(sleep {m} > /dev/null 2>&1 &) &",
+    "setsid sh -c '(setsid sleep {m} > /dev/null 2>&1 &)' &",
+    "python3 -c 'import os,subprocess; os.fork() or (os.setsid(), "
+    'subprocess.Popen(["sleep", "{m}"], start_new_session=True))\' &',
+]
+
+
+@pytest.mark.parametrize("escape", ESCAPES)
+async def test_escaped_processes_die_with_the_sandbox_when_the_command_ends(
+    tmp_path: Path, bwrap: Sandbox, escape: str
+) -> None:
+    mark = marker()
+    command = escape.format(m=mark) + f"\nwhile ! pgrep -f 'sleep {mark}' >/dev/null; do :; done"
+    result = await registry(tmp_path, bwrap).execute("exec", {"command": command})
+    assert result.content.startswith("exit code 0"), result.content
+    assert await gone(mark)
+
+
+@pytest.mark.parametrize("ending", ["timeout", "cancel"])
+async def test_escaped_processes_die_on_timeout_and_on_stop(
+    tmp_path: Path, bwrap: Sandbox, ending: str
+) -> None:
+    mark = marker()
+    command = "\n".join(e.format(m=mark) for e in ESCAPES) + "\nsleep 60"
+    tool = ExecTool(tmp_path, sandbox=bwrap, timeout=30)
+    call = asyncio.create_task(
+        tool.run(ExecParams(command=command, timeout=30 if ending == "cancel" else 3))
+    )
+    await started(mark, count=len(ESCAPES))
+    if ending == "cancel":
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    else:
+        with pytest.raises(shell.ToolError, match="timed out"):
+            await call
+    assert await gone(mark)
+
+
+async def test_without_a_working_sandbox_exec_is_refused(tmp_path: Path) -> None:
+    unavailable = Unavailable("user namespaces are not available")
+    result = await registry(tmp_path, unavailable).execute("exec", {"command": "touch ran"})
+    assert result.is_error
+    assert "no sandbox can run here (user namespaces are not available)" in result.content
+    assert not (tmp_path / "ran").exists()
 
 
 @pytest.mark.parametrize(
     "scenario",
     [
-        test_timeout_kills_the_process_group_with_its_grandchild,
+        test_timeout_kills_the_command_with_its_grandchild,
         test_a_process_ignoring_sigterm_is_killed,
         test_background_children_are_stopped_when_the_command_ends,
-        test_cancellation_kills_the_process_group,
+        test_cancellation_kills_the_command_and_its_children,
     ],
 )
-def test_process_groups_are_cleaned_up_under_uvloop_too(
-    scenario: Callable[[Path], Coroutine[Any, Any, None]], tmp_path: Path
+@pytest.mark.parametrize("kind", ["bwrap", "none"])
+def test_commands_are_cleaned_up_under_uvloop_too(
+    scenario: Callable[[Path, Sandbox], Coroutine[Any, Any, None]], kind: str, tmp_path: Path
 ) -> None:
     # The gateway runs on uvloop by default (gateway.event_loop); its subprocesses and
     # signals are libuv's, not asyncio's.
     uvloop = pytest.importorskip("uvloop")
-    uvloop.run(scenario(tmp_path))
+    uvloop.run(scenario(tmp_path, make_sandbox(kind, tmp_path)))
 
 
 @pytest.mark.parametrize(
@@ -188,7 +284,7 @@ def test_process_groups_are_cleaned_up_under_uvloop_too(
     ],
 )
 async def test_dangerous_commands_are_refused(tmp_path: Path, command: str) -> None:
-    result = await registry(tmp_path).execute("exec", {"command": command})
+    result = await registry(tmp_path, Unconfined()).execute("exec", {"command": command})
     assert result.is_error
     assert "refused as dangerous" in result.content
 
@@ -205,17 +301,19 @@ async def test_dangerous_commands_are_refused(tmp_path: Path, command: str) -> N
         "dd if=/dev/zero of=/dev/null count=1",
     ],
 )
-async def test_ordinary_commands_are_not_refused(tmp_path: Path, command: str) -> None:
-    result = await registry(tmp_path).execute("exec", {"command": command})
+async def test_ordinary_commands_are_not_refused(
+    tmp_path: Path, bwrap: Sandbox, command: str
+) -> None:
+    result = await registry(tmp_path, bwrap).execute("exec", {"command": command})
     assert not result.is_error, result.content
 
 
-async def test_deny_patterns_are_configurable(tmp_path: Path) -> None:
-    tools = ToolRegistry([ExecTool(tmp_path, deny_patterns=[r"\bcurl\b"])])
+async def test_deny_patterns_are_configurable(tmp_path: Path, bwrap: Sandbox) -> None:
+    tools = ToolRegistry([ExecTool(tmp_path, sandbox=bwrap, deny_patterns=[r"\bcurl\b"])])
     assert (await tools.execute("exec", {"command": "curl http://x"})).is_error
     assert not (await tools.execute("exec", {"command": "echo rm -rf /"})).is_error
     with pytest.raises(ValueError, match="invalid exec deny pattern"):
-        ExecTool(tmp_path, deny_patterns=["("])
+        ExecTool(tmp_path, sandbox=bwrap, deny_patterns=["("])
 
 
 @pytest.mark.parametrize(
@@ -225,6 +323,6 @@ async def test_deny_patterns_are_configurable(tmp_path: Path) -> None:
 async def test_invalid_arguments_name_the_field(
     tmp_path: Path, args: dict[str, object], expected: str
 ) -> None:
-    result = await registry(tmp_path).execute("exec", args)
+    result = await registry(tmp_path, Unconfined()).execute("exec", args)
     assert result.is_error
     assert expected in result.content

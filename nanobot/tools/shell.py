@@ -1,14 +1,17 @@
-"""The exec tool: run a shell command in the workspace.
+"""The exec tool: run a shell command in the workspace, inside the OS sandbox.
 
-The contract is: `/bin/sh -c command`, working directory the workspace, a minimal environment
-(PATH, HOME=the workspace, LANG, TERM=dumb; none of nanobot's API keys or tokens), its own
-process group, and a deadline. When the command ends, times out or the call is cancelled, the
-whole process group is stopped (SIGTERM, a short grace, SIGKILL), so background children do
-not outlive the call. A process that starts its own session (`setsid`) escapes the group;
-containing that needs an OS sandbox, which this is not.
+The contract is: `/bin/sh -c command` inside the sandbox exec was given (see `sandbox.py`:
+bubblewrap, with only the workspace writable and nothing of nanobot's data visible), working
+directory the workspace, a minimal environment (PATH, HOME=the workspace, LANG, TERM=dumb; none
+of nanobot's API keys or tokens), and a deadline. The sandbox (or, unsandboxed, the shell) is
+started in its own process group; when the command ends, times out or the call is cancelled,
+that group is stopped (SIGTERM, a short grace, SIGKILL). Inside bubblewrap that ends every
+process the command started, also those that left the group with `setsid` or a double fork:
+they live in the sandbox's PID namespace, which dies with it.
 
 The deny patterns are a speed bump against an obviously destructive command typed by a
 confused model, not a security boundary: a shell offers endless ways to spell the same thing.
+The sandbox is the boundary.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from pydantic import Field
 
 from nanobot.tools.base import Tool, ToolError, ToolParams
+from nanobot.tools.sandbox import Sandbox
 
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
     # rm with a recursive flag aimed at /, /*, ~ or $HOME
@@ -54,13 +58,15 @@ class ExecParams(ToolParams):
 
 
 class ExecTool(Tool[ExecParams]):
-    """Runs a shell command in the workspace with a minimal environment and a deadline."""
+    """Runs a shell command in the workspace, in `sandbox`, with a minimal environment and a
+    deadline."""
 
     name = "exec"
     description = (
         "Run a shell command (/bin/sh -c) in the workspace directory and return its exit code "
-        "and combined stdout/stderr. Background processes are stopped when the command ends. "
-        "No network credentials or API keys are available in its environment."
+        "and combined stdout/stderr. It runs in a sandbox: only the workspace is writable "
+        "(and is HOME), files outside it are not visible, and background processes are "
+        "stopped when the command ends. No credentials or API keys are in its environment."
     )
     params = ExecParams
 
@@ -68,11 +74,13 @@ class ExecTool(Tool[ExecParams]):
         self,
         workspace: Path,
         *,
+        sandbox: Sandbox,
         timeout: float = 60,
         deny_patterns: Sequence[str] = DEFAULT_DENY_PATTERNS,
         max_output_bytes: int = MAX_OUTPUT_BYTES,
     ) -> None:
         self.workspace = workspace
+        self.sandbox = sandbox
         self.timeout = timeout
         self.max_output_bytes = max_output_bytes
         self._deny: list[re.Pattern[str]] = []
@@ -83,6 +91,7 @@ class ExecTool(Tool[ExecParams]):
                 raise ValueError(f"invalid exec deny pattern {pattern!r}: {exc}") from None
 
     async def run(self, args: ExecParams) -> str:
+        argv = self.sandbox.command(["/bin/sh", "-c", args.command])
         for pattern in self._deny:
             if pattern.search(args.command):
                 raise ToolError(
@@ -94,11 +103,9 @@ class ExecTool(Tool[ExecParams]):
         try:
             transport, shell = await loop.subprocess_exec(
                 lambda: _Shell(self.max_output_bytes),
-                "/bin/sh",
-                "-c",
-                args.command,
+                *argv,
                 cwd=self.workspace,
-                env=_minimal_env(self.workspace),
+                env=_minimal_env(self.workspace, self.sandbox.path),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -112,8 +119,8 @@ class ExecTool(Tool[ExecParams]):
             transport.close()
         if timed_out:
             raise ToolError(
-                f"the command timed out after {timeout:g} s and was killed with its process "
-                f"group. Output before that:\n{shell.text()}"
+                f"the command timed out after {timeout:g} s and was stopped. Output before "
+                f"that:\n{shell.text()}"
             )
         return f"{_describe_exit(transport.get_returncode())}\n{shell.text()}"
 
@@ -199,10 +206,10 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-def _minimal_env(workspace: Path) -> dict[str, str]:
+def _minimal_env(workspace: Path, path: str) -> dict[str, str]:
     """The whole environment a command sees: nothing of nanobot's secrets."""
     return {
-        "PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin",
+        "PATH": path,
         "HOME": str(workspace),
         "LANG": os.environ.get("LANG") or "C.UTF-8",
         "TERM": "dumb",  # no colour codes or pagers in output meant for a model
