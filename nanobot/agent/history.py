@@ -18,7 +18,10 @@ from nanobot.providers.base import Message
 from nanobot.store import Entry, SessionStore
 
 PAGE = 200
-INTERRUPTED = "Interrupted by a restart; not run again."
+INTERRUPTED = (
+    "Interrupted by a restart before its result was recorded: it may have run in part or in "
+    "whole (check its effects before repeating it); it was not run again."
+)
 TOKEN_CACHE_SIZE = 50_000
 WINDOW_CACHE_SIZE = 256  # sessions whose last window is kept for the next turn
 
