@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from nanobot.tools import shell
+from nanobot.tools.base import ToolError
 from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.sandbox import Confinement, Sandbox, Unavailable, Unconfined, probe
 from nanobot.tools.shell import ExecParams, ExecTool
@@ -154,9 +155,7 @@ async def test_requested_timeout_is_capped_at_the_configured_one(
 async def test_a_process_ignoring_sigterm_is_killed(tmp_path: Path, sandbox: Sandbox) -> None:
     mark = marker()
     command = f"trap '' TERM; sleep {mark}; sleep 5"
-    result = await registry(tmp_path, sandbox).execute(
-        "exec", {"command": command, "timeout": 0.3}
-    )
+    result = await registry(tmp_path, sandbox).execute("exec", {"command": command, "timeout": 0.3})
     assert result.is_error
     assert await gone(mark)
 
@@ -225,7 +224,7 @@ async def test_escaped_processes_die_on_timeout_and_on_stop(
         with pytest.raises(asyncio.CancelledError):
             await call
     else:
-        with pytest.raises(shell.ToolError, match="timed out"):
+        with pytest.raises(ToolError, match="timed out"):
             await call
     assert await gone(mark)
 

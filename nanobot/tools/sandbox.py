@@ -234,12 +234,13 @@ def _bwrap_args(confinement: Confinement, path_env: str) -> tuple[list[str], lis
             bound.append(root)
     args += _unreadable_masks(Path("/etc"))
     args += _etc_link_targets(bound)
+    # Before the binds below, which may lie inside /tmp.
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]
     visible, prefixes = _path_prefixes(path_env, hidden, workspace)
     for prefix in prefixes:
         args += ["--ro-bind", str(prefix), str(prefix)]
         args += _unreadable_masks(prefix, recursive=False)
     bound += prefixes
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]
     args += ["--bind", str(workspace), str(workspace)]
     bound.append(workspace)
     args += _hidden_masks(hidden, bound)
