@@ -28,7 +28,7 @@ from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Notify, Origin, Subagents, SubagentSettings, subagent_tools
 from nanobot.bus.events import ChatRef
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import Channel, InboxPolicy, IntakeFn, Progress, Streams
+from nanobot.channels.base import Channel, InboxPolicy, IntakePort, Progress, Streams
 from nanobot.channels.manager import ChannelManager
 from nanobot.config import Config
 from nanobot.cron.jobs import Jobs
@@ -384,7 +384,7 @@ def _channel_rules(config: Config) -> dict[str, ChannelRules]:
 
 def build_channels(
     config: Config,
-    intake: IntakeFn,
+    intake: IntakePort,
     progress: Progress | None = None,
     streams: Streams | None = None,
 ) -> list[Channel]:

@@ -3,8 +3,9 @@
 Deny by default. A sender is allowed by the channel's `allow_from` (numeric platform ids, or
 "*") or by an approved pairing. An unknown sender in a private chat gets a pairing code and
 nothing else; in a group they are ignored. Group messages are answered only as the channel's
-`group_policy` says. An allowed message is journaled (recognising redeliveries) and queued
-for the agent, in that order, before the channel acknowledges it.
+`group_policy` says. Channels ask `admits` before downloading a message's files, so nothing a
+stranger sends is fetched. An allowed message is journaled (recognising redeliveries) and
+queued for the agent, in that order, before the channel acknowledges it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from nanobot.bus.events import InboundMessage, OutboundMessage
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_record
 from nanobot.channels.base import Intake
+from nanobot.log import printable
 from nanobot.store import Access, Journal
+from nanobot.store.access import MAX_PENDING
 
 GroupPolicy = Literal["mention", "open", "disabled"]
 
@@ -45,7 +48,7 @@ def pairing_notice(code: str) -> str:
 
 
 class Gate:
-    """Decides on every inbound message; the `intake` given to channels."""
+    """Decides on every inbound message; the `IntakePort` given to channels."""
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class Gate:
         self._journal = journal
         self._bus = bus
         self._closed = False
+        self._crowded: set[str] = set()  # channels whose pairing requests push out others
 
     def close(self) -> None:
         """Stop handing messages to the agent: from now on an allowed message is journaled
@@ -79,6 +83,12 @@ class Gate:
                 who = "nobody yet (allow_from is empty): unknown users get a pairing code"
             lines.append(f"{name}: answers {who}; groups: {rules.group_policy}")
         return lines
+
+    async def admits(self, channel: str, sender_id: str, *, private: bool, addressed: bool) -> bool:
+        rules = self._rules.get(channel)
+        if rules is None or not (private or _listens(rules.group_policy, addressed)):
+            return False
+        return await self._allowed(rules, channel, sender_id)
 
     async def __call__(self, message: InboundMessage) -> Intake:
         refusal = await self._check(message)
@@ -107,22 +117,21 @@ class Gate:
         rules = self._rules.get(message.chat.channel)
         if rules is None:
             return self._refuse(message, "unknown channel")
+        channel, sender = message.chat.channel, message.sender_id
         if message.is_private:
-            if await self._allowed(rules, message):
+            if await self._allowed(rules, channel, sender):
                 return None
             return Intake.CLOSED if self._closed else await self._pair(message)
-        if rules.group_policy == "disabled" or (
-            rules.group_policy == "mention" and not message.addressed
-        ):
+        if not _listens(rules.group_policy, message.addressed):
             return Intake.REFUSED  # not talking to us: not even worth a log line
-        if not await self._allowed(rules, message):
+        if not await self._allowed(rules, channel, sender):
             return self._refuse(message, "sender is not allowed")
         return None
 
-    async def _allowed(self, rules: ChannelRules, message: InboundMessage) -> bool:
-        if rules.everyone or message.sender_id in rules.allow_from:
+    async def _allowed(self, rules: ChannelRules, channel: str, sender_id: str) -> bool:
+        if rules.everyone or sender_id in rules.allow_from:
             return True
-        return await self._access.is_allowed(message.chat.channel, message.sender_id)
+        return await self._access.is_allowed(channel, sender_id)
 
     def _refuse(self, message: InboundMessage, why: str) -> Intake:
         logger.info(
@@ -139,18 +148,37 @@ class Gate:
         issued = await self._access.request(
             channel, message.sender_id, message.chat.chat_id, message.sender_name
         )
-        if issued is None:
-            return self._refuse(message, "unknown sender; too many pairing requests pending")
-        code, new = issued
-        if not new:
-            return self._refuse(message, f"unknown sender; pairing code {code} already sent")
+        if not issued.new:
+            return self._refuse(message, f"unknown sender; pairing code {issued.code} already sent")
+        self._note_crowding(channel, issued.evicted)
         logger.info(
-            "pairing requested on {} by user {} ({}): code {}",
+            "pairing requested on {} by user {} ({}): code {}; approve with "
+            "`nanobot pairing approve {}`",
             channel,
             message.sender_id,
-            message.sender_name or "no name",
-            code,
+            printable(message.sender_name or "no name"),
+            issued.code,
+            issued.code,
         )
-        notice = OutboundMessage(message.chat, pairing_notice(code), kind="notice")
+        notice = OutboundMessage(message.chat, pairing_notice(issued.code), kind="notice")
         await self._bus.publish(notice)
         return Intake.PAIRING
+
+    def _note_crowding(self, channel: str, evicted: int) -> None:
+        """Warn once when a channel's pairing requests start pushing out older ones, not on
+        every request while that lasts: a flood would otherwise flood the log as well."""
+        if not evicted:
+            self._crowded.discard(channel)
+        elif channel not in self._crowded:
+            self._crowded.add(channel)
+            logger.warning(
+                "{}: {} pairing requests are waiting, so each new one now replaces the oldest "
+                "(many strangers, or one with many accounts?); see `nanobot pairing list`",
+                channel,
+                MAX_PENDING,
+            )
+
+
+def _listens(policy: GroupPolicy, addressed: bool) -> bool:
+    """Whether a group message is for us under `policy`."""
+    return policy == "open" or (policy == "mention" and addressed)

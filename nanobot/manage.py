@@ -20,6 +20,7 @@ from nanobot.cron.jobs import Jobs
 from nanobot.cron.models import Job
 from nanobot.cron.schedule import describe
 from nanobot.store import Access, Database, SessionStore
+from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore
 from nanobot.workspace import bundled, copy_template
 
@@ -46,7 +47,7 @@ async def _approve(access: Access, code: str) -> tuple[list[str], bool]:
     request = await access.approve(code)
     if request is None:
         return [f"No pending request has the code {code} (or it expired)."], False
-    who = f"{request.name or 'user'} ({request.channel} id {request.user_id})"
+    who = f"{_name(request.name, 'user')} ({request.channel} id {request.user_id})"
     return [f"Approved {who}. They can talk to nanobot now."], True
 
 
@@ -67,18 +68,25 @@ async def _pairing_list(access: Access) -> tuple[list[str], bool]:
     pending = await access.pending()
     for r in pending:
         expires = r.expires_at.astimezone().strftime("%H:%M")
-        lines.append(f"  {r.code}  {r.channel} user {r.user_id} ({r.name or '?'}), until {expires}")
+        who = f"{r.channel} user {r.user_id} ({_name(r.name)})"
+        lines.append(f"  {r.code}  {who}, until {expires}")
     if not pending:
         lines.append("  none")
     lines.append("Approved users:")
     allowed = await access.allowed()
     for u in allowed:
         lines.append(
-            f"  {u.channel} user {u.user_id} ({u.name or '?'}), since {u.approved_at:%Y-%m-%d}"
+            f"  {u.channel} user {u.user_id} ({_name(u.name)}), since {u.approved_at:%Y-%m-%d}"
         )
     if not allowed:
         lines.append("  none")
     return lines, True
+
+
+def _name(name: str | None, missing: str = "?") -> str:
+    """A chat user's display name, chosen by them: escaped so it cannot move the cursor or
+    pose as another line of the listing."""
+    return log.printable(name) if name else missing
 
 
 def onboard(path: Path, answers: dict[str, str]) -> list[str]:
@@ -153,10 +161,24 @@ def status(config: Config, path: Path) -> list[tuple[str, str]]:
 async def _store_rows(db_path: Path) -> list[tuple[str, str]]:
     async with await Database.open(db_path) as db:
         stats = await SessionStore(db).stats()
+        waiting = await Access(db).waiting()
     return [
         ("state", f"{db_path} ({stats.size_bytes / 1024:.0f} KiB)"),
         ("sessions", f"{stats.sessions} ({stats.live_sessions} live), {stats.entries} entries"),
+        ("pairing", _waiting(waiting)),
     ]
+
+
+def _waiting(waiting: dict[str, int]) -> str:
+    """The pending pairing requests, per channel, and which channels are full."""
+    if not waiting:
+        return "no requests waiting"
+    parts = []
+    for channel, count in waiting.items():
+        full = " (full: a new one replaces the oldest)" if count >= MAX_PENDING else ""
+        parts.append(f"{channel} {count}{full}")
+    total = sum(waiting.values())
+    return f"{total} request(s) waiting: {', '.join(parts)}; see `nanobot pairing list`"
 
 
 async def _jobs_call(config: Config, work: Callable[[Jobs], Awaitable[list[str]]]) -> list[str]:

@@ -19,12 +19,15 @@ from loguru import logger
 from pydantic import SecretStr
 
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
+from nanobot.bus.queue import MessageBus
 from nanobot.channels._discord_inbound import is_addressed, text_for_agent
-from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, Streams
+from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, IntakePort, Streams
 from nanobot.channels.discord import DiscordChannel
 from nanobot.channels.render import split_discord
 from nanobot.config import DiscordConfig
 from nanobot.errors import ConfigError
+from nanobot.gate import ChannelRules, Gate
+from nanobot.store import Access, Database, Journal
 from tests.fakes.discord import (
     AttachmentFile,
     FakeDiscord,
@@ -39,12 +42,17 @@ DISCORD_GATEWAY = DiscordWebSocket.DEFAULT_GATEWAY
 
 
 class Recorder:
-    """An intake that records what it is given and answers `result`."""
+    """An intake that records what it is given and answers `result`. It admits, as the gate
+    would with `group_policy: mention`, everyone but `strangers`."""
 
     def __init__(self, result: Intake = Intake.ACCEPTED) -> None:
         self.result = result
         self.messages: list[InboundMessage] = []
+        self.strangers: set[str] = set()
         self._changed = asyncio.Event()
+
+    async def admits(self, channel: str, sender_id: str, *, private: bool, addressed: bool) -> bool:
+        return (private or addressed) and sender_id not in self.strangers
 
     async def __call__(self, message: InboundMessage) -> Intake:
         self.messages.append(message)
@@ -105,7 +113,7 @@ def intake() -> Recorder:
 
 def make_channel(
     fake: FakeDiscord,
-    intake: Recorder,
+    intake: IntakePort,
     inbox: InboxPolicy,
     *,
     token: str = TOKEN,
@@ -281,6 +289,47 @@ async def test_attachments_saved_and_oversize_refused(
     [notice] = await fake.wait_for_sent(1, world.dm)
     assert notice.reply_to == message_id
     assert notice.content == "I can't take huge.bin (4.88 KB): files may be at most 1000 bytes."
+
+
+async def test_a_strangers_files_are_never_downloaded_yet_they_get_a_pairing_code(
+    fake: FakeDiscord, world: World, inbox: InboxPolicy, tmp_path: Path
+) -> None:
+    stranger = fake.add_user("mallory")
+    secret = [AttachmentFile("payload.exe", b"MZ...")]
+    async with await Database.open(tmp_path / "state.db") as db:
+        bus = MessageBus()
+        rules = {"discord": ChannelRules(frozenset({str(world.ada)}), "open")}
+        gate = Gate(rules, Access(db), Journal(db), bus)
+        async with running(make_channel(fake, gate, inbox, group_policy="open")):
+            fake.user_message(fake.dm_channel(stranger), "", user_id=stranger, attachments=secret)
+            fake.user_message(world.channel, "look", user_id=stranger, attachments=secret)
+            async with asyncio.timeout(5):
+                notice = await anext(bus.outbound("discord"))
+            [request] = await Access(db).pending()
+            assert request.user_id == str(stranger)
+            assert isinstance(notice, OutboundMessage) and request.code in notice.text
+            mine = [AttachmentFile("notes.txt", b"for you")]
+            fake.user_message(world.dm, "here", user_id=world.ada, attachments=mine)
+            async with asyncio.timeout(5):
+                message = await anext(bus.inbound())
+        assert [a.path.read_bytes() for a in message.attachments] == [b"for you"]
+        assert [path.rsplit("/", 1)[-1] for path in fake.downloads] == ["notes.txt"]
+        assert [p.name for p in inbox.directory.iterdir()] == ["notes.txt"]
+
+
+async def test_a_file_sent_before_approval_is_asked_for_again(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    # Approved between the check and the hand-over: the message is taken, without the file.
+    intake.strangers.add(str(world.ada))
+    async with running(make_channel(fake, intake, inbox)):
+        files = [AttachmentFile("a.txt", b"data")]
+        fake.user_message(world.dm, "", user_id=world.ada, attachments=files)
+        [message] = await intake.wait()
+        [notice] = await fake.wait_for_sent(1, world.dm)
+    assert message.attachments == () and "a.txt" in message.text
+    assert "send it again" in notice.content
+    assert fake.downloads == [] and not inbox.directory.exists()
 
 
 async def test_closed_intake_drops_the_message_and_its_files(

@@ -10,21 +10,23 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Literal
 
 import pytest
 from pydantic import SecretStr
 from telegram import Chat, ForumTopicCreated, Message, MessageEntity, User
 
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
+from nanobot.bus.queue import MessageBus
 from nanobot.channels._telegram_inbound import is_addressed, text_without_mentions
 from nanobot.channels._telegram_send import Retry
 from nanobot.channels._typing import DELAY as TYPING_DELAY
-from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, Progress
+from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, IntakePort, Progress
 from nanobot.channels.render import plain_text, split_telegram, telegram_html, visible_length
 from nanobot.channels.telegram import TelegramChannel
 from nanobot.config import TelegramConfig
 from nanobot.errors import ConfigError
+from nanobot.gate import ChannelRules, Gate, GroupPolicy
+from nanobot.store import Access, Database, Journal
 from tests.fakes._telegram_html import utf16_len
 from tests.fakes.telegram import (
     DEFAULT_TOKEN,
@@ -46,13 +48,25 @@ pytestmark = pytest.mark.filterwarnings("ignore::telegram.warnings.PTBDeprecatio
 
 
 class Recorder:
-    """An intake that records what it is given and answers `result` (or what `decide` says)."""
+    """An intake that records what it is given and answers `result` (or what `decide` says).
 
-    def __init__(self, result: Intake = Intake.ACCEPTED) -> None:
+    It admits, as the gate would with the channel's `group_policy`, everyone but `strangers`.
+    """
+
+    def __init__(
+        self, result: Intake = Intake.ACCEPTED, group_policy: GroupPolicy = "mention"
+    ) -> None:
         self.result = result
         self.messages: list[InboundMessage] = []
         self.decide: Callable[[InboundMessage], Awaitable[Intake]] | None = None
+        self.group_policy = group_policy
+        self.strangers: set[str] = set()
         self._changed = asyncio.Event()
+
+    async def admits(self, channel: str, sender_id: str, *, private: bool, addressed: bool) -> bool:
+        policy = self.group_policy
+        listens = private or policy == "open" or (policy == "mention" and addressed)
+        return listens and sender_id not in self.strangers
 
     async def __call__(self, message: InboundMessage) -> Intake:
         self.messages.append(message)
@@ -79,10 +93,10 @@ def inbox(tmp_path: Path) -> InboxPolicy:
 
 def make_channel(
     fake: FakeTelegram,
-    intake: Recorder,
+    intake: IntakePort,
     inbox: InboxPolicy,
     *,
-    group_policy: Literal["mention", "open", "disabled"] = "mention",
+    group_policy: GroupPolicy = "mention",
     stream_interval: float = 0.2,
     progress: Progress | None = None,
 ) -> TelegramChannel:
@@ -259,13 +273,57 @@ async def test_oversize_files_are_refused_with_a_notice(
 async def test_files_of_refused_messages_are_not_kept(
     fake: FakeTelegram, inbox: InboxPolicy
 ) -> None:
-    intake = Recorder(Intake.REFUSED)
+    intake = Recorder(Intake.REFUSED, group_policy="open")
     async with running(make_channel(fake, intake, inbox, group_policy="open")):
         fake.user_document(USER, filename="a.txt", content=b"a", user_id=USER)
         fake.user_photo(GROUP, content=b"p", user_id=7, chat_type="supergroup")
         await intake.wait(2)
         await fake.wait_for(lambda: not fake.pending_updates)
     assert list(inbox.directory.iterdir()) == []
+
+
+async def test_a_strangers_files_are_never_downloaded_yet_they_get_a_pairing_code(
+    fake: FakeTelegram, inbox: InboxPolicy, tmp_path: Path
+) -> None:
+    stranger = 666
+    async with await Database.open(tmp_path / "state.db") as db:
+        bus = MessageBus()
+        rules = {"telegram": ChannelRules(frozenset({str(USER)}), "open")}
+        gate = Gate(rules, Access(db), Journal(db), bus)
+        async with running(make_channel(fake, gate, inbox, group_policy="open")):
+            fake.user_photo(stranger, content=b"\xff\xd8private", user_id=stranger)
+            fake.user_document(stranger, filename="a.txt", content=b"a", user_id=stranger)
+            fake.user_photo(GROUP, content=b"p", user_id=stranger, chat_type="supergroup")
+            await fake.wait_for(lambda: not fake.pending_updates)
+            assert fake.calls("getFile") == [] and fake.downloads == []
+            assert not inbox.directory.exists()
+            [request] = await Access(db).pending()  # one code, though two private messages
+            assert request.user_id == str(stranger)
+            async with asyncio.timeout(5):
+                notice = await anext(bus.outbound("telegram"))
+            assert isinstance(notice, OutboundMessage) and request.code in notice.text
+            assert await Journal(db).pending_inbound() == []
+            fake.user_photo(USER, content=b"\xff\xd8mine", user_id=USER)
+            async with asyncio.timeout(5):
+                message = await anext(bus.inbound())
+        [photo] = message.attachments
+        assert photo.path.read_bytes() == b"\xff\xd8mine"
+        assert len(fake.calls("getFile")) == len(fake.downloads) == 1
+
+
+async def test_a_file_sent_before_approval_is_asked_for_again(
+    fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    # Approved between the check and the hand-over: the message is taken, without the file.
+    intake = Recorder()
+    intake.strangers.add(str(USER))
+    async with running(make_channel(fake, intake, inbox)):
+        fake.user_photo(USER, content=b"\xff\xd8jpeg", user_id=USER)
+        [message] = await intake.wait()
+        [notice] = await fake.wait_for_sent(1, chat_id=USER)
+    assert message.attachments == () and "photo_" in message.text
+    assert "send it again" in notice.visible
+    assert fake.downloads == [] and not inbox.directory.exists()
 
 
 # ---- acknowledgement ----------------------------------------------------------------------

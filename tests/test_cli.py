@@ -9,6 +9,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanobot.store import Access, Database
+from nanobot.store.access import MAX_PENDING
 from tests.conftest import Home
 from tests.fakes.llm import FakeLLM, ServerError, Text
 
@@ -144,6 +146,29 @@ async def test_status_shows_figures_and_no_secrets(home: Home, fake_llm: FakeLLM
     assert "1 (1 live), 2 entries" in result.stdout
     for secret in (SECRET, "tg-secret"):
         assert secret not in result.stdout + result.stderr
+
+
+async def test_status_and_pairing_list_show_who_waits_without_terminal_tricks(
+    home: Home,
+) -> None:
+    forged = "Eve\x1b[2J\nApproved users:\u202e"
+    async with await Database.open(home.data_dir / "state.db") as db:
+        access = Access(db)
+        await access.request("telegram", "7", "7", forged)
+        for user in range(MAX_PENDING):
+            await access.request("discord", str(user), str(user), None)
+    status = await nanobot(home, "status")
+    assert status.code == 0, status.stderr
+    [line] = [line for line in status.stdout.splitlines() if line.startswith("pairing")]
+    assert f"{MAX_PENDING + 1} request(s) waiting" in line
+    assert f"discord {MAX_PENDING} (full: a new one replaces the oldest)" in line
+    assert "telegram 1," in line or "telegram 1;" in line
+    listing = await nanobot(home, "pairing", "list")
+    assert listing.code == 0, listing.stderr
+    assert "\x1b" not in listing.stdout and "\u202e" not in listing.stdout
+    assert "(Eve\\x1b[2J\\nApproved users:\\u202e)" in listing.stdout
+    assert listing.stdout.count("Approved users:") == 2  # the heading, and the name escaped
+    assert len(listing.stdout.splitlines()) == MAX_PENDING + 4
 
 
 async def test_secrets_never_reach_the_log_file(home: Home, fake_llm: FakeLLM) -> None:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage
 from nanobot.bus.queue import MessageBus
@@ -92,12 +93,78 @@ async def test_unknown_private_sender_gets_one_pairing_code(db: Database) -> Non
     assert await Journal(db).pending_inbound() == []  # nothing reached the agent
 
 
-async def test_at_most_three_pending_codes_per_channel(db: Database) -> None:
+async def test_a_flood_of_strangers_locks_nobody_out_and_the_owner_is_warned_once(
+    db: Database,
+) -> None:
     bus = MessageBus()
     gate = make_gate(db, bus, set())
-    results = [await gate(message(str(user), mid=str(user))) for user in range(MAX_PENDING + 1)]
-    assert results[:MAX_PENDING] == [Intake.PAIRING] * MAX_PENDING
-    assert results[-1] is Intake.REFUSED
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(str(m)), level="WARNING", format="{message}")
+    try:
+        flood = [await gate(message(str(user), mid=str(user))) for user in range(MAX_PENDING + 5)]
+        # Room again (the owner denied one), then a new flood: a new warning.
+        assert await Access(db).deny((await Access(db).pending())[0].code)
+        await gate(message("room", mid="r"))
+        await gate(message("again", mid="a"))
+    finally:
+        logger.remove(sink)
+    assert flood == [Intake.PAIRING] * (MAX_PENDING + 5)  # everyone got a code
+    assert len(drain_outbound(bus)) == MAX_PENDING + 7
+    assert len(await Access(db).pending()) == MAX_PENDING
+    assert [r.user_id for r in await Access(db).pending()][-2:] == ["room", "again"]
+    assert len(warnings) == 2 and all("replaces the oldest" in w for w in warnings)
+
+
+async def test_the_owner_log_names_the_code_and_cannot_be_forged_by_a_name(
+    db: Database,
+) -> None:
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+    try:
+        gate = make_gate(db, MessageBus(), set())
+        forged = "Eve\x1b[1A\nINFO pairing approved for everyone"
+        chat = ChatRef("telegram", "7")
+        await gate(InboundMessage(chat, "7", "hi", "1", forged, is_private=True, addressed=True))
+    finally:
+        logger.remove(sink)
+    (request,) = await Access(db).pending()
+    [line] = [line for line in lines if "pairing requested" in line]
+    assert request.code in line and "\n" not in line and "\x1b" not in line
+    assert "Eve\\x1b[1A\\nINFO" in line
+
+
+@pytest.mark.parametrize(
+    ("sender", "chat", "policy", "admitted"),
+    [
+        ("42", "private", "mention", True),  # in allow_from
+        ("7", "private", "mention", False),  # a stranger: no download, a pairing code
+        ("paired", "private", "mention", True),  # an approved pairing
+        ("42", "addressed", "mention", True),
+        ("42", "group", "mention", False),  # not talking to us
+        ("42", "group", "open", True),
+        ("42", "addressed", "disabled", False),
+        ("7", "addressed", "open", False),
+    ],
+)
+async def test_admits_answers_before_anything_is_downloaded(
+    db: Database, sender: str, chat: str, policy: GroupPolicy, admitted: bool
+) -> None:
+    await Access(db).allow("telegram", "paired")
+    bus = MessageBus()
+    gate = make_gate(db, bus, {"42"}, policy)
+    private, addressed = chat == "private", chat != "group"
+    answer = await gate.admits("telegram", sender, private=private, addressed=addressed)
+    assert answer is admitted
+    assert await Access(db).pending() == [] and drain_outbound(bus) == []  # it changes nothing
+    assert await Journal(db).pending_inbound() == []
+
+
+async def test_admits_everyone_with_a_star_and_nobody_on_an_unknown_channel(
+    db: Database,
+) -> None:
+    gate = make_gate(db, MessageBus(), {"*"})
+    assert await gate.admits("telegram", "999", private=True, addressed=True)
+    assert not await gate.admits("discord", "999", private=True, addressed=True)
 
 
 async def test_approval_takes_effect_at_once(db: Database) -> None:

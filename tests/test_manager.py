@@ -7,23 +7,28 @@ from collections.abc import Callable
 
 import pytest
 
-from nanobot.bus.events import ChatRef, Outbound, OutboundMessage, Typing
+from nanobot.bus.events import ChatRef, InboundMessage, Outbound, OutboundMessage, Typing
 from nanobot.bus.queue import MessageBus
 from nanobot.channels import manager as manager_module
-from nanobot.channels.base import Channel, DeliveryError, Intake, IntakeFn
+from nanobot.channels.base import Channel, DeliveryError, Intake
 from nanobot.channels.manager import ChannelManager
 
 
-async def refuse(_: object) -> Intake:
-    return Intake.REFUSED
+class Nobody:
+    """An intake that takes nothing."""
+
+    async def admits(self, channel: str, sender_id: str, *, private: bool, addressed: bool) -> bool:
+        return False
+
+    async def __call__(self, message: InboundMessage) -> Intake:
+        return Intake.REFUSED
 
 
 class ScriptedChannel(Channel):
     def __init__(
         self, name: str, *, crashes: int = 0, slow: float = 0.0, failures: int = 0
     ) -> None:
-        intake: IntakeFn = refuse
-        super().__init__(intake)
+        super().__init__(Nobody())
         self.name = name
         self.crashes = crashes
         self.runs = 0

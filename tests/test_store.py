@@ -16,7 +16,17 @@ from typing import Any
 import pytest
 
 from nanobot.errors import StoreError
-from nanobot.store import Database, Entry, Journal, NewEntry, SessionStore, SqlValue, migrations
+from nanobot.store import (
+    Access,
+    Database,
+    Entry,
+    Journal,
+    NewEntry,
+    SessionStore,
+    SqlValue,
+    migrations,
+)
+from nanobot.store.access import MAX_PENDING
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -731,3 +741,40 @@ async def test_disk_full_raises_a_clear_error_and_keeps_earlier_entries(
     assert await store.tail(session, 100) == earlier
     await db.fetchall("PRAGMA max_page_count = 1073741823")
     assert len(await store.append(session, big)) == 5  # the connection is usable again
+
+
+# --- access: pairing requests ----------------------------------------------------------------
+
+
+async def test_a_user_keeps_one_pairing_code_while_it_is_valid(db: Database) -> None:
+    access = Access(db)
+    first = await access.request("telegram", "7", "7", "Eve")
+    again = await access.request("telegram", "7", "7", "Eve")
+    assert first.new and not again.new and again.code == first.code
+    assert [r.user_id for r in await access.pending()] == ["7"]
+
+
+async def test_a_full_channel_replaces_its_oldest_request(db: Database) -> None:
+    access = Access(db)
+    users = [str(n) for n in range(MAX_PENDING)]
+    issued = [await access.request("telegram", user, user, None) for user in users]
+    await access.request("discord", "1", "1", None)  # another channel's count is its own
+    assert [i.evicted for i in issued] == [0] * MAX_PENDING
+    newcomer = await access.request("telegram", "new", "new", None)
+    assert newcomer.new and newcomer.evicted == 1
+    telegram = [r.user_id for r in await access.pending() if r.channel == "telegram"]
+    assert telegram == [*users[1:], "new"]
+    assert await access.waiting() == {"discord": 1, "telegram": MAX_PENDING}
+    assert await access.approve(issued[0].code) is None  # its code no longer works
+    assert await access.approve(newcomer.code) is not None
+    back = await access.request("telegram", "0", "0", None)  # writing again: a fresh code
+    assert back.new and back.code != issued[0].code and back.evicted == 0
+
+
+async def test_expired_requests_neither_wait_nor_take_room(db: Database) -> None:
+    access = Access(db)
+    for user in range(MAX_PENDING):
+        await access.request("telegram", str(user), str(user), None)
+    await db.execute("UPDATE pairing_requests SET expires_at = '2000-01-01T00:00:00+00:00'")
+    assert await access.waiting() == {} and await access.pending() == []
+    assert (await access.request("telegram", "new", "new", None)).evicted == 0

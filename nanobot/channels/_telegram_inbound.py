@@ -17,7 +17,14 @@ from telegram.error import BadRequest
 
 from nanobot.bus.events import Attachment, ChatRef, InboundMessage
 from nanobot.channels._telegram_send import Retry, attempt
-from nanobot.channels.base import DeliveryError, InboxPolicy, safe_filename, save_file
+from nanobot.channels.base import (
+    DeliveryError,
+    InboxPolicy,
+    IntakePort,
+    not_fetched,
+    safe_filename,
+    save_file,
+)
 
 CHANNEL = "telegram"
 MB = 1024 * 1024
@@ -199,19 +206,25 @@ class Received:
 
 
 async def read(
-    update: Update, bot: Bot, inbox: InboxPolicy, group_policy: str, retry: Retry
+    update: Update, bot: Bot, inbox: InboxPolicy, intake: IntakePort, retry: Retry
 ) -> Received:
-    """The update as an InboundMessage, its files downloaded and saved under the inbox."""
+    """The update as an InboundMessage, its files downloaded and saved under the inbox if
+    `intake` admits the sender (nothing of a stranger's is fetched; their message still goes
+    to intake, which may send them a pairing code)."""
     message, me = update.message, bot.bot
     received = Received(None, message)
     if message is None or message.from_user is None or for_another_bot(message, me):
         return received
     received.addressed = addressed = is_addressed(message, me)
     private = message.chat.type == ChatType.PRIVATE
-    # Files nobody will read are not downloaded (the gate refuses those messages).
-    wanted = private or group_policy == "open" or (group_policy == "mention" and addressed)
+    sender_id = str(message.from_user.id)  # numeric: usernames can change hands
+    # Nothing is fetched that the gate would not take. A stranger's private message is still
+    # handed over, even if it was only files: the gate offers them pairing.
+    admitted = await intake.admits(CHANNEL, sender_id, private=private, addressed=addressed)
+    if not admitted and private:
+        received.refusals = [not_fetched(remote.name) for remote in remote_files(message)]
     attachments = []
-    for remote in remote_files(message) if wanted else []:
+    for remote in remote_files(message) if admitted else []:
         data = await download(bot, remote, inbox, retry)
         if isinstance(data, str):
             received.refusals.append(data)
@@ -221,10 +234,10 @@ async def read(
         attachments.append(Attachment(remote.kind, path, remote.mime_type, len(data)))
     text = text_without_mentions(message, me)
     notes = "\n".join(f"({line})" for line in received.refusals)
-    if text or attachments:
+    if text or attachments or (received.refusals and not admitted):
         received.message = InboundMessage(
             chat=chat_ref(message),
-            sender_id=str(message.from_user.id),  # numeric: usernames can change hands
+            sender_id=sender_id,
             text=f"{text}\n\n{notes}".strip() if notes else text,
             message_id=message_key(message),
             sender_name=sender_name(message.from_user),

@@ -1,8 +1,9 @@
 """The channel port: what a chat platform adapter is, and what it is given.
 
 A channel knows its platform and its own config section, and nothing of the agent. It turns
-platform events into `InboundMessage`s and hands them to `intake` (which checks access,
-journals and queues them); it delivers `Outbound` traffic the manager gives it.
+platform events into `InboundMessage`s and hands them to its `IntakePort` (which checks access,
+journals and queues them), having asked it first whether the sender is admitted at all before
+downloading anything; it delivers `Outbound` traffic the manager gives it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Protocol
 
 from nanobot.bus.events import InboundMessage, Outbound
 
@@ -31,7 +33,35 @@ class Intake(Enum):
     CLOSED = "closed"
 
 
-IntakeFn = Callable[[InboundMessage], Awaitable[Intake]]
+class IntakePort(Protocol):
+    """Where a channel hands what it receives (the gate)."""
+
+    async def admits(self, channel: str, sender_id: str, *, private: bool, addressed: bool) -> bool:
+        """Whether a message from `sender_id` in such a chat would be taken: the sender is
+        allowed (allow list, "*" or an approved pairing) and, in a group, the channel's group
+        policy lets the message through. Asked before anything of the message is downloaded;
+        it changes nothing (no pairing code, no journal row). The answer can be out of date
+        by the time the message is handed over (an approval in between): `__call__` decides.
+
+        Raises:
+            StoreError: the approvals could not be read (the channel fails the message, as
+                when `__call__` fails).
+        """
+
+    async def __call__(self, message: InboundMessage) -> Intake:
+        """Decide on `message` and, if it is taken, journal and queue it before returning.
+
+        Raises:
+            StoreError: the journal could not be written; the message was not taken (do not
+                acknowledge it).
+        """
+
+
+def not_fetched(name: str) -> str:
+    """The line for a file that was not downloaded because its sender was not admitted (shown
+    only if the gate takes the message after all: the owner approved them meanwhile)."""
+    return f"I did not take {name}: it came before you were approved; please send it again."
+
 
 Progress = Callable[[int, int], Awaitable[None]]
 """Told (outbox id, parts on the platform) after each part of a long reply but the last, so
@@ -77,7 +107,7 @@ class Channel(ABC):
 
     name: str
 
-    def __init__(self, intake: IntakeFn) -> None:
+    def __init__(self, intake: IntakePort) -> None:
         self.intake = intake
 
     @abstractmethod

@@ -3,11 +3,12 @@
 In: discord.py keeps the gateway connection (heartbeats, and RESUME after a dropped
 connection, on which Discord replays every event that was missed). Each message discord.py
 dispatches goes straight into its chat's lane (`Lanes`: nothing awaited first, so nothing is
-dropped or reordered) and is taken from there: files fetched within the inbox's limit, then
-`intake`, which journals it. Discord has no acknowledgement and never delivers a message
-again: one that arrives while the gateway stops is still journaled (and answered after the
-restart); only a stranger's, which would need a pairing code (intake says CLOSED), is dropped
-with a warning. Message ids are Discord's snowflakes, unique across the platform.
+dropped or reordered) and is taken from there: files fetched within the inbox's limit (only
+if `intake` admits the sender), then `intake`, which journals it. Discord has no
+acknowledgement and never delivers a message again: one that arrives while the gateway stops
+is still journaled (and answered after the restart); only a stranger's, which would need a
+pairing code (intake says CLOSED), is dropped with a warning. Message ids are Discord's
+snowflakes, unique across the platform.
 
 Chats: a DM, a guild channel or a thread, each by its channel id. A thread has its own id, so
 it is its own session (see `_discord_inbound`).
@@ -54,9 +55,10 @@ from nanobot.channels.base import (
     DeliveryError,
     InboxPolicy,
     Intake,
-    IntakeFn,
+    IntakePort,
     Progress,
     Streams,
+    not_fetched,
 )
 from nanobot.channels.render import split_discord
 from nanobot.errors import ConfigError
@@ -136,7 +138,7 @@ class DiscordChannel(Channel):
     def __init__(
         self,
         config: DiscordSettings,
-        intake: IntakeFn,
+        intake: IntakePort,
         inbox: InboxPolicy,
         *,
         stream_interval: float = STREAM_INTERVAL,
@@ -231,17 +233,23 @@ class DiscordChannel(Channel):
             return _Received(None)
         private = inbound.is_private(message)
         received = _Received(None, addressed=inbound.is_addressed(message, me))
-        policy = self._config.group_policy
-        # Files nobody will read are not downloaded (the gate refuses those messages).
-        if private or policy == "open" or (policy == "mention" and received.addressed):
+        sender_id = str(message.author.id)
+        # Nothing is fetched that the gate would not take. A stranger's private message is
+        # still handed over, even if it was only files: the gate offers them pairing.
+        admitted = await self.intake.admits(
+            inbound.CHANNEL, sender_id, private=private, addressed=received.addressed
+        )
+        if admitted:
             received.saved, received.refusals = await inbound.fetch_files(message, self._inbox)
+        elif private:
+            received.refusals = [not_fetched(inbound.file_name(a)) for a in message.attachments]
         text = inbound.text_for_agent(message, me)
-        if not text and not received.saved:
+        if not text and not received.saved and (admitted or not received.refusals):
             return received  # nothing to hand over (perhaps only a refused file)
         notes = "\n".join(f"({line})" for line in received.refusals)
         received.message = InboundMessage(
             chat=inbound.chat_ref(message),
-            sender_id=str(message.author.id),
+            sender_id=sender_id,
             text=f"{text}\n\n{notes}".strip() if notes else text,
             message_id=str(message.id),
             sender_name=message.author.display_name,

@@ -3,11 +3,12 @@
 Nothing is acknowledged before it is journaled. PTB's Updater hands every update it fetched
 to the Application's `update_queue` and then asks Telegram for the next ones with a higher
 offset, which is what acknowledges them. Our queue's `put` *is* the intake: it starts
-turning the update into an `InboundMessage` and handing it to `intake` (which journals it),
-in the update's chat's lane (`IntakeLanes`: in order per chat, concurrently across chats),
-and the getUpdates request that would acknowledge it asks from the oldest update still being
-taken, so an update is confirmed only after the journal has it. No PTB handlers are registered; the
-Application never sees an update, so nothing is processed twice.
+turning the update into an `InboundMessage` (its files fetched only if `intake` admits the
+sender) and handing it to `intake` (which journals it), in the update's chat's lane
+(`IntakeLanes`: in order per chat, concurrently across chats), and the getUpdates request
+that would acknowledge it asks from the oldest update still being taken, so an update is
+confirmed only after the journal has it. No PTB handlers are registered; the Application
+never sees an update, so nothing is processed twice.
 
 Out: Markdown is rendered to Telegram HTML and split into messages of at most 4096 visible
 characters; a reply that was streamed is edited in place, at most about once a second.
@@ -46,7 +47,7 @@ from nanobot.channels.base import (
     DeliveryError,
     InboxPolicy,
     Intake,
-    IntakeFn,
+    IntakePort,
     Progress,
     Streams,
 )
@@ -109,7 +110,7 @@ class TelegramChannel(Channel):
     def __init__(
         self,
         config: TelegramSettings,
-        intake: IntakeFn,
+        intake: IntakePort,
         inbox: InboxPolicy,
         *,
         retry: Retry | None = None,
@@ -205,9 +206,7 @@ class TelegramChannel(Channel):
         if bot is None:  # stopping: leave it for the next start
             return False
         try:
-            received = await inbound.read(
-                update, bot, self._inbox, self._config.group_policy, self._sender.retry
-            )
+            received = await inbound.read(update, bot, self._inbox, self.intake, self._sender.retry)
         except Exception as exc:  # noqa: BLE001 - see above
             failures = self._failures.pop(update.update_id, 0) + 1
             if failures >= TAKE_ATTEMPTS:  # it can never be read: do not block the chat

@@ -17,7 +17,13 @@ from nanobot.store.database import Database
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I to misread
 CODE_LENGTH = 8
 CODE_TTL = timedelta(hours=1)
-MAX_PENDING = 3
+# Unexpired requests kept per channel. When the channel is full, a new request replaces the
+# oldest instead of being refused. Refusing would let anyone lock everyone else out with this
+# many throwaway accounts and one message each per hour; replacing makes them keep writing,
+# from ever new accounts, which the owner sees (a warning, `nanobot status`), while a real
+# person who loses their code gets a fresh one by writing again. Codes are typed only by the
+# owner, so more of them does not make guessing one any easier.
+MAX_PENDING = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,16 @@ class PairingRequest:
     name: str | None
     created_at: datetime
     expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Issued:
+    """A user's pairing code: `new` when made just now (else their unexpired one again), and
+    how many older requests of the channel it replaced (see MAX_PENDING)."""
+
+    code: str
+    new: bool
+    evicted: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +67,12 @@ class Access:
         )
         return row is not None
 
-    async def request(
-        self, channel: str, user_id: str, chat_id: str, name: str | None
-    ) -> tuple[str, bool] | None:
-        """A pairing code for this user: (code, newly made).
+    async def request(self, channel: str, user_id: str, chat_id: str, name: str | None) -> Issued:
+        """A pairing code for this user.
 
-        The user's unexpired code is reused (so repeated messages do not mint new ones).
-        None when the channel already has MAX_PENDING unexpired requests.
+        The user's unexpired code is reused (so repeated messages do not mint new ones); one
+        user has at most one. A new one on a channel that has MAX_PENDING unexpired requests
+        replaces the oldest of them.
         """
         now = datetime.now(UTC)
         async with self._db.transaction():
@@ -69,12 +84,18 @@ class Access:
                 (channel, user_id),
             )
             if row is not None:
-                return str(row["code"]), False
+                return Issued(str(row["code"]), new=False)
             count = await self._db.fetchone(
                 "SELECT count(*) FROM pairing_requests WHERE channel = ?", (channel,)
             )
-            if count is not None and int(count[0]) >= MAX_PENDING:
-                return None
+            excess = (int(count[0]) if count is not None else 0) - MAX_PENDING + 1
+            evicted = 0
+            if excess > 0:
+                evicted = await self._db.execute(
+                    "DELETE FROM pairing_requests WHERE code IN (SELECT code FROM"
+                    " pairing_requests WHERE channel = ? ORDER BY created_at, code LIMIT ?)",
+                    (channel, excess),
+                )
             code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
             await self._db.execute(
                 "INSERT INTO pairing_requests"
@@ -82,7 +103,7 @@ class Access:
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (code, channel, user_id, chat_id, name, _format(now), _format(now + CODE_TTL)),
             )
-        return code, True
+        return Issued(code, new=True, evicted=evicted)
 
     async def pending(self) -> list[PairingRequest]:
         """Unexpired pairing requests, oldest first."""
@@ -91,6 +112,15 @@ class Access:
             (_format(datetime.now(UTC)),),
         )
         return [_request(row) for row in rows]
+
+    async def waiting(self) -> dict[str, int]:
+        """How many unexpired pairing requests each channel has (channels with none left out)."""
+        rows = await self._db.fetchall(
+            "SELECT channel, count(*) FROM pairing_requests WHERE expires_at > ?"
+            " GROUP BY channel ORDER BY channel",
+            (_format(datetime.now(UTC)),),
+        )
+        return {str(row[0]): int(row[1]) for row in rows}
 
     async def approve(self, code: str) -> PairingRequest | None:
         """Allow the user behind `code`; None when no unexpired request has that code."""

@@ -366,6 +366,7 @@ class FakeDiscord:
         self.bot_user = User(self._ids.next(), bot_name, bot=True)
         self.application_flags = 1 << 19  # GATEWAY_MESSAGE_CONTENT_LIMITED
         self.requests: list[RestRequest] = []
+        self.downloads: list[str] = []  # attachment (CDN) paths asked for
         self.unhandled: list[str] = []
         self.typing: list[int] = []
         self.reactions: list[Reaction] = []
@@ -1299,6 +1300,7 @@ class FakeDiscord:
         return web.Response(status=204)
 
     async def _download(self, request: web.Request) -> web.Response:
+        self.downloads.append(request.path)
         found = self._files.get(_int(request.match_info["attachment_id"]) or 0)
         if found is None:
             return web.Response(status=404, text="This content is no longer available.")

@@ -381,6 +381,7 @@ class FakeTelegram:
         self.strict_html = strict_html
         self._offline = False
         self.requests: list[ApiCall] = []
+        self.downloads: list[str] = []  # file paths asked for under /file/bot<token>/
         self.actions: list[ChatAction] = []
         self.commands: list[JSON] = []
         self.webhook_url = ""
@@ -768,6 +769,8 @@ class FakeTelegram:
         ) is not None:
             return answer
         path = request.match_info["path"]
+        self.downloads.append(path)
+        self._changed()
         for stored in self._files.values():
             if stored.path == path:
                 return web.Response(body=stored.content, content_type="application/octet-stream")
