@@ -24,8 +24,12 @@ class Result:
     stderr: str
 
 
-async def nanobot(home: Home, *args: str, env: dict[str, str] | None = None) -> Result:
+async def nanobot(
+    home: Home, *args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+) -> Result:
+    """`nanobot *args` in a subprocess; `prefix` is a command it runs under (`setpriv …`)."""
     process = await asyncio.create_subprocess_exec(
+        *prefix,
         sys.executable,
         "-m",
         "nanobot",
