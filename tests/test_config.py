@@ -206,3 +206,34 @@ def test_catch_up_window_takes_a_duration(tmp_path: Path, text: str, seconds: in
 def test_a_bad_duration_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cron\.catch_up_window: .*not a duration"):
         load(write(tmp_path, "cron: {catch_up_window: soon}\n"))
+
+
+def test_exec_runs_sandboxed_with_network_by_default(tmp_path: Path) -> None:
+    config = load(write(tmp_path, ""))
+    assert (config.tools.exec.sandbox, config.tools.exec.network) == ("auto", True)
+    assert config.source == tmp_path / "config.yaml"
+    with pytest.raises(ConfigError, match=r"tools.exec.sandbox: Input should be 'auto'"):
+        load(write(tmp_path, "tools:\n  exec: {sandbox: docker}\n"))
+
+
+@pytest.mark.parametrize(
+    ("text", "held"),
+    [
+        ("data_dir: {root}/data\nworkspace: {root}\n", "data_dir"),
+        ("data_dir: {root}/data\nworkspace: {root}/data\n", "data_dir"),
+        ("data_dir: {root}/data\nworkspace: {root}/.\n", "data_dir"),
+        ("data_dir: /elsewhere/data\nworkspace: {root}\n", "the config file"),
+    ],
+)
+def test_a_workspace_holding_nanobots_secrets_is_refused(
+    tmp_path: Path, text: str, held: str
+) -> None:
+    path = write(tmp_path, text.format(root=tmp_path))
+    with pytest.raises(ConfigError, match=rf"workspace: .* holds {held}") as caught:
+        load(path)
+    assert str(caught.value).startswith(f"{path}: invalid configuration")
+
+
+def test_the_default_workspace_inside_the_data_dir_is_fine(tmp_path: Path) -> None:
+    config = load(write(tmp_path, f"data_dir: {tmp_path}\n"))
+    assert config.workspace_path == tmp_path / "workspace"
