@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import stat
 import sys
 import zoneinfo
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -15,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -131,9 +133,19 @@ async def _agent(config: Config) -> AsyncIterator[AgentLoop]:
         yield parts.loop
 
 
+def private_dir(path: Path) -> None:
+    """Make `path` a directory only its owner can enter (0700): created so, or with group and
+    others' access taken away if it exists with any. The data dir holds the state database,
+    the logs and the workspace."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        path.chmod(mode & 0o700)
+
+
 @asynccontextmanager
 async def _parts(config: Config) -> AsyncIterator[Parts]:
-    config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(config.data_dir)
     copy_template(config.workspace_path)
     agent = config.agent
     settings = LoopSettings(
@@ -392,12 +404,13 @@ def build_channels(
     `progress` keeps the outbox told how much of a long reply is out, `streams` which
     message shows each reply being streamed."""
     channels: list[Channel] = []
-    inbox = config.workspace_path / "inbox"
+    workspace = config.workspace_path
+    inbox = workspace / "inbox"
     telegram = config.channels.telegram
     if telegram.enabled:
         from nanobot.channels.telegram import TelegramChannel
 
-        policy = InboxPolicy(inbox, int(telegram.max_file_mb * 1024 * 1024))
+        policy = InboxPolicy(inbox, int(telegram.max_file_mb * 1024 * 1024), workspace)
         channels.append(
             TelegramChannel(telegram, intake, policy, progress=progress, streams=streams)
         )
@@ -405,7 +418,7 @@ def build_channels(
     if discord.enabled:
         from nanobot.channels.discord import DiscordChannel
 
-        policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024))
+        policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024), workspace)
         channels.append(DiscordChannel(discord, intake, policy, progress=progress, streams=streams))
     return channels
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from loguru import logger
 
 from nanobot.agent.loop import AgentLoop, TurnRequest
+from nanobot.workspace import ConfinementError, Workspace
 
 OK = "HEARTBEAT_OK"
 SESSION = "heartbeat"
@@ -53,6 +54,7 @@ class Heartbeat:
         deliver: Deliver | None,
     ) -> None:
         self._file = file
+        self._folder = Workspace(file.parent)  # the workspace: the file is read confined to it
         self._interval = interval
         self._run_turn = run_turn
         self._deliver = deliver
@@ -68,9 +70,13 @@ class Heartbeat:
     async def beat(self) -> str | None:
         """One check; returns what was delivered (None when nothing was)."""
         try:
-            text = await asyncio.to_thread(self._file.read_text, encoding="utf-8")
+            data = await asyncio.to_thread(self._folder.read_bytes, self._file.name)
         except FileNotFoundError:
             return None
+        except ConfinementError as exc:  # e.g. a symlink to a file outside the workspace
+            logger.warning("heartbeat: ignoring {}: it {}", self._file, exc.reason)
+            return None
+        text = data.decode("utf-8", errors="replace")
         if not actionable(text):
             logger.debug("heartbeat: nothing to do")
             return None

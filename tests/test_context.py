@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from loguru import logger
 
 from nanobot.agent.context import ContextBuilder, user_message
 from nanobot.agent.memory import Memory
 from nanobot.agent.skills import Skills
-from nanobot.workspace import copy_template
+from nanobot.workspace import Workspace, copy_template
 
 NOW = datetime(2026, 11, 22, 10, 49, tzinfo=UTC)
 TOKYO = timezone(timedelta(hours=9), "JST")
@@ -58,15 +61,17 @@ def test_unchanged_workspace_is_not_read_again(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     context = builder(workspace, timezone=UTC)
+    reads: list[str | PurePath] = []
+    original = Workspace.read_bytes
+
+    def counting(self: Workspace, path: str | PurePath) -> bytes:
+        reads.append(path)
+        return original(self, path)
+
+    monkeypatch.setattr(Workspace, "read_bytes", counting)
     context.system_prompt(NOW)
-    reads: list[Path] = []
-    original = Path.read_text
-
-    def counting(self: Path, *args: Any, **kwargs: Any) -> str:
-        reads.append(self)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", counting)
+    assert workspace / "AGENTS.md" in reads  # every file is read through the confinement
+    reads.clear()
     context.system_prompt(NOW)
     assert reads == []
 
@@ -176,3 +181,87 @@ def test_envelope_uses_zone_abbreviations() -> None:
     summer = datetime(2026, 7, 31, 9, 5, tzinfo=ZoneInfo("Europe/Berlin"))
     assert user_message("x", winter)["content"] == "[2026-01-31 09:05 Sat CET]\nx"
     assert user_message("x", summer)["content"] == "[2026-07-31 09:05 Fri CEST]\nx"
+
+
+# --- prompt files the model linked to something outside the workspace --------------------
+
+SECRET = "api_key: sk-live-do-not-leak"
+
+
+@pytest.fixture
+def warnings() -> Iterator[list[str]]:
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING", format="{message}")
+    yield messages
+    logger.remove(sink)
+
+
+@pytest.fixture
+def linked(tmp_path: Path) -> Path:
+    """tmp/ws, a fresh workspace, beside tmp/config.yaml and tmp/outside/ holding secrets."""
+    ws = tmp_path / "ws"
+    copy_template(ws)
+    (tmp_path / "config.yaml").write_text(SECRET, encoding="utf-8")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "MEMORY.md").write_text(SECRET, encoding="utf-8")
+    return ws
+
+
+def test_a_prompt_file_linked_outside_is_refused_and_logged_once(
+    linked: Path, warnings: list[str]
+) -> None:
+    (linked / "USER.md").unlink()
+    (linked / "USER.md").symlink_to("../config.yaml")
+    context = builder(linked, timezone=UTC)
+    for _ in range(3):
+        prompt = context.system_prompt(NOW)
+        assert SECRET not in prompt
+        assert "## USER.md" not in prompt
+    assert "## AGENTS.md" in prompt
+    refusals = [w for w in warnings if "USER.md" in w]
+    assert len(refusals) == 1
+    assert "outside the workspace" in refusals[0]
+
+
+def test_a_prompt_file_swapped_for_a_link_between_turns_is_dropped(
+    linked: Path, warnings: list[str]
+) -> None:
+    context = builder(linked, timezone=UTC)
+    assert "## SOUL.md" in context.system_prompt(NOW)
+    soul = linked / "SOUL.md"
+    soul.unlink()
+    soul.symlink_to(linked.parent / "config.yaml")
+    prompt = context.system_prompt(NOW)
+    assert SECRET not in prompt
+    assert "## SOUL.md" not in prompt
+    assert any("SOUL.md" in w for w in warnings)
+
+
+def test_memory_folder_linked_outside_is_refused(linked: Path, warnings: list[str]) -> None:
+    shutil.rmtree(linked / "memory")
+    (linked / "memory").symlink_to(linked.parent / "outside")
+    prompt = builder(linked, timezone=UTC).system_prompt(NOW)
+    assert SECRET not in prompt
+    assert "## memory/MEMORY.md" not in prompt
+    assert any("MEMORY.md" in w and "outside the workspace" in w for w in warnings)
+
+
+def test_a_prompt_file_hard_linked_to_a_file_outside_is_refused(
+    linked: Path, warnings: list[str]
+) -> None:
+    (linked / "TOOLS.md").unlink()
+    os.link(linked.parent / "config.yaml", linked / "TOOLS.md")
+    prompt = builder(linked, timezone=UTC).system_prompt(NOW)
+    assert SECRET not in prompt
+    assert any("TOOLS.md" in w and "hard links" in w for w in warnings)
+
+
+def test_a_prompt_file_linked_inside_is_shown_and_followed_as_it_changes(linked: Path) -> None:
+    notes = write(linked, "notes/user.md", "Name: Ada\n")
+    (linked / "USER.md").unlink()
+    (linked / "USER.md").symlink_to("notes/user.md")
+    context = builder(linked, timezone=UTC)
+    assert "## USER.md\n\nName: Ada" in context.system_prompt(NOW)
+    notes.write_text("Name: Grace\n", encoding="utf-8")
+    bump(notes)  # only the target changed; the link itself did not
+    assert "## USER.md\n\nName: Grace" in context.system_prompt(NOW)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+from loguru import logger
 
 from nanobot.agent.memory import Memory, Note
 
@@ -94,3 +96,43 @@ def test_prompt_follows_the_day(tmp_path: Path) -> None:
         "## memory/2026-03-01.md (yesterday)\n\n- First of March."
     )
     assert memory.prompt(date(2026, 3, 3)) == ""
+
+
+SECRET = "password=hunter2"
+
+
+@pytest.fixture
+def warnings() -> Iterator[list[str]]:
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING", format="{message}")
+    yield messages
+    logger.remove(sink)
+
+
+@pytest.mark.parametrize("name", ["memory/MEMORY.md", "memory/2026-03-01.md"])
+def test_a_note_linked_outside_the_workspace_is_refused_once(
+    tmp_path: Path, warnings: list[str], name: str
+) -> None:
+    ws = tmp_path / "ws"
+    (tmp_path / "secret.txt").write_text(SECRET, encoding="utf-8")
+    write(ws, "memory/2026-02-28.md", "- Called the bank.\n")
+    (ws / name).symlink_to(tmp_path / "secret.txt")
+    memory = Memory(ws, UTC)
+    for _ in range(3):
+        assert SECRET not in memory.prompt(DAY)
+        assert all(SECRET not in note.text for note in memory.notes(DAY))
+    assert "Called the bank." in memory.prompt(DAY)
+    refusals = [w for w in warnings if name in w]
+    assert len(refusals) == 1
+    assert "outside the workspace" in refusals[0]
+
+
+def test_a_note_hard_linked_to_a_file_outside_is_refused(
+    tmp_path: Path, warnings: list[str]
+) -> None:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (tmp_path / "secret.txt").write_text(SECRET, encoding="utf-8")
+    os.link(tmp_path / "secret.txt", ws / "memory" / "MEMORY.md")
+    assert Memory(ws, UTC).prompt(DAY) == ""
+    assert any("hard links" in w for w in warnings)

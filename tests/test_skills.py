@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
 
 import pytest
 from loguru import logger
 
 from nanobot.agent.skills import Skill, Skills
-from nanobot.workspace import bundled
+from nanobot.workspace import Workspace, bundled
 
 
 def write_skill(workspace: Path, folder: str, text: str) -> Path:
@@ -33,16 +32,16 @@ def by_name(skills: Skills) -> dict[str, Skill]:
 
 
 @pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """Every Path.read_text call, in order."""
-    seen: list[Path] = []
-    original = Path.read_text
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str | PurePath]:
+    """Every file read through the workspace confinement, in order."""
+    seen: list[str | PurePath] = []
+    original = Workspace.read_bytes
 
-    def counting(self: Path, *args: Any, **kwargs: Any) -> str:
-        seen.append(self)
-        return original(self, *args, **kwargs)
+    def counting(self: Workspace, path: str | PurePath) -> bytes:
+        seen.append(path)
+        return original(self, path)
 
-    monkeypatch.setattr(Path, "read_text", counting)
+    monkeypatch.setattr(Workspace, "read_bytes", counting)
     return seen
 
 
@@ -223,7 +222,7 @@ def test_order_is_sorted_by_name(tmp_path: Path) -> None:
     assert [skill.name for skill in Skills(tmp_path, env={}).all()] == ["alpha", "mu", "zeta"]
 
 
-def test_unchanged_files_are_not_read_again(tmp_path: Path, reads: list[Path]) -> None:
+def test_unchanged_files_are_not_read_again(tmp_path: Path, reads: list[str | PurePath]) -> None:
     write_skill(tmp_path, "one", "---\ndescription: One.\n---\nBody.\n")
     write_skill(tmp_path, "two", "---\ndescription: Two.\nalways: true\n---\nBody.\n")
     skills = Skills(tmp_path, env={})
@@ -235,7 +234,7 @@ def test_unchanged_files_are_not_read_again(tmp_path: Path, reads: list[Path]) -
     assert len(reads) == 2
 
 
-def test_an_edited_file_is_read_again(tmp_path: Path, reads: list[Path]) -> None:
+def test_an_edited_file_is_read_again(tmp_path: Path, reads: list[str | PurePath]) -> None:
     path = write_skill(tmp_path, "one", "---\ndescription: Before.\n---\nBody.\n")
     skills = Skills(tmp_path, env={})
     assert "Before." in skills.summary()
@@ -284,3 +283,43 @@ def test_template_skills_parse() -> None:
     assert skills["weather"].missing == ("bin:curl",)
     assert skills["github"].missing == ("bin:gh",)
     assert not skills["summarize"].missing
+
+
+# --- skills the model linked to something outside the workspace ------------------------
+
+OUTSIDE_SKILL = "---\ndescription: Leaked.\nalways: true\n---\nSECRET BODY sk-live-1234\n"
+
+
+def test_a_skill_file_linked_outside_is_refused_once(tmp_path: Path, warnings: list[str]) -> None:
+    ws = tmp_path / "ws"
+    write_skill(ws, "good", "---\ndescription: Fine.\n---\nBody.\n")
+    (tmp_path / "evil.md").write_text(OUTSIDE_SKILL, encoding="utf-8")
+    (ws / "skills" / "evil").mkdir()
+    (ws / "skills" / "evil" / "SKILL.md").symlink_to(tmp_path / "evil.md")
+    skills = Skills(ws, env={})
+    for _ in range(3):
+        summary, inlined = skills.prompt_parts()
+        assert "SECRET BODY" not in summary + inlined
+        assert "Leaked." not in summary
+    assert [skill.name for skill in skills.all()] == ["good"]
+    refusals = [w for w in warnings if "evil" in w]
+    assert len(refusals) == 1
+    assert "outside the workspace" in refusals[0]
+
+
+def test_a_skills_folder_linked_outside_is_refused(tmp_path: Path, warnings: list[str]) -> None:
+    ws, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    write_skill(elsewhere, "x", OUTSIDE_SKILL)
+    ws.mkdir()
+    (ws / "skills").symlink_to(elsewhere / "skills")
+    skills = Skills(ws, env={})
+    assert skills.all() == ()
+    assert "SECRET BODY" not in "".join(skills.prompt_parts())
+    assert any("outside the workspace" in w for w in warnings)
+
+
+def test_a_skill_folder_linked_inside_is_used(tmp_path: Path) -> None:
+    write_skill(tmp_path / "shared", "tool", "---\ndescription: Shared.\n---\nUse it.\n")
+    (tmp_path / "skills").mkdir()
+    (tmp_path / "skills" / "tool").symlink_to("../shared/skills/tool")
+    assert [skill.description for skill in Skills(tmp_path, env={}).all()] == ["Shared."]

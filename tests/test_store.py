@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import stat
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import closing
 from datetime import UTC, timedelta
 from pathlib import Path
@@ -701,6 +702,47 @@ async def test_a_failing_migration_leaves_the_last_good_version(
         version = await db.fetchone("PRAGMA user_version")
         assert version is not None
         assert version[0] == failing - 1
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@contextlib.contextmanager
+def umask(value: int) -> Iterator[None]:
+    old = os.umask(value)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+async def test_the_database_its_wal_and_shm_and_a_new_folder_are_private(tmp_path: Path) -> None:
+    path = tmp_path / "data" / "state.db"
+    with umask(0):  # the most open umask: the modes must not depend on it
+        async with await Database.open(path) as db:
+            await SessionStore(db).live("k")
+            files = [path, path.with_name("state.db-wal"), path.with_name("state.db-shm")]
+            assert {file.name: mode(file) for file in files} == {
+                "state.db": 0o600,
+                "state.db-wal": 0o600,
+                "state.db-shm": 0o600,
+            }
+    assert mode(path.parent) == 0o700
+
+
+async def test_opening_takes_others_access_to_an_existing_database_away(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with umask(0o022):
+        async with await Database.open(path) as first:
+            await SessionStore(first).live("k")
+            # Made by an older nanobot, or another process, with the usual 0644.
+            for file in (path, path.with_name("state.db-wal"), path.with_name("state.db-shm")):
+                file.chmod(0o644)
+            async with await Database.open(path) as second:
+                assert await SessionStore(second).live("k")
+            for file in (path, path.with_name("state.db-wal"), path.with_name("state.db-shm")):
+                assert mode(file) == 0o600, file.name
 
 
 async def test_a_directory_in_place_of_the_file_is_refused(tmp_path: Path) -> None:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,7 @@ from nanobot.tools.filesystem import (
     ListDirTool,
     ReadFileParams,
     ReadFileTool,
+    WriteFileParams,
     WriteFileTool,
 )
 from nanobot.tools.registry import ToolRegistry
@@ -404,3 +409,92 @@ async def test_list_dir_other_cases(tmp_path: Path, path: str, expected: str) ->
     (tmp_path / "empty").mkdir()
     result = await registry(tmp_path).execute("list_dir", {"path": path})
     assert expected in result.content
+
+
+# --- links and races the model can set up with its shell -------------------------------
+
+
+async def test_files_with_other_hard_links_are_refused(layout: Layout) -> None:
+    # A hard link to a file outside is not a symlink: only its link count gives it away.
+    os.link(layout.outside / "secret.txt", layout.ws / "hard.txt")
+    tools = registry(layout.ws)
+    for name, args in [
+        ("read_file", {"path": "hard.txt"}),
+        ("edit_file", {"path": "hard.txt", "old_text": "top", "new_text": "pwned"}),
+        ("write_file", {"path": "hard.txt", "content": "pwned"}),
+    ]:
+        result = await tools.execute(name, args)
+        assert result.is_error, name
+        assert "'hard.txt' has 2 hard links" in result.content
+        assert SECRET not in result.content
+    assert (layout.outside / "secret.txt").read_text(encoding="utf-8") == SECRET
+    assert (layout.ws / "hard.txt").stat().st_nlink == 2
+
+
+async def test_a_symlink_loop_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    result = await registry(tmp_path).execute("read_file", {"path": "a"})
+    assert result.is_error
+    assert "too many levels of symbolic links" in result.content
+
+
+@contextmanager
+def swapping(ws: Path, name: str, outside: Path) -> Iterator[None]:
+    """While the block runs, `ws/name` keeps changing from a directory (holding secret.txt,
+    which reads "mine") to a symlink to `outside` and back: a path checked while it is the
+    directory is opened through the symlink unless every open is confined."""
+    real, link = ws / f".{name}.dir", ws / f".{name}.link"
+    real.mkdir()
+    (real / "secret.txt").write_text("mine", encoding="utf-8")
+    link.symlink_to(outside)
+    ours = real.stat().st_ino
+    stop = threading.Event()
+
+    def swap() -> None:
+        current = ws / name
+        while not stop.is_set():
+            for parked in (real, link):
+                with suppress(OSError):
+                    parked.rename(current)
+                    current.rename(parked)
+            # A write made the directory afresh while neither was in place: clear it away.
+            with suppress(OSError):
+                if not current.is_symlink() and current.stat().st_ino != ours:
+                    shutil.rmtree(current)
+
+    thread = threading.Thread(target=swap)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+async def test_a_path_swapped_between_check_and_open_never_reads_outside(layout: Layout) -> None:
+    tool = ReadFileTool(layout.ws)
+    refused = 0
+    with swapping(layout.ws, "box", layout.outside):
+        for _ in range(1000):
+            try:
+                text = await tool.run(ReadFileParams(path="box/secret.txt"))
+            except ToolError as exc:
+                assert SECRET not in str(exc)
+                refused += 1
+                continue
+            assert text == "mine"
+    assert refused  # the race really ran
+
+
+async def test_a_path_swapped_between_check_and_write_never_writes_outside(
+    layout: Layout,
+) -> None:
+    tool = WriteFileTool(layout.ws)
+    with swapping(layout.ws, "box", layout.outside):
+        for _ in range(500):
+            with suppress(ToolError):
+                await tool.run(WriteFileParams(path="box/secret.txt", content="pwned"))
+                await tool.run(WriteFileParams(path="box/new.txt", content="pwned"))
+    assert (layout.outside / "secret.txt").read_text(encoding="utf-8") == SECRET
+    assert not (layout.outside / "new.txt").exists()

@@ -48,7 +48,7 @@ class ContextBuilder:
         self._workspace = workspace
         self._memory = memory if memory is not None else Memory(workspace, timezone)
         self._skills = skills if skills is not None else Skills(workspace)
-        self._files = text_cache()
+        self._files = text_cache(workspace)
         self._paths = tuple(workspace / name for name in PROMPT_FILES)
         self._identity = _identity(workspace)
         self._parts: tuple[str | None, ...] = ()

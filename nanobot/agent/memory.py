@@ -35,7 +35,7 @@ class Memory:
     def __init__(self, workspace: Path, timezone: tzinfo | None = None) -> None:
         self._workspace = workspace
         self._timezone = timezone
-        self._files = text_cache()
+        self._files = text_cache(workspace)
         self._long_term = workspace / LONG_TERM_FILE
         self._day: date | None = None
         self._day_paths: tuple[Path, Path] = (self._long_term, self._long_term)

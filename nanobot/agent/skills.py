@@ -28,6 +28,7 @@ import yaml
 from loguru import logger
 
 from nanobot.agent._files import FileCache, Version, same, version
+from nanobot.workspace import ConfinementError, Workspace
 
 SKILLS_DIR = "skills"
 SKILL_FILE = "SKILL.md"
@@ -90,7 +91,8 @@ class Skills:
         self._workspace = workspace
         self._dir = workspace / SKILLS_DIR
         self._env: Mapping[str, str] = os.environ if env is None else env
-        self._files: FileCache[_Definition] = FileCache(_parse)
+        self._confined = Workspace(workspace)
+        self._files: FileCache[_Definition] = FileCache(_parse, workspace)
         self._dir_version: Version | None = None
         self._skill_files: tuple[Path, ...] = ()
         self._which_path: str | None = None
@@ -160,12 +162,24 @@ class Skills:
         current = version(self._dir)
         if current != self._dir_version:
             self._dir_version = current
-            try:
-                folders = sorted(p for p in self._dir.iterdir() if p.is_dir())
-            except OSError:
-                folders = []
-            self._skill_files = tuple(folder / SKILL_FILE for folder in folders)
+            self._skill_files = tuple(self._dir / name / SKILL_FILE for name in self._folders())
         return self._skill_files
+
+    def _folders(self) -> list[str]:
+        """The names of the folders in `skills/`, listed without leaving the workspace (each
+        one's SKILL.md is read confined too, by the file cache)."""
+        try:
+            fd = self._confined.open_dir(SKILLS_DIR)
+        except ConfinementError as exc:  # logged once per version of the folder
+            logger.warning("Ignoring {}: it {}", self._dir, exc.reason)
+            return []
+        except OSError:
+            return []
+        try:
+            with os.scandir(fd) as scan:
+                return sorted(entry.name for entry in scan if entry.is_dir())
+        finally:
+            os.close(fd)
 
     def _env_key(self, definitions: tuple[_Definition | None, ...]) -> tuple[tuple[str, bool], ...]:
         return tuple(

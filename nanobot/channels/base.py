@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nanobot.bus.events import InboundMessage, Outbound
+from nanobot.workspace import Workspace
 
 
 class Intake(Enum):
@@ -90,10 +91,15 @@ class DeliveryError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class InboxPolicy:
-    """Where received files go, and how large they may be."""
+    """Where received files go, and how large they may be.
+
+    `workspace` is the folder `directory` lies in and that files are confined to (default:
+    `directory`'s parent): see `save_file`.
+    """
 
     directory: Path
     max_bytes: int = 20 * 1024 * 1024
+    workspace: Path | None = None
 
 
 class Channel(ABC):
@@ -135,24 +141,22 @@ def safe_filename(name: str | None, fallback: str) -> str:
     return (text or fallback)[:100]
 
 
-def unique_path(directory: Path, name: str) -> Path:
-    """`directory/name`, or `name` with a counter added when that file exists."""
-    path = directory / name
-    stem, suffix = path.stem, path.suffix
-    counter = 1
-    while path.exists():
-        path = directory / f"{stem}-{counter}{suffix}"
-        counter += 1
-    return path
-
-
 async def save_file(policy: InboxPolicy, name: str, data: bytes) -> Path:
-    """Write a received file under the inbox, off the event loop; returns its path."""
+    """Write a received file as a new file in the inbox, off the event loop; returns its path.
+
+    The file gets `name`, or `name` with a counter added when that is taken; it never
+    replaces or writes through anything already there. No symlink is followed on the way
+    from the workspace to the file: an inbox folder replaced by a symlink, or a dangling
+    symlink named like the file, cannot make nanobot write anywhere else (see
+    `Workspace.create`).
+
+    Raises:
+        OSError: the file could not be written; `ConfinementError` when a symlink is in
+            the way.
+    """
+    workspace = Workspace(policy.workspace or policy.directory.parent)
 
     def write() -> Path:
-        policy.directory.mkdir(parents=True, exist_ok=True)
-        path = unique_path(policy.directory, name)
-        path.write_bytes(data)
-        return path
+        return policy.directory / workspace.create(policy.directory, name, data)
 
     return await asyncio.to_thread(write)

@@ -24,6 +24,7 @@ import asyncio
 import os
 import queue
 import sqlite3
+import stat
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -42,6 +43,8 @@ Statement = tuple[str, Sequence[SqlValue]]
 """SQL and its parameters."""
 
 BUSY_TIMEOUT_MS: Final = 5000
+PRIVATE_FILE_MODE: Final = 0o600
+"""The mode of the database and its -wal and -shm files: they hold every conversation."""
 # Results go back to the loop at least this often while statements keep coming.
 _SETTLE_EVERY: Final = 64
 
@@ -79,7 +82,9 @@ class Database:
     async def open(cls, path: Path) -> Self:
         """Open (or create) the database at `path` and bring its schema up to date.
 
-        Creates the parent directory and the file only if they are missing. Raises
+        Creates the parent directory (0700) and the file only if they are missing. The file
+        and its -wal and -shm companions are readable by their owner only (0600), whatever
+        the umask; existing ones that are more open lose group and others' access. Raises
         `StoreError` if the file is not a readable SQLite database, if its schema is newer
         than this code, or if a migration fails. A file that exists is never deleted,
         truncated or replaced; on failure it is left exactly as it was found.
@@ -400,12 +405,45 @@ def _locate(path: Path) -> tuple[Path, str]:
             f"cannot open {path}: permission denied (it must be readable and writable)"
         )
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not exists:
+            _create_private(path)
     except OSError as exc:
-        raise StoreError(f"cannot create the directory for {path}: {exc.strerror}") from exc
+        raise StoreError(f"cannot create {exc.filename or path}: {exc.strerror}") from exc
+    for file in (path, *_companions(path)):
+        _make_private(file)
     # mode=rw refuses to create: if the file vanishes between this check and the connect,
     # opening fails loudly instead of starting over with an empty database.
-    return path, f"{path.as_uri()}?mode={'rw' if exists else 'rwc'}"
+    return path, f"{path.as_uri()}?mode=rw"
+
+
+def _companions(path: Path) -> tuple[Path, Path]:
+    """The -wal and -shm files SQLite keeps beside the database in WAL mode."""
+    return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+
+
+def _create_private(path: Path) -> None:
+    """Create `path` empty (SQLite takes an empty file for an empty database), readable and
+    writable by its owner only whatever the umask. SQLite gives the -wal and -shm files it
+    creates the mode of the database file, so they are private too."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+    except FileExistsError:  # another process made it meanwhile: it is opened like any other
+        return
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+    finally:
+        os.close(fd)
+
+
+def _make_private(file: Path) -> None:
+    """Take group and others' access to `file` away, if it exists and has any (a database
+    made by an older nanobot, or copied in)."""
+    # PermissionError: not its owner, yet allowed to read and write it; it is left as it is.
+    with suppress(FileNotFoundError, PermissionError):
+        mode = stat.S_IMODE(file.stat().st_mode)
+        if mode & 0o077:
+            file.chmod(mode & 0o700)
 
 
 def _describe(path: Path, exc: sqlite3.Error) -> str:

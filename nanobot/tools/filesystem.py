@@ -1,9 +1,13 @@
 """File tools: read_file, write_file, edit_file and list_dir.
 
-All paths go through `workspace_path.resolve`, so with `restrict` (the default) they cannot
-leave the workspace. File IO is blocking, so each call does its work in a thread. Writes are
-atomic: a temporary file in the same directory is renamed over the target, so a crash or a
-cancelled call leaves either the old file or the new one, never half of it.
+All paths go through `workspace_path.resolve`, which says where a path points and, with
+`restrict` (the default), refuses one that leads outside the workspace. The file is then
+opened through `nanobot.workspace.Workspace`, component by component without following any
+symlink out, so a path the model changes between that check and the open still cannot leave
+the workspace; files with other hard links are refused. Without `restrict` the same walk
+starts at `/` and allows hard links. File IO is blocking, so each call does its work in a
+thread. Writes are atomic: a temporary file in the same directory is renamed over the target,
+so a crash or a cancelled call leaves either the old file or the new one, never half of it.
 """
 
 from __future__ import annotations
@@ -12,9 +16,8 @@ import asyncio
 import codecs
 import difflib
 import os
-import secrets
-import stat
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, ClassVar, TypeVar
@@ -24,6 +27,7 @@ from pydantic import Field
 from nanobot.tools.base import Tool, ToolError, ToolParams
 from nanobot.tools.registry import MAX_RESULT_CHARS
 from nanobot.tools.workspace_path import resolve
+from nanobot.workspace import ConfinementError, OutsideWorkspace, Workspace
 
 BINARY_SNIFF_BYTES = 8192
 MAX_EDIT_BYTES = 10_000_000
@@ -40,6 +44,9 @@ class _FileTool:
     def __init__(self, workspace: Path, *, restrict: bool = True) -> None:
         self.workspace = workspace
         self.restrict = restrict
+        self._files = (
+            Workspace(workspace) if restrict else Workspace(Path("/"), allow_hard_links=True)
+        )
 
     async def _in_thread(self, work: Callable[[A], str], args: A) -> str:
         """Run blocking `work` off the event loop; OS errors become messages for the model."""
@@ -49,13 +56,51 @@ class _FileTool:
             where = f" ({exc.filename})" if exc.filename else ""
             raise ToolError(f"{self.name} failed: {exc.strerror or exc}{where}") from None
 
-    def _resolve(self, raw: str) -> Path:
-        return resolve(self.workspace, raw, restrict=self.restrict)
-
-    def _shown(self, path: Path) -> str:
-        """`path` as the model should see it: relative to the workspace when inside it."""
+    def _locate(self, raw: str) -> tuple[str, str]:
+        """Where `raw` points, as `self._files` takes it, and as the model should see it."""
+        path = resolve(self.workspace, raw, restrict=self.restrict)
         root = Path(os.path.realpath(self.workspace))
-        return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+        shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+        return (shown if self.restrict else str(path)), shown
+
+    def _open(self, where: str, shown: str) -> tuple[int, os.stat_result]:
+        """A read-only descriptor of the regular file at `where`, and its stat."""
+        with _refusals(shown):
+            try:
+                return self._files.open_file(where)
+            except FileNotFoundError:
+                raise ToolError(
+                    f"file {shown!r} does not exist; use list_dir to see what is there"
+                ) from None
+            except IsADirectoryError:
+                raise ToolError(
+                    f"{shown!r} is a directory; use list_dir to see what is in it"
+                ) from None
+
+    def _replace(self, where: str, shown: str, data: bytes) -> None:
+        """Make `data` the content of `where` atomically, creating missing directories."""
+        with _refusals(shown):
+            try:
+                self._files.replace(where, data)
+            except IsADirectoryError:
+                raise ToolError(
+                    f"{shown!r} is a directory; give the path of a file inside it"
+                ) from None
+            except (FileExistsError, NotADirectoryError):
+                raise ToolError(
+                    f"cannot create {shown!r}: a part of its directory path is a file"
+                ) from None
+
+
+@contextmanager
+def _refusals(shown: str) -> Iterator[None]:
+    """Paths the workspace refuses to open, as messages for the model."""
+    try:
+        yield
+    except OutsideWorkspace as exc:
+        raise ToolError(f"path {shown!r} {exc.reason}; only files inside it can be used") from None
+    except ConfinementError as exc:
+        raise ToolError(f"{shown!r} {exc.reason}") from None
 
 
 class ReadFileParams(ToolParams):
@@ -107,10 +152,10 @@ class ReadFileTool(_FileTool, Tool[ReadFileParams]):
         start, end = args.start_line or 1, args.end_line
         if end is not None and end < start:
             raise ToolError(f"end_line ({end}) is before start_line ({start})")
-        path = self._resolve(args.path)
-        shown = self._shown(path)
-        size = _existing_file(path, shown).st_size
-        with path.open("rb") as f:
+        where, shown = self._locate(args.path)
+        fd, info = self._open(where, shown)
+        size = info.st_size
+        with os.fdopen(fd, "rb") as f:
             if b"\0" in f.read(BINARY_SNIFF_BYTES):
                 raise _binary(shown, size)
             f.seek(0)
@@ -195,18 +240,9 @@ class WriteFileTool(_FileTool, Tool[WriteFileParams]):
         return await self._in_thread(self._write, args)
 
     def _write(self, args: WriteFileParams) -> str:
-        path = self._resolve(args.path)
-        shown = self._shown(path)
-        if path.is_dir():
-            raise ToolError(f"{shown!r} is a directory; give the path of a file inside it")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise ToolError(
-                f"cannot create {shown!r}: a part of its directory path is a file"
-            ) from None
+        where, shown = self._locate(args.path)
         data = args.content.encode("utf-8")
-        _write_atomically(path, data)
+        self._replace(where, shown, data)
         return f"wrote {len(data)} bytes to {shown}"
 
 
@@ -235,12 +271,13 @@ class EditFileTool(_FileTool, Tool[EditFileParams]):
     def _edit(self, args: EditFileParams) -> str:
         if not args.old_text:
             raise ToolError("old_text is empty; to create or overwrite a file use write_file")
-        path = self._resolve(args.path)
-        shown = self._shown(path)
-        size = _existing_file(path, shown).st_size
-        if size > MAX_EDIT_BYTES:
-            raise ToolError(f"{shown!r} is {_human_size(size)}, too large to edit in place")
-        data = path.read_bytes()
+        where, shown = self._locate(args.path)
+        fd, info = self._open(where, shown)
+        size = info.st_size
+        with os.fdopen(fd, "rb") as f:
+            if size > MAX_EDIT_BYTES:
+                raise ToolError(f"{shown!r} is {_human_size(size)}, too large to edit in place")
+            data = f.read()
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -259,7 +296,7 @@ class EditFileTool(_FileTool, Tool[EditFileParams]):
                 "surrounding text so that it matches exactly once"
             )
         at = text.index(old)
-        _write_atomically(path, text.replace(old, new, 1).encode("utf-8"))
+        self._replace(where, shown, text.replace(old, new, 1).encode("utf-8"))
         first = text.count("\n", 0, at) + 1
         last = first + old.count("\n")
         return f"edited {shown}: replaced lines {first}-{last}"
@@ -313,25 +350,32 @@ class ListDirTool(_FileTool, Tool[ListDirParams]):
         return await self._in_thread(self._list, args)
 
     def _list(self, args: ListDirParams) -> str:
-        path = self._resolve(args.path)
-        shown = self._shown(path)
-        if not path.exists():
-            raise ToolError(f"directory {shown!r} does not exist")
-        if not path.is_dir():
-            raise ToolError(f"{shown!r} is a file, not a directory; use read_file to read it")
-        with os.scandir(path) as scan:
-            entries = sorted(scan, key=lambda e: e.name)
-        if not entries:
-            return f"{shown}/ is empty"
-        lines = [_describe_entry(e) for e in entries[: self.max_entries]]
+        where, shown = self._locate(args.path)
+        with _refusals(shown):
+            try:
+                fd = self._files.open_dir(where)
+            except FileNotFoundError:
+                raise ToolError(f"directory {shown!r} does not exist") from None
+            except NotADirectoryError:
+                raise ToolError(
+                    f"{shown!r} is a file, not a directory; use read_file to read it"
+                ) from None
+        try:
+            with os.scandir(fd) as scan:
+                entries = sorted(scan, key=lambda e: e.name)
+            if not entries:
+                return f"{shown}/ is empty"
+            lines = [_describe_entry(fd, e) for e in entries[: self.max_entries]]
+        finally:
+            os.close(fd)
         if len(entries) > self.max_entries:
             lines.append(f"[... {len(entries) - self.max_entries} more entries not shown]")
         return f"{shown}/ ({len(entries)} entries):\n" + "\n".join(lines)
 
 
-def _describe_entry(entry: os.DirEntry[str]) -> str:
+def _describe_entry(dir_fd: int, entry: os.DirEntry[str]) -> str:
     if entry.is_symlink():
-        return f"{entry.name} -> {Path(entry.path).readlink()}"
+        return f"{entry.name} -> {os.readlink(entry.name, dir_fd=dir_fd)}"
     if entry.is_dir():
         return f"{entry.name}/"
     try:
@@ -340,50 +384,11 @@ def _describe_entry(entry: os.DirEntry[str]) -> str:
         return entry.name
 
 
-def _existing_file(path: Path, shown: str) -> os.stat_result:
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise ToolError(
-            f"file {shown!r} does not exist; use list_dir to see what is there"
-        ) from None
-    if stat.S_ISDIR(info.st_mode):
-        raise ToolError(f"{shown!r} is a directory; use list_dir to see what is in it")
-    if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block or never end
-        raise ToolError(f"{shown!r} is not a regular file (a device, pipe or socket)")
-    return info
-
-
 def _binary(shown: str, size: int) -> ToolError:
     return ToolError(
         f"{shown!r} is a binary file ({_human_size(size)}), not UTF-8 text; read_file only reads "
         "text (the exec tool can inspect it, e.g. with 'file' or 'xxd')"
     )
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` by renaming a finished temporary file over it.
-
-    Keeps the mode of an existing file; a new file gets the usual 0o666 minus the umask
-    (which `mkstemp`'s 0o600 would not).
-    """
-    try:
-        mode: int | None = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        mode = None
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if mode is not None:
-                os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        temp.replace(path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
 
 
 def _human_size(size: int) -> str:

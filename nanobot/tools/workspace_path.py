@@ -4,9 +4,11 @@ Every file tool resolves the model's paths through `resolve`, so confinement to 
 is decided in one place. The check is on the fully resolved path (symlinks followed, `..`
 collapsed, `~` expanded) and compares path components, so `/ws-other` is not inside `/ws`.
 
-Residual risk: the path is checked, then opened. Something that swaps a directory for a
-symlink in between could still redirect the open; the only writer in the workspace is the
-agent itself, whose tool calls do not interleave with this check within one call.
+This check gives the model a clear answer ("outside the workspace, it resolves to …"); it is
+not what keeps the file tools inside. The path is checked, then opened, and the model's shell
+can swap a directory for a symlink in between: so the tools open what `resolve` returned
+through `nanobot.workspace.Workspace`, which walks it again component by component from a
+descriptor of the workspace and never follows a symlink out.
 """
 
 from __future__ import annotations
