@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,33 @@ def test_interpreters_and_tools_work_inside(tmp_path: Path) -> None:
     )
     assert done.stdout.split() == ["py", "3", "git", "venv", "pip"], done.stderr
     assert (tmp_path / "repo" / ".git").is_dir()
+
+
+def _wheel(folder: Path) -> Path:
+    """A minimal pure-Python wheel of a package `hello`, made here (there is no index)."""
+    path = folder / "hello-1.0-py3-none-any.whl"
+    files = {
+        "hello/__init__.py": "GREETING = 'hello from a user install'\n",
+        "hello-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: hello\nVersion: 1.0\n",
+        "hello-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "hello-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, text in {**files, "hello-1.0.dist-info/RECORD": record}.items():
+            wheel.writestr(name, text)
+    return path
+
+
+def test_pip_install_user_lands_in_the_workspace(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path)
+    done = run(
+        bubblewrap(tmp_path),
+        f"python3 -m pip install -q --user --no-index --no-warn-script-location {wheel.name} "
+        "2>&1 | grep -v -i notice; python3 -c 'import hello; print(hello.GREETING)'",
+    )
+    assert "hello from a user install" in done.stdout, done.stdout + done.stderr
+    assert list(tmp_path.glob(".local/lib/python3*/site-packages/hello/__init__.py"))
 
 
 async def test_network_is_on_by_default_and_off_when_configured(tmp_path: Path) -> None:
