@@ -10,6 +10,7 @@ import asyncio
 import gc
 import stat
 import sys
+import tempfile
 import zoneinfo
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -36,7 +37,7 @@ from nanobot.config import Config
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.models import Job
 from nanobot.cron.service import CronService, Outcome
-from nanobot.errors import NanobotError, ProviderError
+from nanobot.errors import ConfigError, NanobotError, ProviderError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat, heartbeat_turn
@@ -47,6 +48,14 @@ from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from nanobot.tools.message import MessageTool
 from nanobot.tools.registry import ToolRegistry
+from nanobot.tools.sandbox import (
+    SANDBOX_ERROR_HINT,
+    Confinement,
+    Sandbox,
+    SandboxUnavailable,
+    Unavailable,
+    probe,
+)
 from nanobot.tools.shell import DEFAULT_DENY_PATTERNS, ExecTool
 from nanobot.tools.spawn import SpawnTool
 from nanobot.tools.web import WebFetchTool, WebSearchTool
@@ -81,8 +90,61 @@ def build_provider(config: Config) -> LiteLLMProvider:
     )
 
 
-def build_tools(config: Config, jobs: Jobs | None = None) -> ToolRegistry:
-    """The built-in tools, configured from `config.tools` (and `cron` when `jobs` is given)."""
+def build_sandbox(config: Config) -> Sandbox:
+    """The sandbox exec runs commands in, as `tools.exec.sandbox` says. Blocking (it tries
+    bubblewrap once): call it off the event loop.
+
+    Raises:
+        ConfigError: `sandbox: bwrap` and bubblewrap cannot run here.
+    """
+    hidden = [config.data_dir, config.state_db_path, config.log_dir]
+    if config.source is not None:
+        hidden.append(config.source)
+    confinement = Confinement(
+        config.workspace_path, tuple(hidden), network=config.tools.exec.network
+    )
+    try:
+        return probe(config.tools.exec.sandbox, confinement)
+    except SandboxUnavailable as exc:
+        raise ConfigError(
+            f"tools.exec.sandbox is bwrap, but bubblewrap cannot run here: {exc}. "
+            f"{SANDBOX_ERROR_HINT}"
+        ) from None
+
+
+def describe_sandbox(config: Config) -> str:
+    """Which sandbox exec would use, or why none can run (for `nanobot status`)."""
+    if not config.tools.exec.enabled:
+        return "exec is off (tools.exec.enabled: false)"
+    with tempfile.TemporaryDirectory(prefix="nanobot-status-") as spare:
+        if not config.workspace_path.exists():  # not created before the first start
+            config = config.model_copy(update={"workspace": Path(spare)})
+        try:
+            return build_sandbox(config).description
+        except ConfigError as exc:
+            return str(exc)
+
+
+def log_sandbox(sandbox: Sandbox) -> None:
+    """Say at start-up which sandbox exec uses, loudly when it is none."""
+    if not sandbox.confined:
+        logger.warning(
+            "exec runs WITHOUT a sandbox (tools.exec.sandbox: none): shell commands the model "
+            "chooses run with nanobot's own rights and can read its config, state and your "
+            "files. Only do this where nanobot's account holds nothing else worth protecting."
+        )
+    elif isinstance(sandbox, Unavailable):
+        logger.warning("exec sandbox: {}. {}", sandbox.description, SANDBOX_ERROR_HINT)
+    else:
+        logger.info("exec sandbox: {}", sandbox.description)
+
+
+def build_tools(
+    config: Config, jobs: Jobs | None = None, sandbox: Sandbox | None = None
+) -> ToolRegistry:
+    """The built-in tools, configured from `config.tools` (and `cron` when `jobs` is given).
+
+    exec is registered when it is enabled and `sandbox` is given (see `build_sandbox`)."""
     tools, workspace = config.tools, config.workspace_path
     restrict = tools.restrict_to_workspace
     registry = ToolRegistry(
@@ -100,11 +162,12 @@ def build_tools(config: Config, jobs: Jobs | None = None) -> ToolRegistry:
             MessageTool(),
         ]
     )
-    if tools.exec.enabled:
+    if tools.exec.enabled and sandbox is not None:
         deny = tools.exec.deny_patterns
         registry.register(
             ExecTool(
                 workspace,
+                sandbox=sandbox,
                 timeout=tools.exec.timeout,
                 deny_patterns=DEFAULT_DENY_PATTERNS if deny is None else deny,
             )
@@ -165,12 +228,16 @@ async def _parts(config: Config) -> AsyncIterator[Parts]:
         timezone=_timezone(config),
     )
     context = ContextBuilder(config.workspace_path, timezone=settings.timezone)
+    sandbox = None
+    if config.tools.exec.enabled:
+        sandbox = await asyncio.to_thread(build_sandbox, config)
+        log_sandbox(sandbox)
     provider = build_provider(config)
     try:
         await asyncio.to_thread(provider.prepare)
         async with await Database.open(config.state_db_path) as db:
             jobs = Jobs(CronStore(db), config.timezone)
-            tools = build_tools(config, jobs)
+            tools = build_tools(config, jobs, sandbox)
             runner = Runner(provider, tools)
             sessions = SessionStore(db)
             loop = AgentLoop(provider, runner, sessions, context, settings, usage=UsageLedger(db))

@@ -109,8 +109,10 @@ def _ask_onboarding_questions() -> dict[str, str]:
 
 @app.command()
 def status(ctx: typer.Context) -> None:
-    """Show the config file, directories, model, channels and store figures (no secrets)."""
+    """Show the config file, directories, model, channels, exec's sandbox and store figures
+    (no secrets)."""
     from nanobot import manage
+    from nanobot.app import describe_sandbox
     from nanobot.config import config_path
     from nanobot.errors import StoreError
 
@@ -119,6 +121,7 @@ def status(ctx: typer.Context) -> None:
         rows = manage.status(config, config_path(ctx.obj))
     except StoreError as exc:
         _fail(str(exc))
+    rows.append(("sandbox", describe_sandbox(config)))
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         typer.echo(f"{label:<{width}}  {value}")

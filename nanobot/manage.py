@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import re
-import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -20,7 +19,6 @@ from nanobot.config import Config, load
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.models import Job
 from nanobot.cron.schedule import describe
-from nanobot.errors import ConfigError
 from nanobot.store import Access, Database, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore
@@ -155,24 +153,9 @@ def status(config: Config, path: Path) -> list[tuple[str, str]]:
         channel = getattr(config.channels, name)
         state = f"enabled, {len(channel.allow_from)} allowed" if channel.enabled else "disabled"
         rows.append((name, state))
-    rows.append(("sandbox", _sandbox_state(config)))
     if not config.state_db_path.exists():
         return [*rows, ("state", f"{config.state_db_path} (not created yet)")]
     return rows + asyncio.run(_store_rows(config.state_db_path))
-
-
-def _sandbox_state(config: Config) -> str:
-    if not config.tools.exec.enabled:
-        return "exec is off (tools.exec.enabled: false)"
-    from nanobot.app import build_sandbox
-
-    with tempfile.TemporaryDirectory(prefix="nanobot-status-") as spare:
-        if not config.workspace_path.exists():  # not created before the first start
-            config = config.model_copy(update={"workspace": Path(spare)})
-        try:
-            return build_sandbox(config).description
-        except ConfigError as exc:
-            return str(exc)
 
 
 async def _store_rows(db_path: Path) -> list[tuple[str, str]]:
