@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from loguru import logger
 
 from nanobot import app, log
 from nanobot.agent.loop import TurnRequest
+from nanobot.channels.base import InboxPolicy, save_file
 from nanobot.config import Config, load
 from nanobot.tools.sandbox import Unavailable
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
@@ -105,6 +106,7 @@ class Attack:
     steps: tuple[Step, ...]
     outside_files: tuple[str, ...] = ()  # paths (templates) that must not exist afterwards
     before: Callable[[Install], None] | None = None
+    after: Callable[[Install], Awaitable[None]] | None = None  # what the gateway does next
 
 
 def ex(command: str) -> Step:
@@ -119,6 +121,16 @@ def _hardlink_from_outside(install: Install) -> None:
     # As if made before the sandbox existed: the file tools must not rely on the shell alone.
     install.workspace.mkdir()
     os.link(install.config, install.workspace / "notes.txt")
+
+
+async def _download(install: Install, name: str) -> None:
+    """What a channel does with a file a user sent: save it under workspace/inbox/."""
+    policy = InboxPolicy(install.workspace / "inbox", workspace=install.workspace)
+    try:
+        saved = await save_file(policy, name, b"DOWNLOADED BYTES")
+    except OSError:
+        return  # refused: nothing written anywhere
+    assert saved.resolve().is_relative_to(install.workspace.resolve())
 
 
 def _symlink_swapped_in(install: Install) -> None:
@@ -209,6 +221,24 @@ ATTACKS = [
     Attack("memory -> config", (ex("ln -sf {config} memory/MEMORY.md"),)),
     Attack("skill -> config", (ex("mkdir -p skills/x; ln -sf {config} skills/x/SKILL.md"),)),
     Attack("memory folder -> data dir", (ex("rm -rf memory; ln -s {data} memory"),)),
+    # Links laid for the next download into workspace/inbox/ (see `download`).
+    Attack(
+        "inbox folder -> data dir, then a download",
+        (ex("rm -rf inbox; ln -s {data} inbox"),),
+        ("{data}/photo.jpg",),
+        after=lambda install: _download(install, "photo.jpg"),
+    ),
+    Attack(
+        "dangling symlink named like the upload",
+        (ex("mkdir -p inbox; ln -s {out}/planted.txt inbox/photo.jpg"),),
+        ("{out}/planted.txt",),
+        after=lambda install: _download(install, "photo.jpg"),
+    ),
+    Attack(
+        "symlink to the config named like the upload",
+        (ex("mkdir -p inbox; ln -s {config} inbox/config.yaml"),),
+        after=lambda install: _download(install, "config.yaml"),
+    ),
     # Writing outside the workspace.
     Attack(
         "exec writes into the data dir",
@@ -349,6 +379,8 @@ async def test_attack_is_contained(
     config_before = install.config.read_bytes()
     outside_before = sorted(p.name for p in install.outside.iterdir())
     await attack(config, install, fake_llm, case.steps)
+    if case.after is not None:
+        await case.after(install)
     assert install.config.read_bytes() == config_before
     assert sorted(p.name for p in install.outside.iterdir()) == outside_before
     for template in case.outside_files:
