@@ -26,6 +26,7 @@ import httpx
 from pydantic import Field
 
 from nanobot.tools._html_text import html_to_text
+from nanobot.tools._untrusted import defuse
 from nanobot.tools.base import Tool, ToolError, ToolParams, untrusted
 from nanobot.tools.registry import MAX_RESULT_CHARS
 
@@ -250,7 +251,9 @@ class WebFetchTool(Tool[WebFetchParams]):
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise ToolError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
         text = page.text[: args.max_chars]
-        header = f"URL: {page.url}\nHTTP {page.status}, {page.content_type}, {page.size} bytes"
+        # The server chose the URL it redirected to and its content type: no marker in them.
+        shown_url, kind = defuse(str(page.url)), defuse(page.content_type)
+        header = f"URL: {shown_url}\nHTTP {page.status}, {kind}, {page.size} bytes"
         if page.cut:
             header += f" (stopped reading at {self.max_bytes} bytes)"
         if len(text) < len(page.text):
@@ -332,7 +335,8 @@ class WebFetchTool(Tool[WebFetchParams]):
         kind = _content_kind(content_type)
         if kind is None:
             raise ToolError(
-                f"{url} is {content_type}, not a web page; web_fetch reads HTML, JSON and text"
+                f"{url} is {defuse(content_type)}, not a web page; web_fetch reads HTML, JSON "
+                "and text"
             )
         body, cut = bytearray(), False
         async for chunk in response.aiter_bytes():
