@@ -276,8 +276,8 @@ async def test_configured_follow_up_mode_delivers_all_at_once(
 async def test_a_photo_is_shown_once_then_referred_to(
     tmp_path: Path, fake_llm: FakeLLM, db: Database
 ) -> None:
-    parts = await make_parts(tmp_path, fake_llm, db, vision=True)
-    photo = tmp_path / "workspace" / "inbox" / "cat.jpg"
+    parts = await make_parts(tmp_path / "my files", fake_llm, db, vision=True)
+    photo = tmp_path / "my files" / "workspace" / "inbox" / "cat.jpg"
     photo.parent.mkdir(parents=True)
     photo.write_bytes(b"\xff\xd8\xff\xe0 a tiny jpeg")
     await parts.loop.handle(TurnRequest("t:1", "what is this?", images=(photo,)))
@@ -298,3 +298,23 @@ async def test_a_model_without_vision_gets_no_image(
     parts = await make_parts(tmp_path, fake_llm, db, vision=False)
     await parts.loop.handle(TurnRequest("t:1", "[photo received]", images=(tmp_path / "x.jpg",)))
     assert isinstance(fake_llm.requests[0].messages[-1]["content"], str)
+
+
+@pytest.mark.parametrize("swap", ["symlink", "hardlink"])
+async def test_a_photo_swapped_for_a_link_outside_is_not_sent(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database, swap: str
+) -> None:
+    # Another chat's turn may run `exec` between the photo's download and this turn's call.
+    parts = await make_parts(tmp_path, fake_llm, db, vision=True)
+    secret = tmp_path / "secret.jpg"
+    secret.write_bytes(b"SECRET BYTES OUTSIDE THE WORKSPACE")
+    photo = tmp_path / "workspace" / "inbox" / "photo.jpg"
+    photo.parent.mkdir(parents=True)
+    if swap == "symlink":
+        photo.symlink_to(secret)
+    else:
+        photo.hardlink_to(secret)
+    await parts.loop.handle(TurnRequest("t:1", "what is this?", images=(photo,)))
+    sent = fake_llm.requests[0].messages[-1]["content"]
+    assert sent[1] == {"type": "text", "text": f"[image: {photo} (could not be read)]"}
+    assert b"SECRET" not in fake_llm.requests[0].raw

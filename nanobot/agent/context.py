@@ -14,6 +14,7 @@ from nanobot.agent._files import same, text_cache
 from nanobot.agent.memory import Memory
 from nanobot.agent.skills import Skills
 from nanobot.providers.base import Message
+from nanobot.workspace import Workspace
 
 PROMPT_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md")
 """Workspace files shown in the system prompt, in this order, each under its own heading."""
@@ -46,6 +47,7 @@ class ContextBuilder:
         """`timezone` decides when "today" begins for the daily notes (default: the machine's
         local zone); it is ignored when `memory` is given, which carries its own."""
         self._workspace = workspace
+        self._confined = Workspace(workspace)
         self._memory = memory if memory is not None else Memory(workspace, timezone)
         self._skills = skills if skills is not None else Skills(workspace)
         self._files = text_cache(workspace)
@@ -53,6 +55,11 @@ class ContextBuilder:
         self._identity = _identity(workspace)
         self._parts: tuple[str | None, ...] = ()
         self._prompt = ""
+
+    @property
+    def files(self) -> Workspace:
+        """The workspace, for reading files confined to it (the photos of a turn)."""
+        return self._confined
 
     @property
     def memory(self) -> Memory:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import mimetypes
+import os
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import unquote
 from typing import Any
 
 from nanobot.providers.base import Message
+from nanobot.workspace import Workspace
 
 MAX_INLINE_BYTES = 5 * 1024 * 1024  # providers refuse larger images anyway
 
@@ -23,7 +26,8 @@ MAX_INLINE_BYTES = 5 * 1024 * 1024  # providers refuse larger images anyway
 def with_images(message: Message, paths: Sequence[Path]) -> Message:
     """`message` (text content) with image parts referring to `paths`."""
     parts: list[dict[str, Any]] = [{"type": "text", "text": message["content"]}]
-    parts += [{"type": "image_url", "image_url": {"url": p.resolve().as_uri()}} for p in paths]
+    # Not resolved: a symlink is judged when the image is read, confined to the workspace.
+    parts += [{"type": "image_url", "image_url": {"url": p.absolute().as_uri()}} for p in paths]
     return {**message, "content": parts}
 
 
@@ -43,10 +47,12 @@ def without_images(message: Message) -> Message:
     return {**message, "content": "\n".join(texts)}
 
 
-async def inline_images(message: Message) -> Message:
+async def inline_images(message: Message, workspace: Workspace) -> Message:
     """`message` with stored image references turned into data URLs (read off the loop).
 
-    An image that is missing or too large becomes the text placeholder.
+    Images are read confined to `workspace`: one that is missing, too large, or was replaced
+    by a link leading out of it (or to a file with other hard links) becomes the text
+    placeholder.
     """
     if not has_images(message):
         return message
@@ -56,7 +62,7 @@ async def inline_images(message: Message) -> Message:
         if path is None:
             parts.append(part)
             continue
-        url = await asyncio.to_thread(_data_url, path)
+        url = await asyncio.to_thread(_data_url, path, workspace)
         parts.append(
             {"type": "image_url", "image_url": {"url": url}}
             if url
@@ -69,15 +75,21 @@ def _file_image(part: object) -> Path | None:
     if not isinstance(part, dict) or part.get("type") != "image_url":
         return None
     url = str((part.get("image_url") or {}).get("url", ""))
-    return Path(url.removeprefix("file://")) if url.startswith("file://") else None
+    # as_uri() percent-encodes (a workspace folder may have spaces in its name).
+    return Path(unquote(url.removeprefix("file://"))) if url.startswith("file://") else None
 
 
-def _data_url(path: Path) -> str | None:
+def _data_url(path: Path, workspace: Workspace) -> str | None:
     try:
-        if path.stat().st_size > MAX_INLINE_BYTES:
-            return None
-        data = path.read_bytes()
+        fd, info = workspace.open_file(path)
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as file:
+        if info.st_size > MAX_INLINE_BYTES:
+            return None
+        try:
+            data = file.read()
+        except OSError:
+            return None
     mime = mimetypes.guess_type(path.name)[0] or "image/jpeg"
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"

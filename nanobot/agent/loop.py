@@ -25,6 +25,7 @@ from nanobot.agent.runner import Runner
 from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import NewEntry, SessionStore, UsageLedger
 from nanobot.tools.base import SendText, ToolContext, current_context
+from nanobot.workspace import Workspace
 
 QueueMode = Literal["steer", "follow_up", "next_turn"]
 Delivery = Literal["one", "all"]
@@ -223,7 +224,7 @@ class AgentLoop:
             head.append(summary_message(window.summary))
         run = RunInput(
             session_id=request.session_key,
-            messages=[*head, *await _show_images(window.messages, inputs)],
+            messages=[*head, *await _show_images(window.messages, inputs, self._context.files)],
             limits=self._settings.limits,
             policy=self._settings.policy,
         )
@@ -351,15 +352,18 @@ class AgentLoop:
         return datetime.now(self._settings.timezone).astimezone(self._settings.timezone)
 
 
-async def _show_images(messages: Sequence[Message], inputs: Sequence[Message]) -> list[Message]:
-    """The window with this turn's own images inline (older ones stay placeholders)."""
+async def _show_images(
+    messages: Sequence[Message], inputs: Sequence[Message], workspace: Workspace
+) -> list[Message]:
+    """The window with this turn's own images inline (older ones stay placeholders), read
+    confined to `workspace`."""
     shown = list(messages)
     pending = [m for m in inputs if has_images(m)]
     for index in range(len(shown) - 1, -1, -1):
         if not pending:
             break
         if shown[index].get("role") == "user" and shown[index] == without_images(pending[-1]):
-            shown[index] = await inline_images(pending.pop())
+            shown[index] = await inline_images(pending.pop(), workspace)
     return shown
 
 
