@@ -14,8 +14,8 @@ import mimetypes
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import unquote
 from typing import Any
+from urllib.parse import unquote
 
 from nanobot.providers.base import Message
 from nanobot.workspace import Workspace
