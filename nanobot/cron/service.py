@@ -20,6 +20,7 @@ from loguru import logger
 from nanobot.cron.models import Job, RunStatus
 from nanobot.cron.schedule import catch_up
 from nanobot.store.cron import CronStore
+from nanobot.tasks import TaskSet
 
 WATCH_INTERVAL = 1.0
 
@@ -42,7 +43,8 @@ class CronService:
         self._run_job = run_job
         self._window = catch_up_window
         self._wake = asyncio.Event()
-        self._running: dict[str, asyncio.Task[None]] = {}
+        self._runs = TaskSet("cron")
+        self._running: set[str] = set()  # the jobs whose run is in progress
 
     def changed(self) -> None:
         """Jobs changed in this process: look at the schedule again now."""
@@ -58,10 +60,7 @@ class CronService:
                 group.create_task(self._watch(), name="cron-watch")
                 await self._schedule()
         finally:
-            tasks = list(self._running.values())
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._runs.close()
 
     async def _schedule(self) -> None:
         while True:
@@ -96,9 +95,9 @@ class CronService:
             self._spawn(job, self._execute(job, run_id))
 
     def _spawn(self, job: Job, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=f"cron-{job.id}")
-        self._running[job.id] = task
-        task.add_done_callback(lambda _: self._running.pop(job.id, None))
+        self._running.add(job.id)
+        task = self._runs.spawn(work, name=f"cron-{job.id}")
+        task.add_done_callback(lambda _: self._running.discard(job.id))
 
     async def _execute(self, job: Job, run_id: int) -> None:
         logger.info("cron job {} ({}) starts", job.id, job.name)
