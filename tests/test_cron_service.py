@@ -11,7 +11,7 @@ import pytest
 
 from nanobot.cron.jobs import Jobs, ScheduleSpec
 from nanobot.cron.models import Every, Job
-from nanobot.cron.service import CronService, Outcome
+from nanobot.cron.service import WATCH_INTERVAL, CronService, Outcome, RunJob
 from nanobot.store import Database
 from nanobot.store.cron import CronStore
 from nanobot.tools.base import ToolContext, current_context
@@ -23,6 +23,54 @@ from nanobot.tools.registry import ToolRegistry
 async def db(tmp_path: Path) -> AsyncIterator[Database]:
     async with await Database.open(tmp_path / "state.db") as database:
         yield database
+
+
+class FakeClock:
+    """Time that moves only when the test moves it, and says when the service is idle."""
+
+    def __init__(self) -> None:
+        self.time = datetime.now(UTC)
+        # (deadline, wake event, future resolved when the deadline passes): who is asleep.
+        self._sleepers: list[tuple[datetime | None, asyncio.Event | None, asyncio.Future[None]]]
+        self._sleepers = []
+        self._changed = asyncio.Event()
+
+    def now(self) -> datetime:
+        return self.time
+
+    async def sleep(self, seconds: float | None, wake: asyncio.Event | None = None) -> None:
+        deadline = None if seconds is None else self.time + timedelta(seconds=seconds)
+        entry = (deadline, wake, asyncio.get_running_loop().create_future())
+        self._sleepers.append(entry)
+        self._changed.set()
+        woken = asyncio.ensure_future(wake.wait()) if wake is not None else None
+        try:
+            await asyncio.wait([entry[2], *filter(None, [woken])], return_when="FIRST_COMPLETED")
+        finally:
+            if woken is not None:
+                woken.cancel()
+            if entry in self._sleepers:
+                self._sleepers.remove(entry)
+            self._changed.set()
+
+    def advance(self, delta: timedelta) -> None:
+        """Move time on, waking (at once, as far as `settled` can tell) whoever is due."""
+        self.time += delta
+        for entry in list(self._sleepers):
+            deadline, _, done = entry
+            if deadline is not None and deadline <= self.time:
+                self._sleepers.remove(entry)
+                done.set_result(None)
+        self._changed.set()
+
+    async def settled(self) -> None:
+        """Wait until the scheduler and the watcher are both asleep with nothing to wake them."""
+        async with asyncio.timeout(10):
+            while len(self._sleepers) < 2 or any(
+                w is not None and w.is_set() for _, w, _ in self._sleepers
+            ):
+                self._changed.clear()
+                await self._changed.wait()
 
 
 class Runner:
@@ -46,10 +94,12 @@ class Runner:
 
 
 async def start(
-    store: CronStore, runner: Runner, window: timedelta = timedelta(hours=1)
-) -> tuple[CronService, asyncio.Task[None]]:
-    service = CronService(store, runner, catch_up_window=window)
-    return service, asyncio.create_task(service.run())
+    store: CronStore, runner: RunJob, clock: FakeClock, window: timedelta = timedelta(hours=1)
+) -> asyncio.Task[None]:
+    service = CronService(store, runner, catch_up_window=window, clock=clock)
+    task = asyncio.create_task(service.run())
+    await clock.settled()
+    return task
 
 
 async def stop(task: asyncio.Task[None]) -> None:
@@ -58,13 +108,19 @@ async def stop(task: asyncio.Task[None]) -> None:
 
 
 async def test_a_job_added_elsewhere_runs_without_a_restart(db: Database, tmp_path: Path) -> None:
-    store, runner = CronStore(db), Runner()
-    _, task = await start(store, runner)
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    task = await start(store, runner, clock)
     # Another process (the CLI) adds a job: a second connection to the same file.
     async with await Database.open(tmp_path / "state.db") as cli_db:
-        job = await Jobs(CronStore(cli_db), "UTC").add("soon", "ping", ScheduleSpec(every="1s"))
-    await runner.wait(1, seconds=5)
-    assert runner.ran[0] == job.id
+        job = await Jobs(CronStore(cli_db), "UTC").add("soon", "ping", ScheduleSpec(every="1h"))
+    clock.advance(timedelta(seconds=WATCH_INTERVAL))  # the watcher's next look
+    await clock.settled()
+    assert runner.ran == []  # the scheduler now sleeps until the job is due
+    assert job.next_run is not None
+    clock.advance(job.next_run - clock.now())
+    await runner.wait(1)
+    assert runner.ran == [job.id]
+    await clock.settled()
     (run, *_) = await store.runs(job.id)
     assert run.status == "ok"
     assert run.delivered
@@ -72,8 +128,8 @@ async def test_a_job_added_elsewhere_runs_without_a_restart(db: Database, tmp_pa
 
 
 async def test_missed_and_caught_up_runs(db: Database) -> None:
-    store, runner = CronStore(db), Runner()
-    now = datetime.now(UTC)
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    now = clock.now()
     recent = await store.add(
         name="recent",
         message="m",
@@ -86,9 +142,9 @@ async def test_missed_and_caught_up_runs(db: Database) -> None:
         schedule=Every(86400, anchor=now - timedelta(days=3, hours=5)),
         next_run=now - timedelta(hours=30),
     )
-    _, task = await start(store, runner)
+    task = await start(store, runner, clock)
     await runner.wait(1)
-    await asyncio.sleep(0.2)
+    await clock.settled()
     assert runner.ran == [recent.id]  # once, not once per missed hour
     (missed,) = await store.runs(stale.id)
     assert missed.status == "missed"
@@ -99,21 +155,25 @@ async def test_missed_and_caught_up_runs(db: Database) -> None:
 
 
 async def test_a_job_never_overlaps_itself(db: Database) -> None:
-    store, runner = CronStore(db), Runner()
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
     runner.hold = asyncio.Event()
     job = await Jobs(store, "UTC").add("busy", "m", ScheduleSpec(every="1s"))
-    _, task = await start(store, runner)
+    assert job.next_run is not None
+    clock.advance(job.next_run - clock.now())
+    task = await start(store, runner, clock)
     await runner.wait(1)
-    await asyncio.sleep(2.5)  # two more occurrences fall due while the first still runs
+    for _ in range(2):  # two more occurrences fall due while the first still runs
+        clock.advance(timedelta(seconds=1))
+        await clock.settled()
     assert runner.ran == [job.id]
     statuses = [run.status for run in await store.runs(job.id)]
-    assert "missed" in statuses
+    assert statuses == ["missed", "missed", "running"]
     runner.hold.set()
     await stop(task)
 
 
 async def test_a_job_may_edit_jobs_while_it_runs(db: Database) -> None:
-    store = CronStore(db)
+    store, clock = CronStore(db), FakeClock()
     jobs = Jobs(store, "UTC")
     added: list[str] = []
     edited = asyncio.Event()
@@ -126,10 +186,13 @@ async def test_a_job_may_edit_jobs_while_it_runs(db: Database) -> None:
         return Outcome()
 
     first = await jobs.add("editor", "m", ScheduleSpec(every="1s"))
-    service = CronService(store, editing, catch_up_window=timedelta(hours=1))
-    task = asyncio.create_task(service.run())
-    await asyncio.wait_for(edited.wait(), 5)
-    await asyncio.sleep(0.3)
+    assert first.next_run is not None
+    clock.advance(first.next_run - clock.now())
+    task = await start(store, editing, clock)
+    async with asyncio.timeout(10):
+        await edited.wait()
+    clock.advance(timedelta(seconds=WATCH_INTERVAL))  # the watcher sees the edits
+    await clock.settled()
     assert not task.done()  # the scheduler survived its job changing the table under it
     remaining = [job.id for job in await jobs.all()]
     assert first.id not in remaining
@@ -138,10 +201,12 @@ async def test_a_job_may_edit_jobs_while_it_runs(db: Database) -> None:
 
 
 async def test_a_crash_mid_run_is_recorded_as_interrupted(db: Database) -> None:
-    store, runner = CronStore(db), Runner()
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
     runner.hold = asyncio.Event()
     job = await Jobs(store, "UTC").add("long", "m", ScheduleSpec(every="1s"))
-    _, task = await start(store, runner)
+    assert job.next_run is not None
+    clock.advance(job.next_run - clock.now())
+    task = await start(store, runner, clock)
     await runner.wait(1)
     await stop(task)  # shutdown cancels the run
     (run, *_) = await store.runs(job.id)

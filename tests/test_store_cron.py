@@ -26,9 +26,24 @@ async def db(tmp_path: Path) -> AsyncIterator[Database]:
         yield database
 
 
+class Clock:
+    """The store's clock, moved by the test: recorded times are exact."""
+
+    def __init__(self) -> None:
+        self.time = T0 - HOUR
+
+    def __call__(self) -> datetime:
+        return self.time
+
+
 @pytest.fixture
-def store(db: Database) -> CronStore:
-    return CronStore(db)
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(db: Database, clock: Clock) -> CronStore:
+    return CronStore(db, clock)
 
 
 async def add(
@@ -47,7 +62,7 @@ async def add(
 # --- jobs ----------------------------------------------------------------------------------
 
 
-async def test_add_stores_an_enabled_job(store: CronStore) -> None:
+async def test_add_stores_an_enabled_job(store: CronStore, clock: Clock) -> None:
     job = await store.add(
         name="standup",
         message="Summarise my calendar",
@@ -66,8 +81,7 @@ async def test_add_stores_an_enabled_job(store: CronStore) -> None:
     assert (job.channel, job.to, job.owner) == ("telegram", "12345", "telegram:12345")
     assert job.next_run == T0
     assert (job.last_run, job.last_status) == (None, None)
-    assert job.created_at.tzinfo is not None
-    assert abs(datetime.now(UTC) - job.created_at) < timedelta(minutes=1)
+    assert job.created_at == clock.time
     assert await store.get(job.id) == job
 
 
@@ -286,8 +300,9 @@ async def test_changes_from_another_connection_are_seen(tmp_path: Path) -> None:
 # --- runs ----------------------------------------------------------------------------------
 
 
-async def test_a_run_moves_the_job_on_and_is_recorded(store: CronStore) -> None:
+async def test_a_run_moves_the_job_on_and_is_recorded(store: CronStore, clock: Clock) -> None:
     job = await add(store, next_run=T0)
+    clock.time = T0 + timedelta(seconds=1)
     run_id = await store.start_run(job.id, due_at=T0, next_run=T0 + timedelta(days=1))
     assert run_id is not None
 
@@ -295,16 +310,17 @@ async def test_a_run_moves_the_job_on_and_is_recorded(store: CronStore) -> None:
     assert running is not None
     assert running.next_run == T0 + timedelta(days=1)
     assert running.last_status == "running"
-    assert running.last_run is not None
+    assert running.last_run == T0 + timedelta(seconds=1)
     (run,) = await store.runs(job.id)
     assert (run.id, run.job_id, run.due_at, run.status) == (run_id, job.id, T0, "running")
     assert run.started_at == running.last_run
     assert (run.ended_at, run.error, run.delivered) == (None, None, False)
 
+    clock.time = T0 + timedelta(minutes=2)
     assert await store.finish_run(run_id, "error", "the model is down", delivered=False)
     (run,) = await store.runs(job.id)
     assert (run.status, run.error, run.delivered) == ("error", "the model is down", False)
-    assert run.ended_at is not None and run.ended_at >= run.started_at
+    assert run.ended_at == T0 + timedelta(minutes=2)
     finished = await store.get(job.id)
     assert finished is not None and finished.last_status == "error"
 
@@ -371,13 +387,14 @@ async def test_two_processes_claim_one_occurrence_once(tmp_path: Path) -> None:
         assert len(await first.runs(job.id)) == 1
 
 
-async def test_record_missed(store: CronStore) -> None:
+async def test_record_missed(store: CronStore, clock: Clock) -> None:
     job = await add(store, next_run=T0)
+    clock.time = T0 + 2 * HOUR
     run_id = await store.record_missed(job.id, T0, next_run=T0 + timedelta(days=1))
     assert run_id is not None
     (run,) = await store.runs(job.id)
     assert (run.id, run.status, run.due_at) == (run_id, "missed", T0)
-    assert run.started_at == run.ended_at
+    assert run.started_at == run.ended_at == T0 + 2 * HOUR
     missed = await store.get(job.id)
     assert missed is not None
     assert (missed.last_status, missed.last_run) == ("missed", run.started_at)
@@ -432,9 +449,12 @@ async def test_interrupted_runs_are_marked_at_start_up(tmp_path: Path) -> None:
         assert not await store.finish_run(left, "ok")  # too late now
 
 
-async def test_an_older_run_finishing_keeps_the_newer_status(store: CronStore) -> None:
+async def test_an_older_run_finishing_keeps_the_newer_status(
+    store: CronStore, clock: Clock
+) -> None:
     job = await add(store)
     older = await store.start_run(job.id, due_at=None, next_run=T0)
+    clock.time += timedelta(seconds=1)
     newer = await store.start_run(job.id, due_at=None, next_run=T0)
     assert older is not None and newer is not None
     await store.finish_run(older, "error", "slow")

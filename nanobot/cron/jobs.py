@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from nanobot.cron.job_store import JobStore
 from nanobot.cron.models import Job, JobRun, Schedule, ScheduleError, parse_at, parse_every
 from nanobot.cron.schedule import next_run, parse_cron, system_zone, validate
-from nanobot.store.cron import CronStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class ScheduleSpec:
 class Jobs:
     """Add, list, remove, enable and disable jobs, owner-scoped where an owner is given."""
 
-    def __init__(self, store: CronStore, default_zone: str | None = None) -> None:
+    def __init__(self, store: JobStore, default_zone: str | None = None) -> None:
         self._store = store
         self._zone = default_zone or system_zone()
 

@@ -1,10 +1,10 @@
 """The cron service: runs jobs when they fall due, while the gateway runs.
 
-One scheduler task sleeps until the earliest due job and is woken when jobs change: at once
-for changes made in this process, and within a second for changes made by `nanobot cron`
-in another process (SQLite cannot notify across processes, so a watcher compares the store's
-change counter once a second). Each run is its own task, owned here; a job never overlaps
-itself, and a job that edits jobs while it runs only wakes the scheduler.
+One scheduler task sleeps until the earliest due job and is woken within a second when jobs
+change, in this process or through `nanobot cron` in another (SQLite cannot notify across
+processes, so a watcher compares the store's change counter once a second). Each run is its
+own task, owned here; a job never overlaps itself, and a job that edits jobs while it runs
+only wakes the scheduler. Time comes from a `Clock`, so tests move it instead of sleeping.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from loguru import logger
 
+from nanobot.cron.job_store import JobStore
 from nanobot.cron.models import Job, RunStatus
 from nanobot.cron.schedule import catch_up
-from nanobot.store.cron import CronStore
 from nanobot.tasks import TaskSet
 
 WATCH_INTERVAL = 1.0
@@ -37,18 +37,52 @@ class Outcome:
 RunJob = Callable[[Job], Awaitable[Outcome]]
 
 
+class Clock(Protocol):
+    """What the service knows of time."""
+
+    def now(self) -> datetime:
+        """The current time, timezone-aware."""
+        ...
+
+    async def sleep(self, seconds: float | None, wake: asyncio.Event | None = None) -> None:
+        """Return once `seconds` have passed (never, for None) or `wake` is set, if sooner.
+        Cancellation-safe: it only waits."""
+        ...
+
+
+class SystemClock:
+    """The wall clock, and asyncio's timers."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float | None, wake: asyncio.Event | None = None) -> None:
+        if wake is None:
+            await asyncio.sleep(float("inf") if seconds is None else seconds)
+            return
+        try:
+            async with asyncio.timeout(seconds):
+                await wake.wait()
+        except TimeoutError:
+            pass
+
+
 class CronService:
-    def __init__(self, store: CronStore, run_job: RunJob, *, catch_up_window: timedelta) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        run_job: RunJob,
+        *,
+        catch_up_window: timedelta,
+        clock: Clock | None = None,
+    ) -> None:
         self._store = store
         self._run_job = run_job
         self._window = catch_up_window
+        self._clock = clock or SystemClock()
         self._wake = asyncio.Event()
         self._runs = TaskSet("cron")
         self._running: set[str] = set()  # the jobs whose run is in progress
-
-    def changed(self) -> None:
-        """Jobs changed in this process: look at the schedule again now."""
-        self._wake.set()
 
     async def run(self) -> None:
         """Schedule until cancelled; cancelling stops the job runs in progress too."""
@@ -64,17 +98,13 @@ class CronService:
 
     async def _schedule(self) -> None:
         while True:
-            await self._start_due(datetime.now(UTC))
+            await self._start_due(self._clock.now())
             upcoming = await self._store.next_due()
-            delay = None if upcoming is None else (upcoming - datetime.now(UTC)).total_seconds()
+            delay = None if upcoming is None else (upcoming - self._clock.now()).total_seconds()
             self._wake.clear()
             if delay is not None and delay <= 0:
                 continue
-            try:
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass  # the earliest job is due
+            await self._clock.sleep(delay, self._wake)  # until the earliest job is due
 
     async def _start_due(self, now: datetime) -> None:
         for job in await self._store.due(now):
@@ -116,7 +146,7 @@ class CronService:
     async def _watch(self) -> None:
         seen = await self._store.version()
         while True:
-            await asyncio.sleep(WATCH_INTERVAL)
+            await self._clock.sleep(WATCH_INTERVAL)
             version = await self._store.version()
             if version != seen:
                 seen = version

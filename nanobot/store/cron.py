@@ -18,6 +18,7 @@ import builtins
 import json
 import secrets
 import sqlite3
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final, cast, get_args
 
@@ -38,8 +39,11 @@ _ID_ATTEMPTS: Final = 5
 class CronStore:
     """Jobs, their run history, and the change counter. All methods are short transactions."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, clock: Callable[[], datetime] | None = None) -> None:
+        """`clock` gives the times recorded (created, started, ended); the wall clock by
+        default."""
         self._db = db
+        self._clock = clock or _wall_clock
 
     async def add(
         self,
@@ -70,7 +74,7 @@ class CronStore:
                         channel,
                         to,
                         owner,
-                        _now(),
+                        self._now(),
                         _format(next_run),
                     ),
                 )
@@ -153,7 +157,7 @@ class CronStore:
         `due_at` None (a run by hand) only a removed job returns None. Because the job moves
         on before the run starts, a crash mid-run leaves an `interrupted` run, never a rerun.
         """
-        started = _now()
+        started = self._now()
         async with self._db.transaction():
             if not await self._claim(job_id, due_at, next_run, "running", started):
                 return None
@@ -176,7 +180,7 @@ class CronStore:
             row = await self._db.fetchone(
                 "UPDATE cron_runs SET status = ?, ended_at = ?, error = ?, delivered = ?"
                 " WHERE id = ? AND status = 'running' RETURNING job_id, started_at",
-                (status, _now(), _truncate(error), int(delivered), run_id),
+                (status, self._now(), _truncate(error), int(delivered), run_id),
             )
             if row is None:
                 return False
@@ -192,7 +196,7 @@ class CronStore:
     ) -> int | None:
         """Record that the occurrence `due_at` was missed and move the job to `next_run`
         (None disables it), atomically, with the same claim on `due_at` as `start_run`."""
-        recorded = _now()
+        recorded = self._now()
         async with self._db.transaction():
             if not await self._claim(job_id, due_at, next_run, "missed", recorded):
                 return None
@@ -215,7 +219,7 @@ class CronStore:
             rows = await self._db.fetchall(
                 "UPDATE cron_runs SET status = 'interrupted', ended_at = ?, error = ?"
                 " WHERE status = 'running' RETURNING job_id, started_at",
-                (_now(), INTERRUPTED_ERROR),
+                (self._now(), INTERRUPTED_ERROR),
             )
             for row in rows:
                 await self._db.execute(
@@ -285,6 +289,9 @@ class CronStore:
             if changed:
                 await self._bump()
         return changed > 0
+
+    def _now(self) -> str:
+        return _format(self._clock())
 
     async def _bump(self) -> None:
         await self._db.execute("UPDATE cron_state SET version = version + 1 WHERE id = 1")
@@ -377,8 +384,8 @@ def _truncate(error: str | None) -> str | None:
     return None if error is None else error[:2000]
 
 
-def _now() -> str:
-    return _format(datetime.now(UTC))
+def _wall_clock() -> datetime:
+    return datetime.now(UTC)
 
 
 def _format(moment: datetime) -> str:

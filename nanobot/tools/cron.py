@@ -6,7 +6,7 @@ chat's jobs, and a job's result is delivered to the chat that made it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Literal, Protocol
 
 from pydantic import Field
@@ -56,16 +56,9 @@ class CronTool(Tool[CronParams]):
     )
     params = CronParams
 
-    def __init__(
-        self,
-        jobs: JobsPort,
-        *,
-        deliverable: Collection[str],
-        changed: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, jobs: JobsPort, *, deliverable: Collection[str]) -> None:
         self._jobs = jobs
         self._deliverable = frozenset(deliverable)
-        self._changed = changed
 
     async def run(self, args: CronParams) -> str:
         context = tool_context()
@@ -80,7 +73,6 @@ class CronTool(Tool[CronParams]):
                 raise ToolError("remove needs job_id (see the list action)")
             if not await self._jobs.remove(args.job_id, owner):
                 raise ToolError(f"this chat has no job {args.job_id}")
-            self._notify()
             return f"Removed job {args.job_id}."
         if not args.message:
             raise ToolError("add needs a message: what should happen each time the job runs")
@@ -96,12 +88,7 @@ class CronTool(Tool[CronParams]):
             )
         except ScheduleError as exc:
             raise ToolError(str(exc)) from None
-        self._notify()
         return f"Scheduled job {job.id}: {_line(job)}"
-
-    def _notify(self) -> None:
-        if self._changed is not None:
-            self._changed()
 
 
 def _line(job: Job) -> str:
