@@ -114,23 +114,13 @@ async def test_timeouts_given_and_default(fake: FakeTelegram) -> None:
             await bot.send_message(CHAT, "hi")  # the request's own
 
 
-async def test_before_sees_and_may_change_the_form(fake: FakeTelegram) -> None:
-    seen: list[dict[str, str]] = []
-
-    async def before(fields: dict[str, str]) -> None:
-        seen.append(dict(fields))
-        if "offset" in fields:
-            fields["offset"] = "1"
-
-    polls = AiohttpRequest(fake.base_url, pool_size=1, before=before, **REQUEST_TIMEOUTS)
-    first = fake.user_message(CHAT, "one", user_id=CHAT)
-    fake.user_message(CHAT, "two", user_id=CHAT)
-    async with Bot(
-        DEFAULT_TOKEN, base_url=f"{fake.base_url}/bot", get_updates_request=polls
-    ) as bot:
-        updates = await bot.get_updates(offset=first + 1, timeout=0)
-    assert seen[-1]["offset"] == str(first + 1)
-    assert [u.message.text for u in updates if u.message] == ["one", "two"]  # asked from 1
+async def test_a_long_poll_outlasts_the_read_timeout(fake: FakeTelegram) -> None:
+    # PTB asks getUpdates with the request's read timeout lengthened by the poll's own.
+    async with make_bot(fake.base_url, read_timeout=0.3) as bot:
+        assert await bot.get_updates(timeout=1) == ()  # held 1 s, answered
+        fake.fail_next("getUpdates", Hang())
+        with pytest.raises(TimedOut):
+            await bot.get_updates(timeout=0)  # the request's own, and no more
 
 
 async def test_unreachable_server_is_a_network_error() -> None:

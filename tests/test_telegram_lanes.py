@@ -1,129 +1,79 @@
-"""Telegram intake lanes: in order per chat, concurrently across chats, and the polls."""
+"""Telegram's intake lanes: in order per chat, concurrently across chats, owned tasks."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dtm
 
-import pytest
-from telegram import Chat, Message, Update
-
-from nanobot.channels._telegram_lanes import IntakeLanes, Unconfirmed
+from nanobot.channels._telegram_lanes import Lanes
 
 
-def update(update_id: int, chat_id: int | None) -> Update:
-    if chat_id is None:
-        return Update(update_id)
-    chat = Chat(chat_id, Chat.PRIVATE)
-    return Update(update_id, message=Message(update_id, dtm.datetime.now(dtm.UTC), chat))
-
-
-class Takes:
-    """A take that records starts and ends and waits for `release[update_id]` if set."""
+class Work:
+    """Records starts and ends; waits for `release[item]` if set; raises for `broken`."""
 
     def __init__(self) -> None:
         self.started: list[int] = []
         self.ended: list[int] = []
         self.release: dict[int, asyncio.Event] = {}
-        self.answer: dict[int, bool] = {}
+        self.broken: set[int] = set()
 
-    async def __call__(self, item: Update) -> bool:
-        self.started.append(item.update_id)
-        if item.update_id in self.release:
-            await self.release[item.update_id].wait()
-        self.ended.append(item.update_id)
-        return self.answer.get(item.update_id, True)
-
-
-async def test_chats_run_concurrently_and_each_in_order() -> None:
-    takes = Takes()
-    takes.release = {1: asyncio.Event()}
-    lanes = IntakeLanes(takes)
-    for item in (update(1, 10), update(2, 10), update(3, 20), update(4, None)):
-        lanes.add(item)
-    await asyncio.sleep(0.05)
-    assert takes.started == [1, 3, 4]  # 2 waits for 1, its chat's earlier update
-    poll = asyncio.create_task(lanes.before_poll({"offset": "5"}))
-    await asyncio.sleep(0.05)
-    assert not poll.done()  # a poll waits a moment while an update is being taken
-    takes.release[1].set()
-    await poll
-    assert takes.ended[-2:] == [1, 2]
+    async def __call__(self, item: int) -> None:
+        self.started.append(item)
+        if item in self.release:
+            await self.release[item].wait()
+        if item in self.broken:
+            raise RuntimeError(f"item {item}")
+        self.ended.append(item)
 
 
-async def test_a_take_that_fails_stops_the_rest_and_the_barrier() -> None:
-    takes = Takes()
-    takes.answer = {1: False}
-    lanes = IntakeLanes(takes)
-    lanes.add(update(1, 10))
-    with pytest.raises(Unconfirmed):
-        await lanes.before_poll({})
-    lanes.add(update(2, 20))
-    with pytest.raises(Unconfirmed):
-        await lanes.before_poll({})
-    assert takes.started == [1]  # left for the redelivery, with the one that failed
+def add(lanes: Lanes[int], *items: tuple[int, int | None]) -> None:
+    for item, key in items:
+        lanes.add(key, item, name=f"item-{item}")
 
 
-async def test_a_take_that_raises_counts_as_not_taken() -> None:
-    async def broken(item: Update) -> bool:
-        raise RuntimeError("bug")
+async def test_keys_run_concurrently_and_each_in_order() -> None:
+    work = Work()
+    work.release = {1: asyncio.Event()}
+    lanes = Lanes(work)
+    add(lanes, (1, 10), (2, 10), (3, 20), (4, None))
+    await lanes.wait(0.05)
+    assert work.started == [1, 3, 4]  # 2 waits for 1, its key's earlier item
+    assert lanes.busy
+    work.release[1].set()
+    await lanes.wait(5)
+    assert work.ended[-2:] == [1, 2] and not lanes.busy
 
-    lanes = IntakeLanes(broken)
-    lanes.add(update(1, 10))
-    with pytest.raises(Unconfirmed):
-        await lanes.before_poll({})
+
+async def test_wait_returns_when_all_are_done_or_after_its_seconds() -> None:
+    work = Work()
+    work.release = {1: asyncio.Event()}
+    lanes = Lanes(work)
+    add(lanes, (1, 10), (2, 20))
+    async with asyncio.timeout(1):
+        await lanes.wait(0.05)  # 1 is still running: it is not waited for longer
+    assert work.ended == [2]
+    work.release[1].set()
+    async with asyncio.timeout(1):
+        await lanes.wait(60)  # ends with the last item, not after a minute
+    assert work.ended == [2, 1]
 
 
-async def test_close_cancels_what_is_still_being_taken() -> None:
-    takes = Takes()
-    takes.release = {1: asyncio.Event()}
-    lanes = IntakeLanes(takes)
-    lanes.add(update(1, 10))
-    lanes.add(update(2, 10))
-    await asyncio.sleep(0.01)
+async def test_an_item_that_raises_does_not_stop_its_lane() -> None:
+    work = Work()
+    work.broken = {1}
+    lanes = Lanes(work)
+    add(lanes, (1, 10), (2, 10))
+    await lanes.wait(5)
+    assert (work.started, work.ended) == ([1, 2], [2])
+
+
+async def test_close_cancels_what_is_running_or_waiting() -> None:
+    work = Work()
+    work.release = {1: asyncio.Event()}
+    lanes = Lanes(work)
+    add(lanes, (1, 10), (2, 10))
+    await asyncio.sleep(0)
     await lanes.close()
-    assert takes.ended == []
-    with pytest.raises(Unconfirmed):
-        await lanes.before_poll({})
-
-
-async def test_a_poll_waits_a_moment_then_asks_again_from_the_oldest_update_in_hand() -> None:
-    takes = Takes()
-    takes.release = {5: asyncio.Event()}
-    lanes = IntakeLanes(takes, patience=0.05)
-    lanes.add(update(5, 10))
-    lanes.add(update(6, 20))
-    fields = {"offset": "7", "timeout": "10"}
-    await lanes.before_poll(fields)
-    assert fields == {"offset": "5", "timeout": "10"}  # confirms nothing not yet taken
-    assert takes.ended == [6]
-    for again in (update(5, 10), update(6, 20)):  # the answer repeats what is in hand
-        lanes.add(again)
-    lanes.add(update(7, 20))
-    await asyncio.sleep(0.01)
-    assert takes.started == [5, 6, 7]  # each once
-    takes.release[5].set()
-    fields = {"offset": "8"}
-    await lanes.before_poll(fields)
-    assert fields == {"offset": "8"}
-    assert takes.ended == [6, 7, 5]
-
-
-async def test_a_poll_with_nothing_in_hand_keeps_its_offset() -> None:
-    lanes = IntakeLanes(Takes(), patience=0.05)
-    first: dict[str, str] = {}
-    await lanes.before_poll(first)
-    assert first == {}
-    lanes.add(update(3, 10))
-    later = {"offset": "4"}
-    await lanes.before_poll(later)
-    assert later == {"offset": "4"}
-
-
-async def test_a_poll_after_a_failed_take_is_not_made() -> None:
-    takes = Takes()
-    takes.answer = {1: False}
-    lanes = IntakeLanes(takes, patience=0.05)
-    lanes.add(update(1, 10))
-    with pytest.raises(Unconfirmed):
-        await lanes.before_poll({"offset": "2"})
+    assert (work.started, work.ended, lanes.busy) == ([1], [], False)
+    add(lanes, (3, 10))  # still usable
+    await lanes.wait(5)
+    assert work.ended == [3]

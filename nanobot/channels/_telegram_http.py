@@ -8,17 +8,17 @@ parameters, the status codes and their errors (`BadRequest`, `RetryAfter`, …).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TypedDict
+from typing import Any, Final, TypedDict
 
 import aiohttp
 import orjson
-from telegram._utils.defaultvalue import DefaultValue
-from telegram._utils.types import JSONDict, ODVInput
 from telegram.error import NetworkError, TelegramError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
 from nanobot.proxies import env_proxy
+
+# PTB marks a timeout a call did not give with this value (its class is not public API).
+_NOT_GIVEN: Final = type(BaseRequest.DEFAULT_NONE)
 
 
 class Timeouts(TypedDict):
@@ -37,9 +37,7 @@ class AiohttpRequest(BaseRequest):
     does not tell the two apart), `read` bounds each wait for the server, and all four
     together bound the whole request (aiohttp has no write timeout of its own). A timeout
     raises `TimedOut`, any other transport failure `NetworkError`. The proxy is the one the
-    environment names for `base_url` (as httpx would use it), looked up once. `before`, if
-    given, is awaited before every request with the request's form fields, which it may
-    change; what it raises ends the request unmade.
+    environment names for `base_url` (as httpx would use it), looked up once.
     """
 
     def __init__(
@@ -52,10 +50,8 @@ class AiohttpRequest(BaseRequest):
         write_timeout: float | None,
         pool_timeout: float | None,
         media_write_timeout: float | None = 20.0,
-        before: Callable[[dict[str, str]], Awaitable[None]] | None = None,
     ) -> None:
         self._pool_size = pool_size
-        self._before = before
         self._timeouts = (connect_timeout, read_timeout, write_timeout, pool_timeout)
         self._media_write_timeout = media_write_timeout
         self._proxy = env_proxy(base_url)
@@ -81,7 +77,7 @@ class AiohttpRequest(BaseRequest):
             await session.close()
 
     @staticmethod
-    def parse_json_payload(payload: bytes) -> JSONDict:
+    def parse_json_payload(payload: bytes) -> dict[str, Any]:
         """The Bot API's answer as a dict; raises `TelegramError` if it is not JSON."""
         try:
             parsed = orjson.loads(payload)
@@ -96,21 +92,22 @@ class AiohttpRequest(BaseRequest):
         url: str,
         method: str,
         request_data: RequestData | None = None,
-        read_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
-        write_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
-        connect_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
-        pool_timeout: ODVInput[float] = BaseRequest.DEFAULT_NONE,
+        read_timeout: object = BaseRequest.DEFAULT_NONE,
+        write_timeout: object = BaseRequest.DEFAULT_NONE,
+        connect_timeout: object = BaseRequest.DEFAULT_NONE,
+        pool_timeout: object = BaseRequest.DEFAULT_NONE,
     ) -> tuple[int, bytes]:
-        """Make one request; returns the status code and the body, whatever the status."""
+        """Make one request; returns the status code and the body, whatever the status.
+
+        A timeout is seconds, None (no limit) or PTB's `DEFAULT_NONE` (the request's own).
+        """
         if self._session is None:
             raise RuntimeError("AiohttpRequest is not initialized")
         fields = request_data.json_parameters if request_data is not None else {}
-        if self._before is not None:
-            await self._before(fields)
         files = request_data is not None and request_data.contains_files
         default_write = self._media_write_timeout if files else self._timeouts[2]
         connect, read, write, pool = (
-            given if not isinstance(given, DefaultValue) else default
+            _seconds(given, default)
             for given, default in zip(
                 (connect_timeout, read_timeout, write_timeout, pool_timeout),
                 (self._timeouts[0], self._timeouts[1], default_write, self._timeouts[3]),
@@ -148,6 +145,17 @@ def _body(
     for name, (filename, content, mimetype) in request_data.multipart_data.items():
         form.add_field(name, content, filename=filename, content_type=mimetype)
     return form
+
+
+def _seconds(given: object, default: float | None) -> float | None:
+    """A timeout a call gave, else `default`."""
+    if isinstance(given, _NOT_GIVEN):
+        return default
+    if given is None or isinstance(given, float):
+        return given
+    if isinstance(given, int):
+        return float(given)
+    raise TypeError(f"a timeout is seconds or None, not {given!r}")
 
 
 def _sum(*timeouts: float | None) -> float | None:

@@ -1,14 +1,9 @@
-"""The Telegram channel: python-telegram-bot long polling in, rendered HTML out.
+"""The Telegram channel: long polling in, rendered HTML out.
 
-Nothing is acknowledged before it is journaled. PTB's Updater hands every update it fetched
-to the Application's `update_queue` and then asks Telegram for the next ones with a higher
-offset, which is what acknowledges them. Our queue's `put` *is* the intake: it starts
-turning the update into an `InboundMessage` (its files fetched only if `intake` admits the
-sender) and handing it to `intake` (which journals it), in the update's chat's lane
-(`IntakeLanes`: in order per chat, concurrently across chats), and the getUpdates request
-that would acknowledge it asks from the oldest update still being taken, so an update is
-confirmed only after the journal has it. No PTB handlers are registered; the Application
-never sees an update, so nothing is processed twice.
+In: our own loop on `Bot.getUpdates` (`_telegram_poll.Poller`) hands every update to `_take`,
+which turns it into an `InboundMessage` (its files fetched only if `intake` admits the sender)
+and hands that to `intake`, which journals it; the poller acknowledges an update to Telegram
+only once `_take` has returned for it. Chats are taken concurrently, each in order.
 
 Out: Markdown is rendered to Telegram HTML and split into messages of at most 4096 visible
 characters; a reply that was streamed is edited in place, at most about once a second.
@@ -20,12 +15,11 @@ import asyncio
 import html
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from loguru import logger
-from telegram import Message, Update
-from telegram.error import InvalidToken, TelegramError
-from telegram.ext import Application, ApplicationBuilder
+from telegram import Bot, Message, Update
+from telegram.error import InvalidToken
 
 from nanobot.bus.events import (
     ChatRef,
@@ -38,7 +32,7 @@ from nanobot.channels import _telegram_inbound as inbound
 from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
 from nanobot.channels._telegram_http import AiohttpRequest, Timeouts
-from nanobot.channels._telegram_lanes import IntakeLanes
+from nanobot.channels._telegram_poll import Poller
 from nanobot.channels._telegram_send import ONCE, Retry, Sender
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
@@ -69,21 +63,6 @@ POLL_TIMEOUTS: Final = Timeouts(
 
 class TelegramSettings(BotSettings, Protocol):
     """The `channels.telegram` config section, as far as this channel reads it."""
-
-
-class _IntakeQueue(asyncio.Queue[object]):
-    """The update queue PTB's Updater puts fetched updates into; `put` hands an update to
-    its chat's intake lane (see the module docstring)."""
-
-    def __init__(self, lanes: IntakeLanes) -> None:
-        super().__init__()
-        self._lanes = lanes
-
-    async def put(self, item: object) -> None:
-        if isinstance(item, Update):
-            self._lanes.add(item)
-        else:  # the Application's own stop signal
-            await super().put(item)
 
 
 class _Outlet:
@@ -138,91 +117,59 @@ class TelegramChannel(Channel):
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name
         )
         self._poll_timeout = poll_timeout
-        self._stopped: asyncio.Future[None] | None = None
-        self._failures: dict[int, int] = {}
+        self._failures: dict[int, int] = {}  # update id → failed reads, across runs
 
     # ---- running --------------------------------------------------------------------
 
-    def _application(self, lanes: IntakeLanes) -> Application[Any, Any, Any, Any, Any, Any]:
+    def _bot(self) -> Bot:
         base = self._config.api_base.rstrip("/")
-        return (
-            ApplicationBuilder()
-            .token(self._config.token.get_secret_value())
-            .base_url(f"{base}/bot")
-            .base_file_url(f"{base}/file/bot")
-            .update_queue(_IntakeQueue(lanes))
-            .job_queue(None)
-            .request(AiohttpRequest(base, pool_size=256, **REQUEST_TIMEOUTS))
-            # A poll confirms the updates fetched before it: it waits a moment for them to be
-            # taken, then asks again from the oldest still being taken (and is not made if
-            # one could not be). PTB lengthens its read timeout by the poll's own.
-            .get_updates_request(
-                AiohttpRequest(base, pool_size=1, before=lanes.before_poll, **POLL_TIMEOUTS)
-            )
-            .build()
+        return Bot(
+            self._config.token.get_secret_value(),
+            base_url=f"{base}/bot",
+            base_file_url=f"{base}/file/bot",
+            request=AiohttpRequest(base, pool_size=256, **REQUEST_TIMEOUTS),
+            # PTB lengthens a long poll's read timeout by the poll's own.
+            get_updates_request=AiohttpRequest(base, pool_size=1, **POLL_TIMEOUTS),
         )
 
     async def run(self, ready: Callable[[], None]) -> None:
-        lanes = IntakeLanes(self._take)  # one run's: a failed take fails only that run
-        app = self._application(lanes)
-        updater = app.updater
-        assert updater is not None  # the builder always makes one
-        stopped = self._stopped = asyncio.get_running_loop().create_future()
         try:
-            async with app:
-                await app.start()
-                self._sender.bot = app.bot
+            async with self._bot() as bot:  # getMe
+                await bot.delete_webhook()  # getUpdates is refused while a webhook is set
+                poller = Poller(bot, self._take, timeout=self._poll_timeout)  # one run's
+                self._sender.bot = bot
                 self._typing.start()
                 try:
-                    await updater.start_polling(
-                        timeout=self._poll_timeout,
-                        allowed_updates=[Update.MESSAGE],  # edits and buttons are ignored
-                        drop_pending_updates=False,
-                        error_callback=_polling_error,
-                    )
-                    logger.info("telegram connected as @{}", app.bot.username)
+                    logger.info("telegram connected as @{}", bot.username)
                     ready()
-                    await stopped  # until cancelled, or an update could not be taken
+                    await poller.run()  # until cancelled, or an update could not be taken
                 finally:
-                    self._stopped = None
                     await self._typing.stop()
-                    if updater.running:
-                        await updater.stop()  # confirms what was taken, and no more
-                    await lanes.close()  # what is left was not confirmed: comes again
                     self._sender.bot = None
-                    await app.stop()
         except InvalidToken:  # its message quotes the token
             raise ConfigError("channels.telegram.token was rejected by Telegram") from None
-        finally:
-            await app.bot.shutdown()  # PTB leaves it open when `initialize()` failed
 
     async def _take(self, update: Update) -> bool:
-        """Hand one update to intake; True once it may be acknowledged.
+        """Hand one update to intake; True once it may be acknowledged (see `_telegram_poll.Take`).
 
-        False leaves it unacknowledged: while stopping, or after a failure, which also makes
-        run() fail (the manager reconnects, Telegram delivers the update again).
+        False leaves it for redelivery after a restart (the gateway is stopping). Raises what
+        reading it or intake raised: the run fails, Telegram delivers the update again.
         """
-        bot = self._sender.bot
-        if bot is None:  # stopping: leave it for the next start
-            return False
         try:
-            received = await inbound.read(update, bot, self._inbox, self.intake, self._sender.retry)
-        except Exception as exc:  # noqa: BLE001 - see above
+            received = await inbound.read(
+                update, update.get_bot(), self._inbox, self.intake, self._sender.retry
+            )
+        except Exception:  # re-raised, unless it can never be read
             failures = self._failures.pop(update.update_id, 0) + 1
-            if failures >= TAKE_ATTEMPTS:  # it can never be read: do not block the chat
+            if failures >= TAKE_ATTEMPTS:  # do not block the chat for good
                 logger.exception("telegram: update {} could not be read; skipped", update.update_id)
                 return True
             self._failures[update.update_id] = failures
-            self._fail(exc, f"reading update {update.update_id} failed")
-            return False
+            raise
         self._failures.pop(update.update_id, None)
         outcome = Intake.REFUSED
-        if received.message is not None:
-            try:
-                outcome = await self.intake(received.message)
-            except Exception as exc:  # noqa: BLE001 - the journal decides: never skipped
-                self._fail(exc, f"intake of update {update.update_id} failed")
-                return False
+        if received.message is not None:  # what intake raises is never skipped
+            outcome = await self.intake(received.message)
         accepted = outcome is Intake.ACCEPTED
         if not accepted and received.saved:  # refused, a redelivery, or taken again later
             await asyncio.to_thread(_remove, received.saved)
@@ -234,11 +181,6 @@ class TelegramChannel(Channel):
         if received.refusals and told and received.source is not None:
             await self._notify(received.source, "\n".join(received.refusals))
         return True
-
-    def _fail(self, exc: Exception, what: str) -> None:
-        logger.opt(exception=exc).error("telegram: {}; reconnecting", what)
-        if self._stopped is not None and not self._stopped.done():
-            self._stopped.set_exception(exc)  # run() raises; the manager restarts it
 
     async def _notify(self, message: Message, text: str) -> None:
         chat = inbound.chat_ref(message)
@@ -268,8 +210,3 @@ def _render(text: str) -> list[str]:
 def _remove(paths: list[Path]) -> None:
     for path in paths:
         path.unlink(missing_ok=True)
-
-
-def _polling_error(exc: TelegramError) -> None:
-    # PTB retries by itself with backoff (up to 30 s); one line, not a traceback each time.
-    logger.warning("telegram polling failed, retrying: {}", exc)
