@@ -1,14 +1,15 @@
 """The agent loop: the stateful shell around the runner.
 
-Per session it keeps a lane: turns of one session run strictly one after another, while
-different sessions run concurrently (up to `max_concurrent_turns`). A message for a session
-whose turn is running is queued for that turn (steering by default, or follow-up). Each turn
-stores the user's message before the model is called and every other entry as it happens.
+Per session it keeps a lane (`nanobot.lanes.Lanes`): turns of one session run strictly one
+after another, in the caller's task, while different sessions run concurrently (up to
+`max_concurrent_turns`). A message for a session whose turn is running or waiting for a slot
+is queued for that turn (steering by default, or follow-up; the queues are the loop's own).
+Each turn stores the user's message before the model is called and every other entry as it
+happens.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from nanobot.agent.history import History, Window, repair, summary_message
 from nanobot.agent.images import has_images, inline_images, with_images, without_images
 from nanobot.agent.run import EventListener, LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
 from nanobot.agent.runner import Runner
+from nanobot.lanes import Lanes
 from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import NewEntry, SessionStore, UsageLedger
 from nanobot.tools.base import SendText, ToolContext, current_context
@@ -66,9 +68,10 @@ ReplySink = Callable[[Reply], Awaitable[None]]
 
 
 @dataclass
-class _Lane:
+class _Queued:
+    """A session's messages for its running turn, and that turn's bookkeeping."""
+
     run_id: str | None = None
-    busy: bool = False
     steering: deque[Message] = field(default_factory=deque)
     follow_up: deque[Message] = field(default_factory=deque)
     next_turn: deque[Message] = field(default_factory=deque)  # each waits for a turn of its own
@@ -125,19 +128,18 @@ class AgentLoop:
         self._settings = settings or LoopSettings()
         self._history = History(sessions, provider.count_tokens)
         self._compactor = Compactor(provider, sessions, self._history)
-        self._lanes: dict[str, _Lane] = {}
-        self._slots = asyncio.Semaphore(self._settings.max_concurrent_turns)
+        self._lanes: Lanes[str] = Lanes(limit=self._settings.max_concurrent_turns, name="turn")
+        self._queued: dict[str, _Queued] = {}  # sessions whose turn runs or waits
         self._prompt_tokens: tuple[str, int] = ("", 0)
         self._usage = usage
         self._fill: OrderedDict[str, int] = OrderedDict()  # session key -> input tokens
 
     def busy(self, session_key: str) -> bool:
-        lane = self._lanes.get(session_key)
-        return lane is not None and lane.busy
+        return self._lanes.busy(session_key)
 
     def abort(self, session_key: str) -> bool:
         """Stop the running turn of `session_key`; False when none is running."""
-        lane = self._lanes.get(session_key)
+        lane = self._queued.get(session_key)
         if lane is None or lane.run_id is None:
             return False
         lane.steering.clear()
@@ -158,16 +160,22 @@ class AgentLoop:
         Raises:
             StoreError: the session could not be read or the user's message not stored.
         """
-        lane = self._lanes.setdefault(request.session_key, _Lane())
+        key = request.session_key
+        lane = self._queued.setdefault(key, _Queued())
         message = user_message(request.text, self._now())
         if request.images and self._provider.supports_vision():
             message = with_images(message, request.images)
-        if lane.busy:
+        if self._lanes.busy(key):
             lane.queue(message, request.mode or self._settings.queue_mode, request.inbound_id)
             return None
         if request.inbound_id is not None:
             lane.inbound[id(message)] = request.inbound_id
-        return await self._run_lane(lane, request, [message])
+        # Idle, checked with no await since: `run` starts at once, in this task, and the
+        # session is busy until it ends (its turns wait for a slot inside it).
+        try:
+            return await self._lanes.run(key, self._turns(lane, request, [message]))
+        finally:
+            self._settle(key, lane)
 
     async def resume(self, request: TurnRequest) -> Reply | None:
         """Finish the turn of a message that reached its session before a restart.
@@ -176,38 +184,39 @@ class AgentLoop:
         call that never got its result is answered "interrupted", not run again). If the
         turn had already finished, its answer is returned without calling the model.
         """
-        lane = self._lanes.setdefault(request.session_key, _Lane())
-        if lane.busy:
-            raise RuntimeError(f"cannot resume {request.session_key} while it is busy")
+        key = request.session_key
+        lane = self._queued.setdefault(key, _Queued())
+        if self._lanes.busy(key):
+            raise RuntimeError(f"cannot resume {key} while it is busy")
         if request.inbound_id is not None:
             lane.answered.append(request.inbound_id)
-        return await self._run_lane(lane, request, [])
-
-    async def _run_lane(
-        self, lane: _Lane, request: TurnRequest, inputs: Sequence[Message]
-    ) -> Reply:
-        lane.busy = True
         try:
-            async with self._slots:
-                if request.on_start is not None:
-                    request.on_start()
-                reply = await self._turn(lane, request, inputs)
-                while lane.waiting:  # arrived after the run's last look, or wants a turn
-                    if request.on_reply is not None:
-                        await request.on_reply(reply)
-                    queued = [*lane.steering, *lane.follow_up, *lane.next_turn]
-                    lane.steering.clear()
-                    lane.follow_up.clear()
-                    lane.next_turn.clear()
-                    reply = await self._turn(lane, request, queued)
-            return reply
+            return await self._lanes.run(key, self._turns(lane, request, []))
         finally:
-            lane.busy = False
-            lane.run_id = None
-            if not lane.waiting:
-                self._lanes.pop(request.session_key, None)
+            self._settle(key, lane)
 
-    async def _turn(self, lane: _Lane, request: TurnRequest, inputs: Sequence[Message]) -> Reply:
+    def _settle(self, session_key: str, lane: _Queued) -> None:
+        """The session's turns ended (or never began): forget its queue unless it holds
+        messages still."""
+        lane.run_id = None
+        if not lane.waiting:
+            self._queued.pop(session_key, None)
+
+    async def _turns(self, lane: _Queued, request: TurnRequest, inputs: Sequence[Message]) -> Reply:
+        if request.on_start is not None:
+            request.on_start()
+        reply = await self._turn(lane, request, inputs)
+        while lane.waiting:  # arrived after the run's last look, or wants a turn
+            if request.on_reply is not None:
+                await request.on_reply(reply)
+            queued = [*lane.steering, *lane.follow_up, *lane.next_turn]
+            lane.steering.clear()
+            lane.follow_up.clear()
+            lane.next_turn.clear()
+            reply = await self._turn(lane, request, queued)
+        return reply
+
+    async def _turn(self, lane: _Queued, request: TurnRequest, inputs: Sequence[Message]) -> Reply:
         session_id = await self._sessions.live(request.session_key)
         if inputs:
             await self._sessions.append(session_id, [lane.entry(m) for m in inputs])
@@ -284,7 +293,7 @@ class AgentLoop:
         lines.append("State: working on a reply" if self.busy(session_key) else "State: idle")
         return "\n".join(lines)
 
-    def _reply(self, lane: _Lane, result: RunResult, text: str | None) -> Reply:
+    def _reply(self, lane: _Queued, result: RunResult, text: str | None) -> Reply:
         answered, lane.answered = tuple(lane.answered), []
         return Reply(text, result, answered)
 
@@ -310,7 +319,7 @@ class AgentLoop:
         return RunResult(run_id, "", "completed", text, final_message=message)
 
     def _hooks(
-        self, lane: _Lane, request: TurnRequest, session_id: int, run: RunInput, window: Window
+        self, lane: _Queued, request: TurnRequest, session_id: int, run: RunInput, window: Window
     ) -> RunHooks:
         async def persist(message: Message) -> None:
             entry = lane.entry(message, run.run_id) if message.get("role") == "user" else None
