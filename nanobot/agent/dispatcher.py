@@ -9,10 +9,9 @@ same transaction that marks its messages answered, then published for delivery. 
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from loguru import logger
@@ -24,6 +23,7 @@ from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamU
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, outbound_from, outbound_record
 from nanobot.store import Journal
+from nanobot.tasks import TaskSet
 
 HELP = (
     "I'm nanobot, your assistant. Just write to me. Commands:\n"
@@ -94,21 +94,18 @@ class Dispatcher:
         self._journal = journal
         self._status = status
         self._subagents = subagents
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("dispatcher")
 
     async def run(self) -> None:
         """Dispatch inbound messages until the bus's inbound side is closed, then wait for
         the turns still running. Cancelling it cancels them."""
         try:
             async for message in self._bus.inbound():
-                self._spawn(self._process(message), f"inbound-{message.journal_id}")
-            while self._tasks:
-                await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        finally:
-            for task in list(self._tasks):
-                task.cancel()
-            if self._tasks:
-                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+                self._tasks.spawn(self._process(message), name=f"inbound-{message.journal_id}")
+        except BaseException:
+            await self._tasks.close()
+            raise
+        await self._tasks.close(grace=None)
 
     @property
     def running(self) -> int:
@@ -124,14 +121,9 @@ class Dispatcher:
             message = inbound_from(row.message, row.id)
             logger.info("recovering {} message {} after a restart", row.channel, message.message_id)
             if row.id in reached:
-                self._spawn(self._resume(message), f"resume-{row.id}")
+                self._tasks.spawn(self._resume(message), name=f"resume-{row.id}")
             else:
-                self._spawn(self._process(message), f"inbound-{row.id}")
-
-    def _spawn(self, work: Coroutine[None, None, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+                self._tasks.spawn(self._process(message), name=f"inbound-{row.id}")
 
     async def _process(self, message: InboundMessage) -> None:
         try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, tzinfo
 from typing import Any, Literal, cast, get_args
@@ -30,6 +30,7 @@ from nanobot.bus.events import ChatRef
 from nanobot.errors import NanobotError
 from nanobot.providers.base import Message
 from nanobot.store import NewEntry, SessionInfo, SessionStore, UsageLedger
+from nanobot.tasks import TaskSet
 from nanobot.tools.base import SendText, ToolContext, current_context, untrusted
 
 SubagentState = Literal["running", "completed", "failed", "timed_out", "cancelled", "interrupted"]
@@ -155,7 +156,7 @@ class Subagents:
         self._infos: dict[str, SubagentInfo] = {}  # oldest change first
         self._run_ids: dict[str, str] = {}
         self._cancelled: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("subagents")
         self._closed = False
 
     @property
@@ -224,7 +225,7 @@ class Subagents:
             self._infos.pop(info.id, None)
             raise
         self._run_ids[info.id] = run.run_id
-        self._start(self._work(info, session_id, run), f"subagent-{info.id}")
+        self._tasks.spawn(self._work(info, session_id, run), name=f"subagent-{info.id}")
         logger.info("subagent {} started from {}: {}", info.id, origin.session_key, info.summary)
         return info.id
 
@@ -261,10 +262,7 @@ class Subagents:
     async def stop(self) -> None:
         """Refuse new subagents, cancel the running ones and their reports, and wait."""
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()
 
     # -- one subagent ----------------------------------------------------------------------
 
@@ -381,7 +379,8 @@ class Subagents:
         done = "reported" in events or (info.state == "cancelled" and "noted" in events)
         if not done:
             noted = "noted" in events
-            self._start(self._report_later(info, session.id, note, noted), f"report-{info.id}")
+            report = self._report_later(info, session.id, note, noted)
+            self._tasks.spawn(report, name=f"report-{info.id}")
 
     async def _report_later(
         self, info: SubagentInfo, session_id: int, note: str, noted: bool
@@ -392,11 +391,6 @@ class Subagents:
             logger.exception("could not report subagent {}; retried on the next start", info.id)
 
     # -- plumbing --------------------------------------------------------------------------
-
-    def _start(self, work: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _remember(self, info: SubagentInfo) -> None:
         self._infos.pop(info.id, None)
