@@ -149,18 +149,29 @@ class Lanes(Generic[K]):
         finally:
             self._next(key, lane)
 
-    async def close(self, grace: float = 0.0) -> int:
-        """Stop taking items; give the lanes up to `grace` seconds to go on (queued items
-        start meanwhile); then drop the items not started, cancel the running ones from
-        `add`, and await them. Returns how many items were dropped unrun."""
+    async def close(self, grace: float | None = 0.0) -> int:
+        """Stop taking items; give the lanes up to `grace` seconds (None: as long as they
+        need) to go on, queued items starting meanwhile; then drop the items not started,
+        cancel the running ones from `add`, and await them. Returns how many items were
+        dropped unrun.
+
+        If `close` itself is cancelled while it gives the lanes time, it still drops,
+        cancels and awaits, then re-raises.
+        """
         self._closed = True
-        if grace > 0 and self._lanes:
-            self._empty = asyncio.Event()
-            try:
+        try:
+            if (grace is None or grace > 0) and self._lanes:
+                self._empty = asyncio.Event()
                 async with asyncio.timeout(grace):
                     await self._empty.wait()
-            except TimeoutError:
-                pass
+        except TimeoutError:
+            pass
+        finally:
+            dropped = self._drop_waiting()
+            await self._takers.close()
+        return dropped
+
+    def _drop_waiting(self) -> int:
         dropped = 0
         for lane in list(self._lanes.values()):
             while lane:
@@ -172,7 +183,6 @@ class Lanes(Generic[K]):
                 else:
                     item.close()
                     dropped += 1
-        await self._takers.close()
         return dropped
 
     async def _take(self, key: K, lane: _Lane) -> None:

@@ -1,6 +1,5 @@
 """Discord messages as nanobot sees them: which chat, whether the bot is addressed, the text
-without the bot's mention, and its files (fetched within the inbox's limit). Plus the lanes
-that take each chat's messages in the order the gateway delivered them.
+without the bot's mention, and its files (fetched within the inbox's limit).
 
 A thread has its own channel id on Discord, so it is simply its own chat (and session):
 `ChatRef("discord", <thread id>)`, with no `thread_id`. Sending to that id posts in the thread.
@@ -8,10 +7,7 @@ A thread has its own channel id on Discord, so it is simply its own chat (and se
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections import deque
-from collections.abc import Awaitable, Callable
 from typing import Literal
 
 import aiohttp
@@ -151,56 +147,3 @@ async def fetch_files(
         path = await save_file(inbox, name, data)
         saved.append(Attachment(file_kind(remote), path, remote.content_type, len(data)))
     return saved, refusals
-
-
-Take = Callable[[discord.Message], Awaitable[None]]
-
-
-class Lanes:
-    """One worker per chat: a chat's messages are taken strictly in arrival order, and a slow
-    one (a big download) never holds up another chat. `add` never blocks or drops.
-
-    `take` must not raise; the owner calls `close()`, which lets the workers finish for a
-    while and then cancels them.
-    """
-
-    def __init__(self, take: Take) -> None:
-        self._take = take
-        self._queues: dict[int, deque[discord.Message]] = {}
-        self._workers: dict[int, asyncio.Task[None]] = {}
-
-    def add(self, message: discord.Message) -> None:
-        key = message.channel.id
-        queue = self._queues.get(key)
-        if queue is not None:
-            queue.append(message)
-            return
-        self._queues[key] = deque([message])
-        self._workers[key] = asyncio.create_task(self._work(key), name=f"discord-inbound-{key}")
-
-    async def _work(self, key: int) -> None:
-        queue = self._queues[key]
-        try:
-            while queue:
-                await self._take(queue.popleft())
-        finally:
-            del self._queues[key], self._workers[key]
-
-    async def close(self, grace: float = 0.0) -> None:
-        """Give the workers up to `grace` seconds to take what they hold (Discord never
-        delivers a message again), then cancel the rest (`take` is cancelled mid-message);
-        the messages still waiting then are logged as lost."""
-        if grace > 0 and self._workers:
-            await asyncio.wait(list(self._workers.values()), timeout=grace)
-        waiting = sum(len(queue) for queue in self._queues.values())
-        workers = list(self._workers.values())
-        for worker in workers:
-            worker.cancel()
-        if workers:
-            await asyncio.wait(workers)
-        if waiting:
-            logger.warning(
-                "discord: {} message(s) were still waiting to be taken when the channel "
-                "stopped and are lost (Discord does not deliver them again)",
-                waiting,
-            )

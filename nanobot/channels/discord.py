@@ -2,9 +2,9 @@
 
 In: discord.py keeps the gateway connection (heartbeats, and RESUME after a dropped
 connection, on which Discord replays every event that was missed). Each message discord.py
-dispatches goes straight into its chat's lane (`Lanes`: nothing awaited first, so nothing is
-dropped or reordered) and is taken from there: files fetched within the inbox's limit (only
-if `intake` admits the sender), then `intake`, which journals it. Discord has no
+dispatches goes straight into its chat's lane (`nanobot.lanes.Lanes`: nothing awaited first,
+so nothing is dropped or reordered) and is taken from there: files fetched within the inbox's
+limit (only if `intake` admits the sender), then `intake`, which journals it. Discord has no
 acknowledgement and never delivers a message again: one that arrives while the gateway stops
 is still journaled (and answered after the restart); only a stranger's, which would need a
 pairing code (intake says CLOSED), is dropped with a warning. Message ids are Discord's
@@ -62,6 +62,7 @@ from nanobot.channels.base import (
 )
 from nanobot.channels.render import split_discord
 from nanobot.errors import ConfigError
+from nanobot.lanes import Lanes
 
 STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
 TAKE_GRACE = 5.0  # seconds messages already received may still be taken when stopping
@@ -183,10 +184,17 @@ class DiscordChannel(Channel):
                     "discord: new gateway session; messages sent meanwhile may be missed"
                 )
 
-        lanes = inbound.Lanes(lambda message: self._take(client, message))
+        lanes: Lanes[int] = Lanes(name="discord-inbound")
+
+        def arrived(message: discord.Message) -> None:
+            if lanes.closed:
+                logger.warning("discord: a message arrived as the channel stopped and is lost")
+            else:
+                lanes.add(message.channel.id, self._take(client, message))
+
         client = _Client(
             ready=connected,
-            message=lanes.add,
+            message=arrived,
             intents=_intents(),
             allowed_mentions=QUIET,
             guild_ready_timeout=self._guild_ready_timeout,
@@ -205,9 +213,22 @@ class DiscordChannel(Channel):
         finally:
             self._sender.client = None
             await self._typing.stop()
-            await lanes.close(grace=TAKE_GRACE)
+            await self._close_lanes(lanes)
             await client.close()
             restore()
+
+    @staticmethod
+    async def _close_lanes(lanes: Lanes[int]) -> None:
+        """Give the lanes up to TAKE_GRACE to take what they hold (Discord never delivers a
+        message again), then cancel them (a take is cancelled mid-message); the messages
+        still waiting then are logged as lost."""
+        lost = await lanes.close(grace=TAKE_GRACE)
+        if lost:
+            logger.warning(
+                "discord: {} message(s) were still waiting to be taken when the channel "
+                "stopped and are lost (Discord does not deliver them again)",
+                lost,
+            )
 
     async def _take(self, client: discord.Client, message: discord.Message) -> None:
         """Hand one message to intake. Runs in its chat's lane: never raises."""

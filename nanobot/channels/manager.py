@@ -10,7 +10,6 @@ still fails after retries stays in the outbox for the next start.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
 from loguru import logger
@@ -18,6 +17,7 @@ from loguru import logger
 from nanobot.bus.events import ChatRef, Outbound, OutboundMessage
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Channel, DeliveryError
+from nanobot.lanes import Lanes
 
 Confirm = Callable[[int], Awaitable[None]]
 Failed = Callable[[int, str], Awaitable[None]]
@@ -96,32 +96,28 @@ class ChannelManager:
         idle = self._idle[channel.name]
         idle.set()
         await self._ready[channel.name].wait()
-        lanes: dict[ChatRef, deque[Outbound]] = {}
-        slots = asyncio.Semaphore(PARALLEL_CHATS)
+        lanes: Lanes[ChatRef] = Lanes(limit=PARALLEL_CHATS, name=f"deliver-{channel.name}")
+        outstanding = 0  # items taken from the queue and not yet delivered (or given up)
 
-        async def drain_chat(chat: ChatRef) -> None:
-            queue = lanes[chat]
+        async def deliver(item: Outbound) -> None:
+            nonlocal outstanding
             try:
-                async with slots:
-                    while queue:
-                        await self._deliver_one(channel, queue[0])
-                        queue.popleft()
+                await self._deliver_one(channel, item)
             finally:
-                del lanes[chat]
-                if not lanes and not self._bus.pending(channel.name):
+                outstanding -= 1
+                if not outstanding and not self._bus.pending(channel.name):
                     idle.set()
 
         try:
-            async with asyncio.TaskGroup() as group:
-                async for item in self._bus.outbound(channel.name):
-                    idle.clear()
-                    if item.chat in lanes:
-                        lanes[item.chat].append(item)
-                    else:
-                        lanes[item.chat] = deque([item])
-                        group.create_task(
-                            drain_chat(item.chat), name=f"deliver-{channel.name}-chat"
-                        )
+            async for item in self._bus.outbound(channel.name):
+                idle.clear()
+                outstanding += 1
+                lanes.add(item.chat, deliver(item))
+        except BaseException:
+            await lanes.close()  # cancelled: what is left stays in the outbox
+            raise
+        else:
+            await lanes.close(grace=None)  # the queue ended: deliver what was taken
         finally:
             idle.set()
 
