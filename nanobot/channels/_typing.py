@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from nanobot.bus.events import ChatRef, Typing
+from nanobot.tasks import TaskSet
 
 Send = Callable[[ChatRef], Awaitable[None]]
 DELAY = 1.0  # seconds into a turn before "typing…" is shown
@@ -51,6 +52,7 @@ class TypingIndicator:
         self._name = name
         self._budget = _Budget(rate)
         self._chats: dict[ChatRef, _Chat] = {}
+        self._tasks = TaskSet(f"{name}-typing")
         self._started = False
 
     def start(self) -> None:
@@ -67,7 +69,7 @@ class TypingIndicator:
                 current.turns += 1
             else:
                 name = f"{self._name}-typing-{signal.chat.chat_id}"
-                task = asyncio.create_task(self._keep_typing(signal.chat), name=name)
+                task = self._tasks.spawn(self._keep_typing(signal.chat), name=name)
                 self._chats[signal.chat] = _Chat(task)
         elif current is not None:
             current.turns -= 1
@@ -78,10 +80,8 @@ class TypingIndicator:
     async def stop(self) -> None:
         """Cancel and await every chat's task; ignore updates until `start()`."""
         self._started = False
-        tasks = [chat.task for chat in self._chats.values()]
         self._chats.clear()
-        for task in tasks:
-            await _cancel(task)
+        await self._tasks.close()
 
     async def _keep_typing(self, chat: ChatRef) -> None:
         await asyncio.sleep(self._delay)
