@@ -258,7 +258,7 @@ async def test_a_poll_the_network_lost_is_asked_again_at_once(fake: FakeTelegram
     async with polling(Poller(bot, takes, timeout=1, sleep=sleeps)):
         fake.user_message(10, "hi", user_id=10)
         await takes.wait(1)
-    assert sleeps.seconds == []
+    assert sleeps.seconds == [] and len(fake.calls("getUpdates")) >= 2
 
 
 async def test_another_poller_is_a_clear_warning_and_polling_goes_on(

@@ -3,11 +3,11 @@
 `getUpdates(offset=N)` acknowledges every update below N: Telegram never sends those again.
 The offset sent is explicit state (`Offsets`): every update below it was *taken* — handed to
 intake, which journaled it, or deliberately skipped. The updates of an answer are taken in
-per-chat lanes (in order within a chat, concurrently across chats), and the next poll first
-waits a moment (`patience`) for them. Updates still being taken then are not waited for: the
-poll asks again from the oldest of them, so other chats' new messages come in meanwhile, and
-what comes again while in hand is skipped. (An answer holds at most 100 updates, so while one
-is still being taken, at most the 99 after it come in.)
+per-chat lanes (`nanobot.lanes`: in order within a chat, concurrently across chats), and the
+next poll first waits a moment (`patience`) for them. Updates still being taken then are not
+waited for: the poll asks again from the oldest of them, so other chats' new messages come
+in meanwhile, and what comes again while in hand is skipped. (An answer holds at most 100
+updates, so while one is still being taken, at most the 99 after it come in.)
 
 A take that fails ends the run with its exception (the channel manager restarts the channel;
 Telegram delivers the update again); a take that leaves its update (the gateway is stopping)
@@ -19,14 +19,15 @@ Updater does), and nothing else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 from loguru import logger
 from telegram import Bot, Update
 from telegram.error import Conflict, InvalidToken, RetryAfter, TelegramError, TimedOut
 
-from nanobot.channels._telegram_lanes import Lanes
 from nanobot.channels._telegram_send import retry_after_seconds
+from nanobot.lanes import Lanes
 
 POLL_PATIENCE = 1.0  # seconds a poll waits for updates still being taken before going ahead
 CONFIRM_TIMEOUT = 5.0  # seconds the last, acknowledging getUpdates may take on stop
@@ -76,7 +77,8 @@ class Offsets:
 class Poller:
     """Long-polls `bot` and takes every update with `take`; see the module docstring.
 
-    One per run: `run()` once. `sleep` waits between retries (tests pass a recorder).
+    Made in the running loop, one per run: `run()` once. `sleep` waits between retries
+    (tests pass a recorder).
     """
 
     def __init__(
@@ -94,7 +96,10 @@ class Poller:
         self._timeout = timeout
         self._patience = patience
         self._sleep = sleep
-        self._lanes: Lanes[Update] = Lanes(self._take_one)
+        self._lanes: Lanes[int | None] = Lanes(name="telegram-take")  # keyed by chat id
+        self._in_hand = 0  # updates handed to the lanes whose take has not ended
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._halted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def run(self) -> None:
@@ -116,7 +121,7 @@ class Poller:
         finally:
             polling.cancel()
             await asyncio.wait([polling])
-            await self._lanes.close()
+            await self._lanes.close()  # what is still being taken is not taken
             for future in (polling, self._halted):
                 if future.done() and not future.cancelled():
                     future.exception()  # raised above, or superseded by a cancellation
@@ -125,7 +130,10 @@ class Poller:
     async def _poll(self) -> None:
         delay: float | None = None
         while True:
-            await self._lanes.wait(self._patience)
+            if not self._idle.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._patience):
+                        await self._idle.wait()
             if self._halted.done():
                 return
             offset = self.offsets.offset
@@ -147,8 +155,9 @@ class Poller:
             for update in updates:
                 if self.offsets.received(update.update_id):
                     chat = update.effective_chat
-                    key = chat.id if chat is not None else None
-                    self._lanes.add(key, update, name=f"telegram-take-{update.update_id}")
+                    self._in_hand += 1
+                    self._idle.clear()
+                    self._lanes.add(chat.id if chat is not None else None, self._take_one(update))
 
     def _retry(self, exc: TelegramError, delay: float | None) -> float:
         """Log a failed getUpdates in one line; the seconds to wait before the next."""
@@ -169,19 +178,24 @@ class Poller:
         return wait
 
     async def _take_one(self, update: Update) -> None:
-        if self._halted.done():
-            return  # an earlier take failed: this one comes again too
         try:
-            taken = await self._take(update)
-        except Exception as exc:  # noqa: BLE001 - it fails the run, in run()
-            logger.error("telegram: update {} could not be taken: {}", update.update_id, exc)
-            if not self._halted.done():
-                self._halted.set_exception(exc)
-            return
-        if taken:
-            self.offsets.taken(update.update_id)
-        elif not self._halted.done():
-            self._halted.set_result(None)
+            if self._halted.done():
+                return  # an earlier take failed: this one comes again too
+            try:
+                taken = await self._take(update)
+            except Exception as exc:  # noqa: BLE001 - it fails the run, in run()
+                logger.error("telegram: update {} could not be taken: {}", update.update_id, exc)
+                if not self._halted.done():
+                    self._halted.set_exception(exc)
+                return
+            if taken:
+                self.offsets.taken(update.update_id)
+            elif not self._halted.done():
+                self._halted.set_result(None)
+        finally:
+            self._in_hand -= 1
+            if not self._in_hand:
+                self._idle.set()
 
     async def _confirm(self) -> None:
         offset = self.offsets.offset
