@@ -195,7 +195,7 @@ class Lanes(Generic[K]):
                     break
                 lane.popleft()
                 try:
-                    await self._slotted(work)
+                    await (work if self._slots is None else self._slotted(work))
                 except Exception:  # noqa: BLE001 - the item's boundary: the lane goes on
                     logger.exception("{}: an item of {} failed", self._name, key)
         finally:
