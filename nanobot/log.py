@@ -1,38 +1,80 @@
 """Logging: loguru for everything, stdlib loggers routed into it, secrets scrubbed.
 
-Libraries (python-telegram-bot, discord.py, httpx, litellm) log through the stdlib; an
-intercepting handler forwards their records to loguru so there is one format and one set of
-sinks. Every message passes through a redactor that replaces known secret values (API keys,
-bot tokens) before any sink sees it: httpx, for example, logs Telegram URLs that embed the
-bot token.
+Libraries (python-telegram-bot, discord.py, httpx, aiohttp, litellm) log through the
+stdlib; an intercepting handler forwards their records to loguru, so there is one format,
+one set of sinks and one redactor. The redactor runs in loguru's patcher, once per record
+and before any sink sees it, over everything a sink can write: the message, the traceback
+and `extra`. It replaces known secret values (API keys, bot tokens, secrets from the
+environment) and secret-shaped strings: httpx, for example, logs Telegram URLs that embed
+the bot token.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
 import re
 import sys
-from collections.abc import Iterable
+import traceback
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, quote_plus
 
 from loguru import logger
 
 if TYPE_CHECKING:
-    from loguru import Record
+    from loguru import Record, RecordException
 
     from nanobot.config import Config
 
 REDACTED = "***"
+TRACEBACK = "traceback"  # the `extra` key of a record's rendered, redacted traceback
 
-# Shapes that are secret whatever their value: provider keys and bot tokens in URLs.
+_TOKEN_CHARS = "[A-Za-z0-9_-]"
+# Shapes that are secret whatever their value: provider keys, Telegram bot tokens (also
+# URL-encoded, and in `/bot<token>/` and `/file/bot<token>/` URLs) and Discord tokens.
 _SECRET_SHAPES = re.compile(
-    r"(?P<key>\bsk-[A-Za-z0-9_\-]{8,})|(?P<bot>(?<=/bot)\d{5,}:[A-Za-z0-9_\-]{20,})"
+    rf"\b(?:sk|gsk|xai)-{_TOKEN_CHARS}{{8,}}"
+    rf"|\bAIza{_TOKEN_CHARS}{{30,}}"
+    rf"|(?<=/bot)\d{{5,}}(?::|%3A){_TOKEN_CHARS}{{20,}}"
+    rf"|(?<![\w-])\d{{5,}}(?::|%3A){_TOKEN_CHARS}{{30,}}"
+    rf"|(?<![\w-]){_TOKEN_CHARS}{{23,30}}\.{_TOKEN_CHARS}{{6,7}}\.{_TOKEN_CHARS}{{27,}}"
 )
-_NOISY_LIBRARIES = ("httpx", "httpcore", "telegram", "discord", "LiteLLM", "litellm")
+# The value of a credential header, as sent or as a dict's repr: `Authorization: Bot ***`.
+_SECRET_HEADERS = re.compile(
+    r"(?i)(?P<head>\b(?:authorization|x-api-key|api-key)['\"]?\s*[:=]\s*['\"]?"
+    r"(?:(?:bot|bearer|basic)\s+)?)[^\s'\",}]+"
+)
+# Environment variables whose values are secrets (checked on the upper-cased name). A value
+# shorter than _MIN_ENV_SECRET is no real key: redacting "1" or "true" would garble the log.
+_SECRET_ENV_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET", "_SECRET_KEY", "_PASSWORD")
+_MIN_ENV_SECRET = 8
+# Library loggers: their own handlers removed, their records propagated to ours.
+_LIBRARIES = (
+    "aiohttp",
+    "asyncio",
+    "discord",
+    "httpcore",
+    "httpx",
+    "litellm",
+    "LiteLLM",
+    "LiteLLM Proxy",
+    "LiteLLM Router",
+    "openai",
+    "telegram",
+    "websockets",
+)
+_LINE = "{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <7} | {name}: {message}\n"
+_LINE_AND_TRACEBACK = _LINE + "{extra[traceback]}\n"
 # Control characters (C0, DEL, C1), the line and paragraph separators, and the bidirectional
 # overrides that reorder how a line is shown.
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_UNPRINTABLE_BUT_NEWLINE = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+)
 
 
 def printable(text: str) -> str:
@@ -50,20 +92,74 @@ class Redactor:
     """Replaces secret values and secret-shaped strings in log text."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        # Longest first, so a secret that contains another is replaced whole.
-        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+        # As written, as a URL carries it, and as `printable` shows it, and a Telegram
+        # token's secret half alone; longest first, so a secret that contains another is
+        # replaced whole.
+        values = [s for s in secrets if len(s) >= 4]
+        values += [half for s in values if len(half := _telegram_secret_half(s)) >= 20]
+        forms = {
+            form
+            for secret in values
+            for form in (secret, quote(secret, safe=""), quote_plus(secret), printable(secret))
+        }
+        self._secrets = sorted(forms, key=len, reverse=True)
 
     def __call__(self, text: str) -> str:
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, REDACTED)
+        text = _SECRET_HEADERS.sub(lambda match: match["head"] + REDACTED, text)
         return _SECRET_SHAPES.sub(REDACTED, text)
 
     def patch(self, record: Record) -> None:
-        record["message"] = self(record["message"])
-        if record["exception"] is not None and record["exception"].value is not None:
-            value = record["exception"].value
-            value.args = tuple(self(a) if isinstance(a, str) else a for a in value.args)
+        """loguru's patcher: makes the record safe for every sink, before any sees it.
+
+        The message becomes one printable line. A traceback is rendered here, without local
+        values, redacted and kept in `extra[TRACEBACK]` (each line indented, so that only a
+        record starts a line at column 0); the record's exception is cleared, so no sink
+        renders it again with loguru's own formatter, whose `diagnose` prints locals and
+        which a JSON sink would serialize unredacted (`str(exception)`). Doing it once here
+        rather than in a wrapper per sink keeps loguru's own file sink (rotation,
+        retention, `enqueue`), and only strings cross to the file sink's thread.
+        """
+        record["message"] = self(printable(record["message"]))
+        extra = {key: self._scrub(value) for key, value in record["extra"].items()}
+        rendered = _render(record["exception"])
+        if rendered:
+            extra[TRACEBACK] = self(rendered)
+        record["extra"] = extra
+        record["exception"] = None
+
+    def _scrub(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self(value)
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, Mapping):
+            return {self(str(k)): self._scrub(v) for k, v in value.items()}
+        if isinstance(value, list | tuple | set | frozenset):
+            return [self._scrub(v) for v in value]
+        return self(str(value))  # what a JSON sink would write (`default=str`)
+
+
+def _telegram_secret_half(secret: str) -> str:
+    """The secret half of a Telegram token ("<bot id>:<secret>"); "" for anything else."""
+    bot_id, colon, half = secret.partition(":")
+    return half if colon and bot_id.isdigit() else ""
+
+
+def _render(exception: RecordException | None) -> str:
+    """The traceback as Python prints it (no local values), without trailing newline; ""
+    when there is none (`logger.opt(exception=True)` outside an `except`)."""
+    if exception is None or exception.value is None:
+        return ""
+    lines = traceback.format_exception(exception.type, exception.value, exception.traceback)
+    text = _UNPRINTABLE_BUT_NEWLINE.sub(_escape, "".join(lines).rstrip("\n"))
+    return "\n".join(f"  {line}" if line else line for line in text.split("\n"))
+
+
+def _format(record: Record) -> str:
+    return _LINE_AND_TRACEBACK if TRACEBACK in record["extra"] else _LINE
 
 
 class _InterceptHandler(logging.Handler):
@@ -72,7 +168,43 @@ class _InterceptHandler(logging.Handler):
             level: str | int = logger.level(record.levelname).name
         except ValueError:
             level = record.levelno
-        logger.opt(depth=6, exception=record.exc_info).log(level, record.getMessage())
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a library's bad format string is still logged
+            # (logging's own fallback prints the record's arguments to stderr, unredacted)
+            message = f"{record.msg!r} % {record.args!r}"
+        # The caller is the first frame outside the logging module (loguru's recipe).
+        frame, depth = inspect.currentframe(), 0
+        while frame is not None and (depth == 0 or frame.f_code.co_filename == logging.__file__):
+            frame, depth = frame.f_back, depth + 1
+        logger.opt(depth=depth, exception=record.exc_info).log(level, message)
+
+
+def _log_uncaught(
+    kind: type[BaseException], value: BaseException, tb: TracebackType | None
+) -> None:
+    # Python's own hook would print the exception's text to stderr, past the redactor.
+    logger.opt(exception=(kind, value, tb)).critical("unhandled {}; exiting", kind.__name__)
+
+
+def route_libraries(level: int | None = None) -> None:
+    """Send every stdlib logger's records through nanobot's sinks and redactor, library
+    loggers at `level` (None: the level `setup` chose, kept as the root logger's), and
+    uncaught exceptions through the log too.
+
+    `setup` calls it; call it again after importing a library that installs handlers of
+    its own (litellm puts a stderr handler on its loggers at import time).
+    """
+    if level is None:
+        level = logging.getLogger().level
+    logging.basicConfig(handlers=[_InterceptHandler()], level=level, force=True)
+    for name in _LIBRARIES:
+        library = logging.getLogger(name)
+        for handler in list(library.handlers):
+            library.removeHandler(handler)
+        library.propagate = True
+        library.setLevel(level)
+    sys.excepthook = _log_uncaught
 
 
 def setup(
@@ -85,51 +217,89 @@ def setup(
     """Configure loguru sinks (stderr, and a rotating file under `log_dir` if given).
 
     Library loggers are kept one level quieter than nanobot's own unless DEBUG is asked
-    for. Returns the redactor in use, so callers can scrub text they print themselves.
-    Safe to call more than once; each call replaces the previous configuration.
+    for. `log_dir` is made private to the user (0700, its log files 0600), also when it
+    exists already. Returns the redactor in use, so callers can scrub text they print
+    themselves. Safe to call more than once; each call replaces the previous configuration.
     """
     redactor = Redactor(secrets)
     logger.remove()
     logger.configure(patcher=redactor.patch)
-    fmt = "{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <7} | {name}: {message}"
-    logger.add(sys.stderr, level=level, format=fmt, serialize=json, backtrace=False)
+    # `diagnose=False` everywhere although the patcher clears exceptions: a record that
+    # somehow kept one must still not print local values.
+    options: dict[str, Any] = {"format": _format, "serialize": json, "diagnose": False}
+    logger.add(sys.stderr, level=level, backtrace=False, **options)
     if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
+        _make_private(log_dir)
         logger.add(
             log_dir / "nanobot.log",
             level=level,
-            format=fmt,
-            serialize=json,
+            backtrace=False,
             rotation="10 MB",
             retention=5,
             encoding="utf-8",
+            opener=_private_opener,
             enqueue=True,  # file writes happen on loguru's thread, not the event loop
+            **options,
         )
-    library_level = logging.DEBUG if level in ("TRACE", "DEBUG") else logging.WARNING
-    logging.basicConfig(handlers=[_InterceptHandler()], level=library_level, force=True)
-    for name in _NOISY_LIBRARIES:
-        logging.getLogger(name).setLevel(library_level)
+    route_libraries(logging.DEBUG if level in ("TRACE", "DEBUG") else logging.WARNING)
     return redactor
 
 
+def _make_private(log_dir: Path) -> None:
+    log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_dir.chmod(0o700)
+    for path in log_dir.glob("nanobot*.log*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o600)
+
+
+def _private_opener(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
+
+
 def _secrets(config: Config) -> list[str]:
-    channels = config.channels
-    values = [
-        config.agent.api_key,
-        channels.telegram.token,
-        channels.discord.token,
-        config.tools.web.search_api_key,
+    """Every `SecretStr` in the config tree (keys, tokens, and any added later)."""
+    from pydantic import BaseModel, SecretBytes, SecretStr
+
+    found: list[str] = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, SecretStr):
+            found.append(value.get_secret_value())
+        elif isinstance(value, SecretBytes):
+            found.append(value.get_secret_value().decode("utf-8", errors="replace"))
+        elif isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                walk(getattr(value, name))
+        elif isinstance(value, Mapping):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    walk(config)
+    return [secret for secret in found if secret]
+
+
+def environment_secrets(environ: Mapping[str, str]) -> list[str]:
+    """Values of the variables named like secrets: OPENAI_API_KEY, GITHUB_TOKEN,
+    NANOBOT_CHANNELS__TELEGRAM__TOKEN, ... (names ending in one of _SECRET_ENV_SUFFIXES)."""
+    return [
+        value
+        for name, value in environ.items()
+        if name.upper().endswith(_SECRET_ENV_SUFFIXES) and len(value) >= _MIN_ENV_SECRET
     ]
-    return [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
 
 
 def configure(config: Config, *, quiet: bool) -> Redactor:
-    """Logging as `config.log` says, with every secret of `config` redacted. `quiet` keeps
-    stderr to warnings (for commands whose stdout and stderr a person reads)."""
+    """Logging as `config.log` says, with every secret of `config` and of the environment
+    redacted. `quiet` keeps stderr to warnings (for commands whose stdout and stderr a person
+    reads)."""
     level = "WARNING" if quiet and config.log.level in ("INFO", "DEBUG", "TRACE") else None
     return setup(
         level=level or config.log.level,
         json=config.log.json_,
         log_dir=config.log_dir,
-        secrets=_secrets(config),
+        secrets=[*_secrets(config), *environment_secrets(os.environ)],
     )

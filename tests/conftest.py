@@ -12,6 +12,7 @@ import pytest
 
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
+from tests.gateway_process import audit_logs
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -23,6 +24,14 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith("NANOBOT_"):
             monkeypatch.delenv(name)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _gateway_log_audit() -> Iterator[None]:
+    """After every test, no gateway it ran has a configured secret on stderr or in a log
+    file (see `tests.gateway_process`); the test fails naming the file and line."""
+    yield
+    audit_logs()
 
 
 @pytest.fixture

@@ -1,4 +1,9 @@
-"""`nanobot gateway` as a real subprocess, configured to talk to the local fakes."""
+"""`nanobot gateway` as a real subprocess, configured to talk to the local fakes.
+
+Every process is audited after its test (conftest calls `audit_logs`): no secret it was
+given, in its config or its environment, may appear on its stderr or in a log file under
+its data dir, as written or URL-encoded.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,16 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote, quote_plus
 
 import yaml
+
+# Config keys and environment variable suffixes that hold secrets (as nanobot.log sees them).
+SECRET_KEYS = ("api_key", "token", "secret", "password")
+SECRET_ENV_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET", "_SECRET_KEY", "_PASSWORD")
+_created: list[GatewayProcess] = []
 
 
 class GatewayProcess:
@@ -26,8 +38,12 @@ class GatewayProcess:
         )
         self.process: asyncio.subprocess.Process | None = None
         self.lines: list[str] = []
+        self.stderr: list[str] = []  # every line of every run, for the audit
+        self.config = config
+        self.data_dir = Path(str(config.get("data_dir", root / ".nanobot")))
         self._changed = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+        _created.append(self)
 
     async def start(self, *, ready: str = "gateway started") -> None:
         self.lines = []
@@ -47,7 +63,9 @@ class GatewayProcess:
     async def _read(self) -> None:
         assert self.process is not None and self.process.stderr is not None
         async for raw in self.process.stderr:
-            self.lines.append(raw.decode("utf-8", errors="replace").rstrip())
+            line = raw.decode("utf-8", errors="replace").rstrip()
+            self.lines.append(line)
+            self.stderr.append(line)
             self._changed.set()
         self._changed.set()
 
@@ -56,15 +74,22 @@ class GatewayProcess:
 
     async def wait_log(self, text: str, *, seconds: float = 30, after: int = 0) -> int:
         """Wait for a log line containing `text` (from line `after` on); returns its index."""
-        async with asyncio.timeout(seconds):
-            while True:
-                for index in range(after, len(self.lines)):
-                    if text in self.lines[index]:
-                        return index
-                if self.process is not None and self.process.returncode is not None:
-                    raise AssertionError(f"gateway exited before logging {text!r}:\n{self.log()}")
-                self._changed.clear()
-                await self._changed.wait()
+        try:
+            async with asyncio.timeout(seconds):
+                while True:
+                    for index in range(after, len(self.lines)):
+                        if text in self.lines[index]:
+                            return index
+                    if self.process is not None and self.process.returncode is not None:
+                        message = f"gateway exited before logging {text!r}:\n{self.log()}"
+                        raise AssertionError(message)
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            tail = "\n".join(self.lines[-40:])
+            raise TimeoutError(
+                f"no {text!r} logged in {seconds} s; the last lines:\n{tail}"
+            ) from None
 
     async def stop(self, sig: int = signal.SIGTERM, *, seconds: float = 30) -> int:
         """Send `sig` and wait for the exit code."""
@@ -85,3 +110,68 @@ class GatewayProcess:
         await self.process.wait()
         if self._reader is not None:
             await self._reader
+
+    def secrets(self) -> dict[str, str]:
+        """What this process must never log, by where it came from: the config's keys and
+        tokens, and the environment's variables named like secrets (values of 8+ chars)."""
+        found = dict(_config_secrets(self.config))
+        for name, value in self.env.items():
+            if name.upper().endswith(SECRET_ENV_SUFFIXES) and len(value) >= 8:
+                found[f"${name}"] = value
+        return found
+
+    def leaks(self) -> list[str]:
+        """Where a secret of this process shows, as `file:line: names: line` (each secret in
+        the line replaced by its name): on stderr and in every log file under the data dir."""
+        forms = {form: name for name, secret in self.secrets().items() for form in _forms(secret)}
+        longest_first = sorted(forms, key=len, reverse=True)
+        sources: list[tuple[str, list[str]]] = [("stderr", self.stderr)]
+        files = sorted(self.data_dir.rglob("*.log*")) if self.data_dir.is_dir() else []
+        for path in files:
+            if path.is_file():
+                text = path.read_text(encoding="utf-8", errors="replace")
+                sources.append((str(path), text.splitlines()))
+        found: list[str] = []
+        for source, lines in sources:
+            for number, line in enumerate(lines, 1):
+                names, shown = set(), line
+                for form in longest_first:
+                    if form in shown:
+                        names.add(forms[form])
+                        shown = shown.replace(form, f"<{forms[form]}>")
+                if names:
+                    found.append(f"{source}:{number}: {', '.join(sorted(names))}: {shown}")
+        return found
+
+
+def _config_secrets(config: object, path: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(config, dict):
+        for key, value in config.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(value, str) and str(key).lower().endswith(SECRET_KEYS) and value:
+                yield where, value
+            else:
+                yield from _config_secrets(value, where)
+    elif isinstance(config, list):
+        for index, value in enumerate(config):
+            yield from _config_secrets(value, f"{path}[{index}]")
+
+
+def _forms(secret: str) -> set[str]:
+    """The secret as written and URL-encoded, and a Telegram token's secret half alone."""
+    forms = {secret, quote(secret, safe=""), quote_plus(secret)}
+    bot_id, colon, rest = secret.partition(":")
+    if colon and bot_id.isdigit() and len(rest) >= 20:
+        forms.add(rest)
+    return forms
+
+
+def audit_logs() -> None:
+    """Fail naming file and line if a GatewayProcess created since the last call wrote a
+    secret it was given to stderr or to a log file. conftest runs it after every test."""
+    processes = list(_created)
+    _created.clear()
+    leaks = [leak for process in processes for leak in process.leaks()]
+    if leaks:
+        more = f"\n(and {len(leaks) - 20} more)" if len(leaks) > 20 else ""
+        raise AssertionError("secrets in the gateway's logs:\n" + "\n".join(leaks[:20]) + more)

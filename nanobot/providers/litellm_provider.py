@@ -38,9 +38,18 @@ _FALLBACK_ON: frozenset[ProviderErrorKind] = _RETRYABLE | {"auth"}
 def _litellm() -> ModuleType:
     # Without this, importing litellm fetches a price list from the internet.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    # The stderr handler litellm installs at import (removed below) prints only what is
+    # critical meanwhile: its lines reach nanobot's sinks through the stdlib instead.
+    os.environ["LITELLM_LOG"] = "CRITICAL"
     import litellm  # noqa: TID251 - this is the one place allowed to
 
+    from nanobot import log
+
+    # litellm prints some lines itself unless told not to (`set_verbose`, deprecated, stays
+    # off), and its import put a stderr handler on its loggers and set httpx's level:
+    # route them back through nanobot's sinks and redactor.
     litellm.suppress_debug_info = True
+    log.route_libraries()
     litellm.telemetry = False
     litellm.drop_params = True  # a setting the model does not take is dropped, not an error
     # For Llama, Cohere and Claude models litellm would fetch a tokenizer from Hugging Face on

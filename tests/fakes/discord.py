@@ -66,6 +66,7 @@ __all__ = [
     "AttachmentFile",
     "FakeDiscord",
     "Fault",
+    "Garbled",
     "GatewayConnection",
     "GatewaySession",
     "Hang",
@@ -125,6 +126,14 @@ class HttpError(Fault):
 @dataclass(frozen=True)
 class Hang(Fault):
     """Accept the request and never answer; the connection is dropped when the fake stops."""
+
+
+@dataclass(frozen=True)
+class Garbled(Fault):
+    """Answer 200 with ``body`` as JSON without performing the request: a malformed answer
+    (by default an object without any field discord.py reads)."""
+
+    body: str = '{"unexpected": true}'
 
 
 @dataclass(frozen=True)
@@ -987,6 +996,10 @@ class FakeDiscord:
                 return _json({"message": f"{status}: Internal Server Error", "code": 0}, status)
             case HttpError(status=status, code=code, message=message):
                 return _json(p.error_body(code, message), status, {"Via": "1.1 google"})
+            case Garbled(body=body):
+                return web.Response(
+                    body=body.encode(), headers={"Content-Type": "application/json"}
+                )
         await self._stopping.wait()  # Hang
         if request.transport is not None:
             request.transport.abort()
