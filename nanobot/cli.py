@@ -60,7 +60,9 @@ def _main(
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"nanobot: {message}", err=True)
+    from nanobot.log import redact
+
+    typer.echo(f"nanobot: {redact(message)}", err=True)
     raise typer.Exit(code)
 
 

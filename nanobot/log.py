@@ -207,6 +207,17 @@ def route_libraries(level: int | None = None) -> None:
     sys.excepthook = _log_uncaught
 
 
+_active: Redactor | None = None  # the one `setup` installed last
+
+
+def redact(text: str) -> str:
+    """`text` with every secret the logs hide hidden, for what a command prints itself (an
+    error's message may quote a key a server echoed). Before logging is set up, the
+    environment's secrets and the secret shapes are hidden."""
+    redactor = _active if _active is not None else Redactor(environment_secrets(os.environ))
+    return redactor(text)
+
+
 def setup(
     *,
     level: str = "INFO",
@@ -221,7 +232,8 @@ def setup(
     exists already. Returns the redactor in use, so callers can scrub text they print
     themselves. Safe to call more than once; each call replaces the previous configuration.
     """
-    redactor = Redactor(secrets)
+    global _active  # noqa: PLW0603 - loguru's configuration is process-wide too
+    redactor = _active = Redactor(secrets)
     logger.remove()
     logger.configure(patcher=redactor.patch)
     # `diagnose=False` everywhere although the patcher clears exceptions: a record that

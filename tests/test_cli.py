@@ -12,7 +12,7 @@ from pathlib import Path
 from nanobot.store import Access, Database
 from nanobot.store.access import MAX_PENDING
 from tests.conftest import Home
-from tests.fakes.llm import FakeLLM, ServerError, Text
+from tests.fakes.llm import AuthError, FakeLLM, ServerError, Text
 
 SECRET = "sk-test-secret-key-123456"
 
@@ -292,3 +292,17 @@ async def test_wheel_ships_the_workspace_template_and_example(tmp_path: Path) ->
     for name in ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "HEARTBEAT.md", "memory/MEMORY.md"):
         assert f"nanobot/workspace_template/{name}" in names
     assert "nanobot/config.example.yaml" in names
+
+
+async def test_an_error_quoting_the_key_is_printed_without_it(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    # Some providers echo the key they refused; the one-line reason must not.
+    # (litellm's transport quotes the server's message.)
+    text = home.config.read_text().replace("  api_key:", "  transport: litellm\n  api_key:")
+    home.write_config(text)
+    fake_llm.script(AuthError())
+    result = await nanobot(home, "agent", "-m", "hi")
+    assert result.code == 1
+    assert "API key" in result.stderr
+    assert SECRET not in result.stderr + result.stdout
