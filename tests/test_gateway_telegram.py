@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
-from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram, RateLimited, ServerError
+from tests.fakes.telegram import DEFAULT_TOKEN, ApiError, FakeTelegram, RateLimited, ServerError
 from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
 
@@ -241,6 +241,17 @@ async def test_sigterm_lets_the_running_turn_finish(
     await fake_llm.wait_for_requests(1, seconds=30)
     assert await gateway.stop(signal.SIGTERM, seconds=20) == 0
     assert [m.visible for m in telegram.sent(ALICE)] == ["Finished before leaving."]
+    assert "gateway stopped" in gateway.log()
+
+
+async def test_a_token_revoked_while_running_is_reported_and_sigterm_still_stops(
+    gateway: GatewayProcess, telegram: FakeTelegram
+) -> None:
+    # The owner revoked the token in BotFather: every getUpdates now answers 401.
+    after = len(gateway.log().splitlines())
+    telegram.fail_next("getUpdates", ApiError(401, "Unauthorized"), times=1000)
+    await gateway.wait_log("channels.telegram.token was rejected by Telegram", after=after)
+    assert await gateway.stop(signal.SIGTERM, seconds=20) == 0
     assert "gateway stopped" in gateway.log()
 
 
