@@ -1,5 +1,8 @@
 """Issue 2, CLI start-up: ``nanobot --help`` and ``nanobot agent -m hi`` against a 0 ms model.
 
+``agent -m`` runs twice per round: with the default ``agent.transport: auto`` and with
+``direct`` (issue 14: the direct transport imports no litellm at all).
+
 Every command runs as a real subprocess of the installed package, in an isolated
 environment (a temporary HOME and config, no NANOBOT_*/PYTHON* variables). Baselines are
 measured in the same run with the same interpreter: ``python -c pass`` (the floor) and
@@ -95,6 +98,7 @@ class Measurements:
     litellm: list[ImportRun]
     both: list[ImportRun]
     agent: list[AgentRun]
+    direct: list[AgentRun]  # agent.transport: direct
     imports: list[ImportTime]
 
 
@@ -103,7 +107,7 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _write_config(home: Path, fake: FakeLLM) -> dict[str, str]:
+def _write_config(home: Path, fake: FakeLLM, transport: str = "auto") -> dict[str, str]:
     """A config for ``fake`` under ``home``; returns the environment that selects it."""
     config = home / "config.yaml"
     config.write_text(
@@ -111,7 +115,8 @@ def _write_config(home: Path, fake: FakeLLM) -> dict[str, str]:
         "agent:\n"
         "  model: openai/fake-model\n"
         f"  api_base: {fake.base_url}\n"
-        "  api_key: sk-bench\n",
+        "  api_key: sk-bench\n"
+        f"  transport: {transport}\n",
         encoding="utf-8",
     )
     return isolated_env(home, NANOBOT_CONFIG=str(config))
@@ -134,13 +139,13 @@ async def _import_once(modules: str, env: dict[str, str], home: Path) -> ImportR
         raise BenchError(f"import {modules} printed {run.stdout!r}") from None
 
 
-async def _agent_once(fake: FakeLLM) -> AgentRun:
+async def _agent_once(fake: FakeLLM, transport: str = "auto") -> AgentRun:
     """``nanobot agent -m hi`` in a fresh HOME (so a new data dir, store and workspace)."""
     with tempfile.TemporaryDirectory(prefix="nanobot-bench-home-") as tmp:
         home = Path(tmp)
         before = len(fake.requests)
         argv = [NANOBOT, "agent", "-m", MESSAGE]
-        run = await run_measured(argv, _write_config(home, fake), cwd=home)
+        run = await run_measured(argv, _write_config(home, fake, transport), cwd=home)
         replied_at = _check_reply(run)
     requests = fake.requests[before:]
     if len(requests) != 1:
@@ -187,9 +192,11 @@ async def measure() -> Measurements:
     lit: list[ImportRun] = []
     both: list[ImportRun] = []
     agent: list[AgentRun] = []
+    direct: list[AgentRun] = []
     async with FakeLLM() as fake:  # Echo, no delay: the model answers in 0 ms
         _progress(f"  agent -m {MESSAGE}: preflight")  # fail in seconds, not minutes
         await _agent_once(fake)
+        await _agent_once(fake, "direct")
         with tempfile.TemporaryDirectory(prefix="nanobot-bench-home-") as tmp:
             home = Path(tmp)
             env = isolated_env(home)
@@ -208,7 +215,8 @@ async def measure() -> Measurements:
                     help_.append(runs[1])
                     app.append(runs[2])
             _progress(
-                f"  import litellm, import nanobot.app+litellm, agent -m {MESSAGE}: "
+                f"  import litellm, import nanobot.app+litellm, "
+                f"agent -m {MESSAGE} (auto, direct): "
                 f"{HEAVY_WARMUPS} warm-up + {HEAVY_RUNS} measured rounds"
             )
             for index in range(HEAVY_WARMUPS + HEAVY_RUNS):
@@ -216,13 +224,15 @@ async def measure() -> Measurements:
                     await _import_once("litellm", env, home),
                     await _import_once("nanobot.app, litellm", env, home),
                     await _agent_once(fake),
+                    await _agent_once(fake, "direct"),
                 )
                 if index >= HEAVY_WARMUPS:
                     lit.append(heavy[0])
                     both.append(heavy[1])
                     agent.append(heavy[2])
+                    direct.append(heavy[3])
         imports = await _importtime_profile(fake)
-    return Measurements(floor, help_, app, lit, both, agent, imports)
+    return Measurements(floor, help_, app, lit, both, agent, direct, imports)
 
 
 def metrics_of(m: Measurements) -> list[Metric]:
@@ -253,11 +263,14 @@ def metrics_of(m: Measurements) -> list[Metric]:
         Metric(f"{agent}: spawn -> 1st request", "s", [a.to_request_s for a in m.agent]),
         Metric(f"{agent}: 1st request -> reply", "s", [a.request_to_reply_s for a in m.agent]),
         Metric(f"{agent}: reply -> exit", "s", [a.reply_to_exit_s for a in m.agent]),
+        Metric(f"{agent} (direct): total", "s", [a.run.wall for a in m.direct]),
+        Metric(f"{agent} (direct): spawn -> 1st request", "s", [a.to_request_s for a in m.direct]),
         Metric("peak RSS: python -c pass", "MiB", rss(m.floor)),
         Metric("peak RSS: nanobot --help", "MiB", rss(m.help)),
         Metric("peak RSS: import nanobot.app", "MiB", rss([i.run for i in m.app])),
         Metric("peak RSS: import litellm", "MiB", rss([i.run for i in m.litellm])),
         Metric(f"peak RSS: {agent}", "MiB", rss([a.run for a in m.agent])),
+        Metric(f"peak RSS: {agent} (direct)", "MiB", rss([a.run for a in m.direct])),
     ]
 
 
