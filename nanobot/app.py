@@ -31,7 +31,7 @@ from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Notify, Origin, Subagents, SubagentSettings, subagent_tools
 from nanobot.bus.events import ChatRef
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import Channel, InboxPolicy, IntakePort, Progress, Streams
+from nanobot.channels.base import Channel, InboxPolicy, IntakePort, OutboxPort
 from nanobot.channels.manager import ChannelManager
 from nanobot.config import Config
 from nanobot.cron.jobs import Jobs
@@ -41,7 +41,7 @@ from nanobot.errors import ConfigError, NanobotError, ProviderError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat, heartbeat_turn
-from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+from nanobot.providers.provider import Provider, RetryPolicy, Routes
 from nanobot.store import Access, Database, Journal, SessionStore, UsageLedger
 from nanobot.store.cron import CronStore
 from nanobot.tools.cron import CronTool
@@ -69,22 +69,43 @@ def _timezone(config: Config) -> tzinfo | None:
     return zoneinfo.ZoneInfo(config.timezone) if config.timezone else None
 
 
-def build_provider(config: Config) -> LiteLLMProvider:
-    """The model provider of `agent.transport`; the caller closes it (`aclose`)."""
+def build_provider(config: Config) -> Provider:
+    """The model provider, its calls made by the transports `agent.transport` names; the
+    caller closes it (`aclose`)."""
     agent = config.agent
-    transport: Callable[..., LiteLLMProvider] = LiteLLMProvider
-    if agent.transport == "direct" or (agent.transport == "auto" and agent.api_base):
-        from nanobot.providers.openai_direct import DirectOpenAIProvider  # aiohttp: ~0.1 s
+    api_key = agent.api_key.get_secret_value() if agent.api_key else None
+    timeout = agent.request_timeout
+    routes: Routes
+    if agent.transport == "litellm" or not agent.api_base:  # auto without api_base: litellm
+        from nanobot.providers.litellm_provider import LiteLLMTransport
 
-        transport = partial(DirectOpenAIProvider, auto=agent.transport == "auto")
-    return transport(
+        transport = LiteLLMTransport(
+            agent.model, api_key=api_key, api_base=agent.api_base, request_timeout=timeout
+        )
+        routes = Routes(transport)
+    else:
+        from nanobot.providers.openai_direct import DirectTransport  # aiohttp: ~0.1 s
+
+        auto = agent.transport == "auto"
+        direct = DirectTransport(
+            agent.api_base, api_key=api_key, key_from_env=auto, request_timeout=timeout
+        )
+        routes = Routes(direct)
+        if auto:
+            from nanobot.providers.litellm_provider import LiteLLMTransport
+
+            litellm = LiteLLMTransport(
+                agent.model, api_key=api_key, api_base=agent.api_base, request_timeout=timeout
+            )
+            routes = Routes.auto(
+                litellm, direct, max_tokens=agent.max_tokens, temperature=agent.temperature
+            )
+    return Provider(
         agent.model,
-        api_key=agent.api_key.get_secret_value() if agent.api_key else None,
-        api_base=agent.api_base,
+        routes,
         fallbacks=agent.fallbacks,
         max_tokens=agent.max_tokens,
         temperature=agent.temperature,
-        request_timeout=agent.request_timeout,
         retry=RetryPolicy(attempts=agent.max_retries, max_total=agent.retry_max_seconds),
         context_window=agent.context_window,
     )
@@ -334,19 +355,7 @@ async def _serve(config: Config) -> int:
         if pruned:
             logger.debug("pruned {} finished journal rows", pruned)
         gate = Gate(_channel_rules(config), Access(parts.db), journal, bus)
-        manager = ChannelManager(
-            build_channels(
-                config,
-                gate,
-                journal.parts_sent,
-                Streams(
-                    await journal.open_streams(), journal.stream_started, journal.stream_finished
-                ),
-            ),
-            bus,
-            confirm=journal.delivered,
-            failed=journal.attempt_failed,
-        )
+        manager = ChannelManager(build_channels(config, gate, journal), bus, journal)
 
         async def report(origin: Origin) -> None:
             if origin.channel in manager.names:  # the terminal has no outbox to deliver to
@@ -462,14 +471,10 @@ def _channel_rules(config: Config) -> dict[str, ChannelRules]:
 
 
 def build_channels(
-    config: Config,
-    intake: IntakePort,
-    progress: Progress | None = None,
-    streams: Streams | None = None,
+    config: Config, intake: IntakePort, outbox: OutboxPort | None = None
 ) -> list[Channel]:
-    """The enabled chat channels (their libraries are imported only when enabled).
-    `progress` keeps the outbox told how much of a long reply is out, `streams` which
-    message shows each reply being streamed."""
+    """The enabled chat channels (their libraries are imported only when enabled), taking
+    messages in through `intake` and keeping `outbox` told where each reply stands."""
     channels: list[Channel] = []
     workspace = config.workspace_path
     inbox = workspace / "inbox"
@@ -478,15 +483,13 @@ def build_channels(
         from nanobot.channels.telegram import TelegramChannel
 
         policy = InboxPolicy(inbox, int(telegram.max_file_mb * 1024 * 1024), workspace)
-        channels.append(
-            TelegramChannel(telegram, intake, policy, progress=progress, streams=streams)
-        )
+        channels.append(TelegramChannel(telegram, intake, policy, outbox=outbox))
     discord = config.channels.discord
     if discord.enabled:
         from nanobot.channels.discord import DiscordChannel
 
         policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024), workspace)
-        channels.append(DiscordChannel(discord, intake, policy, progress=progress, streams=streams))
+        channels.append(DiscordChannel(discord, intake, policy, outbox=outbox))
     return channels
 
 

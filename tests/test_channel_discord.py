@@ -21,7 +21,7 @@ from pydantic import SecretStr
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
 from nanobot.bus.queue import MessageBus
 from nanobot.channels._discord_inbound import is_addressed, text_for_agent
-from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, IntakePort, Streams
+from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, IntakePort, OutboxPort
 from nanobot.channels.discord import DiscordChannel
 from nanobot.channels.render import split_discord
 from nanobot.config import DiscordConfig
@@ -35,6 +35,7 @@ from tests.fakes.discord import (
     RateLimited,
     ServerError,
 )
+from tests.fakes.outbox import MemoryOutbox
 
 TOKEN = "fake-bot-token"
 DISCORD_API = Route.BASE
@@ -118,7 +119,7 @@ def make_channel(
     *,
     token: str = TOKEN,
     group_policy: Literal["mention", "open", "disabled"] = "mention",
-    streams: Streams | None = None,
+    outbox: OutboxPort | None = None,
 ) -> DiscordChannel:
     config = DiscordConfig(
         enabled=True,
@@ -134,7 +135,7 @@ def make_channel(
         stream_interval=0.2,
         typing_interval=0.1,
         guild_ready_timeout=0.05,
-        streams=streams,
+        outbox=outbox,
     )
 
 
@@ -569,21 +570,14 @@ async def test_a_stream_open_before_a_restart_is_taken_over_and_finished_in_plac
 ) -> None:
     chat = world.chat(world.channel)
     asked = str(fake.user_message(world.channel, "tell me", mentions_bot=True))
-    log: dict[str, int] = {}
-
-    async def started(stream_id: str, message_id: int) -> None:
-        log[stream_id] = message_id
-
-    async def finished(stream_id: str) -> None:
-        del log[stream_id]
-
-    first = make_channel(fake, intake, inbox, streams=Streams({}, started, finished))
+    outbox = MemoryOutbox()
+    first = make_channel(fake, intake, inbox, outbox=outbox)
     async with running(first):
         await first.deliver(StreamUpdate(chat, "s-9", "Once", reply_to=asked))
     [shown] = fake.sent(world.channel)
-    assert log == {"s-9": shown.id}  # the process dies here, before the final message
+    assert outbox.streams == {"s-9": shown.id}  # the process dies here, before the final one
 
-    again = make_channel(fake, intake, inbox, streams=Streams(dict(log), started, finished))
+    again = make_channel(fake, intake, inbox, outbox=outbox)
     async with running(again):
         await again.deliver(StreamUpdate(chat, "s-9", "Once upon", reply_to=asked))
         await again.deliver(OutboundMessage(chat, "Once upon a time.", stream_id="s-9"))
@@ -593,7 +587,7 @@ async def test_a_stream_open_before_a_restart_is_taken_over_and_finished_in_plac
         "Once upon a time.",
         ["Once upon", "Once upon a time."],
     )
-    assert log == {}
+    assert outbox.streams == {}
 
 
 async def test_stream_updates_never_raise(

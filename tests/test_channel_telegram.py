@@ -20,7 +20,7 @@ from nanobot.bus.queue import MessageBus
 from nanobot.channels._telegram_inbound import is_addressed, text_without_mentions
 from nanobot.channels._telegram_send import Retry
 from nanobot.channels._typing import DELAY as TYPING_DELAY
-from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, IntakePort, Progress
+from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, IntakePort, OutboxPort
 from nanobot.channels.render import plain_text, split_telegram, telegram_html, visible_length
 from nanobot.channels.telegram import TelegramChannel
 from nanobot.config import TelegramConfig
@@ -28,6 +28,7 @@ from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules, Gate, GroupPolicy
 from nanobot.store import Access, Database, Journal
 from tests.fakes._telegram_html import utf16_len
+from tests.fakes.outbox import MemoryOutbox
 from tests.fakes.telegram import (
     DEFAULT_TOKEN,
     ApiError,
@@ -98,7 +99,7 @@ def make_channel(
     *,
     group_policy: GroupPolicy = "mention",
     stream_interval: float = 0.2,
-    progress: Progress | None = None,
+    outbox: OutboxPort | None = None,
 ) -> TelegramChannel:
     config = TelegramConfig(
         enabled=True,
@@ -114,7 +115,7 @@ def make_channel(
         stream_interval=stream_interval,
         typing_interval=0.1,
         poll_timeout=5,
-        progress=progress,
+        outbox=outbox,
     )
 
 
@@ -490,16 +491,13 @@ async def test_a_retried_delivery_resumes_after_the_sent_chunks(
 async def test_a_long_reply_reports_its_parts_and_resumes_from_them(
     fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
 ) -> None:
-    told: list[tuple[int, int]] = []
-
-    async def progress(outbox_id: int, parts: int) -> None:
-        told.append((outbox_id, parts))
-
-    channel = make_channel(fake, intake, inbox, progress=progress)
+    outbox = MemoryOutbox()
+    channel = make_channel(fake, intake, inbox, outbox=outbox)
     text = "\n\n".join(["x" * 3500, "y" * 3500, "z" * 3500])
     async with running(channel):
         await channel.deliver(OutboundMessage(ChatRef("telegram", str(USER)), text, outbox_id=7))
-        assert told == [(7, 1), (7, 2)]  # not the last part: the manager confirms the reply
+        # Not the last part: the manager confirms the whole reply.
+        assert outbox.progressed == [(7, 1), (7, 2)]
         # After a restart the outbox row says two parts were out: only the third is sent.
         again = OutboundMessage(ChatRef("telegram", str(USER)), text, outbox_id=7, parts_sent=2)
         await channel.deliver(again)

@@ -49,7 +49,7 @@ class Harness:
             self.out.append(item)
             self._arrived.set()
             if isinstance(item, OutboundMessage) and item.outbox_id is not None:
-                await self.journal.delivered(item.outbox_id)
+                await self.journal.confirm(item.outbox_id)
 
     async def send(self, chat: str, text: str, mid: str) -> None:
         message = InboundMessage(ChatRef("telegram", chat), chat, text, mid)
@@ -168,7 +168,7 @@ async def test_recovery_sends_undelivered_replies_and_finishes_turns(
             "stream_id": None,
         },
     )
-    await journal.parts_sent(outbox_id, 2)  # it was long: two parts were out already
+    await journal.progress(outbox_id, 2)  # it was long: two parts were out already
     fake_llm.script(ToolCalls([Call("sleep", {"seconds": 30}, id="s1")]))
     await first.start()
     await first.send("2", "long job", "m1")

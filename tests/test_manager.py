@@ -12,6 +12,7 @@ from nanobot.bus.queue import MessageBus
 from nanobot.channels import manager as manager_module
 from nanobot.channels.base import Channel, DeliveryError, Intake
 from nanobot.channels.manager import ChannelManager
+from tests.fakes.outbox import MemoryOutbox
 
 
 class Nobody:
@@ -65,18 +66,6 @@ def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(manager_module, "DELIVERY_RETRIES", (0.01, 0.01))
 
 
-class Ledger:
-    def __init__(self) -> None:
-        self.confirmed: list[int] = []
-        self.failed: list[tuple[int, str]] = []
-
-    async def confirm(self, outbox_id: int) -> None:
-        self.confirmed.append(outbox_id)
-
-    async def fail(self, outbox_id: int, error: str) -> None:
-        self.failed.append((outbox_id, error))
-
-
 def reply(channel: str, outbox_id: int, text: str = "hi") -> OutboundMessage:
     return OutboundMessage(ChatRef(channel, "1"), text, outbox_id=outbox_id)
 
@@ -94,9 +83,9 @@ async def stop(task: asyncio.Task[None]) -> None:
 
 
 async def test_a_crashed_channel_is_restarted() -> None:
-    bus, ledger = MessageBus(), Ledger()
+    bus, ledger = MessageBus(), MemoryOutbox()
     channel = ScriptedChannel("flaky", crashes=2)
-    manager = ChannelManager([channel], bus, confirm=ledger.confirm, failed=ledger.fail)
+    manager = ChannelManager([channel], bus, ledger)
     task = await run_manager(manager)
     assert channel.runs == 3
     await bus.publish(reply("flaky", 1))
@@ -106,10 +95,10 @@ async def test_a_crashed_channel_is_restarted() -> None:
 
 
 async def test_a_slow_platform_does_not_delay_another() -> None:
-    bus, ledger = MessageBus(), Ledger()
+    bus, ledger = MessageBus(), MemoryOutbox()
     slow = ScriptedChannel("slow", slow=0.5)
     fast = ScriptedChannel("fast")
-    manager = ChannelManager([slow, fast], bus, confirm=ledger.confirm, failed=ledger.fail)
+    manager = ChannelManager([slow, fast], bus, ledger)
     task = await run_manager(manager)
     await bus.publish(reply("slow", 1))
     await bus.publish(reply("fast", 2))
@@ -121,9 +110,9 @@ async def test_a_slow_platform_does_not_delay_another() -> None:
 
 
 async def test_delivery_is_retried_and_confirmed_once() -> None:
-    bus, ledger = MessageBus(), Ledger()
+    bus, ledger = MessageBus(), MemoryOutbox()
     channel = ScriptedChannel("tg", failures=2)
-    manager = ChannelManager([channel], bus, confirm=ledger.confirm, failed=ledger.fail)
+    manager = ChannelManager([channel], bus, ledger)
     task = await run_manager(manager)
     await bus.publish(reply("tg", 7))
     await asyncio.wait_for(manager.drain(), 5)
@@ -134,9 +123,9 @@ async def test_delivery_is_retried_and_confirmed_once() -> None:
 
 
 async def test_undeliverable_messages_stay_unconfirmed() -> None:
-    bus, ledger = MessageBus(), Ledger()
+    bus, ledger = MessageBus(), MemoryOutbox()
     channel = ScriptedChannel("tg", failures=10)
-    manager = ChannelManager([channel], bus, confirm=ledger.confirm, failed=ledger.fail)
+    manager = ChannelManager([channel], bus, ledger)
     task = await run_manager(manager)
     await bus.publish(reply("tg", 9))
     await bus.publish(Typing(ChatRef("tg", "1"), active=True))
@@ -148,9 +137,9 @@ async def test_undeliverable_messages_stay_unconfirmed() -> None:
 
 
 async def test_chats_are_delivered_in_parallel_each_in_order() -> None:
-    bus, ledger = MessageBus(), Ledger()
+    bus, ledger = MessageBus(), MemoryOutbox()
     channel = ScriptedChannel("tg", slow=0.3)
-    manager = ChannelManager([channel], bus, confirm=ledger.confirm, failed=ledger.fail)
+    manager = ChannelManager([channel], bus, ledger)
     task = await run_manager(manager)
     for outbox_id in range(1, 11):
         chat = ChatRef("tg", str(outbox_id % 5))

@@ -8,7 +8,7 @@ import pytest
 
 from nanobot.bus.events import ChatRef, StreamUpdate
 from nanobot.channels._replies import Replies
-from nanobot.channels.base import Streams
+from tests.fakes.outbox import MemoryOutbox
 
 CHAT = ChatRef("test", "1")
 
@@ -29,10 +29,6 @@ class Outlet:
         return True
 
 
-async def nothing(*args: object) -> None:
-    return None
-
-
 @pytest.mark.parametrize("clock", [0.0, 1_000_000.1, 123_456_789.7])
 async def test_a_stream_taken_over_after_a_restart_is_edited_by_its_next_update(
     clock: float, monkeypatch: pytest.MonkeyPatch
@@ -46,8 +42,9 @@ async def test_a_stream_taken_over_after_a_restart_is_edited_by_its_next_update(
         lambda text: [text],
         interval=0.2,
         name="test",
-        streams=Streams({"s-1": 7}, nothing, nothing),
+        outbox=MemoryOutbox(streams={"s-1": 7}),
     )
+    await replies.recover()
     await replies.stream(StreamUpdate(CHAT, "s-1", "Once upon"))
     await replies.stream(StreamUpdate(CHAT, "s-1", "Once upon a"))  # within the interval
     assert (outlet.sent, outlet.edits) == ([], [(7, "Once upon")])

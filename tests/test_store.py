@@ -655,11 +655,11 @@ async def test_an_outbox_from_before_part_counting_is_upgraded_intact(tmp_path: 
         journal = Journal(db)
         [pending] = await journal.pending_outbox()
         assert (pending.message["text"], pending.parts_sent) == ("from before the upgrade", 0)
-        await journal.parts_sent(pending.id, 2)
+        await journal.progress(pending.id, 2)
         [pending] = await journal.pending_outbox()
         assert pending.parts_sent == 2
-        await journal.delivered(pending.id)
-        await journal.parts_sent(pending.id, 3)  # late: a delivered reply is left alone
+        await journal.confirm(pending.id)
+        await journal.progress(pending.id, 3)  # late: a delivered reply is left alone
         row = await db.fetchone("SELECT parts_sent FROM outbox WHERE id = ?", (pending.id,))
         assert row is not None and row[0] == 2
 

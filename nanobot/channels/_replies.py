@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 from loguru import logger
 
 from nanobot.bus.events import ChatRef, OutboundMessage, StreamUpdate
-from nanobot.channels.base import DeliveryError, Progress, Streams
+from nanobot.channels.base import DeliveryError, OutboxPort
 
 KEEP = 64  # streams, finished streams and partly sent replies remembered, of each
 
@@ -54,15 +54,15 @@ class Replies:
     a streamed reply's message is edited to exactly the first part (at once), the rest are
     posted; stream updates after it are ignored. The parts already out are remembered, so
     when `send` raises and the same item is sent again it resumes with the part that failed;
-    across a restart, `progress` keeps the count in the outbox and the item comes back with
+    across a restart, `outbox.progress` keeps the count and the item comes back with
     `parts_sent`.
 
     Stream updates go out through `best_effort`, which may give up sooner than `outlet` (the
     next update, or the final message, tries again); by default they share `outlet`.
 
-    With `streams`, a stream's message is stored when it is posted and forgotten once the
-    final message is out; a stream open before a restart (`streams.open`) is edited, by its
-    later updates and by its final message, as if it had been posted here.
+    With `outbox`, a stream's message is stored when it is posted and forgotten once the
+    final message is out; a stream open before a restart (`recover` reads them) is edited,
+    by its later updates and by its final message, as if it had been posted here.
 
     Holds no tasks. Cancelling `send` leaves it resumable like a failure (the part in flight
     may go out twice). Memory is bounded: at most `KEEP` of each kind of entry.
@@ -76,13 +76,11 @@ class Replies:
         interval: float,
         name: str,
         best_effort: Outlet | None = None,
-        progress: Progress | None = None,
-        streams: Streams | None = None,
+        outbox: OutboxPort | None = None,
     ) -> None:
         self._outlet = outlet
-        self._log = streams
-        self._recovered: dict[str, int] = dict(streams.open) if streams else {}
-        self._on_parts = progress
+        self._outbox = outbox
+        self._recovered: dict[str, int] = {}
         self._best_effort = best_effort or outlet
         self._split = split
         self._interval = interval
@@ -90,6 +88,17 @@ class Replies:
         self._streams: OrderedDict[str, _Stream] = OrderedDict()
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._progress: OrderedDict[int, tuple[OutboundMessage, int]] = OrderedDict()
+
+    async def recover(self) -> None:
+        """Read the streams a restart left open, so their replies finish in their messages.
+        Called when the channel (re)connects, before any delivery; best effort (a failure is
+        logged: those replies then come as new messages)."""
+        if self._outbox is None:
+            return
+        try:
+            self._recovered = await self._outbox.open_streams()
+        except Exception:  # noqa: BLE001 - at worst a reply is posted anew
+            logger.opt(exception=True).warning("{}: could not read open streams", self._name)
 
     async def send(self, item: OutboundMessage) -> None:
         """Every part in order. Raises DeliveryError (see the class docstring)."""
@@ -128,23 +137,23 @@ class Replies:
 
     async def _store(self, stream_id: str, message_id: int | None) -> None:
         """Store (or, with None, forget) a stream's message; best effort."""
-        if self._log is None:
+        if self._outbox is None:
             return
         try:
             if message_id is None:
-                await self._log.finished(stream_id)
+                await self._outbox.stream_finished(stream_id)
             else:
-                await self._log.started(stream_id, message_id)
+                await self._outbox.stream_started(stream_id, message_id)
         except Exception:  # noqa: BLE001 - at worst a restart posts the reply anew
             logger.opt(exception=True).warning(
                 "{}: could not record stream {}", self._name, stream_id
             )
 
     async def _record(self, item: OutboundMessage, parts: int) -> None:
-        if self._on_parts is None or item.outbox_id is None:
+        if self._outbox is None or item.outbox_id is None:
             return
         try:
-            await self._on_parts(item.outbox_id, parts)
+            await self._outbox.progress(item.outbox_id, parts)
         except Exception:  # noqa: BLE001 - the parts are out; at worst a restart resends them
             logger.opt(exception=True).warning(
                 "{}: could not record that {} part(s) of reply {} were sent",

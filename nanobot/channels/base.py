@@ -12,7 +12,7 @@ import asyncio
 import re
 import unicodedata
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -64,25 +64,40 @@ def not_fetched(name: str) -> str:
     return f"I did not take {name}: it came before you were approved; please send it again."
 
 
-Progress = Callable[[int, int], Awaitable[None]]
-"""Told (outbox id, parts on the platform) after each part of a long reply but the last, so
-a restart sends only the rest. A failure is logged: at worst those parts are sent again."""
+class OutboxPort(Protocol):
+    """The outbox as delivery sees it: where each reply stands until its platform has it.
 
-
-@dataclass(frozen=True, slots=True)
-class Streams:
-    """Where a channel keeps the platform message showing each reply it streams, until the
-    reply's final text is out: after a crash mid-stream, the final text (sent after the
-    restart) then replaces that message instead of following it.
-
-    `open`: stream id → message id, as stored when the channel was built. `started` and
-    `finished` store and forget one; a failure of either is logged, and at worst the reply
-    comes as a new message.
+    A reply (an `OutboundMessage` with an `outbox_id`) is sent again after a restart until it
+    is confirmed, from the part after the last one recorded; a reply shown while it is written
+    (a stream) keeps its platform message here, so after a crash mid-stream its final text
+    replaces that message instead of following it. Every method may raise (storage trouble):
+    callers log it and go on, and at worst a part is sent again or a final text comes as a
+    new message.
     """
 
-    open: dict[str, int]
-    started: Callable[[str, int], Awaitable[None]]
-    finished: Callable[[str], Awaitable[None]]
+    async def progress(self, outbox_id: int, parts: int) -> None:
+        """The first `parts` parts of a long reply are on the platform."""
+        ...
+
+    async def confirm(self, outbox_id: int) -> None:
+        """The whole reply is on the platform; it is never sent again."""
+        ...
+
+    async def fail(self, outbox_id: int, error: str) -> None:
+        """A delivery attempt failed; the reply stays for a later attempt."""
+        ...
+
+    async def open_streams(self) -> dict[str, int]:
+        """Streams whose message is out and whose final text is not: stream id → message id."""
+        ...
+
+    async def stream_started(self, stream_id: str, message_id: int) -> None:
+        """Message `message_id` now shows stream `stream_id`."""
+        ...
+
+    async def stream_finished(self, stream_id: str) -> None:
+        """Stream `stream_id`'s final text is out: forget its message."""
+        ...
 
 
 class DeliveryError(Exception):

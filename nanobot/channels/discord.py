@@ -56,8 +56,7 @@ from nanobot.channels.base import (
     InboxPolicy,
     Intake,
     IntakePort,
-    Progress,
-    Streams,
+    OutboxPort,
     not_fetched,
 )
 from nanobot.channels.render import split_discord
@@ -145,8 +144,7 @@ class DiscordChannel(Channel):
         stream_interval: float = STREAM_INTERVAL,
         typing_interval: float = TYPING_INTERVAL,
         typing_delay: float = TYPING_DELAY,
-        progress: Progress | None = None,
-        streams: Streams | None = None,
+        outbox: OutboxPort | None = None,
         guild_ready_timeout: float = GUILD_READY_TIMEOUT,
     ) -> None:
         super().__init__(intake)
@@ -159,8 +157,7 @@ class DiscordChannel(Channel):
             split_discord,
             interval=stream_interval,
             name=self.name,
-            progress=progress,
-            streams=streams,
+            outbox=outbox,
         )
         self._typing = TypingIndicator(
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name
@@ -172,6 +169,7 @@ class DiscordChannel(Channel):
         token = self._config.token.get_secret_value()
         if not token:
             raise ConfigError("channels.discord.token is empty: set the bot's token")
+        await self._replies.recover()  # before `ready()`: nothing is delivered before that
 
         def connected(client: discord.Client) -> None:
             if self._sender.client is None:

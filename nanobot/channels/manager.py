@@ -10,17 +10,14 @@ still fails after retries stays in the outbox for the next start.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 from loguru import logger
 
 from nanobot.bus.events import ChatRef, Outbound, OutboundMessage
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import Channel, DeliveryError
+from nanobot.channels.base import Channel, DeliveryError, OutboxPort
 from nanobot.lanes import Lanes
-
-Confirm = Callable[[int], Awaitable[None]]
-Failed = Callable[[int, str], Awaitable[None]]
 
 RESTART_DELAYS = (1.0, 2.0, 5.0, 15.0, 30.0, 60.0)
 STABLE_AFTER = 60.0  # seconds connected after which a crash starts the backoff afresh
@@ -35,14 +32,11 @@ class ChannelManager:
         self,
         channels: Sequence[Channel],
         bus: MessageBus,
-        *,
-        confirm: Confirm,
-        failed: Failed,
+        outbox: OutboxPort,
     ) -> None:
         self._channels = list(channels)
         self._bus = bus
-        self._confirm = confirm
-        self._failed = failed
+        self._outbox = outbox
         self._ready = {c.name: asyncio.Event() for c in self._channels}
         self._idle = {c.name: asyncio.Event() for c in self._channels}
 
@@ -130,7 +124,7 @@ class ChannelManager:
                 if message is None:
                     return
                 if message.outbox_id is not None:
-                    await self._failed(message.outbox_id, str(exc))
+                    await self._outbox.fail(message.outbox_id, str(exc))
                 if delay is None:
                     logger.error(
                         "could not deliver to {} chat {}; kept for the next start: {}",
@@ -145,5 +139,5 @@ class ChannelManager:
                 logger.exception("delivering to {} failed", channel.name)
                 return
             if message is not None and message.outbox_id is not None:
-                await self._confirm(message.outbox_id)
+                await self._outbox.confirm(message.outbox_id)
             return

@@ -42,8 +42,7 @@ from nanobot.channels.base import (
     InboxPolicy,
     Intake,
     IntakePort,
-    Progress,
-    Streams,
+    OutboxPort,
 )
 from nanobot.channels.render import split_telegram, telegram_html
 from nanobot.errors import ConfigError
@@ -96,8 +95,7 @@ class TelegramChannel(Channel):
         stream_interval: float = STREAM_INTERVAL,
         typing_interval: float = TYPING_INTERVAL,
         typing_delay: float = TYPING_DELAY,
-        progress: Progress | None = None,
-        streams: Streams | None = None,
+        outbox: OutboxPort | None = None,
         poll_timeout: int = POLL_TIMEOUT,
     ) -> None:
         super().__init__(intake)
@@ -110,8 +108,7 @@ class TelegramChannel(Channel):
             interval=stream_interval,
             name=self.name,
             best_effort=_Outlet(self._sender, ONCE),  # a stream update is tried once
-            progress=progress,
-            streams=streams,
+            outbox=outbox,
         )
         self._typing = TypingIndicator(
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name
@@ -138,6 +135,7 @@ class TelegramChannel(Channel):
                 await bot.delete_webhook()  # getUpdates is refused while a webhook is set
                 poller = Poller(bot, self._take, timeout=self._poll_timeout)  # one run's
                 self._sender.bot = bot
+                await self._replies.recover()
                 self._typing.start()
                 try:
                     logger.info("telegram connected as @{}", bot.username)

@@ -99,20 +99,21 @@ class Journal:
             for r in rows
         ]
 
-    async def parts_sent(self, outbox_id: int, parts: int) -> None:
+    async def progress(self, outbox_id: int, parts: int) -> None:
         """Record that the first `parts` parts of a long reply are on the platform."""
         await self._db.write(
             "UPDATE outbox SET parts_sent = ? WHERE id = ? AND state = 'pending'",
             (parts, outbox_id),
         )
 
-    async def delivered(self, outbox_id: int) -> None:
+    async def confirm(self, outbox_id: int) -> None:
+        """Record that the whole reply is on the platform."""
         await self._db.write(
             "UPDATE outbox SET state = 'delivered', delivered_at = ? WHERE id = ?",
             (_now(), outbox_id),
         )
 
-    async def attempt_failed(self, outbox_id: int, error: str) -> None:
+    async def fail(self, outbox_id: int, error: str) -> None:
         """Record a failed delivery attempt; the message stays pending for a later retry."""
         await self._db.execute(
             "UPDATE outbox SET attempts = attempts + 1, last_error = ? WHERE id = ?",
