@@ -12,13 +12,14 @@ from nanobot.agent.dispatcher import Dispatcher
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Origin, Subagents, SubagentSettings, subagent_tools
 from nanobot.bus.events import ChatRef, InboundMessage
-from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+from nanobot.providers.provider import RetryPolicy
 from nanobot.store import Database, SessionStore
 from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.spawn import SpawnTool
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.test_dispatcher import Harness
 from tests.test_loop import make_parts
+from tests.test_provider import on_litellm
 from tests.test_subagents import WaitTool
 
 
@@ -39,7 +40,7 @@ async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[
     harness = Harness(parts, db)
     gate = WaitTool()
     sub_tools = ToolRegistry([gate])
-    provider = LiteLLMProvider(
+    provider = on_litellm(
         "openai/sub-model", api_key="sk", api_base=fake_llm.base_url, retry=RetryPolicy(attempts=0)
     )
 

@@ -13,11 +13,12 @@ from nanobot.agent.context import ContextBuilder
 from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
 from nanobot.agent.run import ToolPolicy
 from nanobot.agent.runner import SKIPPED, Runner
-from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+from nanobot.providers.provider import RetryPolicy
 from nanobot.store import Database, SessionStore, UsageLedger
 from nanobot.tools.registry import ToolRegistry
 from nanobot.workspace import copy_template
 from tests.fakes.llm import Call, ContextLengthError, FakeLLM, ServerError, Text, ToolCalls
+from tests.test_provider import on_litellm
 from tests.test_runner import EchoTool, SleepTool
 
 
@@ -41,7 +42,7 @@ async def make_parts(
 ) -> Parts:
     workspace = tmp_path / "workspace"
     copy_template(workspace)
-    provider = LiteLLMProvider(
+    provider = on_litellm(
         "openai/fake-model",
         api_key="sk-test",
         api_base=fake.base_url,

@@ -8,18 +8,20 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from nanobot.errors import ProviderError
 from nanobot.providers import Delta, TextDelta, ToolCallDelta
-from nanobot.providers.litellm_provider import RetryPolicy
+from nanobot.providers.litellm_provider import LiteLLMTransport
 from nanobot.providers.openai_direct import (
-    DirectOpenAIProvider,
+    DirectTransport,
     _error_status,
     _kind_for_status,
     _Lines,
 )
+from nanobot.providers.provider import Provider, RetryPolicy, Routes
 from tests.fakes.llm import (
     AuthError,
     Call,
@@ -39,19 +41,50 @@ from tests.test_provider import FAST, MESSAGES, READ_FILE
 NO_RETRY = RetryPolicy(attempts=0)
 
 
+MODEL = "openai/fake-model"
+
+
 class Make(Protocol):
-    def __call__(self, api_base: str, **options: Any) -> DirectOpenAIProvider: ...
+    def __call__(self, api_base: str, **options: Any) -> Provider: ...
+
+
+def on_direct(
+    api_base: str,
+    *,
+    api_key: str | None = None,
+    request_timeout: float = 120.0,
+    auto: bool = False,
+    **options: Any,
+) -> Provider:
+    """A provider of `openai/fake-model` as `build_provider` makes it for
+    `agent.transport: direct` (or `auto`)."""
+    direct = DirectTransport(
+        api_base, api_key=api_key, key_from_env=auto, request_timeout=request_timeout
+    )
+    routes = Routes(direct)
+    if auto:
+        litellm = LiteLLMTransport(
+            MODEL, api_key=api_key, api_base=api_base, request_timeout=request_timeout
+        )
+        routes = Routes.auto(litellm, direct, max_tokens=4096, temperature=0.3)
+    return Provider(MODEL, routes, **options)
+
+
+def session_of(provider: Provider) -> aiohttp.ClientSession | None:
+    transport = provider.transport(MODEL)
+    assert isinstance(transport, DirectTransport)
+    return transport._session
 
 
 @pytest.fixture
 async def make() -> AsyncIterator[Make]:
     """Builds `openai/fake-model` providers (key "sk-test", fast retries unless `options`
     say otherwise) and closes them after the test."""
-    built: list[DirectOpenAIProvider] = []
+    built: list[Provider] = []
 
-    def build(api_base: str, **options: Any) -> DirectOpenAIProvider:
+    def build(api_base: str, **options: Any) -> Provider:
         options = {"api_key": "sk-test", "retry": FAST, **options}
-        built.append(DirectOpenAIProvider("openai/fake-model", api_base=api_base, **options))
+        built.append(on_direct(api_base, **options))
         return built[-1]
 
     yield build
@@ -364,13 +397,13 @@ async def test_aclose_closes_and_a_later_call_reopens(fake_llm: FakeLLM, make: M
     llm = make(fake_llm.base_url)
     await llm.aclose()  # before any call: nothing to close
     await llm.complete(MESSAGES)
-    session = llm._session
+    session = session_of(llm)
     assert session is not None
     await llm.aclose()
     assert session.closed
     assert (await llm.complete(MESSAGES)).content == "echo: hi"
-    assert llm._session is not None
-    assert llm._session is not session
+    assert session_of(llm) is not None
+    assert session_of(llm) is not session
 
 
 async def test_auto_goes_direct_where_litellm_would_send_the_same(
@@ -397,8 +430,10 @@ async def test_auto_leaves_what_litellm_translates_to_litellm(
     assert translated.body["max_completion_tokens"] == 4096
     assert "temperature" not in translated.body
     assert translated.headers["Authorization"] == "Bearer sk-test"
-    assert not llm.goes_direct("anthropic/claude-sonnet-4-5")  # not OpenAI-compatible
-    assert make(fake_llm.base_url).goes_direct("openai/o3-mini")  # direct: always
+    anthropic = llm.transport("anthropic/claude-sonnet-4-5")  # not OpenAI-compatible
+    assert isinstance(anthropic, LiteLLMTransport)
+    o3 = make(fake_llm.base_url).transport("openai/o3-mini")
+    assert isinstance(o3, DirectTransport)  # direct: always
 
 
 async def test_auto_takes_the_key_from_the_environment_as_litellm_would(
@@ -414,7 +449,7 @@ async def test_auto_takes_the_key_from_the_environment_as_litellm_would(
 
 def test_api_base_is_required() -> None:
     with pytest.raises(ValueError, match="api_base"):
-        DirectOpenAIProvider("openai/fake-model")
+        DirectTransport(None)
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,12 @@
-"""The litellm provider, through the real litellm, against the fake OpenAI-compatible server."""
+"""The provider on the litellm transport, through the real litellm, against the fake
+OpenAI-compatible server."""
 
 from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -13,8 +16,9 @@ from nanobot.config import AgentConfig, Config
 from nanobot.errors import ProviderError
 from nanobot.providers import Delta, TextDelta, ToolCallDelta
 from nanobot.providers._stream import retry_after
-from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy, _litellm
-from nanobot.providers.openai_direct import DirectOpenAIProvider
+from nanobot.providers.litellm_provider import LiteLLMTransport, _litellm
+from nanobot.providers.openai_direct import DirectTransport
+from nanobot.providers.provider import Provider, RetryPolicy, Routes
 from tests.fakes.llm import (
     AuthError,
     Call,
@@ -45,10 +49,25 @@ READ_FILE = {
 FAST = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05, max_total=30)
 
 
-def provider(fake: FakeLLM, **kwargs: object) -> LiteLLMProvider:
-    options: dict[str, object] = {"api_key": "sk-test", "api_base": fake.base_url, "retry": FAST}
+def on_litellm(
+    model: str,
+    *,
+    api_key: str | None = None,
+    api_base: str | None = None,
+    request_timeout: float = 120.0,
+    **options: Any,
+) -> Provider:
+    """A provider whose every call goes through litellm, as `agent.transport: litellm`."""
+    transport = LiteLLMTransport(
+        model, api_key=api_key, api_base=api_base, request_timeout=request_timeout
+    )
+    return Provider(model, Routes(transport), **options)
+
+
+def provider(fake: FakeLLM, **kwargs: Any) -> Provider:
+    options: dict[str, Any] = {"api_key": "sk-test", "api_base": fake.base_url, "retry": FAST}
     options.update(kwargs)
-    return LiteLLMProvider("openai/fake-model", **options)  # type: ignore[arg-type]
+    return on_litellm("openai/fake-model", **options)
 
 
 async def test_streams_text_with_usage(fake_llm: FakeLLM) -> None:
@@ -220,7 +239,7 @@ async def test_hang_times_out(fake_llm: FakeLLM) -> None:
 
 
 async def test_unreachable_endpoint_is_unavailable() -> None:
-    llm = LiteLLMProvider(
+    llm = on_litellm(
         "openai/fake-model",
         api_key="sk-test",
         api_base="http://127.0.0.1:9/v1",
@@ -256,24 +275,27 @@ def test_retry_after_header_parsing() -> None:
 
 
 def test_context_window_and_token_count() -> None:
-    assert LiteLLMProvider("openai/unknown-model-x").context_window() == 32_000
-    assert LiteLLMProvider("openai/x", context_window=1234).context_window() == 1234
-    assert LiteLLMProvider("openai/gpt-4o-mini").context_window() > 100_000
-    count = LiteLLMProvider("openai/gpt-4o-mini").count_tokens(MESSAGES)
+    assert on_litellm("openai/unknown-model-x").context_window() == 32_000
+    assert on_litellm("openai/x", context_window=1234).context_window() == 1234
+    assert on_litellm("openai/gpt-4o-mini").context_window() > 100_000
+    count = on_litellm("openai/gpt-4o-mini").count_tokens(MESSAGES)
     assert 3 < count < 50
 
 
 def test_prepare_loads_what_the_first_turn_needs(monkeypatch: pytest.MonkeyPatch) -> None:
-    provider = LiteLLMProvider("openai/gpt-4o-mini")
+    import tiktoken
+
+    provider = on_litellm("openai/gpt-4o-mini")
     provider.prepare()
-    litellm = _litellm()
+    litellm = _litellm()  # imported by prepare, for the litellm transport
 
     def looked_up_again(*args: object, **kwargs: object) -> None:
         raise AssertionError("prepare() should have looked this up")
 
-    for name in ("get_model_info", "supports_vision"):
-        monkeypatch.setattr(litellm, name, looked_up_again)
-    monkeypatch.setattr(litellm.utils, "_select_tokenizer", looked_up_again)
+    monkeypatch.setattr(tiktoken, "get_encoding", looked_up_again)
+    monkeypatch.setattr(Path, "read_bytes", looked_up_again)  # litellm's model list
+    for name in ("get_model_info", "supports_vision", "token_counter", "cost_per_token"):
+        monkeypatch.setattr(litellm, name, looked_up_again)  # none of these is needed
     assert provider.context_window() > 100_000
     assert provider.supports_vision() is True
     assert 3 < provider.count_tokens(MESSAGES) < 50
@@ -295,7 +317,7 @@ def test_counting_tokens_never_downloads_a_tokenizer(
 
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(socket.socket, "connect", refuse)
-    provider = LiteLLMProvider(model)
+    provider = on_litellm(model)
     first = provider.count_tokens(MESSAGES)
     assert 3 < first < 50
     assert provider.count_tokens(MESSAGES) == first
@@ -304,13 +326,15 @@ def test_counting_tokens_never_downloads_a_tokenizer(
 
 async def test_build_provider_follows_the_transport() -> None:
     base = "http://localhost:8000/v1"
-    assert type(build_provider(Config())) is LiteLLMProvider  # auto without api_base
+    provider = build_provider(Config())  # auto without api_base
+    assert isinstance(provider.transport(provider.model), LiteLLMTransport)
     litellm = AgentConfig(transport="litellm", api_base=base)
-    assert type(build_provider(Config(agent=litellm))) is LiteLLMProvider
+    provider = build_provider(Config(agent=litellm))
+    assert isinstance(provider.transport("openai/gpt-4o-mini"), LiteLLMTransport)
     for transport, always in (("direct", True), ("auto", False)):
         agent = AgentConfig(model="openai/o3-mini", transport=transport, api_base=base)
         provider = build_provider(Config(agent=agent))
-        assert isinstance(provider, DirectOpenAIProvider)
         assert provider.model == agent.model
-        assert provider.goes_direct(agent.model) is always
+        assert isinstance(provider.transport(agent.model), DirectTransport) is always
+        assert isinstance(provider.transport("openai/gpt-4o-mini"), DirectTransport)
         await provider.aclose()

@@ -21,10 +21,11 @@ from nanobot.agent.run import (
 from nanobot.agent.runner import ABORTED, SKIPPED, Runner
 from nanobot.errors import StoreError
 from nanobot.providers.base import Message, ToolCall
-from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+from nanobot.providers.provider import RetryPolicy
 from nanobot.tools.base import Tool, ToolParams
 from nanobot.tools.registry import ToolRegistry
 from tests.fakes.llm import Call, ContextLengthError, FakeLLM, ServerError, Text, ToolCalls
+from tests.test_provider import on_litellm
 
 SYSTEM: Message = {"role": "system", "content": "You are a test."}
 USER: Message = {"role": "user", "content": "hi"}
@@ -113,7 +114,7 @@ def sleeper() -> SleepTool:
 
 @pytest.fixture
 def runner(fake_llm: FakeLLM, echo: EchoTool, sleeper: SleepTool) -> Runner:
-    provider = LiteLLMProvider(
+    provider = on_litellm(
         "openai/fake-model",
         api_key="sk-test",
         api_base=fake_llm.base_url,
@@ -465,7 +466,7 @@ async def test_stream_yields_events_and_ends_with_run_end(
 async def test_duplicate_deltas_after_a_retry_are_dropped(fake_llm: FakeLLM) -> None:
     from tests.fakes.llm import Disconnect
 
-    provider = LiteLLMProvider(
+    provider = on_litellm(
         "openai/fake-model",
         api_key="sk-test",
         api_base=fake_llm.base_url,

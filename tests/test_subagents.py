@@ -26,7 +26,7 @@ from nanobot.agent.subagents import (
     follow_up,
     subagent_tools,
 )
-from nanobot.providers.litellm_provider import LiteLLMProvider, RetryPolicy
+from nanobot.providers.provider import RetryPolicy
 from nanobot.store import Database, Entry, SessionStore
 from nanobot.tools.base import Tool, ToolContext, ToolParams
 from nanobot.tools.message import MessageTool
@@ -34,6 +34,7 @@ from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.spawn import SpawnTool
 from tests.fakes.llm import Call, FakeLLM, RecordedRequest, Text, ToolCalls
 from tests.test_loop import Parts, make_parts
+from tests.test_provider import on_litellm
 from tests.test_runner import EchoTool, SleepTool
 
 KEY = "telegram:42"
@@ -74,7 +75,7 @@ class Rig:
         self.registry = ToolRegistry(
             [EchoTool(), self.sleeper, self.gate, MessageTool(), ExecStub()]
         )
-        provider = LiteLLMProvider(
+        provider = on_litellm(
             "openai/sub-model",
             api_key="sk-test",
             api_base=fake.base_url,

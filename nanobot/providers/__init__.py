@@ -1,6 +1,9 @@
-"""Model providers: the `LLMProvider` port and its litellm adapter."""
+"""Models: the `LLMProvider` port, the provider (`provider.Provider`: retries, fallbacks,
+tokens, context window, prices) and its transports (`litellm_provider`: litellm, the only
+module that imports it; `openai_direct`: the direct OpenAI-compatible one)."""
 
 from nanobot.providers.base import (
+    Call,
     Completion,
     Delta,
     DeltaHandler,
@@ -10,10 +13,12 @@ from nanobot.providers.base import (
     ToolCall,
     ToolCallDelta,
     ToolSchema,
+    Transport,
     Usage,
 )
 
 __all__ = [
+    "Call",
     "Completion",
     "Delta",
     "DeltaHandler",
@@ -23,5 +28,6 @@ __all__ = [
     "ToolCall",
     "ToolCallDelta",
     "ToolSchema",
+    "Transport",
     "Usage",
 ]

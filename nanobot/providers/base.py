@@ -1,4 +1,5 @@
-"""The model port: what the agent needs from an LLM, in nanobot's own types.
+"""The model port: what the agent needs from an LLM, in nanobot's own types; and the
+transport port: what the provider needs to make one call.
 
 Messages cross this boundary as OpenAI-format chat dicts (the lingua franca every provider
 library speaks); everything coming back is typed.
@@ -149,4 +150,41 @@ class LLMProvider(Protocol):
 
     def supports_vision(self) -> bool:
         """Whether the primary model accepts images in user messages."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One model call, as the provider hands it to a transport."""
+
+    model: str
+    messages: Sequence[Message]
+    tools: Sequence[ToolSchema]
+    max_tokens: int
+    temperature: float
+
+
+class Transport(Protocol):
+    """Makes one streamed call to one model: no retries, no fallbacks, no prices (the
+    provider's)."""
+
+    async def stream(self, call: Call, on_delta: DeltaHandler | None) -> Completion:
+        """Stream `call` and return the assembled answer; its `usage` carries no cost.
+
+        `on_delta` as in `LLMProvider.complete`, seq counting from 0.
+
+        Raises:
+            ProviderError: any failure of the call, its `kind` classified (the provider
+            retries and falls back by it).
+        Cancellation is safe at any point: the HTTP stream is closed.
+        """
+        ...
+
+    def prepare(self) -> None:
+        """Load now what the first call would otherwise load. Blocking (run it in a
+        thread); idempotent."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections; a later call opens them again."""
         ...

@@ -1,103 +1,77 @@
-"""LLMProvider that speaks the OpenAI chat-completions streaming protocol itself, over aiohttp.
+"""The direct transport: nanobot speaks the OpenAI chat-completions streaming protocol
+itself, over aiohttp.
 
 For OpenAI-compatible servers only (vLLM, llama.cpp, LM Studio, Ollama's /v1, OpenAI). It
-costs a small fraction of litellm's CPU per call; parameters are sent as given, with none of
-litellm's per-vendor translation. Retries, fallbacks, token counting, the context window,
-vision and prices are still `LiteLLMProvider`'s.
+costs a small fraction of litellm's CPU per call, and its import does not load litellm;
+parameters are sent as given, with none of litellm's per-vendor translation. Retries,
+fallbacks, token counting, the context window, vision and prices are the provider's.
 
 `agent.transport: auto` (the default, when `api_base` is set) uses it only for the calls
-litellm would make unchanged, and litellm for every other.
+litellm would make unchanged, and litellm for every other (`provider.Routes`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import orjson
-from loguru import logger
 
 from nanobot.errors import ProviderError, ProviderErrorKind
 from nanobot.providers._stream import Assembler, looks_like_overflow, retry_after
-from nanobot.providers.base import Completion, DeltaHandler, Message, ToolSchema
-from nanobot.providers.litellm_provider import LiteLLMProvider, passes_through
+from nanobot.providers.base import Call, Completion, DeltaHandler
 from nanobot.proxies import env_proxy
 
 _DETAIL_LIMIT = 500  # characters of the server's error message kept in ours
 
 
-class DirectOpenAIProvider(LiteLLMProvider):
-    """A `LiteLLMProvider` whose calls go straight to `{api_base}/chat/completions`.
+class DirectTransport:
+    """A `Transport` whose calls go straight to `{api_base}/chat/completions`.
 
-    Every model, fallbacks included, is sent to the same endpoint, without a leading
-    `openai/`, through the proxy the environment names for it when built (as litellm's httpx
-    would). One aiohttp session per provider, opened on the first call in the running loop;
+    Every model it is given is sent to that endpoint, without a leading `openai/`, through
+    the proxy the environment names for it when built (as litellm's httpx would), with
+    `api_key` as a bearer token, else (`key_from_env`, as litellm would take it)
+    OPENAI_API_KEY's. One aiohttp session, opened on the first call in the running loop;
     `aclose()` closes it, and a later call opens a new one (so use one event loop at a time,
-    and close the provider before its loop ends).
-
-    With `auto`, a model goes direct only where litellm would send the very same request
-    (`goes_direct`); every other model, fallbacks included, goes through litellm as with
-    `LiteLLMProvider`. The key of direct calls is then `api_key`, else OPENAI_API_KEY, as
-    litellm would take it; without `auto` it is `api_key` only.
+    and close the transport before its loop ends).
 
     Raises:
         ValueError: `api_base` is missing.
     """
 
     def __init__(
-        self, model: str, *, api_base: str | None = None, auto: bool = False, **options: Any
+        self,
+        api_base: str | None,
+        *,
+        api_key: str | None = None,
+        key_from_env: bool = False,
+        request_timeout: float = 120.0,
     ) -> None:
-        """`options` are `LiteLLMProvider`'s."""
         if not api_base:
             raise ValueError(
                 "the direct transport needs api_base: the URL of an OpenAI-compatible API, "
                 "e.g. http://localhost:8000/v1"
             )
-        super().__init__(model, api_base=api_base, **options)
         self._url = f"{api_base.rstrip('/')}/chat/completions"
-        self._auto = auto
-        self._direct: dict[str, bool] = {}  # auto: model -> whether it goes direct
-        self._key = self._api_key or (os.environ.get("OPENAI_API_KEY") if auto else None)
+        self._timeout = request_timeout
+        self._key = api_key or (os.environ.get("OPENAI_API_KEY") if key_from_env else None)
         self._headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
         if self._key:
             self._headers["Authorization"] = f"Bearer {self._key}"
         self._proxy = env_proxy(self._url)
         self._session: aiohttp.ClientSession | None = None
 
+    def prepare(self) -> None:
+        """Nothing to load: the session opens in the loop of the first call."""
+
     async def aclose(self) -> None:
         """Close the HTTP session; calls still streaming fail as "unavailable"."""
         session, self._session = self._session, None
         if session is not None:
             await session.close()
-
-    def prepare(self) -> None:
-        """See `LiteLLMProvider.prepare`; also decides (and logs) which way the primary
-        model's calls go."""
-        super().prepare()
-        self.goes_direct(self._model)
-
-    def goes_direct(self, model: str) -> bool:
-        """Whether calls to `model` bypass litellm: always, unless built with `auto`; then
-        only for an `openai/` model whose parameters litellm would send unchanged (not, for
-        example, a reasoning model, whose `max_tokens` and `temperature` litellm translates).
-        """
-        if not self._auto:
-            return True
-        direct = self._direct.get(model)
-        if direct is None:
-            params = {
-                "max_tokens": self._max_tokens,
-                "temperature": self._temperature,
-                "stream_options": {"include_usage": True},
-            }
-            direct = model.startswith("openai/") and passes_through(model, params)
-            self._direct[model] = direct
-            how = "directly" if direct else "through litellm"
-            logger.info("model {}: calls go {} (agent.transport: auto)", model, how)
-        return direct
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -111,33 +85,19 @@ class DirectOpenAIProvider(LiteLLMProvider):
             )
         return self._session
 
-    async def _stream_once(
-        self,
-        model: str,
-        messages: Sequence[Message],
-        tools: Sequence[ToolSchema],
-        on_delta: DeltaHandler | None,
-        max_tokens: int,
-    ) -> Completion:
-        """One streamed call to `model`, no retries (litellm's unless `goes_direct(model)`).
-
-        Raises:
-            ProviderError: the connection, the HTTP status or the stream failed; classified.
-            Exception: a chunk of an unexpected shape (`_with_retries` calls it "bad_request").
-        Cancellation closes the HTTP response.
-        """
-        if not self.goes_direct(model):
-            return await super()._stream_once(model, messages, tools, on_delta, max_tokens)
+    async def stream(self, call: Call, on_delta: DeltaHandler | None) -> Completion:
+        """See `Transport.stream`. Cancellation closes the HTTP response."""
+        model = call.model
         body: dict[str, Any] = {
             "model": model.removeprefix("openai/"),
-            "messages": list(messages),
+            "messages": list(call.messages),
             "stream": True,
             "stream_options": {"include_usage": True},
-            "max_tokens": max_tokens,
-            "temperature": self._temperature,
+            "max_tokens": call.max_tokens,
+            "temperature": call.temperature,
         }
-        if tools:
-            body["tools"] = list(tools)
+        if call.tools:
+            body["tools"] = list(call.tools)
         assembler = Assembler(on_delta)
         try:
             # orjson: a long window is tens of KiB of JSON per call, and the standard
@@ -155,7 +115,11 @@ class DirectOpenAIProvider(LiteLLMProvider):
         except (aiohttp.ClientError, OSError) as exc:
             message = f"{model}: {type(exc).__name__}: {exc}"
             raise ProviderError("unavailable", message, model=model) from exc
-        return assembler.result(model, self._cost(model, assembler.usage))
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            # A JSON chunk of a shape no OpenAI-compatible server sends.
+            message = f"{model}: a chunk of an unexpected shape: {type(exc).__name__}: {exc}"
+            raise ProviderError("bad_request", message, model=model) from exc
+        return assembler.result(model, assembler.usage)
 
     async def _read_stream(
         self, model: str, reply: aiohttp.ClientResponse, assembler: Assembler

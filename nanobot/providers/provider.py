@@ -1,0 +1,233 @@
+"""The provider: one `LLMProvider` for every transport.
+
+It keeps in one place what does not depend on how a call is made: retries, fallbacks, token
+counting (tiktoken), the context window, vision and prices (litellm's model list, read
+without importing litellm). A *transport* per model makes each call (`Routes`): litellm, or
+the direct OpenAI-compatible one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+
+from nanobot.errors import ProviderError, ProviderErrorKind
+from nanobot.providers.base import (
+    Call,
+    Completion,
+    DeltaHandler,
+    Message,
+    ToolSchema,
+    Transport,
+    Usage,
+)
+from nanobot.providers.catalog import Catalog
+from nanobot.providers.tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from nanobot.providers.litellm_provider import LiteLLMTransport
+
+_RETRYABLE: frozenset[ProviderErrorKind] = frozenset({"rate_limited", "unavailable", "timeout"})
+# A fallback model may be another vendor with other credentials, so auth failures move on too.
+_FALLBACK_ON: frozenset[ProviderErrorKind] = _RETRYABLE | {"auth"}
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries per model: `attempts` extra tries, waits doubling from `base_delay`, capped."""
+
+    attempts: int = 3
+    base_delay: float = 0.5
+    max_delay: float = 20.0
+    max_total: float = 60.0
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return retry_after
+        backoff = min(self.max_delay, self.base_delay * 2**attempt)
+        return float(backoff * random.uniform(0.5, 1.0))  # jitter, not cryptography
+
+
+class Routes:
+    """Which transport makes the calls to each model (`agent.transport`).
+
+    `Routes(t)`: `t` for every model. `Routes.auto(litellm, direct, ...)`: `direct` for the
+    models litellm would send the very same request to (decided once per model, and logged),
+    litellm for the others.
+    """
+
+    def __init__(self, transport: Transport) -> None:
+        self._default = transport
+        self._litellm: LiteLLMTransport | None = None
+        self._direct: Transport | None = None
+        self._params: dict[str, Any] = {}
+        self._chosen: dict[str, Transport] = {}
+
+    @classmethod
+    def auto(
+        cls, litellm: LiteLLMTransport, direct: Transport, *, max_tokens: int, temperature: float
+    ) -> Routes:
+        routes = cls(litellm)
+        routes._litellm, routes._direct = litellm, direct
+        routes._params = {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "stream_options": {"include_usage": True},
+        }
+        return routes
+
+    def transport(self, model: str) -> Transport:
+        """The transport of `model`'s calls. With `auto`, the first time for a model this
+        imports litellm to ask it (seconds): `Provider.prepare` does it for the primary."""
+        if self._litellm is None or self._direct is None:
+            return self._default
+        chosen = self._chosen.get(model)
+        if chosen is None:
+            direct = self._litellm.sends_unchanged(model, self._params)
+            chosen = self._chosen[model] = self._direct if direct else self._litellm
+            how = "directly" if direct else "through litellm"
+            logger.info("model {}: calls go {} (agent.transport: auto)", model, how)
+        return chosen
+
+    async def aclose(self) -> None:
+        for transport in {id(t): t for t in (self._default, self._direct) if t}.values():
+            await transport.aclose()
+
+
+class Provider:
+    """An `LLMProvider`: calls `model`, then `fallbacks` in order, each through the transport
+    `routes` names for it, retrying transient failures within one time budget per call.
+
+    `context_window` and `vision` override what litellm's model list says about `model`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        routes: Routes,
+        *,
+        fallbacks: Sequence[str] = (),
+        max_tokens: int = 4096,
+        temperature: float = 0.3,
+        retry: RetryPolicy | None = None,
+        context_window: int | None = None,
+        vision: bool | None = None,
+        catalog: Catalog | None = None,
+        tokens: TokenCounter | None = None,
+    ) -> None:
+        self._model = model
+        self._routes = routes
+        self._fallbacks = tuple(fallbacks)
+        self._max_tokens = max_tokens
+        self._temperature = temperature
+        self._retry = retry or RetryPolicy()
+        self._catalog = catalog or Catalog.shipped()
+        self._tokens = tokens or TokenCounter(model)
+        self._context_window = context_window
+        self._vision = vision
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    def transport(self, model: str) -> Transport:
+        """The transport that makes the calls to `model`."""
+        return self._routes.transport(model)
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] = (),
+        *,
+        on_delta: DeltaHandler | None = None,
+        max_tokens: int | None = None,
+    ) -> Completion:
+        """See `LLMProvider.complete`."""
+        deadline = time.monotonic() + self._retry.max_total
+        last: ProviderError | None = None
+        for model in (self._model, *self._fallbacks):
+            if last is not None:
+                logger.warning(
+                    "model {} failed ({}); trying fallback {}", last.model, last.kind, model
+                )
+            call = Call(model, messages, tools, max_tokens or self._max_tokens, self._temperature)
+            try:
+                return await self._with_retries(call, on_delta, deadline)
+            except ProviderError as exc:
+                if exc.kind not in _FALLBACK_ON:
+                    raise
+                last = exc
+        assert last is not None
+        raise last
+
+    async def _with_retries(
+        self, call: Call, on_delta: DeltaHandler | None, deadline: float
+    ) -> Completion:
+        transport = self._routes.transport(call.model)
+        attempt = 0
+        while True:
+            try:
+                completion = await transport.stream(call, on_delta)
+            except ProviderError as error:
+                if error.kind not in _RETRYABLE or attempt >= self._retry.attempts:
+                    raise
+                wait = self._retry.delay(attempt, error.retry_after)
+                if time.monotonic() + wait > deadline:
+                    raise
+                logger.info(
+                    "model {} {}; retry {}/{} in {:.1f}s",
+                    call.model,
+                    error.kind,
+                    attempt + 1,
+                    self._retry.attempts,
+                    wait,
+                )
+                await asyncio.sleep(wait)
+                attempt += 1
+            else:
+                return dataclasses.replace(completion, usage=self._priced(call.model, completion))
+
+    def _priced(self, model: str, completion: Completion) -> Usage:
+        usage = completion.usage
+        prices = self._catalog.info(model).prices
+        if prices is None:
+            return usage
+        cost = prices.cost(usage.prompt_tokens, usage.completion_tokens)
+        return Usage(usage.prompt_tokens, usage.completion_tokens, cost)
+
+    def context_window(self) -> int:
+        if self._context_window is None:
+            self._context_window = self._catalog.info(self._model).context_window
+        return self._context_window
+
+    def supports_vision(self) -> bool:
+        if self._vision is None:
+            self._vision = self._catalog.info(self._model).vision
+        return self._vision
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return self._tokens.count(messages)
+
+    def prepare(self) -> None:
+        """Load now what the first turn would otherwise load: the tokenizer, the model's
+        entry in litellm's list, and what the primary model's transport needs (litellm, for
+        the litellm transport or to decide `auto`: seconds to import).
+
+        Blocking, so run it in a thread: done lazily, on the event loop in the middle of the
+        first turn, it would stall every chat for as long. Idempotent.
+        """
+        self._tokens.load()
+        self.context_window()
+        self.supports_vision()
+        self._routes.transport(self._model).prepare()
+
+    async def aclose(self) -> None:
+        """Release the transports' connections."""
+        await self._routes.aclose()
