@@ -169,10 +169,10 @@ async def test_recovery_sends_undelivered_replies_and_finishes_turns(
         },
     )
     await journal.progress(outbox_id, 2)  # it was long: two parts were out already
-    fake_llm.script(ToolCalls([Call("sleep", {"seconds": 30}, id="s1")]))
+    fake_llm.script(ToolCalls([Call("block", id="s1")]))
     await first.start()
     await first.send("2", "long job", "m1")
-    await parts.sleeper.started.wait()
+    await parts.blocker.started.wait()
     first._tasks[0].cancel()  # the process dies: the turn is cut off mid-tool
     first._tasks[1].cancel()
     await asyncio.gather(*first._tasks, return_exceptions=True)

@@ -30,8 +30,11 @@ async def db(tmp_path: Path) -> AsyncIterator[Database]:
 
 
 class Rig:
-    def __init__(self, harness: Harness, subagents: Subagents, gate: WaitTool) -> None:
+    def __init__(
+        self, harness: Harness, subagents: Subagents, gate: WaitTool, reported: asyncio.Event
+    ) -> None:
         self.harness, self.subagents, self.gate = harness, subagents, gate
+        self.reported = reported  # set once a subagent's result has been handed on
 
 
 @pytest.fixture
@@ -44,8 +47,11 @@ async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[
         "openai/sub-model", api_key="sk", api_base=fake_llm.base_url, retry=RetryPolicy(attempts=0)
     )
 
+    reported = asyncio.Event()
+
     async def report(origin: Origin) -> None:
         await harness.dispatcher.follow_up(origin)
+        reported.set()
 
     subagents = Subagents(
         Runner(provider, sub_tools),
@@ -57,7 +63,7 @@ async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[
     harness.dispatcher = Dispatcher(parts.loop, harness.bus, harness.journal, parts.loop, subagents)
     await harness.start()
     service = asyncio.create_task(subagents.run())
-    yield Rig(harness, subagents, gate)
+    yield Rig(harness, subagents, gate, reported)
     service.cancel()
     await asyncio.gather(service, return_exceptions=True)
     await harness.stop()
@@ -93,7 +99,7 @@ async def test_note_reaches_a_busy_session_in_a_turn_of_its_own(
         "fake-model",
         ToolCalls([Call("spawn", {"task": "research"})]),
         Text("Started it."),
-        ToolCalls([Call("sleep", {"seconds": 0.5})]),
+        ToolCalls([Call("block")]),
         Text("Slept."),
         Text("The research is done: 42."),
     )
@@ -101,8 +107,10 @@ async def test_note_reaches_a_busy_session_in_a_turn_of_its_own(
     await rig.harness.wait_replies(1)
     await fake_llm.wait_for_requests(3)  # the subagent is waiting
     await rig.harness.send("1", "now sleep", "m2")
-    await rig.harness.parts.sleeper.started.wait()
+    await rig.harness.parts.blocker.started.wait()
     rig.gate.open.set()
+    await rig.reported.wait()  # the note came while the session was busy
+    rig.harness.parts.blocker.release.set()
     await rig.harness.wait_replies(3)
     assert [r.text for r in rig.harness.replies()] == [
         "Started it.",

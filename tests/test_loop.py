@@ -18,13 +18,15 @@ from nanobot.store import Database, SessionStore, UsageLedger
 from nanobot.tools.registry import ToolRegistry
 from nanobot.workspace import copy_template
 from tests.fakes.llm import Call, ContextLengthError, FakeLLM, ServerError, Text, ToolCalls
+from tests.fakes.tools import BlockTool, EchoTool
 from tests.test_provider import on_litellm
-from tests.test_runner import EchoTool, SleepTool
 
 
 class Parts:
-    def __init__(self, loop: AgentLoop, sessions: SessionStore, sleeper: SleepTool) -> None:
-        self.loop, self.sessions, self.sleeper = loop, sessions, sleeper
+    def __init__(
+        self, loop: AgentLoop, sessions: SessionStore, echo: EchoTool, blocker: BlockTool
+    ) -> None:
+        self.loop, self.sessions, self.echo, self.blocker = loop, sessions, echo, blocker
 
     async def entries(self, key: str) -> list[dict[str, Any]]:
         session = await self.sessions.live(key)
@@ -51,17 +53,17 @@ async def make_parts(
         max_tokens=200,
         vision=vision,
     )
-    sleeper = SleepTool()
+    echo, blocker = EchoTool(), BlockTool()
     sessions = SessionStore(db)
     loop = AgentLoop(
         provider,
-        Runner(provider, ToolRegistry([EchoTool(), sleeper])),
+        Runner(provider, ToolRegistry([echo, blocker])),
         sessions,
         ContextBuilder(workspace),
         LoopSettings(max_tokens=200, **settings),
         usage=UsageLedger(db),
     )
-    return Parts(loop, sessions, sleeper)
+    return Parts(loop, sessions, echo, blocker)
 
 
 @pytest.fixture
@@ -114,15 +116,14 @@ async def test_provider_failure_leaves_no_assistant_entry(parts: Parts, fake_llm
 
 async def test_message_while_busy_steers_the_running_turn(parts: Parts, fake_llm: FakeLLM) -> None:
     fake_llm.script(
-        ToolCalls(
-            [Call("sleep", {"seconds": 0.3}, id="s"), Call("echo", {"text": "later"}, id="e")]
-        ),
+        ToolCalls([Call("block", id="s"), Call("echo", {"text": "later"}, id="e")]),
         Text("OK, switching to your new request."),
     )
     first = asyncio.create_task(parts.loop.handle(TurnRequest("t:1", "do two things")))
-    await parts.sleeper.started.wait()
+    await parts.blocker.started.wait()
     assert parts.loop.busy("t:1")
     assert await parts.loop.handle(TurnRequest("t:1", "actually, do this instead")) is None
+    parts.blocker.release.set()
     reply = await first
     assert reply is not None
     assert reply.text == "OK, switching to your new request."
@@ -139,13 +140,14 @@ async def test_follow_up_mode_waits_for_the_end(
 ) -> None:
     parts = await make_parts(tmp_path, fake_llm, db)
     fake_llm.script(
-        ToolCalls([Call("sleep", {"seconds": 0.3}), Call("echo", {"text": "x"})]),
+        ToolCalls([Call("block"), Call("echo", {"text": "x"})]),
         Text("done with the first"),
         Text("and the second"),
     )
     first = asyncio.create_task(parts.loop.handle(TurnRequest("t:1", "one")))
-    await parts.sleeper.started.wait()
+    await parts.blocker.started.wait()
     assert await parts.loop.handle(TurnRequest("t:1", "two", mode="follow_up")) is None
+    parts.blocker.release.set()
     reply = await first
     assert reply is not None
     assert reply.text == "and the second"
@@ -154,9 +156,9 @@ async def test_follow_up_mode_waits_for_the_end(
 
 
 async def test_abort_stops_the_sessions_turn(parts: Parts, fake_llm: FakeLLM) -> None:
-    fake_llm.script(ToolCalls([Call("sleep", {"seconds": 30})]))
-    task = asyncio.create_task(parts.loop.handle(TurnRequest("t:1", "sleep")))
-    await parts.sleeper.started.wait()
+    fake_llm.script(ToolCalls([Call("block")]))
+    task = asyncio.create_task(parts.loop.handle(TurnRequest("t:1", "block")))
+    await parts.blocker.started.wait()
     assert parts.loop.abort("t:1")
     reply = await task
     assert reply is not None
@@ -244,11 +246,14 @@ async def test_parallel_policy_is_passed_through(
     tmp_path: Path, fake_llm: FakeLLM, db: Database
 ) -> None:
     parts = await make_parts(tmp_path, fake_llm, db, policy=ToolPolicy(max_parallel=2))
+    # The first call only finishes once the second has run: one after the other, never would.
+    parts.echo.on_call = lambda _: parts.blocker.release.set()
     fake_llm.script(
-        ToolCalls([Call("sleep", {"seconds": 0.2}, id="s"), Call("echo", {"text": "x"}, id="e")]),
+        ToolCalls([Call("block", id="s"), Call("echo", {"text": "x"}, id="e")]),
         Text("ok"),
     )
-    reply = await parts.loop.handle(TurnRequest("t:1", "both"))
+    async with asyncio.timeout(10):
+        reply = await parts.loop.handle(TurnRequest("t:1", "both"))
     assert reply is not None
     assert reply.result.status == "completed"
 
@@ -259,13 +264,12 @@ async def test_configured_follow_up_mode_delivers_all_at_once(
     parts = await make_parts(
         tmp_path, fake_llm, db, queue_mode="follow_up", follow_up_delivery="all"
     )
-    fake_llm.script(
-        ToolCalls([Call("sleep", {"seconds": 0.3})]), Text("first done"), Text("both seen")
-    )
+    fake_llm.script(ToolCalls([Call("block")]), Text("first done"), Text("both seen"))
     first = asyncio.create_task(parts.loop.handle(TurnRequest("t:1", "one")))
-    await parts.sleeper.started.wait()
+    await parts.blocker.started.wait()
     assert await parts.loop.handle(TurnRequest("t:1", "two")) is None
     assert await parts.loop.handle(TurnRequest("t:1", "three")) is None
+    parts.blocker.release.set()
     reply = await first
     assert reply is not None
     assert reply.text == "both seen"

@@ -33,9 +33,9 @@ from nanobot.tools.message import MessageTool
 from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.spawn import SpawnTool
 from tests.fakes.llm import Call, FakeLLM, RecordedRequest, Text, ToolCalls
+from tests.fakes.tools import EchoTool, SleepTool
 from tests.test_loop import Parts, make_parts
 from tests.test_provider import on_litellm
-from tests.test_runner import EchoTool, SleepTool
 
 KEY = "telegram:42"
 CONTEXT = ToolContext("telegram", "42", KEY, "run-1")
