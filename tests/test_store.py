@@ -304,6 +304,20 @@ async def test_a_cancelled_transaction_rolls_back_and_releases_the_write_lock(
     assert len(await store.append(session, [message("after")])) == 1
 
 
+async def statement_started(db: Database, prefix: str) -> asyncio.Event:
+    """An event set once the store's thread starts a statement beginning with `prefix`
+    (SQLite's trace hook fires as the statement starts, before it waits for any lock)."""
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    def trace(statement: str) -> None:
+        if statement.startswith(prefix):
+            loop.call_soon_threadsafe(started.set)
+
+    await db._run(lambda conn: conn.set_trace_callback(trace))
+    return started
+
+
 async def test_cancelling_a_transaction_that_waits_for_the_lock_leaves_none_open(
     db: Database, store: SessionStore
 ) -> None:
@@ -314,10 +328,11 @@ async def test_cancelling_a_transaction_that_waits_for_the_lock_leaves_none_open
             await store.append(session, [message("x")])
             await store.append(session, [message("y")])
 
+    begun = await statement_started(db, "BEGIN IMMEDIATE")
     with closing(sqlite3.connect(db.path, timeout=0, isolation_level=None)) as other:
         other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
         task = asyncio.create_task(two())
-        await asyncio.sleep(0.2)  # our BEGIN IMMEDIATE is now waiting in the worker thread
+        await begun.wait()  # our BEGIN IMMEDIATE is now waiting in the worker thread
         task.cancel()
         other.execute("ROLLBACK")
     with pytest.raises(asyncio.CancelledError):
@@ -334,10 +349,11 @@ async def test_a_cancelled_atomic_write_is_whole_or_absent_and_leaves_none_open(
 ) -> None:
     # Sent as one: cancelling the caller does not stop it half-way in the worker thread.
     session = await store.live("k")
+    begun = await statement_started(db, "BEGIN IMMEDIATE")
     with closing(sqlite3.connect(db.path, timeout=0, isolation_level=None)) as other:
         other.execute("BEGIN IMMEDIATE")
         task = asyncio.create_task(store.append(session, [message("x"), message("y")]))
-        await asyncio.sleep(0.2)
+        await begun.wait()  # the write is in the worker thread, waiting for the lock
         task.cancel()
         other.execute("ROLLBACK")
     with pytest.raises(asyncio.CancelledError):
@@ -365,6 +381,8 @@ async def test_other_tasks_do_not_see_a_transaction_in_progress(
         tasks.create_task(writer())
         await inside.wait()
         reader = tasks.create_task(store.count(session))
+        # A "not yet" check: a read that wrongly went ahead would be back from the
+        # store's thread well within this (and a false pass here, never a false failure).
         await asyncio.sleep(0.05)
         assert not reader.done()  # it waits for the transaction instead of reading into it
         release.set()
@@ -488,7 +506,7 @@ async def test_atomic_waits_for_another_tasks_transaction(db: Database) -> None:
         tasks.create_task(writer())
         await inside.wait()
         other = tasks.create_task(db.atomic([("SELECT count(*) FROM t", ())]))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a "not yet" check, as in the test of `transaction()`
         assert not other.done()
         release.set()
     assert other.result()[0][0][0] == 0  # it ran after the transaction, not inside it

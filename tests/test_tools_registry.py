@@ -19,6 +19,9 @@ class AddTool(Tool[AddParams]):
     description = "Add two numbers."
     params = AddParams
 
+    def __init__(self) -> None:
+        self.slow_started = asyncio.Event()
+
     async def run(self, args: AddParams) -> str:
         if args.a < 0:
             raise ToolError("negative numbers are not supported; pass a >= 0")
@@ -27,7 +30,8 @@ class AddTool(Tool[AddParams]):
         if args.a == 99:
             return "x" * (MAX_RESULT_CHARS + 500)
         if args.a == 7:
-            await asyncio.sleep(10)
+            self.slow_started.set()
+            await asyncio.Future()  # until cancelled
         return str(args.a + args.b)
 
 
@@ -93,9 +97,10 @@ async def test_long_results_are_cut_with_a_note(registry: ToolRegistry) -> None:
     assert truncate(ToolResult("short")) == ToolResult("short")
 
 
-async def test_cancellation_propagates(registry: ToolRegistry) -> None:
-    task = asyncio.create_task(registry.execute("add", {"a": 7}))
-    await asyncio.sleep(0.05)
+async def test_cancellation_propagates() -> None:
+    tool = AddTool()
+    task = asyncio.create_task(ToolRegistry([tool]).execute("add", {"a": 7}))
+    await tool.slow_started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
