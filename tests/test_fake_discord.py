@@ -417,7 +417,7 @@ async def test_resume_replays_messages_missed_while_disconnected(
     await bot.until(lambda: len(bot.from_users()) == 2)
     fake.user_message(world.channel, "after")
     await bot.until(lambda: len(bot.from_users()) == 3)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # a "nothing more comes" check: a replayed duplicate shows here
     contents = [m.content for m in bot.from_users()]
     assert contents == ["before", "while you were away", "after"]  # exactly once, in order
     assert bot.from_users()[1].id == missed
@@ -437,7 +437,7 @@ async def test_server_close_or_drop_is_resumed(
     await fake.wait_for_resume()
     await bot.until(lambda: len(bot.from_users()) == 1)
     assert (fake.connections[0].closed_by, fake.connections[0].close_code) == ("server", code)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a "nothing more comes" check: no duplicate after the resume
     assert len(bot.from_users()) == 1
 
 

@@ -264,7 +264,7 @@ async def test_hang_is_cancellable_and_stop_returns_promptly() -> None:
     cancelled = asyncio.create_task(_post(fake.base_url, _request()))
     pending = asyncio.create_task(_post(fake.base_url, _request()))
     await fake.wait_for_requests(2)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # a "nothing comes back" check: a reply would arrive well within
     assert not cancelled.done() and not pending.done()
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -269,7 +269,7 @@ async def test_polling_recovers_after_the_network_comes_back(fake: FakeTelegram)
         await application.updater.start_polling(poll_interval=0, timeout=1)
         await fake.wait_for(lambda: fake.polling, 5)
         fake.offline = True  # drops the held long poll; PTB backs off 1 s, then 1.5 s...
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the outage itself (its length is the behaviour under test)
         fake.offline = False
         fake.user_message(CHAT, "still there?", user_id=CHAT)
         [reply] = await fake.wait_for_sent(1, chat_id=CHAT, seconds=5)

@@ -203,6 +203,8 @@ async def test_an_update_left_for_redelivery_stops_the_polling_until_stopped(
     poller = Poller(bot, takes, timeout=TIMEOUT, patience=0.05)
     async with polling(poller) as task:
         await takes.wait(1)
+        # A "nothing more happens" check: 6 × patience, by when a poller that went on
+        # would have polled again.
         await asyncio.sleep(0.3)
         assert not task.done()
         assert len(fake.calls("getUpdates")) == 1 and not fake.polling
