@@ -338,3 +338,17 @@ async def test_build_provider_follows_the_transport() -> None:
         assert isinstance(provider.transport(agent.model), DirectTransport) is always
         assert isinstance(provider.transport("openai/gpt-4o-mini"), DirectTransport)
         await provider.aclose()
+
+
+async def test_a_retried_stream_starts_its_deltas_again_at_seq_0(fake_llm: FakeLLM) -> None:
+    # The runner shows each (call, seq) once (tests/test_runner.py); this is the half of that
+    # promise the provider keeps: a retry after a broken stream counts from 0 again.
+    fake_llm.script(Disconnect(content="Hello "), Text("Hello world, again."))
+    deltas: list[Delta] = []
+    completion = await provider(fake_llm).complete(MESSAGES, on_delta=deltas.append)
+    assert completion.content == "Hello world, again."
+    texts = [d for d in deltas if isinstance(d, TextDelta)]
+    restart = next(i for i, d in enumerate(texts) if i and d.seq == 0)
+    assert "".join(d.text for d in texts[:restart]) == "Hello "  # what the broken stream showed
+    assert "".join(d.text for d in texts[restart:]) == "Hello world, again."
+    assert [d.seq for d in texts[restart:]] == list(range(len(texts) - restart))
