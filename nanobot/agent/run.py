@@ -29,14 +29,17 @@ class RunState(StrEnum):
 
 FINAL_STATES = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.ABORTED})
 _ENDINGS = FINAL_STATES
+_STOPPED = frozenset({RunState.FAILED, RunState.ABORTED})
 
 # Which state may follow which. The runner refuses any other move (a bug, not a user error).
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    RunState.IDLE: frozenset({RunState.PREPARING, RunState.ABORTED}),
-    RunState.PREPARING: frozenset({RunState.MODEL_RUNNING}) | _ENDINGS,
+    RunState.IDLE: frozenset({RunState.PREPARING}),
+    # Only the model's answer completes a run; before it, and while tools run or wait for
+    # a person, a run can only fail or be aborted.
+    RunState.PREPARING: frozenset({RunState.MODEL_RUNNING}) | _STOPPED,
     RunState.MODEL_RUNNING: frozenset({RunState.TOOL_RUNNING, RunState.PREPARING}) | _ENDINGS,
-    RunState.TOOL_RUNNING: frozenset({RunState.MODEL_RUNNING, RunState.AWAITING_HUMAN}) | _ENDINGS,
-    RunState.AWAITING_HUMAN: frozenset({RunState.TOOL_RUNNING}) | _ENDINGS,
+    RunState.TOOL_RUNNING: frozenset({RunState.MODEL_RUNNING, RunState.AWAITING_HUMAN}) | _STOPPED,
+    RunState.AWAITING_HUMAN: frozenset({RunState.TOOL_RUNNING}) | _STOPPED,
     RunState.COMPLETED: frozenset(),
     RunState.FAILED: frozenset(),
     RunState.ABORTED: frozenset(),
