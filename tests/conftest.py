@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
@@ -24,6 +25,27 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith("NANOBOT_"):
             monkeypatch.delenv(name)
     yield
+
+
+def _to_stderr(line: str) -> None:
+    sys.stderr.write(line)  # whatever stream pytest has put there by then
+
+
+def _no_patch(_record: object) -> None:
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging() -> Iterator[None]:
+    """Every test starts with loguru as a new process has it: one stderr sink and no
+    patcher. (`nanobot.log.setup` installs a process-wide patcher that moves tracebacks into
+    a record's `extra`; a test's own sink after it would see no exception.)"""
+    excepthook = sys.excepthook
+    yield
+    logger.remove()
+    logger.configure(patcher=_no_patch)
+    logger.add(_to_stderr, level="DEBUG")
+    sys.excepthook = excepthook
 
 
 @pytest.fixture(autouse=True)

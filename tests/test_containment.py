@@ -342,8 +342,7 @@ async def attack(
             session = await parts.sessions.live(ATTACKER)
             entries = [e.data for e in await parts.sessions.tail(session, 1000)]
     finally:
-        logger.remove()  # flushes the file sink
-        logger.add(_to_stderr, level="WARNING")
+        logger.remove()  # flushes the file sink (conftest sets logging up afresh after)
     requests = [r.raw.decode() for r in fake.requests[seen:]]
     assert len(requests) == len(steps) + 2
     results = [str(e.get("content")) for e in entries if e.get("role") == "tool"]
@@ -360,10 +359,6 @@ async def attack(
         for secret in LOG_SECRETS:
             assert secret not in text, f"{secret!r} reached the log {path.name}"
     return results
-
-
-def _to_stderr(line: str) -> None:
-    sys.stderr.write(line)  # whatever stream pytest has put there by then
 
 
 def _filled(args: dict[str, Any], install: Install) -> dict[str, Any]:
