@@ -28,10 +28,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from nanobot.durations import parse_duration
 from nanobot.errors import ConfigError
 
 ENV_PREFIX = "NANOBOT_"
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?")
 ENV_CONFIG_PATH = "NANOBOT_CONFIG"
 DEFAULT_DATA_DIR = Path("~/.nanobot")
 DEFAULT_CONFIG_PATH = DEFAULT_DATA_DIR / "config.yaml"
@@ -151,15 +151,12 @@ class CronConfig(Section):
     @field_validator("catch_up_window", mode="before")
     @classmethod
     def _duration(cls, value: object) -> object:
-        # "1h", "30m", "1h30m" as in `nanobot cron add --every`; a bare number is seconds.
+        # The syntax of `nanobot cron add --every` (nanobot.durations); a plain number is
+        # seconds, as pydantic reads one.
         if isinstance(value, str) and value.strip().isdigit():
             return timedelta(seconds=int(value))
         if isinstance(value, str):
-            match = _DURATION.fullmatch(value.strip())
-            if match is None or not any(match.groups()):
-                raise ValueError(f"not a duration like 1h, 30m or 1h30m: {value!r}")
-            hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-            return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+            return parse_duration(value)
         return value
 
 

@@ -21,8 +21,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nanobot"
 
 # Lowest first. A new module belongs in one of these, or the test fails until it does.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # The foundation: no nanobot imports; anything may use them.
-    ("nanobot", "nanobot.errors", "nanobot.proxies", "nanobot.workspace", "nanobot.tasks"),
+    # The foundation (with the two layers after it): anything may use them.
+    ("nanobot", "nanobot.errors", "nanobot.durations", "nanobot.proxies", "nanobot.workspace"),
+    ("nanobot.tasks",),
     ("nanobot.lanes",),  # per-key lanes on the owned task set (issue 14 item 3)
     ("nanobot.config",),
     ("nanobot.log",),  # reads secrets out of the config tree
@@ -36,7 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nanobot.cli",),
     ("nanobot.__main__",),
 )
-FOUNDATION: tuple[str, ...] = LAYERS[0] + LAYERS[1]
+FOUNDATION: tuple[str, ...] = LAYERS[0] + LAYERS[1] + LAYERS[2]  # with the task set and lanes
 
 # Modules (and everything under them) that may import, beyond their own unit and the
 # foundation, only what is listed.

@@ -266,8 +266,11 @@ LORD_HOWE = "Australia/Lord_Howe"  # moves by 30 minutes: 02:00 → 02:30 and 02
          ["2026-03-28T02:30+01:00", "2026-03-29T03:00+02:00", "2026-03-30T02:30+02:00"]),
         ("0 2 * * *", BERLIN, "2026-03-28T12:00+01:00",
          ["2026-03-29T03:00+02:00", "2026-03-30T02:00+02:00"]),
+        # A `*` in the minute field follows the clock too: nothing in the missing hour.
         ("*/15 2 * * *", BERLIN, "2026-03-29T00:00+01:00",
-         ["2026-03-29T03:00+02:00", "2026-03-30T02:00+02:00"]),
+         ["2026-03-30T02:00+02:00", "2026-03-30T02:15+02:00"]),
+        ("* 2 * * *", BERLIN, "2026-03-29T01:58+01:00",
+         ["2026-03-30T02:00+02:00", "2026-03-30T02:01+02:00"]),
         ("0 3 * * *", BERLIN, "2026-03-29T00:00+01:00",
          ["2026-03-29T03:00+02:00", "2026-03-30T03:00+02:00"]),
         ("30 * * * *", BERLIN, "2026-03-29T01:00+01:00",
@@ -285,7 +288,7 @@ LORD_HOWE = "Australia/Lord_Howe"  # moves by 30 minutes: 02:00 → 02:30 and 02
           "2026-10-25T02:30+01:00", "2026-10-25T03:00+01:00"]),
         ("0 */2 * * *", BERLIN, "2026-10-25T01:00+02:00",
          ["2026-10-25T02:00+02:00", "2026-10-25T02:00+01:00", "2026-10-25T04:00+01:00"]),
-        # Starting inside the second 02:xx: a fixed-hour job already ran in the first.
+        # Starting inside the second 02:xx: a fixed-time job already ran in the first.
         ("50 2 * * *", BERLIN, "2026-10-25T02:40+01:00", ["2026-10-26T02:50+01:00"]),
         ("10 2 * * *", BERLIN, "2026-10-25T02:05+01:00", ["2026-10-26T02:10+01:00"]),
         ("*/20 * * * *", BERLIN, "2026-10-25T02:40+01:00", ["2026-10-25T03:00+01:00"]),
@@ -298,6 +301,9 @@ LORD_HOWE = "Australia/Lord_Howe"  # moves by 30 minutes: 02:00 → 02:30 and 02
          ["2026-03-08T03:00-04:00", "2026-03-09T02:00-04:00"]),
         ("30 1 * * *", NEW_YORK, "2026-10-31T12:00-04:00",
          ["2026-11-01T01:30-04:00", "2026-11-02T01:30-05:00"]),
+        ("*/30 1 * * *", NEW_YORK, "2026-11-01T00:59-04:00",
+         ["2026-11-01T01:00-04:00", "2026-11-01T01:30-04:00", "2026-11-01T01:00-05:00",
+          "2026-11-01T01:30-05:00", "2026-11-02T01:00-05:00"]),
         ("0 * * * *", NEW_YORK, "2026-10-31T23:30-04:00",
          ["2026-11-01T00:00-04:00", "2026-11-01T01:00-04:00", "2026-11-01T01:00-05:00",
           "2026-11-01T02:00-05:00"]),
@@ -343,6 +349,8 @@ EXPRESSIONS = [
     "0 3 * * *",
     "* 2 * * *",
     "*/20 1-3 * * *",
+    "*/30 1 * * *",
+    "0,30 2 * * *",
     "5 0 * * 0",
     "*/15 * * * *",
     "*/20 * * * *",
@@ -380,7 +388,7 @@ def _matches(expr: str, wall: datetime) -> bool:
 
 def brute_force(expr: str, tz: str, start: datetime, end: datetime) -> list[datetime]:
     zone = ZoneInfo(tz)
-    fixed_hour = not expr.split()[1].startswith("*")
+    fixed_time = not any(field.startswith("*") for field in expr.split()[:2])
     found: set[datetime] = set()
     seen: set[datetime] = set()
     previous: datetime | None = None
@@ -388,12 +396,12 @@ def brute_force(expr: str, tz: str, start: datetime, end: datetime) -> list[date
     while moment < end:
         wall = moment.astimezone(zone).replace(tzinfo=None)
         if moment >= start:
-            # A wall time seen before is the clock's second pass: fixed-hour jobs ran already.
-            if _matches(expr, wall) and not (fixed_hour and wall in seen):
+            # A wall time seen before is the clock's second pass: fixed-time jobs ran already.
+            if _matches(expr, wall) and not (fixed_time and wall in seen):
                 found.add(moment)
-            # Wall minutes the clock jumped over: fixed-hour jobs run once it is past them.
+            # Wall minutes the clock jumped over: fixed-time jobs run once it is past them.
             skipped = previous + MINUTE if previous is not None else wall
-            while fixed_hour and skipped < wall:
+            while fixed_time and skipped < wall:
                 if _matches(expr, skipped):
                     found.add(moment)
                 skipped += MINUTE

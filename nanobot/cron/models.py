@@ -8,12 +8,12 @@ Every datetime here is timezone-aware; constructing a schedule from a naive one 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from nanobot.durations import DurationError, parse_duration
 from nanobot.errors import NanobotError
 
 
@@ -109,28 +109,18 @@ class JobRun:
 MIN_EVERY: Final = 1.0
 MAX_EVERY: Final = 366 * 86400.0
 
-_UNITS: Final = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_EVERY = re.compile(
-    r"(?:(?P<d>\d+(?:\.\d+)?)d)?\s*(?:(?P<h>\d+(?:\.\d+)?)h)?\s*"
-    r"(?:(?P<m>\d+(?:\.\d+)?)m)?\s*(?:(?P<s>\d+(?:\.\d+)?)s)?"
-)
-
 
 def parse_every(text: str, *, anchor: datetime | None = None) -> Every:
-    """Parse an interval such as `30s`, `10m`, `2h`, `1d`, `1h30m` or `1.5h`.
+    """Parse an interval such as `30s`, `10m`, `2h`, `1d`, `1h30m` or `1.5h`
+    (`nanobot.durations`' syntax, as in the config file).
 
-    Units are d, h, m, s, each at most once and in that order. The interval must be between
-    1 second and 366 days. Raises `ScheduleError` otherwise.
+    The interval must be between 1 second and 366 days. Raises `ScheduleError` otherwise.
     """
-    cleaned = text.strip()
-    match = _EVERY.fullmatch(cleaned)
-    if not cleaned or match is None or not any(match.groupdict().values()):
-        raise ScheduleError(
-            f"bad interval {text!r}: use a number and a unit (s, m, h, d),"
-            " e.g. '30s', '10m' or '1h30m'"
-        )
-    seconds = sum(float(value) * _UNITS[unit] for unit, value in match.groupdict().items() if value)
-    every = Every(seconds, anchor)
+    try:
+        duration = parse_duration(text)
+    except DurationError as exc:
+        raise ScheduleError(f"bad interval: {exc}") from None
+    every = Every(duration.total_seconds(), anchor)
     check_every(every, text)
     return every
 

@@ -4,15 +4,19 @@ Every function takes aware datetimes and returns aware datetimes in UTC. None of
 the clock; the caller passes `now`.
 
 Cron expressions are matched against the wall clock of the schedule's zone. On the two days
-a year the clock jumps, nanobot does what Vixie cron does:
+a year the clock jumps, nanobot does what Vixie cron does. A job whose minute or hour field
+starts with `*` (`*`, `*/n`, as in `*/15 * * * *`, `0 * * * *` or `* 2 * * *`) follows the
+clock on the wall; any other job runs at fixed times:
 
-- Spring forward (wall times that do not exist): a job with a fixed hour, such as
-  `30 2 * * *`, runs once at the first instant after the gap (03:00), so a daily job never
-  loses a day. A job whose hour field is `*` or `*/n` runs by the clock on the wall: it has
-  no run in the missing hour.
-- Fall back (wall times that happen twice): a job with a fixed hour runs at the first
-  occurrence only, never twice. A job whose hour field is `*` or `*/n` runs at both, so an
-  every-15-minutes job does not pause for an hour.
+- Spring forward (wall times that do not exist): a fixed-time job, such as `30 2 * * *`,
+  runs once at the first instant after the gap (03:00), so a daily job never loses a day. A
+  job that follows the clock has no run in the missing hour.
+- Fall back (wall times that happen twice): a fixed-time job runs at the first occurrence
+  only, never twice. A job that follows the clock runs at both, so an every-15-minutes job
+  does not pause for an hour.
+
+Day of month and day of week are croniter's: when both are restricted, either may match, and
+a field such as `*/2` counts as restricted (Vixie cron would require both days to match then).
 """
 
 from __future__ import annotations
@@ -196,7 +200,7 @@ def _next_cron(expr: str, tz: ZoneInfo, after: datetime) -> datetime | None:
     # fall-back the instants come out of order: the walk must start up to a fall-back's
     # length before `after`, and go on that long past the best found.
     fields = expr.split()
-    follows_clock = len(fields) > 1 and fields[1].startswith("*")
+    follows_clock = any(field.startswith("*") for field in fields[:2])
     behind = timedelta(0) if _steady(tz, after, after + _MAX_FALL_BACK) else _MAX_FALL_BACK
     start = after.astimezone(tz).replace(tzinfo=None) - behind
     best: datetime | None = None
