@@ -339,6 +339,10 @@ TRANSITIONS = [
     (NEW_YORK, "2026-11-01T06:00+00:00"),
     (LORD_HOWE, "2026-04-04T15:00+00:00"),
     (LORD_HOWE, "2026-10-03T15:30+00:00"),
+    ("Pacific/Chatham", "2026-04-04T14:00+00:00"),  # 03:45 → 02:45
+    ("Pacific/Chatham", "2026-09-26T14:00+00:00"),  # 02:45 → 03:45
+    ("Antarctica/Troll", "2026-03-29T01:00+00:00"),  # 01:00 → 03:00
+    ("Antarctica/Troll", "2026-10-25T01:00+00:00"),  # 03:00 → 01:00
     ("Asia/Kolkata", "2026-03-29T01:00+00:00"),  # no change at all
 ]
 EXPRESSIONS = [
