@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
+from nanobot.log import route_libraries
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
 from tests.gateway_process import audit_logs
@@ -37,14 +39,16 @@ def _no_patch(_record: object) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_logging() -> Iterator[None]:
-    """Every test starts with loguru as a new process has it: one stderr sink and no
-    patcher. (`nanobot.log.setup` installs a process-wide patcher that moves tracebacks into
-    a record's `extra`; a test's own sink after it would see no exception.)"""
+    """Every test starts with loguru as a new process has it, but quieter: one stderr sink
+    (warnings and worse) and no patcher. (`nanobot.log.setup` installs a process-wide patcher
+    that moves tracebacks into a record's `extra`, so a test's own sink after it would see
+    no exception; and a test that logged at DEBUG left the libraries' loggers at DEBUG.)"""
     excepthook = sys.excepthook
     yield
     logger.remove()
     logger.configure(patcher=_no_patch)
-    logger.add(_to_stderr, level="DEBUG")
+    logger.add(_to_stderr, level="WARNING")
+    route_libraries(logging.WARNING)
     sys.excepthook = excepthook
 
 
