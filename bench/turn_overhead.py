@@ -70,7 +70,8 @@ from nanobot.providers.base import (
     ToolSchema,
     Usage,
 )
-from nanobot.providers.litellm_provider import LiteLLMProvider, _litellm
+from nanobot.providers.litellm_provider import _litellm
+from nanobot.providers.provider import Provider
 from nanobot.store import Database, NewEntry, SessionStore
 from tests.fakes.llm import Call, Echo, FakeLLM, Text, ToolCalls
 from tests.fakes.llm import Reply as FakeReply
@@ -133,7 +134,7 @@ class _Recorder:
     window still come from the real provider. A turn then costs only nanobot's own work.
     """
 
-    def __init__(self, inner: LiteLLMProvider, *, instant: bool = False) -> None:
+    def __init__(self, inner: Provider, *, instant: bool = False) -> None:
         self.inner = inner
         self.instant = instant
         self.scripted: list[Completion] = []
