@@ -233,3 +233,20 @@ async def test_agent_message_on_the_direct_transport_imports_no_litellm(
     assert json.loads(stderr.decode().strip().splitlines()[-1]) == []
     # The window was counted (tiktoken) and the model looked up (litellm's list) regardless.
     assert fake_llm.requests[0].messages[-1]["content"].endswith("hi there")
+
+
+def test_prepare_routes_every_model_so_no_call_stalls_on_deciding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    agent = AgentConfig(
+        model="openai/fake-model", api_base="http://127.0.0.1:9/v1", fallbacks=["openai/o3-mini"]
+    )
+    provider = build_provider(Config(agent=agent))
+    provider.prepare()
+
+    def decided_again(*args: object) -> bool:
+        raise AssertionError("prepare() should have decided this")
+
+    monkeypatch.setattr(LiteLLMTransport, "sends_unchanged", decided_again)
+    assert isinstance(provider.transport("openai/fake-model"), DirectTransport)
+    assert isinstance(provider.transport("openai/o3-mini"), LiteLLMTransport)

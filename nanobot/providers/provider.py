@@ -217,16 +217,20 @@ class Provider:
 
     def prepare(self) -> None:
         """Load now what the first turn would otherwise load: the tokenizer, the model's
-        entry in litellm's list, and what the primary model's transport needs (litellm, for
-        the litellm transport or to decide `auto`: seconds to import).
+        entry in litellm's list, the route of every model (fallbacks too) and what their
+        transports need (litellm, for the litellm transport or to decide `auto`: seconds to
+        import).
 
         Blocking, so run it in a thread: done lazily, on the event loop in the middle of the
-        first turn, it would stall every chat for as long. Idempotent.
+        first turn (or of the first fallback), it would stall every chat for as long.
+        Idempotent.
         """
         self._tokens.load()
         self.context_window()
         self.supports_vision()
-        self._routes.transport(self._model).prepare()
+        transports = [self._routes.transport(m) for m in (self._model, *self._fallbacks)]
+        for transport in {id(t): t for t in transports}.values():
+            transport.prepare()
 
     async def aclose(self) -> None:
         """Release the transports' connections."""
