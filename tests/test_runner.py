@@ -286,6 +286,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
 }
 
+
 @pytest.mark.parametrize("name", SCENARIOS)
 async def test_a_run_moves_through_its_states(rig: Rig, name: str) -> None:
     scenario = SCENARIOS[name]
