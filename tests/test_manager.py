@@ -38,6 +38,7 @@ class ScriptedChannel(Channel):
         self.delivered: list[Outbound] = []
         self.active = 0
         self.peak = 0
+        self.connected = asyncio.Event()
 
     async def run(self, ready: Callable[[], None]) -> None:
         self.runs += 1
@@ -45,6 +46,7 @@ class ScriptedChannel(Channel):
             self.crashes -= 1
             raise ConnectionError("platform went away")
         ready()
+        self.connected.set()
         await asyncio.Event().wait()
 
     async def deliver(self, item: Outbound) -> None:
@@ -70,9 +72,10 @@ def reply(channel: str, outbox_id: int, text: str = "hi") -> OutboundMessage:
     return OutboundMessage(ChatRef(channel, "1"), text, outbox_id=outbox_id)
 
 
-async def run_manager(manager: ChannelManager) -> asyncio.Task[None]:
+async def run_manager(manager: ChannelManager, *channels: ScriptedChannel) -> asyncio.Task[None]:
     task = asyncio.create_task(manager.run())
-    await asyncio.wait_for(manager.wait_ready(), 5)
+    for channel in channels:
+        await asyncio.wait_for(channel.connected.wait(), 5)
     return task
 
 
@@ -86,7 +89,7 @@ async def test_a_crashed_channel_is_restarted() -> None:
     bus, ledger = MessageBus(), MemoryOutbox()
     channel = ScriptedChannel("flaky", crashes=2)
     manager = ChannelManager([channel], bus, ledger)
-    task = await run_manager(manager)
+    task = await run_manager(manager, channel)
     assert channel.runs == 3
     await bus.publish(reply("flaky", 1))
     await asyncio.wait_for(manager.drain(), 5)
@@ -99,7 +102,7 @@ async def test_a_slow_platform_does_not_delay_another() -> None:
     slow = ScriptedChannel("slow", slow=0.5)
     fast = ScriptedChannel("fast")
     manager = ChannelManager([slow, fast], bus, ledger)
-    task = await run_manager(manager)
+    task = await run_manager(manager, slow, fast)
     await bus.publish(reply("slow", 1))
     await bus.publish(reply("fast", 2))
     await asyncio.sleep(0.1)
@@ -113,7 +116,7 @@ async def test_delivery_is_retried_and_confirmed_once() -> None:
     bus, ledger = MessageBus(), MemoryOutbox()
     channel = ScriptedChannel("tg", failures=2)
     manager = ChannelManager([channel], bus, ledger)
-    task = await run_manager(manager)
+    task = await run_manager(manager, channel)
     await bus.publish(reply("tg", 7))
     await asyncio.wait_for(manager.drain(), 5)
     assert ledger.confirmed == [7]
@@ -126,7 +129,7 @@ async def test_undeliverable_messages_stay_unconfirmed() -> None:
     bus, ledger = MessageBus(), MemoryOutbox()
     channel = ScriptedChannel("tg", failures=10)
     manager = ChannelManager([channel], bus, ledger)
-    task = await run_manager(manager)
+    task = await run_manager(manager, channel)
     await bus.publish(reply("tg", 9))
     await bus.publish(Typing(ChatRef("tg", "1"), active=True))
     await asyncio.wait_for(manager.drain(), 5)
@@ -140,7 +143,7 @@ async def test_chats_are_delivered_in_parallel_each_in_order() -> None:
     bus, ledger = MessageBus(), MemoryOutbox()
     channel = ScriptedChannel("tg", slow=0.3)
     manager = ChannelManager([channel], bus, ledger)
-    task = await run_manager(manager)
+    task = await run_manager(manager, channel)
     for outbox_id in range(1, 11):
         chat = ChatRef("tg", str(outbox_id % 5))
         await bus.publish(OutboundMessage(chat, f"m{outbox_id}", outbox_id=outbox_id))

@@ -25,7 +25,6 @@ def write(workspace: Path, name: str, text: str) -> Path:
 
 def test_paths(tmp_path: Path) -> None:
     memory = Memory(tmp_path, None)
-    assert memory.long_term_path == tmp_path / "memory" / "MEMORY.md"
     assert memory.daily_path(DAY) == tmp_path / "memory" / "2026-03-01.md"
 
 

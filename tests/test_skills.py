@@ -126,7 +126,7 @@ def test_missing_requirements_are_marked(tmp_path: Path, bin_dir: Path) -> None:
     (skill,) = skills.all()
     assert skill.missing == ("bin:nothere", "env:EMPTY")
     assert not skill.available
-    assert skills.summary() == (
+    assert skills.prompt_parts()[0] == (
         "- gh — GitHub. — skills/gh/SKILL.md (unavailable: missing bin nothere, env EMPTY)"
     )
 
@@ -188,8 +188,11 @@ def test_broken_front_matter_is_listed_not_fatal(
     assert broken.error.startswith(reason)
     assert not broken.available
     assert fine.available
-    assert f"- broken — skills/broken/SKILL.md (unavailable: {broken.error})" in skills.summary()
-    skills.summary()
+    assert (
+        f"- broken — skills/broken/SKILL.md (unavailable: {broken.error})"
+        in skills.prompt_parts()[0]
+    )
+    skills.prompt_parts()[0]
     skills.all()
     assert len(warnings) == 1
     assert "broken" in warnings[0]
@@ -207,8 +210,8 @@ def test_always_skills_are_inlined_when_available(tmp_path: Path) -> None:
     write_skill(tmp_path, "needy", "---\nalways: true\nrequires: {env: [NOPE]}\n---\nNeeds NOPE.\n")
     write_skill(tmp_path, "lazy", "---\ndescription: Read on demand.\n---\nLazy body.\n")
     skills = Skills(tmp_path, env={})
-    assert skills.always_inlined() == "## Skill rules (skills/rules/SKILL.md)\n\nBe kind."
-    assert skills.summary().splitlines() == [
+    assert skills.prompt_parts()[1] == "## Skill rules (skills/rules/SKILL.md)\n\nBe kind."
+    assert skills.prompt_parts()[0].splitlines() == [
         "- lazy — Read on demand. — skills/lazy/SKILL.md",
         "- needy — skills/needy/SKILL.md (unavailable: missing env NOPE)",
         "- rules — House rules. — skills/rules/SKILL.md (always loaded, below)",
@@ -226,38 +229,38 @@ def test_unchanged_files_are_not_read_again(tmp_path: Path, reads: list[str | Pu
     write_skill(tmp_path, "one", "---\ndescription: One.\n---\nBody.\n")
     write_skill(tmp_path, "two", "---\ndescription: Two.\nalways: true\n---\nBody.\n")
     skills = Skills(tmp_path, env={})
-    first = skills.summary()
-    inlined = skills.always_inlined()
+    first = skills.prompt_parts()[0]
+    inlined = skills.prompt_parts()[1]
     assert len(reads) == 2
-    assert skills.summary() is first
-    assert skills.always_inlined() is inlined
+    assert skills.prompt_parts()[0] is first
+    assert skills.prompt_parts()[1] is inlined
     assert len(reads) == 2
 
 
 def test_an_edited_file_is_read_again(tmp_path: Path, reads: list[str | PurePath]) -> None:
     path = write_skill(tmp_path, "one", "---\ndescription: Before.\n---\nBody.\n")
     skills = Skills(tmp_path, env={})
-    assert "Before." in skills.summary()
+    assert "Before." in skills.prompt_parts()[0]
     # Same size, so only the modification time tells the versions apart.
     path.write_text("---\ndescription: After!.\n---\nBody.\n", encoding="utf-8")
     bump(path)
-    assert "After!." in skills.summary()
+    assert "After!." in skills.prompt_parts()[0]
     assert reads == [path, path]
 
 
 def test_touching_a_file_without_changes_keeps_the_same_objects(tmp_path: Path) -> None:
     path = write_skill(tmp_path, "one", "---\ndescription: Same.\n---\nBody.\n")
     skills = Skills(tmp_path, env={})
-    listed, summary = skills.all(), skills.summary()
+    listed, summary = skills.all(), skills.prompt_parts()[0]
     bump(path)
     assert skills.all() is listed
-    assert skills.summary() is summary
+    assert skills.prompt_parts()[0] is summary
 
 
 def test_skills_appear_and_disappear(tmp_path: Path) -> None:
     skills = Skills(tmp_path, env={})
     assert skills.all() == ()
-    assert skills.summary() == ""
+    assert skills.prompt_parts()[0] == ""
     write_skill(tmp_path, "first", "---\ndescription: First.\n---\n")
     assert [skill.name for skill in skills.all()] == ["first"]
     (tmp_path / "skills" / "later").mkdir()

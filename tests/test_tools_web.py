@@ -27,7 +27,6 @@ from nanobot.tools.web import (
     WebFetchTool,
     WebSearchTool,
     address_kind,
-    is_public_address,
     system_resolver,
 )
 
@@ -173,13 +172,13 @@ NOT_PUBLIC = [
 
 @pytest.mark.parametrize("address", PUBLIC)
 def test_public_addresses(address: str) -> None:
-    assert is_public_address(ipaddress.ip_address(address))
+    assert address_kind(ipaddress.ip_address(address)) is None
 
 
 @pytest.mark.parametrize(("address", "kind"), NOT_PUBLIC)
 def test_non_public_addresses_and_why(address: str, kind: str) -> None:
     ip = ipaddress.ip_address(address)
-    assert not is_public_address(ip)
+    assert address_kind(ip) is not None
     assert kind in (address_kind(ip) or "")
 
 

@@ -43,10 +43,6 @@ class Memory:
         self._texts: tuple[str | None, ...] = ()
         self._prompt = ""
 
-    @property
-    def long_term_path(self) -> Path:
-        return self._long_term
-
     def daily_path(self, day: date) -> Path:
         return self._workspace / MEMORY_DIR / f"{day.isoformat()}.md"
 

@@ -133,18 +133,11 @@ class Skills:
             self._skills = skills
         return self._skills
 
-    def summary(self) -> str:
-        """One line per skill for the model: `- name — description — path`, with
-        `(unavailable: …)` when a requirement is missing; "" when there are no skills."""
-        return self.prompt_parts()[0]
-
-    def always_inlined(self) -> str:
-        """The bodies of the available `always` skills, each under a heading naming it."""
-        return self.prompt_parts()[1]
-
     def prompt_parts(self) -> tuple[str, str]:
-        """`(summary(), always_inlined())` from one look at the files; the same string objects
-        while nothing changed."""
+        """`(summary, always)` from one look at the files: one line per skill for the model,
+        `- name — description — path` with `(unavailable: …)` when a requirement is missing
+        ("" when there are no skills); and the bodies of the available `always` skills, each
+        under a heading naming it. The same string objects while nothing changed."""
         skills = self.all()
         if skills is not self._rendered_of:
             summary = "\n".join(self._summary_line(skill) for skill in skills)

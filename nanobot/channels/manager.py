@@ -44,10 +44,6 @@ class ChannelManager:
     def names(self) -> list[str]:
         return [c.name for c in self._channels]
 
-    async def wait_ready(self) -> None:
-        """Until every channel has connected once."""
-        await asyncio.gather(*(event.wait() for event in self._ready.values()))
-
     async def run(self) -> None:
         """Run and deliver for every channel until cancelled or the outbound side closes."""
         async with asyncio.TaskGroup() as group:

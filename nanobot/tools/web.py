@@ -100,11 +100,6 @@ def address_kind(ip: IPAddress) -> str | None:
     return None
 
 
-def is_public_address(ip: IPAddress) -> bool:
-    """Whether web_fetch may connect to `ip`."""
-    return address_kind(ip) is None
-
-
 async def system_resolver(host: str, port: int) -> list[IPAddress]:
     """Resolve `host` with the system resolver, off the event loop."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
