@@ -52,6 +52,26 @@ def _fresh_logging() -> Iterator[None]:
     sys.excepthook = excepthook
 
 
+@pytest.fixture
+def warnings() -> Iterator[list[str]]:
+    """The messages logged at WARNING or worse during the test."""
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING", format="{message}")
+    yield messages
+    logger.remove(sink)
+
+
+@pytest.fixture
+def errors() -> Iterator[list[str]]:
+    """The messages logged at ERROR or worse during the test, each with its traceback."""
+    lines: list[str] = []
+    sink = logger.add(
+        lambda m: lines.append(str(m)), level="ERROR", format="{message}\n{exception}"
+    )
+    yield lines
+    logger.remove(sink)
+
+
 @pytest.fixture(autouse=True)
 def _gateway_log_audit() -> Iterator[None]:
     """After every test, no gateway it ran has a configured secret on stderr or in a log

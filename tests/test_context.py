@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path, PurePath
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from loguru import logger
 
 from nanobot.agent.context import ContextBuilder, user_message
 from nanobot.agent.memory import Memory
@@ -186,14 +184,6 @@ def test_envelope_uses_zone_abbreviations() -> None:
 # --- prompt files the model linked to something outside the workspace --------------------
 
 SECRET = "api_key: sk-live-do-not-leak"
-
-
-@pytest.fixture
-def warnings() -> Iterator[list[str]]:
-    messages: list[str] = []
-    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING", format="{message}")
-    yield messages
-    logger.remove(sink)
 
 
 @pytest.fixture

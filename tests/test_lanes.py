@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from loguru import logger
 
 from nanobot.lanes import Closed, Lanes
 
@@ -34,16 +32,6 @@ class Log:
             await self.gate(name).wait()
         self.steps.append(f"end {name}")
         return name
-
-
-@pytest.fixture
-def errors() -> Iterator[list[str]]:
-    lines: list[str] = []
-    sink = logger.add(
-        lambda m: lines.append(str(m)), level="ERROR", format="{message}\n{exception}"
-    )
-    yield lines
-    logger.remove(sink)
 
 
 async def test_items_of_one_key_run_in_order_one_at_a_time() -> None:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from loguru import logger
 
 from nanobot.agent.memory import Memory, Note
 
@@ -98,14 +96,6 @@ def test_prompt_follows_the_day(tmp_path: Path) -> None:
 
 
 SECRET = "password=hunter2"
-
-
-@pytest.fixture
-def warnings() -> Iterator[list[str]]:
-    messages: list[str] = []
-    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING", format="{message}")
-    yield messages
-    logger.remove(sink)
 
 
 @pytest.mark.parametrize("name", ["memory/MEMORY.md", "memory/2026-03-01.md"])

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path, PurePath
 
 import pytest
-from loguru import logger
 
 from nanobot.agent.skills import Skill, Skills
 from nanobot.workspace import Workspace, bundled
@@ -43,14 +42,6 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str | PurePath]:
 
     monkeypatch.setattr(Workspace, "read_bytes", counting)
     return seen
-
-
-@pytest.fixture
-def warnings() -> Iterator[list[str]]:
-    messages: list[str] = []
-    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING", format="{message}")
-    yield messages
-    logger.remove(sink)
 
 
 @pytest.fixture

@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
-from loguru import logger
 
 from nanobot.tasks import TaskSet
-
-
-@pytest.fixture
-def errors() -> Iterator[list[str]]:
-    lines: list[str] = []
-    sink = logger.add(
-        lambda m: lines.append(str(m)), level="ERROR", format="{message}\n{exception}"
-    )
-    yield lines
-    logger.remove(sink)
 
 
 async def test_spawned_tasks_are_named_counted_and_forgotten_when_they_end() -> None:
