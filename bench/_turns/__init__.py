@@ -1,0 +1,1 @@
+"""The parts of `bench/turn_overhead.py`, one module each (see its docstring)."""
