@@ -558,6 +558,20 @@ async def test_overflow_without_compaction_fails(rig: Rig) -> None:
     assert "no longer fits" in result.final_text
 
 
+async def test_a_compaction_whose_summary_cannot_be_stored_fails_the_run_plainly(
+    rig: Rig,
+) -> None:
+    rig.provider.script(Fail("context_overflow"))
+
+    async def compact(messages: Sequence[Message]) -> Sequence[Message]:
+        raise StoreError("disk full while writing state.db")
+
+    result = await rig.run(compact=compact)
+    assert result.status == "failed"
+    assert result.final_text.startswith("I stopped because this conversation could not be saved")
+    assert isinstance(result.error, StoreError)
+
+
 async def test_provider_error_is_never_stored(rig: Rig) -> None:
     rig.provider.script(Calls(echo_call("a")), Fail("unavailable"))
     result = await rig.run()

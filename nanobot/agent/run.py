@@ -157,9 +157,11 @@ class RunHooks:
     - `steering()`: user messages queued while the run works, delivered after the current
       tool finishes (the rest of that batch is skipped).
     - `follow_up()`: messages delivered when the run would otherwise stop.
-    - `compact(messages)`: a shorter equivalent of `messages` after a context overflow.
+    - `compact(messages)`: a shorter equivalent of `messages` after a context overflow. A
+      `ProviderError` (its summary call failed) fails the run with that error; any other
+      exception fails it as a `persist` failure does.
     - `approve(call)`: whether a call that needs approval may run (the run waits in
-      `awaiting_human` meanwhile).
+      `awaiting_human` meanwhile); must not raise.
     - `listener(event)`: called synchronously for every event; must not raise.
     """
 

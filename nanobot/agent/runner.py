@@ -261,7 +261,7 @@ class _Run:
                     raise
                 logger.info("run {}: context overflow; compacting", self.input.run_id)
                 self._move(RunState.PREPARING)
-                self.messages = list(await self._race(self.hooks.compact(self.messages)))
+                self.messages = list(await self._compacted())
         raise AssertionError("unreachable")
 
     async def _stream_model(self) -> Completion:
@@ -395,6 +395,17 @@ class _Run:
         if task.cancelled():
             raise _Interrupted
         return task.result()
+
+    async def _compacted(self) -> Sequence[Message]:
+        """The `compact` hook's shorter history. Its model call's failure is the run's
+        (`ProviderError`); any other failure is storing the summary's, like `persist`'s."""
+        assert self.hooks.compact is not None
+        try:
+            return await self._race(self.hooks.compact(self.messages))
+        except (ProviderError, _Interrupted):
+            raise
+        except Exception as exc:
+            raise _PersistError("compaction failed") from exc
 
     async def _add(self, message: Message) -> None:
         self.messages.append(message)
