@@ -153,6 +153,75 @@ MIGRATIONS: tuple[str, ...] = (
         created_at TEXT NOT NULL
     );
     """,
+    # 7: approvals: each request for a person's decision, the chats it is asked in, the
+    # saved rules ("always"), the chat-scope grants (until /new) and the decision log.
+    """
+    CREATE TABLE approval_requests (
+        id TEXT PRIMARY KEY,
+        session_key TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        tool_call_id TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        arguments TEXT NOT NULL,  -- canonical JSON, as the card shows it
+        args_hash TEXT NOT NULL,
+        rule_key TEXT NOT NULL,  -- what a saved rule made from it binds to
+        scopes TEXT NOT NULL,  -- the approvals it may get, space-separated: 'once chat always'
+        reason TEXT NOT NULL,  -- why it asks, for the card
+        deciders TEXT NOT NULL,  -- JSON list of the platform user ids who may decide
+        state TEXT NOT NULL DEFAULT 'pending'
+            CHECK (state IN ('pending', 'approved', 'denied', 'expired', 'cancelled')),
+        scope TEXT CHECK (scope IN ('once', 'chat', 'always')),
+        created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL,
+        decided_by TEXT,
+        decided_at TEXT,
+        note TEXT,
+        CHECK ((state = 'approved') = (scope IS NOT NULL))
+    );
+    CREATE INDEX approval_requests_pending ON approval_requests (expires_at)
+        WHERE state = 'pending';
+    CREATE INDEX approval_requests_run ON approval_requests (run_id);
+    -- The chats a request is asked in (its cards), and the card's message once it is out.
+    CREATE TABLE approval_places (
+        request_id TEXT NOT NULL REFERENCES approval_requests (id) ON DELETE CASCADE,
+        channel TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        message_id TEXT,
+        PRIMARY KEY (request_id, channel, chat_id)
+    );
+    CREATE TABLE approval_rules (
+        id TEXT PRIMARY KEY,
+        tool TEXT NOT NULL,
+        rule_key TEXT NOT NULL,
+        arguments TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        created_by TEXT,
+        request_id TEXT
+    );
+    CREATE UNIQUE INDEX approval_rules_key ON approval_rules (tool, rule_key);
+    CREATE TABLE approval_grants (
+        session_key TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        rule_key TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        created_by TEXT,
+        request_id TEXT,
+        PRIMARY KEY (session_key, tool, rule_key)
+    );
+    -- Every decision, kept: answers, expiries, refusals at once, revoked rules.
+    CREATE TABLE approval_log (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at TEXT NOT NULL,
+        request_id TEXT,
+        session_key TEXT,
+        tool TEXT NOT NULL,
+        arguments TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        scope TEXT,
+        decided_by TEXT,
+        reason TEXT
+    );
+    """,
 )
 
 
