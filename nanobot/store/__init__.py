@@ -1,6 +1,7 @@
 """The embedded state database (SQLite, WAL): schema, migrations and the stores built on it."""
 
 from nanobot.store.access import Access, AllowedUser, PairingRequest
+from nanobot.store.approvals import ApprovalRequest, ApprovalStore, Decision, Grant, SavedRule
 from nanobot.store.cron import CronStore
 from nanobot.store.database import Database, SqlValue
 from nanobot.store.journal import Journal, PendingInbound, PendingOutbox
@@ -17,15 +18,20 @@ from nanobot.store.usage import UsageLedger, UsageTotals
 __all__ = [
     "Access",
     "AllowedUser",
+    "ApprovalRequest",
+    "ApprovalStore",
     "CronStore",
     "Database",
+    "Decision",
     "Entry",
     "EntryKind",
+    "Grant",
     "Journal",
     "NewEntry",
     "PairingRequest",
     "PendingInbound",
     "PendingOutbox",
+    "SavedRule",
     "SessionInfo",
     "SessionStore",
     "SqlValue",

@@ -1,0 +1,589 @@
+"""Approvals, durably: requests for a person's decision, the saved rules ("always allow"),
+the chat-scope grants (until `/new`) and the log of every decision.
+
+A request is a row from the moment it is asked until long after: the first answer wins by a
+compare-and-set (one `UPDATE … WHERE state = 'pending' … RETURNING`), so a double click or two
+approvers produce exactly one decision, across processes too; every later answer is told the
+decision that stands. An answer is checked against the row, never trusted: an unknown id, an
+answer from a chat the request was not asked in, from someone who is not one of its deciders,
+for a request that expired or whose arguments changed, or for a scope it did not offer, changes
+nothing and says which. A rule or grant is made only by such an answer, in its transaction,
+bound to the request's rule key: nothing else adds one, so "always" can be refused once and for
+all by leaving it out of a request's scopes (the policy does, for inline code).
+
+Times are UTC ISO 8601 strings of fixed width, so they compare as text.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Final, Literal, cast, get_args
+
+from nanobot.errors import StoreError
+from nanobot.store.database import Database, SqlValue
+
+State = Literal["pending", "approved", "denied", "expired", "cancelled"]
+Scope = Literal["once", "chat", "always"]
+"""How far an approval reaches: this call, this chat until `/new`, or this command for good."""
+Verdict = Literal["once", "chat", "always", "deny"]
+"""A person's answer to a request."""
+Outcome = Literal[
+    "decided",  # this answer won; the request holds it
+    "already_decided",  # an earlier answer (or expiry, or cancel) won; the request holds it
+    "unknown",  # no request has this id
+    "other_chat",  # the request was not asked in the chat the answer came from
+    "not_approver",  # the one answering is not one of the request's deciders
+    "expired",  # too late: the request has expired (and is marked so now)
+    "changed",  # the arguments the answer was for are not the request's
+    "not_offered",  # the request does not offer that scope ("always" for inline code)
+]
+LogOutcome = Literal["approved", "denied", "expired", "cancelled", "refused", "allowed", "revoked"]
+
+ID_ALPHABET: Final = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I to misread
+ID_LENGTH: Final = 12
+"""60 random bits: unguessable, and short enough for Telegram's 64-byte `callback_data`."""
+RESTARTED: Final = "nanobot restarted before it was approved"
+TIMED_OUT: Final = "not approved in time"
+
+_STATES: Final = frozenset(get_args(State))
+_SCOPES: Final = frozenset(get_args(Scope))
+_VERDICTS: Final = frozenset(get_args(Verdict))
+_ID_ATTEMPTS: Final = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A chat a request is asked in, and its card there once the card is out."""
+
+    channel: str
+    chat_id: str
+    message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    """A request to store. `arguments` is what the card shows (canonical JSON), `rule_key`
+    what a rule made from it binds to, `scopes` the approvals it may get besides a denial,
+    `deciders` the platform user ids who may decide and `places` the chats it is asked in."""
+
+    session_key: str
+    run_id: str
+    tool_call_id: str
+    tool: str
+    arguments: str
+    args_hash: str
+    rule_key: str
+    scopes: tuple[Scope, ...]
+    reason: str
+    deciders: tuple[str, ...]
+    places: tuple[Place, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """A stored request and, once decided, its decision (`scope` set exactly when approved)."""
+
+    id: str
+    session_key: str
+    run_id: str
+    tool_call_id: str
+    tool: str
+    arguments: str
+    args_hash: str
+    rule_key: str
+    scopes: tuple[Scope, ...]
+    reason: str
+    deciders: tuple[str, ...]
+    places: tuple[Place, ...]
+    state: State
+    scope: Scope | None
+    created_at: datetime
+    expires_at: datetime
+    decided_by: str | None
+    decided_at: datetime | None
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What became of an answer (or an expiry, or a cancel). `request` is None when the
+    answer may learn nothing of the request: unknown id, other chat, not a decider."""
+
+    outcome: Outcome
+    request: ApprovalRequest | None = None
+
+    @property
+    def won(self) -> bool:
+        """Whether this answer is the one that decided the request."""
+        return self.outcome == "decided"
+
+
+@dataclass(frozen=True, slots=True)
+class SavedRule:
+    """An "always allow" for one tool and rule key, made when `created_by` approved
+    `request_id`."""
+
+    id: str
+    tool: str
+    rule_key: str
+    arguments: str
+    created_at: datetime
+    created_by: str | None
+    request_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Why a call needs no card: a saved rule (`rule_id`) or this chat's approval."""
+
+    scope: Literal["chat", "always"]
+    rule_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    id: int
+    at: datetime
+    request_id: str | None
+    session_key: str | None
+    tool: str
+    arguments: str
+    outcome: LogOutcome
+    scope: Scope | None
+    decided_by: str | None
+    reason: str | None
+
+
+class ApprovalStore:
+    """Requests, rules, chat grants and the decision log. All methods are short transactions
+    and safe to call from several processes at once."""
+
+    def __init__(self, db: Database, clock: Callable[[], datetime] | None = None) -> None:
+        """`clock` gives the current time (creation, expiry, decisions); the wall clock by
+        default."""
+        self._db = db
+        self._clock = clock or _wall_clock
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def create(self, new: NewRequest, *, expires_in: timedelta) -> ApprovalRequest:
+        """Store a pending request that expires `expires_in` from now, with a fresh id."""
+        if not new.places or not new.deciders:
+            raise ValueError("a request needs a chat to be asked in and someone to decide it")
+        if not set(new.scopes) <= _SCOPES:
+            raise ValueError(f"unknown scopes {new.scopes!r}")
+        now = self._clock()
+        async with self._db.transaction():
+            for _ in range(_ID_ATTEMPTS):
+                request_id = "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH))
+                row = await self._db.fetchone(
+                    "INSERT INTO approval_requests (id, session_key, run_id, tool_call_id, tool,"
+                    " arguments, args_hash, rule_key, scopes, reason, deciders, created_at,"
+                    " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (id) DO NOTHING RETURNING *",
+                    (
+                        request_id,
+                        new.session_key,
+                        new.run_id,
+                        new.tool_call_id,
+                        new.tool,
+                        new.arguments,
+                        new.args_hash,
+                        new.rule_key,
+                        " ".join(new.scopes),
+                        new.reason,
+                        json.dumps(list(new.deciders)),
+                        _format(now),
+                        _format(now + expires_in),
+                    ),
+                )
+                if row is not None:
+                    for place in new.places:
+                        await self._db.execute(
+                            "INSERT INTO approval_places (request_id, channel, chat_id, message_id)"
+                            " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                            (request_id, place.channel, place.chat_id, place.message_id),
+                        )
+                    return _request(row, _dedupe(new.places))
+        raise StoreError(f"{self._db.path}: could not find a free approval request id")
+
+    async def get(self, request_id: str) -> ApprovalRequest | None:
+        row = await self._db.fetchone(
+            "SELECT * FROM approval_requests WHERE id = ?", (_clean_id(request_id),)
+        )
+        return None if row is None else (await self._with_places([row]))[0]
+
+    async def card_sent(self, request_id: str, place: Place, message_id: str) -> bool:
+        """Remember the message that shows the request's card in `place`, to edit it later.
+        False if the request was not asked there."""
+        changed = await self._db.execute(
+            "UPDATE approval_places SET message_id = ?"
+            " WHERE request_id = ? AND channel = ? AND chat_id = ?",
+            (message_id, request_id, place.channel, place.chat_id),
+        )
+        return changed > 0
+
+    async def decide(
+        self,
+        request_id: str,
+        verdict: Verdict,
+        *,
+        by: str,
+        channel: str,
+        chat_id: str,
+        args_hash: str | None = None,
+    ) -> Decision:
+        """Answer a request: `by` (a platform user id) in `channel`/`chat_id`. When
+        `args_hash` is given it must be the request's (the card's arguments are the ones
+        that will run).
+
+        The first answer that passes every check wins (`outcome` "decided"); with "chat" it
+        also grants the request's rule key to its session, with "always" it saves a rule for
+        it, in the same transaction. Otherwise nothing changes (except that a request found
+        past its expiry is marked expired) and `outcome` says why.
+        """
+        if verdict not in _VERDICTS:
+            raise ValueError(f"unknown verdict {verdict!r}")
+        answer = _Answer(_clean_id(request_id), verdict, by, channel, chat_id, args_hash)
+        now = _format(self._clock())
+        state, scope = ("denied", None) if verdict == "deny" else ("approved", verdict)
+        async with self._db.transaction():
+            row = await self._db.fetchone(
+                "UPDATE approval_requests SET state = ?, scope = ?, decided_by = ?, decided_at = ?"
+                " WHERE id = ? AND state = 'pending' AND expires_at > ?"
+                " AND (? IS NULL OR args_hash = ?)"
+                " AND EXISTS (SELECT 1 FROM approval_places AS p WHERE"
+                "  p.request_id = approval_requests.id AND p.channel = ? AND p.chat_id = ?)"
+                " AND EXISTS (SELECT 1 FROM json_each(deciders) WHERE value = ?)"
+                " AND (? IS NULL OR instr(' ' || scopes || ' ', ' ' || ? || ' ') > 0)"
+                " RETURNING *",
+                (
+                    *(state, scope, by, now),
+                    *(answer.request_id, now, args_hash, args_hash),
+                    *(channel, chat_id, by, scope, scope),
+                ),
+            )
+            if row is None:
+                return await self._refusal(answer)
+            request = (await self._with_places([row]))[0]
+            if scope == "chat":
+                await self._db.execute(
+                    "INSERT INTO approval_grants (session_key, tool, rule_key, created_at,"
+                    " created_by, request_id) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (request.session_key, request.tool, request.rule_key, now, by, request.id),
+                )
+            elif scope == "always":
+                await self._save_rule(request, by, now)
+            await self._log(request, "approved" if scope else "denied", now)
+        return Decision("decided", request)
+
+    async def expire(self, request_id: str, note: str = TIMED_OUT) -> Decision:
+        """Mark a pending request expired (its time is up); "decided" if this did it, else
+        the decision that stands ("already_decided") or "unknown"."""
+        return await self._close(request_id, "expired", note)
+
+    async def cancel(self, request_id: str, note: str) -> Decision:
+        """Mark a pending request cancelled (`note` says why: its run was stopped, …)."""
+        return await self._close(request_id, "cancelled", note)
+
+    async def cancel_run(self, run_id: str, note: str) -> list[ApprovalRequest]:
+        """Cancel every pending request of a run; returns them, to edit their cards."""
+        return await self._close_where("cancelled", note, "run_id = ?", (run_id,))
+
+    async def expire_pending(self, note: str = RESTARTED) -> list[ApprovalRequest]:
+        """At start-up: mark every pending request expired (its run is gone with the process
+        that asked) and return them, with their cards, to edit those and tell the turns.
+
+        Only for an embedded (single-process) gateway: it expires other processes' requests
+        too."""
+        return await self._close_where("expired", note, "1 = 1", ())
+
+    async def pending(self, session_key: str | None = None) -> list[ApprovalRequest]:
+        """Unexpired pending requests (only `session_key`'s when given), oldest first."""
+        rows = await self._db.fetchall(
+            "SELECT * FROM approval_requests WHERE state = 'pending' AND expires_at > ?"
+            " AND (? IS NULL OR session_key = ?) ORDER BY created_at, id",
+            (_format(self._clock()), session_key, session_key),
+        )
+        return await self._with_places(rows)
+
+    # -- rules and grants --------------------------------------------------------------------
+
+    async def match(self, tool: str, rule_key: str, session_key: str) -> Grant | None:
+        """The grant that lets this call run without a card: this chat's, else a saved rule;
+        None if neither exists."""
+        row = await self._db.fetchone(
+            "SELECT 0 AS rank, 'chat' AS scope, NULL AS id FROM approval_grants"
+            " WHERE session_key = ? AND tool = ? AND rule_key = ?"
+            " UNION ALL SELECT 1, 'always', id FROM approval_rules WHERE tool = ? AND rule_key = ?"
+            " ORDER BY rank LIMIT 1",
+            (session_key, tool, rule_key, tool, rule_key),
+        )
+        if row is None:
+            return None
+        return Grant(cast(Literal["chat", "always"], row["scope"]), row["id"])
+
+    async def rules(self) -> list[SavedRule]:
+        """Every saved rule, oldest first."""
+        rows = await self._db.fetchall("SELECT * FROM approval_rules ORDER BY created_at, id")
+        return [_rule(row) for row in rows]
+
+    async def revoke(self, rule_id: str, *, by: str | None = None) -> SavedRule | None:
+        """Delete a saved rule (logged as revoked); None if there is none with that id."""
+        now = _format(self._clock())
+        async with self._db.transaction():
+            row = await self._db.fetchone(
+                "DELETE FROM approval_rules WHERE id = ? RETURNING *", (rule_id.strip().lower(),)
+            )
+            if row is None:
+                return None
+            rule = _rule(row)
+            await self._db.execute(
+                "INSERT INTO approval_log (at, request_id, tool, arguments, outcome, decided_by,"
+                " reason) VALUES (?, ?, ?, ?, 'revoked', ?, ?)",
+                (now, rule.request_id, rule.tool, rule.arguments, by, f"saved rule {rule.id}"),
+            )
+        return rule
+
+    async def clear_chat_scope(self, session_key: str) -> int:
+        """Drop the chat-scope approvals of a session (on `/new`); returns how many."""
+        return await self._db.execute(
+            "DELETE FROM approval_grants WHERE session_key = ?", (session_key,)
+        )
+
+    # -- the log -----------------------------------------------------------------------------
+
+    async def record(
+        self,
+        *,
+        tool: str,
+        arguments: str,
+        outcome: LogOutcome,
+        reason: str,
+        session_key: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        """Log a decision that had no request: a call refused at once (no approver, policy
+        deny, unattended) or allowed by a grant."""
+        await self._db.execute(
+            "INSERT INTO approval_log (at, request_id, session_key, tool, arguments, outcome,"
+            " reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (_format(self._clock()), request_id, session_key, tool, arguments, outcome, reason),
+        )
+
+    async def log(self, limit: int = 50) -> list[LogEntry]:
+        """The latest `limit` decisions, oldest first."""
+        rows = await self._db.fetchall(
+            "SELECT * FROM (SELECT * FROM approval_log ORDER BY id DESC LIMIT ?) ORDER BY id",
+            (limit,),
+        )
+        return [_entry(row) for row in rows]
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _refusal(self, answer: _Answer) -> Decision:
+        """Why an answer did not win; runs inside `decide`'s transaction."""
+        request = await self.get(answer.request_id)
+        if request is None:
+            return Decision("unknown")
+        outcome = _refused_because(request, answer, self._clock())
+        if outcome in {"other_chat", "not_approver"}:
+            return Decision(outcome)
+        if outcome == "expired":
+            expired = await self._close(request.id, "expired", TIMED_OUT)
+            return Decision("expired", expired.request or request)
+        return Decision(outcome, request)
+
+    async def _close(self, request_id: str, state: State, note: str) -> Decision:
+        request_id = _clean_id(request_id)
+        async with self._db.transaction():
+            closed = await self._close_where(state, note, "id = ?", (request_id,))
+            if closed:
+                return Decision("decided", closed[0])
+            request = await self.get(request_id)
+        return Decision("unknown" if request is None else "already_decided", request)
+
+    async def _close_where(
+        self, state: State, note: str, where: str, params: Sequence[SqlValue]
+    ) -> list[ApprovalRequest]:
+        now = _format(self._clock())
+        async with self._db.transaction():
+            rows = await self._db.fetchall(
+                "UPDATE approval_requests SET state = ?, decided_at = ?, note = ?"
+                f" WHERE state = 'pending' AND {where} RETURNING *",
+                (state, now, note, *params),
+            )
+            requests = await self._with_places(rows)
+            for request in requests:
+                await self._log(request, cast(LogOutcome, state), now)
+        return requests
+
+    async def _save_rule(self, request: ApprovalRequest, by: str, now: str) -> None:
+        for _ in range(_ID_ATTEMPTS):
+            row = await self._db.fetchone(
+                "INSERT INTO approval_rules (id, tool, rule_key, arguments, created_at,"
+                " created_by, request_id) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING RETURNING id",
+                (
+                    secrets.token_hex(4),
+                    request.tool,
+                    request.rule_key,
+                    request.arguments,
+                    now,
+                    by,
+                    request.id,
+                ),
+            )
+            if row is not None:
+                return
+            exists = await self._db.fetchone(
+                "SELECT 1 FROM approval_rules WHERE tool = ? AND rule_key = ?",
+                (request.tool, request.rule_key),
+            )
+            if exists is not None:  # the same command was saved before: one rule is enough
+                return
+        raise StoreError(f"{self._db.path}: could not find a free approval rule id")
+
+    async def _log(self, request: ApprovalRequest, outcome: LogOutcome, now: str) -> None:
+        await self._db.execute(
+            "INSERT INTO approval_log (at, request_id, session_key, tool, arguments, outcome,"
+            " scope, decided_by, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                now,
+                request.id,
+                request.session_key,
+                request.tool,
+                request.arguments,
+                outcome,
+                request.scope,
+                request.decided_by,
+                request.note or request.reason,
+            ),
+        )
+
+    async def _with_places(self, rows: Sequence[sqlite3.Row]) -> list[ApprovalRequest]:
+        if not rows:
+            return []
+        ids = [row["id"] for row in rows]
+        marks = ", ".join("?" * len(ids))
+        places: dict[str, list[Place]] = {request_id: [] for request_id in ids}
+        for place in await self._db.fetchall(
+            f"SELECT * FROM approval_places WHERE request_id IN ({marks}) ORDER BY rowid", ids
+        ):
+            places[place["request_id"]].append(
+                Place(place["channel"], place["chat_id"], place["message_id"])
+            )
+        return [_request(row, tuple(places[row["id"]])) for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    request_id: str
+    verdict: Verdict
+    by: str
+    channel: str
+    chat_id: str
+    args_hash: str | None
+
+
+def _refused_because(request: ApprovalRequest, answer: _Answer, now: datetime) -> Outcome:
+    """The first check `answer` fails, in the order an answer is told about them: one not
+    asked in that chat, or not from a decider, learns nothing about the request."""
+    places = {(place.channel, place.chat_id) for place in request.places}
+    checks: tuple[tuple[bool, Outcome], ...] = (
+        ((answer.channel, answer.chat_id) not in places, "other_chat"),
+        (answer.by not in request.deciders, "not_approver"),
+        (request.state != "pending", "already_decided"),
+        (request.expires_at <= now, "expired"),
+        (answer.args_hash not in {None, request.args_hash}, "changed"),
+        (answer.verdict != "deny" and answer.verdict not in request.scopes, "not_offered"),
+    )
+    failed = next((outcome for failing, outcome in checks if failing), None)
+    if failed is None:
+        raise StoreError(f"approval request {request.id}: an answer passed every check yet lost")
+    return failed
+
+
+def _request(row: sqlite3.Row, places: tuple[Place, ...]) -> ApprovalRequest:
+    state = row["state"]
+    if state not in _STATES:
+        raise StoreError(f"approval request {row['id']} has an unknown state {state!r}")
+    return ApprovalRequest(
+        id=row["id"],
+        session_key=row["session_key"],
+        run_id=row["run_id"],
+        tool_call_id=row["tool_call_id"],
+        tool=row["tool"],
+        arguments=row["arguments"],
+        args_hash=row["args_hash"],
+        rule_key=row["rule_key"],
+        scopes=tuple(cast(Scope, s) for s in row["scopes"].split() if s in _SCOPES),
+        reason=row["reason"],
+        deciders=tuple(str(d) for d in json.loads(row["deciders"])),
+        places=places,
+        state=cast(State, state),
+        scope=cast(Scope | None, row["scope"]),
+        created_at=_parse(row["created_at"]),
+        expires_at=_parse(row["expires_at"]),
+        decided_by=row["decided_by"],
+        decided_at=None if row["decided_at"] is None else _parse(row["decided_at"]),
+        note=row["note"],
+    )
+
+
+def _rule(row: sqlite3.Row) -> SavedRule:
+    return SavedRule(
+        id=row["id"],
+        tool=row["tool"],
+        rule_key=row["rule_key"],
+        arguments=row["arguments"],
+        created_at=_parse(row["created_at"]),
+        created_by=row["created_by"],
+        request_id=row["request_id"],
+    )
+
+
+def _entry(row: sqlite3.Row) -> LogEntry:
+    return LogEntry(
+        id=row["id"],
+        at=_parse(row["at"]),
+        request_id=row["request_id"],
+        session_key=row["session_key"],
+        tool=row["tool"],
+        arguments=row["arguments"],
+        outcome=cast(LogOutcome, row["outcome"]),
+        scope=cast(Scope | None, row["scope"]),
+        decided_by=row["decided_by"],
+        reason=row["reason"],
+    )
+
+
+def _dedupe(places: tuple[Place, ...]) -> tuple[Place, ...]:
+    seen: dict[tuple[str, str], Place] = {}
+    for place in places:
+        seen.setdefault((place.channel, place.chat_id), place)
+    return tuple(seen.values())
+
+
+def _clean_id(request_id: str) -> str:
+    """Ids as people type them (`/approve k7qx…`): case and surrounding blanks do not count."""
+    return request_id.strip().upper()
+
+
+def _wall_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+def _format(moment: datetime) -> str:
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"naive datetime {moment.isoformat()}: the store needs aware times")
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _parse(text: str) -> datetime:
+    return datetime.fromisoformat(text)
