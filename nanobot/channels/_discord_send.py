@@ -1,8 +1,23 @@
 """REST calls to Discord with nanobot's error semantics.
 
 discord.py already waits out rate limits (429, up to five tries, longer waits than
-`max_ratelimit_timeout` refused) and retries 5xx; whatever still fails becomes
-`DeliveryError` here, once. A missing channel or missing permissions fails at once.
+`max_ratelimit_timeout` refused) and retries 5xx; whatever still fails is classified here,
+in one place (`classify`):
+
+| kind      | Discord answered                                    | what is done                |
+|-----------|-----------------------------------------------------|-----------------------------|
+| transient | 429 or 5xx after discord.py's retries, a network    | DeliveryError: the manager  |
+|           | error or timeout, a garbled answer, 401 (the        | tries again, later          |
+|           | token, not the message)                             |                             |
+| reference | 400 50035 on `message_reference`, 160002 (may not   | posted without the reply    |
+|           | read the history it replies to)                     |                             |
+| length    | 400 50035 on `content` (too long as Discord counts) | shorter parts               |
+| closed    | 403 50007 (cannot message this user), 403 50001     | Undeliverable, chat closed: |
+|           | (no access: the bot was removed), 404 10003 (the    | nothing more goes there     |
+|           | channel is gone)                                    | until it writes again       |
+| refused   | any other 4xx (50006 empty message, 50013 missing   | Undeliverable: given up at  |
+|           | permissions, 50083 archived thread, ...)            | once                        |
+
 Nothing sent can ping anyone but the person replied to: every call names its
 `allowed_mentions`, so model output with @everyone, @here, `<@id>` or `<@&role>` stays text.
 """
@@ -10,34 +25,63 @@ Nothing sent can ping anyone but the person replied to: every call names its
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import aiohttp
 import discord
 from loguru import logger
 
 from nanobot.bus.events import ChatRef
-from nanobot.channels.base import DeliveryError
+from nanobot.channels.base import DeliveryError, Undeliverable
+from nanobot.channels.render import split_discord
 
 T = TypeVar("T")
 
 QUIET = discord.AllowedMentions.none()
 REPLY_PING = discord.AllowedMentions(everyone=False, users=False, roles=False, replied_user=True)
 
+Kind = Literal["transient", "reference", "length", "closed", "refused"]
+_CLOSED = frozenset({50007, 50001, 10003})  # cannot message the user, no access, no channel
+_NO_HISTORY = 160002  # may not read the message history, so may not reply to a message
+_INVALID_FORM = 50035
+SPLITS = 3  # times a message Discord finds too long is halved before it is given up
+
+
+def classify(exc: Exception) -> Kind:
+    """What a failed REST call means for the message (see the module docstring)."""
+    if isinstance(exc, discord.DiscordServerError | discord.InvalidData) or (
+        isinstance(exc, discord.HTTPException) and exc.status in (401, 429)
+    ):
+        return "transient"  # InvalidData: an answer discord.py could not read
+    if isinstance(exc, discord.HTTPException):
+        return _refusal(exc.code, exc.text)
+    # RateLimited (a wait too long to make), aiohttp.ClientError, OSError, TimeoutError
+    return "refused" if isinstance(exc, discord.ClientException) else "transient"
+
+
+def _refusal(code: int, text: str) -> Kind:
+    """The kind of a 4xx by its JSON error code (and, for 50035, the field it names)."""
+    if code in _CLOSED:
+        return "closed"
+    if code == _NO_HISTORY or (code == _INVALID_FORM and "In message_reference" in text):
+        return "reference"
+    if code == _INVALID_FORM and "In content" in text:
+        return "length"
+    return "refused"
+
 
 async def attempt(call: Awaitable[T], what: str) -> T:
-    """`call`, with its failures as DeliveryError (discord.NotFound and Forbidden are
-    re-raised by `edit`, which handles them itself)."""
+    """`call`, with its failures as DeliveryError: `Undeliverable` unless transient (the
+    discord.py exception is its `__cause__`, for the caller's other forms of the message)."""
     try:
         return await call
-    except (discord.NotFound, discord.Forbidden) as exc:
-        raise DeliveryError(f"Discord refused {what}: {exc}") from exc
-    except discord.HTTPException as exc:
-        raise DeliveryError(f"{what} failed after retries: {exc}") from exc
-    except (discord.RateLimited, discord.ClientException) as exc:
-        raise DeliveryError(f"{what}: {exc}") from exc
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        raise DeliveryError(f"{what}: network error: {exc!r}") from exc
+    except (discord.DiscordException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        kind = classify(exc)
+        if kind == "transient":
+            if isinstance(exc, discord.HTTPException):
+                raise DeliveryError(f"{what} failed after retries: {exc}") from exc
+            raise DeliveryError(f"{what}: {exc!r}") from exc
+        raise Undeliverable(f"Discord refused {what}: {exc}", chat_closed=kind == "closed") from exc
 
 
 def _number(value: str | None) -> int | None:
@@ -56,36 +100,61 @@ class Sender:
             raise DeliveryError("discord is not connected")
         channel_id = _number(chat.chat_id)
         if channel_id is None:
-            raise DeliveryError(f"not a Discord channel id: {chat.chat_id!r}")
+            raise Undeliverable(f"not a Discord channel id: {chat.chat_id!r}")
         return client.get_partial_messageable(channel_id)
 
     async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> int:
-        """Post `text` (at most 2000 characters); returns the new message's id. With
-        `reply_to` it answers that message (pinging only its author), or is posted plainly
-        when that message is gone."""
-        channel = self._channel(chat)
-        reference = None
-        if (message_id := _number(reply_to)) is not None:
-            reference = discord.MessageReference(
-                message_id=message_id, channel_id=channel.id, fail_if_not_exists=False
-            )
-        if reference is None:
+        """Post `text` (at most 2000 characters); returns the new message's id (the first
+        one's, if it went out in parts). With `reply_to` it answers that message (pinging
+        only its author), or is posted plainly when that message is gone or may not be
+        replied to. Raises DeliveryError (`Undeliverable`: refused for good)."""
+        return await self._send(self._channel(chat), text, _number(reply_to), SPLITS)
+
+    async def _send(
+        self, channel: discord.PartialMessageable, text: str, reply_to: int | None, splits: int
+    ) -> int:
+        try:
+            return await self._post(channel, text, reply_to)
+        except Undeliverable as exc:
+            kind = classify(exc.__cause__) if isinstance(exc.__cause__, Exception) else None
+            if kind == "reference" and reply_to is not None:
+                logger.info("discord: posting plainly, not as a reply ({})", exc)
+                return await self._send(channel, text, None, splits)
+            parts = split_discord(text, max(64, len(text) // 2)) if kind == "length" else []
+            if not splits or len(parts) < 2:
+                raise
+            logger.warning("discord: a message was too long ({}); sending it in parts", exc)
+        first: int | None = None
+        for part in parts:
+            sent = await self._send(channel, part, reply_to, splits - 1)
+            first, reply_to = first or sent, None
+        assert first is not None
+        return first
+
+    async def _post(
+        self, channel: discord.PartialMessageable, text: str, reply_to: int | None
+    ) -> int:
+        if reply_to is None:
             call = channel.send(text, allowed_mentions=QUIET)
         else:
+            reference = discord.MessageReference(
+                message_id=reply_to, channel_id=channel.id, fail_if_not_exists=False
+            )
             call = channel.send(text, reference=reference, allowed_mentions=REPLY_PING)
         return (await attempt(call, "sending a message")).id
 
     async def edit(self, chat: ChatRef, message_id: int, text: str) -> bool:
-        """Make message `message_id` show `text`; False when it can no longer be edited
-        (deleted, or not ours). Other failures raise DeliveryError."""
+        """Make message `message_id` show `text`; False when it cannot (deleted, not ours,
+        refused). Raises DeliveryError when a transient failure outlived discord.py's
+        retries, Undeliverable when the chat is closed."""
         message = self._channel(chat).get_partial_message(message_id)
         try:
             await attempt(message.edit(content=text, allowed_mentions=QUIET), "editing a message")
-        except DeliveryError as exc:
-            if isinstance(exc.__cause__, discord.NotFound | discord.Forbidden):
-                logger.info("discord could not edit message {}: {}", message_id, exc)
-                return False
-            raise
+        except Undeliverable as exc:
+            if exc.chat_closed:
+                raise
+            logger.info("discord could not edit message {}: {}", message_id, exc)
+            return False
         return True
 
     async def typing(self, chat: ChatRef) -> None:

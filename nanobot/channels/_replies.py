@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 from loguru import logger
 
 from nanobot.bus.events import ChatRef, OutboundMessage, StreamUpdate
-from nanobot.channels.base import DeliveryError, OutboxPort
+from nanobot.channels.base import DeliveryError, OutboxPort, Undeliverable
 
 KEEP = 64  # streams, finished streams and partly sent replies remembered, of each
 
@@ -25,8 +25,8 @@ V = TypeVar("V")
 
 
 class Outlet(Protocol):
-    """How `Replies` puts text in a chat. Both calls raise DeliveryError when the platform
-    refuses or the retries run out."""
+    """How `Replies` puts text in a chat. Both calls raise DeliveryError when the retries
+    run out, `Undeliverable` when the platform refuses for good."""
 
     async def send(self, chat: ChatRef, text: str, *, reply_to: str | None) -> int:
         """Post one message answering `reply_to` (the bus's message id); returns its id."""
@@ -53,9 +53,10 @@ class Replies:
     once per `interval`. `send` delivers a final message as the parts `split` makes of it:
     a streamed reply's message is edited to exactly the first part (at once), the rest are
     posted; stream updates after it are ignored. The parts already out are remembered, so
-    when `send` raises and the same item is sent again it resumes with the part that failed;
-    across a restart, `outbox.progress` keeps the count and the item comes back with
-    `parts_sent`.
+    when `send` raises DeliveryError and the same item is sent again it resumes with the
+    part that failed; across a restart, `outbox.progress` keeps the count and the item comes
+    back with `parts_sent`. When it raises `Undeliverable` the reply is over (it is never
+    sent again): what was kept for it is forgotten.
 
     Stream updates go out through `best_effort`, which may give up sooner than `outlet` (the
     next update, or the final message, tries again); by default they share `outlet`.
@@ -102,6 +103,15 @@ class Replies:
 
     async def send(self, item: OutboundMessage) -> None:
         """Every part in order. Raises DeliveryError (see the class docstring)."""
+        try:
+            await self._send(item)
+        except Undeliverable:
+            self._progress.pop(id(item), None)
+            if item.stream_id:
+                await self._forget(item.stream_id)
+            raise
+
+    async def _send(self, item: OutboundMessage) -> None:
         parts = self._split(item.text)
         entry = self._progress.get(id(item))
         done = entry[1] if entry is not None and entry[0] is item else item.parts_sent
@@ -119,10 +129,15 @@ class Replies:
                 await self._record(item, index + 1)
         self._progress.pop(id(item), None)
         if item.stream_id:
-            self._streams.pop(item.stream_id, None)
-            _remember(self._finished, item.stream_id, None)
-            if stream is not None:
-                await self._store(item.stream_id, None)
+            await self._forget(item.stream_id, stored=stream is not None)
+
+    async def _forget(self, stream_id: str, *, stored: bool = True) -> None:
+        """A stream's reply is over: later updates are ignored, its message forgotten."""
+        self._streams.pop(stream_id, None)
+        self._recovered.pop(stream_id, None)
+        _remember(self._finished, stream_id, None)
+        if stored:
+            await self._store(stream_id, None)
 
     def _open_stream(self, stream_id: str) -> _Stream | None:
         """The stream's state: from this run, else from before a restart (taken over; never
@@ -165,9 +180,9 @@ class Replies:
     async def _finish(self, chat: ChatRef, stream: _Stream, first: str) -> bool:
         """The final edit: exact, and at once.
 
-        It does not wait out the stream interval: deliveries of a channel go one after
-        another, so a wait here would hold up every other chat's reply (a single edit right
-        after the last one is well within the platforms' limits).
+        It does not wait out the stream interval: the reply would only come later, and the
+        chat's next items with it (a single edit right after the last one is well within the
+        platforms' limits).
         """
         if stream.message_id is None:
             return False

@@ -1,9 +1,24 @@
 """Bot API calls with Telegram's error semantics, and HTML chunks that always get through.
 
-`attempt` retries what is worth retrying: flood control (429) is waited out as Telegram asks,
-network errors and 5xx back off, and everything else is final. `Sender` sends and edits one
-rendered chunk; when Telegram cannot parse the chunk's markup it goes out as plain text, so
-nothing is dropped.
+Every failed call is classified in one place (`classify`):
+
+| kind      | Telegram answered                                  | what is done                 |
+|-----------|----------------------------------------------------|------------------------------|
+| transient | 429 (`retry_after`), 5xx, a network error or       | `attempt` retries: a 429 is  |
+|           | timeout, a garbled answer; 401/404 and 409 (the    | waited out as asked, the     |
+|           | bot's token or its polling, not the message)       | rest backs off; then         |
+|           |                                                    | DeliveryError (the manager   |
+|           |                                                    | tries again, later)          |
+| markup    | 400 "can't parse entities"                         | the chunk as plain text      |
+| length    | 400 ENTITIES_TOO_LONG, "message is too long"       | shorter parts (fewer         |
+|           |                                                    | entities each), then plain   |
+| closed    | 403 (bot blocked, kicked, not a member, user       | Undeliverable, chat closed:  |
+|           | deactivated), 400 "chat not found", a group        | nothing more goes there      |
+|           | upgraded to a supergroup (ChatMigrated)            | until it writes again        |
+| refused   | any other 400 ("message text is empty", "message   | Undeliverable: the reply is  |
+|           | thread not found", "not enough rights", ...)       | given up at once             |
+
+`Sender` sends and edits one rendered chunk, trying the other forms before giving up.
 """
 
 from __future__ import annotations
@@ -13,13 +28,14 @@ import datetime as dtm
 import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from loguru import logger
 from telegram import Bot, ReplyParameters
 from telegram.constants import ParseMode
 from telegram.error import (
     BadRequest,
+    ChatMigrated,
     Forbidden,
     NetworkError,
     RetryAfter,
@@ -29,8 +45,8 @@ from telegram.error import (
 from telegram.warnings import PTBDeprecationWarning, PTBUserWarning
 
 from nanobot.bus.events import ChatRef
-from nanobot.channels.base import DeliveryError
-from nanobot.channels.render import plain_text, split_plain
+from nanobot.channels.base import DeliveryError, Undeliverable
+from nanobot.channels.render import plain_text, split_plain, split_telegram, visible_length
 
 T = TypeVar("T")
 
@@ -55,11 +71,39 @@ def retry_after_seconds(exc: RetryAfter) -> float:
     return value.total_seconds() if isinstance(value, dtm.timedelta) else float(value)
 
 
+Kind = Literal["transient", "markup", "length", "closed", "refused"]
+
+# A 400's kind by what Telegram says (lower-cased; python-telegram-bot cuts "Bad Request: ").
+_BAD_REQUESTS: tuple[tuple[Kind, tuple[str, ...]], ...] = (
+    ("markup", ("can't parse entities",)),
+    ("length", ("entities_too_long", "entities too long", "message is too long")),
+    ("length", ("text is too long",)),
+    ("closed", ("chat not found", "peer_id_invalid", "user is deactivated")),
+)
+SPLITS = 3  # times a chunk Telegram finds too long is halved before it goes as plain text
+
+
+def classify(exc: TelegramError) -> Kind:
+    """What a failed Bot API call means for the message (see the module docstring)."""
+    match exc:
+        case Forbidden() | ChatMigrated():
+            return "closed"
+        case BadRequest(message=message):
+            text = message.lower()
+            for kind, marks in _BAD_REQUESTS:
+                if any(mark in text for mark in marks):
+                    return kind
+            return "refused"
+    return "transient"
+
+
 async def attempt(
     call: Callable[[], Awaitable[T]], retry: Retry, *, what: str, resends: bool = False
 ) -> T:
-    """`call()`, retried per `retry`. BadRequest is raised as is (the caller knows what it
-    means); any other failure that outlives the retries becomes DeliveryError.
+    """`call()`, retried per `retry` while its failure is transient. A BadRequest that does
+    not close the chat is raised as is (the caller knows what it means, and what other form
+    to try); a failure that closes the chat is raised as Undeliverable; a transient one that
+    outlives the retries as DeliveryError.
 
     `resends`: the call creates something (a message). A TimedOut request may have been
     performed all the same, so it is retried only once: a rare duplicate beats losing a
@@ -76,17 +120,19 @@ async def attempt(
                 raise DeliveryError(f"{what}: rate limited by Telegram ({exc})") from exc
             await asyncio.sleep(retry_after_seconds(exc))
             continue
-        except BadRequest:  # a NetworkError subclass, but final
-            raise
-        except TimedOut as exc:
-            timeouts += 1
-            if resends and timeouts > 1:
-                raise DeliveryError(f"{what}: timed out twice") from exc
-            error: TelegramError = exc
-        except NetworkError as exc:
+        except TelegramError as exc:
+            kind = classify(exc)
+            if kind == "closed":
+                raise Undeliverable(f"{what}: {exc}", chat_closed=True) from exc
+            if kind != "transient":
+                raise
+            if isinstance(exc, TimedOut):
+                timeouts += 1
+                if resends and timeouts > 1:
+                    raise DeliveryError(f"{what}: timed out twice") from exc
+            elif not isinstance(exc, NetworkError):  # the token, a garbled answer: not now
+                raise DeliveryError(f"{what}: {exc}") from exc
             error = exc
-        except (Forbidden, TelegramError) as exc:  # blocked, kicked, bad token: final
-            raise DeliveryError(f"{what}: {exc}") from exc
         delay = next(backoff, None)
         if delay is None:
             raise DeliveryError(f"{what}: {error}") from error
@@ -111,10 +157,6 @@ async def post(bot: Bot, method: str, params: Mapping[str, object]) -> object:
     tenth of the gateway's CPU. Errors are PTB's, as with its own methods.
     """
     return await bot.do_api_request(method, {k: v for k, v in params.items() if v is not None})
-
-
-def unparsable(exc: BadRequest) -> bool:
-    return "can't parse entities" in exc.message.lower()
 
 
 def not_modified(exc: BadRequest) -> bool:
@@ -145,22 +187,48 @@ class Sender:
         self, chat: ChatRef, html: str, *, reply_to: int | None, retry: Retry | None = None
     ) -> int:
         """Send one chunk of at most 4096 visible characters; returns the message id (of
-        the first message, if it had to go out as plain text in pieces)."""
+        the first message, if it had to go out in pieces). A chunk Telegram cannot take as
+        it is goes out in another form (see the module docstring).
+
+        Raises:
+            Undeliverable: Telegram refused it in every form, or the chat is closed.
+            DeliveryError: a transient failure outlived the retries.
+        """
+        return await self._send_html(chat, html, reply_to, retry, SPLITS)
+
+    async def _send_html(
+        self, chat: ChatRef, html: str, reply_to: int | None, retry: Retry | None, splits: int
+    ) -> int:
         try:
             return await self._send(chat, html, ParseMode.HTML, reply_to, retry)
         except BadRequest as exc:
-            if not unparsable(exc):
-                raise DeliveryError(f"Telegram refused a message: {exc}") from exc
-            logger.warning("telegram could not parse a chunk ({}); sending it as plain text", exc)
+            kind = classify(exc)
+            if kind == "refused":
+                raise Undeliverable(f"Telegram refused a message: {exc}") from exc
+            logger.warning("telegram refused a chunk ({}); sending it in another form", exc)
+        length = visible_length(html)
+        parts = split_telegram(html, max(2, length // 2)) if kind == "length" and splits else []
+        if len(parts) < 2:
+            return await self._send_plain(chat, html, reply_to, retry)
+        first: int | None = None
+        for part in parts:
+            sent = await self._send_html(chat, part, reply_to, retry, splits - 1)
+            first, reply_to = first or sent, None
+        assert first is not None
+        return first
+
+    async def _send_plain(
+        self, chat: ChatRef, html: str, reply_to: int | None, retry: Retry | None
+    ) -> int:
         first: int | None = None
         for piece in split_plain(plain_text(html)):
             try:
                 sent = await self._send(chat, piece, None, reply_to, retry)
             except BadRequest as exc:
-                raise DeliveryError(f"Telegram refused a message: {exc}") from exc
+                raise Undeliverable(f"Telegram refused a message: {exc}") from exc
             first, reply_to = first or sent, None
         if first is None:
-            raise DeliveryError("a chunk had no visible text")
+            raise Undeliverable("a chunk had no visible text")
         return first
 
     async def _send(
@@ -198,8 +266,10 @@ class Sender:
     async def edit(
         self, chat: ChatRef, message_id: int, html: str, *, retry: Retry | None = None
     ) -> bool:
-        """Make message `message_id` show `html`; False when it cannot be edited (deleted,
-        too old, not ours). Unchanged text counts as done."""
+        """Make message `message_id` show `html` (as plain text if Telegram cannot take the
+        markup); False when it cannot be edited (deleted, too old, not ours, refused in
+        either form). Unchanged text counts as done. Raises DeliveryError when a transient
+        failure outlived the retries, Undeliverable when the chat is closed."""
         bot = self._bot()
 
         async def edit(text: str, mode: str | None) -> object:
@@ -221,10 +291,10 @@ class Sender:
             except BadRequest as exc:
                 if not_modified(exc):
                     return True
-                if not unparsable(exc):
+                if classify(exc) == "refused" or mode is None:
                     logger.info("telegram could not edit message {}: {}", message_id, exc)
                     return False
-                logger.warning("telegram could not parse an edit ({}); using plain text", exc)
+                logger.warning("telegram refused an edit ({}); using plain text", exc)
                 continue
             return True
         return False

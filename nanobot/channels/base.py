@@ -68,11 +68,11 @@ class OutboxPort(Protocol):
     """The outbox as delivery sees it: where each reply stands until its platform has it.
 
     A reply (an `OutboundMessage` with an `outbox_id`) is sent again after a restart until it
-    is confirmed, from the part after the last one recorded; a reply shown while it is written
-    (a stream) keeps its platform message here, so after a crash mid-stream its final text
-    replaces that message instead of following it. Every method may raise (storage trouble):
-    callers log it and go on, and at worst a part is sent again or a final text comes as a
-    new message.
+    is confirmed or given up, from the part after the last one recorded; a reply shown while
+    it is written (a stream) keeps its platform message here, so after a crash mid-stream its
+    final text replaces that message instead of following it. Every method may raise (storage
+    trouble): callers log it and go on, and at worst a part is sent again, a final text comes
+    as a new message, or a reply the platform refused is tried once more after a restart.
     """
 
     async def progress(self, outbox_id: int, parts: int) -> None:
@@ -85,6 +85,11 @@ class OutboxPort(Protocol):
 
     async def fail(self, outbox_id: int, error: str) -> None:
         """A delivery attempt failed; the reply stays for a later attempt."""
+        ...
+
+    async def give_up(self, outbox_id: int, reason: str) -> None:
+        """The platform refused the reply for good (`Undeliverable`): it is marked failed
+        with `reason` and never sent again."""
         ...
 
     async def open_streams(self) -> dict[str, int]:
@@ -101,7 +106,23 @@ class OutboxPort(Protocol):
 
 
 class DeliveryError(Exception):
-    """A message could not be delivered after the channel's own retries."""
+    """A message could not be delivered after the channel's own retries, for a reason that
+    may pass (the network, the platform's servers, its rate limit): it is tried again later,
+    and after a restart."""
+
+
+class Undeliverable(DeliveryError):
+    """The platform refused the message and would refuse it again, in every form the channel
+    could give it (plain text, shorter parts): it is given up at once, never retried.
+
+    `chat_closed`: the chat takes nothing from the bot any more (the user blocked it, the
+    chat is gone, the bot was removed): nothing more is sent there until the chat writes
+    again.
+    """
+
+    def __init__(self, reason: str, *, chat_closed: bool = False) -> None:
+        super().__init__(reason)
+        self.chat_closed = chat_closed
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +161,9 @@ class Channel(ABC):
         """Deliver one outbound item.
 
         Raises:
-            DeliveryError: a message could not be delivered after retries (best-effort
-                items such as stream updates and typing never raise).
+            DeliveryError: a message could not be delivered after retries; `Undeliverable`
+                when the platform refused it for good (best-effort items such as stream
+                updates and typing never raise).
         """
 
 

@@ -2,9 +2,20 @@
 
 Each channel gets two tasks: a supervisor that runs it and restarts it with backoff when it
 crashes, and a delivery task that drains its outbound queue, so a slow platform never delays
-another; within a channel, chats are delivered to in parallel, each chat in order. A reply
-is confirmed (its outbox row marked delivered) only after the platform accepted it; one that
-still fails after retries stays in the outbox for the next start.
+another. Within a channel, chats are delivered to in parallel, each chat in order, and
+nothing one chat waits for is shared: a chat whose delivery backs off (seconds, or minutes of
+a platform's 5xx and rate limits) holds up only its own later items. There is no bound on
+the chats delivered to at once that a chat would hold while it waits; what bounds the
+requests in flight is each platform client's connection pool, where a request holds a
+connection only while it is made.
+
+A reply is confirmed (its outbox row marked delivered) only after the platform accepted it.
+One that fails for a reason that may pass (`DeliveryError`) is tried again a few times, then
+stays in the outbox for the next start. One the platform refused for good (`Undeliverable`)
+is given up at once: its row is marked failed with the reason, logged once, and the chat's
+next item goes ahead. When the refusal says the chat is closed to the bot (it was blocked,
+removed, the chat is gone), nothing more is sent there (replies are marked failed unsent)
+until the chat writes again: an item that answers one of its messages (`reply_to`).
 """
 
 from __future__ import annotations
@@ -14,15 +25,14 @@ from collections.abc import Sequence
 
 from loguru import logger
 
-from nanobot.bus.events import ChatRef, Outbound, OutboundMessage
+from nanobot.bus.events import ChatRef, Outbound, OutboundMessage, StreamUpdate, Typing
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import Channel, DeliveryError, OutboxPort
+from nanobot.channels.base import Channel, DeliveryError, OutboxPort, Undeliverable
 from nanobot.lanes import Lanes
 
 RESTART_DELAYS = (1.0, 2.0, 5.0, 15.0, 30.0, 60.0)
 STABLE_AFTER = 60.0  # seconds connected after which a crash starts the backoff afresh
 DELIVERY_RETRIES = (2.0, 5.0, 15.0)
-PARALLEL_CHATS = 32  # chats of one channel delivered to at the same time
 
 
 class ChannelManager:
@@ -39,6 +49,8 @@ class ChannelManager:
         self._outbox = outbox
         self._ready = {c.name: asyncio.Event() for c in self._channels}
         self._idle = {c.name: asyncio.Event() for c in self._channels}
+        # Chats closed to the bot, (channel, chat id) → why; until the chat writes again.
+        self._closed: dict[tuple[str, str], str] = {}
 
     @property
     def names(self) -> list[str]:
@@ -86,7 +98,7 @@ class ChannelManager:
         idle = self._idle[channel.name]
         idle.set()
         await self._ready[channel.name].wait()
-        lanes: Lanes[ChatRef] = Lanes(limit=PARALLEL_CHATS, name=f"deliver-{channel.name}")
+        lanes: Lanes[ChatRef] = Lanes(name=f"deliver-{channel.name}")  # unbounded: see above
         outstanding = 0  # items taken from the queue and not yet delivered (or given up)
 
         async def deliver(item: Outbound) -> None:
@@ -113,9 +125,19 @@ class ChannelManager:
 
     async def _deliver_one(self, channel: Channel, item: Outbound) -> None:
         message = item if isinstance(item, OutboundMessage) else None
+        if self._skipped(item):
+            if message is not None:
+                reason = self._closed[_chat_key(item.chat)]
+                logger.debug("{} chat {}: not sent, {}", channel.name, item.chat.chat_id, reason)
+                await self._give_up(channel, message, f"not sent: {reason}")
+            return
         for delay in (*DELIVERY_RETRIES, None):
             try:
                 await channel.deliver(item)
+            except Undeliverable as exc:
+                if message is not None:
+                    await self._refused(channel, message, exc)
+                return
             except DeliveryError as exc:
                 if message is None:
                     return
@@ -137,3 +159,49 @@ class ChannelManager:
             if message is not None and message.outbox_id is not None:
                 await self._outbox.confirm(message.outbox_id)
             return
+
+    def _skipped(self, item: Outbound) -> bool:
+        """Whether `item` is for a chat closed to the bot. An item answering one of the
+        chat's messages reopens it: the chat wrote again."""
+        key = _chat_key(item.chat)
+        if key not in self._closed:
+            return False
+        answers = isinstance(item, OutboundMessage | StreamUpdate) and item.reply_to is not None
+        if answers:
+            del self._closed[key]
+            logger.info("{} chat {} wrote again; sending there again", *key)
+            return False
+        return not (isinstance(item, Typing) and not item.active)  # a turn's end still counts
+
+    async def _refused(
+        self, channel: Channel, message: OutboundMessage, exc: Undeliverable
+    ) -> None:
+        """The platform refused `message` for good: say so once, and give it up."""
+        chat = message.chat.chat_id
+        if exc.chat_closed:
+            self._closed[_chat_key(message.chat)] = f"the chat is closed to the bot ({exc})"
+            logger.warning(
+                "{} chat {} takes no messages from the bot: {}; nothing more is sent there "
+                "until it writes again",
+                channel.name,
+                chat,
+                exc,
+            )
+        else:
+            logger.warning("{} refused a reply to chat {}; given up: {}", channel.name, chat, exc)
+        await self._give_up(channel, message, str(exc))
+
+    async def _give_up(self, channel: Channel, message: OutboundMessage, reason: str) -> None:
+        if message.outbox_id is None:
+            return
+        try:
+            await self._outbox.give_up(message.outbox_id, reason)
+        except Exception:  # noqa: BLE001 - at worst it is tried once more after a restart
+            logger.opt(exception=True).warning(
+                "{}: could not mark reply {} failed", channel.name, message.outbox_id
+            )
+
+
+def _chat_key(chat: ChatRef) -> tuple[str, str]:
+    """A chat as a whole, every thread or topic in it: what a platform closes to the bot."""
+    return chat.channel, chat.chat_id

@@ -3,8 +3,8 @@
 An accepted user message is written here before its channel acknowledges it, keyed by
 (channel, platform message id) so a redelivery is recognised. It stays `pending` until its
 turn has produced a reply; the reply goes into the outbox in the same transaction, and stays
-`pending` there until the platform confirms it. After a crash, what is pending is exactly
-what is owed.
+`pending` there until the platform confirms it (`delivered`) or refuses it for good
+(`failed`, with the reason). After a crash, what is pending is exactly what is owed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,16 @@ class PendingInbound:
     id: int
     channel: str
     message: Record
+
+
+@dataclass(frozen=True, slots=True)
+class FailedReplies:
+    """Replies the platforms refused for good, kept as long as delivered ones (`prune`):
+    how many, and the latest one's reason and moment (None when there are none)."""
+
+    count: int
+    last_reason: str | None = None
+    last_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +130,27 @@ class Journal:
             (error[:500], outbox_id),
         )
 
+    async def give_up(self, outbox_id: int, reason: str) -> None:
+        """Mark a pending reply failed for good (the platform refused it): it is never sent
+        again. A reply already delivered or failed is left as it is."""
+        await self._db.write(
+            "UPDATE outbox SET state = 'failed', attempts = attempts + 1, last_error = ?,"
+            " failed_at = ? WHERE id = ? AND state = 'pending'",
+            (reason[:500], _now(), outbox_id),
+        )
+
+    async def failed_replies(self) -> FailedReplies:
+        """How many replies failed for good, and the latest one's reason (for `status`)."""
+        count = await self._db.fetchone("SELECT count(*) FROM outbox WHERE state = 'failed'")
+        last = await self._db.fetchone(
+            "SELECT last_error, failed_at FROM outbox WHERE state = 'failed'"
+            " ORDER BY failed_at DESC, id DESC LIMIT 1"
+        )
+        if count is None or last is None:
+            return FailedReplies(0)
+        at = datetime.fromisoformat(last["failed_at"]) if last["failed_at"] else None
+        return FailedReplies(int(count[0]), last["last_error"], at)
+
     async def stream_started(self, stream_id: str, message_id: int) -> None:
         """Record the platform message that shows stream `stream_id` while it is written."""
         await self._db.write(
@@ -146,7 +177,8 @@ class Journal:
                 "DELETE FROM inbound WHERE state = 'done' AND received_at < ?", (cutoff,)
             )
             outbox = await self._db.execute(
-                "DELETE FROM outbox WHERE state = 'delivered' AND created_at < ?", (cutoff,)
+                "DELETE FROM outbox WHERE state IN ('delivered', 'failed') AND created_at < ?",
+                (cutoff,),
             )
             # A stream whose reply never came (its turn was lost) leaves a message behind.
             streams = await self._db.execute("DELETE FROM streams WHERE created_at < ?", (cutoff,))

@@ -222,6 +222,12 @@ MIGRATIONS: tuple[str, ...] = (
         reason TEXT
     );
     """,
+    # 8: replies the platform refused for good: state 'failed', with the reason in
+    # last_error and the moment here, so `nanobot status` can say how many and why.
+    """
+    ALTER TABLE outbox ADD COLUMN failed_at TEXT;
+    CREATE INDEX outbox_failed ON outbox (failed_at) WHERE state = 'failed';
+    """,
 )
 
 

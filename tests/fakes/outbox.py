@@ -11,13 +11,14 @@ class MemoryOutbox:
     """Implements `nanobot.channels.base.OutboxPort`.
 
     `streams` is what a restart would find open (give it to a second channel to play the
-    restart); `progressed`, `confirmed` and `failed` list the calls in order.
+    restart); `progressed`, `confirmed`, `failed` and `given_up` list the calls in order.
     """
 
     streams: dict[str, int] = field(default_factory=dict)
     progressed: list[tuple[int, int]] = field(default_factory=list)
     confirmed: list[int] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
+    given_up: list[tuple[int, str]] = field(default_factory=list)
 
     async def progress(self, outbox_id: int, parts: int) -> None:
         self.progressed.append((outbox_id, parts))
@@ -27,6 +28,9 @@ class MemoryOutbox:
 
     async def fail(self, outbox_id: int, error: str) -> None:
         self.failed.append((outbox_id, error))
+
+    async def give_up(self, outbox_id: int, reason: str) -> None:
+        self.given_up.append((outbox_id, reason))
 
     async def open_streams(self) -> dict[str, int]:
         return dict(self.streams)

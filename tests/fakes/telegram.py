@@ -25,7 +25,8 @@ Standalone: ``python -m tests.fakes.telegram [--port N] [--token T]`` prints the
 and serves until SIGTERM. Control API: ``POST /_fake/<user_message|user_photo|user_document|
 user_voice|user_callback>`` with the keyword arguments as JSON (``content_base64`` for
 bytes) returns ``{"update_id"}``; ``POST /_fake/fail_next`` takes ``{"method", "fault":
-{"type": "RateLimited", "retry_after": 2}, "times"}``; ``POST /_fake/offline`` takes
+{"type": "RateLimited", "retry_after": 2}, "times", "chat_id"}`` (``"times": null``: until
+``POST /_fake/clear_faults``); ``POST /_fake/offline`` takes
 ``{"offline": bool}``; ``GET /_fake/sent[?chat_id=]``, ``/_fake/actions``,
 ``/_fake/requests`` and ``/_fake/updates`` (unconfirmed) list what happened.
 """
@@ -346,6 +347,14 @@ class _Params:
     def flag(self, name: str) -> bool:
         return self.parsed(name) in (True, "true", "True", 1)
 
+    def chat_id_or_none(self) -> int | None:
+        """The ``chat_id`` named, if it is a number (for scoping faults)."""
+        value = self.values.get("chat_id")
+        try:
+            return int(value) if value not in (None, "") else None
+        except (TypeError, ValueError):
+            return None
+
     def chat_id(self) -> int:
         value = self.values.get("chat_id")
         if value is None or value == "":
@@ -391,7 +400,9 @@ class FakeTelegram:
         self._last_update_id = 500_000_000
         self._allowed: set[str] = set()
         self._files: dict[str, _File] = {}
-        self._faults: dict[str, deque[Fault]] = {}
+        # (method or "*", chat id or None) → faults: queued (each used once), standing
+        self._faults: dict[tuple[str, int | None], deque[Fault]] = {}
+        self._standing: dict[tuple[str, int | None], Fault] = {}
         self._callbacks: set[str] = set()
         self._long_poll = 0  # generation of the long poll being held, 0 if none
         self._generation = 0
@@ -537,10 +548,24 @@ class FakeTelegram:
         }
         return self._enqueue({"callback_query": query})
 
-    def fail_next(self, method: str, kind: Fault, times: int = 1) -> None:
+    def fail_next(
+        self, method: str, kind: Fault, times: int | None = 1, *, chat_id: int | None = None
+    ) -> None:
         """Answer the next ``times`` calls of ``method`` (``"*"``: any; ``"file"``: downloads)
-        with ``kind`` instead of performing them."""
-        self._faults.setdefault(method.lower(), deque()).extend([kind] * times)
+        with ``kind`` instead of performing them; ``times=None``: every call from then on,
+        until ``clear_faults``. With ``chat_id``, only calls naming that chat count (and
+        take their faults before the unscoped ones): one chat fails, the others do not."""
+        key = (method.lower(), chat_id)
+        if times is None:
+            self._standing[key] = kind
+        else:
+            self._faults.setdefault(key, deque()).extend([kind] * times)
+
+    def clear_faults(self, chat_id: int | None = None) -> None:
+        """Forget the faults not yet used (those of ``chat_id`` only, if given)."""
+        for table in (self._faults, self._standing):
+            for key in [k for k in table if chat_id is None or k[1] == chat_id]:
+                del table[key]
 
     # ---- control: observe --------------------------------------------------------------
 
@@ -663,10 +688,15 @@ class FakeTelegram:
     def _caption(caption: str | None) -> JSON:
         return {"caption": caption, "caption_entities": _user_entities(caption or "")}
 
-    def _take_fault(self, method: str) -> Fault | None:
-        for key in (method.lower(), "*"):
+    def _take_fault(self, method: str, chat_id: int | None = None) -> Fault | None:
+        """The fault for this call: the chat's before everyone's, the method's before "*",
+        queued ones before standing ones."""
+        chats = (chat_id, None) if chat_id is not None else (None,)
+        for key in ((m, c) for c in chats for m in (method.lower(), "*")):
             if queue := self._faults.get(key):
                 return queue.popleft()
+            if (standing := self._standing.get(key)) is not None:
+                return standing
         return None
 
     # ---- HTTP plumbing -----------------------------------------------------------------
@@ -733,7 +763,7 @@ class FakeTelegram:
         self.requests.append(ApiCall(method, recorded, time.monotonic()))
         self._changed()
         delay = 0.0
-        if (fault := self._take_fault(method)) is not None:
+        if (fault := self._take_fault(method, params.chat_id_or_none())) is not None:
             if (answer := await self._fault(request, fault)) is not None:
                 return answer
             delay = fault.seconds if isinstance(fault, Slow) else 0.0
@@ -1109,7 +1139,10 @@ class FakeTelegram:
         if name in ("user_message", "user_photo", "user_document", "user_voice", "user_callback"):
             return web.json_response({"update_id": getattr(self, name)(**body)})
         if name == "fail_next":
-            self.fail_next(body["method"], fault_from_json(body["fault"]), body.get("times", 1))
+            fault = fault_from_json(body["fault"])
+            self.fail_next(body["method"], fault, body.get("times", 1), chat_id=body.get("chat_id"))
+        elif name == "clear_faults":
+            self.clear_faults(body.get("chat_id"))
         elif name == "offline":
             self.offline = bool(body["offline"])
         else:
