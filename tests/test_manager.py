@@ -7,10 +7,17 @@ from collections.abc import Callable
 
 import pytest
 
-from nanobot.bus.events import ChatRef, InboundMessage, Outbound, OutboundMessage, Typing
+from nanobot.bus.events import (
+    ChatRef,
+    InboundMessage,
+    Outbound,
+    OutboundMessage,
+    StreamUpdate,
+    Typing,
+)
 from nanobot.bus.queue import MessageBus
 from nanobot.channels import manager as manager_module
-from nanobot.channels.base import Channel, DeliveryError, Intake
+from nanobot.channels.base import Channel, DeliveryError, Intake, Undeliverable
 from nanobot.channels.manager import ChannelManager
 from tests.fakes.outbox import MemoryOutbox
 
@@ -26,6 +33,9 @@ class Nobody:
 
 
 class ScriptedChannel(Channel):
+    """Delivers after `slow` seconds; its first `failures` messages fail (DeliveryError);
+    messages to a chat in `refusing` are refused with that error, every time."""
+
     def __init__(
         self, name: str, *, crashes: int = 0, slow: float = 0.0, failures: int = 0
     ) -> None:
@@ -35,7 +45,10 @@ class ScriptedChannel(Channel):
         self.runs = 0
         self.slow = slow
         self.failures = failures
+        self.refusing: dict[str, DeliveryError] = {}
+        self.tried: list[Outbound] = []
         self.delivered: list[Outbound] = []
+        self.arrived = asyncio.Event()  # set as each item is delivered
         self.active = 0
         self.peak = 0
         self.connected = asyncio.Event()
@@ -50,6 +63,9 @@ class ScriptedChannel(Channel):
         await asyncio.Event().wait()
 
     async def deliver(self, item: Outbound) -> None:
+        self.tried.append(item)
+        if isinstance(item, OutboundMessage) and item.chat.chat_id in self.refusing:
+            raise self.refusing[item.chat.chat_id]
         if self.failures and isinstance(item, OutboundMessage):
             self.failures -= 1
             raise DeliveryError("500 from the platform")
@@ -60,6 +76,7 @@ class ScriptedChannel(Channel):
         finally:
             self.active -= 1
         self.delivered.append(item)
+        self.arrived.set()
 
 
 @pytest.fixture(autouse=True)
@@ -157,4 +174,80 @@ async def test_chats_are_delivered_in_parallel_each_in_order() -> None:
             if isinstance(i, OutboundMessage) and i.chat.chat_id == chat_id
         ]
         assert texts == sorted(texts, key=lambda t: int(t[1:]))
+    await stop(task)
+
+
+async def test_a_refused_reply_is_given_up_at_once_and_the_next_goes_ahead(
+    warnings: list[str],
+) -> None:
+    bus, ledger = MessageBus(), MemoryOutbox()
+    channel = ScriptedChannel("tg")
+    channel.refusing["1"] = Undeliverable("Bad Request: message thread not found")
+    manager = ChannelManager([channel], bus, ledger)
+    task = await run_manager(manager, channel)
+    await bus.publish(reply("tg", 1))
+    await asyncio.wait_for(manager.drain(), 5)
+    del channel.refusing["1"]
+    await bus.publish(reply("tg", 2))
+    await asyncio.wait_for(manager.drain(), 5)
+    assert ledger.given_up == [(1, "Bad Request: message thread not found")]
+    assert ledger.failed == [] and ledger.confirmed == [2]
+    assert len(channel.tried) == 2  # the refused one was tried once, not retried
+    assert [w.strip() for w in warnings if "thread not found" in w] == [
+        "tg refused a reply to chat 1; given up: Bad Request: message thread not found"
+    ]
+    await stop(task)
+
+
+async def test_a_chat_closed_to_the_bot_gets_nothing_until_it_writes_again(
+    warnings: list[str],
+) -> None:
+    bus, ledger = MessageBus(), MemoryOutbox()
+    channel = ScriptedChannel("tg")
+    blocked = "Forbidden: bot was blocked by the user"
+    channel.refusing["1"] = Undeliverable(blocked, chat_closed=True)
+    manager = ChannelManager([channel], bus, ledger)
+    task = await run_manager(manager, channel)
+    chat, topic = ChatRef("tg", "1"), ChatRef("tg", "1", "7")
+    await bus.publish(OutboundMessage(chat, "an answer", reply_to="1:10", outbox_id=1))
+    await asyncio.wait_for(manager.drain(), 5)
+    await bus.publish(Typing(chat, active=True))
+    await bus.publish(StreamUpdate(topic, "s-1", "a cron job's"))  # answers no one
+    await bus.publish(OutboundMessage(topic, "a cron job's run", outbox_id=2))
+    await bus.publish(OutboundMessage(chat, "/status answer", kind="notice"))
+    await bus.publish(Typing(chat, active=False))  # a turn's end always goes through
+    await bus.publish(OutboundMessage(ChatRef("tg", "2"), "elsewhere", outbox_id=3))
+    await asyncio.wait_for(manager.drain(), 5)
+    assert [i for i in channel.tried if i.chat.chat_id == "1"] == [
+        OutboundMessage(chat, "an answer", reply_to="1:10", outbox_id=1),
+        Typing(chat, active=False),
+    ]
+    assert ledger.given_up == [
+        (1, blocked),
+        (2, f"not sent: the chat is closed to the bot ({blocked})"),
+    ]
+    assert len([w for w in warnings if "blocked" in w]) == 1  # said once
+    del channel.refusing["1"]  # unblocked: the user writes, and is answered
+    await bus.publish(OutboundMessage(chat, "welcome back", reply_to="1:11", outbox_id=4))
+    await asyncio.wait_for(manager.drain(), 5)
+    assert ledger.confirmed == [3, 4]
+    await stop(task)
+
+
+async def test_chats_backing_off_hold_up_no_other_chat(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each failing chat waits minutes between tries; they once held every delivery slot
+    # (32) while they waited, and no other chat got anything meanwhile.
+    monkeypatch.setattr(manager_module, "DELIVERY_RETRIES", (600.0,))
+    bus, ledger = MessageBus(), MemoryOutbox()
+    channel = ScriptedChannel("tg")
+    manager = ChannelManager([channel], bus, ledger)
+    task = await run_manager(manager, channel)
+    failing = [str(n) for n in range(100, 150)]
+    for chat_id in failing:
+        channel.refusing[chat_id] = DeliveryError("500 Internal Server Error")
+        await bus.publish(OutboundMessage(ChatRef("tg", chat_id), "hi", outbox_id=int(chat_id)))
+    await bus.publish(reply("tg", 1))
+    await asyncio.wait_for(channel.arrived.wait(), 5)
+    assert channel.delivered == [reply("tg", 1)]
+    assert sorted(i for i, _ in ledger.failed) == [int(c) for c in failing]  # backing off
     await stop(task)

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from nanobot.bus.events import ChatRef, StreamUpdate
+from nanobot.bus.events import ChatRef, OutboundMessage, StreamUpdate
 from nanobot.channels._replies import Replies
+from nanobot.channels.base import Undeliverable
 from tests.fakes.outbox import MemoryOutbox
 
 CHAT = ChatRef("test", "1")
@@ -48,3 +49,32 @@ async def test_a_stream_taken_over_after_a_restart_is_edited_by_its_next_update(
     await replies.stream(StreamUpdate(CHAT, "s-1", "Once upon"))
     await replies.stream(StreamUpdate(CHAT, "s-1", "Once upon a"))  # within the interval
     assert (outlet.sent, outlet.edits) == ([], [(7, "Once upon")])
+
+
+class Refusing(Outlet):
+    """Refuses the `refuse`-th message sent (1-based) for good."""
+
+    def __init__(self, refuse: int) -> None:
+        super().__init__()
+        self.refuse = refuse
+        self.calls = 0
+
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None) -> int:
+        self.calls += 1
+        if self.calls == self.refuse:
+            raise Undeliverable("Forbidden: bot was blocked by the user", chat_closed=True)
+        return await super().send(chat, text, reply_to=reply_to)
+
+
+async def test_a_reply_refused_for_good_is_over() -> None:
+    outlet, outbox = Refusing(refuse=2), MemoryOutbox()
+    replies = Replies(outlet, lambda text: text.split("|"), interval=0.0, name="t", outbox=outbox)
+    await replies.stream(StreamUpdate(CHAT, "s-1", "one"))
+    item = OutboundMessage(CHAT, "one|two|three", outbox_id=5, stream_id="s-1")
+    with pytest.raises(Undeliverable):
+        await replies.send(item)  # the first part edits the stream's message, "two" is refused
+    assert outlet.sent == ["one"] and outbox.progressed == [(5, 1)]
+    assert outbox.streams == {}  # its message is forgotten: the reply is over
+    await replies.stream(StreamUpdate(CHAT, "s-1", "one|two"))  # a late update starts nothing
+    await replies.send(item)  # sent again all the same (not by the manager): from the start
+    assert outlet.sent == ["one", "one", "two", "three"]

@@ -116,11 +116,13 @@ class ServerError(Fault):
 
 @dataclass(frozen=True)
 class HttpError(Fault):
-    """Any Discord JSON error, e.g. ``HttpError(403, 50013, "Missing Permissions")``."""
+    """Any Discord JSON error, e.g. ``HttpError(403, 50013, "Missing Permissions")``;
+    ``errors`` as Discord nests them for 50035 Invalid Form Body (``_discord_payloads.form_error`` builds one)."""
 
     status: int = 403
     code: int = 50013
     message: str = "Missing Permissions"
+    errors: JSON | None = None
 
 
 @dataclass(frozen=True)
@@ -320,7 +322,7 @@ class _Body:
 class _FaultRule:
     pattern: str
     fault: Fault
-    remaining: int
+    remaining: int | None  # None: until `clear_faults`
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -665,14 +667,20 @@ class FakeDiscord:
 
     # ------------------------------------------------------------------ faults
 
-    def fail_next(self, pattern: str, kind: Fault, times: int = 1) -> None:
-        """Answer the next ``times`` REST calls matching ``pattern`` with ``kind``.
+    def fail_next(self, pattern: str, kind: Fault, times: int | None = 1) -> None:
+        """Answer the next ``times`` REST calls matching ``pattern`` with ``kind``
+        (``times=None``: every one from then on, until ``clear_faults``).
 
         ``pattern`` is an fnmatch pattern against ``"METHOD /path"`` (path without
         ``/api/v10``), e.g. ``"POST /channels/*/messages"``; a pattern starting with
-        ``/`` matches any method.
+        ``/`` matches any method. A channel's id in it scopes the fault to that chat:
+        ``f"/channels/{dm}/*"`` fails one chat while the others work.
         """
         self._faults.append(_FaultRule(pattern, kind, times))
+
+    def clear_faults(self) -> None:
+        """Forget the faults not yet used, standing ones included."""
+        self._faults.clear()
 
     async def disconnect_all(
         self, code: int = 4000, reason: str = "", *, abort: bool = False
@@ -960,9 +968,10 @@ class FakeDiscord:
         for rule in self._faults:
             target = path if rule.pattern.startswith("/") else subject
             if fnmatch.fnmatchcase(target, rule.pattern):
-                rule.remaining -= 1
-                if rule.remaining <= 0:
-                    self._faults.remove(rule)
+                if rule.remaining is not None:
+                    rule.remaining -= 1
+                    if rule.remaining <= 0:
+                        self._faults.remove(rule)
                 return rule.fault
         return None
 
@@ -994,8 +1003,9 @@ class FakeDiscord:
                 return web.Response(text=html, status=status, content_type="text/html")
             case ServerError(status=status):
                 return _json({"message": f"{status}: Internal Server Error", "code": 0}, status)
-            case HttpError(status=status, code=code, message=message):
-                return _json(p.error_body(code, message), status, {"Via": "1.1 google"})
+            case HttpError(status=status, code=code, message=message, errors=errors):
+                body = p.error_body(code, message, errors)
+                return _json(body, status, {"Via": "1.1 google"})
             case Garbled(body=body):
                 return web.Response(
                     body=body.encode(), headers={"Content-Type": "application/json"}

@@ -105,10 +105,13 @@ class ServerError(Fault):
 
 @dataclass(frozen=True)
 class ApiError(Fault):
-    """Any Telegram error, e.g. ``ApiError(403, "Forbidden: bot was blocked by the user")``."""
+    """Any Telegram error, e.g. ``ApiError(403, "Forbidden: bot was blocked by the user")``;
+    ``parameters`` as Telegram adds them (``{"migrate_to_chat_id": -100…}``: PTB's
+    ChatMigrated)."""
 
     status: int = 400
     description: str = "Bad Request"
+    parameters: JSON | None = None
 
 
 @dataclass(frozen=True)
@@ -724,8 +727,8 @@ class FakeTelegram:
             case ServerError(status=status):
                 names = {500: "Internal Server Error", 502: "Bad Gateway"}
                 return _error(status, names.get(status, "Service Unavailable"))
-            case ApiError(status=status, description=description):
-                return _error(status, description)
+            case ApiError(status=status, description=description, parameters=parameters):
+                return _error(status, description, parameters)
             case Garbled(result=result):
                 return web.json_response({"ok": True, "result": result})
             case Hang():
