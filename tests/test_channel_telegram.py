@@ -20,7 +20,15 @@ from nanobot.bus.queue import MessageBus
 from nanobot.channels._telegram_inbound import is_addressed, text_without_mentions
 from nanobot.channels._telegram_send import Retry
 from nanobot.channels._typing import DELAY as TYPING_DELAY
-from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, IntakePort, OutboxPort
+from nanobot.channels.base import (
+    DeliveryError,
+    InboxPolicy,
+    Intake,
+    IntakePort,
+    OutboxPort,
+    Undeliverable,
+)
+from nanobot.channels.manager import ChannelManager
 from nanobot.channels.render import plain_text, split_telegram, telegram_html, visible_length
 from nanobot.channels.telegram import TelegramChannel
 from nanobot.config import TelegramConfig
@@ -463,6 +471,67 @@ async def test_server_errors_are_retried_then_given_up(
     assert len(fake.calls("sendMessage")) == 3 + 4 + 1  # no retry
 
 
+REFUSALS = [  # as Telegram words them; True: the chat is closed to the bot
+    (ApiError(403, "Forbidden: bot was blocked by the user"), True),
+    (ApiError(403, "Forbidden: bot was kicked from the supergroup chat"), True),
+    (ApiError(403, "Forbidden: user is deactivated"), True),
+    (ApiError(403, "Forbidden: bot can't initiate conversation with a user"), True),
+    (ApiError(400, "Bad Request: chat not found"), True),
+    (
+        ApiError(
+            400,
+            "Bad Request: group chat was upgraded to a supergroup chat",
+            {"migrate_to_chat_id": -1001234567890},
+        ),
+        True,
+    ),
+    (ApiError(400, "Bad Request: message text is empty"), False),
+    (ApiError(400, "Bad Request: message thread not found"), False),
+    (ApiError(400, "Bad Request: not enough rights to send text messages to the chat"), False),
+    (ApiError(400, "Bad Request: TOPIC_CLOSED"), False),
+]
+
+
+@pytest.mark.parametrize(("refusal", "closed"), REFUSALS)
+async def test_a_refusal_is_given_up_at_once(
+    channel: TelegramChannel, fake: FakeTelegram, refusal: ApiError, closed: bool
+) -> None:
+    fake.fail_next("sendMessage", refusal)
+    with pytest.raises(Undeliverable) as raised:
+        await channel.deliver(OutboundMessage(CHAT, "hello"))
+    assert raised.value.chat_closed is closed
+    assert len(fake.calls("sendMessage")) == 1  # neither retried nor tried in another form
+
+
+async def test_a_rejected_token_is_not_the_replys_fault(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    fake.fail_next("sendMessage", ApiError(401, "Unauthorized"))
+    with pytest.raises(DeliveryError) as raised:
+        await channel.deliver(OutboundMessage(CHAT, "kept for later"))
+    assert not isinstance(raised.value, Undeliverable)  # the reply stays in the outbox
+
+
+async def test_too_many_entities_go_out_in_shorter_parts_then_as_plain_text(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    links = " ".join(f"[link {n}](https://example.com/{n})" for n in range(200))
+    fake.fail_next("sendMessage", ApiError(400, "Bad Request: ENTITIES_TOO_LONG"))
+    await channel.deliver(OutboundMessage(CHAT, links))
+    words = plain_text(telegram_html(links)).split()
+    parts = fake.sent(USER)
+    assert len(parts) >= 2 and {m.parse_mode for m in parts} == {"HTML"}
+    assert " ".join(m.visible for m in parts).split() == words
+    assert all(m.entities for m in parts)  # the links are still links
+    # Still too long after every halving (the first part of the first part of ...): that
+    # piece goes as plain text, the rest as HTML.
+    fake.fail_next("sendMessage", ApiError(400, "Bad Request: message is too long"), times=4)
+    await channel.deliver(OutboundMessage(CHAT, links))
+    pieces = fake.sent(USER)[len(parts) :]
+    assert pieces[0].parse_mode is None and {m.parse_mode for m in pieces[1:]} == {"HTML"}
+    assert len(pieces) >= 4 and " ".join(m.visible for m in pieces).split() == words
+
+
 async def test_a_send_answered_with_no_message_is_a_clear_delivery_error(
     channel: TelegramChannel, fake: FakeTelegram
 ) -> None:
@@ -486,6 +555,60 @@ async def test_a_retried_delivery_resumes_after_the_sent_chunks(
         await delivery
     await channel.deliver(message)  # the manager's retry
     assert [m.visible for m in fake.sent(USER)] == ["x" * 3500, "y" * 3500]
+
+
+@asynccontextmanager
+async def delivering(channel: TelegramChannel, outbox: MemoryOutbox) -> AsyncIterator[MessageBus]:
+    """`channel` run and delivered to by a ChannelManager, as in the gateway."""
+    bus = MessageBus()
+    manager = asyncio.create_task(ChannelManager([channel], bus, outbox).run())
+    try:
+        yield bus
+    finally:
+        manager.cancel()
+        await asyncio.wait([manager], timeout=10)
+
+
+async def test_a_chat_failing_for_a_while_holds_up_no_other(
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    # Telegram answers 500 to every send to one forum group: each of its 40 topics has a
+    # reply waiting to be tried again, and another chat's reply goes out meanwhile.
+    fake.fail_next("*", ServerError(500), times=None, chat_id=GROUP)
+    outbox = MemoryOutbox()
+    async with delivering(make_channel(fake, intake, inbox, outbox=outbox), outbox) as bus:
+        for topic in range(1, 41):
+            chat = ChatRef("telegram", str(GROUP), str(topic))
+            await bus.publish(OutboundMessage(chat, f"topic {topic}", outbox_id=topic))
+        tries = 1 + len(FAST.backoff)
+        await fake.wait_for(lambda: len(fake.calls("sendMessage")) >= 40 * tries)
+        await bus.publish(OutboundMessage(CHAT, "not held up", outbox_id=100))
+        [sent] = await fake.wait_for_sent(1, chat_id=USER)
+        assert sent.visible == "not held up"
+        assert sorted(i for i, _ in outbox.failed) == list(range(1, 41))  # waiting to retry
+        assert fake.sent(GROUP) == []
+
+
+async def test_a_blocked_bot_sends_nothing_more_there_until_the_chat_writes_again(
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, warnings: list[str]
+) -> None:
+    blocked = "Forbidden: bot was blocked by the user"
+    fake.fail_next("*", ApiError(403, blocked), times=None, chat_id=USER)
+    outbox = MemoryOutbox()
+    other = ChatRef("telegram", str(USER + 1))
+    async with delivering(make_channel(fake, intake, inbox, outbox=outbox), outbox) as bus:
+        await bus.publish(OutboundMessage(CHAT, "an answer", reply_to=f"{USER}:1", outbox_id=1))
+        await bus.publish(OutboundMessage(CHAT, "a reminder", outbox_id=2))  # answers no one
+        await bus.publish(OutboundMessage(other, "elsewhere", outbox_id=3))
+        await fake.wait_for_sent(1, chat_id=USER + 1)
+        await fake.wait_for(lambda: len(outbox.given_up) == 2)
+        assert [i for i, _ in outbox.given_up] == [1, 2] and blocked in outbox.given_up[1][1]
+        assert len(fake.calls("sendMessage")) == 2  # one try for the blocked chat, at once
+        assert len([w for w in warnings if blocked in w]) == 1
+        fake.clear_faults(USER)  # unblocked; the user writes again and is answered
+        await bus.publish(OutboundMessage(CHAT, "welcome back", reply_to=f"{USER}:2", outbox_id=4))
+        [back] = await fake.wait_for_sent(1, chat_id=USER)
+        assert back.visible == "welcome back"
 
 
 async def test_a_long_reply_reports_its_parts_and_resumes_from_them(
