@@ -87,14 +87,27 @@ class ChannelConfig(Section):
     allow_from: list[str] = Field(default_factory=list)
     group_policy: Literal["mention", "open", "disabled"] = "mention"
     max_file_mb: float = Field(20, gt=0)
+    # Platform user ids who may decide tool calls that need approval (tools.approval).
+    approvers: list[str] = Field(default_factory=list)
 
-    @field_validator("allow_from", mode="before")
+    @field_validator("allow_from", "approvers", mode="before")
     @classmethod
     def _ids_as_strings(cls, value: object) -> object:
         # YAML reads numeric ids as ints; ids are compared as strings everywhere.
         if isinstance(value, list):
             return [str(item) if isinstance(item, int) else item for item in value]
         return value
+
+    @field_validator("approvers")
+    @classmethod
+    def _numeric_approvers(cls, ids: list[str]) -> list[str]:
+        for user_id in ids:
+            if not user_id.isascii() or not user_id.isdigit():
+                raise ValueError(
+                    f"{user_id!r} is not a user id: approvers are numeric platform user ids"
+                    " (e.g. 123456789), not names, and not '*'"
+                )
+        return ids
 
 
 class TelegramConfig(ChannelConfig):
@@ -138,10 +151,67 @@ class WebConfig(Section):
     fetch_allow_hosts: list[str] = Field(default_factory=list)
 
 
+Approval = Literal["allow", "ask", "deny"]
+
+
+class ApprovalConfig(Section):
+    """Which tool calls ask a person first (`allow | ask | deny` per tool), how long a
+    request waits, and what scheduled and heartbeat turns do when one would ask."""
+
+    exec: Approval = "ask"
+    cron: Approval = "ask"  # creating or changing jobs; listing them never asks
+    spawn: Approval = "allow"
+    read_file: Approval = "allow"
+    write_file: Approval = "allow"
+    edit_file: Approval = "allow"
+    list_dir: Approval = "allow"
+    web_fetch: Approval = "allow"
+    web_search: Approval = "allow"
+    message: Approval = "allow"
+    other: Approval = "ask"  # every tool not listed above (MCP tools, tools added later)
+    timeout: timedelta = timedelta(minutes=10)
+    unattended: Literal["ask", "deny"] = "ask"
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        return _duration(value)
+
+    @field_validator("timeout")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be longer than zero (e.g. 10m)")
+        return value
+
+    def policies(self) -> dict[str, str]:
+        """Each listed tool's policy, by tool name (`other` applies to the rest)."""
+        settings = {"other", "timeout", "unattended"}
+        return {
+            name: getattr(self, name) for name in type(self).model_fields if name not in settings
+        }
+
+
 class ToolsConfig(Section):
     restrict_to_workspace: bool = True
     exec: ExecConfig = Field(default_factory=ExecConfig)
     web: WebConfig = Field(default_factory=WebConfig)
+    approval: ApprovalConfig = Field(default_factory=ApprovalConfig)
+
+
+def _duration(value: object) -> object:
+    """A duration in the syntax of nanobot.durations (`10m`, `1h30m`); a plain number is
+    seconds, as pydantic reads one."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return timedelta(seconds=int(value))
+    if isinstance(value, str):
+        return parse_duration(value)
+    return value
 
 
 class CronConfig(Section):

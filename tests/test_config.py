@@ -237,3 +237,54 @@ def test_a_workspace_holding_nanobots_secrets_is_refused(
 def test_the_default_workspace_inside_the_data_dir_is_fine(tmp_path: Path) -> None:
     config = load(write(tmp_path, f"data_dir: {tmp_path}\n"))
     assert config.workspace_path == tmp_path / "workspace"
+
+
+def test_approval_defaults_and_settings(tmp_path: Path) -> None:
+    approval = load(write(tmp_path, "")).tools.approval
+    assert (approval.exec, approval.cron, approval.spawn, approval.other) == (
+        "ask",
+        "ask",
+        "allow",
+        "ask",
+    )
+    assert (approval.timeout.total_seconds(), approval.unattended) == (600, "ask")
+    text = "tools:\n  approval: {exec: Deny, web_fetch: ask, timeout: 1h30m, unattended: deny}\n"
+    approval = load(write(tmp_path, text)).tools.approval
+    assert (approval.exec, approval.web_fetch, approval.unattended) == ("deny", "ask", "deny")
+    assert approval.timeout.total_seconds() == 5400
+    assert approval.policies()["exec"] == "deny"
+    assert "timeout" not in approval.policies()
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("exec: maybe", r"tools\.approval\.exec: Input should be 'allow', 'ask' or 'deny'"),
+        ("exec: yes", r"tools\.approval\.exec: Input should be 'allow', 'ask' or 'deny'"),
+        ("exce: ask", r"tools\.approval\.exce: unknown key"),
+        ("timeout: soon", r"tools\.approval\.timeout: .*not a duration"),
+        ("timeout: 0s", r"tools\.approval\.timeout: must be longer than zero"),
+        ("unattended: allow", r"tools\.approval\.unattended: Input should be 'ask' or 'deny'"),
+    ],
+)
+def test_bad_approval_settings_name_the_key(tmp_path: Path, text: str, error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        load(write(tmp_path, f"tools:\n  approval:\n    {text}\n"))
+
+
+def test_approval_policy_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NANOBOT_TOOLS__APPROVAL__EXEC", "deny")
+    monkeypatch.setenv("NANOBOT_TOOLS__APPROVAL__TIMEOUT", "2m")
+    approval = load(write(tmp_path, "")).tools.approval
+    assert (approval.exec, approval.timeout.total_seconds()) == ("deny", 120)
+
+
+@pytest.mark.parametrize("channel", ["telegram", "discord"])
+def test_approvers_are_numeric_user_ids(tmp_path: Path, channel: str) -> None:
+    config = load(write(tmp_path, f"channels:\n  {channel}:\n    approvers: [123, '456']\n"))
+    assert getattr(config.channels, channel).approvers == ["123", "456"]
+    for bad in ("'@owner'", "'*'", "'12a'", "'-5'", "'١٢'"):
+        with pytest.raises(ConfigError, match=rf"channels\.{channel}\.approvers: .*not a user id"):
+            load(write(tmp_path, f"channels:\n  {channel}:\n    approvers: [{bad}]\n"))

@@ -1,0 +1,385 @@
+"""Approvals policy: which tool calls ask a person first, what a saved rule binds to, who may
+decide and where they are asked, and the words for every outcome.
+
+Pure: no I/O and no clock. The store (`nanobot.store.approvals`) keeps requests, rules and the
+log; the loop asks, waits and runs. A call goes through three steps:
+
+1. `ApprovalPolicy.requirement(tool, arguments)`: `allow` runs it, `deny` refuses it, `ask`
+   goes on (cheap, so plainly allowed tools never touch the store);
+2. the store's `match(subject.tool, subject.rule_key, session_key)`: a grant, or None;
+3. `ApprovalPolicy.check(…, grant=…, taint=…)`: run it, or ask with the reason the card shows.
+   Once a turn has taken in content from outside (`Taint`), every call that would ask asks
+   even when a saved rule or a chat grant would allow it; a tool configured `allow` stays
+   allowed.
+
+Then `route(origin, approvers, …)` says where the card goes and who may decide, or that the call
+is refused at once; `new_request` makes the row for the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import MappingProxyType
+from typing import Final, Literal
+
+from nanobot.agent._commands import command_key, inline_code
+from nanobot.store.approvals import (
+    RESTARTED,
+    ApprovalRequest,
+    Grant,
+    NewRequest,
+    Outcome,
+    Place,
+    Scope,
+    Verdict,
+)
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "ApprovalPolicy",
+    "AskApprovers",
+    "AskHere",
+    "Check",
+    "Origin",
+    "Policy",
+    "RefuseNow",
+    "Route",
+    "Scope",
+    "Subject",
+    "Taint",
+    "Unattended",
+    "Verdict",
+    "answer_text",
+    "command_key",
+    "decision_text",
+    "inline_code",
+    "new_request",
+    "not_run",
+    "route",
+    "subject",
+]
+
+Policy = Literal["allow", "ask", "deny"]
+"""What a tool's calls get: run without asking, ask a person first, or never run."""
+Unattended = Literal["ask", "deny"]
+"""What a cron job's or the heartbeat's call that needs approval gets."""
+
+DEFAULT_POLICIES: Final[Mapping[str, Policy]] = MappingProxyType(
+    {
+        "exec": "ask",
+        "cron": "ask",  # creating or changing jobs; listing them is always allowed
+        "spawn": "allow",  # a subagent's own calls follow this same policy
+        "read_file": "allow",
+        "write_file": "allow",
+        "edit_file": "allow",
+        "list_dir": "allow",
+        "web_fetch": "allow",
+        "web_search": "allow",
+        "message": "allow",
+    }
+)
+"""The built-in tools and their defaults; any other tool (MCP, later ones) asks."""
+OTHER_TOOLS: Final = "other"
+"""The config key (`tools.approval.other`) for tools not listed in `DEFAULT_POLICIES`."""
+DEFAULT_TIMEOUT: Final = timedelta(minutes=10)
+UNTRUSTED_TOOLS: Final = frozenset({"web_fetch", "web_search"})
+"""Built-in tools whose results come from outside; results of tools that are not built in
+(MCP) do as well."""
+# Actions of a tool that change nothing, allowed even where the tool asks.
+_READ_ONLY_ACTIONS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
+    {"cron": frozenset({"list"})}
+)
+_ALL_SCOPES: Final[tuple[Scope, ...]] = ("once", "chat", "always")
+_HASH_LENGTH: Final = 16  # hex digits: 64 bits, and room in a 64-byte callback_data
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What a call is, for approving it: `arguments` as the card shows them (canonical JSON)
+    and their hash; `rule_key`, what a rule or grant binds to (the normalised command for
+    exec, the canonical arguments otherwise); `scopes`, the approvals it may get besides a
+    denial, with `once_only` saying why the others are not offered."""
+
+    tool: str
+    arguments: str
+    args_hash: str
+    rule_key: str
+    scopes: tuple[Scope, ...]
+    once_only: str | None = None
+
+
+def subject(tool: str, arguments: Mapping[str, object]) -> Subject:
+    """The `Subject` of a call of `tool` with these (parsed) arguments.
+
+    A command that runs code given inline (see `inline_code`) may be approved once only: not
+    for the chat and never always, since the same words can run different code next time.
+    """
+    canonical = canonical_json(arguments)
+    digest = hashlib.sha256(f"{tool}\0{canonical}".encode()).hexdigest()[:_HASH_LENGTH]
+    command = arguments.get("command") if tool == "exec" else None
+    if not isinstance(command, str):
+        return Subject(tool, canonical, digest, canonical, _ALL_SCOPES)
+    reason = inline_code(command)
+    scopes: tuple[Scope, ...] = _ALL_SCOPES if reason is None else ("once",)
+    return Subject(tool, canonical, digest, command_key(command), scopes, reason)
+
+
+def canonical_json(arguments: Mapping[str, object]) -> str:
+    """The arguments as one JSON text: sorted keys, no blanks, non-ASCII as itself."""
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """What content from outside the turn has taken in so far (empty: none). Per turn: start
+    each turn with `Taint()`."""
+
+    sources: tuple[str, ...] = ()
+
+    def after(self, tool: str) -> Taint:
+        """The taint once a result of `tool` is in: web_fetch, web_search and every tool that
+        is not built in bring content from outside."""
+        if tool in UNTRUSTED_TOOLS or tool not in DEFAULT_POLICIES:
+            return self.with_source(f"a {tool} result")
+        return self
+
+    def with_source(self, source: str) -> Taint:
+        """The taint once `source` is in ("a file sent in the chat", "a subagent's result")."""
+        return self if source in self.sources else Taint((*self.sources, source))
+
+    @property
+    def reason(self) -> str | None:
+        """Why the turn is not trusted, for the card; None when it is."""
+        if not self.sources:
+            return None
+        return f"this turn has read content from outside ({', '.join(self.sources)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """What to do with a call: run it (`allow`), ask a person (`ask`) or refuse it (`deny`).
+    `reason` says why, for the card or the model; `grant` is what allowed it, if anything."""
+
+    action: Policy
+    reason: str = ""
+    grant: Grant | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalPolicy:
+    """`tools.approval`: each tool's policy (tools not in `tools` get `other`), how long a
+    request waits, and what unattended turns do."""
+
+    tools: Mapping[str, Policy] = field(default_factory=lambda: DEFAULT_POLICIES)
+    other: Policy = "ask"
+    timeout: timedelta = DEFAULT_TIMEOUT
+    unattended: Unattended = "ask"
+
+    def requirement(self, tool: str, arguments: Mapping[str, object]) -> Policy:
+        """The tool's policy for this call; `ask` becomes `allow` for an action that changes
+        nothing (`cron` `list`). A call whose action is missing or unknown keeps the policy."""
+        policy = self.tools.get(tool, self.other)
+        if policy == "ask" and arguments.get("action") in _READ_ONLY_ACTIONS.get(tool, ()):
+            return "allow"
+        return policy
+
+    def check(
+        self,
+        tool: str,
+        arguments: Mapping[str, object],
+        *,
+        grant: Grant | None,
+        taint: Taint,
+    ) -> Check:
+        """Whether this call runs, asks or is refused, given the grant the store matched for
+        it (None if none) and the turn's taint."""
+        need = self.requirement(tool, arguments)
+        key = tool if tool in self.tools else OTHER_TOOLS
+        if need == "allow":
+            return Check("allow")
+        if need == "deny":
+            return Check("deny", f"{tool} is turned off (tools.approval.{key}: deny)")
+        if grant is not None and taint.reason is None:
+            return Check("allow", _granted(grant), grant)
+        if grant is not None:
+            return Check("ask", f"{_granted(grant)} would allow it, but {taint.reason}")
+        why = _why_it_asks(tool, key)
+        return Check("ask", why if taint.reason is None else f"{why}; {taint.reason}")
+
+
+def _granted(grant: Grant) -> str:
+    return f"saved rule {grant.rule_id}" if grant.scope == "always" else "this chat's approval"
+
+
+def _why_it_asks(tool: str, key: str) -> str:
+    if tool == "cron":
+        return "creating or changing scheduled jobs asks first (tools.approval.cron: ask)"
+    if key == OTHER_TOOLS:
+        return f"{tool} is not a built-in tool; those ask first (tools.approval.other: ask)"
+    return f"{tool} asks first (tools.approval.{tool}: ask)"
+
+
+# -- who decides, and where ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The chat a call comes from. `user_id` is who is talking (in a private chat, its one
+    user; None when not known); `unattended` for cron jobs and the heartbeat, whose chat is
+    the one they deliver to."""
+
+    channel: str
+    chat_id: str
+    private: bool
+    user_id: str | None
+    unattended: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AskHere:
+    """Ask in the origin chat; `deciders` may decide."""
+
+    deciders: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AskApprovers:
+    """Ask each approver in their private chat (and say in the origin chat that it waits)."""
+
+    approvers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RefuseNow:
+    """Nobody can decide: refuse the call at once; `reason` says why and what to configure."""
+
+    reason: str
+
+
+Route = AskHere | AskApprovers | RefuseNow
+
+
+def route(
+    origin: Origin | None, approvers: Collection[str], *, unattended: Unattended = "ask"
+) -> Route:
+    """Where a request for a call from `origin` is asked and who decides it, given its
+    channel's configured `approvers` (`channels.<name>.approvers`).
+
+    Configured approvers decide everywhere: in the private chat of one of them, there; else
+    each in their own private chat. With none configured, the user talking in a private chat
+    decides, and in a group nobody can. An unattended turn asks like its delivery chat would
+    (unless `unattended` is "deny"); one that delivers nowhere (`origin` None) is refused.
+    """
+    if origin is not None and origin.unattended and unattended == "deny":
+        return RefuseNow(
+            "calls that need approval are refused in scheduled and heartbeat turns"
+            " (tools.approval.unattended: deny)"
+        )
+    if origin is None:
+        return RefuseNow("nobody can approve it: this turn delivers to no chat")
+    ordered = tuple(dict.fromkeys(approvers))
+    if not ordered:
+        return _without_approvers(origin)
+    if origin.private and origin.user_id in ordered:
+        return AskHere(ordered)
+    return AskApprovers(ordered)
+
+
+def _without_approvers(origin: Origin) -> Route:
+    if origin.private and origin.user_id:
+        return AskHere((origin.user_id,))
+    setting = f"channels.{origin.channel}.approvers"
+    if origin.private:
+        return RefuseNow(f"nobody can approve it here: add an approver's user id to {setting}")
+    return RefuseNow(
+        f"only an approver can allow this in a group, and {setting} is empty: add your"
+        f" {origin.channel} user id there in the config and restart nanobot"
+    )
+
+
+def new_request(
+    call: Subject,
+    *,
+    session_key: str,
+    run_id: str,
+    tool_call_id: str,
+    reason: str,
+    deciders: Collection[str],
+    places: Collection[Place],
+) -> NewRequest:
+    """The store row for asking about `call`; its scopes come from the subject, so inline
+    code can never be saved."""
+    return NewRequest(
+        session_key=session_key,
+        run_id=run_id,
+        tool_call_id=tool_call_id,
+        tool=call.tool,
+        arguments=call.arguments,
+        args_hash=call.args_hash,
+        rule_key=call.rule_key,
+        scopes=call.scopes,
+        reason=reason,
+        deciders=tuple(deciders),
+        places=tuple(places),
+    )
+
+
+# -- words -----------------------------------------------------------------------------------
+
+_ANSWERS: Final[Mapping[Outcome, str]] = MappingProxyType(
+    {
+        "decided": "Decided.",
+        "already_decided": "This was already decided.",
+        "unknown": "There is no such approval request.",
+        "other_chat": "That approval request was not asked in this chat.",
+        "not_approver": "Only an approver can decide this.",
+        "expired": "Too late: this request expired, and the call did not run.",
+        "changed": "The call changed since this was asked; nothing was decided.",
+        "not_offered": "That is not offered here: code given inline can only be allowed once.",
+    }
+)
+_SCOPE_WORDS: Final[Mapping[Scope, str]] = MappingProxyType(
+    {"once": "allowed once", "chat": "allowed for this chat", "always": "always allowed"}
+)
+
+
+def answer_text(outcome: Outcome, request: ApprovalRequest | None = None) -> str:
+    """The reply to a person who answered a request (a click or `/approve`): one line."""
+    text = _ANSWERS[outcome]
+    if outcome == "already_decided" and request is not None:
+        decided = decision_text(request)
+        return f"{text} {decided[:1].upper()}{decided[1:]}."
+    return text
+
+
+def decision_text(request: ApprovalRequest) -> str:
+    """What became of a request, for its edited card: "allowed once by 123 at 14:05 UTC"."""
+    when = f" at {request.decided_at:%H:%M} UTC" if request.decided_at else ""
+    by = f" by {request.decided_by}" if request.decided_by else ""
+    if request.state == "approved" and request.scope is not None:
+        return f"{_SCOPE_WORDS[request.scope]}{by}{when}"
+    if request.state == "denied":
+        return f"denied{by}{when}"
+    if request.state in {"expired", "cancelled"}:
+        return f"{request.state}{when}: {request.note or 'no answer'}"
+    return "waiting for a decision"
+
+
+def not_run(request: ApprovalRequest | None = None, *, refused: str | None = None) -> str:
+    """The tool result for a call that did not run: refused at once (`refused`), or its
+    request was denied, expired or cancelled."""
+    if refused is not None:
+        return f"Not run: {refused}."
+    if request is None or request.state in {"pending", "approved"}:
+        raise ValueError("not_run needs a refusal or a request that did not approve the call")
+    if request.state == "denied":
+        return "Not run: the user denied it."
+    if request.note == RESTARTED:
+        return f"Not run: {RESTARTED}."
+    if request.state == "expired":
+        return "Not run: it was not approved in time."
+    return f"Not run: the request was cancelled ({request.note or 'no reason given'})."
