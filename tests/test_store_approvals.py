@@ -297,6 +297,18 @@ async def test_chat_scope_holds_for_its_session_until_cleared(store: ApprovalSto
     assert await store.clear_chat_scope("telegram:100") == 0
 
 
+async def test_with_both_a_chat_grant_and_a_rule_the_chat_grant_is_named(
+    store: ApprovalStore,
+) -> None:
+    for verdict in ("always", "chat"):
+        request = await store.create(new(), expires_in=TIMEOUT)
+        assert await answer(store, request.id, verdict) == "decided"
+    [rule] = await store.rules()
+    assert await store.match("exec", "ls -la", "telegram:100") == Grant("chat")
+    await store.clear_chat_scope("telegram:100")
+    assert await store.match("exec", "ls -la", "telegram:100") == Grant("always", rule.id)
+
+
 async def test_the_log_keeps_every_decision_in_order(store: ApprovalStore, clock: Clock) -> None:
     approved = await store.create(new(), expires_in=TIMEOUT)
     await answer(store, approved.id, "chat")
