@@ -21,13 +21,22 @@ from pydantic import SecretStr
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
 from nanobot.bus.queue import MessageBus
 from nanobot.channels._discord_inbound import is_addressed, text_for_agent
-from nanobot.channels.base import DeliveryError, InboxPolicy, Intake, IntakePort, OutboxPort
+from nanobot.channels.base import (
+    DeliveryError,
+    InboxPolicy,
+    Intake,
+    IntakePort,
+    OutboxPort,
+    Undeliverable,
+)
 from nanobot.channels.discord import DiscordChannel
+from nanobot.channels.manager import ChannelManager
 from nanobot.channels.render import split_discord
 from nanobot.config import DiscordConfig
 from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.store import Access, Database, Journal
+from tests.fakes._discord_payloads import form_error
 from tests.fakes.discord import (
     AttachmentFile,
     FakeDiscord,
@@ -523,6 +532,83 @@ async def test_retry_resumes_after_the_parts_already_sent(
     await channel.deliver(item)  # the manager's retry
     assert [m.content for m in fake.sent()] == parts
     assert posts(fake) == [None, *["RateLimited"] * 5, None, None]
+
+
+REFUSALS = [  # as Discord words them; True: the chat is closed to the bot
+    (HttpError(403, 50007, "Cannot send messages to this user"), True),
+    (HttpError(403, 50001, "Missing Access"), True),
+    (HttpError(404, 10003, "Unknown Channel"), True),
+    (HttpError(403, 50013, "Missing Permissions"), False),
+    (HttpError(400, 50006, "Cannot send an empty message"), False),
+    (HttpError(400, 50083, "Operation cannot be performed on an archived thread"), False),
+]
+
+
+@pytest.mark.parametrize(("refusal", "closed"), REFUSALS)
+async def test_a_refusal_is_given_up_at_once(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, refusal: HttpError, closed: bool
+) -> None:
+    fake.fail_next("POST /channels/*/messages", refusal)
+    with pytest.raises(Undeliverable) as raised:
+        await channel.deliver(OutboundMessage(world.chat(world.channel), "hello"))
+    assert raised.value.chat_closed is closed
+    assert len(posts(fake)) == 1  # neither retried nor tried in another form
+
+
+async def test_content_discord_finds_too_long_goes_out_in_shorter_parts(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    errors = form_error("content", "BASE_TYPE_MAX_LENGTH", "Must be 2000 or fewer in length.")
+    fake.fail_next(
+        "POST /channels/*/messages", HttpError(400, 50035, "Invalid Form Body", errors["errors"])
+    )
+    text = "words " * 300
+    await channel.deliver(OutboundMessage(world.chat(world.channel), text))
+    parts = [m.content for m in fake.sent(world.channel)]
+    assert len(parts) >= 2 and " ".join(parts).split() == text.split()
+
+
+async def test_a_reply_that_may_not_quote_its_message_is_posted_plainly(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    asked = str(fake.user_message(world.channel, "hello?", mentions_bot=True))
+    no_history = HttpError(400, 160002, "Cannot reply without permission to read message history")
+    fake.fail_next("POST /channels/*/messages", no_history)
+    await channel.deliver(OutboundMessage(world.chat(world.channel), "hi", reply_to=asked))
+    [sent] = fake.sent(world.channel)
+    assert sent.content == "hi" and sent.reply_to is None
+    assert posts(fake) == ["HttpError", None]
+
+
+@asynccontextmanager
+async def delivering(channel: DiscordChannel, outbox: MemoryOutbox) -> AsyncIterator[MessageBus]:
+    """`channel` run and delivered to by a ChannelManager, as in the gateway."""
+    bus = MessageBus()
+    manager = asyncio.create_task(ChannelManager([channel], bus, outbox).run())
+    try:
+        yield bus
+    finally:
+        manager.cancel()
+        await asyncio.wait([manager], timeout=10)
+
+
+async def test_chats_failing_for_a_while_hold_up_no_other(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    # Discord answers 500 in 40 channels: discord.py backs off in each (1, 3, 5, 7, 9 s)
+    # while another channel's reply goes out.
+    failing = [fake.add_channel(world.guild, f"busy-{n}") for n in range(40)]
+    for channel_id in failing:
+        fake.fail_next(f"/channels/{channel_id}/*", ServerError(500), times=None)
+    outbox = MemoryOutbox()
+    async with delivering(make_channel(fake, intake, inbox, outbox=outbox), outbox) as bus:
+        for n, channel_id in enumerate(failing, 1):
+            await bus.publish(OutboundMessage(world.chat(channel_id), "busy", outbox_id=n))
+        await fake.wait_until(lambda: len(posts(fake)) >= 40, 10, "a try in every channel")
+        await bus.publish(OutboundMessage(world.chat(world.channel), "not held up", outbox_id=99))
+        [sent] = await fake.wait_for_sent(1, world.channel)
+        assert sent.content == "not held up"
+        assert all(not fake.sent(channel_id) for channel_id in failing)
 
 
 async def test_typing_while_active(
