@@ -28,6 +28,7 @@ from nanobot.store import (
     migrations,
 )
 from nanobot.store.access import MAX_PENDING
+from nanobot.store.journal import FailedReplies
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -547,6 +548,34 @@ async def test_streams_are_remembered_until_finished_and_pruned_when_stale(db: D
     assert await journal.open_streams() == {}
     assert [p.id for p in await journal.pending_inbound()] == [pending]
     assert [o.message for o in await journal.pending_outbox()] == [{"text": "hello"}]
+
+
+async def test_a_reply_refused_for_good_is_failed_with_its_reason_and_never_owed(
+    db: Database,
+) -> None:
+    journal = Journal(db)
+    assert await journal.failed_replies() == FailedReplies(0)
+    blocked = await journal.enqueue("telegram", {"text": "to a blocked chat"})
+    gone = await journal.enqueue("discord", {"text": "to a deleted channel"})
+    owed = await journal.enqueue("telegram", {"text": "still owed"})
+    await journal.fail(blocked, "sendMessage: Internal Server Error")  # a try that may pass
+    await journal.give_up(blocked, "Forbidden: bot was blocked by the user")
+    await journal.give_up(gone, "404 Not Found (error code: 10003): Unknown Channel")
+    await journal.confirm(owed)
+    await journal.give_up(owed, "too late: it was delivered")  # only a pending reply fails
+    assert await journal.pending_outbox() == []
+    failed = await journal.failed_replies()
+    assert (failed.count, failed.last_reason) == (
+        2,
+        "404 Not Found (error code: 10003): Unknown Channel",
+    )
+    assert failed.last_at is not None and failed.last_at.tzinfo is not None
+    row = await db.fetchone("SELECT state, attempts FROM outbox WHERE id = ?", (blocked,))
+    assert row is not None and tuple(row) == ("failed", 2)
+    # Kept like delivered replies: pruned once older than the window, and not before.
+    assert await journal.prune(timedelta(days=7)) == 0
+    assert await journal.prune(timedelta(seconds=-1)) == 3
+    assert await journal.failed_replies() == FailedReplies(0)
 
 
 async def test_stats_count_sessions_entries_and_bytes(db: Database, store: SessionStore) -> None:
