@@ -227,6 +227,60 @@ def pairing_revoke(
     _pairing(ctx, "revoke", user, *([channel] if channel else []))
 
 
+approvals_app = typer.Typer(
+    help="Tool calls that ask first (tools.approval): saved rules, waiting requests, the log.",
+    no_args_is_help=True,
+)
+app.add_typer(approvals_app, name="approvals")
+
+
+def _approvals(ctx: typer.Context, action: str, *args: str) -> None:
+    from nanobot import manage
+    from nanobot.errors import NanobotError
+
+    config = _config(ctx)
+    try:
+        lines, ok = manage.approvals(config, action, *args)
+    except NanobotError as exc:
+        _fail(str(exc))
+    for line in lines:
+        typer.echo(line)
+    if not ok:
+        raise typer.Exit(1)
+
+
+@approvals_app.command("rules")
+def approvals_rules(ctx: typer.Context) -> None:
+    """Saved rules ("always allow"): id, tool, when and by whom, the exact call."""
+    _approvals(ctx, "rules")
+
+
+@approvals_app.command("revoke")
+def approvals_revoke(
+    ctx: typer.Context,
+    rule_id: Annotated[str, typer.Argument(help="The rule's id (nanobot approvals rules).")],
+) -> None:
+    """Delete a saved rule: that call asks again, from now on."""
+    _approvals(ctx, "revoke", rule_id)
+
+
+@approvals_app.command("pending")
+def approvals_pending(ctx: typer.Context) -> None:
+    """Requests waiting for a decision: id, tool, the chats asked, until when, the call."""
+    _approvals(ctx, "pending")
+
+
+@approvals_app.command("log")
+def approvals_log(
+    ctx: typer.Context,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=1, help="How many of the latest decisions.")
+    ] = 50,
+) -> None:
+    """Every decision, oldest first: allowed, denied, expired, cancelled, refused, revoked."""
+    _approvals(ctx, "log", str(limit))
+
+
 cron_app = typer.Typer(
     help="Scheduled jobs: each run is an agent turn; its answer can go to a chat.",
     no_args_is_help=True,

@@ -1,4 +1,5 @@
-"""Managing an installation from the command line: onboarding, status, pairing, cron jobs.
+"""Managing an installation from the command line: onboarding, status, pairing, cron jobs,
+approvals.
 
 Each function sets up logging, opens what it needs, does one thing and returns lines for the
 CLI to print. None of them imports litellm or the chat libraries.
@@ -10,7 +11,8 @@ import asyncio
 import json
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -19,7 +21,7 @@ from nanobot.config import Config, load
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.models import Job
 from nanobot.cron.schedule import describe
-from nanobot.store import Access, Database, SessionStore
+from nanobot.store import Access, ApprovalStore, Database, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore
 from nanobot.workspace import bundled, copy_template
@@ -81,6 +83,114 @@ async def _pairing_list(access: Access) -> tuple[list[str], bool]:
     if not allowed:
         lines.append("  none")
     return lines, True
+
+
+def approvals(config: Config, action: str, *args: str) -> tuple[list[str], bool]:
+    """Run a `nanobot approvals` action (rules, revoke ID, log [LIMIT], pending); returns the
+    lines to print and whether it succeeded."""
+    log.configure(config, quiet=True)
+    zone = ZoneInfo(config.timezone) if config.timezone else None
+    actions: dict[str, Callable[..., Awaitable[tuple[list[str], bool]]]] = {
+        "rules": _rules,
+        "revoke": _revoke_rule,
+        "log": _decision_log,
+        "pending": _pending_approvals,
+    }
+
+    async def run() -> tuple[list[str], bool]:
+        config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        async with await Database.open(config.state_db_path) as db:
+            return await actions[action](ApprovalStore(db), zone, *args)
+
+    return asyncio.run(run())
+
+
+async def _rules(store: ApprovalStore, zone: ZoneInfo | None) -> tuple[list[str], bool]:
+    rules = await store.rules()
+    if not rules:
+        return ['No saved rules. "Always allow" on an approval card saves one.'], True
+    rows = [("ID", "TOOL", "SAVED", "BY", "CALL")]
+    for rule in rules:
+        saved = _when(rule.created_at, zone)
+        rows.append(
+            (rule.id, rule.tool, saved, rule.created_by or "-", _call(rule.tool, rule.arguments))
+        )
+    return _table(rows), True
+
+
+async def _revoke_rule(
+    store: ApprovalStore, zone: ZoneInfo | None, rule_id: str
+) -> tuple[list[str], bool]:
+    rule = await store.revoke(rule_id, by="cli")
+    if rule is None:
+        return [f"No saved rule has the id {_name(rule_id)} (see nanobot approvals rules)."], False
+    return [f"Revoked rule {rule.id}: {rule.tool} {_call(rule.tool, rule.arguments)}"], True
+
+
+async def _decision_log(
+    store: ApprovalStore, zone: ZoneInfo | None, limit: str = "50"
+) -> tuple[list[str], bool]:
+    entries = await store.log(int(limit))
+    if not entries:
+        return ["No decisions yet."], True
+    rows = [("WHEN", "OUTCOME", "TOOL", "BY", "CALL", "WHY")]
+    for entry in entries:
+        outcome = entry.outcome + (f" ({entry.scope})" if entry.scope else "")
+        rows.append(
+            (
+                _when(entry.at, zone),
+                outcome,
+                entry.tool,
+                entry.decided_by or "-",
+                _call(entry.tool, entry.arguments),
+                _name(entry.reason, "-"),
+            )
+        )
+    return _table(rows), True
+
+
+async def _pending_approvals(store: ApprovalStore, zone: ZoneInfo | None) -> tuple[list[str], bool]:
+    pending = await store.pending()
+    if not pending:
+        return ["No requests are waiting for a decision."], True
+    rows = [("ID", "TOOL", "ASKED IN", "UNTIL", "CALL")]
+    for request in pending:
+        places = ", ".join(f"{p.channel}:{p.chat_id}" for p in request.places)
+        until = _when(request.expires_at, zone)
+        rows.append(
+            (request.id, request.tool, places, until, _call(request.tool, request.arguments))
+        )
+    hint = "Decide in the chat: tap a button, or send /approve ID [once|chat|always] or /deny ID."
+    return [*_table(rows), hint], True
+
+
+_CALL_WIDTH = 100
+
+
+def _call(tool: str, arguments: str) -> str:
+    """A call as one printable line: exec's command itself, other tools' arguments as JSON;
+    cut when long."""
+    text = arguments
+    if tool == "exec":
+        try:
+            command = json.loads(arguments).get("command")
+        except (ValueError, AttributeError):
+            command = None
+        text = command if isinstance(command, str) else arguments
+    text = log.printable(text)
+    return text if len(text) <= _CALL_WIDTH else text[: _CALL_WIDTH - 1] + "…"
+
+
+def _when(moment: datetime, zone: ZoneInfo | None) -> str:
+    return moment.astimezone(zone).strftime("%Y-%m-%d %H:%M %Z")
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def _name(name: str | None, missing: str = "?") -> str:

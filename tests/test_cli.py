@@ -306,3 +306,91 @@ async def test_an_error_quoting_the_key_is_printed_without_it(
     assert result.code == 1
     assert "API key" in result.stderr
     assert SECRET not in result.stderr + result.stdout
+
+
+async def _approval(db: Database, command: str, verdict: str | None) -> str:
+    """A request for `command` in telegram chat 42, answered with `verdict` (None: waiting)."""
+    from datetime import timedelta
+    from typing import cast
+
+    from nanobot.agent.approvals import new_request, subject
+    from nanobot.store import ApprovalStore
+    from nanobot.store.approvals import Place, Verdict
+
+    store = ApprovalStore(db)
+    call = subject("exec", {"command": command})
+    new = new_request(
+        call,
+        session_key="telegram:42",
+        run_id="run",
+        tool_call_id="call",
+        reason="exec asks first",
+        deciders=["42"],
+        places=[Place("telegram", "42")],
+    )
+    request = await store.create(new, expires_in=timedelta(minutes=10))
+    if verdict is not None:
+        decision = await store.decide(
+            request.id, cast(Verdict, verdict), by="42", channel="telegram", chat_id="42"
+        )
+        assert decision.won
+    return request.id
+
+
+async def test_approvals_rules_revoke_pending_and_log(home: Home) -> None:
+    from nanobot.store import ApprovalStore
+
+    # Nothing yet: every listing says so, and the database is made on the way.
+    empty = await nanobot(home, "approvals", "rules")
+    assert (empty.code, empty.stdout) == (
+        0,
+        'No saved rules. "Always allow" on an approval card saves one.\n',
+    )
+    assert (await nanobot(home, "approvals", "pending")).stdout.startswith("No requests")
+    assert (await nanobot(home, "approvals", "log")).stdout == "No decisions yet.\n"
+    forged = "ls\x1b[2J\nRevoked rule 00000000"
+    async with await Database.open(home.data_dir / "state.db") as db:
+        await _approval(db, "git   status", "always")
+        await _approval(db, forged, "always")
+        waiting = await _approval(db, "make test", None)
+        await _approval(db, "rm -rf build", "deny")
+        rules = await ApprovalStore(db).rules()
+    git_rule = next(rule for rule in rules if rule.rule_key == "git status")
+
+    listing = await nanobot(home, "approvals", "rules")
+    assert listing.code == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    assert lines[0].split() == ["ID", "TOOL", "SAVED", "BY", "CALL"]
+    assert len(lines) == 3  # the heading and two rules, each on one line
+    assert any(git_rule.id in line and "git   status" in line for line in lines)
+    assert "\x1b" not in listing.stdout and "ls\\x1b[2J\\nRevoked rule 00000000" in listing.stdout
+
+    pending = await nanobot(home, "approvals", "pending")
+    assert pending.code == 0
+    [row] = [line for line in pending.stdout.splitlines() if line.startswith(waiting)]
+    assert "telegram:42" in row and "make test" in row
+    assert "/approve ID" in pending.stdout
+
+    revoked = await nanobot(home, "approvals", "revoke", git_rule.id.upper())
+    assert (revoked.code, revoked.stdout) == (0, f"Revoked rule {git_rule.id}: exec git   status\n")
+    again = await nanobot(home, "approvals", "revoke", git_rule.id)
+    assert again.code == 1
+    assert "No saved rule has the id" in again.stdout
+    assert len((await nanobot(home, "approvals", "rules")).stdout.splitlines()) == 2
+
+    log = await nanobot(home, "approvals", "log")
+    assert log.code == 0
+    rows = log.stdout.splitlines()[1:]
+    expected = ["approved (always)", "approved (always)", "denied", "revoked"]
+    assert [next(o for o in expected if f"  {o}  " in row) for row in rows] == expected
+    assert "rm -rf build" in rows[2] and "git   status" in rows[3] and "cli" in rows[3]
+    latest = await nanobot(home, "approvals", "log", "--limit", "1")
+    assert len(latest.stdout.splitlines()) == 2 and "revoked" in latest.stdout
+
+
+async def test_approvals_help_and_usage_errors(home: Home) -> None:
+    help_text = (await nanobot(home, "approvals", "--help")).stdout
+    for command in ("rules", "revoke", "pending", "log"):
+        assert command in help_text
+    assert (await nanobot(home, "approvals", "revoke")).code == 2
+    assert (await nanobot(home, "approvals", "log", "--limit", "0")).code == 2
