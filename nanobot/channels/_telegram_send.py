@@ -76,8 +76,7 @@ Kind = Literal["transient", "markup", "length", "closed", "refused"]
 # A 400's kind by what Telegram says (lower-cased; python-telegram-bot cuts "Bad Request: ").
 _BAD_REQUESTS: tuple[tuple[Kind, tuple[str, ...]], ...] = (
     ("markup", ("can't parse entities",)),
-    ("length", ("entities_too_long", "entities too long", "message is too long")),
-    ("length", ("text is too long",)),
+    ("length", ("entities_too_long", "message is too long", "text is too long")),
     ("closed", ("chat not found", "peer_id_invalid", "user is deactivated")),
 )
 SPLITS = 3  # times a chunk Telegram finds too long is halved before it goes as plain text
