@@ -197,6 +197,7 @@ def test_other_tools_bind_to_their_canonical_arguments() -> None:
         ("echo `ls   -la`", "echo `ls   -la`"),
         ("cat <<EOF\n  a   b\nEOF\n", "cat <<EOF\n  a   b\nEOF\n"),
         ("echo $'a\\'   b'", "echo $'a\\'   b'"),
+        ("IFS=x; echo ${v:-a  b}", "IFS=x; echo ${v:-a  b}"),
         ("echo 'unclosed   x", "echo 'unclosed   x"),
         ("ls   -la \\", "ls   -la \\"),
         ("", ""),
@@ -213,7 +214,7 @@ def test_command_keys_keep_the_words_brute_force() -> None:
     rng = random.Random(15)
     alphabet = "ab  \t\n'\"\\|;$"
     checked = 0
-    for _ in range(20000):
+    for _ in range(8000):
         command = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
         key = command_key(command)
         assert command_key(key) == key
@@ -224,7 +225,7 @@ def test_command_keys_keep_the_words_brute_force() -> None:
             continue
         assert _words(key) == words, (command, key)
         checked += 1
-    assert checked > 5000
+    assert checked > 2000
 
 
 def _words(command: str) -> list[str]:

@@ -19,9 +19,10 @@ from typing import Final
 # Characters that end a word and form operators; the newline separates commands.
 _PUNCTUATION: Final = ";&|()<>\n"
 _BLANKS: Final = " \t"
-# A here-document's body, command substitution, arithmetic and ANSI-C quoting have whitespace
-# rules of their own; commands holding them keep their exact text.
-_VERBATIM: Final = ("<<", "$(", "`", "$'")
+# A here-document's body, command substitution, arithmetic, parameter expansion (whose words
+# split on $IFS, which the command may change) and ANSI-C quoting have whitespace rules of
+# their own; commands holding them keep their exact text.
+_VERBATIM: Final = ("<<", "$(", "`", "${", "$'")
 
 _SHELLS: Final = frozenset(
     {"sh", "bash", "rbash", "zsh", "dash", "ksh", "mksh", "pdksh", "ash", "yash", "posh"}
@@ -72,7 +73,7 @@ def command_key(command: str) -> str:
     """The key a saved rule for `command` binds to: `command` with every run of unquoted,
     unescaped blanks made one space (a run holding a newline becomes one newline) and leading
     and trailing ones removed. A command that does not parse, or holds a here-document,
-    command substitution or ANSI-C quoting, is its own key, byte for byte."""
+    command substitution, `${…}` or ANSI-C quoting, is its own key, byte for byte."""
     if any(mark in command for mark in _VERBATIM) or _tokens(command) is None:
         return command
     return _collapse(command)
