@@ -250,7 +250,8 @@ class ApprovalStore:
         if verdict not in _VERDICTS:
             raise ValueError(f"unknown verdict {verdict!r}")
         answer = _Answer(_clean_id(request_id), verdict, by, channel, chat_id, args_hash)
-        now = _format(self._clock())
+        moment = self._clock()
+        now = _format(moment)
         state, scope = ("denied", None) if verdict == "deny" else ("approved", verdict)
         async with self._db.transaction():
             row = await self._db.fetchone(
@@ -269,7 +270,7 @@ class ApprovalStore:
                 ),
             )
             if row is None:
-                return await self._refusal(answer)
+                return await self._refusal(answer, moment)
             request = (await self._with_places([row]))[0]
             if scope == "chat":
                 await self._db.execute(
@@ -386,12 +387,12 @@ class ApprovalStore:
 
     # -- internals ---------------------------------------------------------------------------
 
-    async def _refusal(self, answer: _Answer) -> Decision:
-        """Why an answer did not win; runs inside `decide`'s transaction."""
+    async def _refusal(self, answer: _Answer, now: datetime) -> Decision:
+        """Why an answer did not win at `now`; runs inside `decide`'s transaction."""
         request = await self.get(answer.request_id)
         if request is None:
             return Decision("unknown")
-        outcome = _refused_because(request, answer, self._clock())
+        outcome = _refused_because(request, answer, now)
         if outcome in {"other_chat", "not_approver"}:
             return Decision(outcome)
         if outcome == "expired":
