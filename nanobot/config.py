@@ -189,7 +189,7 @@ class ApprovalConfig(Section):
             raise ValueError("must be longer than zero (e.g. 10m)")
         return value
 
-    def policies(self) -> dict[str, str]:
+    def policies(self) -> dict[str, Approval]:
         """Each listed tool's policy, by tool name (`other` applies to the rest)."""
         settings = {"other", "timeout", "unattended"}
         return {
