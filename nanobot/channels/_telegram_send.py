@@ -80,6 +80,7 @@ _BAD_REQUESTS: tuple[tuple[Kind, tuple[str, ...]], ...] = (
     ("closed", ("chat not found", "peer_id_invalid", "user is deactivated")),
 )
 SPLITS = 3  # times a chunk Telegram finds too long is halved before it goes as plain text
+IN_FLIGHT = 32  # Bot API requests a Sender makes at once
 
 
 def classify(exc: TelegramError) -> Kind:
@@ -171,11 +172,22 @@ def thread_of(chat: ChatRef) -> int | None:
 
 
 class Sender:
-    """Sends and edits rendered chunks in one chat. `bot` is None while disconnected."""
+    """Sends and edits rendered chunks in any chat. `bot` is None while disconnected.
 
-    def __init__(self, retry: Retry) -> None:
+    At most `in_flight` of its requests are made at once, the others wait their turn: a
+    burst of replies reuses a few connections instead of opening hundreds. A request holds
+    its turn only while it is made, never while a retry waits (a chat that backs off for
+    minutes takes nothing from the others).
+    """
+
+    def __init__(self, retry: Retry, *, in_flight: int = IN_FLIGHT) -> None:
         self.retry = retry
         self.bot: Bot | None = None
+        self._in_flight = asyncio.Semaphore(in_flight)
+
+    async def _request(self, call: Callable[[], Awaitable[T]]) -> T:
+        async with self._in_flight:
+            return await call()
 
     def _bot(self) -> Bot:
         if self.bot is None:
@@ -252,7 +264,7 @@ class Sender:
             "reply_parameters": reply,
         }
         sent = await attempt(
-            lambda: post(bot, "sendMessage", params),
+            lambda: self._request(lambda: post(bot, "sendMessage", params)),
             retry or self.retry,
             what="sendMessage",
             resends=True,
@@ -278,7 +290,7 @@ class Sender:
                 "text": text,
                 "parse_mode": mode,
             }
-            return await post(bot, "editMessageText", params)
+            return await self._request(lambda: post(bot, "editMessageText", params))
 
         for text, mode in ((html, ParseMode.HTML), (plain_text(html), None)):
             try:
@@ -302,8 +314,10 @@ class Sender:
         """One "typing…" signal (Telegram shows it for about 5 s). Never raises."""
         try:
             await attempt(
-                lambda: self._bot().send_chat_action(
-                    chat_id_of(chat), "typing", message_thread_id=thread_of(chat)
+                lambda: self._request(
+                    lambda: self._bot().send_chat_action(
+                        chat_id_of(chat), "typing", message_thread_id=thread_of(chat)
+                    )
                 ),
                 ONCE,
                 what="sendChatAction",
