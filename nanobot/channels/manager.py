@@ -5,9 +5,10 @@ crashes, and a delivery task that drains its outbound queue, so a slow platform 
 another. Within a channel, chats are delivered to in parallel, each chat in order, and
 nothing one chat waits for is shared: a chat whose delivery backs off (seconds, or minutes of
 a platform's 5xx and rate limits) holds up only its own later items. There is no bound on
-the chats delivered to at once that a chat would hold while it waits; what bounds the
-requests in flight is each platform client's connection pool, where a request holds a
-connection only while it is made.
+the chats delivered to at once that a chat would hold while it waits (such a bound, 32
+slots held across every retry's wait, once let 32 failing chats stop all the others): the
+channel's own client bounds the requests in flight, each holding its turn only while it is
+made (Telegram's `Sender`; discord.py's rate-limit buckets).
 
 A reply is confirmed (its outbox row marked delivered) only after the platform accepted it.
 One that fails for a reason that may pass (`DeliveryError`) is tried again a few times, then
