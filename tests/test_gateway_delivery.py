@@ -1,0 +1,104 @@
+"""End to end: replies Telegram refuses for good, as a user (and the owner) would meet them.
+
+`nanobot gateway` as a subprocess against the fake Telegram and the fake model: a refusal is
+given up at once and said once in the log, the reply is marked failed in the state database
+(never tried again, not even after a restart), and a chat that blocked the bot is written to
+again only once it writes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.llm import FakeLLM, Text
+from tests.fakes.telegram import DEFAULT_TOKEN, ApiError, FakeTelegram
+from tests.fakes.telegram import Hang as FakeHang
+from tests.gateway_process import GatewayProcess
+from tests.test_gateway_telegram import ALICE, BOB, gateway_config, replies
+
+BLOCKED = "Forbidden: bot was blocked by the user"
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(token=DEFAULT_TOKEN) as fake:
+        yield fake
+
+
+@pytest.fixture
+async def gateway(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> AsyncIterator[GatewayProcess]:
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram connected")
+    yield process
+    await process.stop(signal.SIGKILL)
+
+
+def outbox(process: GatewayProcess) -> list[tuple[str, str | None]]:
+    """Every outbox row's state and last error, oldest first."""
+    with closing(sqlite3.connect(process.data_dir / "state.db")) as db:
+        rows = db.execute("SELECT state, last_error FROM outbox ORDER BY id").fetchall()
+    return [(str(state), error) for state, error in rows]
+
+
+async def test_a_blocked_bot_gives_up_once_and_answers_again_when_the_chat_writes(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    fake_llm.default_reply = Text("An answer.")
+    telegram.fail_next("*", ApiError(403, BLOCKED), times=None, chat_id=ALICE)
+    telegram.user_message(ALICE, "hello", user_id=ALICE)
+    await gateway.wait_log("takes no messages from the bot")
+    telegram.user_message(BOB, "hello", user_id=BOB)
+    assert await replies(telegram, BOB, 1) == ["An answer."]
+    assert len(telegram.calls("sendMessage")) == 2  # one try for Alice's reply, at once
+    assert outbox(gateway)[0] == ("failed", f"sendMessage: {BLOCKED}")
+    assert sum(BLOCKED in line for line in gateway.lines) == 1
+
+    telegram.clear_faults(ALICE)  # unblocked: Alice writes again, and is answered
+    telegram.user_message(ALICE, "are you there?", user_id=ALICE)
+    assert await replies(telegram, ALICE, 1) == ["An answer."]
+
+
+async def test_a_reply_refused_after_a_restart_is_given_up_and_holds_back_nothing(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram connected")
+    fake_llm.default_reply = Text("An answer.")
+    telegram.fail_next("sendMessage", FakeHang())  # in flight when the gateway dies
+    telegram.user_message(ALICE, "hello", user_id=ALICE)
+    await telegram.wait_for(lambda: len(telegram.calls("sendMessage")) == 1, seconds=30)
+    await process.kill()
+    assert outbox(process) == [("pending", None)]
+
+    # Telegram now refuses that reply for good (as "message text is empty"): after the
+    # restart it is tried once, marked failed, and Alice's next reply goes out behind it.
+    refusal = "Bad Request: message text is empty"
+    telegram.fail_next("sendMessage", ApiError(400, refusal), chat_id=ALICE)
+    await process.start(ready="telegram connected")
+    try:
+        await process.wait_log("refused a reply to chat")
+        telegram.user_message(ALICE, "hello again", user_id=ALICE)
+        assert await replies(telegram, ALICE, 1) == ["An answer."]
+        assert len(telegram.calls("sendMessage")) == 3  # the lost try, the refused, the new
+        assert outbox(process)[0][0] == "failed" and "Message text is empty" in str(
+            outbox(process)[0][1]
+        )
+        await process.kill()
+        await process.start(ready="telegram connected")  # a failed reply is owed no more
+        assert await process.stop() == 0
+        assert len(telegram.calls("sendMessage")) == 3
+    finally:
+        await process.stop(signal.SIGKILL)
