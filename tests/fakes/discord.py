@@ -117,7 +117,8 @@ class ServerError(Fault):
 @dataclass(frozen=True)
 class HttpError(Fault):
     """Any Discord JSON error, e.g. ``HttpError(403, 50013, "Missing Permissions")``;
-    ``errors`` as Discord nests them for 50035 Invalid Form Body (``_discord_payloads.form_error`` builds one)."""
+    ``errors`` as Discord nests them for 50035 Invalid Form Body (``form_error(...)["errors"]``
+    of ``_discord_payloads``)."""
 
     status: int = 403
     code: int = 50013
