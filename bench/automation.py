@@ -2,10 +2,10 @@
 
 Cron: 100 one-shot jobs are stored, all due at the same second a few seconds ahead, and the
 real `CronService` (real SQLite store in a temporary directory) runs them; each run records
-the wall-clock moment it started. The delay is start minus due time. Three rounds.
+the wall-clock moment it was handed to the gate. The delay is start minus due time. Three rounds.
 
 Heartbeat: the shipped HEARTBEAT.md (nothing actionable) is checked 48 times, a simulated day
-at the default 30-minute interval, against a turn function that counts model calls.
+at the default 30-minute interval, against an intake that counts the turns it would start.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bench._common import Metric, format_table, write_results
-from nanobot.cron.models import At, Job
-from nanobot.cron.service import CronService, Outcome
+from nanobot.bus.events import InboundMessage
+from nanobot.cron.models import At
+from nanobot.cron.service import CronService
 from nanobot.heartbeat import Heartbeat
 from nanobot.store import Database
 from nanobot.store.cron import CronStore
@@ -37,13 +38,14 @@ async def cron_round(directory: Path) -> list[float]:
         delays: list[float] = []
         done = asyncio.Event()
 
-        async def run_job(job: Job) -> Outcome:
-            delays.append((datetime.now(UTC) - due).total_seconds() * 1000)
-            if len(delays) == JOBS:
-                done.set()
-            return Outcome()
+        class Intake:  # the gate: where a due run's event is handed in
+            async def submit(self, message: InboundMessage) -> int | None:
+                delays.append((datetime.now(UTC) - due).total_seconds() * 1000)
+                if len(delays) == JOBS:
+                    done.set()
+                return len(delays)
 
-        service = CronService(store, run_job, catch_up_window=timedelta(hours=1))
+        service = CronService(store, Intake(), catch_up_window=timedelta(hours=1))
         task = asyncio.create_task(service.run())
         await asyncio.wait_for(done.wait(), LEAD + 30)
         task.cancel()
@@ -54,12 +56,13 @@ async def cron_round(directory: Path) -> list[float]:
 async def heartbeat_day() -> int:
     calls = 0
 
-    async def turn(prompt: str) -> str:
-        nonlocal calls
-        calls += 1
-        return "HEARTBEAT_OK"
+    class Intake:  # the gate: each beat that asks for a turn is handed in here
+        async def submit(self, message: InboundMessage) -> int | None:
+            nonlocal calls
+            calls += 1
+            return calls
 
-    beat = Heartbeat(bundled("workspace_template") / "HEARTBEAT.md", 1800, turn, None)
+    beat = Heartbeat(bundled("workspace_template") / "HEARTBEAT.md", 1800, Intake(), None)
     for _ in range(48):
         await beat.beat()
     return calls

@@ -11,12 +11,12 @@ import gc
 import stat
 import sys
 import tempfile
+import uuid
 import zoneinfo
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +24,24 @@ from loguru import logger
 
 from nanobot import log
 from nanobot.agent.context import ContextBuilder
-from nanobot.agent.dispatcher import Dispatcher
-from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
+from nanobot.agent.dispatcher import Dispatcher, OutcomeSink
+from nanobot.agent.loop import AgentLoop, LoopSettings
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
-from nanobot.agent.subagents import Notify, Origin, Subagents, SubagentSettings, subagent_tools
-from nanobot.bus.events import ChatRef
+from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
+from nanobot.bus.events import ChatRef, InboundMessage, Source, TurnOutcome
+from nanobot.bus.intake import EventIntake
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Channel, InboxPolicy, IntakePort, OutboxPort
 from nanobot.channels.manager import ChannelManager
+from nanobot.channels.terminal import TerminalChannel
 from nanobot.config import Config
 from nanobot.cron.jobs import Jobs
-from nanobot.cron.models import Job
-from nanobot.cron.service import CronService, Outcome
+from nanobot.cron.service import CronService
 from nanobot.errors import ConfigError, NanobotError, ProviderError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.gateway import Gateway
-from nanobot.heartbeat import Heartbeat, heartbeat_turn
+from nanobot.heartbeat import Heartbeat
 from nanobot.providers.provider import Provider, RetryPolicy, Routes
 from nanobot.store import Access, Database, Journal, SessionStore, UsageLedger
 from nanobot.store.cron import CronStore
@@ -211,12 +212,6 @@ class Parts:
     sessions: SessionStore
 
 
-@asynccontextmanager
-async def _agent(config: Config) -> AsyncIterator[AgentLoop]:
-    async with _parts(config) as parts:
-        yield parts.loop
-
-
 def private_dir(path: Path) -> None:
     """Make `path` a directory only its owner can enter (0700): created so, or with group and
     others' access taken away if it exists with any. The data dir holds the state database,
@@ -267,14 +262,14 @@ async def _parts(config: Config) -> AsyncIterator[Parts]:
         await provider.aclose()
 
 
-def build_subagents(config: Config, parts: Parts, notify: Notify) -> Subagents:
+def build_subagents(config: Config, parts: Parts, intake: EventIntake) -> Subagents:
     """Background tasks for the gateway, and the spawn tool that starts them (unless
-    `agent.max_subagents` is 0)."""
+    `agent.max_subagents` is 0); their results come back in through `intake`."""
     agent = config.agent
     subagents = Subagents(
         parts.runner,
         parts.sessions,
-        notify,
+        intake,
         SubagentSettings(
             max_subagents=agent.max_subagents,
             max_iterations=agent.subagent_max_iterations,
@@ -293,8 +288,41 @@ def build_subagents(config: Config, parts: Parts, notify: Notify) -> Subagents:
     return subagents
 
 
+CLI = "cli"  # the channel of `nanobot agent -m`: its answer is printed, not delivered
+EVERYONE = ChannelRules(frozenset({"*"}))  # the person at this machine's own terminal
+
+
+class _Answer:
+    """The outcome of the one message `ask` sends (an `OutcomeSink`)."""
+
+    def __init__(self) -> None:
+        self.outcome: asyncio.Future[TurnOutcome] = asyncio.get_running_loop().create_future()
+
+    async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(outcome)
+
+
+@dataclass(frozen=True)
+class _Intake:
+    """The way in, built on the parts: bus, journal and gate."""
+
+    bus: MessageBus
+    journal: Journal
+    gate: Gate
+
+    @classmethod
+    async def build(cls, parts: Parts, rules: dict[str, ChannelRules]) -> _Intake:
+        bus, journal = MessageBus(), Journal(parts.db)
+        pruned = await journal.prune(JOURNAL_KEEP)
+        if pruned:
+            logger.debug("pruned {} finished journal rows", pruned)
+        return cls(bus, journal, Gate(rules, Access(parts.db), journal, bus))
+
+
 def ask(config: Config, message: str, session_key: str, *, verbose: bool = False) -> str:
-    """One turn in `session_key`; returns the reply.
+    """One turn in `session_key`; returns the reply. The message goes the one way in (gate,
+    journal, dispatcher) like any other; its answer is printed rather than delivered.
 
     Raises:
         ProviderError: the model could not be reached.
@@ -303,28 +331,54 @@ def ask(config: Config, message: str, session_key: str, *, verbose: bool = False
     log.configure(config, quiet=not verbose)
 
     async def run() -> str:
-        async with _agent(config) as agent:
-            reply = await agent.handle(TurnRequest(session_key, message))
-        assert reply is not None  # nothing else runs in this session here
-        result = reply.result
-        if isinstance(result.error, ProviderError):
-            raise result.error
-        if result.status != "completed":
-            raise NanobotError(result.final_text)
-        return reply.text or result.final_text
+        async with _parts(config) as parts:
+            way_in = await _Intake.build(parts, {CLI: EVERYONE})
+            answer = _Answer()
+            outcomes: dict[Source, OutcomeSink] = {"chat": answer}
+            dispatcher = Dispatcher(
+                parts.loop, way_in.bus, way_in.journal, parts.loop, outcomes=outcomes
+            )
+            async with asyncio.TaskGroup() as group:
+                dispatching = group.create_task(dispatcher.run(), name="dispatcher")
+                event = InboundMessage(
+                    ChatRef(CLI, "local"),
+                    "local",
+                    message,
+                    uuid.uuid4().hex,
+                    session=session_key,
+                    deliver=False,
+                )
+                await way_in.gate(event)
+                outcome = await answer.outcome
+                way_in.bus.close_inbound()
+                await dispatching
+        if isinstance(outcome.error, ProviderError):
+            raise outcome.error
+        if not outcome.ok:
+            raise NanobotError(outcome.text or f"the turn ended: {outcome.status}")
+        return outcome.text or ""
 
     return asyncio.run(run())
 
 
 def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
-    """An interactive chat in the terminal until EOF, /exit or Ctrl-C twice."""
-    from nanobot.channels import terminal
-
+    """An interactive chat in the terminal until EOF, /exit or Ctrl-C twice: the terminal
+    channel on its own, through the gate, the journal and the outbox."""
     log.configure(config, quiet=not verbose)
 
     async def run() -> None:
-        async with _agent(config) as agent:
-            await terminal.chat(agent, session_key)
+        async with _parts(config) as parts:
+            way_in = await _Intake.build(parts, {TerminalChannel.name: EVERYONE})
+            terminal = TerminalChannel(way_in.gate, session=session_key)
+            gateway = Gateway(
+                bus=way_in.bus,
+                gate=way_in.gate,
+                dispatcher=Dispatcher(parts.loop, way_in.bus, way_in.journal, parts.loop),
+                manager=ChannelManager([terminal], way_in.bus, way_in.journal),
+                shutdown_timeout=config.gateway.shutdown_timeout,
+                until=terminal.ended,
+            )
+            await gateway.run()
 
     asyncio.run(run())
 
@@ -345,38 +399,60 @@ def serve(config: Config) -> int:
 
 
 async def _serve(config: Config) -> int:
-    from nanobot.channels import terminal
-
     async with _parts(config) as parts:
         _tune_garbage_collection()
-        bus = MessageBus()
-        journal = Journal(parts.db)
-        pruned = await journal.prune(JOURNAL_KEEP)
-        if pruned:
-            logger.debug("pruned {} finished journal rows", pruned)
-        gate = Gate(_channel_rules(config), Access(parts.db), journal, bus)
-        manager = ChannelManager(build_channels(config, gate, journal), bus, journal)
+        return await (await build_gateway(config, parts, terminal=sys.stdin.isatty())).run()
 
-        async def report(origin: Origin) -> None:
-            if origin.channel in manager.names:  # the terminal has no outbox to deliver to
-                await dispatcher.follow_up(origin)
 
-        subagents = build_subagents(config, parts, report)
-        dispatcher = Dispatcher(parts.loop, bus, journal, parts.loop, subagents)
-        gateway = Gateway(
-            bus=bus,
-            gate=gate,
-            dispatcher=dispatcher,
-            manager=manager,
-            shutdown_timeout=config.gateway.shutdown_timeout,
-            terminal=(
-                terminal.chat(parts.loop, "terminal:local", own_interrupts=False)
-                if sys.stdin.isatty()
-                else None
-            ),
-            services=[*_services(config, parts, dispatcher), ("subagents", subagents.run)],
+async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gateway:
+    """The gateway on `parts`: the enabled channels (and the terminal, when attached), the
+    dispatcher, subagents, the heartbeat and cron, all coming in through one gate."""
+    rules = _channel_rules(config)
+    if terminal:
+        rules[TerminalChannel.name] = EVERYONE
+    way_in = await _Intake.build(parts, rules)
+    channels = build_channels(config, way_in.gate, way_in.journal)
+    if not channels:
+        logger.warning(
+            "no chat channel is enabled: set channels.telegram or channels.discord "
+            "(enabled, token, allow_from) in the config"
         )
-        return await gateway.run()
+    console = TerminalChannel(way_in.gate, own_interrupts=False) if terminal else None
+    if console is not None:
+        channels.append(console)
+    subagents = build_subagents(config, parts, way_in.gate)
+    services: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]
+    services = [("subagents", subagents.run)]
+    outcomes: dict[Source, OutcomeSink] = {}
+    beat = config.heartbeat
+    if beat.enabled:
+        target = beat.deliver_to
+        heartbeat = Heartbeat(
+            config.workspace_path / "HEARTBEAT.md",
+            beat.interval_minutes * 60,
+            way_in.gate,
+            ChatRef(target.channel, target.chat_id) if target else None,
+        )
+        services.append(("heartbeat", heartbeat.run))
+        outcomes["heartbeat"] = heartbeat
+    if config.cron.enabled:
+        cron = CronService(
+            CronStore(parts.db), way_in.gate, catch_up_window=config.cron.catch_up_window
+        )
+        services.append(("cron", cron.run))
+        outcomes["cron"] = cron
+    dispatcher = Dispatcher(
+        parts.loop, way_in.bus, way_in.journal, parts.loop, subagents=subagents, outcomes=outcomes
+    )
+    return Gateway(
+        bus=way_in.bus,
+        gate=way_in.gate,
+        dispatcher=dispatcher,
+        manager=ChannelManager(channels, way_in.bus, way_in.journal),
+        shutdown_timeout=config.gateway.shutdown_timeout,
+        until=console.ended if console is not None else None,
+        services=services,
+    )
 
 
 def _tune_garbage_collection() -> None:
@@ -400,65 +476,6 @@ def _tune_garbage_collection() -> None:
         gc.get_freeze_count(),
         GC_YOUNG_THRESHOLD,
     )
-
-
-def _services(
-    config: Config, parts: Parts, dispatcher: Dispatcher
-) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
-    """Background producers of work: the heartbeat (and, later, cron)."""
-    services: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
-    beat = config.heartbeat
-    if beat.enabled:
-        target = beat.deliver_to
-        chat = ChatRef(target.channel, target.chat_id) if target else None
-
-        async def deliver(text: str) -> None:
-            assert chat is not None
-            await dispatcher.send(chat, text)
-
-        heartbeat = Heartbeat(
-            config.workspace_path / "HEARTBEAT.md",
-            beat.interval_minutes * 60,
-            partial(heartbeat_turn, parts.loop),
-            deliver if chat else None,
-        )
-        services.append(("heartbeat", heartbeat.run))
-    if config.cron.enabled:
-        cron = CronService(
-            CronStore(parts.db),
-            partial(_run_job, parts.loop, dispatcher),
-            catch_up_window=config.cron.catch_up_window,
-        )
-        services.append(("cron", cron.run))
-    return services
-
-
-async def _run_job(loop: AgentLoop, dispatcher: Dispatcher, job: Job) -> Outcome:
-    """One run of a cron job: a turn in the job's own session, its answer sent to the job's
-    chat exactly once (not again when the message tool already sent that text)."""
-    chat = ChatRef(job.channel, job.to) if job.channel and job.to else None
-
-    async def send(text: str) -> None:
-        assert chat is not None
-        await dispatcher.send(chat, text)
-
-    request = TurnRequest(
-        f"cron:{job.id}",
-        job.message,
-        channel=job.channel or "cron",
-        chat_id=job.to or job.id,
-        send=send if chat else None,
-    )
-    reply = await loop.handle(request)
-    if reply is None:
-        return Outcome(error="the job's previous run was still going")
-    if reply.result.status != "completed":
-        return Outcome(error=reply.result.final_text)
-    if chat is None:
-        return Outcome()
-    if reply.text:
-        await send(reply.text)
-    return Outcome(delivered=True)
 
 
 def _channel_rules(config: Config) -> dict[str, ChannelRules]:

@@ -94,6 +94,13 @@ class Gate:
         refusal = await self._check(message)
         if refusal is not None:
             return refusal
+        journal_id = await self.submit(message)
+        return Intake.DUPLICATE if journal_id is None else Intake.ACCEPTED
+
+    async def submit(self, message: InboundMessage) -> int | None:
+        """Journal `message` and queue it for the agent, without asking who sent it: the
+        way in for nanobot's own events (`EventIntake`), and for chat messages once they
+        passed the checks. Its journal row; None when it was journaled before."""
         journal_id = await self._journal.accept(
             message.chat.channel, message.message_id, inbound_record(message)
         )
@@ -101,16 +108,16 @@ class Gate:
             logger.debug(
                 "{} message {} seen before; ignored", message.chat.channel, message.message_id
             )
-            return Intake.DUPLICATE
+            return None
         if self._closed:  # checked after the journal write: the gate may close during it
             logger.info(
                 "{} message {} arrived while stopping: kept, answered after the restart",
                 message.chat.channel,
                 message.message_id,
             )
-            return Intake.ACCEPTED
+            return journal_id
         await self._bus.publish_inbound(replace(message, journal_id=journal_id))
-        return Intake.ACCEPTED
+        return journal_id
 
     async def _check(self, message: InboundMessage) -> Intake | None:
         """Why `message` is not taken, or None when it may go to the agent."""

@@ -27,41 +27,39 @@ FLUSH_TIMEOUT = 5.0
 
 @dataclass
 class Gateway:
+    """`until`, when given, stops the gateway once set (the terminal chat ended)."""
+
     bus: MessageBus
     gate: Gate
     dispatcher: Dispatcher
     manager: ChannelManager
     shutdown_timeout: float = 10.0
-    terminal: Coroutine[Any, Any, None] | None = None
+    until: asyncio.Event | None = None
     services: Sequence[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = ()
 
     async def run(self) -> int:
-        """Serve until SIGTERM/SIGINT (or the terminal chat ends); returns the exit code."""
+        """Serve until SIGTERM/SIGINT (or `until`); returns the exit code."""
         stop = asyncio.Event()
         self._handle_signals(stop)
         for line in self.gate.describe():
             logger.info(line)
-        if not self.manager.names:
-            logger.warning(
-                "no chat channel is enabled: set channels.telegram or channels.discord "
-                "(enabled, token, allow_from) in the config"
-            )
+        # Recovery first: a message a channel takes in once it runs is journaled *and*
+        # dispatched, and recovery must not find it pending and answer it a second time.
+        await self.dispatcher.recover(self.manager.names)
         async with asyncio.TaskGroup() as group:
             channels = group.create_task(self.manager.run(), name="channels")
-            await self.dispatcher.recover()
             dispatching = group.create_task(self.dispatcher.run(), name="dispatcher")
             services = [group.create_task(start(), name=name) for name, start in self.services]
-            terminal = None
-            if self.terminal is not None:
-                terminal = group.create_task(self.terminal, name="terminal")
-                terminal.add_done_callback(lambda _: stop.set())
+            relay = None
+            if self.until is not None:
+                relay = group.create_task(_relay(self.until, stop), name="until")
             logger.info("gateway started; channels: {}", ", ".join(self.manager.names) or "none")
             await stop.wait()
-            if terminal is not None:
-                terminal.cancel()
             for service in services:  # no new work from schedules while stopping
                 service.cancel()
             await self._shutdown(dispatching, channels)
+            if relay is not None:
+                relay.cancel()
         logger.info("gateway stopped")
         return 0
 
@@ -108,3 +106,8 @@ class Gateway:
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, on_signal, signum)
+
+
+async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()

@@ -1,22 +1,24 @@
 """The heartbeat: every so often, read HEARTBEAT.md and act on what it asks.
 
 A file with nothing actionable in it (headings, comments, blank lines, empty checkboxes)
-costs nothing: no model call is made. Otherwise one turn runs in the `heartbeat` session,
-which starts afresh each time (system prompt and the file, no growing history). A reply of
-HEARTBEAT_OK means "nothing to report" and is delivered nowhere; anything else goes to the
-configured chat, and nowhere if none is configured (never to a guessed chat).
+costs nothing: no model call is made. Otherwise the beat is handed to the gate as an inbound
+event: one turn in the `heartbeat` session, which starts afresh each time (system prompt and
+the file, no growing history), journaled like a chat message. A reply of HEARTBEAT_OK means
+"nothing to report" and is delivered nowhere; anything else goes to the configured chat, and
+nowhere if none is configured (never to a guessed chat).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable
+import uuid
 from pathlib import Path
 
 from loguru import logger
 
-from nanobot.agent.loop import AgentLoop, TurnRequest
+from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
+from nanobot.bus.intake import EventIntake
 from nanobot.workspace import ConfinementError, Workspace
 
 OK = "HEARTBEAT_OK"
@@ -31,9 +33,6 @@ PROMPT = (
 _COMMENTS = re.compile(r"<!--.*?-->", re.DOTALL)
 _IDLE_LINE = re.compile(r"^\s*(#.*|[-*+]\s*\[\s?\]\s*|[-*+]\s*)$")
 
-RunTurn = Callable[[str], Awaitable[str | None]]
-Deliver = Callable[[str], Awaitable[None]]
-
 
 def actionable(text: str) -> bool:
     """Whether the file asks for anything: some line that is not a heading, a comment,
@@ -44,20 +43,21 @@ def actionable(text: str) -> bool:
 
 
 class Heartbeat:
-    """Runs `beat()` every `interval` seconds until cancelled."""
+    """Runs `beat()` every `interval` seconds until cancelled; its answers go to `deliver_to`
+    (nowhere when None)."""
 
     def __init__(
         self,
         file: Path,
         interval: float,
-        run_turn: RunTurn,
-        deliver: Deliver | None,
+        intake: EventIntake,
+        deliver_to: ChatRef | None,
     ) -> None:
         self._file = file
         self._folder = Workspace(file.parent)  # the workspace: the file is read confined to it
         self._interval = interval
-        self._run_turn = run_turn
-        self._deliver = deliver
+        self._intake = intake
+        self._deliver_to = deliver_to
 
     async def run(self) -> None:
         while True:
@@ -67,8 +67,12 @@ class Heartbeat:
             except Exception:  # noqa: BLE001 - a task boundary: the next beat tries again
                 logger.exception("heartbeat failed")
 
-    async def beat(self) -> str | None:
-        """One check; returns what was delivered (None when nothing was)."""
+    async def beat(self) -> int | None:
+        """One check; the journal row of the turn it started (None when nothing was due).
+
+        Raises:
+            StoreError: the beat could not be journaled.
+        """
         try:
             data = await asyncio.to_thread(self._folder.read_bytes, self._file.name)
         except FileNotFoundError:
@@ -80,21 +84,29 @@ class Heartbeat:
         if not actionable(text):
             logger.debug("heartbeat: nothing to do")
             return None
-        reply = (await self._run_turn(PROMPT.format(tasks=text.strip())) or "").strip()
-        if not reply or reply == OK or reply.rstrip(".") == OK:
-            logger.info("heartbeat: nothing to report")
-            return None
-        if self._deliver is None:
+        return await self._intake.submit(self.event(PROMPT.format(tasks=text.strip())))
+
+    def event(self, prompt: str) -> InboundMessage:
+        """The inbound event of one beat asking `prompt`."""
+        target = self._deliver_to
+        return InboundMessage(
+            target or ChatRef(SESSION, SESSION),
+            SESSION,
+            prompt,
+            f"heartbeat:{uuid.uuid4().hex}",
+            source="heartbeat",
+            session=SESSION,
+            deliver=target is not None,
+            mode="next_turn",
+            quiet=OK,
+            fresh=True,
+        )
+
+    async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:
+        """Log how a beat ended (`OutcomeSink`)."""
+        if not outcome.ok:
+            logger.warning("heartbeat turn ended {}: {}", outcome.status, outcome.text or "")
+        elif outcome.text is None:
+            pass  # nothing to report (logged by the dispatcher), or sent by the message tool
+        elif self._deliver_to is None:
             logger.info("heartbeat replied, but heartbeat.deliver_to is not set; not sent")
-            return None
-        await self._deliver(reply)
-        return reply
-
-
-async def heartbeat_turn(loop: AgentLoop, prompt: str) -> str | None:
-    """Run one heartbeat turn in a fresh `heartbeat` session; its reply text, if it finished."""
-    await loop.new_session(SESSION)
-    reply = await loop.handle(TurnRequest(SESSION, prompt, channel=SESSION, chat_id=SESSION))
-    if reply is None or reply.result.status != "completed":
-        return None
-    return reply.text

@@ -54,15 +54,9 @@ IMPORTED_ONLY_BY: dict[str, frozenset[str]] = {
 # Third-party libraries with exactly one home.
 ONLY_HOME: dict[str, str] = {"litellm": "nanobot.providers.litellm_provider"}
 
-# The one known breach, each (importer, imported unit). It must stay the only one, and the
-# entry goes when it is fixed (`test_known_exceptions_are_still_needed` says so).
-KNOWN_EXCEPTIONS: frozenset[tuple[str, str]] = frozenset(
-    {
-        # Issue 14 item 1: the terminal becomes a real channel on the bus, through the gate
-        # and the outbox; until then it drives the agent loop directly.
-        ("nanobot.channels.terminal", "nanobot.agent"),
-    }
-)
+# Known breaches, each (importer, imported unit): none now. An entry goes when it is fixed
+# (`test_known_exceptions_are_still_needed` says so).
+KNOWN_EXCEPTIONS: frozenset[tuple[str, str]] = frozenset()
 
 
 def module_name(path: Path) -> str:

@@ -9,7 +9,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanobot.store import Access, Database
+from nanobot.store import Access, Database, Journal
 from nanobot.store.access import MAX_PENDING
 from tests.conftest import Home
 from tests.fakes.llm import AuthError, FakeLLM, ServerError, Text
@@ -152,6 +152,19 @@ async def test_status_shows_figures_and_no_secrets(home: Home, fake_llm: FakeLLM
         assert secret not in result.stdout + result.stderr
 
 
+async def test_status_shows_replies_the_platforms_refused(home: Home) -> None:
+    async with await Database.open(home.data_dir / "state.db") as db:
+        assert "none failed" in (await nanobot(home, "status")).stdout
+        journal = Journal(db)
+        for text in ("one", "two"):
+            outbox_id = await journal.enqueue("telegram", {"text": text})
+            await journal.give_up(outbox_id, f"sendMessage: Forbidden: bot was blocked ({text})")
+    result = await nanobot(home, "status")
+    assert result.code == 0, result.stderr
+    assert "2 failed in the last 7 days; latest at " in result.stdout
+    assert "bot was blocked (two)" in result.stdout
+
+
 async def test_status_and_pairing_list_show_who_waits_without_terminal_tricks(
     home: Home,
 ) -> None:
@@ -235,11 +248,11 @@ async def test_interactive_chat_reads_lines_until_exit(home: Home, fake_llm: Fak
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    stdout, _ = await asyncio.wait_for(
+    stdout, stderr = await asyncio.wait_for(
         process.communicate(b"one\n\ntwo\n/exit\nnever sent\n"), timeout=90
     )
     assert process.returncode == 0
-    assert stdout.decode().splitlines() == ["first answer", "second answer"]
+    assert stdout.decode().splitlines() == ["first answer", "second answer"], stderr.decode()
     assert fake_llm.request_count == 2
 
 

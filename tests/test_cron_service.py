@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from nanobot.bus.events import InboundMessage, TurnOutcome
 from nanobot.cron.jobs import Jobs, ScheduleSpec
 from nanobot.cron.models import Every, Job
-from nanobot.cron.service import WATCH_INTERVAL, CronService, Outcome, RunJob
+from nanobot.cron.service import WATCH_INTERVAL, CronService, job_event
+from nanobot.errors import StoreError
 from nanobot.store import Database
 from nanobot.store.cron import CronStore
 from nanobot.tools.base import ToolContext, current_context
@@ -74,17 +77,35 @@ class FakeClock:
 
 
 class Runner:
+    """The gate and the dispatcher as the service sees them: takes each run's event and
+    reports it finished (at once, or once `hold` is set)."""
+
     def __init__(self) -> None:
         self.ran: list[str] = []
+        self.events: list[InboundMessage] = []
         self.event = asyncio.Event()
         self.hold: asyncio.Event | None = None
+        self.service: CronService | None = None
+        self.fail = False
+        self._turns: set[asyncio.Task[None]] = set()
 
-    async def __call__(self, job: Job) -> Outcome:
-        self.ran.append(job.id)
+    async def submit(self, message: InboundMessage) -> int | None:
+        if self.fail:
+            raise StoreError("disk full")
+        assert message.session is not None
+        self.ran.append(message.session.removeprefix("cron:"))
+        self.events.append(message)
         self.event.set()
+        turn = asyncio.create_task(self._turn(message))
+        self._turns.add(turn)
+        turn.add_done_callback(self._turns.discard)
+        return len(self.events)
+
+    async def _turn(self, message: InboundMessage) -> None:
         if self.hold is not None:
             await self.hold.wait()
-        return Outcome(delivered=True)
+        assert self.service is not None
+        await self.service.finished(message, TurnOutcome("completed", "done", delivered=True))
 
     async def wait(self, count: int, seconds: float = 10) -> None:
         async with asyncio.timeout(seconds):
@@ -94,9 +115,10 @@ class Runner:
 
 
 async def start(
-    store: CronStore, runner: RunJob, clock: FakeClock, window: timedelta = timedelta(hours=1)
+    store: CronStore, runner: Runner, clock: FakeClock, window: timedelta = timedelta(hours=1)
 ) -> asyncio.Task[None]:
     service = CronService(store, runner, catch_up_window=window, clock=clock)
+    runner.service = service
     task = asyncio.create_task(service.run())
     await clock.settled()
     return task
@@ -178,17 +200,19 @@ async def test_a_job_may_edit_jobs_while_it_runs(db: Database) -> None:
     added: list[str] = []
     edited = asyncio.Event()
 
-    async def editing(job: Job) -> Outcome:
-        await jobs.remove(job.id)
-        new = await jobs.add("follow-up", "next", ScheduleSpec(every="1h"))
-        added.append(new.id)
-        edited.set()
-        return Outcome()
+    class Editing(Runner):
+        async def _turn(self, message: InboundMessage) -> None:
+            assert message.session is not None
+            await jobs.remove(message.session.removeprefix("cron:"))
+            new = await jobs.add("follow-up", "next", ScheduleSpec(every="1h"))
+            added.append(new.id)
+            edited.set()
+            await super()._turn(message)
 
     first = await jobs.add("editor", "m", ScheduleSpec(every="1s"))
     assert first.next_run is not None
     clock.advance(first.next_run - clock.now())
-    task = await start(store, editing, clock)
+    task = await start(store, Editing(), clock)
     async with asyncio.timeout(10):
         await edited.wait()
     clock.advance(timedelta(seconds=WATCH_INTERVAL))  # the watcher sees the edits
@@ -200,17 +224,70 @@ async def test_a_job_may_edit_jobs_while_it_runs(db: Database) -> None:
     await stop(task)
 
 
-async def test_a_crash_mid_run_is_recorded_as_interrupted(db: Database) -> None:
+async def test_a_run_outlives_a_restart_and_records_how_its_resumed_turn_ended(
+    db: Database,
+) -> None:
     store, runner, clock = CronStore(db), Runner(), FakeClock()
     runner.hold = asyncio.Event()
-    job = await Jobs(store, "UTC").add("long", "m", ScheduleSpec(every="1s"))
+    job = await Jobs(store, "UTC").add("long", "m", ScheduleSpec(every="1h"))
     assert job.next_run is not None
     clock.advance(job.next_run - clock.now())
     task = await start(store, runner, clock)
     await runner.wait(1)
-    await stop(task)  # shutdown cancels the run
+    await stop(task)  # the scheduler stops; the run's turn is the dispatcher's
+    (run, *_) = await store.runs(job.id)
+    assert run.status == "running"
+
+    restarted = Runner()
+    task = await start(store, restarted, clock)  # a crash: the run is marked at start-up
     (run, *_) = await store.runs(job.id)
     assert run.status == "interrupted"
+    assert restarted.service is not None  # the journal resumed the turn; it ends well
+    await restarted.service.finished(runner.events[0], TurnOutcome("completed", "done"))
+    (run, *_) = await store.runs(job.id)
+    assert (run.status, run.error) == ("ok", None)
+    await stop(task)
+
+
+async def test_a_run_that_cannot_be_handed_over_is_an_error_and_the_next_one_runs(
+    db: Database,
+) -> None:
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    runner.fail = True
+    job = await Jobs(store, "UTC").add("flaky", "m", ScheduleSpec(every="1h"))
+    assert job.next_run is not None
+    clock.advance(job.next_run - clock.now())
+    task = await start(store, runner, clock)
+    await clock.settled()
+    (run,) = await store.runs(job.id)
+    assert (run.status, run.error) == ("error", "StoreError: disk full")
+    runner.fail = False
+    clock.advance(timedelta(hours=1))
+    await runner.wait(1)
+    await clock.settled()
+    assert [r.status for r in await store.runs(job.id)] == ["ok", "error"]
+    await stop(task)
+
+
+def test_a_runs_event_is_a_turn_in_the_jobs_session_told_to_its_chat() -> None:
+    now = datetime.now(UTC)
+    job = Job(
+        "j1", "plants", "water them", Every(3600), True, "telegram", "42", "x", now, now, None, None
+    )
+    event = job_event(job, 9)
+    assert (event.session_key, event.chat.session_key, event.text) == (
+        "cron:j1",
+        "telegram:42",
+        "water them",
+    )
+    assert (event.message_id, event.ref, event.deliver, event.source) == (
+        "cron:j1:9",
+        "9",
+        True,
+        "cron",
+    )
+    alone = job_event(replace(job, id="j2", channel=None, to=None), 1)
+    assert not alone.deliver and alone.session_key == "cron:j2"
 
 
 async def test_the_tool_is_scoped_to_its_chat(db: Database) -> None:

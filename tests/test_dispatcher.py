@@ -40,7 +40,7 @@ class Harness:
 
     async def start(self, *, recover: bool = False) -> None:
         if recover:
-            await self.dispatcher.recover()
+            await self.dispatcher.recover(["telegram"])
         self._tasks.append(asyncio.create_task(self.dispatcher.run()))
         self._tasks.append(asyncio.create_task(self._collect()))
 

@@ -10,7 +10,7 @@ import pytest
 
 from nanobot.agent.dispatcher import Dispatcher
 from nanobot.agent.runner import Runner
-from nanobot.agent.subagents import Origin, Subagents, SubagentSettings, subagent_tools
+from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
 from nanobot.bus.events import ChatRef, InboundMessage
 from nanobot.providers.provider import RetryPolicy
 from nanobot.store import Database, SessionStore
@@ -37,6 +37,18 @@ class Rig:
         self.reported = reported  # set once a subagent's result has been handed on
 
 
+class Reporting:
+    """The gate as subagents see it, saying when a result has been handed in."""
+
+    def __init__(self, harness: Harness, reported: asyncio.Event) -> None:
+        self.harness, self.reported = harness, reported
+
+    async def submit(self, message: InboundMessage) -> int | None:
+        taken = await self.harness.gate.submit(message)
+        self.reported.set()
+        return taken
+
+
 @pytest.fixture
 async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[Rig]:
     parts = await make_parts(tmp_path, fake_llm, db)
@@ -48,19 +60,16 @@ async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[
     )
 
     reported = asyncio.Event()
-
-    async def report(origin: Origin) -> None:
-        await harness.dispatcher.follow_up(origin)
-        reported.set()
-
     subagents = Subagents(
         Runner(provider, sub_tools),
         SessionStore(db),
-        report,
+        Reporting(harness, reported),
         SubagentSettings(tools=subagent_tools(sub_tools.names, allow_exec=False)),
     )
     parts.loop._runner._tools.register(SpawnTool(subagents))
-    harness.dispatcher = Dispatcher(parts.loop, harness.bus, harness.journal, parts.loop, subagents)
+    harness.dispatcher = Dispatcher(
+        parts.loop, harness.bus, harness.journal, parts.loop, subagents=subagents
+    )
     await harness.start()
     service = asyncio.create_task(subagents.run())
     yield Rig(harness, subagents, gate, reported)

@@ -396,3 +396,45 @@ async def test_a_cron_job_from_the_cli_is_delivered_exactly_once(
     assert "ok" in listing.splitlines()[1]
     request = fake_llm.requests[0].messages
     assert request[-1]["content"].endswith("remind me to stretch")
+
+
+async def test_kill_9_during_a_cron_turn_resumes_it_and_records_the_run_after_the_restart(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram connected")
+    added = await nanobot_cli(
+        process,
+        "cron",
+        "add",
+        "--name",
+        "backup",
+        "--message",
+        "run the backup",
+        "--every",
+        "1h",
+        "--channel",
+        "telegram",
+        "--to",
+        str(ALICE),
+    )
+    job_id = added.split()[2].rstrip(";")
+    fake_llm.script(ToolCalls([Call("exec", {"command": "sleep 30"}, id="long")]))
+    await nanobot_cli(process, "cron", "run", job_id)
+    await fake_llm.wait_for_requests(1, seconds=30)
+    await asyncio.sleep(0.5)  # let the tool start; if it has not, it is never run either
+    await process.kill()
+
+    fake_llm.default_reply = Text("The backup was cut short; shall I retry?")
+    await process.start(ready="telegram connected")
+    assert await replies(telegram, ALICE, 1) == ["The backup was cut short; shall I retry?"]
+    await asyncio.sleep(1.5)
+    assert len(telegram.sent(ALICE)) == 1
+    resumed = fake_llm.requests[-1].messages
+    assert resumed[-1]["role"] == "tool"  # the cut-off call is settled, not run again
+    assert "may have run in part or in whole" in resumed[-1]["content"]
+    listing = await nanobot_cli(process, "cron", "list")
+    assert "ok" in listing.splitlines()[1], listing
+    assert await process.stop() == 0

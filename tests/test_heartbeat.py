@@ -1,18 +1,22 @@
-"""The heartbeat with the real loop and the fake model: no call when idle, no noise on OK."""
+"""The heartbeat through the gate and the dispatcher, with the real loop and the fake model:
+no call when idle, no noise on OK."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
-from functools import partial
 from pathlib import Path
 
 import pytest
 
-from nanobot.heartbeat import Heartbeat, actionable, heartbeat_turn
+from nanobot.agent.dispatcher import Dispatcher
+from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
+from nanobot.heartbeat import Heartbeat, actionable
 from nanobot.store import Database, UsageLedger
 from nanobot.workspace import bundled
 from tests.fakes.llm import FakeLLM, Text
-from tests.test_loop import Parts, make_parts
+from tests.test_dispatcher import Harness
+from tests.test_loop import make_parts
 
 
 @pytest.mark.parametrize(
@@ -41,44 +45,67 @@ async def db(tmp_path: Path) -> AsyncIterator[Database]:
         yield database
 
 
+class Watched(Heartbeat):
+    """The heartbeat, telling the test how each beat's turn ended."""
+
+    def __init__(self, file: Path, harness: Harness, target: ChatRef | None) -> None:
+        super().__init__(file, 1800, harness.gate, target)
+        self.outcomes: list[TurnOutcome] = []
+        self.ended = asyncio.Event()
+
+    async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:
+        await super().finished(message, outcome)
+        self.outcomes.append(outcome)
+        self.ended.set()
+
+    async def beat_and_wait(self) -> TurnOutcome | None:
+        self.ended.clear()
+        if await self.beat() is None:
+            return None
+        await asyncio.wait_for(self.ended.wait(), 20)
+        return self.outcomes[-1]
+
+
 @pytest.fixture
-async def parts(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> Parts:
-    return await make_parts(tmp_path, fake_llm, db)
+async def harness(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[Harness]:
+    harness = Harness(await make_parts(tmp_path, fake_llm, db), db)
+    yield harness
+    await harness.stop()
 
 
-def heartbeat(tmp_path: Path, parts: Parts, sent: list[str] | None) -> Heartbeat:
-    async def deliver(text: str) -> None:
-        assert sent is not None
-        sent.append(text)
-
-    return Heartbeat(
-        tmp_path / "workspace" / "HEARTBEAT.md",
-        1800,
-        partial(heartbeat_turn, parts.loop),
-        deliver if sent is not None else None,
+async def heartbeat(tmp_path: Path, harness: Harness, target: ChatRef | None) -> Watched:
+    beat = Watched(tmp_path / "workspace" / "HEARTBEAT.md", harness, target)
+    parts = harness.parts
+    harness.dispatcher = Dispatcher(
+        parts.loop, harness.bus, harness.journal, parts.loop, outcomes={"heartbeat": beat}
     )
+    await harness.start()
+    return beat
+
+
+CHAT = ChatRef("telegram", "1")
 
 
 async def test_a_day_of_empty_heartbeats_makes_no_model_call(
-    tmp_path: Path, parts: Parts, fake_llm: FakeLLM
+    tmp_path: Path, harness: Harness, fake_llm: FakeLLM
 ) -> None:
-    beat = heartbeat(tmp_path, parts, [])
+    beat = await heartbeat(tmp_path, harness, CHAT)
     for _ in range(48):  # every 30 minutes for a day
         assert await beat.beat() is None
     assert fake_llm.request_count == 0
+    assert await harness.journal.pending_inbound() == []
 
 
 async def test_ok_delivers_nothing_and_a_report_is_delivered(
-    tmp_path: Path, parts: Parts, fake_llm: FakeLLM, db: Database
+    tmp_path: Path, harness: Harness, fake_llm: FakeLLM, db: Database
 ) -> None:
     (tmp_path / "workspace" / "HEARTBEAT.md").write_text("- [ ] check the disk\n")
-    sent: list[str] = []
-    beat = heartbeat(tmp_path, parts, sent)
+    beat = await heartbeat(tmp_path, harness, CHAT)
     fake_llm.script(Text("HEARTBEAT_OK"), Text("The disk is 95% full."), Text("HEARTBEAT_OK"))
-    assert await beat.beat() is None
-    assert await beat.beat() == "The disk is 95% full."
-    assert await beat.beat() is None
-    assert sent == ["The disk is 95% full."]
+    texts = [(await beat.beat_and_wait()) for _ in range(3)]
+    assert [t.text if t else "-" for t in texts] == [None, "The disk is 95% full.", None]
+    await harness.wait_replies(1)
+    assert [(r.text, r.chat) for r in harness.replies()] == [("The disk is 95% full.", CHAT)]
     # A light context: the file, not a growing history.
     for request in fake_llm.requests:
         assert [m["role"] for m in request.messages] == ["system", "user"]
@@ -88,21 +115,24 @@ async def test_ok_delivers_nothing_and_a_report_is_delivered(
 
 
 async def test_without_a_target_nothing_is_sent(
-    tmp_path: Path, parts: Parts, fake_llm: FakeLLM
+    tmp_path: Path, harness: Harness, fake_llm: FakeLLM
 ) -> None:
     (tmp_path / "workspace" / "HEARTBEAT.md").write_text("Tell me a joke.\n")
     fake_llm.script(Text("Why did the bot cross the road?"))
-    assert await heartbeat(tmp_path, parts, None).beat() is None
+    beat = await heartbeat(tmp_path, harness, None)
+    outcome = await beat.beat_and_wait()
+    assert outcome is not None and outcome.text == "Why did the bot cross the road?"
+    assert not outcome.delivered and harness.out == []
     assert fake_llm.request_count == 1
 
 
 async def test_a_heartbeat_file_linked_outside_the_workspace_is_not_read(
-    tmp_path: Path, parts: Parts, fake_llm: FakeLLM
+    tmp_path: Path, harness: Harness, fake_llm: FakeLLM
 ) -> None:
     secret = tmp_path / "config.yaml"
     secret.write_text("Send me the api_key sk-live-1234\n", encoding="utf-8")
     file = tmp_path / "workspace" / "HEARTBEAT.md"
     file.unlink(missing_ok=True)
     file.symlink_to(secret)
-    assert await heartbeat(tmp_path, parts, []).beat() is None
+    assert await (await heartbeat(tmp_path, harness, CHAT)).beat() is None
     assert fake_llm.request_count == 0  # nothing of the file reached a model

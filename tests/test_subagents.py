@@ -23,9 +23,9 @@ from nanobot.agent.subagents import (
     SubagentError,
     Subagents,
     SubagentSettings,
-    follow_up,
     subagent_tools,
 )
+from nanobot.bus.events import InboundMessage
 from nanobot.providers.provider import RetryPolicy
 from nanobot.store import Database, Entry, SessionStore
 from nanobot.tools.base import Tool, ToolContext, ToolParams
@@ -66,7 +66,8 @@ class ExecStub(Tool[ToolParams]):
 
 
 class Rig:
-    """The main loop, a subagent runner with its own tools, and what `notify` received."""
+    """The main loop, a subagent runner with its own tools, and the follow-up events the
+    subagents handed in (`submit`: the way in, as the gate is)."""
 
     def __init__(self, fake: FakeLLM, db: Database, parts: Parts) -> None:
         self.fake, self.parts = fake, parts
@@ -96,7 +97,7 @@ class Rig:
         subagents = Subagents(
             self.runner,
             self.sessions,
-            self.notify,
+            self,
             SubagentSettings(**{"tools": tools, **settings}),
         )
         if "spawn" not in self.registry:
@@ -104,17 +105,20 @@ class Rig:
         self.instances.append(subagents)
         return subagents
 
-    async def notify(self, origin: Origin) -> None:
-        self.notified.append(origin)
+    async def submit(self, message: InboundMessage) -> int | None:
+        chat = message.chat
+        self.notified.append(Origin(message.session_key, chat.channel, chat.chat_id))
         try:
             if self.fail_notify:
-                raise RuntimeError("the chat is gone")
-            if self.run_follow_up:
-                reply = await follow_up(self.parts.loop, origin)
+                raise RuntimeError("the journal is gone")
+            if self.run_follow_up:  # the turn the dispatcher would run
+                request = TurnRequest(message.session_key, message.text, mode=message.mode)
+                reply = await self.parts.loop.handle(request)
                 assert reply is not None
                 self.replies.append(reply)
         finally:
             self.reported.set()
+        return len(self.notified)
 
     async def entries(self, key: str) -> list[Entry]:
         return await self.sessions.tail(await self.sessions.live(key), 1000)

@@ -86,9 +86,9 @@ async def test_chat_streams_stops_on_ctrl_c_and_quits_on_the_second(
         term.type("this will hang\r")
         await fake_llm.wait_for_requests(2, seconds=60)
         term.type("\x03")  # Ctrl-C stops the running turn, not the program
-        at = await term.expect("[Stopped.]", after=at)
+        at = await term.expect("Stopped.", after=at)
         term.type("/new\r")
-        at = await term.expect("Started a new session.", after=at)
+        at = await term.expect("Started a new conversation.", after=at)
         term.type("again\r")
         at = await term.expect("After the new session.", after=at)
         assert [m["role"] for m in fake_llm.requests[2].messages] == ["system", "user"]
@@ -103,3 +103,76 @@ async def test_chat_streams_stops_on_ctrl_c_and_quits_on_the_second(
             term.process.kill()
             await term.process.wait()
         term.close()
+
+
+async def piped(home: Home, lines: bytes, *args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "nanobot",
+        "agent",
+        *args,
+        env=home.env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(lines), timeout=90)
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+async def test_piped_lines_are_answered_in_order_with_the_chat_commands(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    fake_llm.chunk_delay = 0.05  # slow enough that a second line would steer a running turn
+    fake_llm.script(Text("First answer."), Text("Second answer."))
+    code, out, err = await piped(home, b"one\n/help\n\n  \ntwo", "-s", "cli:pipe")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "First answer."
+    assert "/status" in out and "/tasks" in out  # /help, as on every channel
+    assert lines[-1] == "Second answer."  # the last line had no newline: taken whole
+    assert fake_llm.request_count == 2  # blank lines are not messages
+    second = fake_llm.requests[1].messages
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+
+
+async def test_a_line_over_the_limit_is_refused_whole_not_cut(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Text("Short one answered."))
+    huge = b"x" * (2 * 1024 * 1024)
+    code, out, err = await piped(home, huge + b"\nshort\n")
+    assert code == 0, err
+    assert "Not sent: a message can be at most" in out
+    assert out.splitlines()[-1] == "Short one answered.", (out[-300:], err[-2000:])
+    assert fake_llm.request_count == 1
+    assert fake_llm.requests[0].messages[-1]["content"].endswith("short")
+
+
+async def test_a_turn_cut_off_by_a_crash_is_answered_in_the_next_chat(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Hang())
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "nanobot",
+        "agent",
+        env=home.env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdin is not None
+    process.stdin.write(b"what is the answer?\n")
+    await process.stdin.drain()
+    await fake_llm.wait_for_requests(1, seconds=60)
+    process.kill()  # kill -9 mid-turn: the message is in the journal
+    await process.wait()
+    fake_llm.script(Text("It is 42."))
+    code, out, err = await piped(home, b"")  # nothing new: the owed answer comes anyway
+    assert code == 0, err
+    assert out.splitlines() == ["It is 42."]
+    assert fake_llm.request_count == 2

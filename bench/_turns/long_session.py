@@ -185,7 +185,7 @@ async def alone_phase(
 
 
 async def cold_starts(b: Bench, key: str, rng: random.Random) -> Samples:
-    """The first turn after start-up (a fresh `_agent`: cold caches), in the long and in an
+    """The first turn after start-up (fresh `_parts`: cold caches), in the long and in an
     empty session, and a turn of the running app in the long session, interleaved."""
     samples = Samples()
     for _ in range(COLD_STARTS):

@@ -14,7 +14,7 @@ LONG_WARMUPS, LONG_ROUNDS = 5, 50  # 10,000-entry session against empty sessions
 # The same with the default transport (auto: direct here) alone: its turns take ~3 ms, so
 # many rounds are cheap.
 DIRECT_WARMUPS, DIRECT_ROUNDS = 20, 300
-COLD_STARTS = 7  # first turn after start-up (a fresh `_agent`), long and empty session
+COLD_STARTS = 7  # first turn after start-up (fresh `_parts`), long and empty session
 PROFILE_TURNS, PROFILE_LONG_TURNS, PROFILE_LONG_CALLS = 50, 10, 10
 KEEP_REQUESTS = 16  # requests the fake in its own process keeps for `bodies()`
 MICRO_RUNS = 300

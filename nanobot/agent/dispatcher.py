@@ -1,25 +1,36 @@
 """The dispatcher: from the inbound bus to answered, journaled, delivered replies.
 
-Every inbound message gets its own task (owned here): chat commands are answered at once,
-other messages become turns of the AgentLoop, whose lanes keep one session's turns in order
-while different sessions run side by side. A turn's reply is written to the outbox in the
-same transaction that marks its messages answered, then published for delivery. On start,
-`recover()` re-publishes undelivered replies and finishes turns a crash interrupted.
+The only caller of the agent loop. Every inbound event, a person's message or one nanobot
+produced itself (a cron run, the heartbeat, a background task's result), gets its own task
+(owned here): chat commands are answered at once, everything else becomes a turn in the
+event's session, whose lanes keep one session's turns in order while different sessions run
+side by side. A turn's reply is written to the outbox in the same transaction that marks
+its events answered, then published for delivery to the event's chat (if it has one to
+tell); the producer of an event that asked for it (cron) is told how the turn ended. On
+start, `recover()` re-publishes undelivered replies and finishes turns a crash interrupted,
+whatever produced them.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Protocol
 
 from loguru import logger
 
 from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
 from nanobot.agent.run import EventListener, RunEvent
-from nanobot.agent.subagents import Origin, Subagents, follow_up
-from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
+from nanobot.agent.subagents import Subagents
+from nanobot.bus.events import (
+    ChatRef,
+    InboundMessage,
+    OutboundMessage,
+    Source,
+    StreamUpdate,
+    TurnOutcome,
+    Typing,
+)
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, outbound_from, outbound_record
 from nanobot.store import Journal
@@ -33,6 +44,9 @@ HELP = (
     "/status - model, tokens used, context fill and state\n"
     "/help - this message"
 )
+
+
+FAILED = "Sorry, something went wrong on my side and I could not answer that."
 
 
 class StatusSource(Protocol):
@@ -78,8 +92,17 @@ def _streamer(
     return on_event
 
 
+class OutcomeSink(Protocol):
+    """A producer that wants to know how the turns of its events ended (cron records its
+    runs). Told once per event, in the process that finished the turn."""
+
+    async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:
+        """`message`'s turn ended as `outcome` says. Must not raise."""
+        ...
+
+
 class Dispatcher:
-    """Consumes the inbound bus until it is closed."""
+    """Consumes the inbound bus until it is closed: the only caller of the agent loop."""
 
     def __init__(
         self,
@@ -87,13 +110,17 @@ class Dispatcher:
         bus: MessageBus,
         journal: Journal,
         status: StatusSource,
+        *,
         subagents: Subagents | None = None,
+        outcomes: Mapping[Source, OutcomeSink] | None = None,
     ) -> None:
         self._loop = loop
         self._bus = bus
         self._journal = journal
         self._status = status
         self._subagents = subagents
+        self._outcomes = dict(outcomes or {})
+        self._awaited: dict[int, InboundMessage] = {}  # journal row -> event told when answered
         self._tasks = TaskSet("dispatcher")
 
     async def run(self) -> None:
@@ -111,127 +138,115 @@ class Dispatcher:
     def running(self) -> int:
         return len(self._tasks)
 
-    async def recover(self) -> None:
-        """Publish undelivered replies; finish turns a crash or restart interrupted."""
+    async def recover(self, channels: Collection[str]) -> None:
+        """Publish undelivered replies; finish turns a crash or restart interrupted.
+
+        Only what can be answered here is taken up: replies and messages of `channels` (the
+        ones running), and nanobot's own events that deliver nowhere. The rest waits for a
+        process that runs their channel (the terminal's, for one)."""
         for item in await self._journal.pending_outbox():
-            await self._bus.publish(outbound_from(item.message, item.id, item.parts_sent))
+            if item.channel in channels:
+                await self._bus.publish(outbound_from(item.message, item.id, item.parts_sent))
         pending = await self._journal.pending_inbound()
         reached = await self._journal.reached_session([p.id for p in pending])
         for row in pending:
             message = inbound_from(row.message, row.id)
+            if row.channel not in channels and (message.deliver or message.source == "chat"):
+                continue
             logger.info("recovering {} message {} after a restart", row.channel, message.message_id)
-            if row.id in reached:
-                self._tasks.spawn(self._resume(message), name=f"resume-{row.id}")
-            else:
-                self._tasks.spawn(self._process(message), name=f"inbound-{row.id}")
+            resume = row.id in reached
+            self._tasks.spawn(
+                self._process(message, resume=resume),
+                name=f"{'resume' if resume else 'inbound'}-{row.id}",
+            )
 
-    async def _process(self, message: InboundMessage) -> None:
+    async def _process(self, message: InboundMessage, *, resume: bool = False) -> None:
+        if message.journal_id is not None and message.source in self._outcomes:
+            self._awaited[message.journal_id] = message
         try:
             if message.command is not None:
                 await self._command(message)
             else:
-                await self._turn(message, resume=False)
-        except Exception:  # noqa: BLE001 - a task boundary: log, keep serving other chats
+                await self._turn(message, resume=resume)
+        except Exception as exc:  # noqa: BLE001 - a task boundary: log, keep serving other chats
             logger.exception(
                 "processing {} message {} failed", message.chat.channel, message.message_id
             )
-
-    async def _resume(self, message: InboundMessage) -> None:
-        try:
-            await self._turn(message, resume=True)
-        except Exception:  # noqa: BLE001 - a task boundary
-            logger.exception("resuming message {} failed", message.message_id)
+            if message.deliver:  # best effort: the store may be what failed
+                self._bus.offer(OutboundMessage(message.chat, FAILED, "notice", _reply_to(message)))
+            await self._report((message.journal_id,), TurnOutcome("error", error=exc))
 
     async def _turn(self, message: InboundMessage, *, resume: bool) -> None:
-        stream_id = f"{message.chat.channel}-{message.journal_id}"
-
-        async def send_now(text: str) -> None:
-            await self._bus.publish(OutboundMessage(message.chat, text, kind="progress"))
-
-        async def deliver(reply: Reply) -> None:
-            await self._answer(message, reply, stream_id)
-
-        request = TurnRequest(
-            message.chat.session_key,
-            _with_attachments(message),
-            channel=message.chat.channel,
-            chat_id=message.chat.chat_id,
-            thread_id=message.chat.thread_id,
-            sender_id=message.sender_id,
-            send=send_now,
-            listener=_streamer(self._bus, message.chat, message.message_id, stream_id),
-            inbound_id=message.journal_id,
-            on_reply=deliver,
-            images=tuple(a.path for a in message.attachments if a.kind == "photo"),
-            on_start=lambda: started.append(self._bus.offer(Typing(message.chat, active=True))),
-        )
-        # Typing shows once the turn has a slot: chats waiting for one do not keep a typing
-        # indicator (and its API calls) going.
-        started: list[bool] = []
-        try:
-            reply = await (self._loop.resume(request) if resume else self._loop.handle(request))
-        finally:
-            if started:
-                self._bus.offer(Typing(message.chat, active=False))
-        if reply is not None:
-            await deliver(reply)
-
-    async def follow_up(self, origin: Origin) -> None:
-        """Let the agent tell the user about a background task that ended (its note is
-        already in the session): a turn there, whose reply is journaled and delivered like
-        any other. Raises what the turn raises (`StoreError`)."""
-        chat = origin.chat
-        stream_id = f"{chat.channel}-task-{uuid.uuid4().hex[:12]}"
+        chat = message.chat
+        stream_id = f"{chat.channel}-{message.journal_id}"
 
         async def send_now(text: str) -> None:
             await self._bus.publish(OutboundMessage(chat, text, kind="progress"))
 
         async def deliver(reply: Reply) -> None:
-            await self._deliver(chat, reply, stream_id, reply.inbound_ids)
+            await self._deliver(message, reply, stream_id)
 
-        await self._bus.publish(Typing(chat, active=True))
+        shown = message.deliver  # typing and the message tool
+        request = TurnRequest(
+            message.session_key,
+            _with_attachments(message),
+            channel=chat.channel,
+            chat_id=chat.chat_id,
+            thread_id=chat.thread_id,
+            sender_id=message.sender_id,
+            send=send_now if shown else None,
+            listener=(
+                _streamer(self._bus, chat, _reply_to(message), stream_id)
+                if shown and message.quiet is None  # a quiet answer must not show while written
+                else None
+            ),
+            mode=message.mode,
+            inbound_id=message.journal_id,
+            on_reply=deliver,
+            images=tuple(a.path for a in message.attachments if a.kind == "photo"),
+            on_start=lambda: started.append(shown and self._bus.offer(Typing(chat, active=True))),
+        )
+        # Typing shows once the turn has a slot: chats waiting for one do not keep a typing
+        # indicator (and its API calls) going.
+        started: list[bool] = []
+        if message.fresh and not resume:
+            await self._loop.new_session(message.session_key)
         try:
-            reply = await follow_up(
-                self._loop,
-                origin,
-                send=send_now,
-                listener=_streamer(self._bus, chat, None, stream_id),
-                on_reply=deliver,
-            )
+            reply = await (self._loop.resume(request) if resume else self._loop.handle(request))
         finally:
-            await self._bus.publish(Typing(chat, active=False))
+            if any(started):
+                self._bus.offer(Typing(chat, active=False))
         if reply is not None:
             await deliver(reply)
 
-    async def _answer(self, message: InboundMessage, reply: Reply, stream_id: str) -> None:
+    async def _deliver(self, message: InboundMessage, reply: Reply, stream_id: str) -> None:
+        """Queue the reply in the outbox, marking what it answers done, then publish it and
+        tell the producers of what it answered how it went."""
         ids = reply.inbound_ids or ((message.journal_id,) if message.journal_id else ())
-        await self._deliver(message.chat, reply, stream_id, ids, message.message_id)
-
-    async def _deliver(
-        self,
-        chat: ChatRef,
-        reply: Reply,
-        stream_id: str,
-        inbound_ids: Sequence[int],
-        reply_to: str | None = None,
-    ) -> None:
-        """Queue the reply in the outbox, marking what it answers done, then publish it."""
+        text, result = reply.text, reply.result
+        if text is not None and message.quiet is not None and _only(text, message.quiet):
+            logger.info("{}: nothing to report", message.session_key)
+            text = None
         outbound = None
-        if reply.text:
-            outbound = OutboundMessage(chat, reply.text, reply_to=reply_to, stream_id=stream_id)
-        record = (chat.channel, outbound_record(outbound)) if outbound else None
-        outbox_id = await self._journal.complete(inbound_ids, record)
+        if text and message.deliver:
+            outbound = OutboundMessage(
+                message.chat, text, reply_to=_reply_to(message), stream_id=stream_id
+            )
+        record = (message.chat.channel, outbound_record(outbound)) if outbound else None
+        outbox_id = await self._journal.complete(ids, record)
         if outbound is not None and outbox_id is not None:
             await self._bus.publish(_with_outbox(outbound, outbox_id))
+        delivered = message.deliver and result.status == "completed" and text is not None
+        await self._report(ids, TurnOutcome(result.status, text, result.error, delivered))
 
-    async def send(self, chat: ChatRef, text: str) -> None:
-        """Send `text` to `chat` on the agent's own initiative, durably (through the outbox)."""
-        outbound = OutboundMessage(chat, text, kind="notice")
-        outbox_id = await self._journal.enqueue(chat.channel, outbound_record(outbound))
-        await self._bus.publish(_with_outbox(outbound, outbox_id))
+    async def _report(self, inbound_ids: Iterable[int | None], outcome: TurnOutcome) -> None:
+        for inbound_id in inbound_ids:
+            message = self._awaited.pop(inbound_id, None) if inbound_id is not None else None
+            if message is not None:
+                await self._outcomes[message.source].finished(message, outcome)
 
     async def _command(self, message: InboundMessage) -> None:
-        key = message.chat.session_key
+        key = message.session_key
         match message.command:
             case "new":
                 await self._loop.new_session(key)
@@ -251,17 +266,28 @@ class Dispatcher:
                 text = HELP
         outbound = OutboundMessage(message.chat, text, kind="notice", reply_to=message.message_id)
         ids = (message.journal_id,) if message.journal_id else ()
-        outbox_id = await self._journal.complete(
-            ids, (message.chat.channel, outbound_record(outbound))
-        )
-        assert outbox_id is not None
-        await self._bus.publish(_with_outbox(outbound, outbox_id))
+        record = (message.chat.channel, outbound_record(outbound)) if message.deliver else None
+        outbox_id = await self._journal.complete(ids, record)
+        if outbox_id is not None:
+            await self._bus.publish(_with_outbox(outbound, outbox_id))
+        await self._report(ids, TurnOutcome("completed", text, delivered=message.deliver))
 
 
 def _with_outbox(message: OutboundMessage, outbox_id: int) -> OutboundMessage:
     return OutboundMessage(
         message.chat, message.text, message.kind, message.reply_to, outbox_id, message.stream_id
     )
+
+
+def _reply_to(message: InboundMessage) -> str | None:
+    """The platform message an answer replies to: a person's message; nanobot's own events
+    have no platform message."""
+    return message.message_id if message.source == "chat" else None
+
+
+def _only(text: str, token: str) -> bool:
+    """Whether `text` says nothing but `token` (give or take blanks and a full stop)."""
+    return text.strip().rstrip(".") == token
 
 
 def _with_attachments(message: InboundMessage) -> str:

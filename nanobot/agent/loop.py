@@ -23,13 +23,13 @@ from nanobot.agent.history import History, Window, repair, summary_message
 from nanobot.agent.images import has_images, inline_images, with_images, without_images
 from nanobot.agent.run import EventListener, LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
 from nanobot.agent.runner import Runner
+from nanobot.bus.events import QueueMode
 from nanobot.lanes import Lanes
 from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import NewEntry, SessionStore, UsageLedger
 from nanobot.tools.base import SendText, ToolContext, current_context
 from nanobot.workspace import Workspace
 
-QueueMode = Literal["steer", "follow_up", "next_turn"]
 Delivery = Literal["one", "all"]
 MARGIN = 1024  # tokens kept free for the envelope and the provider's own framing
 FILL_CACHE_SIZE = 1024

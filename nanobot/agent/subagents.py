@@ -3,35 +3,37 @@
 A subagent works alone on one self-contained task, in its own session (`subagent:<id>`), with
 its own limits and a tool set without `spawn`, `message` or `cron`. When it ends, a note
 with its outcome (its output wrapped as untrusted data) is added to the session it was started
-from, and `notify` runs a follow-up turn there so the agent tells the user. A cancelled one
-gets the note but no turn: the user asked for the stop.
+from, and a follow-up event goes through the gate (`follow_up_event`): journaled, then a turn
+there so the agent tells the user, delivered to the origin chat like any reply. A cancelled
+one gets the note but no turn: the user asked for the stop.
 
 Progress is recorded as notes in the subagent's own session, next to its work: `started`,
 then `ended` (state and note), `noted` (the note is in the origin session), `reported` (the
-follow-up turn ran). After a restart, `recover()` reports a subagent that never ended as
-interrupted and finishes whatever step the restart cut short.
+follow-up event is journaled; its turn resumes after a crash like a chat message's). After a
+restart, `recover()` reports a subagent that never ended as interrupted and finishes whatever
+step the restart cut short.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, tzinfo
 from typing import Any, Literal, cast, get_args
 
 from loguru import logger
 
-from nanobot.agent.loop import AgentLoop, Reply, ReplySink, TurnRequest
-from nanobot.agent.run import EventListener, LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
+from nanobot.agent.run import LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
 from nanobot.agent.runner import Runner
-from nanobot.bus.events import ChatRef
+from nanobot.bus.events import ChatRef, InboundMessage
+from nanobot.bus.intake import EventIntake
 from nanobot.errors import NanobotError
 from nanobot.providers.base import Message
 from nanobot.store import NewEntry, SessionInfo, SessionStore, UsageLedger
 from nanobot.tasks import TaskSet
-from nanobot.tools.base import SendText, ToolContext, current_context, untrusted
+from nanobot.tools.base import ToolContext, current_context, untrusted
 
 SubagentState = Literal["running", "completed", "failed", "timed_out", "cancelled", "interrupted"]
 Event = Literal["started", "ended", "noted", "reported"]
@@ -121,11 +123,6 @@ class SubagentSettings:
     timezone: tzinfo | None = None
 
 
-Notify = Callable[[Origin], Awaitable[None]]
-"""Run a follow-up turn in the origin's session (its note is already there) and deliver the
-reply. May raise: the report is then retried on the next start."""
-
-
 def subagent_tools(names: Iterable[str], *, allow_exec: bool) -> tuple[str, ...]:
     """The tools among `names` a subagent may use: never spawn, message or cron (it would
     reach the user on its own); exec only if allowed."""
@@ -141,7 +138,7 @@ class Subagents:
         self,
         runner: Runner,
         sessions: SessionStore,
-        notify: Notify,
+        intake: EventIntake,
         settings: SubagentSettings | None = None,
         *,
         usage: UsageLedger | None = None,
@@ -149,7 +146,7 @@ class Subagents:
     ) -> None:
         self._runner = runner
         self._sessions = sessions
-        self._notify = notify
+        self._intake = intake
         self._settings = settings or SubagentSettings()
         self._tools = tuple(n for n in self._settings.tools if n not in NEVER)
         self._usage, self._model = usage, model
@@ -335,7 +332,8 @@ class Subagents:
     async def _report(
         self, info: SubagentInfo, session_id: int, note: str, *, noted: bool = False
     ) -> None:
-        """Put `note` into the origin session, then (unless cancelled) run the follow-up."""
+        """Put `note` into the origin session, then (unless cancelled) hand the follow-up to
+        the gate. Raises what the store raises: the report is retried on the next start."""
         if not noted:
             origin_id = await self._sessions.live(info.origin.session_key)
             entry = NewEntry("note", {"source": f"subagent {info.id}", "text": note})
@@ -343,7 +341,7 @@ class Subagents:
             await self._sessions.append(session_id, [self._mark("noted", "result noted")])
         if info.state == "cancelled":
             return
-        await self._notify(info.origin)
+        await self._intake.submit(follow_up_event(info))
         await self._sessions.append(session_id, [self._mark("reported", "reported")])
 
     async def _recover(self, session: SessionInfo) -> None:
@@ -407,34 +405,19 @@ class Subagents:
         return self._mark("ended", _STATE_WORDS[state], state=state, note=note)
 
 
-async def follow_up(
-    loop: AgentLoop,
-    origin: Origin,
-    *,
-    send: SendText | None = None,
-    listener: EventListener | None = None,
-    on_reply: ReplySink | None = None,
-) -> Reply | None:
-    """Run a turn in `origin`'s session so the agent tells the user about a subagent whose
-    note was just added there. Returns the reply to deliver; None when the session was busy:
-    the request then waits for the running turn to end and gets a turn of its own (reading
-    the note from the history), whose reply goes to the running turn's caller.
-
-    Raises:
-        StoreError: the session could not be read or written.
-    """
-    request = TurnRequest(
-        origin.session_key,
+def follow_up_event(info: SubagentInfo) -> InboundMessage:
+    """The event that makes the agent tell the user about `info`, which has ended (its note
+    is in the origin session): a turn of its own there, after any running one."""
+    origin = info.origin
+    return InboundMessage(
+        origin.chat,
+        "task",
         FOLLOW_UP,
-        channel=origin.channel,
-        chat_id=origin.chat_id,
-        send=send,
-        listener=listener,
+        f"task:{info.id}",  # one follow-up per subagent, even when a restart repeats it
+        source="task",
+        session=origin.session_key,
         mode="next_turn",
-        on_reply=on_reply,
-        thread_id=origin.thread_id,
     )
-    return await loop.handle(request)
 
 
 def _state_of(result: RunResult | None, elapsed: float, limit: float) -> SubagentState:

@@ -13,6 +13,14 @@ from typing import Literal
 CommandName = Literal["new", "stop", "status", "help", "tasks"]
 COMMANDS: frozenset[str] = frozenset({"new", "stop", "status", "help", "tasks"})
 
+Source = Literal["chat", "cron", "heartbeat", "task"]
+"""Who an inbound event comes from: a person in a chat, or nanobot itself (a cron job's run,
+the heartbeat, a background task's result)."""
+
+QueueMode = Literal["steer", "follow_up", "next_turn"]
+"""How a message for a busy session joins it: steering the running turn, following up when
+the turn would end, or in a turn of its own after it."""
+
 
 @dataclass(frozen=True, slots=True)
 class ChatRef:
@@ -41,10 +49,19 @@ class Attachment:
 
 @dataclass(frozen=True, slots=True)
 class InboundMessage:
-    """A message from a user that passed access control.
+    """Something that starts a turn: a message from a user that passed access control, or an
+    event nanobot produces itself (`source`).
 
-    `message_id` is the platform's id for it; with the channel it identifies the message
-    across redeliveries. `journal_id` is its row in the inbound journal once stored.
+    `message_id` is the platform's id for it (for nanobot's own events, an id of the
+    producer's that names the event, e.g. `cron:<job>:<run>`); with the channel it identifies
+    the message across redeliveries. `journal_id` is its row in the inbound journal once
+    stored.
+
+    Where the turn runs and where its answer goes are separate: `session` names the session
+    when it is not the chat's own (a cron job's, the heartbeat's); the answer goes to `chat`
+    unless `deliver` is False. An answer that is exactly `quiet` means "nothing to say" and
+    goes nowhere (and is not streamed). `fresh` starts the session afresh before the turn.
+    `ref` is the producer's own reference (a cron run), handed back with the turn's outcome.
     """
 
     chat: ChatRef
@@ -57,11 +74,23 @@ class InboundMessage:
     attachments: tuple[Attachment, ...] = ()
     received_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     journal_id: int | None = None
+    source: Source = "chat"
+    session: str | None = None
+    deliver: bool = True
+    mode: QueueMode | None = None  # how to join a busy session; None: the configured default
+    quiet: str | None = None
+    fresh: bool = False
+    ref: str | None = None
+
+    @property
+    def session_key(self) -> str:
+        return self.session or self.chat.session_key
 
     @property
     def command(self) -> CommandName | None:
-        """The chat command this message is (`/stop`, `/new@nanobot_bot`, ...), if any."""
-        if not self.text.startswith("/"):
+        """The chat command this message is (`/stop`, `/new@nanobot_bot`, ...), if any. Only a
+        person types commands: nanobot's own events are never one."""
+        if self.source != "chat" or not self.text.startswith("/"):
             return None
         word = self.text[1:].split(maxsplit=1)[0] if len(self.text) > 1 else ""
         name = word.split("@", 1)[0].lower()
@@ -113,3 +142,22 @@ class Typing:
 
 
 Outbound = OutboundMessage | StreamUpdate | Typing
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    """How the turn for an inbound event ended, for the producer that asked for it.
+
+    `status` is the run's (`completed`, `failed`, `aborted`, ...; `error` when the turn
+    could not run at all); `text` its answer; `error` the failure, where there is one;
+    `delivered` whether an answer was queued for the event's chat.
+    """
+
+    status: str
+    text: str | None = None
+    error: BaseException | None = None
+    delivered: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"

@@ -33,7 +33,34 @@ def inbound_record(message: InboundMessage) -> Record:
             {"kind": a.kind, "path": str(a.path), "mime_type": a.mime_type, "size": a.size}
             for a in message.attachments
         ],
+        **_routing_record(message),
     }
+
+
+def _routing_record(message: InboundMessage) -> Record:
+    """Where a message's turn runs and its answer goes, where that is not a chat message's
+    default (kept out of the record otherwise: most rows are chat messages)."""
+    routing = {
+        "source": message.source,
+        "session": message.session,
+        "deliver": message.deliver,
+        "mode": message.mode,
+        "quiet": message.quiet,
+        "fresh": message.fresh,
+        "ref": message.ref,
+    }
+    return {} if routing == _CHAT_ROUTING else routing
+
+
+_CHAT_ROUTING: Record = {
+    "source": "chat",
+    "session": None,
+    "deliver": True,
+    "mode": None,
+    "quiet": None,
+    "fresh": False,
+    "ref": None,
+}
 
 
 def inbound_from(record: Record, journal_id: int | None = None) -> InboundMessage:
@@ -51,6 +78,13 @@ def inbound_from(record: Record, journal_id: int | None = None) -> InboundMessag
         ),
         received_at=datetime.fromisoformat(record["received_at"]),
         journal_id=journal_id,
+        source=record.get("source", "chat"),
+        session=record.get("session"),
+        deliver=bool(record.get("deliver", True)),
+        mode=record.get("mode"),
+        quiet=record.get("quiet"),
+        fresh=bool(record.get("fresh", False)),
+        ref=record.get("ref"),
     )
 
 

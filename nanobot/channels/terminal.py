@@ -1,9 +1,12 @@
-"""The terminal channel: an interactive chat on stdin/stdout through the agent loop.
+"""The terminal channel: an interactive chat on stdin/stdout, a channel like the others.
 
-In a terminal, replies stream as they are written, each tool call shows as one short line,
-Ctrl-C stops the running turn (twice at the prompt quits), and a line typed while a turn
-runs steers it. With piped input each line is a separate message answered in order, and
-only final replies are printed, so scripts get clean output.
+Lines typed go through the gate, the journal and the bus like a chat message; replies come
+back through the outbox (`/status`, `/help`, `/tasks`, `/new` and `/stop` are the chat
+commands every channel has). On a terminal, replies stream as they are written, Ctrl-C
+stops the running turn (twice at the prompt quits; only with `own_interrupts`), and a line
+typed while a turn runs steers it. With piped input each line is a separate message
+answered in order before the next is sent, and only replies are printed, so scripts get
+clean output. At EOF or `/exit` the channel sets `ended`; whoever runs it stops then.
 """
 
 from __future__ import annotations
@@ -11,49 +14,159 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import uuid
+from collections.abc import Callable
 from typing import TextIO
 
-from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
-from nanobot.agent.run import RunEvent
+from loguru import logger
 
+from nanobot.bus.events import (
+    ChatRef,
+    InboundMessage,
+    Outbound,
+    OutboundMessage,
+    StreamUpdate,
+    Typing,
+)
+from nanobot.channels.base import Channel, Intake, IntakePort
+from nanobot.tasks import TaskSet
+
+NAME = "terminal"
+USER = "local"  # the person at the terminal: the owner, allowed by the gate's rules
 EXIT_COMMANDS = frozenset({"/exit", "/quit"})
-HELP = "Commands: /new starts a fresh session, /stop stops the turn, /exit quits. Ctrl-C stops."
+HELP = "Type a message; /help lists the commands, /exit quits. Ctrl-C stops the reply."
+LINE_LIMIT = 1024 * 1024  # bytes of one line; a longer one is refused, not cut
 
 
-class _Printer:
-    """Streams one turn's events to the terminal."""
+class TerminalChannel(Channel):
+    """The chat at this process's own terminal, talking in `session` (the chat's own
+    session, `terminal:local`, when None)."""
 
-    def __init__(self, out: TextIO, *, live: bool) -> None:
-        self._out = out
-        self._live = live
-        self.streamed = False
+    name = NAME
+
+    def __init__(
+        self,
+        intake: IntakePort,
+        *,
+        session: str | None = None,
+        own_interrupts: bool = True,
+        out: TextIO | None = None,
+    ) -> None:
+        super().__init__(intake)
+        self.chat = ChatRef(NAME, USER)
+        self.ended = asyncio.Event()
+        self._session = session
+        self._own_interrupts = own_interrupts
+        self._out = out or sys.stdout
+        self._interactive = sys.stdin.isatty()
+        self._live = self._out.isatty()
+        self._prompt = "you> " if self._interactive else ""
+        self._turns = 0  # turns running in this chat (from the typing signals)
+        self._shown: dict[str, str] = {}  # stream id -> its text printed so far
         self._line_open = False
+        self._waiting: str | None = None  # piped: the message whose answer is awaited
+        self._answered = asyncio.Event()
+        self._interrupts = 0
+        self._tasks = TaskSet("terminal")
 
-    def __call__(self, event: RunEvent) -> None:
-        if not self._live:
-            return
-        if event.kind == "message_update" and event.text:
-            self._write(event.text)
-            self.streamed = self._line_open = True
-        elif event.kind == "tool_start" and event.tool_call is not None:
+    async def run(self, ready: Callable[[], None]) -> None:
+        """Read lines until EOF, `/exit` or a second Ctrl-C at the prompt, then set `ended`
+        and wait to be cancelled."""
+        reader = await _stdin_reader()
+        ready()
+        event_loop = asyncio.get_running_loop()
+        interrupts = self._own_interrupts and self._interactive
+        if interrupts:
+            event_loop.add_signal_handler(signal.SIGINT, self._on_interrupt)
+        try:
+            if self._interactive:
+                self._write(f"nanobot — session {self._session_key}. {HELP}\n")
+            await self._read_lines(reader)
+            self.ended.set()
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        finally:
+            if interrupts:
+                event_loop.remove_signal_handler(signal.SIGINT)
+            await self._tasks.close()
+
+    @property
+    def _session_key(self) -> str:
+        return self._session or self.chat.session_key
+
+    async def _read_lines(self, reader: asyncio.StreamReader) -> None:
+        self._show_prompt()
+        while not self.ended.is_set():
+            try:
+                line = await _read_line(reader, self.ended)
+            except _TooLong:
+                self._write(f"(Not sent: a message can be at most {LINE_LIMIT:,} bytes.)\n")
+                self._show_prompt()
+                continue
+            if line is None or line.strip() in EXIT_COMMANDS:
+                return
+            self._interrupts = 0
+            if line.strip():
+                await self._send(line)
+            else:
+                self._show_prompt()
+
+    async def _send(self, text: str) -> None:
+        message = InboundMessage(
+            self.chat, USER, text, uuid.uuid4().hex, sender_name=USER, session=self._session
+        )
+        if not self._interactive:  # piped: answered in order, one after another
+            self._waiting = message.message_id
+            self._answered.clear()
+        taken = await self.intake(message)
+        if taken is Intake.ACCEPTED and not self._interactive:
+            await self._answered.wait()
+        self._waiting = None
+
+    async def deliver(self, item: Outbound) -> None:
+        match item:
+            case StreamUpdate() if self._live:
+                shown = self._shown.get(item.stream_id, "")
+                if item.text.startswith(shown) and len(item.text) > len(shown):
+                    self._write(item.text[len(shown) :])
+                    self._shown[item.stream_id] = item.text
+                    self._line_open = True
+            case OutboundMessage():
+                self._print(item)
+            case Typing():  # a turn started or ended here
+                self._turns = max(0, self._turns + (1 if item.active else -1))
+                if not item.active and not self._turns and self._waiting is not None:
+                    self._answered.set()
+
+    def _print(self, message: OutboundMessage) -> None:
+        shown = self._shown.pop(message.stream_id, None) if message.stream_id else None
+        if shown is not None and message.text.startswith(shown):
+            self._write(message.text[len(shown) :] + "\n")
+        else:
             self._end_line()
-            call = event.tool_call
-            self._write(f"  · {call.name}({_short(call.arguments)})\n")
-        elif event.kind == "message_end":
-            self._end_line()
-
-    async def message(self, text: str) -> None:
-        """Show a message the agent sent mid-turn (the message tool)."""
-        self._end_line()
-        self._write(f"{text}\n")
-
-    def reply(self, reply: Reply | None) -> None:
-        if reply is None:
+            self._write(message.text + "\n")
+        self._line_open = False
+        if message.kind == "progress":
             return
-        self._end_line()
-        failed = reply.result.status != "completed"
-        if reply.text and (failed or not self.streamed or not self._live):
-            self._write(f"[{reply.text}]\n" if failed and self._live else f"{reply.text}\n")
+        if self._waiting is not None and message.reply_to == self._waiting:
+            self._answered.set()
+        if not self._turns:
+            self._show_prompt()
+
+    def _on_interrupt(self) -> None:
+        if self._turns:
+            self._tasks.spawn(self._send("/stop"), name="terminal-stop")
+            return
+        self._interrupts += 1
+        if self._interrupts >= 2:
+            self.ended.set()
+        else:
+            self._end_line()
+            self._write("\n(Ctrl-C again or /exit to quit)\n")
+            self._show_prompt()
+
+    def _show_prompt(self) -> None:
+        if self._prompt and not self.ended.is_set():
+            self._write(self._prompt)
 
     def _end_line(self) -> None:
         if self._line_open:
@@ -61,104 +174,25 @@ class _Printer:
             self._line_open = False
 
     def _write(self, text: str) -> None:
-        self._out.write(text)
-        self._out.flush()
-
-
-def _short(arguments: str, limit: int = 60) -> str:
-    flat = " ".join(arguments.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
-async def chat(loop: AgentLoop, session_key: str, *, own_interrupts: bool = True) -> None:
-    """Chat until EOF, /exit or a second Ctrl-C at the prompt. May be cancelled.
-
-    With `own_interrupts` False (inside the gateway, which handles SIGINT itself) Ctrl-C is
-    left alone.
-    """
-    await _Chat(loop, session_key, await _stdin_reader()).run(own_interrupts=own_interrupts)
-
-
-class _Chat:
-    def __init__(self, loop: AgentLoop, session_key: str, reader: asyncio.StreamReader) -> None:
-        self.loop, self.session_key, self.reader = loop, session_key, reader
-        self.interactive = sys.stdin.isatty()
-        self.live = sys.stdout.isatty()
-        self.prompt = "you> " if self.interactive else ""
-        self.running: set[asyncio.Task[None]] = set()
-        self.interrupts = 0
-        self.quit_now = asyncio.Event()
-
-    async def run(self, *, own_interrupts: bool) -> None:
-        event_loop = asyncio.get_running_loop()
-        own_interrupts = own_interrupts and self.interactive
-        if own_interrupts:
-            event_loop.add_signal_handler(signal.SIGINT, self.on_interrupt)
-        if self.interactive:
-            sys.stdout.write(f"nanobot — session {self.session_key}. {HELP}\n")
         try:
-            async with asyncio.TaskGroup() as group:
-                await self._read_lines(group)
-                if self.quit_now.is_set():
-                    for task in self.running:
-                        task.cancel()
-        finally:
-            if own_interrupts:
-                event_loop.remove_signal_handler(signal.SIGINT)
-
-    async def _read_lines(self, group: asyncio.TaskGroup) -> None:
-        self.show_prompt()
-        while not self.quit_now.is_set():
-            line = await _read_line(self.reader, self.quit_now)
-            if line is None or line in EXIT_COMMANDS:
-                return
-            self.interrupts = 0
-            if line == "/new":
-                await self.loop.new_session(self.session_key)
-                sys.stdout.write("Started a new session.\n")
-            elif line == "/stop":
-                self.loop.abort(self.session_key)
-            elif line:
-                await self._start_turn(group, line)
-                continue
-            if not self.running:
-                self.show_prompt()
-
-    async def _start_turn(self, group: asyncio.TaskGroup, line: str) -> None:
-        printer = _Printer(sys.stdout, live=self.live)
-        request = TurnRequest(self.session_key, line, listener=printer, send=printer.message)
-        task = group.create_task(_answer(self.loop, request, printer), name="terminal-turn")
-        self.running.add(task)
-        task.add_done_callback(self.running.discard)
-        if not self.interactive:
-            await task  # piped lines are separate messages, answered in order
-            return
-        # A line typed while this turn runs steers it; the prompt comes back after.
-        task.add_done_callback(self.show_prompt)
-
-    def show_prompt(self, _: object = None) -> None:
-        if not self.quit_now.is_set():
-            sys.stdout.write(self.prompt)
-            sys.stdout.flush()
-
-    def on_interrupt(self) -> None:
-        if self.running and self.loop.abort(self.session_key):
-            return
-        self.interrupts += 1
-        if self.interrupts >= 2:
-            self.quit_now.set()
-        else:
-            sys.stdout.write("\n(Ctrl-C again or /exit to quit)\n")
-            self.show_prompt()
+            self._out.write(text)
+            self._out.flush()
+        except OSError as exc:  # the terminal went away; nothing to show it on
+            logger.debug("terminal output failed: {}", exc)
 
 
-async def _answer(loop: AgentLoop, request: TurnRequest, printer: _Printer) -> None:
-    printer.reply(await loop.handle(request))
+class _TooLong(Exception):
+    """A line over LINE_LIMIT was read and dropped."""
 
 
-async def _read_line(reader: asyncio.StreamReader, quit_now: asyncio.Event) -> str | None:
-    line = asyncio.ensure_future(reader.readline())
-    stop = asyncio.ensure_future(quit_now.wait())
+async def _read_line(reader: asyncio.StreamReader, ended: asyncio.Event) -> str | None:
+    """The next line (without its newline), or None at EOF or once `ended` is set.
+
+    Raises:
+        _TooLong: the line was longer than LINE_LIMIT; it was skipped whole, not cut.
+    """
+    line = asyncio.ensure_future(_one_line(reader))
+    stop = asyncio.ensure_future(ended.wait())
     try:
         await asyncio.wait({line, stop}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -167,12 +201,35 @@ async def _read_line(reader: asyncio.StreamReader, quit_now: asyncio.Event) -> s
             line.cancel()
     if not line.done() or line.cancelled():
         return None
-    raw = line.result()
-    return raw.decode("utf-8", errors="replace").strip() if raw else None
+    return line.result()
+
+
+async def _one_line(reader: asyncio.StreamReader) -> str | None:
+    try:
+        raw = await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError as exc:  # EOF: the last line may lack its newline
+        raw = exc.partial
+        if not raw:
+            return None
+    except asyncio.LimitOverrunError:
+        await _skip_line(reader)
+        raise _TooLong from None
+    return raw.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+async def _skip_line(reader: asyncio.StreamReader) -> None:
+    while True:
+        try:
+            await reader.readuntil(b"\n")
+            return
+        except asyncio.LimitOverrunError as exc:
+            await reader.readexactly(exc.consumed)
+        except asyncio.IncompleteReadError:
+            return
 
 
 async def _stdin_reader() -> asyncio.StreamReader:
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
+    reader = asyncio.StreamReader(limit=LINE_LIMIT)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     return reader

@@ -1,22 +1,25 @@
-"""The cron service: runs jobs when they fall due, while the gateway runs.
+"""The cron service: starts jobs when they fall due, while the gateway runs.
 
 One scheduler task sleeps until the earliest due job and is woken within a second when jobs
 change, in this process or through `nanobot cron` in another (SQLite cannot notify across
-processes, so a watcher compares the store's change counter once a second). Each run is its
-own task, owned here; a job never overlaps itself, and a job that edits jobs while it runs
-only wakes the scheduler. Time comes from a `Clock`, so tests move it instead of sleeping.
+processes, so a watcher compares the store's change counter once a second). A due job's run
+is recorded, then handed to the gate as an inbound event (`job_event`): it is journaled and
+answered like a chat message, so a crash mid-run resumes the turn after the restart. The
+dispatcher tells the service how each run ended (`finished`). A job never overlaps itself,
+and a job that edits jobs while it runs only wakes the scheduler. Time comes from a `Clock`,
+so tests move it instead of sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from loguru import logger
 
+from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
+from nanobot.bus.intake import EventIntake
 from nanobot.cron.job_store import JobStore
 from nanobot.cron.models import Job, RunStatus
 from nanobot.cron.schedule import catch_up
@@ -25,16 +28,25 @@ from nanobot.tasks import TaskSet
 WATCH_INTERVAL = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a job's run went: `error` set on failure; `delivered` when its result reached
-    the job's chat."""
-
-    error: str | None = None
-    delivered: bool = False
+SENDER = "cron"
 
 
-RunJob = Callable[[Job], Awaitable[Outcome]]
+def job_event(job: Job, run_id: int) -> InboundMessage:
+    """The inbound event of one run of `job`: a turn in the job's own session, its answer
+    delivered to the job's chat (nowhere when it has none)."""
+    deliver = bool(job.channel and job.to)
+    chat = ChatRef(job.channel or "cron", job.to or job.id)
+    return InboundMessage(
+        chat,
+        SENDER,
+        job.message,
+        f"cron:{job.id}:{run_id}",
+        source="cron",
+        session=f"cron:{job.id}",
+        deliver=deliver,
+        mode="next_turn",
+        ref=str(run_id),
+    )
 
 
 class Clock(Protocol):
@@ -71,24 +83,29 @@ class CronService:
     def __init__(
         self,
         store: JobStore,
-        run_job: RunJob,
+        intake: EventIntake,
         *,
         catch_up_window: timedelta,
         clock: Clock | None = None,
     ) -> None:
         self._store = store
-        self._run_job = run_job
+        self._intake = intake
         self._window = catch_up_window
         self._clock = clock or SystemClock()
         self._wake = asyncio.Event()
         self._runs = TaskSet("cron")
-        self._running: set[str] = set()  # the jobs whose run is in progress
+        self._running: dict[int, str] = {}  # run id -> job id, of the runs in progress
 
     async def run(self) -> None:
-        """Schedule until cancelled; cancelling stops the job runs in progress too."""
+        """Schedule until cancelled. Cancelling stops the scheduling; the turns of runs
+        handed over go on (they belong to the dispatcher, and resume after a restart)."""
         interrupted = await self._store.mark_interrupted_runs()
         if interrupted:
-            logger.warning("{} cron run(s) were interrupted by a restart", interrupted)
+            logger.warning(
+                "{} cron run(s) were cut short by a restart; those whose turn was under way "
+                "resume and record how they ended",
+                interrupted,
+            )
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._watch(), name="cron-watch")
@@ -110,8 +127,9 @@ class CronService:
         for job in await self._store.due(now):
             assert job.next_run is not None
             decision = catch_up(job.schedule, job.next_run, now, self._window)
-            if decision.action == "missed" or job.id in self._running:
-                why = "still running" if job.id in self._running else "too late to catch up"
+            running = job.id in self._running.values()
+            if decision.action == "missed" or running:
+                why = "still running" if running else "too late to catch up"
                 await self._store.record_missed(job.id, job.next_run, next_run=decision.next_run)
                 logger.warning(
                     "cron job {} ({}) missed its {} run: {}", job.id, job.name, job.next_run, why
@@ -122,26 +140,43 @@ class CronService:
             )
             if run_id is None:
                 continue  # changed or taken meanwhile
-            self._spawn(job, self._execute(job, run_id))
+            self._running[run_id] = job.id
+            self._runs.spawn(self._hand_over(job, run_id), name=f"cron-{job.id}")
 
-    def _spawn(self, job: Job, work: Coroutine[Any, Any, None]) -> None:
-        self._running.add(job.id)
-        task = self._runs.spawn(work, name=f"cron-{job.id}")
-        task.add_done_callback(lambda _: self._running.discard(job.id))
-
-    async def _execute(self, job: Job, run_id: int) -> None:
+    async def _hand_over(self, job: Job, run_id: int) -> None:
         logger.info("cron job {} ({}) starts", job.id, job.name)
         try:
-            outcome = await self._run_job(job)
+            taken = await self._intake.submit(job_event(job, run_id))
         except Exception as exc:  # noqa: BLE001 - a task boundary: record it, keep scheduling
-            logger.exception("cron job {} failed", job.id)
-            outcome = Outcome(error=f"{type(exc).__name__}: {exc}")
+            logger.exception("cron job {} could not start", job.id)
+            await self._finish(run_id, "error", f"{type(exc).__name__}: {exc}")
         except asyncio.CancelledError:
-            await asyncio.shield(self._store.finish_run(run_id, "interrupted"))
+            await asyncio.shield(self._finish(run_id, "interrupted"))
             raise
-        status: RunStatus = "error" if outcome.error else "ok"
-        await self._store.finish_run(run_id, status, outcome.error, outcome.delivered)
-        logger.info("cron job {} finished: {}", job.id, status)
+        else:
+            if taken is None:  # cannot happen for a fresh run id; never leave it running
+                await self._finish(run_id, "error", "the run was handed over twice")
+
+    async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:
+        """Record how the run behind `message` ended (`OutcomeSink`)."""
+        if message.ref is None:
+            return
+        error = None
+        if not outcome.ok:
+            error = outcome.text or (str(outcome.error) if outcome.error else outcome.status)
+        try:
+            await self._finish(
+                int(message.ref), "error" if error else "ok", error, outcome.delivered
+            )
+        except Exception:  # noqa: BLE001 - told by the dispatcher, which must go on
+            logger.exception("could not record the end of cron run {}", message.ref)
+
+    async def _finish(
+        self, run_id: int, status: RunStatus, error: str | None = None, delivered: bool = False
+    ) -> None:
+        job_id = self._running.pop(run_id, None)
+        await self._store.finish_run(run_id, status, error, delivered)
+        logger.info("cron job {} finished: {}", job_id or f"(run {run_id})", status)
 
     async def _watch(self) -> None:
         seen = await self._store.version()

@@ -172,14 +172,17 @@ class CronStore:
     ) -> bool:
         """Record how a started run ended (`ok`, `error` or `interrupted`) on it and its job.
 
-        False if the run is gone (its job was removed while it ran) or already finished.
+        A run marked `interrupted` at start-up may still end: its turn was journaled and
+        resumed, and how it ended replaces the mark. False if the run is gone (its job was
+        removed while it ran) or already ended otherwise.
         """
         if status not in _FINAL_STATUSES:
             raise ValueError(f"a run cannot finish as {status!r}")
         async with self._db.transaction():
             row = await self._db.fetchone(
                 "UPDATE cron_runs SET status = ?, ended_at = ?, error = ?, delivered = ?"
-                " WHERE id = ? AND status = 'running' RETURNING job_id, started_at",
+                " WHERE id = ? AND status IN ('running', 'interrupted')"
+                " RETURNING job_id, started_at",
                 (status, self._now(), _truncate(error), int(delivered), run_id),
             )
             if row is None:
