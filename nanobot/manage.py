@@ -21,9 +21,10 @@ from nanobot.config import Config, load
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.models import Job
 from nanobot.cron.schedule import describe
-from nanobot.store import Access, ApprovalStore, Database, SessionStore
+from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore
+from nanobot.store.journal import FailedReplies
 from nanobot.workspace import bundled, copy_template
 
 
@@ -272,11 +273,22 @@ async def _store_rows(db_path: Path) -> list[tuple[str, str]]:
     async with await Database.open(db_path) as db:
         stats = await SessionStore(db).stats()
         waiting = await Access(db).waiting()
+        failed = await Journal(db).failed_replies()
     return [
         ("state", f"{db_path} ({stats.size_bytes / 1024:.0f} KiB)"),
         ("sessions", f"{stats.sessions} ({stats.live_sessions} live), {stats.entries} entries"),
         ("pairing", _waiting(waiting)),
+        ("replies", _failed(failed)),
     ]
+
+
+def _failed(failed: FailedReplies) -> str:
+    """Replies the platforms refused for good (kept as long as delivered ones), the latest
+    reason."""
+    if not failed.count:
+        return "none failed"
+    at = f" at {failed.last_at.astimezone():%Y-%m-%d %H:%M}" if failed.last_at else ""
+    return f"{failed.count} failed in the last 7 days; latest{at}: {failed.last_reason}"
 
 
 def _waiting(waiting: dict[str, int]) -> str:
