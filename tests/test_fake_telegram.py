@@ -31,7 +31,13 @@ from telegram.error import (
     RetryAfter,
     TimedOut,
 )
-from telegram.ext import Application, ContextTypes, MessageHandler, filters
+from telegram.ext import (
+    Application,
+    CallbackQueryHandler,
+    ContextTypes,
+    MessageHandler,
+    filters,
+)
 
 from tests.fakes._telegram_html import HtmlError, parse_html, utf16_len
 from tests.fakes.telegram import (
@@ -468,3 +474,194 @@ async def test_standalone_process_with_http_control_api() -> None:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(process.wait(), 30) == 0
+
+
+# ---- approvals in chat: inline keyboards, button presses, answers, edits ----------------
+
+CARD = InlineKeyboardMarkup(
+    [
+        [
+            InlineKeyboardButton("Allow once", callback_data="ap:7:once"),
+            InlineKeyboardButton("Deny", callback_data="ap:7:deny"),
+        ],
+        [InlineKeyboardButton("Docs", url="https://example.org/approvals")],
+    ]
+)
+QUERY_TOO_OLD = "Query is too old"  # PTB capitalize()s Telegram's description
+
+
+async def test_press_answer_once_and_edit_the_card(bot: Bot, fake: FakeTelegram) -> None:
+    card = await bot.send_message(
+        CHAT, "Run <code>ls</code>?", parse_mode="HTML", reply_markup=CARD
+    )
+    [sent] = fake.sent(CHAT)
+    assert [b["text"] for b in sent.buttons] == ["Allow once", "Deny", "Docs"]
+    assert card.reply_markup == CARD  # Telegram echoes the keyboard back
+
+    pressed = fake.press_button(CHAT, card.message_id, text="Allow once", user_id=CHAT)
+    [update] = await bot.get_updates(timeout=1)
+    query = update.callback_query
+    assert query is not None and query.message is not None and query.from_user.id == CHAT
+    assert (query.id, query.data, update.update_id) == (pressed.id, "ap:7:once", pressed.update_id)
+    assert query.message.message_id == card.message_id and query.message.chat.id == CHAT
+    assert isinstance(query.message, Message) and query.message.reply_markup == CARD
+
+    assert await query.answer("Allowed once", show_alert=True)
+    with pytest.raises(BadRequest, match=QUERY_TOO_OLD):  # a second answer
+        await query.answer("again")
+    assert pressed.answer is not None and pressed.refusals == 1
+    assert (pressed.answer.text, pressed.answer.show_alert) == ("Allowed once", True)
+    assert await fake.wait_for_answer(pressed, 1) is pressed.answer
+
+    edited = await query.edit_message_text("Allowed once by Ada")  # no reply_markup: removed
+    assert isinstance(edited, Message) and edited.reply_markup is None
+    assert (sent.visible, sent.buttons, sent.reply_markup) == ("Allowed once by Ada", [], None)
+    assert sent.history[-1].reply_markup == CARD.to_dict()
+    with pytest.raises(LookupError):  # the buttons are gone: nothing to press
+        fake.press_button(CHAT, card.message_id, text="Deny", user_id=CHAT)
+
+
+async def test_edit_reply_markup_swaps_and_removes_the_keyboard(
+    bot: Bot, fake: FakeTelegram
+) -> None:
+    card = await bot.send_message(CHAT, "Run ls?", reply_markup=CARD)
+    waiting = InlineKeyboardMarkup([[InlineKeyboardButton("…", callback_data="noop")]])
+    edited = await bot.edit_message_reply_markup(CHAT, card.message_id, reply_markup=waiting)
+    assert isinstance(edited, Message) and edited.reply_markup == waiting
+    [sent] = fake.sent(CHAT)
+    assert sent.keyboard == [[{"text": "…", "callback_data": "noop"}]] and sent.visible == "Run ls?"
+    await bot.edit_message_reply_markup(CHAT, card.message_id, reply_markup=None)
+    assert sent.reply_markup is None and len(sent.history) == 2
+    assert [r.reply_markup for r in sent.history] == [CARD.to_dict(), waiting.to_dict()]
+    for nothing in (None, InlineKeyboardMarkup([])):  # an empty keyboard is no keyboard
+        with pytest.raises(BadRequest, match="Message is not modified"):
+            await bot.edit_message_reply_markup(CHAT, card.message_id, reply_markup=nothing)
+    with pytest.raises(BadRequest, match="Message to edit not found"):
+        await bot.edit_message_reply_markup(CHAT, 999, reply_markup=CARD)
+    # editMessageText with the same keyboard keeps it; without, drops it
+    await bot.edit_message_text("Run ls? (2)", CHAT, card.message_id, reply_markup=CARD)
+    assert sent.reply_markup == CARD.to_dict()
+
+
+BUTTON = "Bad Request: can't parse inline keyboard button: "
+
+
+@pytest.mark.parametrize(
+    ("button", "description"),
+    [
+        ({"text": "x", "callback_data": "é" * 33}, "Bad Request: BUTTON_DATA_INVALID"),  # 66 bytes
+        (
+            {"text": "x", "callback_data": ""},
+            BUTTON + "Text buttons are unallowed in the inline keyboard",
+        ),
+        ({"text": "x"}, BUTTON + "Text buttons are unallowed in the inline keyboard"),
+        ({"callback_data": "x"}, BUTTON + 'Can\'t find field "text"'),
+        ({"text": 5, "callback_data": "x"}, BUTTON + 'Field "text" must be of type String'),
+    ],
+)
+async def test_inline_keyboards_are_validated_like_telegram(
+    fake: FakeTelegram, button: dict[str, Any], description: str
+) -> None:
+    async with httpx.AsyncClient(
+        trust_env=False, base_url=f"{fake.base_url}/bot{DEFAULT_TOKEN}"
+    ) as api:
+        first = (await api.post("/sendMessage", json={"chat_id": CHAT, "text": "ok"})).json()
+        message_id = first["result"]["message_id"]
+        markup = {"inline_keyboard": [[button]]}
+        message = {"chat_id": CHAT, "message_id": message_id}
+        attempts = [
+            ("sendMessage", {"chat_id": CHAT, "text": "card", "reply_markup": markup}),
+            ("editMessageText", message | {"text": "new", "reply_markup": markup}),
+            # a form sends the markup as a JSON string
+            ("editMessageReplyMarkup", message | {"reply_markup": json.dumps(markup)}),
+        ]
+        for method, params in attempts:
+            answer = await api.post(f"/{method}", json=params)
+            assert (answer.status_code, answer.json()["description"]) == (400, description)
+        not_rows = {"chat_id": CHAT, "text": "x", "reply_markup": {"inline_keyboard": {}}}
+        refused = (await api.post("/sendMessage", json=not_rows)).json()["description"]
+        assert refused == 'Bad Request: field "inline_keyboard" must be of type Array'
+    [only] = fake.sent(CHAT)  # nothing refused was recorded or edited
+    assert (only.visible, only.edited) == ("ok", False)
+    longest = InlineKeyboardButton("x", callback_data="é" * 32)  # 64 bytes
+    async with make_bot(fake) as bot:
+        ok = await bot.send_message(CHAT, "x", reply_markup=InlineKeyboardMarkup([[longest]]))
+    assert ok.message_id == message_id + 1  # a refused message took no id
+
+
+async def test_late_unknown_and_too_long_answers_are_refused(fake: FakeTelegram) -> None:
+    now = [1000.0]
+    fake.clock = lambda: now[0]
+    async with make_bot(fake) as bot:
+        card = await bot.send_message(CHAT, "Run ls?", reply_markup=CARD)
+        late = fake.press_button(CHAT, card.message_id, data="ap:7:deny", user_id=CHAT)
+        in_time = fake.press_button(CHAT, card.message_id, text="Allow once", user_id=CHAT)
+        with pytest.raises(BadRequest, match="Message_too_long"):
+            await bot.answer_callback_query(in_time.id, "x" * 201)
+        now[0] += 15.0  # the window's last moment still counts
+        assert await bot.answer_callback_query(in_time.id, "x" * 200)
+        fake.advance_clock(0.5)
+        with pytest.raises(BadRequest, match=QUERY_TOO_OLD):
+            await bot.answer_callback_query(late.id)
+        with pytest.raises(BadRequest, match=QUERY_TOO_OLD):
+            await bot.answer_callback_query("123456789")
+    assert (late.answered, late.refusals) == (False, 1)
+    assert in_time.answer is not None and in_time.answer.at == 1015.0
+    assert [q.id for q in fake.callback_queries] == [late.id, in_time.id]
+    with pytest.raises(ValueError):
+        fake.press_button(CHAT, card.message_id, user_id=CHAT)  # neither text nor data
+
+
+async def test_application_callback_handler_round_trip(fake: FakeTelegram) -> None:
+    async def decide(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        query = update.callback_query
+        assert query is not None and query.from_user is not None
+        await query.answer(f"{query.data} noted")
+        await query.edit_message_text(f"Decided: {query.data} by {query.from_user.first_name}")
+
+    application = (
+        Application.builder()
+        .token(DEFAULT_TOKEN)
+        .base_url(f"{fake.base_url}/bot")
+        .base_file_url(f"{fake.base_url}/file/bot")
+        .build()
+    )
+    application.add_handler(CallbackQueryHandler(decide))
+    async with application:
+        await application.start()
+        assert application.updater is not None
+        await application.updater.start_polling(poll_interval=0, timeout=1)
+        group = -1009876543210
+        card = await application.bot.send_message(group, "Run ls?", reply_markup=CARD)
+        pressed = fake.press_button(
+            group, card.message_id, text="Deny", user_id=77, first_name="Bo"
+        )
+        answer = await fake.wait_for_answer(pressed, 5)
+        [sent] = fake.sent(group)
+        await fake.wait_for(lambda: sent.edited, 5)
+        await application.updater.stop()
+        await application.stop()
+    assert answer.text == "ap:7:deny noted" and not answer.show_alert
+    assert (sent.visible, sent.buttons) == ("Decided: ap:7:deny by Bo", [])
+
+
+async def test_button_press_over_the_control_api(fake: FakeTelegram) -> None:
+    async with (
+        make_bot(fake) as bot,
+        httpx.AsyncClient(trust_env=False, base_url=fake.base_url) as control,
+    ):
+        card = await bot.send_message(CHAT, "Run ls?", reply_markup=CARD)
+        body = {"chat_id": CHAT, "message_id": card.message_id, "text": "Deny", "user_id": CHAT}
+        pressed = (await control.post("/_fake/press_button", json=body)).json()
+        [update] = await bot.get_updates(timeout=1)
+        assert update.callback_query is not None and update.callback_query.id == pressed["id"]
+        await control.post("/_fake/advance_clock", json={"seconds": 60})
+        with pytest.raises(BadRequest, match=QUERY_TOO_OLD):
+            await update.callback_query.answer()
+        [listed] = (await control.get("/_fake/callbacks")).json()
+    assert (listed["id"], listed["data"], listed["answer"], listed["refusals"]) == (
+        pressed["id"],
+        "ap:7:deny",
+        None,
+        1,
+    )

@@ -18,15 +18,27 @@ getMe, getUpdates (long polling, offsets, a newer long poll terminates the older
 409 as Telegram does), set/deleteWebhook, getWebhookInfo, set/delete/getMyCommands,
 sendMessage and editMessageText (HTML validated, see ``_telegram_html``), sendMessageDraft,
 sendChatAction, getFile, sendPhoto/Document/Voice/Audio/Video, deleteMessage,
-answerCallbackQuery, setMessageReaction. Method names are case-insensitive; an unknown one
-gets Telegram's 404 "Not Found".
+editMessageReplyMarkup, answerCallbackQuery, setMessageReaction. Method names are
+case-insensitive; an unknown one gets Telegram's 404 "Not Found".
+
+Inline keyboards (``reply_markup`` with ``inline_keyboard``) are validated as Telegram does
+(``callback_data`` at most 64 bytes, else 400 "BUTTON_DATA_INVALID"; a button with no action,
+an empty ``callback_data`` included, is refused as a "text button") and kept on the message;
+an edit without ``reply_markup``, or with an empty keyboard, removes it, as on Telegram. A test
+presses a button with ``press_button`` (a ``callback_query`` update, as Telegram sends it);
+answerCallbackQuery accepts one answer per query, within ``callback_timeout`` seconds of the
+press (Telegram's unpublished window; the fake's clock is injectable and ``advance_clock``
+moves it), and refuses a second one, a late one or an unknown id with Telegram's 400 "query
+is too old and response timeout expired or query ID is invalid".
 
 Standalone: ``python -m tests.fakes.telegram [--port N] [--token T]`` prints the base URL
 and serves until SIGTERM. Control API: ``POST /_fake/<user_message|user_photo|user_document|
 user_voice|user_callback>`` with the keyword arguments as JSON (``content_base64`` for
-bytes) returns ``{"update_id"}``; ``POST /_fake/fail_next`` takes ``{"method", "fault":
-{"type": "RateLimited", "retry_after": 2}, "times", "chat_id"}`` (``"times": null``: until
-``POST /_fake/clear_faults``); ``POST /_fake/offline`` takes
+bytes) returns ``{"update_id"}``; ``POST /_fake/press_button`` returns the query's
+``{"id", "update_id"}``, ``GET /_fake/callbacks`` lists the presses and their answers,
+``POST /_fake/advance_clock`` takes ``{"seconds"}``; ``POST /_fake/fail_next`` takes
+``{"method", "fault": {"type": "RateLimited", "retry_after": 2}, "times", "chat_id"}``
+(``"times": null``: until ``POST /_fake/clear_faults``); ``POST /_fake/offline`` takes
 ``{"offline": bool}``; ``GET /_fake/sent[?chat_id=]``, ``/_fake/actions``,
 ``/_fake/requests`` and ``/_fake/updates`` (unconfirmed) list what happened.
 """
@@ -37,6 +49,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import copy
 import json
 import re
 import signal
@@ -61,7 +74,23 @@ NOT_MODIFIED = (
     "Bad Request: message is not modified: specified new message content and reply markup "
     "are exactly the same as a current content and reply markup of the message"
 )
+QUERY_INVALID = "Bad Request: query is too old and response timeout expired or query ID is invalid"
 MAX_TEXT, MAX_CAPTION, MAX_DOWNLOAD = 4096, 1024, 20 * 1024 * 1024
+MAX_CALLBACK_DATA, MAX_CALLBACK_ANSWER = 64, 200  # bytes, characters
+_BUTTON = "Bad Request: can't parse inline keyboard button: "
+# The fields that give an inline button its action; one of them is required.
+BUTTON_ACTIONS = (
+    "url",
+    "callback_data",
+    "web_app",
+    "login_url",
+    "switch_inline_query",
+    "switch_inline_query_current_chat",
+    "switch_inline_query_chosen_chat",
+    "copy_text",
+    "callback_game",
+    "pay",
+)
 CHAT_ACTIONS = frozenset(
     [
         "typing",
@@ -212,12 +241,56 @@ class SentMessage:
     def edited(self) -> bool:
         return bool(self.history)
 
+    @property
+    def keyboard(self) -> list[list[JSON]]:
+        """The rows of the inline keyboard shown now (``[]``: none)."""
+        return list((self.reply_markup or {}).get("inline_keyboard") or [])
+
+    @property
+    def buttons(self) -> list[JSON]:
+        """The inline buttons shown now, row after row (``[]``: none)."""
+        return [button for row in self.keyboard for button in row]
+
     def json(self) -> JSON:
         """JSON-ready form (file content as base64) for the control API."""
         data = asdict(self)
         if self.file is not None:
             data["file"]["content"] = base64.b64encode(self.file.content).decode()
         return data
+
+
+@dataclass(frozen=True)
+class CallbackAnswer:
+    """The bot's answer (answerCallbackQuery) to a button press."""
+
+    text: str | None
+    show_alert: bool
+    url: str | None
+    cache_time: int | None
+    at: float  # the fake's clock
+
+
+@dataclass
+class CallbackQuery:
+    """A button press (``callback_query`` update) and what became of it.
+
+    ``pressed_at`` and ``answer.at`` are on the fake's clock; ``refusals`` counts the
+    answerCallbackQuery calls for this query that were refused (second or late answers).
+    """
+
+    id: str
+    update_id: int
+    chat_id: int
+    message_id: int
+    user_id: int
+    data: str
+    pressed_at: float
+    answer: CallbackAnswer | None = None
+    refusals: int = 0
+
+    @property
+    def answered(self) -> bool:
+        return self.answer is not None
 
 
 @dataclass(frozen=True)
@@ -317,6 +390,58 @@ def _stripped(message: JSON) -> JSON:
     return {k: v for k, v in message.items() if k != "reply_to_message"}
 
 
+def _keep_revision(record: SentMessage) -> None:
+    """Remember a message's current state before an edit changes it."""
+    record.history.append(
+        Revision(
+            record.text, record.visible, record.parse_mode, record.entities, record.reply_markup
+        )
+    )
+
+
+def _reply_markup(markup: Any) -> JSON | None:
+    """``reply_markup`` as Telegram keeps it: an inline keyboard validated, None for none (an
+    empty inline keyboard removes the keyboard). Other markups (reply keyboards, ForceReply,
+    ReplyKeyboardRemove) are kept as sent."""
+    if markup in (None, "", {}):
+        return None
+    if not isinstance(markup, dict):
+        raise _Fail(400, "Bad Request: can't parse reply keyboard markup JSON object")
+    if "inline_keyboard" not in markup:
+        return markup
+    rows = markup["inline_keyboard"]
+    if not isinstance(rows, list):
+        raise _Fail(400, 'Bad Request: field "inline_keyboard" must be of type Array')
+    for row in rows:
+        if not isinstance(row, list):
+            raise _Fail(400, 'Bad Request: field "inline_keyboard" must be an Array of Arrays')
+        for button in row:
+            _check_button(button)
+    return markup if any(rows) else None
+
+
+def _check_button(button: Any) -> None:
+    """Refuse an inline keyboard button as Telegram does."""
+    if not isinstance(button, dict):
+        raise _Fail(400, _BUTTON + "InlineKeyboardButton must be an Object")
+    if "text" not in button:
+        raise _Fail(400, _BUTTON + 'Can\'t find field "text"')
+    if not isinstance(button["text"], str):
+        raise _Fail(400, _BUTTON + 'Field "text" must be of type String')
+    data = button.get("callback_data")
+    if data is not None and not isinstance(data, str):
+        raise _Fail(400, _BUTTON + 'Field "callback_data" must be of type String')
+    if data is not None and len(data.encode()) > MAX_CALLBACK_DATA:
+        raise _Fail(400, "Bad Request: BUTTON_DATA_INVALID")
+    actions = [
+        k
+        for k in BUTTON_ACTIONS
+        if k in button and (button[k] is True if k == "pay" else button[k] not in (None, ""))
+    ]
+    if not actions:  # an empty callback_data counts as none
+        raise _Fail(400, _BUTTON + "Text buttons are unallowed in the inline keyboard")
+
+
 class _Params:
     """Request parameters: JSON values, or strings (maybe JSON-encoded) from forms."""
 
@@ -375,6 +500,9 @@ class FakeTelegram:
     request with another token gets 401 "Unauthorized", a malformed one 404 "Not Found".
     ``strict_html``: reject a bare ``&`` in HTML (Telegram keeps it; its docs forbid it).
     ``offline = True`` drops every Bot API connection until set back to False.
+    ``callback_timeout``: seconds after a press within which answerCallbackQuery is accepted
+    (None: no limit). ``clock`` (default ``time.monotonic``) times presses and answers;
+    ``advance_clock`` moves the fake's time on without waiting.
     """
 
     def __init__(
@@ -386,8 +514,13 @@ class FakeTelegram:
         bot_id: int = 7000000001,
         bot_username: str = "nanobot_test_bot",
         strict_html: bool = True,
+        callback_timeout: float | None = 15.0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.host, self.port = host, port
+        self.callback_timeout = callback_timeout
+        self.clock: Callable[[], float] = clock or time.monotonic
+        self._skew = 0.0
         self.valid_token = token
         self.bot = User(bot_id, "Nanobot Test", bot_username, is_bot=True)
         self.strict_html = strict_html
@@ -406,7 +539,7 @@ class FakeTelegram:
         # (method or "*", chat id or None) → faults: queued (each used once), standing
         self._faults: dict[tuple[str, int | None], deque[Fault]] = {}
         self._standing: dict[tuple[str, int | None], Fault] = {}
-        self._callbacks: set[str] = set()
+        self._callbacks: dict[str, CallbackQuery] = {}
         self._long_poll = 0  # generation of the long poll being held, 0 if none
         self._generation = 0
         self._wake = asyncio.Event()
@@ -537,19 +670,69 @@ class FakeTelegram:
         username: str | None = None,
         first_name: str = "Ada",
     ) -> int:
-        """Enqueue a press on an inline button of a bot message; answerCallbackQuery accepts
-        its id."""
+        """Enqueue a ``callback_query`` with any ``data`` for a message, as a modified client
+        could send it (no button needs to carry it); returns the update_id. ``press_button``
+        presses a button that is shown."""
+        user = User(user_id, first_name, username)
+        return self._press(chat_id, message_id, data, user).update_id
+
+    def press_button(
+        self,
+        chat_id: int,
+        message_id: int,
+        *,
+        user_id: int,
+        text: str | None = None,
+        data: str | None = None,
+        username: str | None = None,
+        first_name: str = "Ada",
+    ) -> CallbackQuery:
+        """Press the inline button labelled ``text`` (or carrying ``data``) that the message
+        shows now, as user ``user_id``: a ``callback_query`` update with the message as it is,
+        delivered by getUpdates. Returns the query (its ``id`` is what answerCallbackQuery
+        takes). ``LookupError`` if the message is gone or shows no such callback button."""
+        if (text is None) == (data is None):
+            raise ValueError("give the button's text or its data, not both")
+        chat = self._chats.get(chat_id)
+        message = chat.messages.get(message_id) if chat else None
+        if message is None:
+            raise LookupError(f"no message {message_id} in chat {chat_id}")
+        rows = (message.get("reply_markup") or {}).get("inline_keyboard") or []
+        found = [
+            b
+            for row in rows
+            for b in row
+            if "callback_data" in b
+            and (b["text"] == text if data is None else b["callback_data"] == data)
+        ]
+        if not found:
+            raise LookupError(f"message {message_id} shows no callback button {text or data!r}")
+        user = User(user_id, first_name, username)
+        return self._press(chat_id, message_id, found[0]["callback_data"], user)
+
+    def _press(self, chat_id: int, message_id: int, data: str, user: User) -> CallbackQuery:
         message = self._chats[chat_id].messages[message_id]
         query_id = str(uuid.uuid4().int % 10**19)
-        self._callbacks.add(query_id)
-        query = {
+        body = {
             "id": query_id,
-            "from": User(user_id, first_name, username).json(),
-            "message": message,
+            "from": user.json(),
+            "message": copy.deepcopy(message),
             "chat_instance": str(abs(chat_id) * 7919),
             "data": data,
         }
-        return self._enqueue({"callback_query": query})
+        update_id = self._enqueue({"callback_query": body})
+        query = CallbackQuery(query_id, update_id, chat_id, message_id, user.id, data, self.now())
+        self._callbacks[query_id] = query
+        return query
+
+    def now(self) -> float:
+        """The fake's clock: ``clock()`` plus what ``advance_clock`` added."""
+        return self.clock() + self._skew
+
+    def advance_clock(self, seconds: float) -> None:
+        """Let ``seconds`` pass for the fake (answer windows) without waiting."""
+        self._skew += seconds
+        self._changed()
 
     def fail_next(
         self, method: str, kind: Fault, times: int | None = 1, *, chat_id: int | None = None
@@ -575,6 +758,24 @@ class FakeTelegram:
     def sent(self, chat_id: int | None = None) -> list[SentMessage]:
         """Messages the bot sent (in their current state, deleted ones flagged), in order."""
         return [m for m in self._sent if chat_id is None or m.chat_id == chat_id]
+
+    @property
+    def callback_queries(self) -> list[CallbackQuery]:
+        """Every button press (``press_button``/``user_callback``), oldest first."""
+        return list(self._callbacks.values())
+
+    def callback_query(self, query_id: str) -> CallbackQuery:
+        """A press by its id (``KeyError`` if unknown)."""
+        return self._callbacks[query_id]
+
+    async def wait_for_answer(
+        self, query: CallbackQuery | str, seconds: float = 10.0
+    ) -> CallbackAnswer:
+        """Wait until the bot answered the press (answerCallbackQuery); returns the answer."""
+        record = self._callbacks[query if isinstance(query, str) else query.id]
+        await self.wait_for(lambda: record.answer is not None, seconds)
+        assert record.answer is not None
+        return record.answer
 
     def calls(self, method: str) -> list[ApiCall]:
         """The recorded requests of one method (case-insensitive)."""
@@ -926,6 +1127,7 @@ class FakeTelegram:
     def _new_message(self, p: _Params, body: JSON) -> tuple[_Chat, JSON]:
         """Build and store the bot's message in the chat named by ``chat_id``."""
         chat = self._chat(p.chat_id())
+        markup = _reply_markup(p.parsed("reply_markup"))  # refused before an id is taken
         thread_id = p.integer("message_thread_id")
         reply = p.parsed("reply_parameters") or {}
         reply_to = p.integer("reply_to_message_id") or reply.get("message_id")
@@ -944,7 +1146,7 @@ class FakeTelegram:
         if reply_to in chat.messages:
             message["reply_to_message"] = _stripped(chat.messages[reply_to])
         message |= {k: v for k, v in body.items() if v not in (None, [], "")}
-        if markup := p.parsed("reply_markup"):
+        if markup:
             message["reply_markup"] = markup
         chat.messages[message["message_id"]] = message
         return chat, message
@@ -1008,18 +1210,14 @@ class FakeTelegram:
         raw, visible, entities = self._formatted(p, "text", MAX_TEXT)
         if not visible.strip():
             raise _Fail(400, "Bad Request: message text is empty")
-        markup = p.parsed("reply_markup") or None
+        markup = _reply_markup(p.parsed("reply_markup"))
         if (visible, entities, markup) == (
             message["text"],
             message.get("entities", []),
             message.get("reply_markup"),
         ):
             raise _Fail(400, NOT_MODIFIED)
-        record.history.append(
-            Revision(
-                record.text, record.visible, record.parse_mode, record.entities, record.reply_markup
-            )
-        )
+        _keep_revision(record)
         record.text, record.visible, record.entities = raw, visible, entities
         record.parse_mode, record.reply_markup = p.string("parse_mode"), markup
         message |= {"text": visible, "edit_date": int(time.time())}
@@ -1028,6 +1226,18 @@ class FakeTelegram:
         message |= ({"entities": entities} if entities else {}) | (
             {"reply_markup": markup} if markup else {}
         )
+        return message
+
+    async def _m_editmessagereplymarkup(self, p: _Params) -> JSON:
+        _, message, record = self._own_message(p, "message to edit not found")
+        markup = _reply_markup(p.parsed("reply_markup"))
+        if markup == message.get("reply_markup"):
+            raise _Fail(400, NOT_MODIFIED)
+        _keep_revision(record)
+        record.reply_markup = markup
+        message["edit_date"] = int(time.time())
+        message.pop("reply_markup", None)
+        message |= {"reply_markup": markup} if markup else {}
         return message
 
     async def _m_deletemessage(self, p: _Params) -> bool:
@@ -1110,11 +1320,20 @@ class FakeTelegram:
         return await self._send_media(p, "video")
 
     async def _m_answercallbackquery(self, p: _Params) -> bool:
-        if (p.string("callback_query_id") or "") not in self._callbacks:
-            raise _Fail(
-                400,
-                "Bad Request: query is too old and response timeout expired or query ID is invalid",
-            )
+        query = self._callbacks.get(p.string("callback_query_id") or "")
+        if query is None:
+            raise _Fail(400, QUERY_INVALID)
+        late = self.callback_timeout is not None and (
+            self.now() - query.pressed_at > self.callback_timeout
+        )
+        if query.answer is not None or late:
+            query.refusals += 1
+            raise _Fail(400, QUERY_INVALID)
+        text = p.string("text")
+        if text is not None and len(text) > MAX_CALLBACK_ANSWER:
+            raise _Fail(400, "Bad Request: MESSAGE_TOO_LONG")
+        url, cache_time = p.string("url"), p.integer("cache_time")
+        query.answer = CallbackAnswer(text, p.flag("show_alert"), url, cache_time, self.now())
         return True
 
     async def _m_setmessagereaction(self, p: _Params) -> bool:
@@ -1132,6 +1351,7 @@ class FakeTelegram:
                 "actions": lambda: [asdict(a) for a in self.actions],
                 "requests": lambda: [asdict(r) for r in self.requests],
                 "updates": lambda: self.pending_updates,
+                "callbacks": lambda: [asdict(q) for q in self.callback_queries],
             }
             return (
                 web.json_response(listing[name]()) if name in listing else _error(404, "Not Found")
@@ -1141,7 +1361,12 @@ class FakeTelegram:
             body["content"] = base64.b64decode(body.pop("content_base64"))
         if name in ("user_message", "user_photo", "user_document", "user_voice", "user_callback"):
             return web.json_response({"update_id": getattr(self, name)(**body)})
-        if name == "fail_next":
+        if name == "press_button":
+            query = self.press_button(**body)
+            return web.json_response({"id": query.id, "update_id": query.update_id})
+        if name == "advance_clock":
+            self.advance_clock(float(body["seconds"]))
+        elif name == "fail_next":
             fault = fault_from_json(body["fault"])
             self.fail_next(body["method"], fault, body.get("times", 1), chat_id=body.get("chat_id"))
         elif name == "clear_faults":
@@ -1170,9 +1395,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token", help="the only accepted token (default: the first seen)")
     parser.add_argument("--bot-username", default="nanobot_test_bot")
+    parser.add_argument(
+        "--callback-timeout", type=float, default=15.0, help="seconds to answer a button press"
+    )
     args = parser.parse_args(argv)
     fake = FakeTelegram(
-        token=args.token, host=args.host, port=args.port, bot_username=args.bot_username
+        token=args.token,
+        host=args.host,
+        port=args.port,
+        bot_username=args.bot_username,
+        callback_timeout=args.callback_timeout,
     )
     asyncio.run(_serve(fake))
 
