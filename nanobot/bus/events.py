@@ -36,6 +36,20 @@ class ChatRef:
         base = f"{self.channel}:{self.chat_id}"
         return f"{base}:{self.thread_id}" if self.thread_id else base
 
+    @classmethod
+    def direct(cls, channel: str, user_id: str) -> ChatRef:
+        """The private chat with user `user_id` on `channel` (`@<id>`: each channel finds
+        or opens it; on Telegram it is the chat with the user's own id)."""
+        return cls(channel, f"{DIRECT}{user_id}")
+
+    @property
+    def direct_user(self) -> str | None:
+        """The user whose private chat this is, when it was named by `direct`."""
+        return self.chat_id[len(DIRECT) :] if self.chat_id.startswith(DIRECT) else None
+
+
+DIRECT = "@"
+
 
 @dataclass(frozen=True, slots=True)
 class Attachment:
@@ -62,6 +76,10 @@ class InboundMessage:
     unless `deliver` is False. An answer that is exactly `quiet` means "nothing to say" and
     goes nowhere (and is not streamed). `fresh` starts the session afresh before the turn.
     `ref` is the producer's own reference (a cron run), handed back with the turn's outcome.
+
+    A button press is a message too: its `text` is the button's `data` (a chat command such
+    as `/approve ID once`) and `press` the platform's id for the press, which must be
+    answered (`OutboundMessage` of kind `answer` with `reply_to=press`).
     """
 
     chat: ChatRef
@@ -81,6 +99,7 @@ class InboundMessage:
     quiet: str | None = None
     fresh: bool = False
     ref: str | None = None
+    press: str | None = None
 
     @property
     def session_key(self) -> str:
@@ -97,7 +116,16 @@ class InboundMessage:
         return name if name in COMMANDS else None  # type: ignore[return-value]
 
 
-OutboundKind = Literal["reply", "progress", "notice"]
+OutboundKind = Literal["reply", "progress", "notice", "card", "answer"]
+
+
+@dataclass(frozen=True, slots=True)
+class Button:
+    """A button under a card: what it says, and the text a press sends back as a message
+    (`InboundMessage.text`; at most 64 bytes, Telegram's limit)."""
+
+    label: str
+    data: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +134,16 @@ class OutboundMessage:
 
     `reply` is a turn's final answer (durable: `outbox_id` is its outbox row until the
     platform confirms it); `progress` is sent now by the message tool; `notice` is a short
-    system line (a command's answer, a pairing code). `reply_to` is the platform message id
-    to answer, where the platform supports replies.
+    system line (a command's answer, a pairing code); `card` is a message with `buttons`
+    (an approval request), durable like a reply; `answer` answers a button press, shown to
+    the one who pressed only (`reply_to` is the press id; best effort, never stored).
+    `reply_to` is otherwise the platform message id to answer, where the platform supports
+    replies.
+
+    `edits` makes it replace an earlier message instead of being posted: the outbox row of
+    that message (a card, to show how it was decided and take its buttons away). The manager
+    fills in `replaces`, that message's platform id, before the channel delivers it; with
+    none known (it never went out) the text is posted as a new message.
     """
 
     chat: ChatRef
@@ -117,6 +153,9 @@ class OutboundMessage:
     outbox_id: int | None = None
     stream_id: str | None = None
     parts_sent: int = 0  # leading parts already on the platform (a restart mid-reply)
+    buttons: tuple[Button, ...] = ()
+    edits: int | None = None
+    replaces: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

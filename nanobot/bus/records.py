@@ -6,7 +6,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from nanobot.bus.events import Attachment, ChatRef, InboundMessage, OutboundMessage
+from nanobot.bus.events import Attachment, Button, ChatRef, InboundMessage, OutboundMessage
 
 Record = dict[str, Any]
 
@@ -48,6 +48,7 @@ def _routing_record(message: InboundMessage) -> Record:
         "quiet": message.quiet,
         "fresh": message.fresh,
         "ref": message.ref,
+        "press": message.press,
     }
     return {} if routing == _CHAT_ROUTING else routing
 
@@ -60,6 +61,7 @@ _CHAT_ROUTING: Record = {
     "quiet": None,
     "fresh": False,
     "ref": None,
+    "press": None,
 }
 
 
@@ -85,17 +87,23 @@ def inbound_from(record: Record, journal_id: int | None = None) -> InboundMessag
         quiet=record.get("quiet"),
         fresh=bool(record.get("fresh", False)),
         ref=record.get("ref"),
+        press=record.get("press"),
     )
 
 
 def outbound_record(message: OutboundMessage) -> Record:
-    return {
+    record: Record = {
         "chat": chat_record(message.chat),
         "text": message.text,
         "kind": message.kind,
         "reply_to": message.reply_to,
         "stream_id": message.stream_id,
     }
+    if message.buttons:
+        record["buttons"] = [[b.label, b.data] for b in message.buttons]
+    if message.edits is not None:
+        record["edits"] = message.edits
+    return record
 
 
 def outbound_from(record: Record, outbox_id: int, parts_sent: int = 0) -> OutboundMessage:
@@ -107,4 +115,6 @@ def outbound_from(record: Record, outbox_id: int, parts_sent: int = 0) -> Outbou
         reply_to=record.get("reply_to"),
         outbox_id=outbox_id,
         stream_id=record.get("stream_id"),
+        buttons=tuple(Button(str(label), str(data)) for label, data in record.get("buttons", ())),
+        edits=record.get("edits"),
     )

@@ -79,8 +79,14 @@ class OutboxPort(Protocol):
         """The first `parts` parts of a long reply are on the platform."""
         ...
 
-    async def confirm(self, outbox_id: int) -> None:
-        """The whole reply is on the platform; it is never sent again."""
+    async def confirm(self, outbox_id: int, sent_id: str | None = None) -> None:
+        """The whole reply is on the platform (as message `sent_id`, when the channel says
+        which); it is never sent again."""
+        ...
+
+    async def sent_id(self, outbox_id: int) -> str | None:
+        """The platform id of the message that delivered `outbox_id`, if known (what an
+        edit of it replaces)."""
         ...
 
     async def fail(self, outbox_id: int, error: str) -> None:
@@ -157,8 +163,13 @@ class Channel(ABC):
         """Connect and serve until cancelled."""
 
     @abstractmethod
-    async def deliver(self, item: Outbound) -> None:
-        """Deliver one outbound item.
+    async def deliver(self, item: Outbound) -> str | None:
+        """Deliver one outbound item; the platform id of the message it posted or edited,
+        where there is one and it matters (a card, which may be edited later).
+
+        A message with `replaces` edits that message (its text, and its buttons, which an
+        empty `buttons` removes) instead of posting a new one. A message of kind `answer`
+        answers the button press `reply_to`, to the one who pressed only.
 
         Raises:
             DeliveryError: a message could not be delivered after retries; `Undeliverable`

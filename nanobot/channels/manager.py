@@ -22,6 +22,7 @@ until the chat writes again: an item that answers one of its messages (`reply_to
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from collections.abc import Sequence
 
 from loguru import logger
@@ -132,9 +133,11 @@ class ChannelManager:
                 logger.debug("{} chat {}: not sent, {}", channel.name, item.chat.chat_id, reason)
                 await self._give_up(channel, message, f"not sent: {reason}")
             return
+        if message is not None and message.edits is not None:
+            item = message = replace(message, replaces=await self._replaced(message.edits))
         for delay in (*DELIVERY_RETRIES, None):
             try:
-                await channel.deliver(item)
+                sent_id = await channel.deliver(item)
             except Undeliverable as exc:
                 if message is not None:
                     await self._refused(channel, message, exc)
@@ -158,8 +161,17 @@ class ChannelManager:
                 logger.exception("delivering to {} failed", channel.name)
                 return
             if message is not None and message.outbox_id is not None:
-                await self._outbox.confirm(message.outbox_id)
+                await self._outbox.confirm(message.outbox_id, sent_id)
             return
+
+    async def _replaced(self, outbox_id: int) -> str | None:
+        """The platform id of the message an edit replaces; None (post it anew) when it
+        never went out or cannot be read."""
+        try:
+            return await self._outbox.sent_id(outbox_id)
+        except Exception:  # noqa: BLE001 - storage trouble: a new message is the fallback
+            logger.exception("could not read which message outbox row {} was", outbox_id)
+            return None
 
     def _skipped(self, item: Outbound) -> bool:
         """Whether `item` is for a chat closed to the bot. An item answering one of the

@@ -116,12 +116,19 @@ class Journal:
             (parts, outbox_id),
         )
 
-    async def confirm(self, outbox_id: int) -> None:
-        """Record that the whole reply is on the platform."""
+    async def confirm(self, outbox_id: int, sent_id: str | None = None) -> None:
+        """Record that the whole reply is on the platform (as message `sent_id`, where the
+        channel says which)."""
         await self._db.write(
-            "UPDATE outbox SET state = 'delivered', delivered_at = ? WHERE id = ?",
-            (_now(), outbox_id),
+            "UPDATE outbox SET state = 'delivered', delivered_at = ?, sent_id = ? WHERE id = ?",
+            (_now(), sent_id, outbox_id),
         )
+
+    async def sent_id(self, outbox_id: int) -> str | None:
+        """The platform's id of the message that delivered outbox row `outbox_id`; None
+        while it is not delivered, or when its channel did not say."""
+        row = await self._db.fetchone("SELECT sent_id FROM outbox WHERE id = ?", (outbox_id,))
+        return None if row is None or row["sent_id"] is None else str(row["sent_id"])
 
     async def fail(self, outbox_id: int, error: str) -> None:
         """Record a failed delivery attempt; the message stays pending for a later retry."""

@@ -228,6 +228,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE outbox ADD COLUMN failed_at TEXT;
     CREATE INDEX outbox_failed ON outbox (failed_at) WHERE state = 'failed';
     """,
+    # 9: the platform's id of a delivered message, so a later record can edit it (a card
+    # shows how it was decided).
+    """
+    ALTER TABLE outbox ADD COLUMN sent_id TEXT;
+    """,
 )
 
 

@@ -11,7 +11,8 @@ class MemoryOutbox:
     """Implements `nanobot.channels.base.OutboxPort`.
 
     `streams` is what a restart would find open (give it to a second channel to play the
-    restart); `progressed`, `confirmed`, `failed` and `given_up` list the calls in order.
+    restart); `progressed`, `confirmed`, `failed` and `given_up` list the calls in order;
+    `sent` maps a confirmed row to the message id its channel named.
     """
 
     streams: dict[str, int] = field(default_factory=dict)
@@ -19,12 +20,18 @@ class MemoryOutbox:
     confirmed: list[int] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
     given_up: list[tuple[int, str]] = field(default_factory=list)
+    sent: dict[int, str] = field(default_factory=dict)
 
     async def progress(self, outbox_id: int, parts: int) -> None:
         self.progressed.append((outbox_id, parts))
 
-    async def confirm(self, outbox_id: int) -> None:
+    async def confirm(self, outbox_id: int, sent_id: str | None = None) -> None:
         self.confirmed.append(outbox_id)
+        if sent_id is not None:
+            self.sent[outbox_id] = sent_id
+
+    async def sent_id(self, outbox_id: int) -> str | None:
+        return self.sent.get(outbox_id)
 
     async def fail(self, outbox_id: int, error: str) -> None:
         self.failed.append((outbox_id, error))
