@@ -12,7 +12,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import discord
@@ -26,6 +26,7 @@ from tests.fakes.discord import (
     FakeDiscord,
     Hang,
     HttpError,
+    InteractionRecord,
     RateLimited,
     ServerError,
 )
@@ -40,6 +41,7 @@ class Bot(discord.Client):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.received: list[discord.Message] = []
+        self.clicks: list[discord.Interaction] = []
         self.ready_count = 0
         self.resumed_count = 0
         self._changed = asyncio.Event()
@@ -58,6 +60,15 @@ class Bot(discord.Client):
     async def on_message(self, message: discord.Message) -> None:
         self.received.append(message)
         self._poke()
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        self.clicks.append(interaction)
+        self._poke()
+
+    async def next_click(self, seconds: float = 5.0) -> discord.Interaction:
+        count = len(self.clicks)
+        await self.until(lambda: len(self.clicks) > count, seconds)
+        return self.clicks[count]
 
     def _poke(self) -> None:
         self._changed.set()
@@ -644,3 +655,312 @@ async def test_standalone_cli_and_http_control() -> None:
     finally:
         process.terminate()
         assert await process.wait() == 0
+
+
+# ---- approvals in chat: buttons, clicks (INTERACTION_CREATE), answers ---------------------
+
+
+class Decision(discord.ui.Button["Card"]):
+    """One button of a card; with ``answer`` its callback edits the card, buttons removed."""
+
+    def __init__(self, label: str, action: str, request: str, *, answer: bool) -> None:
+        style = discord.ButtonStyle.danger if action == "deny" else discord.ButtonStyle.success
+        super().__init__(label=label, style=style, custom_id=f"ap:{request}:{action}")
+        self.action, self.answer = action, answer
+
+    async def callback(self, interaction: discord.Interaction) -> None:
+        if self.answer and self.view is not None:
+            self.view.decided.append(self.action)
+            await interaction.response.edit_message(content=f"Decided: {self.action}", view=None)
+
+
+class Card(discord.ui.View):
+    """An approval card's buttons. With ``answer`` they answer a click, as a persistent view
+    would; without, they leave it to the test."""
+
+    def __init__(self, request: str = "7", *, answer: bool = False) -> None:
+        super().__init__(timeout=None)
+        self.decided: list[str] = []
+        self.add_item(Decision("Allow once", "once", request, answer=answer))
+        self.add_item(Decision("Deny", "deny", request, answer=answer))
+
+
+async def raw_callback(
+    fake: FakeDiscord, record: InteractionRecord, body: dict[str, Any]
+) -> tuple[int, Any]:
+    """POST an interaction callback as any client would (no bot token): (status, JSON body)."""
+    url = f"{fake.api_base}/interactions/{record.id}/{record.token}/callback"
+    async with aiohttp.ClientSession() as http, http.post(url, json=body) as answer:
+        return answer.status, await answer.json() if answer.status != 204 else None
+
+
+async def test_card_buttons_are_kept_and_a_click_reaches_discord_py(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    card = await text_channel(bot, world.channel).send("Run `ls`?", view=Card())
+    [sent] = fake.sent(world.channel)
+    assert [b["custom_id"] for b in sent.buttons] == ["ap:7:once", "ap:7:deny"]
+    assert [b["label"] for b in sent.buttons] == ["Allow once", "Deny"]
+    assert card.components and fake.message(card.id)["components"] == sent.components
+
+    click = fake.click(card.id, "ap:7:deny", user_id=world.ada)
+    interaction = await bot.next_click()
+    assert interaction.id == click.id and interaction.type is discord.InteractionType.component
+    assert interaction.data is not None and interaction.data.get("custom_id") == "ap:7:deny"
+    assert interaction.data.get("component_type") == 2
+    assert isinstance(interaction.user, discord.Member) and interaction.user.id == world.ada
+    assert interaction.guild_id == world.guild and interaction.channel_id == world.channel
+    assert interaction.message is not None and interaction.message.id == card.id
+    assert interaction.application_id == fake.bot_user.id and interaction.token == click.token
+
+    await interaction.response.send_message("Only an approver can decide this.", ephemeral=True)
+    assert (click.response_type, click.ephemeral, click.refusals) == (4, True, [])
+    _, notice = fake.sent(world.channel)
+    assert (notice.content, notice.ephemeral, notice.interaction_id) == (
+        "Only an approver can decide this.",
+        True,
+        click.id,
+    )
+    assert notice.reply_to == card.id
+    history = [m.id async for m in text_channel(bot, world.channel).history()]
+    assert notice.id not in history and card.id in history  # only the clicker sees it
+
+    # a second answer, from another process say: Discord refuses it
+    again = discord.Interaction(data=cast(Any, click.payload), state=bot._connection)
+    with pytest.raises(discord.HTTPException) as refused:
+        await again.response.edit_message(content="too late", view=None)
+    assert (refused.value.status, refused.value.code) == (400, 40060)
+    assert refused.value.text == "Interaction has already been acknowledged."
+    assert click.refusals == [(400, 40060)] and sent.content == "Run `ls`?"
+
+
+async def test_update_message_removes_the_buttons_then_follow_ups(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    card = await text_channel(bot, world.channel).send("Run `ls`?", view=Card())
+    click = fake.click(card.id, "ap:7:once", user_id=world.ada)
+    interaction = await bot.next_click()
+    callback = await interaction.response.edit_message(content="Allowed once by ada", view=None)
+    assert callback is not None and callback.message_id == card.id
+    [sent] = fake.sent(world.channel)
+    assert (sent.content, sent.buttons, sent.edit_payloads[-1]["components"]) == (
+        "Allowed once by ada",
+        [],
+        [],
+    )
+    assert (click.response_type, click.original_id) == (7, card.id)
+    await bot.until(lambda: any(m.id == card.id and not m.components for m in bot.cached_messages))
+
+    follow = await interaction.followup.send("Ran it: exit 0", ephemeral=True, wait=True)
+    assert click.followups == [follow.id] and fake.sent(world.channel)[-1].ephemeral
+    original = await interaction.original_response()
+    assert original.id == card.id and original.content == "Allowed once by ada"
+    await interaction.edit_original_response(content="Allowed once by ada at 12:00")
+    assert sent.edits[-1] == "Allowed once by ada at 12:00"
+    with pytest.raises(discord.NotFound):  # the clicked message is no follow-up of this token
+        await interaction.followup.edit_message(world.channel, content="x")
+
+
+async def test_deferred_update_then_edit_original(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    dm = await bot.create_dm(discord.Object(world.ada))
+    card = await dm.send("Run `ls`?", view=Card())
+    with pytest.raises(ValueError):  # only the DM's other party sees its buttons
+        fake.click(card.id, "ap:7:once", user_id=fake.add_user("mallory"))
+    with pytest.raises(LookupError):
+        fake.click(card.id, "ap:7:always", user_id=world.ada)
+    click = fake.click(card.id, "ap:7:once", user_id=world.ada)
+    interaction = await bot.next_click()
+    assert interaction.guild_id is None and isinstance(interaction.user, discord.User)
+    assert isinstance(interaction.channel, discord.DMChannel) and interaction.user.id == world.ada
+    await interaction.response.defer()  # a component's defer: type 6, DEFERRED_UPDATE_MESSAGE
+    assert (click.response_type, click.original_id) == (6, card.id)
+    await interaction.edit_original_response(content="Denied by ada", view=None)
+    [sent] = fake.sent(world.dm)
+    assert (sent.content, sent.buttons) == ("Denied by ada", [])
+    with pytest.raises(LookupError):  # no buttons left to click
+        fake.click(card.id, "ap:7:once", user_id=world.ada)
+
+
+async def test_late_answers_and_expired_tokens_are_refused(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    card = await text_channel(bot, world.channel).send("Run `ls`?", view=Card())
+    late = fake.click(card.id, "ap:7:once", user_id=world.ada)
+    interaction = await bot.next_click()
+    with pytest.raises(discord.NotFound) as unknown:  # a follow-up before any answer
+        await interaction.followup.send("early")
+    assert unknown.value.code == 10015
+    fake.advance_clock(3.01)  # the 3 s are up
+    with pytest.raises(discord.NotFound) as expired:
+        await interaction.response.send_message("late", ephemeral=True)
+    assert (expired.value.code, expired.value.text) == (10062, "Unknown interaction")
+    assert (late.acknowledged, late.refusals) == (False, [(404, 10062)])
+
+    in_time = fake.click(card.id, "ap:7:deny", user_id=world.ada)
+    answered = await bot.next_click()
+    fake.advance_clock(2.9)
+    await answered.response.defer(ephemeral=True, thinking=True)  # type 5: "thinking..."
+    assert in_time.response_type == 5 and in_time.ephemeral
+    loading = fake.message(in_time.original_id or 0)
+    assert loading["flags"] == 64 | 128 and loading["content"] == ""
+    await answered.edit_original_response(content="Denied.")
+    assert fake.message(in_time.original_id or 0)["flags"] == 64
+    fake.advance_clock(15 * 60)  # the token's 15 minutes are up
+    with pytest.raises(discord.HTTPException) as stale:
+        await answered.edit_original_response(content="much later")
+    assert (stale.value.status, stale.value.code) == (401, 50027)
+
+
+async def test_persistent_view_answers_a_click_after_a_restart(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    first = await connect()
+    card = await text_channel(first, world.channel).send("Run `ls`?", view=Card())
+    second = await connect()  # a new process: only a view registered by custom_id can answer
+    view = Card(answer=True)
+    second.add_view(view)  # no message id: matches the custom_ids on any message
+    click = fake.click(card.id, "ap:7:once", user_id=world.ada)
+    await fake.wait_for_response(click, 5)
+    assert view.decided == ["once"] and click.response_type == 7
+    [sent] = fake.sent(world.channel)
+    assert (sent.content, sent.buttons) == ("Decided: once", [])
+    # every session gets the click; the first process has no view for it and stays silent
+    assert [i.id for i in first.clicks] == [click.id]
+
+
+@pytest.mark.parametrize(
+    ("components", "path", "code"),
+    [
+        (
+            [
+                {
+                    "type": 1,
+                    "components": [{"type": 2, "style": 1, "label": "x", "custom_id": "x" * 101}],
+                }
+            ],
+            "components.0.components.0.custom_id",
+            "BASE_TYPE_BAD_LENGTH",
+        ),
+        (
+            [{"type": 1, "components": [{"type": 2, "style": 1, "label": "x"}]}],
+            "components.0.components.0.custom_id",
+            "BUTTON_COMPONENT_CUSTOM_ID_REQUIRED",
+        ),
+        (
+            [
+                {
+                    "type": 1,
+                    "components": [
+                        {"type": 2, "style": 1, "custom_id": "a"},
+                        {"type": 2, "style": 2, "custom_id": "a"},
+                    ],
+                }
+            ],
+            "components.0.components.1.custom_id",
+            "COMPONENT_CUSTOM_ID_DUPLICATED",
+        ),
+        (
+            [{"type": 1, "components": [{"type": 2, "style": 9, "custom_id": "a"}]}],
+            "components.0.components.0.style",
+            "BASE_TYPE_CHOICES",
+        ),
+        (
+            [
+                {
+                    "type": 1,
+                    "components": [{"type": 2, "style": 1, "custom_id": "a", "label": "x" * 81}],
+                }
+            ],
+            "components.0.components.0.label",
+            "BASE_TYPE_BAD_LENGTH",
+        ),
+        ([{"type": 1, "components": []}], "components.0.components", "BASE_TYPE_BAD_LENGTH"),
+        (
+            [
+                {"type": 1, "components": [{"type": 2, "style": 1, "custom_id": str(i)}]}
+                for i in range(6)
+            ],
+            "components",
+            "BASE_TYPE_BAD_LENGTH",
+        ),
+        ([{"type": 2, "style": 1, "custom_id": "a"}], "components.0.type", "UNION_TYPE_CHOICES"),
+    ],
+)
+async def test_components_are_validated_like_discord(
+    fake: FakeDiscord, world: World, components: list[Any], path: str, code: str
+) -> None:
+    headers = {"Authorization": f"Bot {TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        url = f"{fake.api_base}/channels/{world.channel}/messages"
+        async with http.post(url, json={"content": "x", "components": components}) as refused:
+            assert refused.status == 400
+            body = await refused.json()
+        async with http.post(url, json={"content": "ok"}) as ok:
+            message = await ok.json()
+        edit = f"{url}/{message['id']}"
+        async with http.patch(edit, json={"components": components}) as edited:
+            assert edited.status == 400 and await edited.json() == body
+    assert (body["code"], body["message"]) == (50035, "Invalid Form Body")
+    node = body["errors"]
+    for key in path.split("."):
+        node = node[key]
+    assert node["_errors"][0]["code"] == code
+    [only] = fake.sent(world.channel)
+    assert (only.content, only.components, only.edits) == ("ok", [], [])
+
+
+async def test_raw_callbacks_and_the_control_api(fake: FakeDiscord, world: World) -> None:
+    headers = {"Authorization": f"Bot {TOKEN}"}
+    row = {"type": 1, "components": [{"type": 2, "style": 4, "label": "Deny", "custom_id": "d"}]}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        url = f"{fake.api_base}/channels/{world.dm}/messages"
+        async with http.post(url, json={"components": [row]}) as created:  # buttons alone will do
+            card = await created.json()
+    async with aiohttp.ClientSession(base_url=fake.base_url) as control:
+        body = {"message_id": card["id"], "custom_id": "d", "user_id": str(world.ada)}
+        async with control.post("/_fake/click", json=body) as clicked:
+            ids = await clicked.json()
+    record = fake.interaction(int(ids["id"]))
+    assert record.token == ids["token"] and record.payload["user"]["id"] == str(world.ada)
+    assert await raw_callback(fake, record, {"type": 2}) == (
+        400,
+        {
+            "message": "Invalid Form Body",
+            "code": 50035,
+            "errors": {
+                "type": {
+                    "_errors": [
+                        {
+                            "code": "BASE_TYPE_CHOICES",
+                            "message": "Value must be one of {4, 5, 6, 7, 9}.",
+                        }
+                    ]
+                }
+            },
+        },
+    )
+    forged = InteractionRecord(**{**record.__dict__, "token": "forged"})
+    assert await raw_callback(fake, forged, {"type": 6}) == (
+        404,
+        {"message": "Unknown interaction", "code": 10062},
+    )
+    assert await raw_callback(fake, record, {"type": 6}) == (204, None)  # no with_response
+    assert await raw_callback(fake, record, {"type": 6}) == (
+        400,
+        {"message": "Interaction has already been acknowledged.", "code": 40060},
+    )
+    async with aiohttp.ClientSession(base_url=fake.base_url) as control:
+        await control.post("/_fake/advance_clock", json={"seconds": 1})
+        async with control.get("/_fake/interactions") as listed:
+            [shown] = await listed.json()
+    assert (shown["id"], shown["response_type"], shown["refusals"]) == (
+        ids["id"],
+        6,
+        [[400, 40060]],
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,22 @@ THREAD_TYPES = (PUBLIC_THREAD, PRIVATE_THREAD)
 
 # Message types
 DEFAULT_MESSAGE, REPLY = 0, 19
+
+# Message flags
+EPHEMERAL, LOADING = 1 << 6, 1 << 7
+
+# Interactions: the type of a click, the callback types a click may be answered with
+MESSAGE_COMPONENT = 3
+CHANNEL_MESSAGE_WITH_SOURCE, DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE = 4, 5
+DEFERRED_UPDATE_MESSAGE, UPDATE_MESSAGE, MODAL = 6, 7, 9
+COMPONENT_CALLBACKS = (4, 5, 6, 7, 9)
+
+# Message components (the legacy layout: up to 5 action rows of up to 5 buttons)
+ACTION_ROW, BUTTON = 1, 2
+SELECT_TYPES = (3, 5, 6, 7, 8)  # string, user, role, mentionable, channel selects
+BUTTON_STYLES = (1, 2, 3, 4, 5, 6)  # primary, secondary, success, danger, link, premium
+LINK_STYLE, PREMIUM_STYLE = 5, 6
+MAX_ROWS, MAX_ROW_ITEMS, MAX_CUSTOM_ID, MAX_LABEL = 5, 5, 100, 80
 
 # Gateway intents (https://discord.com/developers/docs/events/gateway#gateway-intents)
 GUILDS = 1 << 0
@@ -52,6 +69,10 @@ EVERYONE_PERMISSIONS = (
     | (1 << 38)  # SEND_MESSAGES_IN_THREADS
 )
 BOT_ROLE_PERMISSIONS = EVERYONE_PERMISSIONS | (1 << 13)  # + MANAGE_MESSAGES
+ALL_PERMISSIONS = (1 << 51) - 1  # what a guild's owner has
+# app_permissions in a DM with the bot:
+# ATTACH_FILES | EMBED_LINKS | MENTION_EVERYONE | USE_EXTERNAL_EMOJIS
+DM_APP_PERMISSIONS = (1 << 15) | (1 << 14) | (1 << 17) | (1 << 18)
 
 
 class Snowflakes:
@@ -104,6 +125,127 @@ def form_error(field_name: str, code: str, message: str) -> JSON:
     """``50035 Invalid Form Body`` for one field, as Discord nests it."""
     errors = {field_name: {"_errors": [{"code": code, "message": message}]}}
     return error_body(50035, "Invalid Form Body", errors)
+
+
+def nested_form_error(path: Sequence[str | int], code: str, message: str) -> JSON:
+    """``50035 Invalid Form Body`` for a field deep in the body, e.g. ``("components", 0,
+    "components", 1, "custom_id")`` nests as ``{"components": {"0": {"components": {"1":
+    {"custom_id": {"_errors": [...]}}}}}}``, as Discord does."""
+    node: JSON = {"_errors": [{"code": code, "message": message}]}
+    for key in reversed(path):
+        node = {str(key): node}
+    return error_body(50035, "Invalid Form Body", node)
+
+
+def components_error(components: Any, prefix: Sequence[str | int] = ()) -> JSON | None:
+    """The 50035 body Discord answers for ``components`` it refuses, or None if they are fine.
+
+    Checked: a list of at most 5 action rows (type 1), each of 1 to 5 buttons (type 2) or one
+    select; a button's ``style`` 1-6, ``label`` at most 80 characters, a ``custom_id`` of 1 to
+    100 characters on every non-link button and a ``url`` on link buttons; no ``custom_id``
+    twice in the message.
+    """
+    root = (*prefix, "components")
+    if not isinstance(components, list):
+        return nested_form_error(
+            root, "MODEL_TYPE_CONVERT", "Only iterables may be used in a ListType"
+        )
+    if len(components) > MAX_ROWS:
+        return nested_form_error(
+            root, "BASE_TYPE_BAD_LENGTH", f"Must be {MAX_ROWS} or fewer in length."
+        )
+    seen: set[str] = set()
+    for i, row in enumerate(components):
+        if not isinstance(row, dict) or row.get("type") != ACTION_ROW:
+            return nested_form_error(
+                (*root, i, "type"),
+                "UNION_TYPE_CHOICES",
+                'Value of field "type" must be one of (1,).',
+            )
+        items = row.get("components")
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_ROW_ITEMS:
+            return nested_form_error(
+                (*root, i, "components"),
+                "BASE_TYPE_BAD_LENGTH",
+                f"Must be between 1 and {MAX_ROW_ITEMS} in length.",
+            )
+        for j, item in enumerate(items):
+            if (error := _item_error(item, (*root, i, "components", j), seen)) is not None:
+                return error
+    return None
+
+
+def _item_error(item: Any, path: tuple[str | int, ...], seen: set[str]) -> JSON | None:
+    """The 50035 body for one item of an action row Discord refuses, or None."""
+    kind = item.get("type") if isinstance(item, dict) else None
+    button = kind == BUTTON
+    style = item.get("style") if button else None
+    label = item.get("label") if button else None
+    custom_id = item.get("custom_id") if button or kind in SELECT_TYPES else None
+    needs_id = kind in SELECT_TYPES or (button and style in BUTTON_STYLES[:4])
+    good_id = isinstance(custom_id, str) and 1 <= len(custom_id) <= MAX_CUSTOM_ID
+    checks: list[tuple[bool, str, str, str]] = [
+        (
+            not button and kind not in SELECT_TYPES,
+            "type",
+            "UNION_TYPE_CHOICES",
+            'Value of field "type" must be one of (2, 3, 5, 6, 7, 8).',
+        ),
+        (
+            button and style not in BUTTON_STYLES,
+            "style",
+            "BASE_TYPE_CHOICES",
+            "Value must be one of {1, 2, 3, 4, 5, 6}.",
+        ),
+        (
+            label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL),
+            "label",
+            "BASE_TYPE_BAD_LENGTH",
+            f"Must be {MAX_LABEL} or fewer in length.",
+        ),
+        (
+            style == LINK_STYLE and not item.get("url"),
+            "url",
+            "BUTTON_COMPONENT_URL_REQUIRED",
+            "A url is required",
+        ),
+        (
+            needs_id and custom_id is None,
+            "custom_id",
+            "BUTTON_COMPONENT_CUSTOM_ID_REQUIRED",
+            "A custom id required",
+        ),
+        (
+            needs_id and custom_id is not None and not good_id,
+            "custom_id",
+            "BASE_TYPE_BAD_LENGTH",
+            f"Must be between 1 and {MAX_CUSTOM_ID} in length.",
+        ),
+        (
+            needs_id and good_id and custom_id in seen,
+            "custom_id",
+            "COMPONENT_CUSTOM_ID_DUPLICATED",
+            "Component custom id cannot be duplicated",
+        ),
+    ]
+    for failed, name, code, message in checks:
+        if failed:
+            return nested_form_error((*path, name), code, message)
+    if needs_id and good_id:
+        seen.add(str(custom_id))
+    return None
+
+
+def find_component(components: Any, custom_id: str) -> JSON | None:
+    """The component with ``custom_id`` anywhere in a message's components, or None."""
+    for item in components if isinstance(components, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("custom_id") == custom_id and item.get("type") != ACTION_ROW:
+            return item
+        if (found := find_component(item.get("components"), custom_id)) is not None:
+            return found
+    return None
 
 
 @dataclass(frozen=True)
@@ -427,4 +569,54 @@ def message_payload(
     if message_reference is not None:
         data["message_reference"] = message_reference
         data["referenced_message"] = referenced_message
+    return data
+
+
+def interaction_payload(
+    *,
+    interaction_id: int,
+    token: str,
+    application_id: int,
+    custom_id: str,
+    component_type: int,
+    channel: JSON,
+    message: JSON,
+    guild_id: int | None,
+    member: JSON | None,
+    user: JSON,
+    app_permissions: int,
+    attachment_size_limit: int,
+) -> JSON:
+    """INTERACTION_CREATE for a click on a message component (type 3, MESSAGE_COMPONENT).
+
+    In a guild it carries ``guild_id``, a partial ``guild`` and the clicker as ``member`` (with
+    ``user`` and ``permissions``); in a DM the clicker as ``user``. discord.py requires
+    ``token``, ``version``, ``application_id`` and ``attachment_size_limit``.
+    """
+    data: JSON = {
+        "id": str(interaction_id),
+        "application_id": str(application_id),
+        "type": MESSAGE_COMPONENT,
+        "data": {"custom_id": custom_id, "component_type": component_type},
+        "channel": channel,
+        "channel_id": channel["id"],
+        "token": token,
+        "version": 1,
+        "message": message,
+        "app_permissions": str(app_permissions),
+        "locale": "en-US",
+        "entitlements": [],
+        "authorizing_integration_owners": {"0": str(guild_id or 0)},
+        "context": 0 if guild_id is not None else 1,  # GUILD, BOT_DM
+        "attachment_size_limit": attachment_size_limit,
+    }
+    if guild_id is not None:
+        data |= {
+            "guild_id": str(guild_id),
+            "guild": {"id": str(guild_id), "locale": "en-US", "features": []},
+            "guild_locale": "en-US",
+            "member": member,
+        }
+    else:
+        data["user"] = user
     return data

@@ -19,6 +19,22 @@ calls it), ``GET /gateway[/bot]``, ``GET /channels/{id}``, ``GET|POST
 API path answers Discord's 404 and is listed in ``unhandled``. Attachments are
 served at ``/attachments/{channel}/{id}/{filename}``, like Discord's CDN.
 
+Message components: ``components`` (action rows of buttons) are validated on create and
+edit as Discord does (50035 with the field's path: ``custom_id`` 1-100 characters and unique,
+``label`` at most 80, ``style`` 1-6, at most 5 rows of 5) and kept on the message. A test
+clicks a button with ``click(message_id, custom_id, user_id=...)``: INTERACTION_CREATE (type
+3) goes to every session, whatever its intents. The bot answers on ``POST
+/interactions/{id}/{token}/callback`` (no bot token needed, as on Discord): type 4 posts a
+message (ephemeral with flags 64: only the clicker sees it, no MESSAGE_CREATE, not in the
+channel's history), 5 a loading one, 6 acknowledges, 7 edits the clicked message, 9 (modal)
+is recorded. Only one callback per interaction (a second: 400, 40060 "Interaction has
+already been acknowledged."), and only within ``interaction_timeout`` (3 s) of the click
+(later: 404, 10062 "Unknown interaction"); the clock is injectable and ``advance_clock``
+moves it. After the callback, for ``interaction_token_ttl`` (15 min), ``GET|PATCH|DELETE
+/webhooks/{application_id}/{token}/messages/@original`` (or a follow-up's id) reads, edits
+or deletes the response (after 6 or 7: the clicked message) and ``POST
+/webhooks/{application_id}/{token}`` posts a follow-up; ``interactions`` records it all.
+
 The gateway (``/gateway``) does HELLO, IDENTIFY → READY + one GUILD_CREATE per
 guild, HEARTBEAT → HEARTBEAT_ACK, RESUME → replay of the dispatches after the
 client's ``seq`` then RESUMED, REQUEST_MEMBERS → GUILD_MEMBERS_CHUNK. Each session
@@ -34,7 +50,10 @@ Standalone: ``python -m tests.fakes.discord --port 0 --guild home --channel gene
 prints one JSON line (``api_base``, ``gateway_url``, ``bot_user_id``, ``guild_id``,
 ``channels``) and serves until SIGTERM. ``POST /_fake/user_message`` takes
 ``user_message``'s arguments as JSON and returns ``{"id": ...}``; ``GET /_fake/sent``
-lists the bot's messages; ``GET /_fake/state`` the guilds, channels and sessions.
+lists the bot's messages; ``GET /_fake/state`` the guilds, channels and sessions;
+``POST /_fake/click`` takes ``{"message_id", "custom_id", "user_id"|"username"}`` and
+returns the interaction's ``{"id", "token"}``; ``GET /_fake/interactions`` lists the clicks
+and their answers; ``POST /_fake/advance_clock`` takes ``{"seconds"}``.
 """
 
 from __future__ import annotations
@@ -71,6 +90,7 @@ __all__ = [
     "GatewaySession",
     "Hang",
     "HttpError",
+    "InteractionRecord",
     "RateLimited",
     "Reaction",
     "RestRequest",
@@ -84,6 +104,8 @@ API_PREFIX = "/api/v10"
 MAX_CONTENT = 2000
 USER_MENTION = re.compile(r"<@!?(\d+)>")
 ROLE_MENTION = re.compile(r"<@&(\d+)>")
+# Interaction callbacks and webhook calls: authorised by the token in the path, not a bot token
+WEBHOOK_PATH = re.compile(r"/(?:interactions/\d+/[^/]+/callback|webhooks/\d+/[^/]+(?:/.*)?)$")
 
 # Gateway opcodes
 DISPATCH, HEARTBEAT, IDENTIFY, PRESENCE_UPDATE, VOICE_STATE_UPDATE = 0, 1, 2, 3, 4
@@ -179,12 +201,72 @@ class SentMessage:
     payload: JSON
     edits: list[str] = field(default_factory=list)
     deleted: bool = False
+    components: list[JSON] = field(default_factory=list)  # as they are now
+    flags: int = 0
+    interaction_id: int | None = None  # set if posted in answer to a click
+    edit_payloads: list[JSON] = field(default_factory=list)  # the body of each edit
 
     @property
     def reply_to(self) -> int | None:
         """The id of the message this one replies to, if any."""
         ref = self.message_reference or {}
         return int(ref["message_id"]) if ref.get("message_id") else None
+
+    @property
+    def ephemeral(self) -> bool:
+        """Whether only the user who clicked sees it (flag 64, an interaction's answer)."""
+        return bool(self.flags & p.EPHEMERAL)
+
+    @property
+    def buttons(self) -> list[JSON]:
+        """The buttons shown now, row after row (``[]``: none)."""
+        return [
+            c
+            for row in self.components
+            for c in row.get("components", [])
+            if isinstance(c, dict) and c.get("type") == p.BUTTON
+        ]
+
+
+@dataclass
+class InteractionRecord:
+    """A click the fake dispatched as INTERACTION_CREATE, and how the bot answered it.
+
+    ``created_at`` and ``responded_at`` are on the fake's clock. ``response_type`` is the
+    accepted callback's type (4, 5, 6, 7 or 9; None: not answered) and ``response`` its body;
+    ``original_id`` is the message ``@original`` names (the posted answer for 4 and 5, the
+    clicked message for 6 and 7); ``followups`` the follow-ups' ids; ``refusals`` the (HTTP
+    status, Discord code) of every callback refused (answered twice, too late).
+    """
+
+    id: int
+    token: str
+    application_id: int
+    custom_id: str
+    component_type: int
+    channel_id: int
+    guild_id: int | None
+    message_id: int
+    user_id: int
+    created_at: float
+    payload: JSON = field(repr=False)
+    response_type: int | None = None
+    response: JSON | None = None
+    responded_at: float | None = None
+    original_id: int | None = None
+    followups: list[int] = field(default_factory=list)
+    refusals: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.response_type is not None
+
+    @property
+    def ephemeral(self) -> bool:
+        """Whether the answer (type 4 or 5) is visible to the clicker only."""
+        data = (self.response or {}).get("data") or {}
+        flags = _int(data.get("flags")) if isinstance(data, dict) else None
+        return bool((flags or 0) & p.EPHEMERAL) and self.response_type in (4, 5)
 
 
 @dataclass(frozen=True)
@@ -311,6 +393,7 @@ class _Stored:
     channel_id: int
     author_id: int
     deleted: bool = False
+    ephemeral_to: int | None = None  # the only user who sees it (an ephemeral answer)
 
 
 @dataclass
@@ -355,6 +438,9 @@ class FakeDiscord:
     ``heartbeat_interval_ms`` goes in HELLO. ``privileged_intents``: whether the
     application may use MEMBERS/PRESENCES/MESSAGE_CONTENT (else IDENTIFY asking for
     them is closed with 4014, which discord.py raises as ``PrivilegedIntentsRequired``).
+    ``interaction_timeout``: seconds after a click within which its callback is accepted;
+    ``interaction_token_ttl``: how long the webhook endpoints take its token. ``clock``
+    (default ``time.monotonic``) times both; ``advance_clock`` moves it on without waiting.
     """
 
     def __init__(
@@ -369,8 +455,18 @@ class FakeDiscord:
         privileged_intents: bool = True,
         echo_own_messages: bool = True,
         max_upload_bytes: int = 10 * 1024 * 1024,
+        interaction_timeout: float = 3.0,
+        interaction_token_ttl: float = 15 * 60.0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.host, self.port, self.token = host, port, token
+        self.interaction_timeout, self.interaction_token_ttl = (
+            interaction_timeout,
+            interaction_token_ttl,
+        )
+        self.clock: Callable[[], float] = clock or time.monotonic
+        self._skew = 0.0
+        self.interactions: list[InteractionRecord] = []
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.compress, self.privileged_intents = compress, privileged_intents
         self.echo_own_messages, self.max_upload_bytes = echo_own_messages, max_upload_bytes
@@ -446,6 +542,14 @@ class FakeDiscord:
         r.add_put(f"{msg}/reactions/{{emoji}}/@me", self._react)
         r.add_delete(f"{msg}/reactions/{{emoji}}/@me", self._react)
         r.add_post(f"{api}/channels/{{channel_id}}/typing", self._typing)
+        r.add_post(
+            f"{api}/interactions/{{interaction_id}}/{{token}}/callback", self._interaction_callback
+        )
+        hook = f"{api}/webhooks/{{application_id}}/{{token}}"
+        r.add_post(hook, self._followup)
+        r.add_route("GET", f"{hook}/messages/{{message_id}}", self._webhook_message)
+        r.add_route("PATCH", f"{hook}/messages/{{message_id}}", self._webhook_message)
+        r.add_route("DELETE", f"{hook}/messages/{{message_id}}", self._webhook_message)
         r.add_route("*", f"{api}/{{tail:.*}}", self._unknown)
         for prefix in ("/attachments", "/media/attachments"):
             r.add_get(f"{prefix}/{{channel_id}}/{{attachment_id}}/{{filename}}", self._download)
@@ -453,6 +557,9 @@ class FakeDiscord:
         r.add_post("/_fake/user_message", self._control_user_message)
         r.add_get("/_fake/sent", self._control_sent)
         r.add_get("/_fake/state", self._control_state)
+        r.add_post("/_fake/click", self._control_click)
+        r.add_get("/_fake/interactions", self._control_interactions)
+        r.add_post("/_fake/advance_clock", self._control_advance_clock)
         self._stopping = asyncio.Event()
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -623,6 +730,103 @@ class FakeDiscord:
         self._record(payload, channel, author_id)
         self._dispatch_message("MESSAGE_CREATE", payload, channel)
         return message_id
+
+    # ------------------------------------------------------------------ clicking
+
+    def click(
+        self,
+        message_id: int,
+        custom_id: str,
+        *,
+        user_id: int | None = None,
+        username: str = "ada",
+    ) -> InteractionRecord:
+        """Click the button ``custom_id`` that message ``message_id`` shows now, as a user
+        (default: the one named ``username``): INTERACTION_CREATE goes to every session on
+        the message's shard. Returns the record the bot's answers fill in. ``LookupError``
+        if the message is gone or shows no such enabled button (Discord only takes clicks
+        on components a message has); ``ValueError`` if the user cannot see the message (a
+        DM's other party, an ephemeral answer to someone else)."""
+        stored = self._messages.get(message_id)
+        if stored is None or stored.deleted:
+            raise LookupError(f"no message {message_id}")
+        component = p.find_component(stored.payload.get("components"), custom_id)
+        if component is None or component.get("type") != p.BUTTON or component.get("disabled"):
+            raise LookupError(f"message {message_id} shows no enabled button {custom_id!r}")
+        channel = self._channels[stored.channel_id]
+        clicker = user_id if user_id is not None else self.add_user(username)
+        if clicker not in self._users:
+            self.add_user(username, user_id=clicker)
+        if channel.type == p.DM and channel.recipient_id != clicker:
+            raise ValueError(f"user {clicker} is not the recipient of DM {channel.id}")
+        if stored.ephemeral_to is not None and stored.ephemeral_to != clicker:
+            raise ValueError(f"message {message_id} is visible to {stored.ephemeral_to} only")
+        member: JSON | None = None
+        app_permissions = p.DM_APP_PERMISSIONS
+        if channel.guild_id is not None:
+            guild = self._guilds[channel.guild_id]
+            self._join(guild, clicker)
+            member = p.member_payload(guild.members[clicker], self._users[clicker])
+            member["permissions"] = str(self._permissions(guild, clicker))
+            app_permissions = self._permissions(guild, self.bot_user.id)
+        interaction_id = self._ids.next()
+        token = "aW50ZXJhY3Rpb246" + uuid.uuid4().hex + uuid.uuid4().hex
+        payload = p.interaction_payload(
+            interaction_id=interaction_id,
+            token=token,
+            application_id=self.bot_user.id,
+            custom_id=custom_id,
+            component_type=p.BUTTON,
+            channel=p.channel_payload(channel, self._users),
+            message=copy.deepcopy(stored.payload),
+            guild_id=channel.guild_id,
+            member=member,
+            user=p.user_payload(self._users[clicker]),
+            app_permissions=app_permissions,
+            attachment_size_limit=self.max_upload_bytes,
+        )
+        record = InteractionRecord(
+            id=interaction_id,
+            token=token,
+            application_id=self.bot_user.id,
+            custom_id=custom_id,
+            component_type=p.BUTTON,
+            channel_id=channel.id,
+            guild_id=channel.guild_id,
+            message_id=message_id,
+            user_id=clicker,
+            created_at=self.now(),
+            payload=payload,
+        )
+        self.interactions.append(record)
+        for session in list(self.sessions):
+            if self._on_shard(session, channel.guild_id):
+                session.push("INTERACTION_CREATE", payload)
+        self._notify()
+        return record
+
+    def interaction(self, interaction_id: int) -> InteractionRecord:
+        """A click by its interaction id (``KeyError`` if unknown)."""
+        for record in self.interactions:
+            if record.id == interaction_id:
+                return record
+        raise KeyError(interaction_id)
+
+    async def wait_for_response(
+        self, record: InteractionRecord, seconds: float = 10.0
+    ) -> InteractionRecord:
+        """Wait until the bot's callback for the click was accepted; returns the record."""
+        await self.wait_until(lambda: record.acknowledged, seconds, "interaction response")
+        return record
+
+    def now(self) -> float:
+        """The fake's clock: ``clock()`` plus what ``advance_clock`` added."""
+        return self.clock() + self._skew
+
+    def advance_clock(self, seconds: float) -> None:
+        """Let ``seconds`` pass for the fake (answer windows, token lifetime) at once."""
+        self._skew += seconds
+        self._notify()
 
     # ------------------------------------------------------------------ inspecting
 
@@ -811,12 +1015,27 @@ class FakeDiscord:
             payload["description"] = description
         return payload
 
-    def _record(self, payload: JSON, channel: p.Channel, author_id: int) -> None:
+    def _record(
+        self, payload: JSON, channel: p.Channel, author_id: int, ephemeral_to: int | None = None
+    ) -> None:
         message_id = int(payload["id"])
-        self._messages[message_id] = _Stored(payload, channel.id, author_id)
+        self._messages[message_id] = _Stored(payload, channel.id, author_id, False, ephemeral_to)
+        if ephemeral_to is not None:  # not part of the channel
+            return
         channel.last_message_id = message_id
         if channel.is_thread:
             channel.message_count += 1
+
+    def _permissions(self, guild: p.Guild, user_id: int) -> int:
+        """A member's permissions in the guild (no channel overwrites here)."""
+        if user_id == guild.owner_id:
+            return p.ALL_PERMISSIONS
+        member = guild.members.get(user_id)
+        roles = {guild.id, *(member.roles if member else [])}
+        total = 0
+        for role in guild.roles:
+            total |= role.permissions if role.id in roles else 0
+        return total
 
     # ------------------------------------------------------------------ internals: dispatch
 
@@ -923,7 +1142,7 @@ class FakeDiscord:
             )
         )
         self._notify()
-        if path != "/gateway" and not self._authorized(request):
+        if path != "/gateway" and not WEBHOOK_PATH.match(path) and not self._authorized(request):
             return _json({"message": "401: Unauthorized", "code": 0}, 401, {"Via": "1.1 google"})
         if fault is not None:
             return await self._fault_response(request, fault, route)
@@ -1096,7 +1315,12 @@ class FakeDiscord:
 
     def _message_or_404(self, request: web.Request, channel: p.Channel) -> _Stored | web.Response:
         stored = self._messages.get(_int(request.match_info["message_id"]) or 0)
-        if stored is None or stored.deleted or stored.channel_id != channel.id:
+        if (
+            stored is None
+            or stored.deleted
+            or stored.channel_id != channel.id
+            or stored.ephemeral_to is not None  # reached through the interaction's webhook only
+        ):
             return _error(404, 10008, "Unknown Message")
         return stored
 
@@ -1116,7 +1340,11 @@ class FakeDiscord:
         limit = min(max(_int(request.query.get("limit")) or 50, 1), 100)
         before, after = _int(request.query.get("before")), _int(request.query.get("after"))
         ids = sorted(
-            (i for i, s in self._messages.items() if s.channel_id == channel.id and not s.deleted),
+            (
+                i
+                for i, s in self._messages.items()
+                if s.channel_id == channel.id and not s.deleted and s.ephemeral_to is None
+            ),
             reverse=True,
         )
         if before is not None:
@@ -1175,16 +1403,34 @@ class FakeDiscord:
         channel = self._channel_or_404(request)
         if isinstance(channel, web.Response):
             return channel
-        body = self._body(request)
+        result = self._post_message(request, channel, self._body(request))
+        return result if isinstance(result, web.Response) else _json(result)
+
+    def _post_message(
+        self,
+        request: web.Request,
+        channel: p.Channel,
+        body: JSON,
+        interaction: InteractionRecord | None = None,
+        *,
+        loading: bool = False,
+    ) -> JSON | web.Response:
+        """Create the bot's message from a message body (REST, an interaction's answer or
+        follow-up); returns its payload or Discord's error."""
         content = body.get("content")
         content = "" if content is None else str(content)
         if len(content) > MAX_CONTENT:
             msg = f"Must be {MAX_CONTENT} or fewer in length."
             return _json(p.form_error("content", "BASE_TYPE_MAX_LENGTH", msg), 400)
+        components = body.get("components")
+        if components is not None and (error := p.components_error(components)) is not None:
+            return _json(error, 400)
         embeds = [e for e in body.get("embeds") or [] if isinstance(e, dict)]
         if not (
-            content
+            loading
+            or content
             or embeds
+            or components
             or self._bodies[id(request)].files
             or body.get("sticker_ids")
             or body.get("poll")
@@ -1192,7 +1438,11 @@ class FakeDiscord:
             return _error(400, 50006, "Cannot send an empty message")
         reference_body = body.get("message_reference")
         stored_ref: _Stored | None = None
-        if isinstance(reference_body, dict):
+        if interaction is not None and interaction.response_type is None:
+            # an answer to a click replies to the clicked message
+            reference_body = {"message_id": str(interaction.message_id)}
+            stored_ref = self._messages[interaction.message_id]
+        elif isinstance(reference_body, dict):
             stored_ref = self._messages.get(_int(reference_body.get("message_id")) or 0)
             if stored_ref is None or stored_ref.deleted:
                 if reference_body.get("fail_if_not_exists", True):
@@ -1217,6 +1467,11 @@ class FakeDiscord:
             if stored_ref
             else None
         )
+        flags = _int(body.get("flags")) or 0
+        ephemeral_to = None
+        if interaction is not None:
+            flags = (flags & p.EPHEMERAL) | (p.LOADING if loading else 0)
+            ephemeral_to = interaction.user_id if flags & p.EPHEMERAL else None
         payload = p.message_payload(
             message_id=message_id,
             channel=channel,
@@ -1230,28 +1485,43 @@ class FakeDiscord:
             message_reference=reference,
             referenced_message=self._referenced(stored_ref) if stored_ref else None,
             tts=bool(body.get("tts")),
-            flags=_int(body.get("flags")) or 0,
+            flags=flags,
             nonce=body.get("nonce"),
-            components=body.get("components"),
+            components=components,
         )
-        self._record(payload, channel, self.bot_user.id)
+        if interaction is not None:
+            payload |= {
+                "webhook_id": str(interaction.application_id),
+                "application_id": str(interaction.application_id),
+                "interaction_metadata": {
+                    "id": str(interaction.id),
+                    "type": p.MESSAGE_COMPONENT,
+                    "user": p.user_payload(self._users[interaction.user_id]),
+                    "authorizing_integration_owners": {"0": str(interaction.guild_id or 0)},
+                    "interacted_message_id": str(interaction.message_id),
+                },
+            }
+        self._record(payload, channel, self.bot_user.id, ephemeral_to)
         self._sent.append(
             SentMessage(
-                message_id,
-                channel.id,
-                content,
-                allowed,
-                reference_body if isinstance(reference_body, dict) else None,
-                files,
-                embeds,
-                users,
-                everyone,
-                body,
+                id=message_id,
+                channel_id=channel.id,
+                content=content,
+                allowed_mentions=allowed,
+                message_reference=reference_body if isinstance(reference_body, dict) else None,
+                attachments=files,
+                embeds=embeds,
+                mentions=users,
+                mention_everyone=everyone,
+                payload=body,
+                components=list(components or []),
+                flags=flags,
+                interaction_id=interaction.id if interaction is not None else None,
             )
         )
-        if self.echo_own_messages:
+        if self.echo_own_messages and ephemeral_to is None:
             self._dispatch_message("MESSAGE_CREATE", payload, channel)
-        return _json(payload)
+        return payload
 
     async def _edit_message(self, request: web.Request) -> web.Response:
         channel = self._channel_or_404(request)
@@ -1262,19 +1532,39 @@ class FakeDiscord:
             return stored
         if stored.author_id != self.bot_user.id:
             return _error(403, 50005, "Cannot edit a message authored by another user")
-        body = self._body(request)
+        result = self._apply_edit(request, stored, channel, self._body(request))
+        return result if isinstance(result, web.Response) else _json(result)
+
+    def _apply_edit(
+        self,
+        request: web.Request,
+        stored: _Stored,
+        channel: p.Channel,
+        body: JSON,
+        *,
+        finish_loading: bool = False,
+    ) -> JSON | web.Response:
+        """Edit the bot's message (REST PATCH, a click's UPDATE_MESSAGE, an ``@original``
+        PATCH, which also ends a deferred answer's loading state); returns its payload or
+        Discord's error."""
         payload = stored.payload
         if "content" in body:
             content = "" if body["content"] is None else str(body["content"])
             if len(content) > MAX_CONTENT:
                 msg = f"Must be {MAX_CONTENT} or fewer in length."
                 return _json(p.form_error("content", "BASE_TYPE_MAX_LENGTH", msg), 400)
-            payload["content"] = content
-        if "embeds" in body:
-            payload["embeds"] = [e for e in body["embeds"] or [] if isinstance(e, dict)]
+        components = body.get("components")
+        if components is not None and (error := p.components_error(components)) is not None:
+            return _json(error, 400)
         files = self._files_of(request, body, channel.id)
         if isinstance(files, web.Response):
             return files
+        if "content" in body:
+            payload["content"] = content
+        if "embeds" in body:
+            payload["embeds"] = [e for e in body["embeds"] or [] if isinstance(e, dict)]
+        if "components" in body:
+            payload["components"] = list(components or [])
         if "attachments" in body:
             keep = {str(a.get("id")) for a in body["attachments"] or [] if isinstance(a, dict)}
             kept = [a for a in payload["attachments"] if a["id"] in keep]
@@ -1282,17 +1572,23 @@ class FakeDiscord:
                 self._attachment_payload(f.id, f.description) for f in files
             ]
         if "flags" in body:
-            payload["flags"] = _int(body["flags"]) or 0
+            kept_flags = payload["flags"] & (p.EPHEMERAL | p.LOADING)  # not the sender's to set
+            payload["flags"] = (_int(body["flags"]) or 0) & ~(p.EPHEMERAL | p.LOADING) | kept_flags
+        if finish_loading:
+            payload["flags"] &= ~p.LOADING
         payload["edited_timestamp"] = p.now_iso()
         sent = next((m for m in self._sent if m.id == int(payload["id"])), None)
         if sent is not None:
             sent.content = payload["content"]
             sent.edits.append(payload["content"])
+            sent.edit_payloads.append(body)
             sent.embeds = payload["embeds"]
+            sent.components = payload["components"]
             current = {a["id"] for a in payload["attachments"]}
             sent.attachments = [a for a in [*sent.attachments, *files] if str(a.id) in current]
-        self._dispatch_message("MESSAGE_UPDATE", payload, channel)
-        return _json(payload)
+        if stored.ephemeral_to is None:
+            self._dispatch_message("MESSAGE_UPDATE", payload, channel)
+        return payload
 
     async def _delete_message(self, request: web.Request) -> web.Response:
         channel = self._channel_or_404(request)
@@ -1301,15 +1597,145 @@ class FakeDiscord:
         stored = self._message_or_404(request, channel)
         if isinstance(stored, web.Response):
             return stored
+        self._remove(stored, channel)
+        return web.Response(status=204)
+
+    def _remove(self, stored: _Stored, channel: p.Channel) -> None:
         stored.deleted = True
         for sent in self._sent:
             if sent.id == int(stored.payload["id"]):
                 sent.deleted = True
+        if stored.ephemeral_to is not None:
+            return
         data: JSON = {"id": stored.payload["id"], "channel_id": str(channel.id)}
         if channel.guild_id is not None:
             data["guild_id"] = str(channel.guild_id)
         self._dispatch_message("MESSAGE_DELETE", data, channel)
-        return web.Response(status=204)
+
+    # ------------------------------------------------------------------ interactions
+
+    def _refuse(
+        self, record: InteractionRecord, status: int, code: int, message: str
+    ) -> web.Response:
+        record.refusals.append((status, code))
+        self._notify()
+        return _error(status, code, message)
+
+    async def _interaction_callback(self, request: web.Request) -> web.Response:
+        record = self._answerable(request)
+        if isinstance(record, web.Response):
+            return record
+        body = self._body(request)
+        message = self._perform_callback(request, record, body)
+        if isinstance(message, web.Response):
+            return message
+        record.response_type, record.response = int(body["type"]), body
+        record.responded_at = self.now()
+        self._notify()
+        if request.query.get("with_response", "").lower() not in ("1", "true"):
+            return web.Response(status=204)
+        kind = record.response_type
+        callback: JSON = {"id": str(record.id), "type": p.MESSAGE_COMPONENT}
+        if record.original_id is not None and kind != p.DEFERRED_UPDATE_MESSAGE:
+            callback["response_message_id"] = str(record.original_id)
+            callback["response_message_loading"] = kind == p.DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE
+            callback["response_message_ephemeral"] = record.ephemeral
+        answer: JSON = {"interaction": callback}
+        if message is not None and kind in (p.CHANNEL_MESSAGE_WITH_SOURCE, p.UPDATE_MESSAGE):
+            answer["resource"] = {"type": kind, "message": message}
+        return _json(answer)
+
+    def _answerable(self, request: web.Request) -> InteractionRecord | web.Response:
+        """The click a callback answers, or Discord's refusal (unknown, answered, too late,
+        a callback type a component interaction cannot take)."""
+        wanted = _int(request.match_info["interaction_id"])
+        record = next((r for r in self.interactions if r.id == wanted), None)
+        if record is None or record.token != request.match_info["token"]:
+            return _error(404, 10062, "Unknown interaction")
+        if record.acknowledged:
+            return self._refuse(record, 400, 40060, "Interaction has already been acknowledged.")
+        if self.now() - record.created_at > self.interaction_timeout:
+            return self._refuse(record, 404, 10062, "Unknown interaction")
+        if self._body(request).get("type") not in p.COMPONENT_CALLBACKS:
+            choices = "{" + ", ".join(map(str, p.COMPONENT_CALLBACKS)) + "}"
+            msg = f"Value must be one of {choices}."
+            return _json(p.form_error("type", "BASE_TYPE_CHOICES", msg), 400)
+        return record
+
+    def _perform_callback(
+        self, request: web.Request, record: InteractionRecord, body: JSON
+    ) -> JSON | web.Response | None:
+        """Do what the callback asks; returns the message it posted or edited (None for 6
+        and 9), or Discord's error (the click stays unanswered then)."""
+        kind, data = body["type"], body.get("data")
+        data = data if isinstance(data, dict) else {}
+        channel = self._channels[record.channel_id]
+        if kind in (p.CHANNEL_MESSAGE_WITH_SOURCE, p.DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE):
+            loading = kind == p.DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE
+            shown = {"flags": data.get("flags")} if loading else data
+            posted = self._post_message(request, channel, shown, record, loading=loading)
+            if not isinstance(posted, web.Response):
+                record.original_id = int(posted["id"])
+            return posted
+        if kind not in (p.DEFERRED_UPDATE_MESSAGE, p.UPDATE_MESSAGE):
+            return None  # a modal: recorded only
+        stored = self._messages[record.message_id]
+        if stored.deleted:
+            return _error(404, 10008, "Unknown Message")
+        edited = (
+            self._apply_edit(request, stored, channel, data) if kind == p.UPDATE_MESSAGE else None
+        )
+        if not isinstance(edited, web.Response):
+            record.original_id = record.message_id
+        return edited
+
+    def _webhook_record(self, request: web.Request) -> InteractionRecord | web.Response:
+        """The click whose token the webhook path carries, while the token is valid."""
+        token = request.match_info["token"]
+        record = next((r for r in self.interactions if r.token == token), None)
+        if record is None or record.application_id != _int(request.match_info["application_id"]):
+            return _error(404, 10015, "Unknown Webhook")
+        if self.now() - record.created_at > self.interaction_token_ttl:
+            return _error(401, 50027, "Invalid Webhook Token")
+        return record
+
+    async def _followup(self, request: web.Request) -> web.Response:
+        record = self._webhook_record(request)
+        if isinstance(record, web.Response):
+            return record
+        if not record.acknowledged:
+            return _error(404, 10015, "Unknown Webhook")
+        channel = self._channels[record.channel_id]
+        result = self._post_message(request, channel, self._body(request), record)
+        if isinstance(result, web.Response):
+            return result
+        record.followups.append(int(result["id"]))
+        self._notify()
+        return _json(result)
+
+    async def _webhook_message(self, request: web.Request) -> web.Response:
+        record = self._webhook_record(request)
+        if isinstance(record, web.Response):
+            return record
+        name = request.match_info["message_id"]
+        message_id = record.original_id if name == "@original" else _int(name)
+        stored = self._messages.get(message_id or 0)
+        if (
+            stored is None
+            or stored.deleted
+            or message_id not in (record.original_id, *record.followups)
+        ):
+            return _error(404, 10008, "Unknown Message")
+        channel = self._channels[stored.channel_id]
+        if request.method == "GET":
+            return _json(stored.payload)
+        if request.method == "DELETE":
+            self._remove(stored, channel)
+            return web.Response(status=204)
+        result = self._apply_edit(
+            request, stored, channel, self._body(request), finish_loading=True
+        )
+        return result if isinstance(result, web.Response) else _json(result)
 
     async def _react(self, request: web.Request) -> web.Response:
         channel = self._channel_or_404(request)
@@ -1525,6 +1951,24 @@ class FakeDiscord:
         channel = _int(request.query.get("channel_id"))
         return web.json_response([_sent_json(m) for m in self.sent(channel)])
 
+    async def _control_click(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        user = _int(body.get("user_id"))
+        record = self.click(
+            int(body["message_id"]),
+            str(body["custom_id"]),
+            user_id=user,
+            username=str(body.get("username", "ada")),
+        )
+        return web.json_response({"id": str(record.id), "token": record.token})
+
+    async def _control_interactions(self, request: web.Request) -> web.Response:
+        return web.json_response([_interaction_json(r) for r in self.interactions])
+
+    async def _control_advance_clock(self, request: web.Request) -> web.Response:
+        self.advance_clock(float((await request.json())["seconds"]))
+        return web.json_response({"ok": True})
+
     async def _control_state(self, request: web.Request) -> web.Response:
         guilds = [
             {
@@ -1557,6 +2001,25 @@ def _sent_json(message: SentMessage) -> JSON:
         "attachments": [a.filename for a in message.attachments],
         "edits": message.edits,
         "deleted": message.deleted,
+        "components": message.components,
+        "ephemeral": message.ephemeral,
+        "interaction_id": str(message.interaction_id) if message.interaction_id else None,
+    }
+
+
+def _interaction_json(record: InteractionRecord) -> JSON:
+    return {
+        "id": str(record.id),
+        "custom_id": record.custom_id,
+        "message_id": str(record.message_id),
+        "channel_id": str(record.channel_id),
+        "user_id": str(record.user_id),
+        "response_type": record.response_type,
+        "response": record.response,
+        "ephemeral": record.ephemeral,
+        "original_id": str(record.original_id) if record.original_id else None,
+        "followups": [str(m) for m in record.followups],
+        "refusals": [list(r) for r in record.refusals],
     }
 
 
@@ -1590,9 +2053,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--guild", default="home", help="name of the guild to create")
     parser.add_argument("--channel", action="append", help="text channel(s) to create")
     parser.add_argument("--heartbeat-ms", type=int, default=41250)
+    parser.add_argument(
+        "--interaction-timeout", type=float, default=3.0, help="seconds to answer a click"
+    )
     args = parser.parse_args(argv)
     fake = FakeDiscord(
-        host=args.host, port=args.port, token=args.token, heartbeat_interval_ms=args.heartbeat_ms
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        heartbeat_interval_ms=args.heartbeat_ms,
+        interaction_timeout=args.interaction_timeout,
     )
     asyncio.run(_serve(fake, args.guild, args.channel or ["general"]))
 
