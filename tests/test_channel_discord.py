@@ -18,7 +18,14 @@ from discord.http import Route
 from loguru import logger
 from pydantic import SecretStr
 
-from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
+from nanobot.bus.events import (
+    Button,
+    ChatRef,
+    InboundMessage,
+    OutboundMessage,
+    StreamUpdate,
+    Typing,
+)
 from nanobot.bus.queue import MessageBus
 from nanobot.channels._discord_inbound import is_addressed, text_for_agent
 from nanobot.channels.base import (
@@ -36,12 +43,18 @@ from nanobot.config import DiscordConfig
 from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.store import Access, Database, Journal
-from tests.fakes._discord_payloads import form_error
+from tests.fakes._discord_payloads import (
+    channel_payload,
+    form_error,
+    interaction_payload,
+    user_payload,
+)
 from tests.fakes.discord import (
     AttachmentFile,
     FakeDiscord,
     HttpError,
     RateLimited,
+    RestRequest,
     ServerError,
 )
 from tests.fakes.outbox import MemoryOutbox
@@ -742,3 +755,285 @@ async def test_rejected_token_and_missing_intent_are_config_errors(
         with pytest.raises(ConfigError, match="Message Content"):
             await start(make_channel(strict, intake, inbox))
     assert (Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY) == (DISCORD_API, DISCORD_GATEWAY)
+
+
+# ---- approvals: cards, edits, presses and their answers -----------------------------------
+
+ALLOW = Button("Allow once", "/approve 7 once")
+DENY = Button("Deny", "/deny 7")
+
+
+def card(chat: ChatRef, text: str = "Run `ls -la`?", **fields: Any) -> OutboundMessage:
+    return OutboundMessage(chat, text, kind="card", buttons=(ALLOW, DENY), **fields)
+
+
+def requests(fake: FakeDiscord, method: str, suffix: str) -> list[RestRequest]:
+    return [r for r in fake.requests if r.method == method and r.path.endswith(suffix)]
+
+
+class Holding(Recorder):
+    """A Recorder whose intake waits until `release` is set (a journal write stuck on disk)."""
+
+    def __init__(self, result: Intake = Intake.ACCEPTED) -> None:
+        super().__init__(result)
+        self.release = asyncio.Event()
+
+    async def __call__(self, message: InboundMessage) -> Intake:
+        await self.release.wait()
+        return await super().__call__(message)
+
+
+async def test_a_card_goes_out_with_its_buttons_and_its_id(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    sent_id = await channel.deliver(card(world.chat(world.channel), outbox_id=5))
+    [sent] = fake.sent(world.channel)
+    assert sent_id == str(sent.id) and sent.content == "Run `ls -la`?"
+    assert [row["type"] for row in sent.components] == [1]  # one action row
+    assert [(b["label"], b["custom_id"], b["style"]) for b in sent.buttons] == [
+        ("Allow once", "/approve 7 once", 2),  # secondary
+        ("Deny", "/deny 7", 4),  # danger
+    ]
+    assert sent.allowed_mentions == {"parse": []}
+
+    # A card too long for one message: its buttons go under the last part, whose id it is.
+    long = "Run this?\n\n```sh\n" + "echo step\n" * 300 + "```"
+    sent_id = await channel.deliver(card(world.chat(world.thread), long, outbox_id=6))
+    parts = fake.sent(world.thread)
+    assert [m.content for m in parts] == split_discord(long) and len(parts) == 2
+    assert (parts[0].buttons, len(parts[1].buttons)) == ([], 2)
+    assert sent_id == str(parts[1].id)
+
+
+async def test_a_card_that_failed_part_way_resumes_with_the_part_that_failed(
+    fake: FakeDiscord,
+    world: World,
+    intake: Recorder,
+    inbox: InboxPolicy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(discord.http, "asyncio", _QuickSleep())
+    outbox = MemoryOutbox()
+    channel = make_channel(fake, intake, inbox, outbox=outbox)
+    long = "Run this?\n\n```sh\n" + "echo step\n" * 300 + "```"
+    item = card(world.chat(world.channel), long, outbox_id=4)
+    send = discord.PartialMessageable.send
+    calls = 0
+
+    async def failing_second(self: discord.PartialMessageable, *args: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # discord.py tries five times, then gives up
+            fake.fail_next("POST /channels/*/messages", ServerError(500), times=5)
+        return await send(self, *args, **kw)
+
+    monkeypatch.setattr(discord.PartialMessageable, "send", failing_second)
+    async with running(channel):
+        with pytest.raises(DeliveryError, match="after retries"):
+            await channel.deliver(item)
+        assert outbox.progressed == [(4, 1)] and len(fake.sent(world.channel)) == 1
+        sent_id = await channel.deliver(item)  # the manager's retry
+    first, last = fake.sent(world.channel)
+    assert [first.content, last.content] == split_discord(long)
+    assert (first.buttons, len(last.buttons), sent_id) == ([], 2, str(last.id))
+
+
+async def test_an_edit_replaces_the_text_and_takes_the_buttons_away(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    # Through the manager, as in the gateway: the card's id is kept in the outbox, and the
+    # record that edits it is given that id.
+    outbox = MemoryOutbox()
+    chat = world.chat(world.channel)
+    async with delivering(make_channel(fake, intake, inbox, outbox=outbox), outbox) as bus:
+        await bus.publish(card(chat, outbox_id=1))
+        [shown] = await fake.wait_for_sent(1, world.channel)
+        await fake.wait_until(lambda: 1 in outbox.confirmed, 5, "the card confirmed")
+        assert outbox.sent[1] == str(shown.id)
+        await bus.publish(OutboundMessage(chat, "Allowed once by ada.", edits=1, outbox_id=2))
+        await fake.wait_until(lambda: 2 in outbox.confirmed, 5, "the edit confirmed")
+    assert fake.sent(world.channel) == [shown]  # nothing posted: edited in place
+    assert (shown.content, shown.buttons, shown.edit_payloads[-1]["components"]) == (
+        "Allowed once by ada.",
+        [],
+        [],
+    )
+    assert outbox.sent[2] == str(shown.id)
+
+
+async def test_a_card_shown_again_with_other_buttons_keeps_its_message(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    chat = world.chat(world.channel)
+    first = await channel.deliver(card(chat))
+    again = OutboundMessage(chat, "Still waiting", kind="card", buttons=(DENY,), replaces=first)
+    assert await channel.deliver(again) == first
+    [shown] = fake.sent(world.channel)
+    assert shown.content == "Still waiting" and [b["label"] for b in shown.buttons] == ["Deny"]
+
+
+async def test_a_vanished_message_is_posted_anew(
+    channel: DiscordChannel, fake: FakeDiscord, world: World
+) -> None:
+    chat = world.chat(world.channel)
+    gone = fake.user_message(world.channel, "not ours to edit")  # 50005
+    for replaces in ("123456789", str(gone)):  # unknown: 10008
+        edit = OutboundMessage(chat, f"Denied ({replaces})", edits=1, replaces=replaces)
+        sent_id = await channel.deliver(edit)
+        assert sent_id == str(fake.sent(world.channel)[-1].id)
+        assert fake.sent(world.channel)[-1].content == f"Denied ({replaces})"
+    patches = requests(fake, "PATCH", "/messages/123456789")
+    assert [r.fault for r in patches] == [None] and len(fake.sent(world.channel)) == 2
+
+
+async def test_a_press_is_acknowledged_at_once_and_reaches_intake(
+    fake: FakeDiscord, world: World, inbox: InboxPolicy
+) -> None:
+    intake = Holding()  # the journal is slow: the press is acknowledged all the same
+    channel = make_channel(fake, intake, inbox)
+    async with running(channel):
+        chat = world.chat(world.channel)
+        shown = int(await channel.deliver(card(chat)) or 0)
+        click = fake.click(shown, ALLOW.data, user_id=world.ada)
+        await fake.wait_for_response(click, 5)
+        assert click.response_type == 6  # DEFERRED_UPDATE_MESSAGE: nothing changes on screen
+        assert click.responded_at is not None
+        assert click.responded_at - click.created_at < fake.interaction_timeout
+        assert not intake.messages and click.refusals == []
+        intake.release.set()
+        [press] = await intake.wait()
+    assert press.press == str(click.id) and press.message_id == f"press:{click.id}"
+    assert (press.chat, press.text, press.sender_id) == (chat, ALLOW.data, str(world.ada))
+    assert (press.is_private, press.addressed, press.sender_name) == (False, True, "ada")
+    [still] = fake.sent(world.channel)
+    assert still.content == "Run `ls -la`?" and len(still.buttons) == 2 and not still.edits
+    assert not click.followups  # accepted: the agent answers it
+
+
+async def test_presses_in_a_thread_and_a_dm_come_from_those_chats(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, intake: Recorder
+) -> None:
+    in_thread = int(await channel.deliver(card(world.chat(world.thread))) or 0)
+    in_dm = int(await channel.deliver(card(world.chat(world.dm))) or 0)
+    fake.click(in_thread, DENY.data, user_id=world.ada)
+    fake.click(in_dm, ALLOW.data, user_id=world.ada)
+    thread, dm = await intake.wait(2)
+    assert (thread.chat, thread.is_private, thread.text) == (
+        world.chat(world.thread),
+        False,
+        DENY.data,
+    )
+    assert (dm.chat, dm.is_private, dm.text) == (world.chat(world.dm), True, ALLOW.data)
+
+
+async def test_the_answer_is_an_ephemeral_follow_up_shown_once(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, intake: Recorder
+) -> None:
+    chat = world.chat(world.channel)
+    shown = int(await channel.deliver(card(chat)) or 0)
+    click = fake.click(shown, ALLOW.data, user_id=world.ada)
+    [press] = await intake.wait()
+    answer = OutboundMessage(chat, "Allowed once.", kind="answer", reply_to=press.press)
+    assert await channel.deliver(answer) is None
+    card_message, follow_up = fake.sent(world.channel)
+    assert (follow_up.content, follow_up.ephemeral, follow_up.interaction_id) == (
+        "Allowed once.",
+        True,
+        click.id,
+    )
+    assert click.followups == [follow_up.id] and click.refusals == []
+    assert follow_up.allowed_mentions == {"parse": []}
+    assert card_message.content == "Run `ls -la`?" and not card_message.edits
+
+
+async def test_an_answer_to_an_unknown_or_expired_press_never_raises(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, intake: Recorder
+) -> None:
+    chat = world.chat(world.channel)
+    await channel.deliver(OutboundMessage(chat, "hm", kind="answer", reply_to="424242"))
+    shown = int(await channel.deliver(card(chat)) or 0)
+    click = fake.click(shown, DENY.data, user_id=world.ada)
+    [press] = await intake.wait()
+    fake.advance_clock(15 * 60 + 1)  # its token is gone
+    await channel.deliver(OutboundMessage(chat, "Denied.", kind="answer", reply_to=press.press))
+    assert click.followups == [] and len(fake.sent(world.channel)) == 1
+    assert requests(fake, "POST", click.token)  # tried, refused (50027), let go
+
+
+async def test_a_press_the_gate_refuses_is_told_so_and_goes_no_further(
+    fake: FakeDiscord, world: World, inbox: InboxPolicy, tmp_path: Path
+) -> None:
+    mallory = fake.add_user("mallory")
+    async with await Database.open(tmp_path / "state.db") as db:
+        bus = MessageBus()
+        rules = {"discord": ChannelRules(frozenset({str(world.ada)}), "mention")}
+        channel = make_channel(fake, Gate(rules, Access(db), Journal(db), bus), inbox)
+        async with running(channel):
+            shown = int(await channel.deliver(card(world.chat(world.channel))) or 0)
+            click = fake.click(shown, ALLOW.data, user_id=mallory)
+            await fake.wait_until(lambda: bool(click.followups), 5, "the refusal")
+            # a stranger's press in their own DM: the gate offers pairing
+            private = await channel.deliver(card(ChatRef.direct("discord", str(mallory))))
+            paired = fake.click(int(private or 0), DENY.data, user_id=mallory)
+            await fake.wait_until(lambda: bool(paired.followups), 5, "the pairing answer")
+            async with asyncio.timeout(5):
+                notice = await anext(bus.outbound("discord"))
+        assert await Journal(db).pending_inbound() == []
+    refusal = fake.sent(world.channel)[-1]
+    assert (refusal.content, refusal.ephemeral, click.response_type) == (
+        "Only an approver can decide this.",
+        True,
+        6,
+    )
+    told = fake.sent(fake.dm_channel(mallory))[-1]
+    assert (told.content, told.ephemeral) == ("You are not allowed to use this bot yet.", True)
+    assert isinstance(notice, OutboundMessage) and notice.kind == "notice"  # the pairing code
+
+
+async def test_a_dm_card_to_a_user_opens_the_dm_once(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, intake: Recorder
+) -> None:
+    grace = fake.add_user("grace")
+    direct = ChatRef.direct("discord", str(grace))
+    first = await channel.deliver(card(direct))
+    second = await channel.deliver(card(direct, "And `pwd`?"))
+    edited = await channel.deliver(OutboundMessage(direct, "Denied.", edits=1, replaces=first))
+    await channel.deliver(OutboundMessage(direct, "Done."))
+    dm = fake.dm_channel(grace)
+    assert [m.content for m in fake.sent(dm)] == ["Denied.", "And `pwd`?", "Done."]
+    assert edited == first and second == str(fake.sent(dm)[1].id)
+    assert len(requests(fake, "POST", "/users/@me/channels")) == 1
+    fake.click(int(second or 0), ALLOW.data, user_id=grace)
+    [press] = await intake.wait()
+    assert (press.chat, press.is_private) == (world.chat(dm), True)  # the DM's own id
+    with pytest.raises(Undeliverable):
+        await channel.deliver(card(ChatRef.direct("discord", "not-a-user")))
+
+
+async def test_other_interactions_are_left_alone(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, intake: Recorder
+) -> None:
+    users = {world.ada: fake.user(world.ada)}
+    slash = interaction_payload(
+        interaction_id=777,
+        token="slash-token",
+        application_id=fake.bot_user.id,
+        custom_id="",
+        component_type=0,
+        channel=channel_payload(fake.channel(world.dm), users),
+        message={},
+        guild_id=None,
+        member=None,
+        user=user_payload(users[world.ada]),
+        app_permissions=0,
+        attachment_size_limit=fake.max_upload_bytes,
+    )
+    del slash["message"]
+    slash |= {"type": 2, "data": {"id": "1", "name": "ping", "type": 1}}  # a slash command
+    for session in fake.sessions:
+        session.push("INTERACTION_CREATE", slash)
+    shown = int(await channel.deliver(card(world.chat(world.dm))) or 0)
+    fake.click(shown, DENY.data, user_id=world.ada)
+    [press] = await intake.wait()  # the slash command came first and was passed over
+    assert press.text == DENY.data
+    assert not requests(fake, "POST", "/interactions/777/slash-token/callback")

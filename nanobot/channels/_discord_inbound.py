@@ -1,24 +1,32 @@
 """Discord messages as nanobot sees them: which chat, whether the bot is addressed, the text
-without the bot's mention, and its files (fetched within the inbox's limit).
+without the bot's mention, and its files (fetched within the inbox's limit); and button
+presses (component interactions), acknowledged at once and kept for their answers.
 
 A thread has its own channel id on Discord, so it is simply its own chat (and session):
 `ChatRef("discord", <thread id>)`, with no `thread_id`. Sending to that id posts in the thread.
+A press comes from the chat of the message it was on: a DM's channel id, even for a card
+sent to `@<user id>`.
 """
 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Literal
 
 import aiohttp
 import discord
 from loguru import logger
 
-from nanobot.bus.events import Attachment, ChatRef
+from nanobot.bus.events import Attachment, ChatRef, InboundMessage
+from nanobot.channels._discord_send import QUIET
 from nanobot.channels.base import InboxPolicy, safe_filename, save_file
+from nanobot.channels.render import split_discord
 
 CHANNEL = "discord"
 MB = 1024 * 1024
+PRESSES_KEPT = 1024  # presses remembered for their answers (each for its token's 15 min)
 
 FileKind = Literal["photo", "document", "voice", "audio", "video"]
 
@@ -147,3 +155,66 @@ async def fetch_files(
         path = await save_file(inbox, name, data)
         saved.append(Attachment(file_kind(remote), path, remote.content_type, len(data)))
     return saved, refusals
+
+
+def press_of(interaction: discord.Interaction) -> InboundMessage | None:
+    """A button press as a message (its text the button's `custom_id`); None for any other
+    interaction (slash commands, modals: not ours)."""
+    data: Mapping[str, object] = interaction.data or {}
+    custom_id = data.get("custom_id")
+    if (
+        interaction.type is not discord.InteractionType.component
+        or interaction.channel_id is None
+        or not isinstance(custom_id, str)
+        or not custom_id
+    ):
+        return None
+    user = interaction.user
+    return InboundMessage(
+        chat=ChatRef(CHANNEL, str(interaction.channel_id)),
+        sender_id=str(user.id),
+        text=custom_id,
+        message_id=f"press:{interaction.id}",
+        sender_name=user.display_name,
+        is_private=interaction.guild_id is None,
+        addressed=True,
+        received_at=interaction.created_at,
+        press=str(interaction.id),
+    )
+
+
+class Presses:
+    """Button presses: acknowledged at once, kept (in memory, the last `PRESSES_KEPT`) so
+    that they can be answered while their token lives (15 minutes)."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[str, discord.Interaction] = OrderedDict()
+
+    async def acknowledge(self, interaction: discord.Interaction) -> None:
+        """Tell Discord the press arrived (DEFERRED_UPDATE_MESSAGE: nothing changes on
+        screen), which it must hear within 3 s; then keep it for its answer. Never raises:
+        a press Discord no longer takes (too late, or answered already) is still a press."""
+        try:
+            await interaction.response.defer()
+        except (discord.DiscordException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            logger.warning("discord: could not acknowledge press {}: {}", interaction.id, exc)
+        self._kept[str(interaction.id)] = interaction
+        while len(self._kept) > PRESSES_KEPT:
+            self._kept.popitem(last=False)
+
+    def forget(self) -> None:
+        """Drop every press kept (their client is gone: they can no longer be answered)."""
+        self._kept.clear()
+
+    async def answer(self, press: str, text: str) -> None:
+        """Show `text` to the one who pressed only (an ephemeral follow-up). Best effort:
+        never raises; an unknown or expired press is logged at debug."""
+        interaction = self._kept.get(press)
+        if interaction is None or interaction.is_expired():
+            logger.debug("discord: press {} is unknown or expired; not answered", press)
+            return
+        try:
+            for part in split_discord(text):
+                await interaction.followup.send(part, ephemeral=True, allowed_mentions=QUIET)
+        except (discord.DiscordException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            logger.debug("discord: could not answer press {}: {}", press, exc)

@@ -20,19 +20,27 @@ in one place (`classify`):
 
 Nothing sent can ping anyone but the person replied to: every call names its
 `allowed_mentions`, so model output with @everyone, @here, `<@id>` or `<@&role>` stays text.
+
+Buttons go out as one action row of message components whose `custom_id` is the button's
+data. discord.py's views are used only to build them: every view is stopped before it is
+sent, so discord.py keeps none (they would pile up, one per card, for good) and calls no
+callback; a press is taken by the channel's own interaction handler, which works as well
+after a restart. A chat named `@<user id>` (`ChatRef.direct`) is that user's DM channel,
+opened once and remembered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Literal, TypeVar
+from collections import OrderedDict
+from collections.abc import Awaitable, Sequence
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import discord
 from loguru import logger
 
-from nanobot.bus.events import ChatRef
-from nanobot.channels.base import DeliveryError, Undeliverable
+from nanobot.bus.events import Button, ChatRef, OutboundMessage
+from nanobot.channels.base import DeliveryError, OutboxPort, Undeliverable
 from nanobot.channels.render import split_discord
 
 T = TypeVar("T")
@@ -45,6 +53,7 @@ _CLOSED = frozenset({50007, 50001, 10003})  # cannot message the user, no access
 _NO_HISTORY = 160002  # may not read the message history, so may not reply to a message
 _INVALID_FORM = 50035
 SPLITS = 3  # times a message Discord finds too long is halved before it is given up
+DMS_KEPT = 1024  # users whose DM channel id is remembered
 
 
 def classify(exc: Exception) -> Kind:
@@ -88,68 +97,135 @@ def _number(value: str | None) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+def view(buttons: Sequence[Button]) -> discord.ui.View | None:
+    """The buttons as one row of components (None: none). The view is stopped at once: it
+    only carries the components (see the module docstring)."""
+    if not buttons:
+        return None
+    row = discord.ui.View(timeout=None)
+    for button in buttons:
+        style = (
+            discord.ButtonStyle.danger
+            if button.label.startswith("Deny")
+            else discord.ButtonStyle.secondary
+        )
+        row.add_item(discord.ui.Button(label=button.label, custom_id=button.data, style=style))
+    row.stop()
+    return row
+
+
 class Sender:
     """Sends and edits messages. `client` is None while disconnected."""
 
     def __init__(self) -> None:
         self.client: discord.Client | None = None
+        self._dms: OrderedDict[str, int] = OrderedDict()  # user id → DM channel id
 
-    def _channel(self, chat: ChatRef) -> discord.PartialMessageable:
+    async def _channel(self, chat: ChatRef) -> discord.PartialMessageable:
         client = self.client
         if client is None or client.is_closed():
             raise DeliveryError("discord is not connected")
-        channel_id = _number(chat.chat_id)
+        user = chat.direct_user
+        channel_id = _number(chat.chat_id) if user is None else await self._dm(client, user)
         if channel_id is None:
             raise Undeliverable(f"not a Discord channel id: {chat.chat_id!r}")
         return client.get_partial_messageable(channel_id)
 
-    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None = None) -> int:
-        """Post `text` (at most 2000 characters); returns the new message's id (the first
-        one's, if it went out in parts). With `reply_to` it answers that message (pinging
-        only its author), or is posted plainly when that message is gone or may not be
-        replied to. Raises DeliveryError (`Undeliverable`: refused for good)."""
-        return await self._send(self._channel(chat), text, _number(reply_to), SPLITS)
+    async def _dm(self, client: discord.Client, user: str) -> int:
+        """The id of the DM channel with `user`, opened the first time it is asked for."""
+        known = self._dms.get(user)
+        if known is None:
+            user_id = _number(user)
+            if user_id is None:
+                raise Undeliverable(f"not a Discord user id: {user!r}")
+            dm = await attempt(client.create_dm(discord.Object(user_id)), "opening a DM")
+            known = dm.id
+        self._dms[user] = known
+        self._dms.move_to_end(user)
+        while len(self._dms) > DMS_KEPT:
+            self._dms.popitem(last=False)
+        return known
+
+    async def send(
+        self,
+        chat: ChatRef,
+        text: str,
+        *,
+        reply_to: str | None = None,
+        buttons: Sequence[Button] = (),
+    ) -> int:
+        """Post `text` (at most 2000 characters), with `buttons` under it; returns the new
+        message's id (if it went out in parts: the first one's, or the last one's, which
+        carries the buttons, when there are buttons). With `reply_to` it answers that
+        message (pinging only its author), or is posted plainly when that message is gone
+        or may not be replied to. Raises DeliveryError (`Undeliverable`: refused for good)."""
+        channel = await self._channel(chat)
+        return await self._send(channel, text, _number(reply_to), tuple(buttons), SPLITS)
 
     async def _send(
-        self, channel: discord.PartialMessageable, text: str, reply_to: int | None, splits: int
+        self,
+        channel: discord.PartialMessageable,
+        text: str,
+        reply_to: int | None,
+        buttons: tuple[Button, ...],
+        splits: int,
     ) -> int:
         try:
-            return await self._post(channel, text, reply_to)
+            return await self._post(channel, text, reply_to, buttons)
         except Undeliverable as exc:
             kind = classify(exc.__cause__) if isinstance(exc.__cause__, Exception) else None
             if kind == "reference" and reply_to is not None:
                 logger.info("discord: posting plainly, not as a reply ({})", exc)
-                return await self._send(channel, text, None, splits)
+                return await self._send(channel, text, None, buttons, splits)
             parts = split_discord(text, max(64, len(text) // 2)) if kind == "length" else []
             if not splits or len(parts) < 2:
                 raise
             logger.warning("discord: a message was too long ({}); sending it in parts", exc)
         first: int | None = None
-        for part in parts:
-            sent = await self._send(channel, part, reply_to, splits - 1)
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            sent = await self._send(channel, part, reply_to, buttons if last else (), splits - 1)
             first, reply_to = first or sent, None
         assert first is not None
-        return first
+        return sent if buttons else first
 
     async def _post(
-        self, channel: discord.PartialMessageable, text: str, reply_to: int | None
+        self,
+        channel: discord.PartialMessageable,
+        text: str,
+        reply_to: int | None,
+        buttons: tuple[Button, ...],
     ) -> int:
-        if reply_to is None:
-            call = channel.send(text, allowed_mentions=QUIET)
-        else:
-            reference = discord.MessageReference(
+        options: dict[str, Any] = {"allowed_mentions": QUIET}
+        if reply_to is not None:
+            options["reference"] = discord.MessageReference(
                 message_id=reply_to, channel_id=channel.id, fail_if_not_exists=False
             )
-            call = channel.send(text, reference=reference, allowed_mentions=REPLY_PING)
+            options["allowed_mentions"] = REPLY_PING
+        if buttons:
+            options["view"] = view(buttons)
+        call = channel.send(text, **options)
         return (await attempt(call, "sending a message")).id
 
-    async def edit(self, chat: ChatRef, message_id: int, text: str) -> bool:
-        """Make message `message_id` show `text`; False when it cannot (deleted, not ours,
+    async def edit(
+        self,
+        chat: ChatRef,
+        message_id: int,
+        text: str,
+        *,
+        buttons: Sequence[Button] | None = None,
+    ) -> bool:
+        """Make message `message_id` show `text`, and `buttons` under it (None: leave them
+        as they are; empty: remove them); False when it cannot (deleted, not ours,
         refused). Raises DeliveryError when a transient failure outlived discord.py's
         retries, Undeliverable when the chat is closed."""
-        message = self._channel(chat).get_partial_message(message_id)
+        message = (await self._channel(chat)).get_partial_message(message_id)
+        if buttons is None:
+            call = message.edit(content=text, allowed_mentions=QUIET)
+        else:
+            call = message.edit(content=text, allowed_mentions=QUIET, view=view(buttons))
         try:
-            await attempt(message.edit(content=text, allowed_mentions=QUIET), "editing a message")
+            await attempt(call, "editing a message")
         except Undeliverable as exc:
             if exc.chat_closed:
                 raise
@@ -160,6 +236,81 @@ class Sender:
     async def typing(self, chat: ChatRef) -> None:
         """One typing signal (Discord shows it for about 10 s, or until we post). Never raises."""
         try:
-            await attempt(self._channel(chat).typing(), "typing")
+            await attempt((await self._channel(chat)).typing(), "typing")
         except DeliveryError as exc:
             logger.debug("discord typing signal failed: {}", exc)
+
+
+class Cards:
+    """Messages with buttons, and messages that replace an earlier one (`replaces`).
+
+    A card's text goes out in parts like a reply's, its buttons under the last part. With
+    `replaces`, the first part is an edit of that message (its buttons replaced by the
+    card's, or removed); a message that cannot be edited any more (deleted: 10008, not
+    ours) is posted anew. The parts already out are remembered (in memory, and through
+    `outbox.progress` for a restart), so a card whose delivery failed resumes with the part
+    that failed. Memory is bounded: at most `KEEP` cards part-way out.
+    """
+
+    KEEP = 64
+
+    def __init__(self, sender: Sender, *, outbox: OutboxPort | None = None) -> None:
+        self._sender = sender
+        self._outbox = outbox
+        self._progress: OrderedDict[int, tuple[OutboundMessage, int, int | None]] = OrderedDict()
+
+    async def send(self, item: OutboundMessage) -> str | None:
+        """Deliver `item`; the id of the message that carries its buttons (its last part).
+        Raises DeliveryError (`Undeliverable`: it is over, nothing of it is kept)."""
+        try:
+            return await self._send(item)
+        except Undeliverable:
+            self._progress.pop(id(item), None)
+            raise
+
+    async def _send(self, item: OutboundMessage) -> str | None:
+        parts = split_discord(item.text) or [""]  # a card may be its buttons alone
+        kept = self._progress.get(id(item))
+        done, shown = (kept[1], kept[2]) if kept and kept[0] is item else (item.parts_sent, None)
+        for index in range(done, len(parts)):
+            last = index + 1 == len(parts)
+            buttons = item.buttons if last else ()
+            shown = None
+            if index == 0 and item.replaces is not None:
+                shown = await self._replace(item.chat, item.replaces, parts[0], buttons)
+            if shown is None:
+                reply_to = item.reply_to if index == 0 else None
+                shown = await self._sender.send(
+                    item.chat, parts[index], reply_to=reply_to, buttons=buttons
+                )
+            self._progress[id(item)] = (item, index + 1, shown)
+            while len(self._progress) > self.KEEP:
+                self._progress.popitem(last=False)
+            if not last:
+                await self._record(item, index + 1)
+        self._progress.pop(id(item), None)
+        return None if shown is None else str(shown)
+
+    async def _replace(
+        self, chat: ChatRef, replaces: str, text: str, buttons: Sequence[Button]
+    ) -> int | None:
+        """Edit message `replaces` to show `text` and `buttons`; None when it cannot be."""
+        message_id = _number(replaces)
+        if message_id is not None and await self._sender.edit(
+            chat, message_id, text, buttons=buttons
+        ):
+            return message_id
+        logger.info("discord: message {} cannot be edited; posting it anew", replaces)
+        return None
+
+    async def _record(self, item: OutboundMessage, parts: int) -> None:
+        if self._outbox is None or item.outbox_id is None:
+            return
+        try:
+            await self._outbox.progress(item.outbox_id, parts)
+        except Exception:  # noqa: BLE001 - the parts are out; at worst a restart resends them
+            logger.opt(exception=True).warning(
+                "discord: could not record that {} part(s) of card {} were sent",
+                parts,
+                item.outbox_id,
+            )

@@ -13,9 +13,18 @@ snowflakes, unique across the platform.
 Chats: a DM, a guild channel or a thread, each by its channel id. A thread has its own id, so
 it is its own session (see `_discord_inbound`).
 
+Button presses (component interactions) are acknowledged the moment they arrive (Discord
+wants that within 3 s, whatever else is going on), then handed to `intake` like a message
+(`InboundMessage.press`); one the gate does not take is told so, to the presser only. Any
+press on any message is taken, whether or not this process posted it: the buttons work
+after a restart. Other interactions (slash commands) are not ours and are left alone.
+
 Out: Discord renders Markdown itself, so replies are only split (`split_discord`, code fences
 closed and reopened). A streamed reply is posted early and edited at most once per
-`stream_interval`; the final message edits it to exactly its first part.
+`stream_interval`; the final message edits it to exactly its first part. A card (a message
+with buttons) and an edit of an earlier message go through `Cards` and return the id of the
+message that shows the buttons; an `answer` to a press is an ephemeral follow-up. A chat
+`@<user id>` is the DM with that user.
 
 Servers: discord.py has no option for them. An `api_base` or `gateway_url` other than
 Discord's is set on the process-wide `Route.BASE` / `DiscordWebSocket.DEFAULT_GATEWAY` while
@@ -45,7 +54,7 @@ from nanobot.bus.events import (
     Typing,
 )
 from nanobot.channels import _discord_inbound as inbound
-from nanobot.channels._discord_send import QUIET, Sender
+from nanobot.channels._discord_send import QUIET, Cards, Sender
 from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
 from nanobot.channels._typing import DELAY as TYPING_DELAY
@@ -62,12 +71,22 @@ from nanobot.channels.base import (
 from nanobot.channels.render import split_discord
 from nanobot.errors import ConfigError
 from nanobot.lanes import Lanes
+from nanobot.tasks import TaskSet
 
 STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
 TAKE_GRACE = 5.0  # seconds messages already received may still be taken when stopping
 TYPING_INTERVAL = 8.0  # Discord shows "typing…" for about 10 s
 GUILD_READY_TIMEOUT = 2.0  # discord.py waits this long after the last GUILD_CREATE
 MAX_RATE_LIMIT_WAIT = 60.0  # a longer 429 wait fails the delivery (the manager retries later)
+
+# What the presser is told when the gate does not take a press.
+NOT_APPROVER = "Only an approver can decide this."
+NOT_ALLOWED = "You are not allowed to use this bot yet."
+_REFUSED_PRESS = {
+    Intake.REFUSED: NOT_APPROVER,
+    Intake.CLOSED: NOT_APPROVER,
+    Intake.PAIRING: NOT_ALLOWED,
+}
 
 
 class DiscordSettings(BotSettings, Protocol):
@@ -78,17 +97,19 @@ class DiscordSettings(BotSettings, Protocol):
 
 
 class _Client(discord.Client):
-    """discord.py's client with our two event handlers."""
+    """discord.py's client with our three event handlers."""
 
     def __init__(
         self,
         *,
         ready: Callable[[discord.Client], None],
         message: Callable[[discord.Message], None],
+        press: Callable[[discord.Interaction], None],
         **options: Any,
     ) -> None:
         super().__init__(**options)
         self._when_ready, self._when_message = ready, message  # Client has a `_ready`
+        self._when_pressed = press
 
     async def on_ready(self) -> None:
         self._when_ready(self)
@@ -96,6 +117,9 @@ class _Client(discord.Client):
     async def on_message(self, message: discord.Message) -> None:
         if inbound.is_conversation(message):  # not our own echoes, nor other bots
             self._when_message(message)
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        self._when_pressed(interaction)
 
 
 @dataclass(slots=True)
@@ -152,6 +176,8 @@ class DiscordChannel(Channel):
         self._inbox = inbox
         self._guild_ready_timeout = guild_ready_timeout
         self._sender = Sender()
+        self._cards = Cards(self._sender, outbox=outbox)
+        self._presses = inbound.Presses()
         self._replies = Replies(
             self._sender,
             split_discord,
@@ -190,9 +216,23 @@ class DiscordChannel(Channel):
             else:
                 lanes.add(message.channel.id, self._take(client, message))
 
+        pressing = TaskSet("discord-presses")
+
+        def pressed(interaction: discord.Interaction) -> None:
+            message = inbound.press_of(interaction)
+            if message is None:  # not a button press (a slash command): not ours
+                return
+            if lanes.closed:  # stopping: the presser sees "interaction failed", may press again
+                logger.warning("discord: a button press arrived as the channel stopped; ignored")
+            else:
+                pressing.spawn(
+                    self._press(interaction, message), name=f"discord-press-{message.press}"
+                )
+
         client = _Client(
             ready=connected,
             message=arrived,
+            press=pressed,
             intents=_intents(),
             allowed_mentions=QUIET,
             guild_ready_timeout=self._guild_ready_timeout,
@@ -211,8 +251,9 @@ class DiscordChannel(Channel):
         finally:
             self._sender.client = None
             await self._typing.stop()
-            await self._close_lanes(lanes)
+            await asyncio.gather(self._close_lanes(lanes), pressing.close(grace=TAKE_GRACE))
             await client.close()
+            self._presses.forget()
             restore()
 
     @staticmethod
@@ -244,6 +285,15 @@ class DiscordChannel(Channel):
             raise
         except Exception:  # noqa: BLE001 - a lane must survive one bad message
             logger.exception("discord: message {} could not be taken; it is lost", message.id)
+
+    async def _press(self, interaction: discord.Interaction, message: InboundMessage) -> None:
+        """Acknowledge a press first (the 3 s rule), then hand it to intake, which journals
+        it; a press the gate does not take is told why, to the presser only."""
+        await self._presses.acknowledge(interaction)
+        outcome = await self.intake(message)
+        refusal = _REFUSED_PRESS.get(outcome)
+        if refusal is not None:
+            await self._presses.answer(str(interaction.id), refusal)
 
     async def _read(self, client: discord.Client, message: discord.Message) -> _Received:
         """The message for intake (None if it is nothing for us), its files saved."""
@@ -303,14 +353,22 @@ class DiscordChannel(Channel):
 
     # ---- delivering -------------------------------------------------------------------
 
-    async def deliver(self, item: Outbound) -> None:
+    async def deliver(self, item: Outbound) -> str | None:
         match item:
             case Typing():
                 await self._typing.update(item)
             case StreamUpdate():
                 await self._replies.stream(item)
+            case OutboundMessage(kind="answer"):
+                if item.reply_to is not None:
+                    await self._presses.answer(item.reply_to, item.text)
+            case OutboundMessage() if (
+                item.kind == "card" or item.buttons or item.edits is not None or item.replaces
+            ):
+                return await self._cards.send(item)
             case OutboundMessage():
                 await self._replies.send(item)
+        return None
 
 
 def _remove(paths: list[Path]) -> None:
