@@ -15,7 +15,14 @@ import pytest
 from pydantic import SecretStr
 from telegram import Chat, ForumTopicCreated, Message, MessageEntity, User
 
-from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, StreamUpdate, Typing
+from nanobot.bus.events import (
+    Button,
+    ChatRef,
+    InboundMessage,
+    OutboundMessage,
+    StreamUpdate,
+    Typing,
+)
 from nanobot.bus.queue import MessageBus
 from nanobot.channels._telegram_inbound import is_addressed, text_without_mentions
 from nanobot.channels._telegram_send import Retry
@@ -768,6 +775,298 @@ async def test_new_messages_of_other_chats_come_in_while_one_is_being_taken(
         release.set()
         await fake.wait_for(lambda: not fake.pending_updates)
     assert [m.text for m in intake.messages] == ["slow", "meanwhile"]
+
+
+# ---- buttons: cards, edits of them, presses ------------------------------------------------
+
+APPROVE = (
+    Button("Allow once", "/approve a1 once"),
+    Button("Always allow this command", "/approve a1 always"),
+    Button("Deny", "/deny a1"),
+)
+
+
+def card(
+    chat: ChatRef = CHAT, text: str = "Run `ls -la`?", *, outbox_id: int | None = None
+) -> OutboundMessage:
+    return OutboundMessage(chat, text, kind="card", buttons=APPROVE, outbox_id=outbox_id)
+
+
+async def test_a_card_goes_out_with_its_keyboard_and_deliver_returns_its_id(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    sent_id = await channel.deliver(card())
+    [message] = fake.sent(USER)
+    assert sent_id == str(message.message_id)
+    assert message.visible == "Run ls -la?" and message.parse_mode == "HTML"
+    # One button a row: the labels are read in full on a phone.
+    assert [[(b["text"], b["callback_data"]) for b in row] for row in message.keyboard] == [
+        [(b.label, b.data)] for b in APPROVE
+    ]
+
+
+async def test_a_long_card_has_its_keyboard_under_its_last_part(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    command = "\n".join(f"echo {index} {'y' * 70}" for index in range(80))
+    sent_id = await channel.deliver(card(text=f"Run this?\n\n```\n{command}\n```"))
+    *parts, last = fake.sent(USER)
+    assert parts and all(part.keyboard == [] for part in parts)
+    assert sent_id == str(last.message_id) and len(last.buttons) == len(APPROVE)
+    assert "".join(m.visible for m in [*parts, last]).count("echo") == 80
+
+
+async def test_a_card_to_a_users_private_chat_goes_to_their_id(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    chat = ChatRef.direct("telegram", str(USER + 1))
+    sent_id = await channel.deliver(card(chat))
+    await channel.deliver(OutboundMessage(chat, "Decided.", replaces=sent_id))
+    [message] = fake.sent(USER + 1)
+    assert (message.visible, message.keyboard) == ("Decided.", [])
+    await channel.deliver(Typing(chat, active=True))
+    await fake.wait_for(lambda: bool(fake.actions))
+    await channel.deliver(Typing(chat, active=False))
+    assert fake.actions[0].chat_id == USER + 1
+
+
+async def test_button_data_over_64_bytes_is_refused_saying_why(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    buttons = (Button("Allow once", "/approve " + "a" * 60),)
+    item = OutboundMessage(CHAT, "Run it?", kind="card", buttons=buttons, outbox_id=3)
+    with pytest.raises(
+        Undeliverable, match="'Allow once' carries 69 bytes of data; Telegram takes 1 to 64"
+    ):
+        await channel.deliver(item)
+    assert fake.sent() == [] and fake.calls("sendMessage") == []
+
+
+async def test_an_edit_replaces_the_text_and_removes_the_keyboard(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    sent_id = await channel.deliver(card())
+    edited = await channel.deliver(
+        OutboundMessage(CHAT, "**Allowed once** by Ada", replaces=sent_id)
+    )
+    [message] = fake.sent(USER)
+    assert edited == sent_id
+    assert (message.visible, message.keyboard) == ("Allowed once by Ada", [])
+    assert message.history[0].visible == "Run ls -la?" and message.history[0].reply_markup
+    # An edit with buttons shows exactly those.
+    again = OutboundMessage(CHAT, "Still waiting", replaces=sent_id, buttons=APPROVE[2:])
+    assert await channel.deliver(again) == sent_id
+    assert [b["text"] for b in message.buttons] == ["Deny"]
+
+
+async def test_an_edit_to_what_the_message_shows_already_is_done(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    sent_id = await channel.deliver(card())
+    for _ in range(2):  # the second: "message is not modified"
+        assert await channel.deliver(OutboundMessage(CHAT, "Denied.", replaces=sent_id)) == sent_id
+    assert len(fake.calls("editMessageText")) == 2
+    assert [(m.visible, len(m.history)) for m in fake.sent(USER)] == [("Denied.", 1)]
+
+
+@pytest.mark.parametrize("gone", ["message to edit not found", "message can't be edited"])
+async def test_an_edit_of_a_message_that_cannot_be_edited_is_posted_anew(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder, gone: str
+) -> None:
+    sent_id = await channel.deliver(card())
+    if gone == "message can't be edited":
+        fake.user_message(USER, "not the bot's", user_id=USER)
+        [theirs] = await intake.wait()
+        sent_id = theirs.message_id.rsplit(":", 1)[1]
+    else:
+        fake.fail_next("editMessageText", ApiError(400, f"Bad Request: {gone}"))
+    new_id = await channel.deliver(OutboundMessage(CHAT, "Expired.", replaces=sent_id))
+    *_, posted = fake.sent(USER)
+    assert new_id == str(posted.message_id) != sent_id and posted.visible == "Expired."
+
+
+async def test_cards_and_their_edits_through_the_manager_and_the_outbox(
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    outbox = MemoryOutbox()
+    async with delivering(make_channel(fake, intake, inbox, outbox=outbox), outbox) as bus:
+        await bus.publish(card(outbox_id=1))
+        await fake.wait_for(lambda: 1 in outbox.confirmed)
+        [message] = fake.sent(USER)
+        assert outbox.sent[1] == str(message.message_id)
+        await bus.publish(OutboundMessage(CHAT, "Allowed once.", edits=1, outbox_id=2))
+        await fake.wait_for(lambda: 2 in outbox.confirmed)
+    assert (message.visible, message.keyboard, outbox.sent[2]) == (
+        "Allowed once.",
+        [],
+        outbox.sent[1],
+    )
+    assert len(fake.sent(USER)) == 1
+
+
+async def test_a_press_reaches_intake_as_a_message(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder
+) -> None:
+    sent_id = await channel.deliver(card())
+    query = fake.press_button(
+        USER, int(sent_id or 0), user_id=USER, text="Allow once", first_name="Ada"
+    )
+    [press] = await intake.wait()
+    assert press == InboundMessage(
+        chat=CHAT,
+        sender_id=str(USER),
+        text="/approve a1 once",
+        message_id=f"press:{query.id}",
+        sender_name="Ada",
+        is_private=True,
+        addressed=True,
+        received_at=press.received_at,
+        press=query.id,
+    )
+    assert press.command == "approve"
+    await fake.wait_for(lambda: not fake.pending_updates)
+    assert not query.answered  # the agent's side answers an accepted press
+    await channel.deliver(OutboundMessage(CHAT, "Allowed once.", kind="answer", reply_to=query.id))
+    assert (await fake.wait_for_answer(query)).text == "Allowed once."
+
+
+async def test_a_press_in_a_forum_topic_comes_from_that_topic(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder
+) -> None:
+    fake.user_message(GROUP, f"@{BOT} hi", user_id=7, is_topic=True, thread_id=11)
+    await intake.wait()
+    topic = ChatRef("telegram", str(GROUP), "11")
+    sent_id = await channel.deliver(card(topic))
+    fake.press_button(GROUP, int(sent_id or 0), user_id=7, text="Deny")
+    _, press = await intake.wait(2)
+    assert (press.chat, press.is_private, press.addressed) == (topic, False, True)
+    assert press.text == "/deny a1"
+
+
+async def test_an_answer_is_made_once_and_never_raises(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder
+) -> None:
+    sent_id = int(await channel.deliver(card()) or 0)
+    first = fake.press_button(USER, sent_id, user_id=USER, text="Deny")
+    answer = OutboundMessage(CHAT, "x" * 300, kind="answer", reply_to=first.id)
+    await channel.deliver(answer)
+    await channel.deliver(answer)  # a second answer is refused by Telegram: only logged
+    assert first.answer is not None and first.answer.text == "x" * 200
+    assert first.refusals == 1
+    late = fake.press_button(USER, sent_id, user_id=USER, text="Deny")
+    fake.advance_clock(60)  # past Telegram's window
+    await channel.deliver(OutboundMessage(CHAT, "too late", kind="answer", reply_to=late.id))
+    failing = fake.press_button(USER, sent_id, user_id=USER, text="Deny")
+    fake.fail_next("answerCallbackQuery", ServerError(500))
+    await channel.deliver(OutboundMessage(CHAT, "lost", kind="answer", reply_to=failing.id))
+    assert (late.answered, late.refusals, failing.answered) == (False, 1, False)
+    assert len(fake.calls("answerCallbackQuery")) == 4  # each tried once, never again
+
+
+@pytest.mark.parametrize(
+    ("outcome", "said"),
+    [
+        (Intake.REFUSED, "Only an approver can decide this."),
+        (Intake.PAIRING, "You are not allowed to use this bot yet."),
+        (Intake.CLOSED, "Only an approver can decide this."),
+    ],
+)
+async def test_a_press_the_gate_does_not_take_is_answered_at_once(
+    fake: FakeTelegram, inbox: InboxPolicy, outcome: Intake, said: str
+) -> None:
+    intake = Recorder(outcome)
+    channel = make_channel(fake, intake, inbox)
+    async with running(channel):
+        sent_id = int(await channel.deliver(card()) or 0)
+        query = fake.press_button(USER, sent_id, user_id=USER + 5, text="Allow once")
+        answer = await fake.wait_for_answer(query)
+        if outcome is not Intake.CLOSED:
+            await fake.wait_for(lambda: not fake.pending_updates)
+    assert answer.text == said
+    left = [u["update_id"] for u in fake.pending_updates]
+    assert left == ([query.update_id] if outcome is Intake.CLOSED else [])  # stopping: kept
+
+
+async def test_a_press_of_no_button_we_know_is_answered_with_nothing(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder
+) -> None:
+    sent_id = int(await channel.deliver(card()) or 0)
+    update_id = fake.user_callback(USER, sent_id, "", user_id=USER)  # no data
+    [query] = [q for q in fake.callback_queries if q.update_id == update_id]
+    answer = await fake.wait_for_answer(query)
+    await fake.wait_for(lambda: not fake.pending_updates)
+    assert answer.text is None and intake.messages == []
+
+
+async def test_presses_through_the_gate_only_an_allowed_user_is_journaled(
+    fake: FakeTelegram, inbox: InboxPolicy, tmp_path: Path
+) -> None:
+    stranger = 666
+    async with await Database.open(tmp_path / "state.db") as db:
+        bus = MessageBus()
+        rules = {"telegram": ChannelRules(frozenset({str(USER)}), "open")}
+        gate = Gate(rules, Access(db), Journal(db), bus)
+        channel = make_channel(fake, gate, inbox, group_policy="open")
+        async with running(channel):
+            sent_id = int(await channel.deliver(card(ChatRef("telegram", str(GROUP)))) or 0)
+            foreign = fake.press_button(GROUP, sent_id, user_id=stranger, text="Allow once")
+            assert (await fake.wait_for_answer(foreign)).text == "Only an approver can decide this."
+            await fake.wait_for(lambda: not fake.pending_updates)
+            assert await Journal(db).pending_inbound() == []
+            mine = fake.press_button(GROUP, sent_id, user_id=USER, text="Deny")
+            async with asyncio.timeout(5):
+                message = await anext(bus.inbound())
+            [row] = await Journal(db).pending_inbound()
+        assert (message.press, message.text, message.sender_id) == (mine.id, "/deny a1", "42")
+        assert row.message["press"] == mine.id and not mine.answered
+
+
+async def test_a_press_is_acknowledged_only_after_intake_returned_and_comes_again_if_cut_off(
+    fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    intake, never = Recorder(), asyncio.Event()
+
+    async def hang(message: InboundMessage) -> Intake:
+        await never.wait()  # the gateway is killed while the press is being journaled
+        return Intake.ACCEPTED
+
+    intake.decide = hang
+    channel = make_channel(fake, intake, inbox)
+    async with running(channel):
+        sent_id = int(await channel.deliver(card()) or 0)
+        query = fake.press_button(USER, sent_id, user_id=USER, text="Allow once")
+        [cut_off] = await intake.wait()
+        await asyncio.sleep(0.3)
+        assert [u["update_id"] for u in fake.pending_updates] == [query.update_id]
+    assert [u["update_id"] for u in fake.pending_updates] == [query.update_id]
+    again = Recorder()
+    async with running(make_channel(fake, again, inbox)):
+        [press] = await again.wait()
+        await fake.wait_for(lambda: not fake.pending_updates)
+    assert (
+        (press.press, press.message_id)
+        == (cut_off.press, cut_off.message_id)
+        == (
+            query.id,
+            f"press:{query.id}",
+        )
+    )
+
+
+async def test_a_press_does_not_wait_behind_its_chats_slow_message(
+    fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    intake, release = slow_intake()
+    channel = make_channel(fake, intake, inbox)
+    async with running(channel):
+        sent_id = int(await channel.deliver(card()) or 0)
+        fake.user_message(USER, "slow", user_id=USER)
+        await intake.wait(1)
+        fake.press_button(USER, sent_id, user_id=USER, text="Deny")
+        slow, press = await intake.wait(2)
+        assert (slow.text, press.press is not None) == ("slow", True)
+        release.set()
+        await fake.wait_for(lambda: not fake.pending_updates)
 
 
 def test_the_raw_send_does_not_warn_outside_tests() -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
-from nanobot.bus.events import ChatRef, OutboundMessage, StreamUpdate
+from nanobot.bus.events import Button, ChatRef, OutboundMessage, StreamUpdate
 from nanobot.channels._replies import Replies
 from nanobot.channels.base import Undeliverable
 from tests.fakes.outbox import MemoryOutbox
@@ -78,3 +79,71 @@ async def test_a_reply_refused_for_good_is_over() -> None:
     await replies.stream(StreamUpdate(CHAT, "s-1", "one|two"))  # a late update starts nothing
     await replies.send(item)  # sent again all the same (not by the manager): from the start
     assert outlet.sent == ["one", "one", "two", "three"]
+
+
+class Cards(Outlet):
+    """Records messages with the buttons under them; `editable` ids can be edited."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buttons: dict[int, tuple[Button, ...]] = {}
+        self.editable: set[int] = set()
+
+    async def send(
+        self, chat: ChatRef, text: str, *, reply_to: str | None, buttons: Sequence[Button] = ()
+    ) -> int:
+        sent = await super().send(chat, text, reply_to=reply_to)
+        self.buttons[sent] = tuple(buttons)
+        self.editable.add(sent)
+        return sent
+
+    async def edit(
+        self, chat: ChatRef, message_id: int, text: str, *, buttons: Sequence[Button] = ()
+    ) -> bool:
+        if message_id not in self.editable:
+            return False
+        self.buttons[message_id] = tuple(buttons)
+        return await super().edit(chat, message_id, text)
+
+
+DENY = (Button("Deny", "/deny a1"),)
+
+
+def cards_replies(cards: Cards, outbox: MemoryOutbox | None = None) -> Replies:
+    split = lambda text: text.split("|")  # noqa: E731
+    return Replies(cards, split, interval=0.0, name="t", outbox=outbox, cards=cards)
+
+
+async def test_a_card_has_its_buttons_under_its_last_part_and_names_that_message() -> None:
+    cards, outbox = Cards(), MemoryOutbox()
+    replies = cards_replies(cards, outbox)
+    item = OutboundMessage(CHAT, "one|two", kind="card", buttons=DENY, outbox_id=4)
+    assert await replies.send(item) == "2"
+    assert cards.sent == ["one", "two"] and cards.buttons == {1: (), 2: DENY}
+    assert outbox.progressed == [(4, 1)]
+    # After a restart with the first part out: only the last, with its buttons.
+    assert await replies.send(OutboundMessage(CHAT, "one|two", buttons=DENY, parts_sent=1)) == "3"
+    assert cards.buttons[3] == DENY
+
+
+async def test_an_edit_replaces_its_message_or_is_posted_anew() -> None:
+    cards = Cards()
+    replies = cards_replies(cards)
+    card = await replies.send(OutboundMessage(CHAT, "Run it?", kind="card", buttons=DENY))
+    assert await replies.send(OutboundMessage(CHAT, "Denied.", replaces=card)) == card
+    assert cards.edits == [(1, "Denied.")] and cards.buttons[1] == ()  # its buttons removed
+    cards.editable.clear()  # deleted, too old, ...
+    assert await replies.send(OutboundMessage(CHAT, "Expired.", replaces=card)) == "2"
+    assert cards.sent == ["Run it?", "Expired."]
+    assert await replies.send(OutboundMessage(CHAT, "a|b", replaces="not-an-id")) == "4"
+
+
+async def test_a_channel_without_buttons_refuses_cards_and_edits() -> None:
+    replies = Replies(Outlet(), lambda text: [text], interval=0.0, name="plain")
+    for item in (
+        OutboundMessage(CHAT, "Run it?", kind="card", buttons=DENY),
+        OutboundMessage(CHAT, "Denied.", replaces="1"),
+    ):
+        with pytest.raises(Undeliverable, match="plain cannot show buttons"):
+            await replies.send(item)
+    assert await replies.send(OutboundMessage(CHAT, "hello")) == "1"

@@ -4,6 +4,7 @@ acknowledged offset as explicit state."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -169,6 +170,33 @@ async def test_a_slow_take_holds_the_offset_while_other_chats_are_taken(
         assert await takes.wait(4) == [other, meanwhile, slow, same_chat]
         await fake.wait_for(lambda: not fake.pending_updates)
     assert poller.offsets.acknowledged == meanwhile + 1
+
+
+async def test_presses_are_asked_for_and_none_waits_behind_its_chats_slow_take(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    release, taken = asyncio.Event(), asyncio.Event()
+    started: list[int] = []
+
+    async def take(update: Update) -> bool:
+        started.append(update.update_id)
+        if update.callback_query is None:
+            await release.wait()  # a slow message (its files downloading)
+        taken.set()
+        return True
+
+    slow = fake.user_message(10, "slow", user_id=10)
+    press = fake.user_callback(10, 1, "/deny a1", user_id=10)  # a button under it, say
+    poller = Poller(bot, take, timeout=TIMEOUT, patience=0.05)
+    async with polling(poller):
+        async with asyncio.timeout(5):
+            await taken.wait()
+        assert started == [slow, press]
+        assert pending(fake) == [slow, press]  # the press is held by the message before it
+        release.set()
+        await fake.wait_for(lambda: not fake.pending_updates)
+    asked = {str(c.params["allowed_updates"]) for c in fake.calls("getUpdates")}
+    assert [json.loads(a) for a in asked] == [["message", "callback_query"]]
 
 
 async def test_a_failed_take_fails_the_run_and_nothing_from_it_on_is_acknowledged(

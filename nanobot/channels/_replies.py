@@ -1,7 +1,8 @@
 """Replies in a chat that edits messages: shown while they are written, then sent in full.
 
 The bookkeeping is the same on every such platform; what differs (rendering, the size of a
-message, how a call is made and retried) comes in as a `split` function and an `Outlet`.
+message, how a call is made and retried) comes in as a `split` function and an `Outlet`
+(a `CardOutlet` where the platform shows buttons under a message).
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from loguru import logger
 
-from nanobot.bus.events import ChatRef, OutboundMessage, StreamUpdate
+from nanobot.bus.events import Button, ChatRef, OutboundMessage, StreamUpdate
 from nanobot.channels.base import DeliveryError, OutboxPort, Undeliverable
 
 KEEP = 64  # streams, finished streams and partly sent replies remembered, of each
@@ -34,6 +35,23 @@ class Outlet(Protocol):
 
     async def edit(self, chat: ChatRef, message_id: int, text: str) -> bool:
         """Make message `message_id` show `text`; False when it can no longer be edited."""
+        ...
+
+
+class CardOutlet(Outlet, Protocol):
+    """An Outlet that also puts buttons under a message: for cards, and for edits of them."""
+
+    async def send(
+        self, chat: ChatRef, text: str, *, reply_to: str | None, buttons: Sequence[Button] = ()
+    ) -> int:
+        """Post one message answering `reply_to`, with `buttons` under it; returns its id."""
+        ...
+
+    async def edit(
+        self, chat: ChatRef, message_id: int, text: str, *, buttons: Sequence[Button] = ()
+    ) -> bool:
+        """Make message `message_id` show `text` and exactly `buttons` (none: the buttons it
+        had are removed); False when it can no longer be edited."""
         ...
 
 
@@ -61,6 +79,12 @@ class Replies:
     Stream updates go out through `best_effort`, which may give up sooner than `outlet` (the
     next update, or the final message, tries again); by default they share `outlet`.
 
+    A message with `buttons` (a card) or one that `replaces` an earlier message goes out
+    through `cards`: its buttons are under its last part; its first part edits the message it
+    replaces (the text, and the buttons, removed when it has none), or is posted as a new
+    message when that one can no longer be edited. Without `cards` such a message is refused
+    (`Undeliverable`).
+
     With `outbox`, a stream's message is stored when it is posted and forgotten once the
     final message is out; a stream open before a restart (`recover` reads them) is edited,
     by its later updates and by its final message, as if it had been posted here.
@@ -78,8 +102,10 @@ class Replies:
         name: str,
         best_effort: Outlet | None = None,
         outbox: OutboxPort | None = None,
+        cards: CardOutlet | None = None,
     ) -> None:
         self._outlet = outlet
+        self._cards = cards
         self._outbox = outbox
         self._recovered: dict[str, int] = {}
         self._best_effort = best_effort or outlet
@@ -101,35 +127,72 @@ class Replies:
         except Exception:  # noqa: BLE001 - at worst a reply is posted anew
             logger.opt(exception=True).warning("{}: could not read open streams", self._name)
 
-    async def send(self, item: OutboundMessage) -> None:
-        """Every part in order. Raises DeliveryError (see the class docstring)."""
+    async def send(self, item: OutboundMessage) -> str | None:
+        """Every part in order; the id of the message that holds the last part (and the
+        buttons), None when no part was left to send. Raises DeliveryError (see the class
+        docstring)."""
         try:
-            await self._send(item)
+            return await self._send(item)
         except Undeliverable:
             self._progress.pop(id(item), None)
             if item.stream_id:
                 await self._forget(item.stream_id)
             raise
 
-    async def _send(self, item: OutboundMessage) -> None:
+    async def _send(self, item: OutboundMessage) -> str | None:
+        cards = self._cards_for(item)
         parts = self._split(item.text)
         entry = self._progress.get(id(item))
         done = entry[1] if entry is not None and entry[0] is item else item.parts_sent
         stream = self._open_stream(item.stream_id) if item.stream_id else None
+        sent: int | None = None
         for index in range(done, len(parts)):
-            first = index == 0
-            edited = (
-                first and stream is not None and await self._finish(item.chat, stream, parts[0])
-            )
-            if not edited:
+            first, last = index == 0, index == len(parts) - 1
+            buttons = item.buttons if last else ()
+            sent = await self._edit_first(item, cards, stream, parts[0], buttons) if first else None
+            if sent is None:
                 reply_to = item.reply_to if first else None
-                await self._outlet.send(item.chat, parts[index], reply_to=reply_to)
+                if cards is None:
+                    sent = await self._outlet.send(item.chat, parts[index], reply_to=reply_to)
+                else:
+                    sent = await cards.send(
+                        item.chat, parts[index], reply_to=reply_to, buttons=buttons
+                    )
             _remember(self._progress, id(item), (item, index + 1))
-            if index + 1 < len(parts):  # the last one: the manager confirms the whole reply
+            if not last:  # the last one: the manager confirms the whole reply
                 await self._record(item, index + 1)
         self._progress.pop(id(item), None)
         if item.stream_id:
             await self._forget(item.stream_id, stored=stream is not None)
+        return None if sent is None else str(sent)
+
+    def _cards_for(self, item: OutboundMessage) -> CardOutlet | None:
+        """The outlet for a card or an edit (None for other messages)."""
+        if not item.buttons and item.replaces is None:
+            return None
+        if self._cards is None:
+            raise Undeliverable(f"{self._name} cannot show buttons or edit earlier messages")
+        return self._cards
+
+    async def _edit_first(
+        self,
+        item: OutboundMessage,
+        cards: CardOutlet | None,
+        stream: _Stream | None,
+        text: str,
+        buttons: Sequence[Button],
+    ) -> int | None:
+        """Put the first part in the message it replaces, or in its stream's message; that
+        message's id if it did (None: post the part)."""
+        if item.replaces is not None:
+            number = int(item.replaces) if item.replaces.isdigit() else None
+            if number is None or cards is None:
+                return None
+            return number if await cards.edit(item.chat, number, text, buttons=buttons) else None
+        if stream is None or stream.message_id is None:
+            return None
+        edited = await self._finish(item.chat, stream, text, cards, buttons)
+        return stream.message_id if edited else None
 
     async def _forget(self, stream_id: str, *, stored: bool = True) -> None:
         """A stream's reply is over: later updates are ignored, its message forgotten."""
@@ -177,7 +240,14 @@ class Replies:
                 item.outbox_id,
             )
 
-    async def _finish(self, chat: ChatRef, stream: _Stream, first: str) -> bool:
+    async def _finish(
+        self,
+        chat: ChatRef,
+        stream: _Stream,
+        first: str,
+        cards: CardOutlet | None = None,
+        buttons: Sequence[Button] = (),
+    ) -> bool:
         """The final edit: exact, and at once.
 
         It does not wait out the stream interval: the reply would only come later, and the
@@ -186,9 +256,11 @@ class Replies:
         """
         if stream.message_id is None:
             return False
-        if stream.shown == first:
+        if stream.shown == first and not buttons:
             return True
         stream.at = asyncio.get_running_loop().time()
+        if cards is not None:
+            return await cards.edit(chat, stream.message_id, first, buttons=buttons)
         return await self._outlet.edit(chat, stream.message_id, first)
 
     async def stream(self, update: StreamUpdate) -> None:

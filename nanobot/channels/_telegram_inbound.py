@@ -1,7 +1,8 @@
 """Telegram messages as nanobot sees them: which chat or topic, whether the bot is addressed,
 the text without the bot's @mention, and the files worth downloading.
 
-`read` turns one update into what intake gets; the rest are pure functions of PTB objects.
+`read` turns one update into what intake gets (a button press, `callback_query`, becomes a
+message too: see `pressed`); the rest are pure functions of PTB objects.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from loguru import logger
-from telegram import Bot, Message, MessageEntity, Update, User
+from telegram import Bot, CallbackQuery, Message, MessageEntity, Update, User
 from telegram.constants import ChatType, MessageEntityType
 from telegram.error import BadRequest
 
@@ -133,6 +134,32 @@ def sender_name(user: User) -> str:
     return user.first_name or user.username or str(user.id)
 
 
+def pressed(query: CallbackQuery) -> InboundMessage | None:
+    """A button press as a message from the one who pressed, in the chat (and topic) of the
+    message the button is under: its text is the button's data, `press` the query's id.
+    None when it is no such press (a button of an inline-mode message, which has no chat,
+    or one without data)."""
+    message = query.message
+    if message is None or not query.data:
+        return None
+    # A message the bot can no longer read (deleted meanwhile) still names its chat.
+    chat = (
+        chat_ref(message)
+        if isinstance(message, Message)
+        else ChatRef(CHANNEL, str(message.chat.id))
+    )
+    return InboundMessage(
+        chat=chat,
+        sender_id=str(query.from_user.id),
+        text=query.data,
+        message_id=f"press:{query.id}",
+        sender_name=sender_name(query.from_user),
+        is_private=message.chat.type == ChatType.PRIVATE,
+        addressed=True,
+        press=query.id,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteFile:
     """A file attached to a message, not yet downloaded."""
@@ -196,13 +223,14 @@ async def download(bot: Bot, file: RemoteFile, policy: InboxPolicy, retry: Retry
 @dataclass(slots=True)
 class Received:
     """An update read: the message for intake (None: nothing to hand over) and what became
-    of its files."""
+    of its files; for a button press, `press` is the query's id (to answer)."""
 
     message: InboundMessage | None
     source: Message | None
     addressed: bool = False
     refusals: list[str] = field(default_factory=list)  # lines for the sender
     saved: list[Path] = field(default_factory=list)
+    press: str | None = None
 
 
 async def read(
@@ -210,7 +238,9 @@ async def read(
 ) -> Received:
     """The update as an InboundMessage, its files downloaded and saved under the inbox if
     `intake` admits the sender (nothing of a stranger's is fetched; their message still goes
-    to intake, which may send them a pairing code)."""
+    to intake, which may send them a pairing code). Nothing is fetched for a press."""
+    if (query := update.callback_query) is not None:
+        return Received(pressed(query), None, addressed=True, press=query.id)
     message, me = update.message, bot.bot
     received = Received(None, message)
     if message is None or message.from_user is None or for_another_bot(message, me):

@@ -3,7 +3,8 @@
 `getUpdates(offset=N)` acknowledges every update below N: Telegram never sends those again.
 The offset sent is explicit state (`Offsets`): every update below it was *taken* — handed to
 intake, which journaled it, or deliberately skipped. The updates of an answer are taken in
-per-chat lanes (`nanobot.lanes`: in order within a chat, concurrently across chats), and the
+per-chat lanes (`nanobot.lanes`: in order within a chat, concurrently across chats; each
+button press in a lane of its own, so it never waits behind a chat's downloads), and the
 next poll first waits a moment (`patience`) for them. Updates still being taken then are not
 waited for: the poll asks again from the oldest of them, so other chats' new messages come
 in meanwhile, and what comes again while in hand is skipped. (An answer holds at most 100
@@ -32,13 +33,23 @@ from nanobot.lanes import Lanes
 POLL_PATIENCE = 1.0  # seconds a poll waits for updates still being taken before going ahead
 CONFIRM_TIMEOUT = 5.0  # seconds the last, acknowledging getUpdates may take on stop
 FIRST_DELAY, MAX_DELAY = 1.0, 30.0  # seconds before retrying a failed getUpdates, growing ×1.5
-ALLOWED = (Update.MESSAGE,)  # edits and buttons are not asked for
+ALLOWED = (Update.MESSAGE, Update.CALLBACK_QUERY)  # messages and button presses, not edits
 
 Take = Callable[[Update], Awaitable[bool]]
 """Takes one update: True once it may be acknowledged (journaled, or deliberately skipped);
 False to leave it for redelivery (the gateway is stopping). What it raises fails the run."""
 
 Sleep = Callable[[float], Awaitable[None]]
+
+Lane = tuple[str, int | None]  # ("chat", chat id) or ("press", update id)
+
+
+def lane(update: Update) -> Lane:
+    """Where an update is taken: a message in its chat's lane, a press in a lane of its own."""
+    if update.callback_query is not None:
+        return "press", update.update_id
+    chat = update.effective_chat
+    return "chat", chat.id if chat is not None else None
 
 
 def backoff(previous: float | None) -> float:
@@ -96,7 +107,7 @@ class Poller:
         self._timeout = timeout
         self._patience = patience
         self._sleep = sleep
-        self._lanes: Lanes[int | None] = Lanes(name="telegram-take")  # keyed by chat id
+        self._lanes: Lanes[Lane] = Lanes(name="telegram-take")
         self._in_hand = 0  # updates handed to the lanes whose take has not ended
         self._idle = asyncio.Event()
         self._idle.set()
@@ -154,10 +165,9 @@ class Poller:
             self.offsets.acknowledged = offset
             for update in updates:
                 if self.offsets.received(update.update_id):
-                    chat = update.effective_chat
                     self._in_hand += 1
                     self._idle.clear()
-                    self._lanes.add(chat.id if chat is not None else None, self._take_one(update))
+                    self._lanes.add(lane(update), self._take_one(update))
 
     def _retry(self, exc: TelegramError, delay: float | None) -> float:
         """Log a failed getUpdates in one line; the seconds to wait before the next."""

@@ -18,7 +18,9 @@ Every failed call is classified in one place (`classify`):
 | refused   | any other 400 ("message text is empty", "message   | Undeliverable: the reply is  |
 |           | thread not found", "not enough rights", ...)       | given up at once             |
 
-`Sender` sends and edits one rendered chunk, trying the other forms before giving up.
+`Sender` sends and edits one rendered chunk, trying the other forms before giving up, with
+an inline keyboard of buttons where it is given some (on the last message, if the chunk goes
+out in pieces); it answers button presses, once and best effort.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dtm
 import warnings
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from loguru import logger
-from telegram import Bot, ReplyParameters
+from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
 from telegram.constants import ParseMode
 from telegram.error import (
     BadRequest,
@@ -44,7 +46,7 @@ from telegram.error import (
 )
 from telegram.warnings import PTBDeprecationWarning, PTBUserWarning
 
-from nanobot.bus.events import ChatRef
+from nanobot.bus.events import Button, ChatRef
 from nanobot.channels.base import DeliveryError, Undeliverable
 from nanobot.channels.render import plain_text, split_plain, split_telegram, visible_length
 
@@ -81,6 +83,8 @@ _BAD_REQUESTS: tuple[tuple[Kind, tuple[str, ...]], ...] = (
 )
 SPLITS = 3  # times a chunk Telegram finds too long is halved before it goes as plain text
 IN_FLIGHT = 32  # Bot API requests a Sender makes at once
+BUTTON_DATA = 64  # bytes of callback_data Telegram takes
+ANSWER_TEXT = 200  # characters of a press's answer Telegram shows
 
 
 def classify(exc: TelegramError) -> Kind:
@@ -164,7 +168,32 @@ def not_modified(exc: BadRequest) -> bool:
 
 
 def chat_id_of(chat: ChatRef) -> int | str:
-    return int(chat.chat_id) if chat.chat_id.lstrip("-").isdigit() else chat.chat_id
+    """The chat's id for the Bot API. `@<user id>` (`ChatRef.direct`) is the private chat
+    with that user, which has the user's id; any other `@name` is a public chat's username."""
+    user = chat.direct_user
+    key = user if user is not None and user.isdigit() else chat.chat_id
+    return int(key) if key.lstrip("-").isdigit() else key
+
+
+def button_refusal(buttons: Sequence[Button]) -> str | None:
+    """Why Telegram would refuse these buttons (None: it takes them)."""
+    for button in buttons:
+        size = len(button.data.encode())
+        if not size or size > BUTTON_DATA:
+            return (
+                f"button {button.label!r} carries {size} bytes of data; "
+                f"Telegram takes 1 to {BUTTON_DATA}"
+            )
+        if not button.label.strip():
+            return "a button has no label"
+    return None
+
+
+def keyboard(buttons: Sequence[Button]) -> InlineKeyboardMarkup | None:
+    """The buttons one under another (their labels are read in full on a phone); None for
+    none."""
+    rows = [[InlineKeyboardButton(b.label, callback_data=b.data)] for b in buttons]
+    return InlineKeyboardMarkup(rows) if rows else None
 
 
 def thread_of(chat: ChatRef) -> int | None:
@@ -195,23 +224,40 @@ class Sender:
         return self.bot
 
     async def send(
-        self, chat: ChatRef, html: str, *, reply_to: int | None, retry: Retry | None = None
+        self,
+        chat: ChatRef,
+        html: str,
+        *,
+        reply_to: int | None,
+        retry: Retry | None = None,
+        buttons: Sequence[Button] = (),
     ) -> int:
-        """Send one chunk of at most 4096 visible characters; returns the message id (of
-        the first message, if it had to go out in pieces). A chunk Telegram cannot take as
-        it is goes out in another form (see the module docstring).
+        """Send one chunk of at most 4096 visible characters, with `buttons` under it;
+        returns the message id. A chunk Telegram cannot take as it is goes out in another
+        form (see the module docstring), possibly in pieces: then the id is the first
+        piece's, or with buttons the last piece's (which shows them).
 
         Raises:
             Undeliverable: Telegram refused it in every form, or the chat is closed.
             DeliveryError: a transient failure outlived the retries.
         """
-        return await self._send_html(chat, html, reply_to, retry, SPLITS)
+        markup = keyboard(buttons)
+        sent = await self._send_html(chat, html, reply_to, retry, SPLITS, markup=markup)
+        return sent[-1] if markup is not None else sent[0]
 
     async def _send_html(
-        self, chat: ChatRef, html: str, reply_to: int | None, retry: Retry | None, splits: int
-    ) -> int:
+        self,
+        chat: ChatRef,
+        html: str,
+        reply_to: int | None,
+        retry: Retry | None,
+        splits: int,
+        *,
+        markup: InlineKeyboardMarkup | None,
+    ) -> list[int]:
+        """The ids of the messages the chunk went out as, in order (at least one)."""
         try:
-            return await self._send(chat, html, ParseMode.HTML, reply_to, retry)
+            return [await self._send(chat, html, ParseMode.HTML, reply_to, retry, markup=markup)]
         except BadRequest as exc:
             kind = classify(exc)
             if kind == "refused":
@@ -220,27 +266,36 @@ class Sender:
         length = visible_length(html)
         parts = split_telegram(html, max(2, length // 2)) if kind == "length" and splits else []
         if len(parts) < 2:
-            return await self._send_plain(chat, html, reply_to, retry)
-        first: int | None = None
-        for part in parts:
-            sent = await self._send_html(chat, part, reply_to, retry, splits - 1)
-            first, reply_to = first or sent, None
-        assert first is not None
-        return first
+            return await self._send_plain(chat, html, reply_to, retry, markup=markup)
+        sent: list[int] = []
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            keys = markup if last else None
+            sent += await self._send_html(chat, part, reply_to, retry, splits - 1, markup=keys)
+            reply_to = None
+        return sent
 
     async def _send_plain(
-        self, chat: ChatRef, html: str, reply_to: int | None, retry: Retry | None
-    ) -> int:
-        first: int | None = None
-        for piece in split_plain(plain_text(html)):
+        self,
+        chat: ChatRef,
+        html: str,
+        reply_to: int | None,
+        retry: Retry | None,
+        *,
+        markup: InlineKeyboardMarkup | None,
+    ) -> list[int]:
+        pieces = split_plain(plain_text(html))
+        sent: list[int] = []
+        for index, piece in enumerate(pieces):
+            keys = markup if index == len(pieces) - 1 else None
             try:
-                sent = await self._send(chat, piece, None, reply_to, retry)
+                sent.append(await self._send(chat, piece, None, reply_to, retry, markup=keys))
             except BadRequest as exc:
                 raise Undeliverable(f"Telegram refused a message: {exc}") from exc
-            first, reply_to = first or sent, None
-        if first is None:
+            reply_to = None
+        if not sent:
             raise Undeliverable("a chunk had no visible text")
-        return first
+        return sent
 
     async def _send(
         self,
@@ -249,6 +304,8 @@ class Sender:
         parse_mode: str | None,
         reply_to: int | None,
         retry: Retry | None,
+        *,
+        markup: InlineKeyboardMarkup | None = None,
     ) -> int:
         bot = self._bot()
         reply = (
@@ -262,6 +319,7 @@ class Sender:
             "parse_mode": parse_mode,
             "message_thread_id": thread_of(chat),
             "reply_parameters": reply,
+            "reply_markup": markup,
         }
         sent = await attempt(
             lambda: self._request(lambda: post(bot, "sendMessage", params)),
@@ -275,13 +333,21 @@ class Sender:
         return message_id
 
     async def edit(
-        self, chat: ChatRef, message_id: int, html: str, *, retry: Retry | None = None
+        self,
+        chat: ChatRef,
+        message_id: int,
+        html: str,
+        *,
+        retry: Retry | None = None,
+        buttons: Sequence[Button] = (),
     ) -> bool:
         """Make message `message_id` show `html` (as plain text if Telegram cannot take the
-        markup); False when it cannot be edited (deleted, too old, not ours, refused in
-        either form). Unchanged text counts as done. Raises DeliveryError when a transient
-        failure outlived the retries, Undeliverable when the chat is closed."""
+        markup) and exactly `buttons` (none: its keyboard is removed); False when it cannot
+        be edited (deleted, too old, not ours, refused in either form). Unchanged text and
+        buttons count as done. Raises DeliveryError when a transient failure outlived the
+        retries, Undeliverable when the chat is closed."""
         bot = self._bot()
+        markup = keyboard(buttons)
 
         async def edit(text: str, mode: str | None) -> object:
             params = {
@@ -289,6 +355,7 @@ class Sender:
                 "message_id": message_id,
                 "text": text,
                 "parse_mode": mode,
+                "reply_markup": markup,  # without one, Telegram removes the keyboard
             }
             return await self._request(lambda: post(bot, "editMessageText", params))
 
@@ -309,6 +376,20 @@ class Sender:
                 continue
             return True
         return False
+
+    async def answer(self, press: str, text: str | None = None) -> None:
+        """Answer button press `press`, showing `text` (its first 200 characters) to the one
+        who pressed only; with no text, the press just stops waiting. Tried once: a press
+        answered before, too old or unknown is only logged (at debug). Never raises."""
+        shown = text[:ANSWER_TEXT] if text else None
+        try:
+            await attempt(
+                lambda: self._request(lambda: self._bot().answer_callback_query(press, text=shown)),
+                ONCE,
+                what="answerCallbackQuery",
+            )
+        except (DeliveryError, TelegramError) as exc:
+            logger.debug("telegram: button press {} not answered: {}", press, exc)
 
     async def typing(self, chat: ChatRef) -> None:
         """One "typing…" signal (Telegram shows it for about 5 s). Never raises."""

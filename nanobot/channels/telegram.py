@@ -3,17 +3,22 @@
 In: our own loop on `Bot.getUpdates` (`_telegram_poll.Poller`) hands every update to `_take`,
 which turns it into an `InboundMessage` (its files fetched only if `intake` admits the sender)
 and hands that to `intake`, which journals it; the poller acknowledges an update to Telegram
-only once `_take` has returned for it. Chats are taken concurrently, each in order.
+only once `_take` has returned for it. Chats are taken concurrently, each in order. A button
+press (`callback_query`) is a message with `press` set, taken the same way; one the gate
+does not take is answered here at once, the others by an `answer` from the agent's side.
 
 Out: Markdown is rendered to Telegram HTML and split into messages of at most 4096 visible
-characters; a reply that was streamed is edited in place, at most about once a second.
+characters; a reply that was streamed is edited in place, at most about once a second. A
+card's buttons are an inline keyboard under its last message; a message that `replaces`
+another edits it (editMessageText: the keyboard goes with the new text, or is removed), or is
+posted anew when that message can no longer be edited.
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -22,7 +27,9 @@ from telegram import Bot, Message, Update
 from telegram.error import InvalidToken
 
 from nanobot.bus.events import (
+    Button,
     ChatRef,
+    InboundMessage,
     Outbound,
     OutboundMessage,
     StreamUpdate,
@@ -33,7 +40,7 @@ from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
 from nanobot.channels._telegram_http import AiohttpRequest, Timeouts
 from nanobot.channels._telegram_poll import Poller
-from nanobot.channels._telegram_send import ONCE, Retry, Sender
+from nanobot.channels._telegram_send import ONCE, Retry, Sender, button_refusal
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
 from nanobot.channels.base import (
@@ -43,6 +50,7 @@ from nanobot.channels.base import (
     Intake,
     IntakePort,
     OutboxPort,
+    Undeliverable,
 )
 from nanobot.channels.render import split_telegram, telegram_html
 from nanobot.errors import ConfigError
@@ -51,6 +59,12 @@ POLL_TIMEOUT = 30  # seconds a getUpdates long poll is held open by Telegram
 STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
 TYPING_INTERVAL = 4.0  # Telegram shows "typing…" for about 5 s
 TAKE_ATTEMPTS = 3  # an update that cannot be read this often is skipped (logged)
+# What a press the gate does not take is answered (shown to the one who pressed only).
+PRESS_REFUSED: Final = {
+    Intake.REFUSED: "Only an approver can decide this.",
+    Intake.CLOSED: "Only an approver can decide this.",
+    Intake.PAIRING: "You are not allowed to use this bot yet.",
+}
 # Seconds, for Bot API calls and for getUpdates (whose read timeout PTB lengthens by the poll's).
 REQUEST_TIMEOUTS: Final = Timeouts(
     connect_timeout=10.0, read_timeout=20.0, write_timeout=20.0, pool_timeout=10.0
@@ -65,19 +79,25 @@ class TelegramSettings(BotSettings, Protocol):
 
 
 class _Outlet:
-    """The Sender as `Replies` uses it: a reply names its message by the bus's key, and
-    every call tries as hard as `retry` says (None: the Sender's own)."""
+    """The Sender as `Replies` uses it (a `CardOutlet`): a reply names its message by the
+    bus's key, and every call tries as hard as `retry` says (None: the Sender's own)."""
 
     def __init__(self, sender: Sender, retry: Retry | None = None) -> None:
         self._sender = sender
         self._retry = retry
 
-    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None) -> int:
+    async def send(
+        self, chat: ChatRef, text: str, *, reply_to: str | None, buttons: Sequence[Button] = ()
+    ) -> int:
         number = inbound.message_number(reply_to)
-        return await self._sender.send(chat, text, reply_to=number, retry=self._retry)
+        return await self._sender.send(
+            chat, text, reply_to=number, retry=self._retry, buttons=buttons
+        )
 
-    async def edit(self, chat: ChatRef, message_id: int, text: str) -> bool:
-        return await self._sender.edit(chat, message_id, text, retry=self._retry)
+    async def edit(
+        self, chat: ChatRef, message_id: int, text: str, *, buttons: Sequence[Button] = ()
+    ) -> bool:
+        return await self._sender.edit(chat, message_id, text, retry=self._retry, buttons=buttons)
 
 
 class TelegramChannel(Channel):
@@ -102,13 +122,15 @@ class TelegramChannel(Channel):
         self._config = config
         self._inbox = inbox
         self._sender = Sender(retry or Retry())
+        outlet = _Outlet(self._sender)
         self._replies = Replies(
-            _Outlet(self._sender),
+            outlet,
             _render,
             interval=stream_interval,
             name=self.name,
             best_effort=_Outlet(self._sender, ONCE),  # a stream update is tried once
             outbox=outbox,
+            cards=outlet,
         )
         self._typing = TypingIndicator(
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name
@@ -165,6 +187,8 @@ class TelegramChannel(Channel):
             self._failures[update.update_id] = failures
             raise
         self._failures.pop(update.update_id, None)
+        if received.press is not None:
+            return await self._take_press(received.press, received.message)
         outcome = Intake.REFUSED
         if received.message is not None:  # what intake raises is never skipped
             outcome = await self.intake(received.message)
@@ -180,6 +204,17 @@ class TelegramChannel(Channel):
             await self._notify(received.source, "\n".join(received.refusals))
         return True
 
+    async def _take_press(self, press: str, message: InboundMessage | None) -> bool:
+        """Hand a button press to intake (as `_take`); one it does not take is answered at
+        once, and one that is no message (no data, no chat) is answered with nothing."""
+        if message is None:
+            await self._sender.answer(press)  # the button stops waiting; nothing to decide
+            return True
+        outcome = await self.intake(message)
+        if (refusal := PRESS_REFUSED.get(outcome)) is not None:
+            await self._sender.answer(press, refusal)
+        return outcome is not Intake.CLOSED  # stopping: comes again after a restart
+
     async def _notify(self, message: Message, text: str) -> None:
         chat = inbound.chat_ref(message)
         try:
@@ -191,14 +226,20 @@ class TelegramChannel(Channel):
 
     # ---- delivering -------------------------------------------------------------------
 
-    async def deliver(self, item: Outbound) -> None:
+    async def deliver(self, item: Outbound) -> str | None:
         match item:
             case Typing():
                 await self._typing.update(item)
             case StreamUpdate():
                 await self._replies.stream(item)
+            case OutboundMessage(kind="answer"):
+                if item.reply_to:
+                    await self._sender.answer(item.reply_to, item.text)
             case OutboundMessage():
-                await self._replies.send(item)
+                if (refusal := button_refusal(item.buttons)) is not None:
+                    raise Undeliverable(refusal)
+                return await self._replies.send(item)
+        return None
 
 
 def _render(text: str) -> list[str]:
