@@ -23,6 +23,8 @@ from typing import Any
 from loguru import logger
 
 from nanobot import log
+from nanobot.agent.approvals import ApprovalPolicy
+from nanobot.agent.approver import Approver
 from nanobot.agent.context import ContextBuilder
 from nanobot.agent.dispatcher import Dispatcher, OutcomeSink
 from nanobot.agent.loop import AgentLoop, LoopSettings
@@ -43,7 +45,7 @@ from nanobot.gate import ChannelRules, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat
 from nanobot.providers.provider import Provider, RetryPolicy, Routes
-from nanobot.store import Access, Database, Journal, SessionStore, UsageLedger
+from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore, UsageLedger
 from nanobot.store.cron import CronStore
 from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
@@ -210,6 +212,9 @@ class Parts:
     runner: Runner
     tools: ToolRegistry
     sessions: SessionStore
+    bus: MessageBus
+    journal: Journal
+    approver: Approver
 
 
 def private_dir(path: Path) -> None:
@@ -256,10 +261,36 @@ async def _parts(config: Config) -> AsyncIterator[Parts]:
             tools = build_tools(config, jobs, sandbox)
             runner = Runner(provider, tools)
             sessions = SessionStore(db)
-            loop = AgentLoop(provider, runner, sessions, context, settings, usage=UsageLedger(db))
-            yield Parts(db, loop, jobs, runner, tools, sessions)
+            bus, journal = MessageBus(), Journal(db)
+            approver = build_approver(config, db, journal, bus)
+            loop = AgentLoop(
+                provider,
+                runner,
+                sessions,
+                context,
+                settings,
+                usage=UsageLedger(db),
+                approver=approver,
+            )
+            yield Parts(db, loop, jobs, runner, tools, sessions, bus, journal, approver)
     finally:
         await provider.aclose()
+
+
+def build_approver(config: Config, db: Database, journal: Journal, bus: MessageBus) -> Approver:
+    """Who asks before risky tool calls, as `tools.approval` and each channel's `approvers`
+    say; its cards go out through `journal` and `bus`."""
+    approval = config.tools.approval
+    policy = ApprovalPolicy(
+        tools=approval.policies(),
+        other=approval.other,
+        timeout=approval.timeout,
+        unattended=approval.unattended,
+    )
+    approvers = {name: getattr(config.channels, name).approvers for name in ("telegram", "discord")}
+    return Approver(
+        ApprovalStore(db), policy, approvers, journal, bus, workspace=config.workspace_path
+    )
 
 
 def build_subagents(config: Config, parts: Parts, intake: EventIntake) -> Subagents:
@@ -282,6 +313,7 @@ def build_subagents(config: Config, parts: Parts, intake: EventIntake) -> Subage
         ),
         usage=UsageLedger(parts.db),
         model=agent.model,
+        approver=parts.approver,
     )
     if agent.max_subagents > 0:
         parts.tools.register(SpawnTool(subagents))
@@ -313,10 +345,11 @@ class _Intake:
 
     @classmethod
     async def build(cls, parts: Parts, rules: dict[str, ChannelRules]) -> _Intake:
-        bus, journal = MessageBus(), Journal(parts.db)
+        bus, journal = parts.bus, parts.journal
         pruned = await journal.prune(JOURNAL_KEEP)
         if pruned:
             logger.debug("pruned {} finished journal rows", pruned)
+        await parts.approver.recover()  # before any turn resumes
         return cls(bus, journal, Gate(rules, Access(parts.db), journal, bus))
 
 

@@ -78,6 +78,8 @@ async def test_auto_without_a_working_sandbox_warns_and_refuses_exec(
     home: Home, fake_llm: FakeLLM
 ) -> None:
     outside = home.root / "should-not-exist"
+    # Allowed without asking: what refuses it here must be the missing sandbox.
+    home.write_config(home.config.read_text() + "tools:\n  approval: {exec: allow}\n")
     fake_llm.script(
         ToolCalls([Call("exec", {"command": f"touch {outside}"})]), Text("I could not.")
     )

@@ -54,6 +54,8 @@ def gateway_config(
             }
         },
         "gateway": {"shutdown_timeout": 5},
+        # Not about approvals (tests/test_gateway_approvals.py is): exec runs unasked here.
+        "tools": {"approval": {"exec": "allow"}},
     }
 
 

@@ -19,6 +19,8 @@ import pytest
 from nanobot.agent import runner as runner_module
 from nanobot.agent.run import (
     TRANSITIONS,
+    Approval,
+    Asking,
     LoopLimits,
     RunEvent,
     RunHooks,
@@ -143,11 +145,13 @@ async def _tool_round(rig: Rig) -> RunResult:
 async def _approved_call(rig: Rig) -> RunResult:
     rig.provider.script(Calls(echo_call("ping")), Answer("Done."))
 
-    async def approve(call: ToolCall) -> bool:
-        return True
+    async def decision() -> str | None:
+        return None
 
-    run = run_input(policy=ToolPolicy(require_approval_by_default=True))
-    return await rig.run(run, approve=approve)
+    async def approve(call: ToolCall) -> Approval:
+        return Asking(decision())
+
+    return await rig.run(run_input(), approve=approve)
 
 
 async def _overflow_compacted(rig: Rig) -> RunResult:
@@ -205,28 +209,30 @@ async def _aborted_awaiting_human(rig: Rig) -> RunResult:
     rig.provider.script(Calls(echo_call("ping")))
     asked = asyncio.Event()
 
-    async def approve(call: ToolCall) -> bool:
+    async def never() -> str | None:
         asked.set()
         await asyncio.Future()  # the owner never answers
         raise AssertionError("unreachable")
 
-    run = run_input(policy=ToolPolicy(require_approval_by_default=True))
-    return await rig.abort_when(asked, run, approve=approve)
+    async def approve(call: ToolCall) -> Approval:
+        return Asking(never())
+
+    return await rig.abort_when(asked, run_input(), approve=approve)
 
 
 async def _out_of_time_awaiting_human(rig: Rig) -> RunResult:
     rig.provider.script(Calls(echo_call("ping")))
 
-    async def approve(call: ToolCall) -> bool:
+    async def never() -> str | None:
         await asyncio.Future()  # the owner never answers
         raise AssertionError("unreachable")
 
+    async def approve(call: ToolCall) -> Approval:
+        return Asking(never())
+
     # Real time: the run's duration limit is what ends it. 0.2 s is far more than reaching
     # the approval takes (no I/O), and short enough not to slow the suite.
-    run = run_input(
-        policy=ToolPolicy(require_approval_by_default=True),
-        limits=LoopLimits(max_run_duration=0.2),
-    )
+    run = run_input(limits=LoopLimits(max_run_duration=0.2))
     return await rig.run(run, approve=approve)
 
 
@@ -632,16 +638,30 @@ async def test_approval_hook_waits_in_awaiting_human(rig: Rig) -> None:
     rig.provider.script(Calls(echo_call("yes"), echo_call("no")), Answer("ok"))
     asked: list[ToolCall] = []
 
-    async def approve(call: ToolCall) -> bool:
-        asked.append(call)
-        return "yes" in call.arguments
+    async def decide(call: ToolCall) -> str | None:
+        return None if "yes" in call.arguments else "Not run: the user denied it."
 
-    policy = ToolPolicy(require_approval_by_default=True)
-    await rig.run(run_input(policy=policy), approve=approve)
+    async def approve(call: ToolCall) -> Approval:
+        asked.append(call)
+        return Asking(decide(call))
+
+    await rig.run(run_input(), approve=approve)
     assert len(asked) == 2
     assert rig.echo.calls == ["yes"]
     assert S.AWAITING_HUMAN in rig.recorder.states()
-    assert "did not approve" in rig.recorder.stored[2]["content"]
+    assert rig.recorder.stored[2]["content"] == "Not run: the user denied it."
+
+
+async def test_a_call_refused_at_once_never_waits(rig: Rig) -> None:
+    rig.provider.script(Calls(echo_call("x")), Answer("ok"))
+
+    async def approve(call: ToolCall) -> Approval:
+        return "Not run: nobody can approve it here."
+
+    await rig.run(run_input(), approve=approve)
+    assert rig.echo.calls == []
+    assert S.AWAITING_HUMAN not in rig.recorder.states()
+    assert rig.recorder.stored[1]["content"] == "Not run: nobody can approve it here."
 
 
 async def test_stream_yields_events_and_ends_with_run_end(rig: Rig) -> None:

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from loguru import logger
 
+from nanobot.agent.approver import Caller
 from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
 from nanobot.agent.run import EventListener, RunEvent
 from nanobot.agent.subagents import Subagents
@@ -42,8 +43,11 @@ HELP = (
     "/stop - stop what I'm doing, background tasks included\n"
     "/tasks - background tasks in this chat and their state\n"
     "/status - model, tokens used, context fill and state\n"
+    "/approvals - what waits for your approval, and the saved rules\n"
+    "/approve ID [once|chat|always], /deny ID - decide on a request (the card's buttons do it)\n"
     "/help - this message"
 )
+UNTRUSTED_SOURCES: Mapping[Source, str] = {"task": "a subagent's result"}
 
 
 FAILED = "Sorry, something went wrong on my side and I could not answer that."
@@ -202,6 +206,7 @@ class Dispatcher:
             ),
             mode=message.mode,
             inbound_id=message.journal_id,
+            caller=_caller(message),
             on_reply=deliver,
             images=tuple(a.path for a in message.attachments if a.kind == "photo"),
             on_start=lambda: started.append(shown and self._bus.offer(Typing(chat, active=True))),
@@ -247,9 +252,18 @@ class Dispatcher:
 
     async def _command(self, message: InboundMessage) -> None:
         key = message.session_key
+        approver = self._loop.approver
         match message.command:
+            case "approve" | "deny" | "approvals":
+                text = (
+                    await approver.command(message)
+                    if approver is not None
+                    else "Approvals are not used here."
+                )
             case "new":
                 await self._loop.new_session(key)
+                if approver is not None:
+                    await approver.new_session(key)
                 text = "Started a new conversation. The old one is kept."
             case "stop":
                 cancelled = self._subagents.cancel_session(key) if self._subagents else 0
@@ -264,8 +278,13 @@ class Dispatcher:
                 text = await self._status.status(key)
             case _:
                 text = HELP
-        outbound = OutboundMessage(message.chat, text, kind="notice", reply_to=message.message_id)
         ids = (message.journal_id,) if message.journal_id else ()
+        if message.press is not None:  # a button: answered to the one who pressed it
+            await self._journal.complete(ids, None)
+            self._bus.offer(OutboundMessage(message.chat, text, "answer", message.press))
+            await self._report(ids, TurnOutcome("completed", text, delivered=True))
+            return
+        outbound = OutboundMessage(message.chat, text, kind="notice", reply_to=message.message_id)
         record = (message.chat.channel, outbound_record(outbound)) if message.deliver else None
         outbox_id = await self._journal.complete(ids, record)
         if outbox_id is not None:
@@ -276,6 +295,24 @@ class Dispatcher:
 def _with_outbox(message: OutboundMessage, outbox_id: int) -> OutboundMessage:
     return OutboundMessage(
         message.chat, message.text, message.kind, message.reply_to, outbox_id, message.stream_id
+    )
+
+
+def _caller(message: InboundMessage) -> Caller:
+    """Who asks for approval of the calls in `message`'s turn, and where."""
+    chat = message.chat if message.deliver else None
+    untrusted = [UNTRUSTED_SOURCES[message.source]] if message.source in UNTRUSTED_SOURCES else []
+    if message.attachments:
+        untrusted.append("a file sent in the chat")
+    if message.source in ("cron", "heartbeat"):
+        # Nobody is talking: the delivery chat decides, where it is someone's own chat (on
+        # Telegram a private chat's id is its user's, and group ids are negative).
+        user = None
+        if chat is not None and chat.channel == "telegram" and not chat.chat_id.startswith("-"):
+            user = chat.chat_id
+        return Caller(message.session_key, chat, user, user is not None, unattended=True)
+    return Caller(
+        message.session_key, chat, message.sender_id, message.is_private, untrusted=tuple(untrusted)
     )
 
 

@@ -17,11 +17,20 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Literal
 
+from nanobot.agent.approver import Approver, Caller
 from nanobot.agent.compaction import Compactor, shrink_tool_results
 from nanobot.agent.context import ContextBuilder, user_message
 from nanobot.agent.history import History, Window, repair, summary_message
 from nanobot.agent.images import has_images, inline_images, with_images, without_images
-from nanobot.agent.run import EventListener, LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
+from nanobot.agent.run import (
+    EventListener,
+    LoopLimits,
+    RunEvent,
+    RunHooks,
+    RunInput,
+    RunResult,
+    ToolPolicy,
+)
 from nanobot.agent.runner import Runner
 from nanobot.bus.events import QueueMode
 from nanobot.lanes import Lanes
@@ -52,6 +61,7 @@ class TurnRequest:
     on_reply: ReplySink | None = None  # replies of further turns this call runs (see handle)
     on_start: Callable[[], None] | None = None  # called once its turn has a slot and starts
     thread_id: str | None = None  # the thread or topic of the chat, where there is one
+    caller: Caller | None = None  # who asks for approvals; None: no call is asked about
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +130,10 @@ class AgentLoop:
         settings: LoopSettings | None = None,
         *,
         usage: UsageLedger | None = None,
+        approver: Approver | None = None,
     ) -> None:
         self._provider = provider
+        self.approver = approver
         self._runner = runner
         self._sessions = sessions
         self._context = context
@@ -246,6 +258,7 @@ class AgentLoop:
             request.sender_id,
             request.send,
             thread_id=request.thread_id,
+            private=request.caller.private if request.caller else True,
         )
         token = current_context.set(context)
         try:
@@ -303,7 +316,13 @@ class AgentLoop:
         repaired = repair(recent)
         # Only calls at the very end are ours to settle: the crash interrupted the last turn.
         if repaired[: len(recent)] == recent and len(repaired) > len(recent):
-            missing = repaired[len(recent) :]
+            restarted = self.approver.restarted if self.approver is not None else {}
+            missing = [
+                {**m, "content": restarted[m["tool_call_id"]]}
+                if m.get("tool_call_id") in restarted
+                else m
+                for m in repaired[len(recent) :]
+            ]
             await self._sessions.append(session_id, [NewEntry("message", m) for m in missing])
 
     async def _finished_answer(self, session_id: int) -> RunResult | None:
@@ -342,12 +361,17 @@ class AgentLoop:
                 return [messages[0], summary_message(summary), *current]
             return [*messages[:turn_start], *shrink_tool_results(current)]
 
+        listener, approve = request.listener, None
+        if self.approver is not None and request.caller is not None:
+            approval = self.approver.for_run(request.caller, run.run_id)
+            listener, approve = _both(listener, approval.observe), approval.approve
         return RunHooks(
             persist=persist,
             steering=lambda: _take(lane.steering, self._settings.steering_delivery),
             follow_up=lambda: _take(lane.follow_up, self._settings.follow_up_delivery),
             compact=compact,
-            listener=request.listener,
+            approve=approve,
+            listener=listener,
         )
 
     def _history_budget(self, system: str) -> int:
@@ -374,6 +398,17 @@ async def _show_images(
         if shown[index].get("role") == "user" and shown[index] == without_images(pending[-1]):
             shown[index] = await inline_images(pending.pop(), workspace)
     return shown
+
+
+def _both(first: EventListener | None, second: EventListener) -> EventListener:
+    if first is None:
+        return second
+
+    def listener(event: RunEvent) -> None:
+        first(event)
+        second(event)
+
+    return listener
 
 
 def _take(queue: deque[Message], delivery: Delivery) -> list[Message]:

@@ -74,7 +74,6 @@ class ToolPolicy:
     allow_list: Sequence[str] | None = None
     max_parallel: int = 1
     max_calls_per_run: int = 50
-    require_approval_by_default: bool = False
     call_timeout: float | None = None
 
 
@@ -145,7 +144,22 @@ EventListener = Callable[[RunEvent], None]
 Persist = Callable[[Message], Awaitable[None]]
 TakeMessages = Callable[[], Sequence[Message]]
 Compact = Callable[[Sequence[Message]], Awaitable[Sequence[Message]]]
-Approve = Callable[[ToolCall], Awaitable[bool]]
+
+
+@dataclass(frozen=True, slots=True)
+class Asking:
+    """A call waits for a person's decision: `decision` resolves to None (run it) or to the
+    error text to record as its result instead (denied, expired). Cancelled when the run is
+    aborted or out of time; it must then withdraw the request."""
+
+    decision: Awaitable[str | None]
+
+
+Approval = str | Asking | None
+"""What `approve` says of a call: None, run it; a text, refused now (recorded as its error
+result instead of running it); `Asking`, wait for a person."""
+
+Approve = Callable[[ToolCall], Awaitable[Approval]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +174,9 @@ class RunHooks:
     - `compact(messages)`: a shorter equivalent of `messages` after a context overflow. A
       `ProviderError` (its summary call failed) fails the run with that error; any other
       exception fails it as a `persist` failure does.
-    - `approve(call)`: whether a call that needs approval may run (the run waits in
-      `awaiting_human` meanwhile); must not raise.
+    - `approve(call)`: whether the call may run, is refused, or waits for a person (see
+      `Approval`; the run is `awaiting_human` while it waits); asked of every call before it
+      runs; must not raise.
     - `listener(event)`: called synchronously for every event; must not raise.
     """
 

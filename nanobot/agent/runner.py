@@ -18,6 +18,7 @@ from loguru import logger
 
 from nanobot.agent.run import (
     TRANSITIONS,
+    Asking,
     EventKind,
     RunEvent,
     RunHooks,
@@ -340,13 +341,14 @@ class _Run:
             limit = policy.max_calls_per_run
             return ToolResult(f"Error: this turn reached its limit of {limit} tool calls.", True)
         self.tool_calls += 1
-        if policy.require_approval_by_default and self.hooks.approve is not None:
+        if self.hooks.approve is None:
+            return None
+        verdict = await self.hooks.approve(call)
+        if isinstance(verdict, Asking):
             self._move(RunState.AWAITING_HUMAN)
-            allowed = await self._race(self.hooks.approve(call))
+            verdict = await self._race(verdict.decision)
             self._move(RunState.TOOL_RUNNING)
-            if not allowed:
-                return ToolResult(f"Error: the user did not approve running {call.name}.", True)
-        return None
+        return None if verdict is None else ToolResult(verdict, is_error=True)
 
     async def _execute(self, call: ToolCall) -> ToolResult:
         self.started.add(call.id)

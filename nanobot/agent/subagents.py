@@ -25,6 +25,7 @@ from typing import Any, Literal, cast, get_args
 
 from loguru import logger
 
+from nanobot.agent.approver import Approver, Caller
 from nanobot.agent.run import LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.bus.events import ChatRef, InboundMessage
@@ -78,10 +79,19 @@ class Origin:
     channel: str
     chat_id: str
     thread_id: str | None = None
+    sender_id: str | None = None  # who asked for it: who approves its calls in a private chat
+    private: bool = True
 
     @classmethod
     def of(cls, context: ToolContext) -> Origin:
-        return cls(context.session_key, context.channel, context.chat_id, context.thread_id)
+        return cls(
+            context.session_key,
+            context.channel,
+            context.chat_id,
+            context.thread_id,
+            context.sender_id,
+            context.private,
+        )
 
     @property
     def chat(self) -> ChatRef:
@@ -143,7 +153,9 @@ class Subagents:
         *,
         usage: UsageLedger | None = None,
         model: str = "",
+        approver: Approver | None = None,
     ) -> None:
+        self._approver = approver
         self._runner = runner
         self._sessions = sessions
         self._intake = intake
@@ -311,9 +323,13 @@ class Subagents:
 
         origin = info.origin
         context = ToolContext(origin.channel, origin.chat_id, info.session_key, run.run_id)
+        approve = None
+        if self._approver is not None:  # its calls are asked about in the chat it came from
+            caller = Caller(origin.session_key, origin.chat, origin.sender_id, origin.private)
+            approve = self._approver.for_run(caller, run.run_id).approve
         token = current_context.set(context)
         try:
-            return await self._runner.run(run, RunHooks(persist=persist))
+            return await self._runner.run(run, RunHooks(persist=persist, approve=approve))
         finally:
             current_context.reset(token)
 

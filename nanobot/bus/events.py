@@ -10,8 +10,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-CommandName = Literal["new", "stop", "status", "help", "tasks"]
-COMMANDS: frozenset[str] = frozenset({"new", "stop", "status", "help", "tasks"})
+CommandName = Literal["new", "stop", "status", "help", "tasks", "approve", "deny", "approvals"]
+COMMANDS: frozenset[str] = frozenset(
+    {"new", "stop", "status", "help", "tasks", "approve", "deny", "approvals"}
+)
 
 Source = Literal["chat", "cron", "heartbeat", "task"]
 """Who an inbound event comes from: a person in a chat, or nanobot itself (a cron job's run,

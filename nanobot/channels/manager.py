@@ -22,8 +22,8 @@ until the chat writes again: an item that answers one of its messages (`reply_to
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 
 from loguru import logger
 

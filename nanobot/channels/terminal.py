@@ -16,6 +16,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TextIO
 
 from loguru import logger
@@ -68,6 +69,8 @@ class TerminalChannel(Channel):
         self._answered = asyncio.Event()
         self._interrupts = 0
         self._tasks = TaskSet("terminal")
+        self._keys: dict[str, str] = {}  # the open card's answers: letter -> button data
+        self._posted = 0  # ids of what was printed, for edits to name
 
     async def run(self, ready: Callable[[], None]) -> None:
         """Read lines until EOF, `/exit` or a second Ctrl-C at the prompt, then set `ended`
@@ -105,14 +108,25 @@ class TerminalChannel(Channel):
             if line is None or line.strip() in EXIT_COMMANDS:
                 return
             self._interrupts = 0
-            if line.strip():
+            answer = self._keys.get(line.strip().lower())
+            if answer is not None:
+                self._keys.clear()
+                await self._send(answer, press=True)
+            elif line.strip():
                 await self._send(line)
             else:
                 self._show_prompt()
 
-    async def _send(self, text: str) -> None:
+    async def _send(self, text: str, *, press: bool = False) -> None:
+        message_id = uuid.uuid4().hex
         message = InboundMessage(
-            self.chat, USER, text, uuid.uuid4().hex, sender_name=USER, session=self._session
+            self.chat,
+            USER,
+            text,
+            message_id,
+            sender_name=USER,
+            session=self._session,
+            press=message_id if press else None,
         )
         if not self._interactive:  # piped: answered in order, one after another
             self._waiting = message.message_id
@@ -122,7 +136,7 @@ class TerminalChannel(Channel):
             await self._answered.wait()
         self._waiting = None
 
-    async def deliver(self, item: Outbound) -> None:
+    async def deliver(self, item: Outbound) -> str | None:
         match item:
             case StreamUpdate() if self._live:
                 shown = self._shown.get(item.stream_id, "")
@@ -132,12 +146,24 @@ class TerminalChannel(Channel):
                     self._line_open = True
             case OutboundMessage():
                 self._print(item)
+                self._posted += 1
+                return str(self._posted)
             case Typing():  # a turn started or ended here
                 self._turns = max(0, self._turns + (1 if item.active else -1))
                 if not item.active and not self._turns and self._waiting is not None:
                     self._answered.set()
+        return None
 
     def _print(self, message: OutboundMessage) -> None:
+        if message.buttons:  # a card: its answers, one letter each
+            self._keys = {b.label.split()[-1][0].lower(): b.data for b in message.buttons}
+            choices = ", ".join(
+                f"[{b.label.split()[-1][0].lower()}] {b.label}" for b in message.buttons
+            )
+            message = replace(message, text=f"{message.text}\nAnswer with a letter: {choices}")
+            self._answered.set()  # piped: the answer is the next line
+        elif message.replaces is not None:
+            self._keys.clear()  # decided (or expired): no answer is taken any more
         shown = self._shown.pop(message.stream_id, None) if message.stream_id else None
         if shown is not None and message.text.startswith(shown):
             self._write(message.text[len(shown) :] + "\n")
@@ -149,7 +175,7 @@ class TerminalChannel(Channel):
             return
         if self._waiting is not None and message.reply_to == self._waiting:
             self._answered.set()
-        if not self._turns:
+        if not self._turns or message.buttons:
             self._show_prompt()
 
     def _on_interrupt(self) -> None:
@@ -179,6 +205,13 @@ class TerminalChannel(Channel):
             self._out.flush()
         except OSError as exc:  # the terminal went away; nothing to show it on
             logger.debug("terminal output failed: {}", exc)
+
+
+def _answer_word(data: str) -> str:
+    """The word a card's button stands for: `once`, `chat`, `always` (from `/approve ID
+    SCOPE …`) or `deny`."""
+    words = data.split()
+    return words[2] if words[0] == "/approve" and len(words) > 2 else words[0].lstrip("/")
 
 
 class _TooLong(Exception):

@@ -62,6 +62,7 @@ class ToolContext:
     send: SendText | None = None
     sent: list[str] = field(default_factory=list)
     thread_id: str | None = None  # the thread or topic within the chat, where there is one
+    private: bool = True  # a one-to-one chat (else a group)
 
 
 current_context: ContextVar[ToolContext | None] = ContextVar("nanobot_tool_context", default=None)

@@ -1,0 +1,398 @@
+"""The approver: asks people in chat before a tool call that needs it, and waits.
+
+For every call of a run, `RunApproval.approve` applies the policy (`approvals.py`): allowed
+calls run at once; a call that asks gets a request row in the store, a card with buttons in
+the chat of the turn (or, in a group, in each approver's private chat, with a note in the
+group), and the run waits in `awaiting_human` until someone who may decide does, the request
+expires, or the run is stopped. A decision comes back as a chat command (`/approve ID once`,
+a button press is one) through the gate and the dispatcher to `command`; the first answer
+wins in the store, and the waiting run is woken. Cards are outbound records: durable, and
+edited to say what became of them. After a restart, requests still pending are expired and
+their cards edited (`recover`); the turn resumes and its call gets "not run".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import cast
+
+from loguru import logger
+
+from nanobot.agent.approvals import (
+    ApprovalPolicy,
+    AskApprovers,
+    AskHere,
+    Origin,
+    Subject,
+    Taint,
+    answer_text,
+    decision_text,
+    new_request,
+    not_run,
+    route,
+    subject,
+)
+from nanobot.agent.run import Approval, Asking, RunEvent
+from nanobot.bus.events import Button, ChatRef, InboundMessage, OutboundMessage
+from nanobot.bus.queue import MessageBus
+from nanobot.bus.records import outbound_record
+from nanobot.log import printable
+from nanobot.providers.base import ToolCall
+from nanobot.store import ApprovalRequest, ApprovalStore, Journal
+from nanobot.store.approvals import LogOutcome, Place, Verdict
+
+SHOWN_CHARS = 1500  # of a call's arguments on its card; the rest is cut, with a note
+RESTARTED = "nanobot restarted before it was approved"
+STOPPED = "the turn was stopped"
+ASK_HELP = (
+    "Usage: /approve ID [once|chat|always], /deny ID, /approvals (the requests waiting and "
+    "the saved rules)."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Whose turn a call is made in: its session, the chat it talks in (None: it delivers
+    nowhere), who is talking there, and whether nobody is (cron, the heartbeat)."""
+
+    session_key: str
+    chat: ChatRef | None
+    user_id: str | None = None
+    private: bool = True
+    unattended: bool = False
+    untrusted: tuple[str, ...] = ()  # content from outside the turn started with
+
+
+@dataclass
+class RunApproval:
+    """The approval hook of one run (`RunHooks.approve`), and its taint: `observe` is a run
+    listener that notes each tool result the run takes in."""
+
+    approver: Approver
+    caller: Caller
+    run_id: str
+    taint: Taint = field(default_factory=Taint)
+
+    async def approve(self, call: ToolCall) -> Approval:
+        return await self.approver.check(self, call)
+
+    def observe(self, event: RunEvent) -> None:
+        if event.kind == "tool_end" and event.tool_call is not None:
+            self.taint = self.taint.after(event.tool_call.name)
+
+
+class Approver:
+    """Asks, waits and decides; one per process. `approvers` is each channel's configured
+    approvers (`channels.<name>.approvers`)."""
+
+    def __init__(
+        self,
+        store: ApprovalStore,
+        policy: ApprovalPolicy,
+        approvers: Mapping[str, Collection[str]],
+        journal: Journal,
+        bus: MessageBus,
+        *,
+        workspace: Path,
+    ) -> None:
+        self._store = store
+        self._policy = policy
+        self._approvers = {k: tuple(v) for k, v in approvers.items()}
+        self._journal = journal
+        self._bus = bus
+        self._workspace = workspace
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self.restarted: dict[str, str] = {}  # tool call id -> its result, from `recover`
+
+    def for_run(self, caller: Caller, run_id: str) -> RunApproval:
+        taint = Taint()
+        for source in caller.untrusted:
+            taint = taint.with_source(source)
+        return RunApproval(self, caller, run_id, taint)
+
+    async def check(self, run: RunApproval, call: ToolCall) -> Approval:
+        """Run `call` (None), refuse it now (the result text), or ask (`Asking`)."""
+        try:
+            arguments = call.parsed_arguments()
+        except ValueError:
+            return None  # the runner answers bad arguments itself; nothing would run
+        need = self._policy.requirement(call.name, arguments)
+        if need == "allow":
+            return None
+        what = subject(call.name, arguments)
+        grant = None
+        if need == "ask":
+            grant = await self._store.match(what.tool, what.rule_key, run.caller.session_key)
+        check = self._policy.check(call.name, arguments, grant=grant, taint=run.taint)
+        if check.action == "allow":
+            await self._record(what, run, "allowed", check.reason)
+            return None
+        if check.action == "deny":
+            return await self._refuse(what, run, check.reason)
+        return await self._ask(run, call, what, check.reason)
+
+    async def _ask(self, run: RunApproval, call: ToolCall, what: Subject, why: str) -> Approval:
+        caller = run.caller
+        origin = None
+        if caller.chat is not None:
+            chat = caller.chat
+            origin = Origin(chat.channel, chat.chat_id, caller.private, caller.user_id)
+            origin = replace(origin, unattended=caller.unattended)
+        where = route(
+            origin,
+            self._approvers.get(caller.chat.channel, ()) if caller.chat else (),
+            unattended=self._policy.unattended,
+        )
+        if not isinstance(where, AskHere | AskApprovers):
+            return await self._refuse(what, run, where.reason)
+        assert caller.chat is not None
+        chat = caller.chat
+        # Cards go to private chats, named the same way for the card and its later edits
+        # (one delivery lane: the edit never overtakes the card).
+        if isinstance(where, AskHere):
+            deciders = where.deciders
+            cards = [ChatRef.direct(chat.channel, caller.user_id or deciders[0])]
+        else:
+            deciders = where.approvers
+            cards = [ChatRef.direct(chat.channel, a) for a in where.approvers]
+        places = [Place(c.channel, c.chat_id) for c in cards]
+        group = None if caller.private else chat
+        if group is not None:
+            places.append(Place(group.channel, group.chat_id))
+        request = await self._store.create(
+            new_request(
+                what,
+                session_key=caller.session_key,
+                run_id=run.run_id,
+                tool_call_id=call.id,
+                reason=why,
+                deciders=deciders,
+                places=places,
+            ),
+            expires_in=self._policy.timeout,
+        )
+        logger.info(
+            "approval {} asked for {} in {} (deciders: {}): {}",
+            request.id,
+            call.name,
+            caller.session_key,
+            ", ".join(deciders),
+            why,
+        )
+        for place, card_chat in zip(places, cards, strict=False):
+            text = self._card(request, what)
+            await self._post(request, place, card_chat, text, buttons(request))
+        if group is not None:
+            note = f"Waiting for an approver to decide on running {call.name} ({request.id})."
+            await self._post(request, places[-1], group, note, ())
+        return Asking(self._wait(request))
+
+    async def _wait(self, request: ApprovalRequest) -> str | None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[request.id] = waiter
+        try:
+            seconds = (request.expires_at - datetime.now(UTC)).total_seconds()
+            try:
+                async with asyncio.timeout(max(0.0, seconds)):
+                    await waiter
+            except TimeoutError:
+                pass
+            decision = await self._store.expire(request.id)  # no-op once decided
+        except asyncio.CancelledError:
+            await asyncio.shield(self._withdraw(request, STOPPED))
+            raise
+        finally:
+            self._waiters.pop(request.id, None)
+        final = decision.request or request
+        if decision.won:
+            logger.info("approval {} expired: nobody decided in time", request.id)
+        await self._show(final)
+        return None if final.state == "approved" else not_run(final)
+
+    async def _withdraw(self, request: ApprovalRequest, note: str) -> None:
+        decision = await self._store.cancel(request.id, note)
+        if decision.request is not None:
+            logger.info("approval {} cancelled: {}", request.id, note)
+            await self._show(decision.request)
+
+    async def command(self, message: InboundMessage) -> str:
+        """Answer `/approve`, `/deny` or `/approvals` from `message` (typed, or a button
+        pressed); the line to answer with."""
+        words = message.text.split()
+        name = words[0][1:].split("@", 1)[0].lower()
+        if name == "approvals":
+            return await self.describe()
+        verdict: Verdict
+        if name == "deny" and len(words) in (2, 3):
+            verdict, args_hash = "deny", (words[2] if len(words) == 3 else None)
+        elif name == "approve" and 2 <= len(words) <= 4:
+            scope = words[2].lower() if len(words) > 2 else "once"
+            if scope not in ("once", "chat", "always"):
+                return ASK_HELP
+            verdict = cast(Verdict, scope)
+            args_hash = words[3] if len(words) == 4 else None
+        else:
+            return ASK_HELP
+        chat_id = f"@{message.sender_id}" if message.is_private else message.chat.chat_id
+        decision = await self._store.decide(
+            words[1],
+            verdict,
+            by=message.sender_id,
+            channel=message.chat.channel,
+            chat_id=chat_id,
+            args_hash=args_hash,
+        )
+        if decision.won:
+            logger.info("approval {}: {} by {}", words[1], verdict, printable(message.sender_id))
+            waiter = self._waiters.get(decision.request.id if decision.request else "")
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+            elif decision.request is not None:
+                await self._show(decision.request)  # its run waits elsewhere or is gone
+        else:
+            logger.info(
+                "approval {}: answer by {} refused: {}",
+                printable(words[1]),
+                printable(message.sender_id),
+                decision.outcome,
+            )
+        return answer_text(decision.outcome, decision.request)
+
+    async def describe(self) -> str:
+        """The pending requests and the saved rules, for `/approvals`."""
+        pending = await self._store.pending()
+        rules = await self._store.rules()
+        lines = [f"Waiting for a decision: {len(pending)}"]
+        for request in pending[:10]:
+            lines.append(f"- {request.id}: {request.tool} {_short(request.arguments, 80)}")
+        lines.append(f"Saved rules (always allowed): {len(rules)}")
+        for rule in rules[:10]:
+            lines.append(f"- {rule.id}: {rule.tool} {_short(rule.rule_key, 80)}")
+        lines.append("Revoke a rule with `nanobot approvals revoke ID`.")
+        return "\n".join(lines)
+
+    async def new_session(self, session_key: str) -> None:
+        """`/new`: what was allowed for this chat is not any more."""
+        await self._store.clear_chat_scope(session_key)
+
+    async def stop(self, run_id: str) -> None:
+        """`/stop`: the run's requests are cancelled (its waits end with the run)."""
+        for request in await self._store.cancel_run(run_id, STOPPED):
+            await self._show(request)
+
+    async def recover(self) -> None:
+        """At start, before turns resume: expire what was pending (the runs that waited are
+        gone), edit those cards, and remember each call's result for the resumed turn."""
+        for request in await self._store.expire_pending(RESTARTED):
+            logger.info("approval {} expired: {}", request.id, RESTARTED)
+            self.restarted[request.tool_call_id] = not_run(request)
+            await self._show(request)
+
+    # -- cards ---------------------------------------------------------------------------
+
+    def _card(self, request: ApprovalRequest, what: Subject) -> str:
+        expires = request.expires_at.astimezone(UTC)
+        lines = [
+            f"**Approval needed** ({request.id}): the agent wants to run **{request.tool}**",
+            _block(_shown(request.tool, request.arguments)),
+            f"Working directory: `{self._workspace}`",
+            f"Why it asks: {request.reason}",
+            f"Expires at {expires:%H:%M} UTC if nobody decides.",
+        ]
+        if what.once_only:
+            lines.append(f"Only once: {what.once_only}.")
+        return "\n".join(lines)
+
+    async def _post(
+        self,
+        request: ApprovalRequest,
+        place: Place,
+        chat: ChatRef,
+        text: str,
+        keys: tuple[Button, ...],
+    ) -> None:
+        card = OutboundMessage(chat, text, kind="card", buttons=keys)
+        outbox_id = await self._journal.enqueue(chat.channel, outbound_record(card))
+        await self._store.card_sent(request.id, place, str(outbox_id))
+        await self._bus.publish(replace(card, outbox_id=outbox_id))
+
+    async def _show(self, request: ApprovalRequest) -> None:
+        """Edit every card of `request` to say what became of it, without buttons."""
+        text = (
+            f"Approval {request.id} for **{request.tool}**: {decision_text(request)}.\n"
+            + _block(_shown(request.tool, request.arguments))
+        )
+        for place in request.places:
+            if place.message_id is None or not place.message_id.isdigit():
+                continue
+            chat = ChatRef(place.channel, place.chat_id)
+            edit = OutboundMessage(chat, text, kind="card", edits=int(place.message_id))
+            outbox_id = await self._journal.enqueue(chat.channel, outbound_record(edit))
+            await self._bus.publish(replace(edit, outbox_id=outbox_id))
+
+    async def _refuse(self, what: Subject, run: RunApproval, reason: str) -> str:
+        await self._record(what, run, "refused", reason)
+        logger.info("{} refused in {}: {}", what.tool, run.caller.session_key, reason)
+        return not_run(refused=reason)
+
+    async def _record(
+        self, what: Subject, run: RunApproval, outcome: LogOutcome, reason: str
+    ) -> None:
+        await self._store.record(
+            tool=what.tool,
+            arguments=what.arguments,
+            outcome=outcome,
+            reason=reason,
+            session_key=run.caller.session_key,
+            request_id=None,
+        )
+
+
+def buttons(request: ApprovalRequest) -> tuple[Button, ...]:
+    """The buttons of a request's card; each sends back the command it stands for."""
+    labels = {"once": "Allow once", "chat": "Allow for this chat", "always": "Always allow"}
+    keys = [
+        Button(labels[scope], f"/approve {request.id} {scope} {request.args_hash}")
+        for scope in request.scopes
+    ]
+    return (*keys, Button("Deny", f"/deny {request.id} {request.args_hash}"))
+
+
+def _shown(tool: str, arguments: str) -> str:
+    """A call's arguments as a person reads them: exec's command as it is, others as JSON."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if tool == "exec" and isinstance(parsed, dict) and isinstance(parsed.get("command"), str):
+        text = str(parsed["command"])
+    else:
+        text = json.dumps(parsed, indent=2, ensure_ascii=False) if parsed else arguments
+    if len(text) > SHOWN_CHARS:
+        cut = len(text) - SHOWN_CHARS
+        text = f"{text[:SHOWN_CHARS]}\n… ({cut} more characters: `nanobot approvals pending`)"
+    return text
+
+
+def _block(text: str) -> str:
+    """`text` as a code block no backticks inside can close."""
+    fence = "`" * max(3, _longest_backticks(text) + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
+def _longest_backticks(text: str) -> int:
+    longest = current = 0
+    for char in text:
+        current = current + 1 if char == "`" else 0
+        longest = max(longest, current)
+    return longest
+
+
+def _short(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

