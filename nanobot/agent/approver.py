@@ -330,8 +330,13 @@ class Approver:
         for place in request.places:
             if place.message_id is None or not place.message_id.isdigit():
                 continue
+            card = int(place.message_id)
+            if await self._journal.sent_id(card) is None:
+                # Not out yet (or cut off by a crash before it was recorded): it must not
+                # go out now, with buttons for what is decided; the decision goes instead.
+                await self._journal.give_up(card, "decided before the card was shown")
             chat = ChatRef(place.channel, place.chat_id)
-            edit = OutboundMessage(chat, text, kind="card", edits=int(place.message_id))
+            edit = OutboundMessage(chat, text, kind="card", edits=card)
             outbox_id = await self._journal.enqueue(chat.channel, outbound_record(edit))
             await self._bus.publish(replace(edit, outbox_id=outbox_id))
 
