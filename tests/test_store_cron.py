@@ -446,7 +446,11 @@ async def test_interrupted_runs_are_marked_at_start_up(tmp_path: Path) -> None:
         assert job.next_run == T0 + HOUR  # moved on before the run: not run again
         other = await store.get(finished.id)
         assert other is not None and other.last_status == "ok"
-        assert not await store.finish_run(left, "ok")  # too late now
+        # Its turn was journaled and resumes: how it ends replaces the mark, once.
+        assert await store.finish_run(left, "ok")
+        assert not await store.finish_run(left, "error", "again")
+        (run,) = await store.runs(crashed.id)
+        assert (run.status, run.error) == ("ok", None)
 
 
 async def test_an_older_run_finishing_keeps_the_newer_status(
