@@ -13,11 +13,18 @@ import pytest
 
 from nanobot.agent.approvals import ApprovalPolicy
 from nanobot.agent.approver import Approver
+from nanobot.agent.runner import Runner
+from nanobot.agent.subagents import Subagents, SubagentSettings
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage
-from nanobot.store import ApprovalStore, Database
+from nanobot.providers.provider import RetryPolicy
+from nanobot.store import ApprovalStore, Database, SessionStore
+from nanobot.tools.base import ToolContext
+from nanobot.tools.registry import ToolRegistry
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
+from tests.fakes.tools import EchoTool
 from tests.test_dispatcher import Harness
 from tests.test_loop import make_parts
+from tests.test_provider import on_litellm
 
 ALICE = ChatRef("telegram", "1")
 GROUP = ChatRef("telegram", "-100")
@@ -318,3 +325,88 @@ async def test_a_restart_expires_what_was_pending_and_the_turn_resumes_without_t
     assert "restarted before it was approved" in result["content"]
     assert first.harness.parts.echo.calls == []
     await third.stop()
+
+
+async def test_another_chat_is_answered_while_one_waits(rig: Rig, fake_llm: FakeLLM) -> None:
+    fake_llm.script_for("fake-model")
+    fake_llm.script(echo("make release"), Text("Hi Bob."))
+    await rig.say("release it")
+    await rig.wait("cards")
+    bob = ChatRef("telegram", "2")
+    await rig.say("hello", chat=bob, user="2")
+    await rig.wait("texts", 1, chat=bob)
+    assert rig.texts(bob) == ["Hi Bob."]
+    assert rig.harness.parts.echo.calls == []  # still waiting in Alice's chat
+
+
+def cron_event(chat: ChatRef, run: int) -> InboundMessage:
+    return InboundMessage(
+        chat,
+        "cron",
+        "tidy up",
+        f"cron:j1:{run}",
+        source="cron",
+        session="cron:j1",
+        mode="next_turn",
+        ref=str(run),
+    )
+
+
+async def test_a_cron_call_asks_its_delivery_chat_and_is_refused_where_nobody_can_decide(
+    rig: Rig, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(echo("rm old.log"), Text("Tidied."))
+    await rig.harness.gate.submit(cron_event(ALICE, 1))  # Alice's own chat: she decides
+    await rig.wait("cards")
+    assert rig.cards()[0].chat == ChatRef.direct("telegram", "1")
+    await rig.press(rig.cards()[0].buttons[0].data)
+    await rig.wait("texts")
+    assert rig.texts() == ["Tidied."] and rig.harness.parts.echo.calls == ["rm old.log"]
+
+    fake_llm.script(echo("rm old.log", "c2"), Text("Could not."))
+    await rig.harness.gate.submit(cron_event(GROUP, 2))  # a group without approvers
+    await rig.wait("texts", 1, chat=GROUP)
+    result = fake_llm.requests[-1].messages[-1]["content"]
+    assert result.startswith("Not run") and "approvers" in result
+    assert len(rig.cards()) == 1
+
+
+async def test_unattended_deny_refuses_scheduled_calls_at_once(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    rig = await make_rig(tmp_path, fake_llm, db)
+    rig.approver._policy = ApprovalPolicy(tools={"echo": "ask"}, unattended="deny")
+    fake_llm.script(echo("rm old.log"), Text("Not allowed."))
+    await rig.harness.gate.submit(cron_event(ALICE, 1))
+    await rig.wait("texts")
+    assert rig.cards() == []
+    assert "tools.approval.unattended: deny" in fake_llm.requests[-1].messages[-1]["content"]
+    await rig.close()
+
+
+async def test_a_background_tasks_call_is_asked_in_the_chat_that_started_it(
+    rig: Rig, fake_llm: FakeLLM, db: Database
+) -> None:
+    sub_echo = EchoTool()
+    provider = on_litellm(
+        "openai/sub-model", api_key="sk", api_base=fake_llm.base_url, retry=RetryPolicy(attempts=0)
+    )
+    subagents = Subagents(
+        Runner(provider, ToolRegistry([sub_echo])),
+        SessionStore(db),
+        rig.harness.gate,
+        SubagentSettings(tools=("echo",)),
+        approver=rig.approver,
+    )
+    fake_llm.script_for("sub-model", echo("scan the disk"), Text("Disk is fine."))
+    fake_llm.script(Text("The scan says the disk is fine."))
+    context = ToolContext("telegram", "1", ALICE.session_key, "run-0", sender_id="1")
+    await subagents.spawn("scan the disk", context)
+    await rig.wait("cards")
+    assert rig.cards()[0].chat == ChatRef.direct("telegram", "1")
+    assert sub_echo.calls == []
+    await rig.press(rig.cards()[0].buttons[0].data)
+    await rig.wait("texts")
+    assert sub_echo.calls == ["scan the disk"]
+    assert rig.texts() == ["The scan says the disk is fine."]
+    await subagents.stop()
