@@ -179,12 +179,18 @@ app.add_typer(pairing_app, name="pairing")
 
 
 def _pairing(ctx: typer.Context, action: str, *args: str) -> None:
+    _manage(ctx, "pairing", action, *args)
+
+
+def _manage(ctx: typer.Context, command: str, action: str, *args: str) -> None:
+    """Run `manage.<command>(config, action, *args)`: print its lines, exit 1 when it says
+    the action failed."""
     from nanobot import manage
     from nanobot.errors import NanobotError
 
     config = _config(ctx)
     try:
-        lines, ok = manage.pairing(config, action, *args)
+        lines, ok = getattr(manage, command)(config, action, *args)
     except NanobotError as exc:
         _fail(str(exc))
     for line in lines:
@@ -235,18 +241,7 @@ app.add_typer(approvals_app, name="approvals")
 
 
 def _approvals(ctx: typer.Context, action: str, *args: str) -> None:
-    from nanobot import manage
-    from nanobot.errors import NanobotError
-
-    config = _config(ctx)
-    try:
-        lines, ok = manage.approvals(config, action, *args)
-    except NanobotError as exc:
-        _fail(str(exc))
-    for line in lines:
-        typer.echo(line)
-    if not ok:
-        raise typer.Exit(1)
+    _manage(ctx, "approvals", action, *args)
 
 
 @approvals_app.command("rules")

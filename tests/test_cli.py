@@ -13,6 +13,7 @@ from nanobot.store import Access, Database, Journal
 from nanobot.store.access import MAX_PENDING
 from tests.conftest import Home
 from tests.fakes.llm import AuthError, FakeLLM, ServerError, Text
+from tests.test_terminal import piped
 
 SECRET = "sk-test-secret-key-123456"
 
@@ -238,21 +239,9 @@ def test_console_script_is_declared() -> None:
 
 async def test_interactive_chat_reads_lines_until_exit(home: Home, fake_llm: FakeLLM) -> None:
     fake_llm.script(Text("first answer"), Text("second answer"))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "nanobot",
-        "agent",
-        env=home.env,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    stdout, stderr = await asyncio.wait_for(
-        process.communicate(b"one\n\ntwo\n/exit\nnever sent\n"), timeout=90
-    )
-    assert process.returncode == 0
-    assert stdout.decode().splitlines() == ["first answer", "second answer"], stderr.decode()
+    code, out, err = await piped(home, b"one\n\ntwo\n/exit\nnever sent\n")
+    assert code == 0
+    assert out.splitlines() == ["first answer", "second answer"], err
     assert fake_llm.request_count == 2
 
 

@@ -105,8 +105,9 @@ async def test_chat_streams_stops_on_ctrl_c_and_quits_on_the_second(
         term.close()
 
 
-async def piped(home: Home, lines: bytes, *args: str) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
+async def agent(home: Home, *args: str) -> asyncio.subprocess.Process:
+    """`nanobot agent *args` with its standard streams piped."""
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "nanobot",
@@ -117,6 +118,11 @@ async def piped(home: Home, lines: bytes, *args: str) -> tuple[int, str, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def piped(home: Home, lines: bytes, *args: str) -> tuple[int, str, str]:
+    """`nanobot agent *args` fed `lines`: its exit code, stdout and stderr."""
+    process = await agent(home, *args)
     stdout, stderr = await asyncio.wait_for(process.communicate(lines), timeout=90)
     assert process.returncode is not None
     return process.returncode, stdout.decode(), stderr.decode()
@@ -155,16 +161,7 @@ async def test_a_turn_cut_off_by_a_crash_is_answered_in_the_next_chat(
     home: Home, fake_llm: FakeLLM
 ) -> None:
     fake_llm.script(Hang())
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "nanobot",
-        "agent",
-        env=home.env,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await agent(home)
     assert process.stdin is not None
     process.stdin.write(b"what is the answer?\n")
     await process.stdin.drain()
