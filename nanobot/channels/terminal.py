@@ -35,7 +35,7 @@ from nanobot.tasks import TaskSet
 NAME = "terminal"
 USER = "local"  # the person at the terminal: the owner, allowed by the gate's rules
 EXIT_COMMANDS = frozenset({"/exit", "/quit"})
-HELP = "Type a message; /help lists the commands, /exit quits. Ctrl-C stops the reply."
+HELP = "Type a message; /help lists the commands, /exit quits."
 LINE_LIMIT = 1024 * 1024  # bytes of one line; a longer one is refused, not cut
 
 
@@ -83,7 +83,8 @@ class TerminalChannel(Channel):
             event_loop.add_signal_handler(signal.SIGINT, self._on_interrupt)
         try:
             if self._interactive:
-                self._write(f"nanobot — session {self._session_key}. {HELP}\n")
+                ctrl_c = "stops the reply" if interrupts else "stops nanobot"
+                self._write(f"nanobot — session {self._session_key}. {HELP} Ctrl-C {ctrl_c}.\n")
             await self._read_lines(reader)
             self.ended.set()
             await asyncio.get_running_loop().create_future()  # until cancelled
