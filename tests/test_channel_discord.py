@@ -660,6 +660,8 @@ async def test_streaming_edits_then_exact_final(
     first, rest = fake.sent(world.channel)
     assert first.id == shown.id and first.content == parts[0] and first.edits[-1] == parts[0]
     assert rest.content == parts[1] and rest.reply_to is None
+    # neither the updates nor the final edit touch the message's components
+    assert [("components" in body) for body in first.edit_payloads] == [False, False]
     await channel.deliver(StreamUpdate(chat, stream, "late", reply_to=asked))
     assert len(fake.sent()) == 2 and first.content == parts[0]
 

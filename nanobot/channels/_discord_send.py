@@ -39,8 +39,8 @@ import aiohttp
 import discord
 from loguru import logger
 
-from nanobot.bus.events import Button, ChatRef, OutboundMessage
-from nanobot.channels.base import DeliveryError, OutboxPort, Undeliverable
+from nanobot.bus.events import Button, ChatRef
+from nanobot.channels.base import DeliveryError, Undeliverable
 from nanobot.channels.render import split_discord
 
 T = TypeVar("T")
@@ -239,78 +239,3 @@ class Sender:
             await attempt((await self._channel(chat)).typing(), "typing")
         except DeliveryError as exc:
             logger.debug("discord typing signal failed: {}", exc)
-
-
-class Cards:
-    """Messages with buttons, and messages that replace an earlier one (`replaces`).
-
-    A card's text goes out in parts like a reply's, its buttons under the last part. With
-    `replaces`, the first part is an edit of that message (its buttons replaced by the
-    card's, or removed); a message that cannot be edited any more (deleted: 10008, not
-    ours) is posted anew. The parts already out are remembered (in memory, and through
-    `outbox.progress` for a restart), so a card whose delivery failed resumes with the part
-    that failed. Memory is bounded: at most `KEEP` cards part-way out.
-    """
-
-    KEEP = 64
-
-    def __init__(self, sender: Sender, *, outbox: OutboxPort | None = None) -> None:
-        self._sender = sender
-        self._outbox = outbox
-        self._progress: OrderedDict[int, tuple[OutboundMessage, int, int | None]] = OrderedDict()
-
-    async def send(self, item: OutboundMessage) -> str | None:
-        """Deliver `item`; the id of the message that carries its buttons (its last part).
-        Raises DeliveryError (`Undeliverable`: it is over, nothing of it is kept)."""
-        try:
-            return await self._send(item)
-        except Undeliverable:
-            self._progress.pop(id(item), None)
-            raise
-
-    async def _send(self, item: OutboundMessage) -> str | None:
-        parts = split_discord(item.text) or [""]  # a card may be its buttons alone
-        kept = self._progress.get(id(item))
-        done, shown = (kept[1], kept[2]) if kept and kept[0] is item else (item.parts_sent, None)
-        for index in range(done, len(parts)):
-            last = index + 1 == len(parts)
-            buttons = item.buttons if last else ()
-            shown = None
-            if index == 0 and item.replaces is not None:
-                shown = await self._replace(item.chat, item.replaces, parts[0], buttons)
-            if shown is None:
-                reply_to = item.reply_to if index == 0 else None
-                shown = await self._sender.send(
-                    item.chat, parts[index], reply_to=reply_to, buttons=buttons
-                )
-            self._progress[id(item)] = (item, index + 1, shown)
-            while len(self._progress) > self.KEEP:
-                self._progress.popitem(last=False)
-            if not last:
-                await self._record(item, index + 1)
-        self._progress.pop(id(item), None)
-        return None if shown is None else str(shown)
-
-    async def _replace(
-        self, chat: ChatRef, replaces: str, text: str, buttons: Sequence[Button]
-    ) -> int | None:
-        """Edit message `replaces` to show `text` and `buttons`; None when it cannot be."""
-        message_id = _number(replaces)
-        if message_id is not None and await self._sender.edit(
-            chat, message_id, text, buttons=buttons
-        ):
-            return message_id
-        logger.info("discord: message {} cannot be edited; posting it anew", replaces)
-        return None
-
-    async def _record(self, item: OutboundMessage, parts: int) -> None:
-        if self._outbox is None or item.outbox_id is None:
-            return
-        try:
-            await self._outbox.progress(item.outbox_id, parts)
-        except Exception:  # noqa: BLE001 - the parts are out; at worst a restart resends them
-            logger.opt(exception=True).warning(
-                "discord: could not record that {} part(s) of card {} were sent",
-                parts,
-                item.outbox_id,
-            )

@@ -39,7 +39,11 @@ class Outlet(Protocol):
 
 
 class CardOutlet(Outlet, Protocol):
-    """An Outlet that also puts buttons under a message: for cards, and for edits of them."""
+    """An Outlet that also puts buttons under a message: for cards, and for edits of them.
+
+    `Replies` always names `buttons` when it calls these (an outlet may read a call without
+    them differently: Discord's `edit` then leaves the buttons as they are, which stream
+    edits, made through `Outlet.edit`, rely on)."""
 
     async def send(
         self, chat: ChatRef, text: str, *, reply_to: str | None, buttons: Sequence[Button] = ()
@@ -186,9 +190,16 @@ class Replies:
         message's id if it did (None: post the part)."""
         if item.replaces is not None:
             number = int(item.replaces) if item.replaces.isdigit() else None
-            if number is None or cards is None:
-                return None
-            return number if await cards.edit(item.chat, number, text, buttons=buttons) else None
+            if (
+                number is not None
+                and cards is not None
+                and await cards.edit(item.chat, number, text, buttons=buttons)
+            ):
+                return number
+            logger.info(
+                "{}: message {} cannot be edited; posting it anew", self._name, item.replaces
+            )
+            return None
         if stream is None or stream.message_id is None:
             return None
         edited = await self._finish(item.chat, stream, text, cards, buttons)

@@ -22,9 +22,9 @@ after a restart. Other interactions (slash commands) are not ours and are left a
 Out: Discord renders Markdown itself, so replies are only split (`split_discord`, code fences
 closed and reopened). A streamed reply is posted early and edited at most once per
 `stream_interval`; the final message edits it to exactly its first part. A card (a message
-with buttons) and an edit of an earlier message go through `Cards` and return the id of the
-message that shows the buttons; an `answer` to a press is an ephemeral follow-up. A chat
-`@<user id>` is the DM with that user.
+with buttons) and an edit of an earlier message go out the same way (`Replies`, with the
+sender as its `CardOutlet`) and return the id of the message that shows the buttons; an
+`answer` to a press is an ephemeral follow-up. A chat `@<user id>` is the DM with that user.
 
 Servers: discord.py has no option for them. An `api_base` or `gateway_url` other than
 Discord's is set on the process-wide `Route.BASE` / `DiscordWebSocket.DEFAULT_GATEWAY` while
@@ -54,7 +54,7 @@ from nanobot.bus.events import (
     Typing,
 )
 from nanobot.channels import _discord_inbound as inbound
-from nanobot.channels._discord_send import QUIET, Cards, Sender
+from nanobot.channels._discord_send import QUIET, Sender
 from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
 from nanobot.channels._typing import DELAY as TYPING_DELAY
@@ -176,7 +176,6 @@ class DiscordChannel(Channel):
         self._inbox = inbox
         self._guild_ready_timeout = guild_ready_timeout
         self._sender = Sender()
-        self._cards = Cards(self._sender, outbox=outbox)
         self._presses = inbound.Presses()
         self._replies = Replies(
             self._sender,
@@ -184,6 +183,7 @@ class DiscordChannel(Channel):
             interval=stream_interval,
             name=self.name,
             outbox=outbox,
+            cards=self._sender,
         )
         self._typing = TypingIndicator(
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name
@@ -365,7 +365,7 @@ class DiscordChannel(Channel):
             case OutboundMessage() if (
                 item.kind == "card" or item.buttons or item.edits is not None or item.replaces
             ):
-                return await self._cards.send(item)
+                return await self._replies.send(item)
             case OutboundMessage():
                 await self._replies.send(item)
         return None
