@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.discord import FakeDiscord
-from tests.fakes.llm import FakeLLM, Text
+from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import GatewayProcess
 from tests.test_gateway_telegram import ALICE, gateway_config, replies
@@ -133,3 +133,38 @@ async def test_a_discord_message_that_arrives_while_stopping_is_answered_after_t
         await process.start(ready="gateway started")
         await expect(discord, dm, ["Finished before leaving.", "Answered after the restart."])
         assert "one more thing" in str(fake_llm.requests[-1].messages[-1]["content"])
+
+
+async def test_an_approval_card_in_a_discord_dm_is_decided_with_a_click(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, discord: FakeDiscord
+) -> None:
+    discord.add_user("ada", user_id=ADA)
+    dm = discord.dm_channel(ADA)
+    settings = config(tmp_path, fake_llm, telegram, discord)
+    settings["tools"] = {"approval": {}}  # the defaults: exec asks
+    process = GatewayProcess(tmp_path, settings, dict(os.environ))
+    await process.start(ready="gateway started")
+    try:
+        await process.wait_log("discord connected", seconds=60)
+        await discord.wait_for_ready()
+        fake_llm.script(
+            ToolCalls([Call("exec", {"command": "touch clicked"}, id="x1")]), Text("Made it.")
+        )
+        discord.user_message(dm, "make the file", user_id=ADA)
+        await discord.wait_until(
+            lambda: any(m.buttons for m in discord.sent(dm)), 30, "an approval card"
+        )
+        card = next(m for m in discord.sent(dm) if m.buttons)
+        assert "touch clicked" in card.content
+        allow = next(b for b in card.buttons if b["label"] == "Allow once")
+        click = discord.click(card.id, allow["custom_id"], user_id=ADA)
+        await discord.wait_for_response(click)
+        await discord.wait_until(
+            lambda: any(m.content == "Made it." for m in discord.sent(dm)), 30, "the answer"
+        )
+        assert (tmp_path / "data" / "workspace" / "clicked").exists()
+        edited = next(m for m in discord.sent(dm) if m.id == card.id)
+        assert edited.buttons == [] and "allowed once by" in edited.content
+        await discord.wait_until(lambda: bool(click.followups), 30, "the ephemeral answer")
+    finally:
+        assert await process.stop(signal.SIGTERM) == 0
