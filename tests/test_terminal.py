@@ -10,7 +10,7 @@ import sys
 import termios
 
 from tests.conftest import Home
-from tests.fakes.llm import FakeLLM, Hang, Text
+from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
 
 
 class Terminal:
@@ -173,3 +173,18 @@ async def test_a_turn_cut_off_by_a_crash_is_answered_in_the_next_chat(
     assert code == 0, err
     assert out.splitlines() == ["It is 42."]
     assert fake_llm.request_count == 2
+
+
+async def test_the_terminal_asks_before_a_command_and_runs_it_on_o(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(
+        ToolCalls([Call("exec", {"command": "touch asked-first"}, id="x1")]), Text("Made it.")
+    )
+    code, out, err = await piped(home, b"make the file\no\n")
+    assert code == 0, err
+    assert "Approval needed" in out and "touch asked-first" in out
+    assert "Answer: [o]nce [c]hat [a]lways [d]eny" in out
+    assert "Decided." in out
+    assert out.splitlines()[-1] == "Made it."
+    assert (home.data_dir / "workspace" / "asked-first").exists()

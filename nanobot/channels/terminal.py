@@ -69,7 +69,7 @@ class TerminalChannel(Channel):
         self._answered = asyncio.Event()
         self._interrupts = 0
         self._tasks = TaskSet("terminal")
-        self._keys: dict[str, str] = {}  # the open card's answers: letter -> button data
+        self._keys: dict[str, str] = {}  # the open card's answers: word or letter -> data
         self._posted = 0  # ids of what was printed, for edits to name
 
     async def run(self, ready: Callable[[], None]) -> None:
@@ -156,12 +156,11 @@ class TerminalChannel(Channel):
         return None
 
     def _print(self, message: OutboundMessage) -> None:
-        if message.buttons:  # a card: its answers, one letter each
-            self._keys = {b.label.split()[-1][0].lower(): b.data for b in message.buttons}
-            choices = ", ".join(
-                f"[{b.label.split()[-1][0].lower()}] {b.label}" for b in message.buttons
-            )
-            message = replace(message, text=f"{message.text}\nAnswer with a letter: {choices}")
+        if message.buttons:  # a card: each answer by its word, or the word's first letter
+            words = {_answer_word(b.data): b.data for b in message.buttons}
+            self._keys = {**words, **{word[0]: data for word, data in words.items()}}
+            choices = " ".join(f"[{word[0]}]{word[1:]}" for word in words)
+            message = replace(message, text=f"{message.text}\nAnswer: {choices}")
             self._answered.set()  # piped: the answer is the next line
         elif message.replaces is not None:
             self._keys.clear()  # decided (or expired): no answer is taken any more
