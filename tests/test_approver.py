@@ -15,7 +15,7 @@ from nanobot.agent.approvals import ApprovalPolicy
 from nanobot.agent.approver import Approver
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings
-from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage
+from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, Typing
 from nanobot.providers.provider import RetryPolicy
 from nanobot.store import ApprovalStore, Database, SessionStore
 from nanobot.tools.base import ToolContext
@@ -150,6 +150,9 @@ async def test_allow_once_runs_the_call_and_the_card_says_who_decided(
     (edit,) = rig.edits()
     assert edit.edits == card.outbox_id and edit.buttons == ()
     assert "allowed once by 1" in edit.text
+    # "typing…" is off while the turn waits for a person, and on again once it goes on.
+    typing = [o.active for o in rig.harness.out if isinstance(o, Typing) and o.chat == ALICE]
+    assert typing == [True, False, True, False]
 
 
 async def test_deny_keeps_the_call_from_running(rig: Rig, fake_llm: FakeLLM) -> None:

@@ -21,7 +21,7 @@ from loguru import logger
 
 from nanobot.agent.approver import Caller
 from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
-from nanobot.agent.run import EventListener, RunEvent
+from nanobot.agent.run import EventListener, RunEvent, RunState, listeners
 from nanobot.agent.subagents import Subagents
 from nanobot.bus.events import (
     ChatRef,
@@ -103,6 +103,31 @@ class OutcomeSink(Protocol):
     async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:
         """`message`'s turn ended as `outcome` says. Must not raise."""
         ...
+
+
+class _TypingSignal:
+    """A turn's "typing…" in its chat: on while the turn works, off while it waits for a
+    person to approve a call (nothing is being written then), off when it ends."""
+
+    def __init__(self, bus: MessageBus, chat: ChatRef) -> None:
+        self._bus, self._chat = bus, chat
+        self._started = self._on = False
+
+    def start(self) -> None:
+        self._started = True
+        self._switch(on=True)
+
+    def stop(self) -> None:
+        self._started = False
+        self._switch(on=False)
+
+    def __call__(self, event: RunEvent) -> None:
+        if event.kind == "status" and self._started:
+            self._switch(on=event.state != RunState.AWAITING_HUMAN)
+
+    def _switch(self, *, on: bool) -> None:
+        if on != self._on and (self._bus.offer(Typing(self._chat, active=on)) or not on):
+            self._on = on
 
 
 class Dispatcher:
@@ -191,6 +216,10 @@ class Dispatcher:
             await self._deliver(message, reply, stream_id)
 
         shown = message.deliver  # typing and the message tool
+        typing = _TypingSignal(self._bus, chat)
+        streamer = None
+        if shown and message.quiet is None:  # a quiet answer must not show while written
+            streamer = _streamer(self._bus, chat, _reply_to(message), stream_id)
         request = TurnRequest(
             message.session_key,
             _with_attachments(message),
@@ -199,28 +228,22 @@ class Dispatcher:
             thread_id=chat.thread_id,
             sender_id=message.sender_id,
             send=send_now if shown else None,
-            listener=(
-                _streamer(self._bus, chat, _reply_to(message), stream_id)
-                if shown and message.quiet is None  # a quiet answer must not show while written
-                else None
-            ),
+            listener=listeners(streamer, typing) if shown else None,
             mode=message.mode,
             inbound_id=message.journal_id,
             caller=_caller(message),
             on_reply=deliver,
             images=tuple(a.path for a in message.attachments if a.kind == "photo"),
-            on_start=lambda: started.append(shown and self._bus.offer(Typing(chat, active=True))),
+            # Typing shows once the turn has a slot: chats waiting for one do not keep a
+            # typing indicator (and its API calls) going.
+            on_start=typing.start if shown else None,
         )
-        # Typing shows once the turn has a slot: chats waiting for one do not keep a typing
-        # indicator (and its API calls) going.
-        started: list[bool] = []
         if message.fresh and not resume:
             await self._loop.new_session(message.session_key)
         try:
             reply = await (self._loop.resume(request) if resume else self._loop.handle(request))
         finally:
-            if any(started):
-                self._bus.offer(Typing(chat, active=False))
+            typing.stop()
         if reply is not None:
             await deliver(reply)
 

@@ -25,11 +25,11 @@ from nanobot.agent.images import has_images, inline_images, with_images, without
 from nanobot.agent.run import (
     EventListener,
     LoopLimits,
-    RunEvent,
     RunHooks,
     RunInput,
     RunResult,
     ToolPolicy,
+    listeners,
 )
 from nanobot.agent.runner import Runner
 from nanobot.bus.events import QueueMode
@@ -364,7 +364,7 @@ class AgentLoop:
         listener, approve = request.listener, None
         if self.approver is not None and request.caller is not None:
             approval = self.approver.for_run(request.caller, run.run_id)
-            listener, approve = _both(listener, approval.observe), approval.approve
+            listener, approve = listeners(listener, approval.observe), approval.approve
         return RunHooks(
             persist=persist,
             steering=lambda: _take(lane.steering, self._settings.steering_delivery),
@@ -398,17 +398,6 @@ async def _show_images(
         if shown[index].get("role") == "user" and shown[index] == without_images(pending[-1]):
             shown[index] = await inline_images(pending.pop(), workspace)
     return shown
-
-
-def _both(first: EventListener | None, second: EventListener) -> EventListener:
-    if first is None:
-        return second
-
-    def listener(event: RunEvent) -> None:
-        first(event)
-        second(event)
-
-    return listener
 
 
 def _take(queue: deque[Message], delivery: Delivery) -> list[Message]:

@@ -141,6 +141,21 @@ class RunResult:
 
 
 EventListener = Callable[[RunEvent], None]
+
+
+def listeners(*each: EventListener | None) -> EventListener | None:
+    """One listener that calls each given one in turn (None when none is given)."""
+    given = [listener for listener in each if listener is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+
+    def listener(event: RunEvent) -> None:
+        for one in given:
+            one(event)
+
+    return listener
+
+
 Persist = Callable[[Message], Awaitable[None]]
 TakeMessages = Callable[[], Sequence[Message]]
 Compact = Callable[[Sequence[Message]], Awaitable[Sequence[Message]]]
