@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobot.agent.dispatcher import Dispatcher
+from nanobot.agent.dispatcher import EMPTY_ANSWER, Dispatcher, _blank
 from nanobot.bus.events import (
     ChatRef,
     InboundMessage,
@@ -215,3 +215,36 @@ async def test_recovery_leaves_what_another_process_must_answer(
 def test_only_a_person_types_commands() -> None:
     assert InboundMessage(CHAT, "1", "/new", "m1").command == "new"
     assert InboundMessage(CHAT, "cron", "/new", "c1", source="cron").command is None
+
+
+@pytest.mark.parametrize(
+    ("text", "blank"),
+    [
+        ("", True),
+        ("  \n\t ", True),
+        ("```\n```", True),
+        ("```python\n\n```", True),
+        ("![](x)", True),
+        ("![a picture](https://example.com/a.png)\n", True),
+        ("<!-- nothing -->", True),
+        ("0", False),
+        ("```\nls\n```", False),
+        ("see ![](x) here", False),
+    ],
+)
+def test_what_shows_nothing_in_a_chat(text: str, blank: bool) -> None:
+    assert _blank(text) is blank
+
+
+async def test_an_empty_answer_is_never_a_silent_gap(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database, warnings: list[str]
+) -> None:
+    harness = Harness(await make_parts(tmp_path, fake_llm, db), db)
+    await harness.start()
+    fake_llm.script(Text(""), Text("```\n```"))
+    await harness.send("1", "hello?", "m1")
+    await harness.send("2", "anyone?", "m2")
+    await harness.wait_replies(2)
+    assert [r.text for r in harness.replies()] == [EMPTY_ANSWER, EMPTY_ANSWER]
+    assert sum("answered nothing visible" in w for w in warnings) == 2
+    await harness.stop()

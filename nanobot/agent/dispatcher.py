@@ -13,6 +13,7 @@ whatever produced them.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Protocol
@@ -51,6 +52,13 @@ UNTRUSTED_SOURCES: Mapping[Source, str] = {"task": "a subagent's result"}
 
 
 FAILED = "Sorry, something went wrong on my side and I could not answer that."
+EMPTY_ANSWER = "(The model returned an empty answer. Ask again, or rephrase.)"
+_INVISIBLE = re.compile(
+    r"```[^\n`]*\n?\s*```"  # a code block with nothing in it
+    r"|!\[[^\]]*\]\([^)]*\)"  # an image link: no image is sent, and its text is not shown
+    r"|<!--.*?-->",  # a comment
+    re.DOTALL,
+)
 
 
 class StatusSource(Protocol):
@@ -255,6 +263,14 @@ class Dispatcher:
         if text is not None and message.quiet is not None and _only(text, message.quiet):
             logger.info("{}: nothing to report", message.session_key)
             text = None
+        elif text is not None and _blank(text):  # never a silent gap where an answer was due
+            logger.warning(
+                "run {} in {} answered nothing visible ({!r}); the user is told so",
+                result.run_id,
+                message.session_key,
+                text[:80],
+            )
+            text = EMPTY_ANSWER
         outbound = None
         if text and message.deliver:
             outbound = OutboundMessage(
@@ -343,6 +359,11 @@ def _reply_to(message: InboundMessage) -> str | None:
     """The platform message an answer replies to: a person's message; nanobot's own events
     have no platform message."""
     return message.message_id if message.source == "chat" else None
+
+
+def _blank(text: str) -> bool:
+    """Whether `text` shows nothing once rendered in a chat."""
+    return not _INVISIBLE.sub("", text).strip()
 
 
 def _only(text: str, token: str) -> bool:
