@@ -265,3 +265,25 @@ async def test_a_run_cancelled_while_waiting_for_a_slot_frees_its_key() -> None:
     log.gate("holder").set()
     await holder
     assert "start b" not in log.steps
+
+
+async def test_slots_go_to_run_callers_first_come_first_served() -> None:
+    # The agent loop's turns (`run`) wait for their slot in the order they asked: a burst of
+    # chats is answered in the order it came, and a session's next turn (handed its lane
+    # when the one before ends) queues behind the others that already wait, not before them.
+    lanes: Lanes[str] = Lanes(limit=2)
+    log = Log()
+    holders = [asyncio.create_task(lanes.run(k, log.item(k, wait=True))) for k in ("h1", "h2")]
+    await log.began("h2").wait()
+    keys = [f"k{i}" for i in range(20)]
+    waiting = [asyncio.create_task(lanes.run(k, log.item(k))) for k in keys]
+    nxt = asyncio.create_task(lanes.run("h1", log.item("h1 next")))  # h1's next turn
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert lanes.waiting == 1  # h1's next waits for its lane; the keys wait for a slot
+    late = asyncio.create_task(lanes.run("late", log.item("late")))
+    log.gate("h1").set()
+    log.gate("h2").set()
+    await asyncio.gather(*holders, *waiting, nxt, late)
+    starts = [step.removeprefix("start ") for step in log.steps if step.startswith("start ")]
+    assert starts == ["h1", "h2", *keys, "late", "h1 next"]

@@ -3,9 +3,11 @@ OpenAI-compatible server."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,8 +17,9 @@ from nanobot.app import build_provider
 from nanobot.config import AgentConfig, Config
 from nanobot.errors import ProviderError
 from nanobot.providers import Delta, TextDelta, ToolCallDelta
-from nanobot.providers._stream import retry_after
-from nanobot.providers.litellm_provider import LiteLLMTransport, _litellm
+from nanobot.providers._stream import Assembler, retry_after
+from nanobot.providers.base import Completion, ToolCall, Usage
+from nanobot.providers.litellm_provider import LiteLLMTransport, _litellm, _read_chunk
 from nanobot.providers.openai_direct import DirectTransport
 from nanobot.providers.provider import Provider, RetryPolicy, Routes
 from tests.fakes.llm import (
@@ -352,3 +355,32 @@ async def test_a_retried_stream_starts_its_deltas_again_at_seq_0(fake_llm: FakeL
     assert "".join(d.text for d in texts[:restart]) == "Hello "  # what the broken stream showed
     assert "".join(d.text for d in texts[restart:]) == "Hello world, again."
     assert [d.seq for d in texts[restart:]] == list(range(len(texts) - restart))
+
+
+def test_a_chunk_is_read_alike_from_litellm_objects_and_plain_ones() -> None:
+    # litellm keeps a chunk's choice and delta fields as pydantic extras, read directly;
+    # any other shape (here plain objects, usage present) is read the ordinary way.
+    litellm = _litellm()
+    call = {"index": 0, "id": "c1", "function": {"name": "read_file", "arguments": "{}"}}
+    typed = litellm.ModelResponseStream(
+        choices=[
+            litellm.types.utils.StreamingChoices(
+                finish_reason="tool_calls", delta=litellm.types.utils.Delta(tool_calls=[call])
+            )
+        ]
+    )
+    function = SimpleNamespace(name="read_file", arguments="{}")
+    delta = SimpleNamespace(
+        content=None, tool_calls=[SimpleNamespace(index=0, id="c1", function=function)]
+    )
+    plain = SimpleNamespace(
+        choices=[SimpleNamespace(finish_reason="tool_calls", delta=delta)],
+        usage=SimpleNamespace(prompt_tokens=3, completion_tokens=2),
+    )
+    results = []
+    for chunk in (typed, plain):
+        assembler = Assembler(None)
+        _read_chunk(chunk, assembler)
+        results.append(assembler.result("m", assembler.usage))
+    expected = Completion(None, (ToolCall("c1", "read_file", "{}"),), "tool_calls", Usage(), "m")
+    assert results == [expected, dataclasses.replace(expected, usage=Usage(3, 2))]

@@ -17,8 +17,9 @@ from nanobot.providers.base import (
 class Assembler:
     """Turns a model's streamed pieces into deltas for the listener and one Completion.
 
-    The core (`text`, `tool_call`, `finish`, `set_usage`) takes plain values; `add` reads
-    litellm's chunk objects and `add_json` a decoded OpenAI SSE chunk into it.
+    The core (`text`, `tool_call`, `finish`, `set_usage`) takes plain values; `add_json`
+    reads a decoded OpenAI SSE chunk into it (the litellm transport reads litellm's chunk
+    objects itself).
     """
 
     def __init__(self, on_delta: DeltaHandler | None) -> None:
@@ -29,27 +30,6 @@ class Assembler:
         self._finish = "stop"
         self.finished = False  # a finish reason arrived: the answer is whole
         self.usage = Usage()
-
-    def add(self, chunk: Any) -> None:
-        usage = getattr(chunk, "usage", None)
-        if usage is not None and getattr(usage, "prompt_tokens", None) is not None:
-            self.set_usage(usage.prompt_tokens, usage.completion_tokens)
-        for choice in chunk.choices or ():
-            if choice.finish_reason:
-                self.finish(choice.finish_reason)
-            delta = choice.delta
-            if delta is None:
-                continue
-            if delta.content:
-                self.text(delta.content)
-            for call in delta.tool_calls or ():
-                function = call.function
-                self.tool_call(
-                    call.index,
-                    call.id,
-                    getattr(function, "name", None) if function else None,
-                    getattr(function, "arguments", None) if function else None,
-                )
 
     def add_json(self, chunk: dict[str, Any]) -> None:
         """One decoded `chat.completion.chunk`; fields the server leaves out or nulls are
