@@ -22,10 +22,12 @@ defaults, and with ``transport: litellm``. A bare python-telegram-bot echo bot
 
 1. 20 chats write at once (fresh chats every round): time from queuing the 20 messages to
    the last final reply; the three 20-chat configurations interleaved, rotating their order.
-2. 1,000 chats write at once, for the defaults, litellm and 32 turns: how many
-   are answered within 3 s and within BIG_CAP_S (after which the gateway is killed: a whole
-   burst takes long), and the gateway's RSS (VmRSS sampled every 50 ms: peak minus the
-   value before). Last, after the other figures, so the other gateways are stopped.
+2. 1,000 chats write at once, for the defaults, litellm and 32 turns: how many are
+   answered within 3 s and within BIG_CAP_S (after which the gateway is killed: a whole
+   burst takes long; the litellm gateway is watched until all are answered, up to
+   BIG_LITELLM_CAP_S, and when the median and the last chat were answered is its figure),
+   the gateway's CPU per answered chat, and its RSS (VmRSS sampled every 50 ms: peak minus
+   the value before). Last, after the other figures, so the other gateways are stopped.
 3. One message at a time in one chat, 0 ms model: time to the first bot message and to the
    final text, against the echo bot, in interleaved blocks.
 
@@ -76,6 +78,12 @@ BIG_CHATS, BIG_TARGET_S, BIG_RSS_TARGET_MIB = 1000, 3.0, 50.0
 # A burst of 1,000 takes minutes on 2 cores (one-off runs: docs/benchmarks.md); the
 # benchmark stops looking after BIG_CAP_S and kills that gateway. Raise it to see them end.
 BIG_CAP_S = 20.0
+# Except the litellm gateway's: its turns are CPU-bound (~20-70 ms of CPU per chat), so all
+# 1,000 are in flight together and finish together, in one clump near the end (issue 14 in
+# docs/benchmarks.md); a count at a fixed cap just before or after that clump swings by
+# hundreds of chats between runs. It is watched until every chat is answered (up to
+# BIG_LITELLM_CAP_S): when the last and the median chat got their answer is the figure.
+BIG_LITELLM_CAP_S = 180.0
 LATENCY_BLOCKS, LATENCY_BLOCK = 6, 5  # 30 messages per bot, in interleaved blocks of 5
 LATENCY_WARMUPS = 3
 LATENCY_PAUSE_S = 0.1
@@ -361,14 +369,20 @@ async def _latency(m: Measurements, gateways: dict[str, Child], echo: Child) -> 
         m.echo_s.append((await _sequence(echo, block, None))[1])
 
 
+def big_cap(config: str) -> float:
+    """How long the 1,000-chat burst of `config` is watched at most."""
+    return BIG_LITELLM_CAP_S if config == LITELLM else BIG_CAP_S
+
+
 async def _big(m: Measurements, setups: dict[str, Setup]) -> None:
     _progress(
         f"  {BIG_CHATS} chats at once, max_concurrent_turns {', '.join(BIG_CONFIGS)}: "
-        f"watched for at most {BIG_CAP_S:g} s each, then that gateway is killed"
+        f"watched for at most {BIG_CAP_S:g} s each ({LITELLM}: {BIG_LITELLM_CAP_S:g} s), "
+        "then that gateway is killed"
     )
     for config in BIG_CONFIGS:
         setup = setups[config]
-        burst = await _burst(setup, BIG_CHATS, seconds=BIG_CAP_S, cap=True)
+        burst = await _burst(setup, BIG_CHATS, seconds=big_cap(config), cap=True)
         await setup.gateway.kill()  # what it still owes would disturb the next one
         m.big[config] = burst
         _progress(
@@ -475,11 +489,22 @@ def metrics_of(m: Measurements) -> list[Metric]:
             Metric(f"{label}: RSS growth", "MiB", [burst.rss_growth_mib], BIG_RSS_TARGET_MIB),
             Metric(f"{label}: gateway CPU", "s", [burst.cpu_s["gateway"]]),
             Metric(
+                f"{label}: gateway CPU per answered chat",
+                "ms",
+                [1000 * burst.cpu_s["gateway"] / max(1, len(burst.final_s))],
+                note="of the whole burst" if burst.complete else "chats in hand count too",
+            ),
+            Metric(
                 f"{label}: sendChatAction calls",
                 "calls",
                 [burst.api_calls.get("sendChatAction", 0)],
             ),
         ]
+        if burst.complete:
+            out += [
+                Metric(f"{label}: median chat answered", "s", [statistics.median(burst.final_s)]),
+                Metric(f"{label}: all answered", "s", [burst.wall]),
+            ]
         if burst.taken_s is not None:
             out.append(Metric(f"{label}: all taken (acked)", "s", [burst.taken_s]))
     out.append(Metric("echo bot (PTB): to reply", "ms", _flat(m.echo_s, 1000)))
@@ -559,6 +584,7 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
             "burst_rounds": BURST_ROUNDS,
             "big_chats": BIG_CHATS,
             "big_cap_s": BIG_CAP_S,
+            "big_litellm_cap_s": BIG_LITELLM_CAP_S,
             "latency_messages": LATENCY_BLOCKS * LATENCY_BLOCK,
             "configs": {**CONFIGS, **ZERO_CONFIGS},
         },
