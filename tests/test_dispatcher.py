@@ -218,3 +218,22 @@ async def test_a_reply_streamed_in_quickly_goes_out_whole_and_a_slow_one_as_it_c
         assert (item.stream_id, item.reply_to) == ("s1", "m1")
         shown.append(item.text)
     assert shown == ["The whole answer and", "The whole answer and more still"]
+
+
+async def test_answers_to_messages_that_waited_are_each_a_message_of_their_own(
+    harness: Harness, fake_llm: FakeLLM
+) -> None:
+    # Two more messages arrive while the first answer is being written: every answer the
+    # model gives is delivered as its own message (none replaces another's).
+    fake_llm.script(Text("First answer.", delay=1.0), Text("Second answer."))
+    await harness.send("1", "one", "m1")
+    await fake_llm.wait_for_requests(1, seconds=30)
+    await harness.send("1", "two", "m2")
+    await harness.send("1", "three", "m3")
+    await harness.wait_replies(2)
+    replies = harness.replies()
+    assert [r.text for r in replies] == ["First answer.", "Second answer."]
+    assert len({r.stream_id for r in replies}) == 2
+    said = [m["content"] for m in fake_llm.requests[-1].messages if m["role"] == "assistant"]
+    assert said == ["First answer."]  # the history says what the chat shows
+    assert await harness.journal.pending_inbound() == []

@@ -48,7 +48,6 @@ class Recorder:
         self.stored: list[Message] = []
         self.events: list[RunEvent] = []
         self.steering: list[Message] = []
-        self.follow_up: list[Message] = []
         self.on_event: Callable[[RunEvent], None] | None = None
 
     def hooks(self, **overrides: Any) -> RunHooks:
@@ -68,7 +67,6 @@ class Recorder:
         options: dict[str, Any] = {
             "persist": persist,
             "steering": lambda: take(self.steering),
-            "follow_up": lambda: take(self.follow_up),
             "listener": listen,
         }
         options.update(overrides)
@@ -521,13 +519,16 @@ async def test_steering_skips_the_rest_of_the_batch(rig: Rig) -> None:
     assert rig.provider.requests[1].messages[-1] == steer
 
 
-async def test_follow_up_is_delivered_when_the_run_would_stop(rig: Rig) -> None:
+async def test_an_answer_ends_the_run_even_with_messages_waiting(rig: Rig) -> None:
+    # What came meanwhile gets a turn of its own after this answer is delivered (the
+    # loop's): an answer is never stored as said and then passed over.
     rig.provider.script(Answer("first"), Answer("second"))
-    rig.recorder.follow_up.append({"role": "user", "content": "and then?"})
+    rig.recorder.steering.append({"role": "user", "content": "and then?"})
     result = await rig.run()
-    assert result.final_text == "second"
-    assert [m["role"] for m in rig.recorder.stored] == ["assistant", "user", "assistant"]
-    assert len(rig.provider.requests) == 2
+    assert result.final_text == "first"
+    assert [m["role"] for m in rig.recorder.stored] == ["assistant"]
+    assert len(rig.provider.requests) == 1
+    assert rig.recorder.steering == [{"role": "user", "content": "and then?"}]
 
 
 async def test_overflow_compacts_and_retries(rig: Rig) -> None:

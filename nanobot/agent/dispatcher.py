@@ -70,15 +70,31 @@ class StatusSource(Protocol):
 STREAM_INTERVAL = 0.5  # seconds between two stream updates of one reply
 
 
+class _StreamIds:
+    """The stream id of each run a request starts. The first run's is `base`, so a reply
+    resumed after a restart finishes the message its stream began; later runs (messages
+    that waited for a turn of their own) get ids of their own, so each of their answers is
+    a message of its own instead of an edit of the one before."""
+
+    def __init__(self, base: str) -> None:
+        self._base = base
+        self._ids: dict[str, str] = {}
+
+    def of(self, run_id: str) -> str:
+        if run_id not in self._ids:
+            self._ids[run_id] = f"{self._base}-{len(self._ids)}" if self._ids else self._base
+        return self._ids[run_id]
+
+
 def _streamer(
     bus: MessageBus,
     chat: ChatRef,
     reply_to: str | None,
-    stream_id: str,
+    streams: _StreamIds | str,
     *,
     clock: Callable[[], float] = time.monotonic,
 ) -> EventListener:
-    """A run listener that publishes the reply's text so far.
+    """A run listener that publishes the reply's text so far (under each run's stream id).
 
     The first update goes out once the answer has been arriving for STREAM_INTERVAL, later
     ones at most every STREAM_INTERVAL: an answer that streams in faster than that reaches
@@ -87,6 +103,7 @@ def _streamer(
     """
     parts: list[str] = []
     last: float | None = None  # when text last went out, or first arrived
+    ids = _StreamIds(streams) if isinstance(streams, str) else streams
 
     def on_event(event: RunEvent) -> None:
         nonlocal last
@@ -99,6 +116,7 @@ def _streamer(
                 last = now
             elif now - last >= STREAM_INTERVAL:
                 last = now
+                stream_id = ids.of(event.run_id)
                 bus.offer(StreamUpdate(chat, stream_id, "".join(parts), reply_to))
 
     return on_event
@@ -215,19 +233,19 @@ class Dispatcher:
 
     async def _turn(self, message: InboundMessage, *, resume: bool) -> None:
         chat = message.chat
-        stream_id = f"{chat.channel}-{message.journal_id}"
+        streams = _StreamIds(f"{chat.channel}-{message.journal_id}")
 
         async def send_now(text: str) -> None:
             await self._bus.publish(OutboundMessage(chat, text, kind="progress"))
 
         async def deliver(reply: Reply) -> None:
-            await self._deliver(message, reply, stream_id)
+            await self._deliver(message, reply, streams.of(reply.result.run_id))
 
         shown = message.deliver  # typing and the message tool
         typing = _TypingSignal(self._bus, chat)
         streamer = None
         if shown and message.quiet is None:  # a quiet answer must not show while written
-            streamer = _streamer(self._bus, chat, _reply_to(message), stream_id)
+            streamer = _streamer(self._bus, chat, _reply_to(message), streams)
         request = TurnRequest(
             message.session_key,
             _with_attachments(message),

@@ -221,9 +221,12 @@ class AgentLoop:
         while lane.waiting:  # arrived after the run's last look, or wants a turn
             if request.on_reply is not None:
                 await request.on_reply(reply)
-            queued = [*lane.steering, *lane.follow_up, *lane.next_turn]
+            # What waits now gets a turn after the answer that was just delivered: steering
+            # that came too late to steer, follow-ups (one at a time or all, as configured),
+            # and what asked for a turn of its own.
+            follow_ups = _take(lane.follow_up, self._settings.follow_up_delivery)
+            queued = [*lane.steering, *follow_ups, *lane.next_turn]
             lane.steering.clear()
-            lane.follow_up.clear()
             lane.next_turn.clear()
             reply = await self._turn(lane, request, queued)
         return reply
@@ -368,7 +371,6 @@ class AgentLoop:
         return RunHooks(
             persist=persist,
             steering=lambda: _take(lane.steering, self._settings.steering_delivery),
-            follow_up=lambda: _take(lane.follow_up, self._settings.follow_up_delivery),
             compact=compact,
             approve=approve,
             listener=listener,

@@ -185,7 +185,6 @@ class RunHooks:
       ends as failed (memory and storage must never diverge).
     - `steering()`: user messages queued while the run works, delivered after the current
       tool finishes (the rest of that batch is skipped).
-    - `follow_up()`: messages delivered when the run would otherwise stop.
     - `compact(messages)`: a shorter equivalent of `messages` after a context overflow. A
       `ProviderError` (its summary call failed) fails the run with that error; any other
       exception fails it as a `persist` failure does.
@@ -197,7 +196,6 @@ class RunHooks:
 
     persist: Persist | None = None
     steering: TakeMessages | None = None
-    follow_up: TakeMessages | None = None
     compact: Compact | None = None
     approve: Approve | None = None
     listener: EventListener | None = None

@@ -233,11 +233,10 @@ class _Run:
             await self._add(message)
             self._emit("turn_end", message=message)
             if not completion.tool_calls:
-                queued = self._take(self.hooks.steering) or self._take(self.hooks.follow_up)
-                if not queued:
-                    return completion.content or ""
-                await self._add_all(queued)
-                continue
+                # An answer ends the run even when messages came meanwhile: it is what the
+                # user gets, and the messages get a turn of their own after it (the loop's),
+                # so no answer is stored as said without being delivered.
+                return completion.content or ""
             if self.tool_rounds >= limits.max_tool_rounds:
                 raise _Stop(
                     f"I stopped: this turn reached its limit of {limits.max_tool_rounds} rounds "
