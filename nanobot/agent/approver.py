@@ -141,8 +141,9 @@ class Approver:
         origin = None
         if caller.chat is not None:
             chat = caller.chat
-            origin = Origin(chat.channel, chat.chat_id, caller.private, caller.user_id)
-            origin = replace(origin, unattended=caller.unattended)
+            origin = Origin(
+                chat.channel, chat.chat_id, caller.private, caller.user_id, caller.unattended
+            )
         where = route(
             origin,
             self._approvers.get(caller.chat.channel, ()) if caller.chat else (),
