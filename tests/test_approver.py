@@ -413,3 +413,11 @@ async def test_a_background_tasks_call_is_asked_in_the_chat_that_started_it(
     assert sub_echo.calls == ["scan the disk"]
     assert rig.texts() == ["The scan says the disk is fine."]
     await subagents.stop()
+
+
+async def test_a_press_that_is_no_command_starts_no_turn(rig: Rig, fake_llm: FakeLLM) -> None:
+    await rig.press("rm -rf / please")  # forged data: not one of our buttons
+    await rig.wait("answers")
+    assert rig.answers() == ["This button does nothing."]
+    assert fake_llm.request_count == 0
+    assert await rig.harness.journal.pending_inbound() == []

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import replace
 from typing import Protocol
 
 from loguru import logger
@@ -219,7 +220,7 @@ class Dispatcher:
         if message.journal_id is not None and message.source in self._outcomes:
             self._awaited[message.journal_id] = message
         try:
-            if message.command is not None:
+            if message.command is not None or message.press is not None:
                 await self._command(message)
             else:
                 await self._turn(message, resume=resume)
@@ -333,6 +334,9 @@ class Dispatcher:
                 )
             case "status":
                 text = await self._status.status(key)
+            case None:  # a press of a button that is none of ours (forged, or very old)
+                logger.info("{}: a press with unknown data was ignored", message.chat.channel)
+                text = "This button does nothing."
             case _:
                 text = HELP
         ids = (message.journal_id,) if message.journal_id else ()
@@ -350,9 +354,7 @@ class Dispatcher:
 
 
 def _with_outbox(message: OutboundMessage, outbox_id: int) -> OutboundMessage:
-    return OutboundMessage(
-        message.chat, message.text, message.kind, message.reply_to, outbox_id, message.stream_id
-    )
+    return replace(message, outbox_id=outbox_id)
 
 
 def _caller(message: InboundMessage) -> Caller:
