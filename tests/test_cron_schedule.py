@@ -26,6 +26,7 @@ from nanobot.cron import (
     system_zone,
     validate,
 )
+from nanobot.cron.schedule import format_time, realign, zone_of
 
 NOW = datetime(2026, 6, 15, 12, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
@@ -606,6 +607,62 @@ def test_times_in_one_zone_compare_as_instants() -> None:
     assert next_run(At(due), now) is None
     with pytest.raises(ScheduleError, match="is in the past"):
         validate(At(due), now)
+
+
+# --- clock jumps and zones -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schedule", "scheduled", "now", "expected"),
+    [
+        # Hourly on the hour: stored for 16:00 while the clock said 15:00, now it says 10:05.
+        (Every(3600), "16:00", "10:05", "11:00"),
+        # One interval ahead at most is what a right clock leaves: it stays.
+        (Every(3600), "11:05", "10:05", None),
+        (Every(3600), "11:00", "10:05", None),
+        (Every(3600), "11:05:00.000001", "10:05", "11:00"),
+        # The grid keeps its phase (anchored at 09:17).
+        (Every(1800, datetime(2026, 6, 15, 9, 17, tzinfo=UTC)), "18:47", "12:00", "12:17"),
+        # Due already (the clock jumped forward): catching up is `catch_up`'s business.
+        (Every(3600), "09:00", "12:00", None),
+        # Wall-clock schedules follow the wall clock wherever it goes.
+        (DAILY_9, "+1d 09:00", "08:00", None),
+        (At(datetime(2026, 6, 15, 18, tzinfo=UTC)), "18:00", "08:00", None),
+    ],
+)
+def test_realign(schedule: Schedule, scheduled: str, now: str, expected: str | None) -> None:
+    moved = realign(schedule, _today(scheduled), _today(now))
+    assert moved == (None if expected is None else _today(expected))
+
+
+def test_realign_never_leaves_an_every_job_more_than_an_interval_ahead() -> None:
+    for seconds in (1.5, 60, 3600, 86400 * 7):
+        every = Every(seconds, NOW - timedelta(seconds=seconds / 3))
+        for ahead in (2, 10, 1000):
+            scheduled = NOW + ahead * timedelta(seconds=seconds)
+            moved = realign(every, scheduled, NOW)
+            assert moved is not None
+            assert NOW < moved <= NOW + timedelta(seconds=seconds)
+            assert moved == next_run(every, NOW)
+
+
+def test_times_are_shown_in_the_jobs_zone() -> None:
+    winter = datetime(2026, 12, 1, 8, tzinfo=UTC)
+    assert zone_of(Cron("0 9 * * *", "America/New_York"), "UTC") == "America/New_York"
+    assert zone_of(parse_at("2026-12-01T09:00", "Asia/Kolkata"), "UTC") == "Asia/Kolkata"
+    assert zone_of(At(winter), "Europe/Berlin") == "Europe/Berlin"
+    assert zone_of(Every(60), "Europe/Berlin") == "Europe/Berlin"
+    assert format_time(winter, "Europe/Berlin") == "2026-12-01 09:00 CET"
+    assert format_time(NOW, "Europe/Berlin") == "2026-06-15 14:00 CEST"
+    assert format_time(winter, "UTC") == "2026-12-01 08:00 UTC"
+
+
+def test_parse_at_keeps_its_zone() -> None:
+    assert parse_at("2026-12-01T09:00", BERLIN).tz == BERLIN
+    assert parse_at("2026-12-01T09:00+05:00", BERLIN).tz == BERLIN
+    assert parse_at("2026-12-01T09:00+05:00").tz is None
+    with pytest.raises(ScheduleError, match="unknown time zone"):
+        parse_at("2026-12-01T09:00+05:00", "Mars/Olympus")
 
 
 def test_system_zone_prefers_tz(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,8 @@ import pytest
 
 from nanobot.bus.events import InboundMessage, TurnOutcome
 from nanobot.cron.jobs import Jobs, ScheduleSpec
-from nanobot.cron.models import Every, Job
-from nanobot.cron.service import WATCH_INTERVAL, CronService, job_event
+from nanobot.cron.models import At, Cron, Every, Job
+from nanobot.cron.service import JUMP_TOLERANCE, WATCH_INTERVAL, CronService, job_event
 from nanobot.errors import StoreError
 from nanobot.store import Database
 from nanobot.store.cron import CronStore
@@ -29,20 +29,29 @@ async def db(tmp_path: Path) -> AsyncIterator[Database]:
 
 
 class FakeClock:
-    """Time that moves only when the test moves it, and says when the service is idle."""
+    """Time that moves only when the test moves it, and says when the service is idle.
+
+    Two clocks: the wall clock (`now`), and a monotonic one that sleeps are measured on.
+    `advance` moves both, as time passing does; `jump` moves only the wall clock, as setting
+    the time does."""
 
     def __init__(self) -> None:
         self.time = datetime.now(UTC)
-        # (deadline, wake event, future resolved when the deadline passes): who is asleep.
-        self._sleepers: list[tuple[datetime | None, asyncio.Event | None, asyncio.Future[None]]]
+        self.mono = 1000.0
+        # (monotonic deadline, wake event, future resolved when the deadline passes): who is
+        # asleep.
+        self._sleepers: list[tuple[float | None, asyncio.Event | None, asyncio.Future[None]]]
         self._sleepers = []
         self._changed = asyncio.Event()
 
     def now(self) -> datetime:
         return self.time
 
+    def monotonic(self) -> float:
+        return self.mono
+
     async def sleep(self, seconds: float | None, wake: asyncio.Event | None = None) -> None:
-        deadline = None if seconds is None else self.time + timedelta(seconds=seconds)
+        deadline = None if seconds is None else self.mono + seconds
         entry = (deadline, wake, asyncio.get_running_loop().create_future())
         self._sleepers.append(entry)
         self._changed.set()
@@ -59,12 +68,17 @@ class FakeClock:
     def advance(self, delta: timedelta) -> None:
         """Move time on, waking (at once, as far as `settled` can tell) whoever is due."""
         self.time += delta
+        self.mono += delta.total_seconds()
         for entry in list(self._sleepers):
             deadline, _, done = entry
-            if deadline is not None and deadline <= self.time:
+            if deadline is not None and deadline <= self.mono:
                 self._sleepers.remove(entry)
                 done.set_result(None)
         self._changed.set()
+
+    def jump(self, delta: timedelta) -> None:
+        """Set the wall clock `delta` away; no time passes, so no sleeper wakes."""
+        self.time += delta
 
     async def settled(self) -> None:
         """Wait until the scheduler and the watcher are both asleep with nothing to wake them."""
@@ -115,9 +129,13 @@ class Runner:
 
 
 async def start(
-    store: CronStore, runner: Runner, clock: FakeClock, window: timedelta = timedelta(hours=1)
+    store: CronStore,
+    runner: Runner,
+    clock: FakeClock,
+    window: timedelta = timedelta(hours=1),
+    channels: list[str] | None = None,
 ) -> asyncio.Task[None]:
-    service = CronService(store, runner, catch_up_window=window, clock=clock)
+    service = CronService(store, runner, catch_up_window=window, clock=clock, channels=channels)
     runner.service = service
     task = asyncio.create_task(service.run())
     await clock.settled()
@@ -269,6 +287,133 @@ async def test_a_run_that_cannot_be_handed_over_is_an_error_and_the_next_one_run
     await stop(task)
 
 
+async def hourly(store: CronStore, clock: FakeClock) -> Job:
+    """An `every 1h` job made now: its grid is now + k hours."""
+    now = clock.now()
+    return await store.add(
+        name="hourly", message="m", schedule=Every(3600, anchor=now), next_run=now + HOUR
+    )
+
+
+HOUR = timedelta(hours=1)
+
+
+async def next_run(store: CronStore, job: Job) -> datetime | None:
+    stored = await store.get(job.id)
+    assert stored is not None
+    return stored.next_run
+
+
+async def test_after_the_clock_jumps_back_an_every_job_runs_on_its_grid_not_hours_late(
+    db: Database, warnings: list[str]
+) -> None:
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    t0 = clock.now()
+    job = await hourly(store, clock)
+    task = await start(store, runner, clock)
+    clock.jump(-timedelta(hours=5, minutes=30))
+    clock.advance(timedelta(seconds=WATCH_INTERVAL))  # the watcher's next look notices
+    await clock.settled()
+    assert await next_run(store, job) == t0 - 5 * HOUR  # its grid's next point, 30 min away
+    assert any("wall clock jumped -19800 s" in line for line in warnings)
+    # The scheduler was told: it does not sleep out the hour it measured before the jump.
+    clock.advance(timedelta(minutes=30) - 2 * timedelta(seconds=WATCH_INTERVAL))
+    await clock.settled()
+    assert runner.ran == []
+    clock.advance(timedelta(seconds=WATCH_INTERVAL))
+    await runner.wait(1)
+    await clock.settled()
+    assert await next_run(store, job) == t0 - 4 * HOUR
+    await stop(task)
+
+
+async def test_a_jump_forward_runs_at_once_what_fell_due_by_the_wall_clock(db: Database) -> None:
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    t0 = clock.now()
+    every = await hourly(store, clock)
+    when = t0 + timedelta(hours=2, minutes=30)
+    once = await store.add(name="once", message="m", schedule=At(when), next_run=when)
+    task = await start(store, runner, clock)
+    clock.jump(3 * HOUR)  # the scheduler still has an hour to sleep on the monotonic clock
+    clock.advance(timedelta(seconds=WATCH_INTERVAL))
+    await runner.wait(2)
+    await clock.settled()
+    assert sorted(runner.ran) == sorted([every.id, once.id])  # each once, not once per hour
+    assert await next_run(store, every) == t0 + 4 * HOUR
+    assert await next_run(store, once) is None
+    await stop(task)
+
+
+async def test_forward_then_back_an_every_job_is_not_left_hours_ahead(db: Database) -> None:
+    # The issue's case: hourly at 10:00, the clock jumps to 15:00, then back to 10:05.
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    nine = clock.now()
+    job = await hourly(store, clock)
+    task = await start(store, runner, clock)
+    clock.jump(6 * HOUR)  # 15:00: the job is caught up once, next at 16:00
+    clock.advance(timedelta(seconds=WATCH_INTERVAL))
+    await runner.wait(1)
+    await clock.settled()
+    assert await next_run(store, job) == nine + 7 * HOUR
+    clock.jump(nine + HOUR + timedelta(minutes=5) - clock.now())  # back to 10:05
+    clock.advance(timedelta(seconds=WATCH_INTERVAL))
+    await clock.settled()
+    assert await next_run(store, job) == nine + 2 * HOUR  # 11:00, not 16:00
+    clock.advance(nine + 2 * HOUR - clock.now())
+    await runner.wait(2)
+    await clock.settled()
+    assert runner.ran == [job.id, job.id]
+    await stop(task)
+
+
+async def test_drift_within_the_tolerance_is_no_jump(db: Database, warnings: list[str]) -> None:
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    task = await start(store, runner, clock)
+    clock.jump(timedelta(seconds=JUMP_TOLERANCE))
+    clock.advance(timedelta(seconds=WATCH_INTERVAL))
+    await clock.settled()
+    assert not any("jumped" in line for line in warnings)
+    await stop(task)
+
+
+async def test_a_next_run_left_ahead_by_a_wrong_clock_before_a_restart_moves_at_start(
+    db: Database,
+) -> None:
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    now = clock.now()
+    job = await store.add(
+        name="ahead",
+        message="m",
+        schedule=Every(3600, anchor=now - timedelta(minutes=20)),
+        next_run=now + 6 * HOUR,  # computed by a process whose clock was 6 h ahead
+    )
+    cron_job = await store.add(
+        name="daily",
+        message="m",
+        schedule=Cron("0 9 * * *", "UTC"),
+        next_run=now + 20 * HOUR,  # a wall-clock time: it stays
+    )
+    task = await start(store, runner, clock)
+    assert await next_run(store, job) == now + timedelta(minutes=40)
+    assert await next_run(store, cron_job) == now + 20 * HOUR
+    await stop(task)
+
+
+async def test_a_job_for_a_channel_no_longer_enabled_is_warned_about_at_start(
+    db: Database, warnings: list[str]
+) -> None:
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    jobs = Jobs(store, "UTC")
+    spec = ScheduleSpec(every="1h")
+    kept = await jobs.add("tg", "m", spec, channel="telegram", to="1")
+    gone = await jobs.add("dc", "m", spec, channel="discord", to="2")
+    task = await start(store, runner, clock, channels=["telegram"])
+    (warning,) = [line for line in warnings if "not enabled" in line]
+    assert gone.id in warning and "channels.discord.enabled" in warning
+    assert kept.id not in warning
+    await stop(task)
+
+
 def test_a_runs_event_is_a_turn_in_the_jobs_session_told_to_its_chat() -> None:
     now = datetime.now(UTC)
     job = Job(
@@ -318,3 +463,26 @@ async def test_the_tool_is_scoped_to_its_chat(db: Database) -> None:
     both = await call("1", action="add", message="x", cron="0 9 * * *", every="1h")
     assert "exactly one" in both
     assert await call("1", action="remove", job_id=job_id) == f"Removed job {job_id}."
+
+
+async def test_the_tool_shows_times_in_the_jobs_zone_and_says_where_answers_cannot_go(
+    db: Database,
+) -> None:
+    registry = ToolRegistry([CronTool(Jobs(CronStore(db), "UTC"), deliverable=["telegram"])])
+
+    async def call(channel: str, **arguments: object) -> str:
+        token = current_context.set(ToolContext(channel, "1", f"{channel}:1", "run-1"))
+        try:
+            return (await registry.execute("cron", dict(arguments))).content
+        finally:
+            current_context.reset(token)
+
+    added = await call("telegram", action="add", message="m", at="2030-12-01T09:00", tz=BERLIN)
+    assert "next 2030-12-01 09:00 CET" in added
+    assert "not sent anywhere" not in added
+    alone = await call("terminal", action="add", message="m", cron="0 9 * * *")
+    assert "next " in alone and " UTC" in alone
+    assert alone.endswith("Its answers are not sent anywhere: jobs cannot deliver to terminal")
+
+
+BERLIN = "Europe/Berlin"

@@ -93,6 +93,7 @@ async def test_add_stores_an_enabled_job(store: CronStore, clock: Clock) -> None
         Every(5400, datetime(2026, 6, 15, 9, 17, tzinfo=UTC)),
         Every(1.5),
         At(datetime(2026, 12, 1, 9, 0, tzinfo=timezone(timedelta(hours=1)))),
+        At(datetime(2026, 12, 1, 9, 0, tzinfo=timezone(timedelta(hours=1))), "Europe/Paris"),
     ],
 )
 async def test_schedules_round_trip(store: CronStore, schedule: Schedule) -> None:
@@ -157,6 +158,18 @@ async def test_update_next_run(store: CronStore) -> None:
     done = await store.get(job.id)
     assert done is not None and (done.enabled, done.next_run) == (False, None)
     assert not await store.update_next_run("deadbeef", T0)
+
+
+async def test_update_next_run_only_from_the_expected_time(store: CronStore) -> None:
+    job = await add(store)
+    assert not await store.update_next_run(job.id, T0 + HOUR, expected=T0 - HOUR)
+    assert await store.update_next_run(job.id, T0 + HOUR, expected=T0)
+    moved = await store.get(job.id)
+    assert moved is not None and moved.next_run == T0 + HOUR
+    assert await store.set_enabled(job.id, False)
+    assert not await store.update_next_run(job.id, T0, expected=T0 + HOUR)  # disabled meanwhile
+    off = await store.get(job.id)
+    assert off is not None and off.next_run is None
 
 
 async def test_remove_deletes_the_job_and_its_history(store: CronStore, db: Database) -> None:

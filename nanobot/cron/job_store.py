@@ -54,8 +54,11 @@ class JobStore(Protocol):
         """Enable the job with its `next_run`, or disable it; False if there is no such job."""
         ...
 
-    async def update_next_run(self, job_id: str, next_run: datetime | None) -> bool:
-        """Move the job's next run; None disables it. False if there is no such job."""
+    async def update_next_run(
+        self, job_id: str, next_run: datetime | None, *, expected: datetime | None = None
+    ) -> bool:
+        """Move the job's next run; None disables it. With `expected`, only if the job is
+        enabled and its next run is still `expected`. False if nothing moved."""
         ...
 
     async def due(self, now: datetime) -> builtins.list[Job]:

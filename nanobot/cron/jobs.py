@@ -6,6 +6,7 @@ with a clear message before anything is stored, whoever asked.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -46,9 +47,19 @@ class ScheduleSpec:
 class Jobs:
     """Add, list, remove, enable and disable jobs, owner-scoped where an owner is given."""
 
-    def __init__(self, store: JobStore, default_zone: str | None = None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        default_zone: str | None = None,
+        *,
+        channels: Mapping[str, bool] | None = None,
+    ) -> None:
+        """`channels` maps each channel a job can deliver to onto whether it is enabled; a
+        job for any other is refused. None checks nothing (the caller has: the agent's tool
+        only ever names the chat it talks in)."""
         self._store = store
         self._zone = default_zone or system_zone()
+        self._channels = channels
 
     @property
     def default_zone(self) -> str:
@@ -69,6 +80,8 @@ class Jobs:
             raise ScheduleError("a job needs a message: what should nanobot do when it runs?")
         if (channel is None) != (to is None):
             raise ScheduleError("give both --channel and --to, or neither")
+        if channel is not None:
+            self._check_channel(channel)
         now = datetime.now(UTC)
         schedule = spec.build(self._zone, now)
         first = next_run(schedule, now)
@@ -82,6 +95,19 @@ class Jobs:
             to=to,
             owner=owner,
         )
+
+    def _check_channel(self, channel: str) -> None:
+        if self._channels is None:
+            return
+        if channel not in self._channels:
+            known = " or ".join(sorted(self._channels))
+            raise ScheduleError(f"unknown channel {channel!r}: a job can deliver to {known}")
+        if not self._channels[channel]:
+            raise ScheduleError(
+                f"channel {channel!r} is not enabled, so the job's answers could not be"
+                f" delivered: set channels.{channel}.enabled (and its token) in the config,"
+                " or leave out --channel and --to"
+            )
 
     async def all(self, owner: str | None = None) -> list[Job]:
         return await self._store.list(owner, include_disabled=True)
@@ -105,16 +131,18 @@ class Jobs:
     async def disable(self, job_id: str, owner: str | None = None) -> bool:
         return await self._store.set_enabled(job_id, False, owner=owner)
 
-    async def run_now(self, job_id: str) -> bool:
-        """Make the job due now; a running gateway picks it up within seconds. Its regular
-        schedule carries on afterwards."""
+    async def run_now(self, job_id: str) -> datetime | None:
+        """Make the job due now and return that time (None: there is no such job). A running
+        gateway picks it up within seconds; its regular schedule carries on afterwards."""
         job = await self._store.get(job_id)
         if job is None:
-            return False
+            return None
         now = datetime.now(UTC)
         if job.enabled:
-            return await self._store.update_next_run(job_id, now)
-        return await self._store.set_enabled(job_id, True, next_run=now)
+            moved = await self._store.update_next_run(job_id, now)
+        else:
+            moved = await self._store.set_enabled(job_id, True, next_run=now)
+        return now if moved else None
 
     async def runs(self, job_id: str, limit: int = 10) -> list[JobRun]:
         return await self._store.runs(job_id, limit)

@@ -26,9 +26,11 @@ class ScheduleError(NanobotError):
 
 @dataclass(frozen=True, slots=True)
 class At:
-    """Run once, at `when`."""
+    """Run once, at `when`. `tz` is the zone the time was given in (None: an explicit offset
+    and no zone), so the time is shown as the user wrote it."""
 
     when: datetime
+    tz: str | None = None
 
     def __post_init__(self) -> None:
         _require_aware(self.when, "'at' time")
@@ -141,7 +143,8 @@ def parse_at(text: str, tz: str | None = None) -> At:
     (the caller passes the job's zone, else the configured default, else the system's). A
     wall time that does not exist there (skipped by a spring-forward change) means the first
     instant after the gap; one that occurs twice means its first occurrence, as for cron
-    jobs. Raises `ScheduleError` for bad syntax, an unknown zone, or no offset and no `tz`.
+    jobs. The `At` keeps `tz` as its zone. Raises `ScheduleError` for bad syntax, an unknown
+    zone, or no offset and no `tz`.
     Whether the time is in the past is `validate`'s business, not the parser's.
     """
     try:
@@ -151,14 +154,16 @@ def parse_at(text: str, tz: str | None = None) -> At:
             f"bad 'at' time {text!r}: use ISO 8601, e.g. 2026-12-01T09:00+01:00"
         ) from None
     if when.tzinfo is not None and when.utcoffset() is not None:
-        return At(when)
+        if tz is not None:
+            zone(tz)
+        return At(when, tz)
     if tz is None:
         raise ScheduleError(
             f"'at' time {text!r} has no UTC offset: add one (e.g. +01:00) or give a time zone"
         )
     local = wall_time(when, zone(tz))
     # A fixed offset: a ZoneInfo time in a repeated hour never equals one in another zone.
-    return At(local.astimezone(timezone(local.utcoffset() or timedelta(0))))
+    return At(local.astimezone(timezone(local.utcoffset() or timedelta(0))), tz)
 
 
 def zone(name: str) -> ZoneInfo:

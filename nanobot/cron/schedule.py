@@ -134,6 +134,38 @@ def catch_up(schedule: Schedule, due: datetime, now: datetime, window: timedelta
     return CatchUp("run" if recent else "missed", next_run(schedule, now))
 
 
+def realign(schedule: Schedule, scheduled: datetime, now: datetime) -> datetime | None:
+    """Where a job stored to run at `scheduled` should run now that the wall clock shows
+    `now`, after it jumped; None when it stays.
+
+    An `every` job's next run is never more than one interval after the moment it was
+    computed, so one further ahead of `now` was computed while the clock was ahead: it moves
+    to the first point of its grid after `now`. Cron expressions and `at` times name times on
+    the wall clock, so by definition they follow it wherever it jumps, and never move.
+    """
+    match schedule:
+        case Every(seconds):
+            if _utc(scheduled) - _utc(now) > timedelta(seconds=seconds):
+                return next_run(schedule, now)
+    return None
+
+
+def zone_of(schedule: Schedule, default: str) -> str:
+    """The zone a job's times are shown in: its cron expression's or its `at` time's zone,
+    else `default` (the configured one)."""
+    match schedule:
+        case Cron(_, tz):
+            return tz
+        case At(_, tz) if tz is not None:
+            return tz
+    return default
+
+
+def format_time(moment: datetime, tz: str) -> str:
+    """`moment` on the wall clock of zone `tz`, to the minute: `2026-12-01 09:00 CET`."""
+    return _utc(moment).astimezone(zone(tz)).strftime("%Y-%m-%d %H:%M %Z")
+
+
 def describe(schedule: Schedule) -> str:
     """A short human description: `at 2026-12-01T09:00+01:00`, `every 1h30m`,
     `cron '0 9 * * 1-5' (Europe/Berlin)`."""

@@ -8,13 +8,24 @@ answered like a chat message, so a crash mid-run resumes the turn after the rest
 dispatcher tells the service how each run ended (`finished`). A job never overlaps itself,
 and a job that edits jobs while it runs only wakes the scheduler. Time comes from a `Clock`,
 so tests move it instead of sleeping.
+
+Between runs the scheduler sleeps on the monotonic clock, which the wall clock's jumps (a
+wrong time set by hand, NTP stepping, a suspended machine) do not move. The watcher's tick
+and each wake-up compare how far both clocks went; when they part by more than
+`JUMP_TOLERANCE`, the wall clock jumped: `every` jobs it had pushed ahead are moved back to
+their grid (`realign`), and the scheduler wakes to look at the new time. Cron expressions and
+`at` times name wall-clock times, so they follow the wall clock by definition: after a jump
+forward what it passed over is due (and caught up or missed as after a restart); after a
+jump back their next run stays put, and what already ran does not run again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Final, Protocol
 
 from loguru import logger
 
@@ -22,10 +33,13 @@ from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
 from nanobot.bus.intake import EventIntake
 from nanobot.cron.job_store import JobStore
 from nanobot.cron.models import Job, RunStatus
-from nanobot.cron.schedule import catch_up
+from nanobot.cron.schedule import catch_up, format_time, realign, zone_of
 from nanobot.tasks import TaskSet
 
 WATCH_INTERVAL = 1.0
+JUMP_TOLERANCE: Final = 2.0
+"""Seconds the wall clock may part from the monotonic one between two looks before it counts
+as a jump (NTP slews by at most half a millisecond a second)."""
 
 
 SENDER = "cron"
@@ -50,23 +64,31 @@ def job_event(job: Job, run_id: int) -> InboundMessage:
 
 
 class Clock(Protocol):
-    """What the service knows of time."""
+    """What the service knows of time: the wall clock, which may jump, and a monotonic one,
+    which never does."""
 
     def now(self) -> datetime:
-        """The current time, timezone-aware."""
+        """The wall-clock time, timezone-aware."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that only moves forward, at the rate of real time."""
         ...
 
     async def sleep(self, seconds: float | None, wake: asyncio.Event | None = None) -> None:
-        """Return once `seconds` have passed (never, for None) or `wake` is set, if sooner.
-        Cancellation-safe: it only waits."""
+        """Return once `seconds` have passed on the monotonic clock (never, for None) or `wake`
+        is set, if sooner. Cancellation-safe: it only waits."""
         ...
 
 
 class SystemClock:
-    """The wall clock, and asyncio's timers."""
+    """The wall clock, and asyncio's timers (which run on the monotonic clock)."""
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
     async def sleep(self, seconds: float | None, wake: asyncio.Event | None = None) -> None:
         if wake is None:
@@ -87,14 +109,19 @@ class CronService:
         *,
         catch_up_window: timedelta,
         clock: Clock | None = None,
+        channels: Collection[str] | None = None,
     ) -> None:
+        """`channels`: those the gateway delivers to; a job for another is warned about at
+        start (None: not checked)."""
         self._store = store
         self._intake = intake
         self._window = catch_up_window
         self._clock = clock or SystemClock()
+        self._channels = None if channels is None else frozenset(channels)
         self._wake = asyncio.Event()
         self._runs = TaskSet("cron")
         self._running: dict[int, str] = {}  # run id -> job id, of the runs in progress
+        self._seen = (self._clock.now(), self._clock.monotonic())  # the clocks at the last look
 
     async def run(self) -> None:
         """Schedule until cancelled. Cancelling stops the scheduling; the turns of runs
@@ -106,6 +133,10 @@ class CronService:
                 "resume and record how they ended",
                 interrupted,
             )
+        await self._check_channels()
+        # A next run computed while the clock was ahead, before this start, is caught too.
+        self._seen = (self._clock.now(), self._clock.monotonic())
+        await self._realign(self._seen[0])
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._watch(), name="cron-watch")
@@ -115,13 +146,15 @@ class CronService:
 
     async def _schedule(self) -> None:
         while True:
+            self._wake.clear()  # before looking: a wake-up from then on is not lost
+            await self._check_clock()
             await self._start_due(self._clock.now())
             upcoming = await self._store.next_due()
             delay = None if upcoming is None else (upcoming - self._clock.now()).total_seconds()
-            self._wake.clear()
             if delay is not None and delay <= 0:
                 continue
-            await self._clock.sleep(delay, self._wake)  # until the earliest job is due
+            # On the monotonic clock: a jump of the wall clock meanwhile wakes it (`_check_clock`).
+            await self._clock.sleep(delay, self._wake)
 
     async def _start_due(self, now: datetime) -> None:
         for job in await self._store.due(now):
@@ -132,7 +165,11 @@ class CronService:
                 why = "still running" if running else "too late to catch up"
                 await self._store.record_missed(job.id, job.next_run, next_run=decision.next_run)
                 logger.warning(
-                    "cron job {} ({}) missed its {} run: {}", job.id, job.name, job.next_run, why
+                    "cron job {} ({}) missed its {} run: {}",
+                    job.id,
+                    job.name,
+                    format_time(job.next_run, zone_of(job.schedule, "UTC")),
+                    why,
                 )
                 continue
             run_id = await self._store.start_run(
@@ -182,7 +219,58 @@ class CronService:
         seen = await self._store.version()
         while True:
             await self._clock.sleep(WATCH_INTERVAL)
+            await self._check_clock()
             version = await self._store.version()
             if version != seen:
                 seen = version
                 self._wake.set()
+
+    async def _check_clock(self) -> None:
+        """Notice a jump of the wall clock since the last look; then realign and wake."""
+        wall, mono = self._clock.now(), self._clock.monotonic()
+        last_wall, last_mono = self._seen
+        self._seen = (wall, mono)
+        jump = (wall - last_wall).total_seconds() - (mono - last_mono)
+        if abs(jump) <= JUMP_TOLERANCE:
+            return
+        moved = await self._realign(wall)
+        logger.warning(
+            "the wall clock jumped {:+.0f} s; due times looked at again, {} interval job(s)"
+            " moved back to their schedule",
+            jump,
+            moved,
+        )
+        self._wake.set()
+
+    async def _realign(self, now: datetime) -> int:
+        """Move `every` jobs that a clock running ahead pushed too far ahead; how many."""
+        moved = 0
+        for job in await self._store.list():
+            assert job.next_run is not None
+            new = realign(job.schedule, job.next_run, now)
+            if new is not None and await self._store.update_next_run(
+                job.id, new, expected=job.next_run
+            ):
+                logger.info(
+                    "cron job {} ({}) moves from {} to {}",
+                    job.id,
+                    job.name,
+                    job.next_run.isoformat(timespec="seconds"),
+                    new.isoformat(timespec="seconds"),
+                )
+                moved += 1
+        return moved
+
+    async def _check_channels(self) -> None:
+        if self._channels is None:
+            return
+        for job in await self._store.list():
+            if job.channel is not None and job.channel not in self._channels:
+                logger.warning(
+                    "cron job {} ({}) delivers to {}, which is not enabled: its answers cannot"
+                    " be delivered until channels.{}.enabled is set (or the job is replaced)",
+                    job.id,
+                    job.name,
+                    job.channel,
+                    job.channel,
+                )

@@ -124,9 +124,21 @@ class CronStore:
             raise ValueError("enabling a cron job needs its next run")
         return await self._update(job_id, _NEXT, _next(next_run if enabled else None), owner)
 
-    async def update_next_run(self, job_id: str, next_run: datetime | None) -> bool:
-        """Move the job's next run; None disables it. False if there is no such job."""
-        return await self._update(job_id, _NEXT, _next(next_run))
+    async def update_next_run(
+        self, job_id: str, next_run: datetime | None, *, expected: datetime | None = None
+    ) -> bool:
+        """Move the job's next run; None disables it. With `expected`, only an enabled job
+        whose next run is still `expected` moves (a change made meanwhile wins). False if
+        nothing moved."""
+        if expected is None:
+            return await self._update(job_id, _NEXT, _next(next_run))
+        return await self._update(
+            job_id,
+            _NEXT,
+            _next(next_run),
+            where="AND enabled = 1 AND next_run = ?",
+            where_params=(_format(expected),),
+        )
 
     async def due(self, now: datetime) -> builtins.list[Job]:
         """Enabled jobs whose next run is at or before `now`, earliest first."""
@@ -315,8 +327,10 @@ def _next(next_run: datetime | None) -> tuple[int, str | None]:
 def _encode_schedule(schedule: Schedule) -> str:
     data: dict[str, Any]
     match schedule:
-        case At(when):
+        case At(when, tz):
             data = {"kind": "at", "when": when.isoformat()}
+            if tz is not None:
+                data["tz"] = tz
         case Every(seconds, anchor):
             data = {
                 "kind": "every",
@@ -333,7 +347,8 @@ def _decode_schedule(text: str) -> Schedule:
         data = json.loads(text)
         match data["kind"]:
             case "at":
-                return At(datetime.fromisoformat(data["when"]))
+                tz = data.get("tz")
+                return At(datetime.fromisoformat(data["when"]), None if tz is None else str(tz))
             case "every":
                 anchor = data.get("anchor")
                 return Every(

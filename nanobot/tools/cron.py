@@ -13,7 +13,7 @@ from pydantic import Field
 
 from nanobot.cron.jobs import ScheduleSpec
 from nanobot.cron.models import Job, ScheduleError
-from nanobot.cron.schedule import describe
+from nanobot.cron.schedule import describe, format_time, zone_of
 from nanobot.tools.base import Tool, ToolError, ToolParams, tool_context
 
 
@@ -32,6 +32,11 @@ class JobsPort(Protocol):
     async def all(self, owner: str | None = None) -> list[Job]: ...
 
     async def remove(self, job_id: str, owner: str | None = None) -> bool: ...
+
+    @property
+    def default_zone(self) -> str:
+        """The zone times of jobs without their own are shown in."""
+        ...
 
 
 class CronParams(ToolParams):
@@ -67,7 +72,7 @@ class CronTool(Tool[CronParams]):
             jobs = await self._jobs.all(owner)
             if not jobs:
                 return "This chat has no scheduled jobs."
-            return "\n".join(_line(job) for job in jobs)
+            return "\n".join(_line(job, self._jobs.default_zone) for job in jobs)
         if args.action == "remove":
             if not args.job_id:
                 raise ToolError("remove needs job_id (see the list action)")
@@ -88,11 +93,18 @@ class CronTool(Tool[CronParams]):
             )
         except ScheduleError as exc:
             raise ToolError(str(exc)) from None
-        return f"Scheduled job {job.id}: {_line(job)}"
+        added = f"Scheduled job {job.id}: {_line(job, self._jobs.default_zone)}"
+        if not deliver:
+            added += (
+                f". Its answers are not sent anywhere: jobs cannot deliver to {context.channel}"
+            )
+        return added
 
 
-def _line(job: Job) -> str:
-    upcoming = job.next_run.isoformat(timespec="minutes") if job.next_run else "disabled"
+def _line(job: Job, default_zone: str) -> str:
+    upcoming = "disabled"
+    if job.next_run:
+        upcoming = format_time(job.next_run, zone_of(job.schedule, default_zone))
     return (
         f"{job.id} {job.name!r}: {describe(job.schedule)}, next {upcoming}, message {job.message!r}"
     )
