@@ -607,11 +607,6 @@ async def test_a_subagents_call_is_asked_in_the_chat_that_started_it(
     assert await process.stop() == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a subagent's run has no taint listener (Subagents._execute passes only approve "
-    "to RunHooks): after it fetched a page, a saved rule still runs exec unasked",
-)
 async def test_a_subagent_that_fetched_a_page_is_asked_despite_a_saved_rule(
     tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
 ) -> None:

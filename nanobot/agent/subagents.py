@@ -323,13 +323,14 @@ class Subagents:
 
         origin = info.origin
         context = ToolContext(origin.channel, origin.chat_id, info.session_key, run.run_id)
-        approve = None
+        hooks = RunHooks(persist=persist)
         if self._approver is not None:  # its calls are asked about in the chat it came from
             caller = Caller(origin.session_key, origin.chat, origin.sender_id, origin.private)
-            approve = self._approver.for_run(caller, run.run_id).approve
+            approval = self._approver.for_run(caller, run.run_id)
+            hooks = RunHooks(persist=persist, approve=approval.approve, listener=approval.observe)
         token = current_context.set(context)
         try:
-            return await self._runner.run(run, RunHooks(persist=persist, approve=approve))
+            return await self._runner.run(run, hooks)
         finally:
             current_context.reset(token)
 
