@@ -6,13 +6,21 @@ nothing else; in a group they are ignored. Group messages are answered only as t
 `group_policy` says. Channels ask `admits` before downloading a message's files, so nothing a
 stranger sends is fetched. An allowed message is journaled (recognising redeliveries) and
 queued for the agent, in that order, before the channel acknowledges it.
+
+A store failure (disk full, an I/O error, a damaged file) stops intake: one error line says
+so and why, and from then on every message is refused with a `StoreError` without the store
+being asked, so no channel acknowledges it (Telegram delivers it again; the channel manager
+restarts its polling with backoff). There is no timer: the first message after a pause
+(`RETRY_DELAYS`, growing while the store keeps failing) tries the store again, and once a
+write succeeds intake is open again, so a disk that was full recovers without a restart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Final, Literal
 
 from loguru import logger
 
@@ -20,11 +28,27 @@ from nanobot.bus.events import InboundMessage, OutboundMessage
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_record
 from nanobot.channels.base import Intake
+from nanobot.errors import StoreError
 from nanobot.log import printable
 from nanobot.store import Access, Journal
 from nanobot.store.access import MAX_PENDING
 
 GroupPolicy = Literal["mention", "open", "disabled"]
+
+RETRY_DELAYS: Final = (5.0, 15.0, 30.0, 60.0)
+"""Seconds intake stays stopped after a store failure before the next message tries the
+store again: the first pause, then after each failed try the next (the last one repeats)."""
+
+
+@dataclass(slots=True)
+class _Outage:
+    """Intake stopped by a store failure: the latest one, since when, and when the next
+    message may try the store again."""
+
+    error: StoreError
+    since: float
+    retry_at: float
+    tries: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +80,16 @@ class Gate:
         access: Access,
         journal: Journal,
         bus: MessageBus,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._rules = dict(rules)
         self._access = access
         self._journal = journal
         self._bus = bus
+        self._clock = clock
         self._closed = False
+        self._outage: _Outage | None = None  # set while intake is stopped by a store failure
         self._crowded: set[str] = set()  # channels whose pairing requests push out others
 
     def close(self) -> None:
@@ -84,14 +112,34 @@ class Gate:
             lines.append(f"{name}: answers {who}; groups: {rules.group_policy}")
         return lines
 
+    @property
+    def stopped(self) -> bool:
+        """Whether a store failure has stopped intake (see the module docstring)."""
+        return self._outage is not None
+
     async def admits(self, channel: str, sender_id: str, *, private: bool, addressed: bool) -> bool:
+        """See `IntakePort.admits`. While intake is stopped, or when the store cannot say,
+        the answer comes from the config alone (no files are fetched onto a disk that may be
+        full); the message itself is then refused by `__call__`. Never raises."""
         rules = self._rules.get(channel)
         if rules is None or not (private or _listens(rules.group_policy, addressed)):
             return False
-        return await self._allowed(rules, channel, sender_id)
+        configured = rules.everyone or sender_id in rules.allow_from
+        if configured or self._outage is not None:
+            return configured
+        try:
+            return await self._access.is_allowed(channel, sender_id)
+        except StoreError as exc:
+            self._failed(exc)
+            return False
 
     async def __call__(self, message: InboundMessage) -> Intake:
-        refusal = await self._check(message)
+        self._refuse_while_stopped()
+        try:
+            refusal = await self._check(message)
+        except StoreError as exc:
+            self._failed(exc)
+            raise
         if refusal is not None:
             return refusal
         journal_id = await self.submit(message)
@@ -100,10 +148,21 @@ class Gate:
     async def submit(self, message: InboundMessage) -> int | None:
         """Journal `message` and queue it for the agent, without asking who sent it: the
         way in for nanobot's own events (`EventIntake`), and for chat messages once they
-        passed the checks. Its journal row; None when it was journaled before."""
-        journal_id = await self._journal.accept(
-            message.chat.channel, message.message_id, inbound_record(message)
-        )
+        passed the checks. Its journal row; None when it was journaled before.
+
+        Raises:
+            StoreError: the journal could not be written, or intake is stopped by an
+                earlier failure; nothing was taken.
+        """
+        self._refuse_while_stopped()
+        try:
+            journal_id = await self._journal.accept(
+                message.chat.channel, message.message_id, inbound_record(message)
+            )
+        except StoreError as exc:
+            self._failed(exc)
+            raise
+        self._resumed()
         if journal_id is None:
             logger.debug(
                 "{} message {} seen before; ignored", message.chat.channel, message.message_id
@@ -118,6 +177,45 @@ class Gate:
             return journal_id
         await self._bus.publish_inbound(replace(message, journal_id=journal_id))
         return journal_id
+
+    def _refuse_while_stopped(self) -> None:
+        """Raise while intake is stopped and the pause before the next try has not passed."""
+        outage = self._outage
+        if outage is not None and self._clock() < outage.retry_at:
+            raise StoreError(f"intake is stopped ({outage.error}); the message was not taken")
+
+    def _failed(self, exc: StoreError) -> None:
+        """Stop intake after a store failure, or keep it stopped after a failed try; one
+        log line each. Failures of writes already under way when intake stopped only
+        update the reason."""
+        now = self._clock()
+        outage = self._outage
+        if outage is None:
+            self._outage = _Outage(exc, now, now + RETRY_DELAYS[0])
+            logger.error(
+                "intake stopped: {}; no message is taken or acknowledged until the state "
+                "database takes writes again (tried again in {:g}s, at the next message)",
+                exc,
+                RETRY_DELAYS[0],
+            )
+            return
+        outage.error = exc
+        if now < outage.retry_at:
+            return
+        delay = RETRY_DELAYS[min(outage.tries, len(RETRY_DELAYS) - 1)]
+        outage.tries += 1
+        outage.retry_at = now + delay
+        logger.warning("intake still stopped: {}; tried again in {:g}s", exc, delay)
+
+    def _resumed(self) -> None:
+        """A store write succeeded: intake is open again, if a failure had stopped it."""
+        if self._outage is not None:
+            stopped_for = self._clock() - self._outage.since
+            self._outage = None
+            logger.warning(
+                "intake resumed: the state database takes writes again (stopped for {:.0f}s)",
+                stopped_for,
+            )
 
     async def _check(self, message: InboundMessage) -> Intake | None:
         """Why `message` is not taken, or None when it may go to the agent."""
@@ -155,6 +253,7 @@ class Gate:
         issued = await self._access.request(
             channel, message.sender_id, message.chat.chat_id, message.sender_name
         )
+        self._resumed()
         if not issued.new:
             return self._refuse(message, f"unknown sender; pairing code {issued.code} already sent")
         self._note_crowding(channel, issued.evicted)

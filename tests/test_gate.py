@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from loguru import logger
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Intake
+from nanobot.errors import StoreError
 from nanobot.gate import ChannelRules, Gate, GroupPolicy
 from nanobot.store import Access, Database, Journal
 from nanobot.store.access import MAX_PENDING
@@ -224,3 +227,117 @@ async def test_a_closed_gate_gives_strangers_no_pairing_code(db: Database) -> No
     assert drain_outbound(bus) == []
     assert await Access(db).pending() == []
     assert await Journal(db).pending_inbound() == []
+
+
+# --- a store that stops taking writes --------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def big(sender: str, mid: str) -> InboundMessage:
+    """A message whose journal row needs new pages: it cannot be written into a full file."""
+    return replace(message(sender, mid=mid), text="x" * 40_000)
+
+
+async def fill(db: Database) -> None:
+    """The database file may grow no more: SQLite's own SQLITE_FULL, as on a full disk."""
+    pages = await db.fetchone("PRAGMA page_count")
+    assert pages is not None
+    await db.fetchall(f"PRAGMA max_page_count = {pages[0]}")
+
+
+async def test_a_failed_write_stops_intake_until_a_later_write_succeeds(db: Database) -> None:
+    bus, clock, lines = MessageBus(), Clock(), []
+    rules = {"telegram": ChannelRules(frozenset({"42"}))}
+    gate = Gate(rules, Access(db), Journal(db), bus, clock=clock)
+    await Access(db).approve((await Access(db).request("telegram", "7", "7", "Eve")).code)
+    sink = logger.add(
+        lambda m: lines.append(f"{m.record['level'].name} {m.record['message']}"), level="INFO"
+    )
+    try:
+        await fill(db)
+        with pytest.raises(StoreError, match="disk full"):
+            await gate(big("42", "1"))
+        assert gate.stopped
+        [stopped] = lines
+        assert stopped.startswith(f"ERROR intake stopped: disk full while writing {db.path}")
+        assert "no message is taken or acknowledged" in stopped
+        assert "tried again in 5s" in stopped
+
+        # Refused at once, without asking the store (a small message would fit), and the
+        # pairing-approved user is not admitted: nothing of theirs is downloaded meanwhile.
+        for mid in ("2", "3"):
+            with pytest.raises(StoreError, match=r"intake is stopped \(disk full"):
+                await gate(message("42", mid=mid))
+        with pytest.raises(StoreError, match="intake is stopped"):
+            await gate.submit(message("42", mid="cron"))
+        assert await gate.admits("telegram", "42", private=True, addressed=True)
+        assert not await gate.admits("telegram", "7", private=True, addressed=True)
+        assert await Journal(db).pending_inbound() == []
+
+        clock.now += 5  # the pause is over: the next message tries, and the disk is still full
+        with pytest.raises(StoreError, match="disk full"):
+            await gate(big("42", "4"))
+        still = f"disk full while writing {db.path}; the write was not saved; tried again in 15s"
+        assert lines[1:] == [f"WARNING intake still stopped: {still}"]
+
+        await db.fetchall("PRAGMA max_page_count = 1073741823")  # space was freed
+        clock.now += 14
+        with pytest.raises(StoreError, match="intake is stopped"):
+            await gate(message("42", mid="5"))
+        clock.now += 1
+        assert await gate(big("42", "6")) is Intake.ACCEPTED
+        assert not gate.stopped
+        assert lines[2:] == [
+            "WARNING intake resumed: the state database takes writes again (stopped for 20s)"
+        ]
+        assert (await anext(bus.inbound())).message_id == "6"
+        assert await gate(message("42", mid="2")) is Intake.ACCEPTED
+        assert await gate.admits("telegram", "7", private=True, addressed=True)
+        assert [p.message["message_id"] for p in await Journal(db).pending_inbound()] == [
+            "6",
+            "2",
+        ]
+    finally:
+        logger.remove(sink)
+
+
+async def test_retries_back_off_while_the_store_keeps_failing(db: Database) -> None:
+    clock = Clock()
+    gate = Gate(
+        {"telegram": ChannelRules(frozenset({"42"}))},
+        Access(db),
+        Journal(db),
+        MessageBus(),
+        clock=clock,
+    )
+    await fill(db)
+    tried = []
+    for mid in range(80):  # one every 2.5 s, for 200 s
+        try:
+            await gate.submit(big("42", str(mid)))
+        except StoreError as exc:
+            if "intake is stopped" not in str(exc):
+                tried.append(clock.now)
+        clock.now += 2.5
+    assert [b - a for a, b in itertools.pairwise(tried)] == [5, 15, 30, 60, 60]
+    assert gate.stopped
+
+
+async def test_a_pairing_request_that_cannot_be_stored_stops_intake(db: Database) -> None:
+    # A stranger's message writes a pairing request: that write failing stops intake too,
+    # and no pairing code goes out.
+    bus = MessageBus()
+    gate = make_gate(db, bus, {"42"})
+    await fill(db)
+    stranger = replace(message("9"), sender_name="E" * 40_000)
+    with pytest.raises(StoreError, match="disk full"):
+        await gate(stranger)
+    assert gate.stopped
+    assert drain_outbound(bus) == []

@@ -867,3 +867,87 @@ async def test_expired_requests_neither_wait_nor_take_room(db: Database) -> None
     await db.execute("UPDATE pairing_requests SET expires_at = '2000-01-01T00:00:00+00:00'")
     assert await access.waiting() == {} and await access.pending() == []
     assert (await access.request("telegram", "new", "new", None)).evicted == 0
+
+
+# --- damage found at open ------------------------------------------------------------------
+
+
+async def filled(path: Path) -> None:
+    """A database with one session of 50 entries (about 40 pages of them), then closed: the
+    write-ahead log is folded into the file, so its pages hold everything."""
+    async with await Database.open(path) as db:
+        store = SessionStore(db)
+        session = await store.live("telegram:1")
+        await store.append(session, [message("x" * 3000) for _ in range(50)])
+        await Journal(db).accept("telegram", "1", {"text": "waiting"})
+    assert not path.with_name(path.name + "-wal").exists()
+
+
+def overwrite(path: Path, table: str) -> list[int]:
+    """Overwrite every page of `table` (not of its indexes) with junk; returns their numbers."""
+    with closing(sqlite3.connect(path)) as conn:
+        pages = [
+            row[0] for row in conn.execute("SELECT pageno FROM dbstat WHERE name = ?", (table,))
+        ]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    with path.open("r+b") as file:
+        for page in pages:
+            file.seek((page - 1) * size)
+            file.write(b"\xa5" * size)
+    return pages
+
+
+@pytest.mark.parametrize("table", ["entries", "inbound", "sessions"])
+async def test_a_table_with_overwritten_pages_is_refused_with_how_to_restore(
+    tmp_path: Path, table: str
+) -> None:
+    path = tmp_path / "state.db"
+    await filled(path)
+    assert overwrite(path, table)
+    before = path.read_bytes()
+    with pytest.raises(StoreError) as raised:
+        await Database.open(path)
+    text = str(raised.value)
+    assert text.startswith(f"{path} is damaged; SQLite's quick check found:\n")
+    assert f"table {table}: database disk image is malformed" in text
+    for advice in (
+        "stop nanobot",
+        "keep a copy of state.db",
+        "put back a backup of state.db",
+        "move it aside",
+        "loses the sessions",
+        "cron jobs",
+        "approval rules",
+    ):
+        assert advice in text
+    assert path.read_bytes() == before
+
+
+def skip_index(path: Path, index: str, on: bool) -> None:
+    """Make writes skip (or use again) index `index`, through the schema text: rows written
+    meanwhile are missing from it, which only the full check notices."""
+    with closing(sqlite3.connect(path)) as conn:
+        (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (index,)).fetchone()
+        conn.execute("PRAGMA writable_schema = ON")
+        sql = sql + " WHERE 0" if on else sql.removesuffix(" WHERE 0")
+        conn.execute("UPDATE sqlite_master SET sql = ? WHERE name = ?", (sql, index))
+        conn.commit()
+
+
+async def test_an_index_that_misses_rows_is_found_by_the_full_check_only(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    await filled(path)
+    skip_index(path, "entries_session_id", on=True)
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute(
+            "INSERT INTO entries (session_id, kind, data, created_at)"
+            " VALUES (1, 'message', '{}', '2025-01-01')"
+        )
+        conn.commit()
+    skip_index(path, "entries_session_id", on=False)
+
+    async with await Database.open(path) as db:  # the quick check sees well-formed pages
+        assert await db.damage() == []
+        assert "row 51 missing from index entries_session_id" in await db.damage(full=True)
+    with pytest.raises(StoreError, match="SQLite's full check found:\n  row 51 missing from"):
+        await Database.open(path, check="full")
