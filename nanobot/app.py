@@ -7,14 +7,16 @@ sets up logging, builds what it needs, runs it and tears it down in order.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gc
+import os
 import stat
 import sys
 import tempfile
 import uuid
 import zoneinfo
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from pathlib import Path
@@ -66,6 +68,7 @@ from nanobot.workspace import copy_template
 
 JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe
 GC_YOUNG_THRESHOLD = 10_000  # new objects between two collections of the youngest generation
+GATEWAY_LOCK = "gateway.lock"  # in the data dir: held by the running gateway (see `serve`)
 
 
 def _timezone(config: Config) -> tzinfo | None:
@@ -361,7 +364,9 @@ def ask(config: Config, message: str, session_key: str, *, verbose: bool = False
         ProviderError: the model could not be reached.
         NanobotError: the turn failed otherwise (a limit, storage); the message says why.
     """
-    log.configure(config, quiet=not verbose)
+    # The turn's failure is printed as one line by the caller; the runner's warning about
+    # it goes to the log file only.
+    log.configure(config, quiet=not verbose, reported=() if verbose else ("nanobot.agent.runner",))
 
     async def run() -> str:
         async with _parts(config) as parts:
@@ -417,29 +422,98 @@ def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
 
 
 def serve(config: Config) -> int:
-    """Run the gateway until SIGTERM/SIGINT; returns the exit code."""
+    """Run the gateway until SIGTERM/SIGINT; returns the exit code: 1 when it stopped
+    because no chat channel could run (each refused its token).
+
+    Raises:
+        ConfigError: the data dir cannot be written, or the channels cannot start (see
+            `check_channels`).
+        NanobotError: another gateway runs on the same data dir.
+    """
     log.configure(config, quiet=False)
-    if config.gateway.event_loop == "uvloop":
+    with _only_gateway(config.data_dir):
+        if config.gateway.event_loop == "uvloop":
+            try:
+                import uvloop
+            except ImportError:
+                logger.warning("uvloop is not installed; the gateway uses asyncio's own event loop")
+            else:
+                logger.debug("event loop: uvloop")
+                return uvloop.run(_serve(config))
+        logger.debug("event loop: asyncio")
+        return asyncio.run(_serve(config))
+
+
+@contextmanager
+def _only_gateway(data_dir: Path) -> Iterator[None]:
+    """Hold the data dir's gateway lock (`gateway.lock`, with this process's pid) while the
+    gateway runs: a second one would poll Telegram against the first (409 Conflict, for
+    ever) and share its state. The kernel drops the lock when the process ends, however
+    it ends, so a lock file left behind by a crash stops nothing.
+
+    Raises:
+        NanobotError: another gateway holds the lock; the message names its pid.
+    """
+    path = data_dir / GATEWAY_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
         try:
-            import uvloop
-        except ImportError:
-            logger.warning("uvloop is not installed; the gateway uses asyncio's own event loop")
-        else:
-            logger.debug("event loop: uvloop")
-            return uvloop.run(_serve(config))
-    logger.debug("event loop: asyncio")
-    return asyncio.run(_serve(config))
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 20, 0).decode("ascii", "replace").strip() or "unknown"
+            raise NanobotError(
+                f"another gateway is running on the data dir {data_dir} (pid {pid}): stop it "
+                "first, or give this one its own data_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 async def _serve(config: Config) -> int:
     async with _parts(config) as parts:
         _tune_garbage_collection()
-        return await (await build_gateway(config, parts, terminal=sys.stdin.isatty())).run()
+        gateway = await build_gateway(config, parts, terminal=sys.stdin.isatty())
+        code = await gateway.run()
+        return 1 if gateway.manager.all_refused.is_set() else code
+
+
+def check_channels(config: Config, *, terminal: bool) -> None:
+    """What the gateway's chat channels need to start: a token for each enabled one, and
+    at least one enabled when no terminal is attached (nobody could talk to nanobot).
+
+    Raises:
+        ConfigError: the reason, and how to fix it.
+    """
+    file = f"{config.source}: " if config.source is not None else ""
+    for name, where in (("telegram", "from @BotFather"), ("discord", "from the developer portal")):
+        section = getattr(config.channels, name)
+        if section.enabled and not section.token.get_secret_value().strip():
+            raise ConfigError(
+                f"{file}channels.{name} is enabled but its token is empty: set "
+                f"channels.{name}.token (the bot's token, {where}) or "
+                f"NANOBOT_CHANNELS__{name.upper()}__TOKEN, or set enabled: false"
+            )
+    if not terminal and not _channel_rules(config):
+        raise ConfigError(
+            f"{file}no chat channel is enabled and no terminal is attached, so nobody could "
+            "talk to nanobot: enable one, e.g. channels: {telegram: {enabled: true, token: "
+            '"<from @BotFather>", allow_from: [<your user id>]}} (see config.example.yaml), '
+            "or run `nanobot agent` to chat in this terminal"
+        )
 
 
 async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gateway:
     """The gateway on `parts`: the enabled channels (and the terminal, when attached), the
-    dispatcher, subagents, the heartbeat and cron, all coming in through one gate."""
+    dispatcher, subagents, the heartbeat and cron, all coming in through one gate. Without
+    a terminal, it stops once every channel has stopped for good (`all_refused`).
+
+    Raises:
+        ConfigError: see `check_channels`.
+    """
+    check_channels(config, terminal=terminal)
     rules = _channel_rules(config)
     if terminal:
         rules[TerminalChannel.name] = EVERYONE
@@ -447,8 +521,8 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     channels = build_channels(config, way_in.gate, way_in.journal)
     if not channels:
         logger.warning(
-            "no chat channel is enabled: set channels.telegram or channels.discord "
-            "(enabled, token, allow_from) in the config"
+            "no chat channel is enabled, only this terminal: set channels.telegram or "
+            "channels.discord (enabled, token, allow_from) in the config"
         )
     console = TerminalChannel(way_in.gate, own_interrupts=False) if terminal else None
     if console is not None:
@@ -477,13 +551,14 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     dispatcher = Dispatcher(
         parts.loop, way_in.bus, way_in.journal, parts.loop, subagents=subagents, outcomes=outcomes
     )
+    manager = ChannelManager(channels, way_in.bus, way_in.journal)
     return Gateway(
         bus=way_in.bus,
         gate=way_in.gate,
         dispatcher=dispatcher,
-        manager=ChannelManager(channels, way_in.bus, way_in.journal),
+        manager=manager,
         shutdown_timeout=config.gateway.shutdown_timeout,
-        until=console.ended if console is not None else None,
+        until=console.ended if console is not None else manager.all_refused,
         services=services,
     )
 

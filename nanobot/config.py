@@ -7,13 +7,15 @@ Every component receives its own section; nothing reads configuration files afte
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import types
 import zoneinfo
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -26,7 +28,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from nanobot.durations import parse_duration
 from nanobot.errors import ConfigError
@@ -69,6 +76,16 @@ class AgentConfig(Section):
     steering_delivery: Literal["one", "all"] = "one"
     follow_up_delivery: Literal["one", "all"] = "one"
 
+    @field_validator("model")
+    @classmethod
+    def _model_names_its_provider(cls, model: str) -> str:
+        return _model_id(model)
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _fallbacks_name_their_providers(cls, models: list[str]) -> list[str]:
+        return [_model_id(model) for model in models]
+
     @model_validator(mode="after")
     def _direct_needs_a_base(self) -> Self:
         if self.transport == "direct" and not self.api_base:
@@ -77,6 +94,34 @@ class AgentConfig(Section):
                 "OpenAI-compatible API, e.g. http://localhost:8000/v1)"
             )
         return self
+
+
+# What a model id without its provider most likely meant, by how it starts.
+_USUAL_PROVIDERS = (
+    (("gpt-", "o1", "o3", "o4", "chatgpt-"), "openai"),
+    (("claude-",), "anthropic"),
+    (("gemini-",), "gemini"),
+    (("deepseek-",), "deepseek"),
+    (("mistral-", "codestral-"), "mistral"),
+    (("grok-",), "xai"),
+)
+
+
+def _model_id(model: str) -> str:
+    """`model` if it names its provider (`openai/gpt-4o`): litellm would guess the provider
+    of a bare `gpt-4o`, and an OpenAI-compatible server's bare model name not at all."""
+    provider, _, name = model.partition("/")
+    if provider.strip() and name.strip():
+        return model
+    problem, example = "is not <provider>/<model>", "openai/gpt-4o"
+    if model.strip() and "/" not in model:
+        starts = model.lower()
+        guess = next((p for prefixes, p in _USUAL_PROVIDERS if starts.startswith(prefixes)), None)
+        problem, example = "names no provider", f"{guess or 'openai'}/{model}"
+    raise ValueError(
+        f"{model!r} {problem}: write <provider>/<model>, e.g. {example} "
+        "(for an OpenAI-compatible server at agent.api_base: openai/<its model name>)"
+    )
 
 
 class ChannelConfig(Section):
@@ -97,6 +142,18 @@ class ChannelConfig(Section):
         if isinstance(value, list):
             return [str(item) if isinstance(item, int) else item for item in value]
         return value
+
+    @field_validator("allow_from")
+    @classmethod
+    def _numeric_or_everyone(cls, ids: list[str]) -> list[str]:
+        for user_id in ids:
+            if user_id != "*" and not (user_id.isascii() and user_id.isdigit()):
+                raise ValueError(
+                    f"{user_id!r} is not a user id: allow_from takes numeric platform user ids "
+                    '(e.g. 123456789) or "*" for everyone, not usernames, which can change; '
+                    "`nanobot pairing list` shows the id of everyone who wrote to the bot"
+                )
+        return ids
 
     @field_validator("approvers")
     @classmethod
@@ -365,6 +422,8 @@ def load(path: Path | None = None) -> Config:
         config = Config(**data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, file)) from None
+    except SettingsError as exc:  # a variable `_check_env_names` let through
+        raise ConfigError(f"environment: {exc}") from None
     _check_workspace(config, file)
     config._source = file
     return config
@@ -392,7 +451,12 @@ def _read_yaml(file: Path, *, must_exist: bool) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: cannot read config file: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader: no arbitrary objects
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            f"{file}: line {exc.line}: key {exc.key!r} is set twice (first at line "
+            f"{exc.first}); YAML would silently keep only the last: remove one"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{file}: invalid YAML: {exc}") from None
     if data is None:
@@ -403,13 +467,44 @@ def _read_yaml(file: Path, *, must_exist: bool) -> dict[str, Any]:
     return data
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: object, line: int, first: int) -> None:
+        super().__init__(f"duplicate key {key!r} at line {line}")
+        self.key, self.line, self.first = key, line, first
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key set twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges; keys it brings may be overridden
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                first = lines.get(key)
+            except TypeError:  # unhashable: the safe loader's own error follows
+                continue
+            if first is not None:
+                raise _DuplicateKey(key, line, first)
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _check_env_names(env: Mapping[str, str]) -> None:
-    # pydantic-settings ignores variables that match no field; a typo such as
-    # NANOBOT_AGENT_MODEL (one underscore) would then be silently dropped.
-    for name in env:
+    """Every NANOBOT_* variable names a key, and one for a list or a section holds JSON.
+
+    pydantic-settings ignores variables that match no field (a typo such as
+    NANOBOT_AGENT_MODEL, one underscore, would be silently dropped), and fails on a list
+    or section that is not JSON with a traceback naming neither the variable nor the form.
+    """
+    for name, value in env.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_PATH:
             continue
         model: type[BaseModel] | None = Config
+        annotation: object = None
         for part in name[len(ENV_PREFIX) :].lower().split("__"):
             fields = {f.alias or n: f for n, f in model.model_fields.items()} if model else {}
             field = fields.get(part)
@@ -423,6 +518,35 @@ def _check_env_names(env: Mapping[str, str]) -> None:
                 model = annotation
             else:
                 model = None
+        _check_json(name, value, annotation)
+
+
+def _check_json(name: str, value: str, annotation: object) -> None:
+    """A list or a section set by variable `name` must be JSON (as pydantic-settings reads
+    it); if it is not, say which form is expected, with an example."""
+    if not value:
+        return  # not decoded: pydantic reports the empty value with the key
+    if get_origin(annotation) in (Union, types.UnionType):  # X | None
+        inner = [arg for arg in get_args(annotation) if arg is not type(None)]
+        annotation = inner[0] if len(inner) == 1 else None
+    if get_origin(annotation) in (list, set, tuple, frozenset):
+        items = [item.strip().strip("'\"") for item in value.strip().strip("[]").split(",")]
+        expected = f"a JSON list, e.g. {name}='{json.dumps([i for i in items if i])}'"
+    elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        key = next(iter(annotation.model_fields))
+        expected = (
+            f"a JSON object, e.g. {name}='{{\"{key}\": ...}}', or set one key at a time: "
+            f"{name}__{key.upper()}=..."
+        )
+    else:
+        return
+    try:
+        json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"environment variable {name}: not valid JSON ({exc.msg} at character {exc.pos}); "
+            f"it must be {expected}"
+        ) from None
 
 
 def _describe(exc: ValidationError, file: Path) -> str:

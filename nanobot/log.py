@@ -11,19 +11,24 @@ the bot token.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
 import os
+import pwd
 import re
 import sys
+import tempfile
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, quote_plus
 
 from loguru import logger
+
+from nanobot.errors import ConfigError
 
 if TYPE_CHECKING:
     from loguru import Record, RecordException
@@ -224,13 +229,18 @@ def setup(
     json: bool = False,
     log_dir: Path | None = None,
     secrets: Iterable[str] = (),
+    off_stderr: Collection[str] = (),
 ) -> Redactor:
     """Configure loguru sinks (stderr, and a rotating file under `log_dir` if given).
 
     Library loggers are kept one level quieter than nanobot's own unless DEBUG is asked
     for. `log_dir` is made private to the user (0700, its log files 0600), also when it
-    exists already. Returns the redactor in use, so callers can scrub text they print
-    themselves. Safe to call more than once; each call replaces the previous configuration.
+    exists already. Warnings (and less) of the modules in `off_stderr` go to the file only.
+    Returns the redactor in use, so callers can scrub text they print themselves. Safe to
+    call more than once; each call replaces the previous configuration.
+
+    Raises:
+        OSError: `log_dir` or its log file cannot be created or written.
     """
     global _active  # noqa: PLW0603 - loguru's configuration is process-wide too
     redactor = _active = Redactor(secrets)
@@ -239,7 +249,7 @@ def setup(
     # `diagnose=False` everywhere although the patcher clears exceptions: a record that
     # somehow kept one must still not print local values.
     options: dict[str, Any] = {"format": _format, "serialize": json, "diagnose": False}
-    logger.add(sys.stderr, level=level, backtrace=False, **options)
+    logger.add(sys.stderr, level=level, backtrace=False, filter=_shown(off_stderr), **options)
     if log_dir is not None:
         _make_private(log_dir)
         logger.add(
@@ -255,6 +265,16 @@ def setup(
         )
     route_libraries(logging.DEBUG if level in ("TRACE", "DEBUG") else logging.WARNING)
     return redactor
+
+
+def _shown(off_stderr: Collection[str]) -> Callable[[Record], bool]:
+    hidden = frozenset(off_stderr)
+    error = logger.level("ERROR").no
+
+    def shown(record: Record) -> bool:
+        return record["name"] not in hidden or record["level"].no >= error
+
+    return shown
 
 
 def _make_private(log_dir: Path) -> None:
@@ -304,14 +324,47 @@ def environment_secrets(environ: Mapping[str, str]) -> list[str]:
     ]
 
 
-def configure(config: Config, *, quiet: bool) -> Redactor:
+def configure(config: Config, *, quiet: bool, reported: Collection[str] = ()) -> Redactor:
     """Logging as `config.log` says, with every secret of `config` and of the environment
     redacted. `quiet` keeps stderr to warnings (for commands whose stdout and stderr a person
-    reads)."""
+    reads); warnings of the modules in `reported` go to the log file only (the command
+    reports what they are about itself, in its own line).
+
+    Raises:
+        ConfigError: the data dir cannot be written (its logs, or a file in it): the
+            message names the path and what is needed, in one line.
+    """
     level = "WARNING" if quiet and config.log.level in ("INFO", "DEBUG", "TRACE") else None
-    return setup(
-        level=level or config.log.level,
-        json=config.log.json_,
-        log_dir=config.log_dir,
-        secrets=[*_secrets(config), *environment_secrets(os.environ)],
+    try:
+        redactor = setup(
+            level=level or config.log.level,
+            json=config.log.json_,
+            log_dir=config.log_dir,
+            secrets=[*_secrets(config), *environment_secrets(os.environ)],
+            off_stderr=reported,
+        )
+        with tempfile.TemporaryFile(dir=config.data_dir):  # state.db and the workspace go here
+            pass
+    except OSError as exc:
+        raise ConfigError(_unwritable(config.data_dir, exc)) from None
+    return redactor
+
+
+def _unwritable(data_dir: Path, exc: OSError) -> str:
+    """One line: which path of the data dir could not be written, and what would fix it."""
+    uid = os.geteuid()
+    try:
+        user = f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:  # a container's arbitrary uid
+        user = f"uid {uid}"
+    path = exc.filename or data_dir
+    where = "" if Path(path) == data_dir else f" ({path})"
+    if exc.errno == errno.EROFS:
+        fix = "it is on a read-only file system: mount it read-write"
+    else:
+        fix = f"make it writable for that user (e.g. chown -R {uid} {data_dir})"
+    return (
+        f"data dir {data_dir} cannot be written{where}: {exc.strerror or exc}; nanobot keeps "
+        f"its state and logs there and needs to write to it as {user}: {fix}, or set data_dir "
+        "(NANOBOT_DATA_DIR) to a directory it can write"
     )

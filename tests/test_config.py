@@ -288,3 +288,108 @@ def test_approvers_are_numeric_user_ids(tmp_path: Path, channel: str) -> None:
     for bad in ("'@owner'", "'*'", "'12a'", "'-5'", "'١٢'"):
         with pytest.raises(ConfigError, match=rf"channels\.{channel}\.approvers: .*not a user id"):
             load(write(tmp_path, f"channels:\n  {channel}:\n    approvers: [{bad}]\n"))
+
+
+# ---- mistakes get one clear line (issue 16 §2) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        (
+            "NANOBOT_AGENT__FALLBACKS",
+            "openai/gpt-4o",
+            "a JSON list, e.g. NANOBOT_AGENT__FALLBACKS='[\"openai/gpt-4o\"]'",
+        ),
+        (
+            "NANOBOT_CHANNELS__TELEGRAM__ALLOW_FROM",
+            "[1,2",
+            'a JSON list, e.g. NANOBOT_CHANNELS__TELEGRAM__ALLOW_FROM=\'["1", "2"]\'',
+        ),
+        ("NANOBOT_TOOLS__EXEC__DENY_PATTERNS", "rm -rf", "a JSON list"),  # list | None
+        (
+            "NANOBOT_CHANNELS__TELEGRAM",
+            '{"enabled": true',
+            "a JSON object, e.g. NANOBOT_CHANNELS__TELEGRAM='{\"enabled\": ...}', or set one "
+            "key at a time: NANOBOT_CHANNELS__TELEGRAM__ENABLED=...",
+        ),
+        ("NANOBOT_HEARTBEAT__DELIVER_TO", "telegram:42", "a JSON object"),  # section | None
+    ],
+)
+def test_a_list_or_section_variable_that_is_not_json_names_the_variable_and_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, ""))
+    message = str(info.value)
+    assert message.startswith(f"environment variable {name}: not valid JSON (")
+    assert f"it must be {expected}" in message
+    assert "\n" not in message
+
+
+def test_list_variables_in_json_still_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NANOBOT_CHANNELS__TELEGRAM__ALLOW_FROM", "[1, 2]")
+    monkeypatch.setenv("NANOBOT_HEARTBEAT__DELIVER_TO", '{"channel": "telegram", "chat_id": 42}')
+    config = load(write(tmp_path, ""))
+    assert config.channels.telegram.allow_from == ["1", "2"]
+    assert config.heartbeat.deliver_to is not None
+    assert config.heartbeat.deliver_to.chat_id == "42"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "first"),
+    [
+        ("agent:\n  model: openai/a\nagent:\n  max_tokens: 5\n", 3, "agent", 1),
+        ("agent:\n  model: openai/a\n  max_tokens: 5\n  model: openai/b\n", 4, "model", 2),
+        ("channels: {telegram: {enabled: true, enabled: false}}\n", 1, "enabled", 1),
+    ],
+)
+def test_a_key_set_twice_is_an_error_naming_file_line_and_key(
+    tmp_path: Path, text: str, line: int, key: str, first: int
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    assert str(info.value).startswith(
+        f"{path}: line {line}: key {key!r} is set twice (first at line {first})"
+    )
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
+    text = (
+        "channels:\n"
+        "  telegram: &bot {enabled: false, max_file_mb: 5}\n"
+        "  discord:\n    <<: *bot\n    max_file_mb: 8\n"
+    )
+    assert load(write(tmp_path, text)).channels.discord.max_file_mb == 8
+
+
+@pytest.mark.parametrize("entry", ["alice", "@alice", "12a", " 42", "-5", "**"])
+def test_allow_from_takes_numeric_ids_or_everyone_only(tmp_path: Path, entry: str) -> None:
+    path = write(tmp_path, f"channels: {{discord: {{allow_from: [1, {entry!r}]}}}}\n")
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    message = str(info.value)
+    assert f"channels.discord.allow_from: {entry!r} is not a user id" in message
+    assert "usernames" in message and "nanobot pairing list" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fix"),
+    [
+        ("agent: {model: gpt-4o}\n", "agent.model", "e.g. openai/gpt-4o"),
+        ("agent: {model: claude-sonnet-4-5}\n", "agent.model", "e.g. anthropic/claude-sonnet-4-5"),
+        ("agent: {model: llama3}\n", "agent.model", "e.g. openai/llama3"),
+        ("agent: {model: openai/}\n", "agent.model", "e.g. openai/gpt-4o"),
+        ("agent: {fallbacks: [openai/a, gemini-2.0-flash]}\n", "agent.fallbacks", "gemini/"),
+    ],
+)
+def test_a_model_id_without_its_provider_is_refused_with_the_fix(
+    tmp_path: Path, text: str, key: str, fix: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, text))
+    message = str(info.value)
+    assert f"{key}: " in message
+    assert "write <provider>/<model>" in message and fix in message

@@ -17,7 +17,7 @@ from nanobot.bus.events import (
 )
 from nanobot.bus.queue import MessageBus
 from nanobot.channels import manager as manager_module
-from nanobot.channels.base import Channel, DeliveryError, Intake, Undeliverable
+from nanobot.channels.base import Channel, ChannelRefused, DeliveryError, Intake, Undeliverable
 from nanobot.channels.manager import ChannelManager
 from tests.fakes.outbox import MemoryOutbox
 
@@ -250,4 +250,38 @@ async def test_chats_backing_off_hold_up_no_other_chat(monkeypatch: pytest.Monke
     await asyncio.wait_for(channel.arrived.wait(), 5)
     assert channel.delivered == [reply("tg", 1)]
     assert sorted(i for i, _ in ledger.failed) == [int(c) for c in failing]  # backing off
+    await stop(task)
+
+
+class RefusedChannel(ScriptedChannel):
+    """A channel whose platform refuses its token: every run raises `ChannelRefused`."""
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        self.runs += 1
+        raise ChannelRefused(f"channels.{self.name}.token was rejected")
+
+
+async def test_a_refused_channel_stops_for_good_in_one_line(errors: list[str]) -> None:
+    bus, ledger = MessageBus(), MemoryOutbox()
+    refused, working = RefusedChannel("tg"), ScriptedChannel("dc")
+    manager = ChannelManager([refused, working], bus, ledger)
+    task = await run_manager(manager, working)
+    await asyncio.sleep(0.1)  # ten restart delays (see fast_backoff)
+    assert refused.runs == 1  # not restarted
+    assert [line.strip() for line in errors] == ["tg stopped: channels.tg.token was rejected"]
+    assert not manager.all_refused.is_set()  # the other one runs on
+    await bus.publish(reply("dc", 1))
+    await asyncio.wait_for(manager.drain(), 5)
+    assert ledger.confirmed == [1]
+    await stop(task)
+
+
+async def test_all_refused_is_set_once_no_channel_is_left(errors: list[str]) -> None:
+    channels = [RefusedChannel("tg"), RefusedChannel("dc")]
+    manager = ChannelManager(channels, MessageBus(), MemoryOutbox())
+    task = asyncio.create_task(manager.run())
+    await asyncio.wait_for(manager.all_refused.wait(), 5)
+    assert [channel.runs for channel in channels] == [1, 1]
+    assert "every channel was refused; none is left running" in errors[-1]
+    assert not any("Traceback" in line for line in errors)
     await stop(task)

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from nanobot.app import build_provider
 from nanobot.config import AgentConfig, Config
-from nanobot.errors import ProviderError
+from nanobot.errors import ConfigError, ProviderError
 from nanobot.providers import Delta, TextDelta, ToolCallDelta
 from nanobot.providers._stream import Assembler, retry_after
 from nanobot.providers.base import Completion, ToolCall, Usage
@@ -288,7 +288,7 @@ def test_context_window_and_token_count() -> None:
 def test_prepare_loads_what_the_first_turn_needs(monkeypatch: pytest.MonkeyPatch) -> None:
     import tiktoken
 
-    provider = on_litellm("openai/gpt-4o-mini")
+    provider = on_litellm("openai/gpt-4o-mini", api_key="sk-test")
     provider.prepare()
     litellm = _litellm()  # imported by prepare, for the litellm transport
 
@@ -384,3 +384,100 @@ def test_a_chunk_is_read_alike_from_litellm_objects_and_plain_ones() -> None:
         results.append(assembler.result("m", assembler.usage))
     expected = Completion(None, (ToolCall("c1", "read_file", "{}"),), "tool_calls", Usage(), "m")
     assert results == [expected, dataclasses.replace(expected, usage=Usage(3, 2))]
+
+
+# ---- no API key: said at once, never retried (issue 16 §2) ---------------------------------
+
+
+def no_network(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every connection attempt from now on fails, and is recorded in the returned list."""
+    reached: list[object] = []
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        reached.append(args)
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    return reached
+
+
+async def test_no_api_key_is_said_at_once_without_a_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    reached = no_network(monkeypatch)
+    llm = on_litellm("openai/gpt-4o", retry=FAST)
+    with pytest.raises(ConfigError) as refused:
+        llm.prepare()
+    assert str(refused.value) == "no API key for openai: set agent.api_key or OPENAI_API_KEY"
+    with pytest.raises(ProviderError) as info:
+        await llm.complete(MESSAGES)
+    assert info.value.kind == "auth"  # neither retried nor "unavailable"
+    assert str(info.value) == (
+        "openai/gpt-4o: no API key for openai: set agent.api_key or OPENAI_API_KEY"
+    )
+    assert reached == []
+
+
+def test_a_key_from_the_environment_or_the_config_will_do(
+    fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-environment")
+    provider(fake_llm, api_key=None).prepare()
+    monkeypatch.delenv("OPENAI_API_KEY")
+    provider(fake_llm, api_key="sk-from-config").prepare()
+    on_litellm("ollama/llama3").prepare()  # a provider that needs no key
+
+
+async def test_a_server_of_ours_without_a_key_is_told_any_value_will_do(
+    fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # litellm's OpenAI client sends nothing without a key, even to a local server.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ProviderError) as info:
+        await provider(fake_llm, api_key=None).complete(MESSAGES)
+    assert info.value.kind == "auth"
+    assert "any value, if the server at agent.api_base needs none" in str(info.value)
+    assert fake_llm.request_count == 0
+
+
+async def test_a_fallback_without_its_key_is_warned_about_and_skipped_at_once(
+    fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch, warnings: list[str]
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    fallback = "anthropic/claude-3-5-haiku-20241022"
+    llm = provider(fake_llm, fallbacks=[fallback], retry=RetryPolicy(attempts=0))
+    llm.prepare()  # the primary has its key: no error
+    assert [w.strip() for w in warnings] == [
+        f"fallback {fallback} will fail: no API key for anthropic: set ANTHROPIC_API_KEY"
+    ]
+    fake_llm.script(ServerError(500))
+    with pytest.raises(ProviderError) as info:
+        await llm.complete(MESSAGES)
+    assert (info.value.kind, info.value.model) == ("auth", fallback)
+    assert fake_llm.request_count == 1
+
+
+async def test_litellm_missing_credentials_is_an_auth_error_not_retried(
+    fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Should a model slip past the check, litellm raises the OpenAI client's "Missing
+    # credentials" as an InternalServerError: it must not be retried as an outage.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setattr(LiteLLMTransport, "missing_key", lambda self, model: None)
+    litellm = _litellm()
+    calls: list[str] = []
+    original = litellm.acompletion
+
+    async def counted(**kwargs: Any) -> Any:
+        calls.append(kwargs["model"])
+        return await original(**kwargs)
+
+    monkeypatch.setattr(litellm, "acompletion", counted)
+    with pytest.raises(ProviderError) as info:
+        await provider(fake_llm, api_key=None).complete(MESSAGES)
+    assert info.value.kind == "auth"
+    assert "Missing credentials" in str(info.value)
+    assert calls == ["openai/fake-model"]
+    assert fake_llm.request_count == 0

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nanobot.bus.events import InboundMessage, Outbound
+from nanobot.errors import ConfigError
 from nanobot.workspace import Workspace
 
 
@@ -111,6 +112,12 @@ class OutboxPort(Protocol):
         ...
 
 
+class ChannelRefused(ConfigError):
+    """The platform refused the channel itself (its token was rejected, a permission the bot
+    needs is not granted): running it again would be refused again, so the manager stops it
+    for good with this one line (the reason and what to change) instead of restarting it."""
+
+
 class DeliveryError(Exception):
     """A message could not be delivered after the channel's own retries, for a reason that
     may pass (the network, the platform's servers, its rate limit): it is tried again later,
@@ -150,7 +157,8 @@ class Channel(ABC):
     Lifecycle: the manager calls `run()` in a task it owns; `run()` connects, calls
     `ready()` once connected, and keeps going until cancelled (then it disconnects cleanly)
     or until the connection fails for good (then it raises; the manager restarts it with
-    backoff). `deliver()` may be called whenever `run()` is running.
+    backoff, unless it raised `ChannelRefused`). `deliver()` may be called whenever `run()`
+    is running.
     """
 
     name: str

@@ -61,6 +61,7 @@ from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
 from nanobot.channels.base import (
     Channel,
+    ChannelRefused,
     DeliveryError,
     InboxPolicy,
     Intake,
@@ -69,7 +70,6 @@ from nanobot.channels.base import (
     not_fetched,
 )
 from nanobot.channels.render import split_discord
-from nanobot.errors import ConfigError
 from nanobot.lanes import Lanes
 from nanobot.tasks import TaskSet
 
@@ -78,6 +78,11 @@ TAKE_GRACE = 5.0  # seconds messages already received may still be taken when st
 TYPING_INTERVAL = 8.0  # Discord shows "typing…" for about 10 s
 GUILD_READY_TIMEOUT = 2.0  # discord.py waits this long after the last GUILD_CREATE
 MAX_RATE_LIMIT_WAIT = 60.0  # a longer 429 wait fails the delivery (the manager retries later)
+AUTHENTICATION_FAILED = 4004  # the gateway's close code for a token it does not take
+_REJECTED = (
+    "channels.discord.token was rejected by Discord ({}): reset it under Bot → Token in the "
+    "Discord Developer Portal and set the new one"
+)
 
 # What the presser is told when the gate does not take a press.
 NOT_APPROVER = "Only an approver can decide this."
@@ -194,7 +199,7 @@ class DiscordChannel(Channel):
     async def run(self, ready: Callable[[], None]) -> None:
         token = self._config.token.get_secret_value()
         if not token:
-            raise ConfigError("channels.discord.token is empty: set the bot's token")
+            raise ChannelRefused("channels.discord.token is empty: set the bot's token")
         await self._replies.recover()  # before `ready()`: nothing is delivered before that
 
         def connected(client: discord.Client) -> None:
@@ -241,10 +246,14 @@ class DiscordChannel(Channel):
         restore = _point_at(self._config)
         try:
             await client.start(token)
-        except discord.LoginFailure as exc:
-            raise ConfigError(f"channels.discord.token was rejected by Discord: {exc}") from exc
+        except discord.LoginFailure:  # 401 on logging in
+            raise ChannelRefused(_REJECTED.format("401 Unauthorized")) from None
+        except discord.ConnectionClosed as exc:
+            if exc.code == AUTHENTICATION_FAILED:  # the token was reset while connected
+                raise ChannelRefused(_REJECTED.format("gateway closed with 4004")) from None
+            raise
         except discord.PrivilegedIntentsRequired as exc:
-            raise ConfigError(
+            raise ChannelRefused(
                 "Discord refused the Message Content intent: enable it for the bot under "
                 "Bot → Privileged Gateway Intents in the Discord Developer Portal"
             ) from exc

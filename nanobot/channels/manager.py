@@ -1,7 +1,8 @@
 """The ChannelManager: runs every enabled channel and delivers its outbound traffic.
 
 Each channel gets two tasks: a supervisor that runs it and restarts it with backoff when it
-crashes, and a delivery task that drains its outbound queue, so a slow platform never delays
+crashes (not when the platform refused it, `ChannelRefused`: that stops it for good, in one
+line), and a delivery task that drains its outbound queue, so a slow platform never delays
 another. Within a channel, chats are delivered to in parallel, each chat in order, and
 nothing one chat waits for is shared: a chat whose delivery backs off (seconds, or minutes of
 a platform's 5xx and rate limits) holds up only its own later items. There is no bound on
@@ -29,7 +30,13 @@ from loguru import logger
 
 from nanobot.bus.events import ChatRef, Outbound, OutboundMessage, StreamUpdate, Typing
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import Channel, DeliveryError, OutboxPort, Undeliverable
+from nanobot.channels.base import (
+    Channel,
+    ChannelRefused,
+    DeliveryError,
+    OutboxPort,
+    Undeliverable,
+)
 from nanobot.lanes import Lanes
 
 RESTART_DELAYS = (1.0, 2.0, 5.0, 15.0, 30.0, 60.0)
@@ -53,6 +60,9 @@ class ChannelManager:
         self._idle = {c.name: asyncio.Event() for c in self._channels}
         # Chats closed to the bot, (channel, chat id) → why; until the chat writes again.
         self._closed: dict[tuple[str, str], str] = {}
+        self._stopped_for_good: set[str] = set()  # channels stopped for good (`ChannelRefused`)
+        # Set once every channel has stopped for good: nothing comes in or goes out any more.
+        self.all_refused = asyncio.Event()
 
     @property
     def names(self) -> list[str]:
@@ -85,6 +95,13 @@ class ChannelManager:
             try:
                 await channel.run(ready)
                 logger.warning("{} stopped by itself; restarting", channel.name)
+            except ChannelRefused as exc:  # it would be refused again: no restart, no traceback
+                logger.error("{} stopped: {}", channel.name, exc)
+                self._stopped_for_good.add(channel.name)
+                if self._stopped_for_good >= set(self.names):
+                    logger.error("every channel was refused; none is left running")
+                    self.all_refused.set()
+                return
             except Exception as exc:  # noqa: BLE001 - a channel crash must not end the gateway
                 logger.opt(exception=exc).error("{} crashed: {}", channel.name, exc)
             if loop.time() - started > STABLE_AFTER:

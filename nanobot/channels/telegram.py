@@ -45,6 +45,7 @@ from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
 from nanobot.channels.base import (
     Channel,
+    ChannelRefused,
     DeliveryError,
     InboxPolicy,
     Intake,
@@ -53,7 +54,6 @@ from nanobot.channels.base import (
     Undeliverable,
 )
 from nanobot.channels.render import split_telegram, telegram_html
-from nanobot.errors import ConfigError
 
 POLL_TIMEOUT = 30  # seconds a getUpdates long poll is held open by Telegram
 STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
@@ -167,7 +167,10 @@ class TelegramChannel(Channel):
                     await self._typing.stop()
                     self._sender.bot = None
         except InvalidToken:  # its message quotes the token
-            raise ConfigError("channels.telegram.token was rejected by Telegram") from None
+            raise ChannelRefused(
+                "channels.telegram.token was rejected by Telegram: check it with @BotFather "
+                "(/mybots → API Token) and set the current one"
+            ) from None
 
     async def _take(self, update: Update) -> bool:
         """Hand one update to intake; True once it may be acknowledged (see `_telegram_poll.Take`).

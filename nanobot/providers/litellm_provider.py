@@ -66,6 +66,7 @@ class LiteLLMTransport:
         self._api_key = api_key
         self._api_base = api_base
         self._timeout = request_timeout
+        self._missing: dict[str, str | None] = {}  # model → `missing_key`'s answer
 
     def prepare(self) -> None:
         """Import litellm (seconds)."""
@@ -74,8 +75,35 @@ class LiteLLMTransport:
     async def aclose(self) -> None:
         """Nothing to release: litellm owns its HTTP clients."""
 
+    def missing_key(self, model: str) -> str | None:
+        """Why no call to `model` can be made for want of an API key, in one line ("no API
+        key for openai: set agent.api_key or OPENAI_API_KEY"), or None. Imports litellm.
+
+        Only providers whose credential is an API key variable are checked (not cloud
+        logins such as AWS, Vertex or Azure's), by litellm's own list of what each needs.
+        """
+        if model in self._missing:
+            return self._missing[model]
+        own = self.own_endpoint(model)
+        problem = None
+        if not (own and self._api_key):
+            try:
+                missing = list(_litellm().validate_environment(model)["missing_keys"])
+            except Exception:  # noqa: BLE001 - litellm cannot place it: the call will say why
+                missing = []
+            if missing and all(name.endswith("_API_KEY") for name in missing):
+                names = " or ".join((["agent.api_key"] if own else []) + missing)
+                problem = f"no API key for {_provider(model) or model}: set {names}"
+                if own and self._api_base:
+                    problem += " (any value, if the server at agent.api_base needs none)"
+        self._missing[model] = problem
+        return problem
+
     async def stream(self, call: Call, on_delta: DeltaHandler | None) -> Completion:
-        """See `Transport.stream`; every failure litellm raises is classified here."""
+        """See `Transport.stream`; every failure litellm raises is classified here. A model
+        without an API key fails at once (`auth`), without a request."""
+        if (problem := self.missing_key(call.model)) is not None:
+            raise ProviderError("auth", f"{call.model}: {problem}", model=call.model)
         try:
             return await self._stream(call, on_delta)
         except Exception as exc:  # every litellm failure is classified here, once
@@ -207,8 +235,14 @@ def _classify(exc: BaseException, model: str) -> ProviderError:
     return ProviderError(_kind(exc), message, model=model, retry_after=retry_after(exc))
 
 
+# What the OpenAI client says, however litellm wraps it, when it was given no key to send.
+_NO_KEY = ("missing credentials", "api_key client option must be set")
+
+
 def _kind(exc: BaseException) -> ProviderErrorKind:
     litellm = _litellm()
+    if any(words in str(exc).lower() for words in _NO_KEY):
+        return "auth"  # litellm raises it as a server error, which would be retried
     checks: tuple[
         tuple[type[BaseException] | tuple[type[BaseException], ...], ProviderErrorKind], ...
     ] = (

@@ -14,11 +14,11 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from loguru import logger
 
-from nanobot.errors import ProviderError, ProviderErrorKind
+from nanobot.errors import ConfigError, ProviderError, ProviderErrorKind
 from nanobot.providers.base import (
     Call,
     Completion,
@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 _RETRYABLE: frozenset[ProviderErrorKind] = frozenset({"rate_limited", "unavailable", "timeout"})
 # A fallback model may be another vendor with other credentials, so auth failures move on too.
 _FALLBACK_ON: frozenset[ProviderErrorKind] = _RETRYABLE | {"auth"}
+
+
+@runtime_checkable
+class _KeyChecked(Protocol):
+    """A transport that can tell, before any call, that a model has no API key to send."""
+
+    def missing_key(self, model: str) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,14 +230,26 @@ class Provider:
 
         Blocking, so run it in a thread: done lazily, on the event loop in the middle of the
         first turn (or of the first fallback), it would stall every chat for as long.
-        Idempotent.
+        Idempotent. A fallback without an API key is warned about.
+
+        Raises:
+            ConfigError: the primary model's provider has no API key (every call would fail).
         """
         self._tokens.load()
         self.context_window()
         self.supports_vision()
-        transports = [self._routes.transport(m) for m in (self._model, *self._fallbacks)]
+        models = (self._model, *self._fallbacks)
+        transports = [self._routes.transport(m) for m in models]
         for transport in {id(t): t for t in transports}.values():
             transport.prepare()
+        for model, transport in zip(models, transports, strict=True):
+            if not isinstance(transport, _KeyChecked):
+                continue
+            problem = transport.missing_key(model)
+            if problem is not None and model == self._model:
+                raise ConfigError(problem)
+            if problem is not None:
+                logger.warning("fallback {} will fail: {}", model, problem)
 
     async def aclose(self) -> None:
         """Release the transports' connections."""
