@@ -176,8 +176,8 @@ async def test_channels_crashing_while_running(
     telegram.fail_next("getFile", Garbled())
     fake_llm.script(Text("got it"))
     telegram.user_document(ALICE, filename="a.txt", content=b"text", user_id=ALICE)
-    # Discord: the gateway closes with a code fatal to discord.py.
-    await discord.disconnect_all(4004, "Authentication failed.")
+    # Discord: the gateway closes with a code fatal to discord.py (not a rejected token).
+    await discord.disconnect_all(4012, "Invalid API version.")
     await process.wait_log("telegram crashed", seconds=60)
     crashed = await process.wait_log("discord crashed", seconds=60)
     await process.wait_log("manager: discord connected", after=crashed, seconds=60)
