@@ -110,9 +110,19 @@ def _ask_onboarding_questions() -> dict[str, str]:
 
 
 @app.command()
-def status(ctx: typer.Context) -> None:
+def status(
+    ctx: typer.Context,
+    check_db: Annotated[
+        bool,
+        typer.Option(
+            "--check-db",
+            help="Run SQLite's full integrity check of the state database (not only the quick "
+            "one); exit 1 with what it found when it is damaged.",
+        ),
+    ] = False,
+) -> None:
     """Show the config file, directories, model, channels, exec's sandbox and store figures
-    (no secrets)."""
+    (no secrets). Exits 1 when the state database is damaged, saying how to restore it."""
     from nanobot import manage
     from nanobot.app import describe_sandbox
     from nanobot.config import config_path
@@ -120,7 +130,7 @@ def status(ctx: typer.Context) -> None:
 
     config = _config(ctx)
     try:
-        rows = manage.status(config, config_path(ctx.obj))
+        rows = manage.status(config, config_path(ctx.obj), check_db=check_db)
     except StoreError as exc:
         _fail(str(exc))
     rows.append(("sandbox", describe_sandbox(config)))

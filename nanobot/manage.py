@@ -243,8 +243,16 @@ def _fill_example(text: str, answers: dict[str, str]) -> str:
     return text
 
 
-def status(config: Config, path: Path) -> list[tuple[str, str]]:
-    """Rows of (label, value) describing this installation, without any secret."""
+def status(config: Config, path: Path, *, check_db: bool = False) -> list[tuple[str, str]]:
+    """Rows of (label, value) describing this installation, without any secret.
+
+    The state database is checked as it is opened: SQLite's quick check, or with
+    `check_db` its full integrity check (about four times as long).
+
+    Raises:
+        StoreError: the state database is damaged (the message says what was found and how
+            to restore it) or cannot be opened.
+    """
     rows = [
         ("config", f"{path}" + ("" if path.exists() else " (not found; using defaults)")),
         ("data dir", str(config.data_dir)),
@@ -266,16 +274,18 @@ def status(config: Config, path: Path) -> list[tuple[str, str]]:
         rows.append((name, state))
     if not config.state_db_path.exists():
         return [*rows, ("state", f"{config.state_db_path} (not created yet)")]
-    return rows + asyncio.run(_store_rows(config.state_db_path))
+    return rows + asyncio.run(_store_rows(config.state_db_path, check_db))
 
 
-async def _store_rows(db_path: Path) -> list[tuple[str, str]]:
-    async with await Database.open(db_path) as db:
+async def _store_rows(db_path: Path, check_db: bool) -> list[tuple[str, str]]:
+    async with await Database.open(db_path, check="full" if check_db else "quick") as db:
         stats = await SessionStore(db).stats()
         waiting = await Access(db).waiting()
         failed = await Journal(db).failed_replies()
+    checked = "ok (full check)" if check_db else "ok (quick check; --check-db for the full one)"
     return [
         ("state", f"{db_path} ({stats.size_bytes / 1024:.0f} KiB)"),
+        ("integrity", checked),
         ("sessions", f"{stats.sessions} ({stats.live_sessions} live), {stats.entries} entries"),
         ("pairing", _waiting(waiting)),
         ("replies", _failed(failed)),

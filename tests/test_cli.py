@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import sys
 import zipfile
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from nanobot.store import Access, Database, Journal
 from nanobot.store.access import MAX_PENDING
 from tests.conftest import Home
 from tests.fakes.llm import AuthError, FakeLLM, ServerError, Text
+from tests.test_store import filled, overwrite, skip_index
 from tests.test_terminal import piped
 
 SECRET = "sk-test-secret-key-123456"
@@ -396,3 +399,44 @@ async def test_approvals_help_and_usage_errors(home: Home) -> None:
         assert command in help_text
     assert (await nanobot(home, "approvals", "revoke")).code == 2
     assert (await nanobot(home, "approvals", "log", "--limit", "0")).code == 2
+
+
+async def test_status_checks_the_state_database_and_check_db_runs_the_full_check(
+    home: Home,
+) -> None:
+    path = home.data_dir / "state.db"
+    await filled(path)
+    result = await nanobot(home, "status", "--check-db")
+    assert result.code == 0, result.stderr
+    assert "integrity  ok (full check)" in result.stdout
+
+    # Rows missing from an index: pages are well formed, only the full check notices.
+    skip_index(path, "entries_session_id", on=True)
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute(
+            "INSERT INTO entries (session_id, kind, data, created_at)"
+            " VALUES (1, 'message', '{}', '2025-01-01')"
+        )
+        conn.commit()
+    skip_index(path, "entries_session_id", on=False)
+    result = await nanobot(home, "status")
+    assert result.code == 0, result.stderr
+    assert "ok (quick check; --check-db for the full one)" in result.stdout
+    result = await nanobot(home, "status", "--check-db")
+    assert result.code == 1
+    assert result.stderr.startswith(f"nanobot: {path} is damaged; SQLite's full check found:\n")
+    assert "row 51 missing from index entries_session_id" in result.stderr
+    assert "put back a backup of state.db, or move it aside" in result.stderr
+
+    # A table's pages overwritten: every command refuses the file, before writing anything.
+    overwrite(path, "entries")
+    before = path.read_bytes()
+    result = await nanobot(home, "status")
+    assert result.code == 1
+    assert "quick check found:\n  table entries: database disk image is malformed" in (
+        result.stderr
+    )
+    result = await nanobot(home, "pairing", "approve", "ABCDEFGH")
+    assert result.code == 1
+    assert "table entries: database disk image is malformed" in result.stderr
+    assert path.read_bytes() == before
