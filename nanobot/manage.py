@@ -8,9 +8,11 @@ CLI to print. None of them imports litellm or the chat libraries.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -20,7 +22,8 @@ from nanobot import log
 from nanobot.config import Config, load
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.models import Job
-from nanobot.cron.schedule import describe
+from nanobot.cron.schedule import describe, format_time, zone_of
+from nanobot.errors import NanobotError
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore
@@ -316,18 +319,100 @@ def _waiting(waiting: dict[str, int]) -> str:
 async def _jobs_call(config: Config, work: Callable[[Jobs], Awaitable[list[str]]]) -> list[str]:
     config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     async with await Database.open(config.state_db_path) as db:
-        return await work(Jobs(CronStore(db), config.timezone))
+        return await work(Jobs(CronStore(db), config.timezone, channels=_channels(config)))
+
+
+def _channels(config: Config) -> dict[str, bool]:
+    """Each channel a job can deliver to, and whether it is enabled."""
+    return {
+        name: getattr(config.channels, name).enabled for name in type(config.channels).model_fields
+    }
 
 
 def cron(config: Config, work: Callable[[Jobs], Awaitable[list[str]]]) -> list[str]:
     """Run one `nanobot cron` action against the job store; its lines to print.
 
     Raises:
-        ScheduleError: a schedule was refused (nothing was stored).
+        ScheduleError: a schedule or a channel was refused (nothing was stored).
         NanobotError: the job does not exist, or the store failed.
     """
     log.configure(config, quiet=True)
     return asyncio.run(_jobs_call(config, work))
+
+
+def added_line(job: Job, zone: str) -> str:
+    """What `cron add` says: the new job's id and its first run, in the job's zone."""
+    assert job.next_run is not None, "a new job is enabled"
+    return f"Added job {job.id}; next run {format_time(job.next_run, zone_of(job.schedule, zone))}."
+
+
+GATEWAY_LOCK = "gateway.lock"
+"""The file in the data dir that a running gateway holds locked (`nanobot.app.GATEWAY_LOCK`;
+this module must not import the app)."""
+
+
+def gateway_pid(data_dir: Path) -> str | None:
+    """The pid of the gateway running on `data_dir`, or None when none is.
+
+    The gateway holds an exclusive `flock` on its lock file while it runs (the kernel drops
+    it however the process ends). This takes a shared one for an instant to see whether it
+    can: a gateway starting in that very instant would be refused and say so.
+    """
+    try:
+        fd = os.open(data_dir / GATEWAY_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 20, 0).decode("ascii", "replace").strip() or "unknown"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+PICKUP_WAIT = 5.0
+"""Seconds `cron run` waits for the running gateway to start the job: it looks once a second."""
+
+
+async def run_job(
+    jobs: Jobs, job_id: str, gateway: str | None, wait: float = PICKUP_WAIT
+) -> list[str]:
+    """`cron run`: make the job due now and say what happens. `gateway` is the pid of the
+    gateway running on this data dir (`gateway_pid`), None when none runs.
+
+    With a gateway, this watches the job until its scheduler starts it, a few times a second
+    for `wait` seconds at most (SQLite cannot tell another process of a change).
+
+    Raises:
+        NanobotError: there is no such job.
+    """
+    due = await jobs.run_now(job_id)
+    if due is None:
+        raise NanobotError(f"no job {job_id} (see nanobot cron list)")
+    if gateway is None:
+        return [
+            f"Job {job_id} will run when a gateway starts (none is running now). If that is"
+            " more than cron.catch_up_window from now, this run lapses."
+        ]
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        job = await jobs.get(job_id)
+        if job is None:
+            return [f"Job {job_id} was removed meanwhile."]
+        if job.last_run is not None and job.last_run >= due:
+            if job.last_status == "missed":
+                return [f"Job {job_id} did not start: its previous run is still going."]
+            return [f"Job {job_id} started in the running gateway (pid {gateway})."]
+        if job.next_run != due:
+            return [f"Job {job_id} was changed meanwhile; see nanobot cron list."]
+    return [
+        f"Job {job_id} is due now, but the running gateway (pid {gateway}) has not started it"
+        f" within {wait:g} s: its cron may be off (cron.enabled), or it is busy."
+    ]
 
 
 def job_lines(jobs: list[Job], zone: str) -> list[str]:
@@ -336,12 +421,8 @@ def job_lines(jobs: list[Job], zone: str) -> list[str]:
         return ["No jobs. Add one with: nanobot cron add --name NAME --message TEXT --every 1h"]
     rows = [("ID", "NAME", "SCHEDULE", "TZ", "NEXT RUN", "LAST")]
     for job in jobs:
-        tz = getattr(job.schedule, "tz", None) or zone
-        upcoming = (
-            job.next_run.astimezone(ZoneInfo(tz)).strftime("%Y-%m-%d %H:%M %Z")
-            if job.next_run
-            else "disabled"
-        )
+        tz = zone_of(job.schedule, zone)
+        upcoming = format_time(job.next_run, tz) if job.next_run else "disabled"
         target = f" -> {job.channel}:{job.to}" if job.channel else ""
         rows.append(
             (
@@ -353,8 +434,4 @@ def job_lines(jobs: list[Job], zone: str) -> list[str]:
                 job.last_status or "-",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
+    return _table(rows)
