@@ -544,7 +544,10 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
         outcomes["heartbeat"] = heartbeat
     if config.cron.enabled:
         cron = CronService(
-            CronStore(parts.db), way_in.gate, catch_up_window=config.cron.catch_up_window
+            CronStore(parts.db),
+            way_in.gate,
+            catch_up_window=config.cron.catch_up_window,
+            channels=[n for n in ("telegram", "discord") if getattr(config.channels, n).enabled],
         )
         services.append(("cron", cron.run))
         outcomes["cron"] = cron

@@ -341,12 +341,13 @@ def cron_add(
     to: Annotated[str | None, typer.Option("--to", help="The chat id to deliver to.")] = None,
 ) -> None:
     """Add a job. Exactly one of --every, --cron or --at."""
+    from nanobot import manage
     from nanobot.cron.jobs import ScheduleSpec
 
     async def work(jobs: Jobs) -> list[str]:
         spec = ScheduleSpec(every, cron, at, tz)
         job = await jobs.add(name, message, spec, channel=channel, to=to)
-        return [f"Added job {job.id}; next run {job.next_run:%Y-%m-%d %H:%M %Z}."]
+        return [manage.added_line(job, jobs.default_zone)]
 
     _cron(ctx, work)
 
@@ -385,8 +386,16 @@ def cron_disable(ctx: typer.Context, job_id: JobId) -> None:
 
 @cron_app.command("run")
 def cron_run(ctx: typer.Context, job_id: JobId) -> None:
-    """Run a job now: a running gateway starts it within two seconds."""
-    _job_action(ctx, job_id, "run_now", "Queued")
+    """Run a job now: a running gateway starts it within two seconds; with none running, it
+    runs when one starts."""
+    from nanobot import manage
+
+    gateway = manage.gateway_pid(_config(ctx).data_dir)
+
+    async def work(jobs: Jobs) -> list[str]:
+        return await manage.run_job(jobs, job_id, gateway)
+
+    _cron(ctx, work)
 
 
 def main() -> None:

@@ -248,31 +248,6 @@ async def test_interactive_chat_reads_lines_until_exit(home: Home, fake_llm: Fak
     assert fake_llm.request_count == 2
 
 
-async def test_gateway_stops_cleanly_on_sigterm(home: Home) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "nanobot",
-        "gateway",
-        env=home.env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert process.stderr is not None
-    logged = b""
-    async with asyncio.timeout(60):
-        while b"gateway started" not in logged:
-            line = await process.stderr.readline()
-            assert line, f"gateway exited early: {logged.decode()}"
-            logged += line
-    assert b"no chat channel is enabled" in logged
-    process.terminate()
-    _, stderr = await asyncio.wait_for(process.communicate(), timeout=30)
-    assert process.returncode == 0
-    assert b"gateway stopped" in stderr
-
-
 async def test_wheel_ships_the_workspace_template_and_example(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     process = await asyncio.create_subprocess_exec(

@@ -56,6 +56,26 @@ async def test_times_are_listed_in_the_jobs_zone(home: Home) -> None:
     assert "Europe/Berlin" in daily_row and " 09:00 CE" in daily_row  # CET or CEST
 
 
+async def test_add_and_run_say_when_in_the_jobs_zone_and_what_will_happen(home: Home) -> None:
+    added = await nanobot(
+        home, *add_args()[:6], "--at", "2030-12-01T09:00", "--tz", "America/New_York"
+    )
+    assert added.code == 0, added.stderr
+    assert added.stdout.startswith("Added job ")
+    assert added.stdout.endswith("; next run 2030-12-01 09:00 EST.\n")
+    job_id = added.stdout.split()[2].rstrip(";")
+    run = await nanobot(home, "cron", "run", job_id)
+    assert run.code == 0, run.stderr
+    assert run.stdout.startswith(
+        f"Job {job_id} will run when a gateway starts (none is running now)."
+    )
+    listing = (await nanobot(home, "cron", "list")).stdout
+    assert "2030-12-01 09:00" not in listing.splitlines()[1]  # next run: now, not 2030
+    missing = await nanobot(home, "cron", "run", "deadbeef")
+    assert missing.code == 1
+    assert "no job deadbeef" in missing.stderr
+
+
 class Gateway:
     """The gateway as `cron run` sees it: a cron service on the same state file, whose runs
     end at once."""
