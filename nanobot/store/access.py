@@ -12,6 +12,7 @@ import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from nanobot.store._times import from_text, to_text
 from nanobot.store.database import Database
 
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I to misread
@@ -77,7 +78,7 @@ class Access:
         now = datetime.now(UTC)
         async with self._db.transaction():
             await self._db.execute(
-                "DELETE FROM pairing_requests WHERE expires_at <= ?", (_format(now),)
+                "DELETE FROM pairing_requests WHERE expires_at <= ?", (to_text(now),)
             )
             row = await self._db.fetchone(
                 "SELECT code FROM pairing_requests WHERE channel = ? AND user_id = ?",
@@ -101,7 +102,7 @@ class Access:
                 "INSERT INTO pairing_requests"
                 " (code, channel, user_id, chat_id, name, created_at, expires_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (code, channel, user_id, chat_id, name, _format(now), _format(now + CODE_TTL)),
+                (code, channel, user_id, chat_id, name, to_text(now), to_text(now + CODE_TTL)),
             )
         return Issued(code, new=True, evicted=evicted)
 
@@ -109,7 +110,7 @@ class Access:
         """Unexpired pairing requests, oldest first."""
         rows = await self._db.fetchall(
             "SELECT * FROM pairing_requests WHERE expires_at > ? ORDER BY created_at",
-            (_format(datetime.now(UTC)),),
+            (to_text(datetime.now(UTC)),),
         )
         return [_request(row) for row in rows]
 
@@ -118,7 +119,7 @@ class Access:
         rows = await self._db.fetchall(
             "SELECT channel, count(*) FROM pairing_requests WHERE expires_at > ?"
             " GROUP BY channel ORDER BY channel",
-            (_format(datetime.now(UTC)),),
+            (to_text(datetime.now(UTC)),),
         )
         return {str(row[0]): int(row[1]) for row in rows}
 
@@ -128,7 +129,7 @@ class Access:
         async with self._db.transaction():
             row = await self._db.fetchone(
                 "DELETE FROM pairing_requests WHERE code = ? AND expires_at > ? RETURNING *",
-                (code, _format(datetime.now(UTC))),
+                (code, to_text(datetime.now(UTC))),
             )
             if row is None:
                 return None
@@ -147,7 +148,7 @@ class Access:
         await self._db.execute(
             "INSERT INTO allowed_users (channel, user_id, name, approved_at) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (channel, user_id) DO UPDATE SET name = excluded.name",
-            (channel, user_id, name, _format(datetime.now(UTC))),
+            (channel, user_id, name, to_text(datetime.now(UTC))),
         )
 
     async def revoke(self, user_id: str, channel: str | None = None) -> int:
@@ -161,7 +162,7 @@ class Access:
     async def allowed(self) -> list[AllowedUser]:
         rows = await self._db.fetchall("SELECT * FROM allowed_users ORDER BY approved_at")
         return [
-            AllowedUser(r["channel"], r["user_id"], r["name"], _parse(r["approved_at"]))
+            AllowedUser(r["channel"], r["user_id"], r["name"], from_text(r["approved_at"]))
             for r in rows
         ]
 
@@ -173,14 +174,6 @@ def _request(row: sqlite3.Row) -> PairingRequest:
         user_id=row["user_id"],
         chat_id=row["chat_id"],
         name=row["name"],
-        created_at=_parse(row["created_at"]),
-        expires_at=_parse(row["expires_at"]),
+        created_at=from_text(row["created_at"]),
+        expires_at=from_text(row["expires_at"]),
     )
-
-
-def _format(moment: datetime) -> str:
-    return moment.isoformat(timespec="microseconds")
-
-
-def _parse(text: str) -> datetime:
-    return datetime.fromisoformat(text)

@@ -21,10 +21,11 @@ import secrets
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Final, Literal, cast, get_args
 
 from nanobot.errors import StoreError
+from nanobot.store._times import from_text, to_text, wall_clock
 from nanobot.store.database import Database, SqlValue
 
 State = Literal["pending", "approved", "denied", "expired", "cancelled"]
@@ -167,7 +168,7 @@ class ApprovalStore:
         """`clock` gives the current time (creation, expiry, decisions); the wall clock by
         default."""
         self._db = db
-        self._clock = clock or _wall_clock
+        self._clock = clock or wall_clock
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -198,8 +199,8 @@ class ApprovalStore:
                         " ".join(new.scopes),
                         new.reason,
                         json.dumps(list(new.deciders)),
-                        _format(now),
-                        _format(now + expires_in),
+                        to_text(now),
+                        to_text(now + expires_in),
                     ),
                 )
                 if row is not None:
@@ -251,7 +252,7 @@ class ApprovalStore:
             raise ValueError(f"unknown verdict {verdict!r}")
         answer = _Answer(_clean_id(request_id), verdict, by, channel, chat_id, args_hash)
         moment = self._clock()
-        now = _format(moment)
+        now = to_text(moment)
         state, scope = ("denied", None) if verdict == "deny" else ("approved", verdict)
         async with self._db.transaction():
             row = await self._db.fetchone(
@@ -309,7 +310,7 @@ class ApprovalStore:
         rows = await self._db.fetchall(
             "SELECT * FROM approval_requests WHERE state = 'pending' AND expires_at > ?"
             " AND (? IS NULL OR session_key = ?) ORDER BY created_at, id",
-            (_format(self._clock()), session_key, session_key),
+            (to_text(self._clock()), session_key, session_key),
         )
         return await self._with_places(rows)
 
@@ -336,7 +337,7 @@ class ApprovalStore:
 
     async def revoke(self, rule_id: str, *, by: str | None = None) -> SavedRule | None:
         """Delete a saved rule (logged as revoked); None if there is none with that id."""
-        now = _format(self._clock())
+        now = to_text(self._clock())
         async with self._db.transaction():
             row = await self._db.fetchone(
                 "DELETE FROM approval_rules WHERE id = ? RETURNING *", (rule_id.strip().lower(),)
@@ -374,7 +375,7 @@ class ApprovalStore:
         await self._db.execute(
             "INSERT INTO approval_log (at, request_id, session_key, tool, arguments, outcome,"
             " reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (_format(self._clock()), request_id, session_key, tool, arguments, outcome, reason),
+            (to_text(self._clock()), request_id, session_key, tool, arguments, outcome, reason),
         )
 
     async def log(self, limit: int = 50) -> list[LogEntry]:
@@ -412,7 +413,7 @@ class ApprovalStore:
     async def _close_where(
         self, state: State, note: str, where: str, params: Sequence[SqlValue]
     ) -> list[ApprovalRequest]:
-        now = _format(self._clock())
+        now = to_text(self._clock())
         async with self._db.transaction():
             rows = await self._db.fetchall(
                 "UPDATE approval_requests SET state = ?, decided_at = ?, note = ?"
@@ -529,10 +530,10 @@ def _request(row: sqlite3.Row, places: tuple[Place, ...]) -> ApprovalRequest:
         places=places,
         state=cast(State, state),
         scope=cast(Scope | None, row["scope"]),
-        created_at=_parse(row["created_at"]),
-        expires_at=_parse(row["expires_at"]),
+        created_at=from_text(row["created_at"]),
+        expires_at=from_text(row["expires_at"]),
         decided_by=row["decided_by"],
-        decided_at=None if row["decided_at"] is None else _parse(row["decided_at"]),
+        decided_at=None if row["decided_at"] is None else from_text(row["decided_at"]),
         note=row["note"],
     )
 
@@ -543,7 +544,7 @@ def _rule(row: sqlite3.Row) -> SavedRule:
         tool=row["tool"],
         rule_key=row["rule_key"],
         arguments=row["arguments"],
-        created_at=_parse(row["created_at"]),
+        created_at=from_text(row["created_at"]),
         created_by=row["created_by"],
         request_id=row["request_id"],
     )
@@ -552,7 +553,7 @@ def _rule(row: sqlite3.Row) -> SavedRule:
 def _entry(row: sqlite3.Row) -> LogEntry:
     return LogEntry(
         id=row["id"],
-        at=_parse(row["at"]),
+        at=from_text(row["at"]),
         request_id=row["request_id"],
         session_key=row["session_key"],
         tool=row["tool"],
@@ -574,17 +575,3 @@ def _dedupe(places: tuple[Place, ...]) -> tuple[Place, ...]:
 def _clean_id(request_id: str) -> str:
     """Ids as people type them (`/approve k7qx…`): case and surrounding blanks do not count."""
     return request_id.strip().upper()
-
-
-def _wall_clock() -> datetime:
-    return datetime.now(UTC)
-
-
-def _format(moment: datetime) -> str:
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise ValueError(f"naive datetime {moment.isoformat()}: the store needs aware times")
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _parse(text: str) -> datetime:
-    return datetime.fromisoformat(text)

@@ -19,11 +19,12 @@ import json
 import secrets
 import sqlite3
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final, cast, get_args
 
 from nanobot.cron.models import At, Cron, Every, Job, JobRun, RunStatus, Schedule
 from nanobot.errors import StoreError
+from nanobot.store._times import from_text, to_text, wall_clock
 from nanobot.store.database import Database, SqlValue
 
 HISTORY_LIMIT: Final = 50
@@ -43,7 +44,7 @@ class CronStore:
         """`clock` gives the times recorded (created, started, ended); the wall clock by
         default."""
         self._db = db
-        self._clock = clock or _wall_clock
+        self._clock = clock or wall_clock
 
     async def add(
         self,
@@ -75,7 +76,7 @@ class CronStore:
                         to,
                         owner,
                         self._now(),
-                        _format(next_run),
+                        to_text(next_run),
                     ),
                 )
                 if row is not None:
@@ -137,21 +138,21 @@ class CronStore:
             _NEXT,
             _next(next_run),
             where="AND enabled = 1 AND next_run = ?",
-            where_params=(_format(expected),),
+            where_params=(to_text(expected),),
         )
 
     async def due(self, now: datetime) -> builtins.list[Job]:
         """Enabled jobs whose next run is at or before `now`, earliest first."""
         rows = await self._db.fetchall(
             "SELECT * FROM cron_jobs WHERE enabled = 1 AND next_run <= ? ORDER BY next_run, id",
-            (_format(now),),
+            (to_text(now),),
         )
         return [_job(row) for row in rows]
 
     async def next_due(self) -> datetime | None:
         """The earliest next run of any enabled job, or None if no job is enabled."""
         row = await self._db.fetchone("SELECT min(next_run) FROM cron_jobs WHERE enabled = 1")
-        return None if row is None or row[0] is None else _parse(row[0])
+        return None if row is None or row[0] is None else from_text(row[0])
 
     async def version(self) -> int:
         """A counter that grows with every change to any job, by any process."""
@@ -260,7 +261,7 @@ class CronStore:
             f"{_NEXT}, last_status = ?, last_run = ?",
             (*_next(next_run), status, started_at),
             where=claim,
-            where_params=() if due_at is None else (_format(due_at),),
+            where_params=() if due_at is None else (to_text(due_at),),
         )
 
     async def _insert_run(
@@ -274,7 +275,7 @@ class CronStore:
         row = await self._db.fetchone(
             "INSERT INTO cron_runs (job_id, due_at, started_at, ended_at, status)"
             " VALUES (?, ?, ?, ?, ?) RETURNING id",
-            (job_id, None if due_at is None else _format(due_at), started_at, ended_at, status),
+            (job_id, None if due_at is None else to_text(due_at), started_at, ended_at, status),
         )
         assert row is not None
         # Keep the newest HISTORY_LIMIT runs of this job.
@@ -306,7 +307,7 @@ class CronStore:
         return changed > 0
 
     def _now(self) -> str:
-        return _format(self._clock())
+        return to_text(self._clock())
 
     async def _bump(self) -> None:
         await self._db.execute("UPDATE cron_state SET version = version + 1 WHERE id = 1")
@@ -321,7 +322,7 @@ _NEXT: Final = "enabled = ?, next_run = ?"
 
 def _next(next_run: datetime | None) -> tuple[int, str | None]:
     """Values for `_NEXT`: a job is enabled exactly when it has a next run."""
-    return (0, None) if next_run is None else (1, _format(next_run))
+    return (0, None) if next_run is None else (1, to_text(next_run))
 
 
 def _encode_schedule(schedule: Schedule) -> str:
@@ -372,7 +373,7 @@ def _job(row: sqlite3.Row) -> Job:
         channel=row["channel"],
         to=row["chat_id"],
         owner=row["owner"],
-        created_at=_parse(row["created_at"]),
+        created_at=from_text(row["created_at"]),
         next_run=_parse_optional(row["next_run"]),
         last_run=_parse_optional(row["last_run"]),
         last_status=_status(row["last_status"]) if row["last_status"] is not None else None,
@@ -384,7 +385,7 @@ def _run(row: sqlite3.Row) -> JobRun:
         id=row["id"],
         job_id=row["job_id"],
         due_at=_parse_optional(row["due_at"]),
-        started_at=_parse(row["started_at"]),
+        started_at=from_text(row["started_at"]),
         ended_at=_parse_optional(row["ended_at"]),
         status=_status(row["status"]),
         error=row["error"],
@@ -402,19 +403,5 @@ def _truncate(error: str | None) -> str | None:
     return None if error is None else error[:2000]
 
 
-def _wall_clock() -> datetime:
-    return datetime.now(UTC)
-
-
-def _format(moment: datetime) -> str:
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise ValueError(f"naive datetime {moment.isoformat()}: the cron store needs aware times")
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def _parse(text: str) -> datetime:
-    return datetime.fromisoformat(text)
-
-
 def _parse_optional(text: str | None) -> datetime | None:
-    return None if text is None else _parse(text)
+    return None if text is None else from_text(text)

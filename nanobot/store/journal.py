@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from nanobot.store._times import now_text, to_text
 from nanobot.store.database import Database, Statement
 
 Record = dict[str, Any]
@@ -57,7 +58,7 @@ class Journal:
         row = await self._db.fetchone(
             "INSERT INTO inbound (channel, message_id, message, received_at)"
             " VALUES (?, ?, ?, ?) ON CONFLICT (channel, message_id) DO NOTHING RETURNING id",
-            (channel, message_id, _encode(message), _now()),
+            (channel, message_id, _encode(message), now_text()),
         )
         return None if row is None else int(row["id"])
 
@@ -68,7 +69,7 @@ class Journal:
 
         `reply` is (channel, message record); returns its outbox id (None without a reply).
         """
-        now = _now()
+        now = now_text()
         statements = [_queue(*reply, now)] if reply is not None else []
         statements += [(_DONE, (now, inbound_id)) for inbound_id in inbound_ids]
         rows = await self._db.atomic(statements)
@@ -76,7 +77,7 @@ class Journal:
 
     async def enqueue(self, channel: str, message: Record) -> int:
         """Put a message in the outbox; returns its id."""
-        row = await self._db.fetchone(*_queue(channel, message, _now()))
+        row = await self._db.fetchone(*_queue(channel, message, now_text()))
         assert row is not None
         return int(row["id"])
 
@@ -121,7 +122,7 @@ class Journal:
         channel says which)."""
         await self._db.write(
             "UPDATE outbox SET state = 'delivered', delivered_at = ?, sent_id = ? WHERE id = ?",
-            (_now(), sent_id, outbox_id),
+            (now_text(), sent_id, outbox_id),
         )
 
     async def sent_id(self, outbox_id: int) -> str | None:
@@ -143,7 +144,7 @@ class Journal:
         await self._db.write(
             "UPDATE outbox SET state = 'failed', attempts = attempts + 1, last_error = ?,"
             " failed_at = ? WHERE id = ? AND state = 'pending'",
-            (reason[:500], _now(), outbox_id),
+            (reason[:500], now_text(), outbox_id),
         )
 
     async def failed_replies(self) -> FailedReplies:
@@ -163,7 +164,7 @@ class Journal:
         await self._db.write(
             "INSERT INTO streams (stream_id, message_id, created_at) VALUES (?, ?, ?)"
             " ON CONFLICT (stream_id) DO UPDATE SET message_id = excluded.message_id",
-            (stream_id, message_id, _now()),
+            (stream_id, message_id, now_text()),
         )
 
     async def stream_finished(self, stream_id: str) -> None:
@@ -178,7 +179,7 @@ class Journal:
 
     async def prune(self, older_than: timedelta) -> int:
         """Forget finished rows older than `older_than` (the dedupe window); returns how many."""
-        cutoff = _format(datetime.now(UTC) - older_than)
+        cutoff = to_text(datetime.now(UTC) - older_than)
         async with self._db.transaction():
             inbound = await self._db.execute(
                 "DELETE FROM inbound WHERE state = 'done' AND received_at < ?", (cutoff,)
@@ -205,11 +206,3 @@ def _queue(channel: str, message: Record, now: str) -> Statement:
 
 def _encode(record: Record) -> str:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
-
-
-def _now() -> str:
-    return _format(datetime.now(UTC))
-
-
-def _format(moment: datetime) -> str:
-    return moment.isoformat(timespec="microseconds")

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, cast, get_args
 
 from nanobot.errors import StoreError
+from nanobot.store._times import from_text, now_text, to_text
 from nanobot.store.database import Database, Statement
 
 EntryKind = Literal["message", "compaction", "note"]
@@ -100,7 +101,7 @@ class SessionStore:
             "INSERT INTO sessions (key, created_at) VALUES (?, ?)"
             " ON CONFLICT (key) WHERE archived_at IS NULL DO UPDATE SET key = excluded.key"
             " RETURNING id",
-            (key, _now()),
+            (key, now_text()),
         )
         assert row is not None, "an upsert with RETURNING always returns its row"
         return int(row["id"])
@@ -113,7 +114,7 @@ class SessionStore:
         row = await self._db.fetchone(
             "UPDATE sessions SET archived_at = ? WHERE key = ? AND archived_at IS NULL"
             " RETURNING id",
-            (_now(), key),
+            (now_text(), key),
         )
         return None if row is None else int(row["id"])
 
@@ -127,7 +128,7 @@ class SessionStore:
         if not entries:
             return []
         created_at = datetime.now(UTC)
-        stamp = _format_time(created_at)
+        stamp = to_text(created_at)
         # Encode first: a payload that is not JSON fails before anything is sent.
         statements: list[Statement] = [
             (
@@ -204,8 +205,8 @@ class SessionStore:
             SessionInfo(
                 id=int(row["id"]),
                 key=str(row["key"]),
-                created_at=_parse_time(row["created_at"]),
-                archived_at=None if row["archived_at"] is None else _parse_time(row["archived_at"]),
+                created_at=from_text(row["created_at"]),
+                archived_at=None if row["archived_at"] is None else from_text(row["archived_at"]),
                 entry_count=int(row["entry_count"]),
             )
             for row in rows
@@ -243,22 +244,9 @@ class SessionStore:
             kind=cast(EntryKind, kind),
             data=data,
             run_id=row["run_id"],
-            created_at=_parse_time(row["created_at"]),
+            created_at=from_text(row["created_at"]),
         )
 
 
 def _encode(data: dict[str, Any]) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-
-
-def _now() -> str:
-    return _format_time(datetime.now(UTC))
-
-
-def _format_time(moment: datetime) -> str:
-    # Fixed width (always microseconds) so the text sorts in time order.
-    return moment.isoformat(timespec="microseconds")
-
-
-def _parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text)
