@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Final, Literal
 
 from loguru import logger
@@ -32,6 +33,9 @@ from nanobot.errors import StoreError
 from nanobot.log import printable
 from nanobot.store import Access, Journal
 from nanobot.store.access import MAX_PENDING
+
+CATCH_UP_WINDOW: Final = timedelta(days=7)
+"""How far back `last_seen` looks for the chats a channel catches up on at start."""
 
 GroupPolicy = Literal["mention", "open", "disabled"]
 
@@ -132,6 +136,15 @@ class Gate:
         except StoreError as exc:
             self._failed(exc)
             return False
+
+    async def last_seen(self, channel: str) -> dict[str, str]:
+        """See `IntakeHistory.last_seen`: the journal's newest message per chat of
+        `channel` over the last `CATCH_UP_WINDOW` (at most what the journal keeps)."""
+        try:
+            return await self._journal.last_seen(channel, CATCH_UP_WINDOW)
+        except StoreError as exc:
+            self._failed(exc)
+            raise
 
     async def __call__(self, message: InboundMessage) -> Intake:
         self._refuse_while_stopped()

@@ -72,7 +72,12 @@ class Recorder:
         self.result = result
         self.messages: list[InboundMessage] = []
         self.strangers: set[str] = set()
+        self.seen: dict[str, str] = {}  # what `last_seen` answers
         self._changed = asyncio.Event()
+
+    async def last_seen(self, channel: str) -> dict[str, str]:
+        assert channel == "discord"
+        return self.seen
 
     async def admits(self, channel: str, sender_id: str, *, private: bool, addressed: bool) -> bool:
         return (private or addressed) and sender_id not in self.strangers
@@ -1039,3 +1044,32 @@ async def test_other_interactions_are_left_alone(
     [press] = await intake.wait()  # the slash command came first and was passed over
     assert press.text == DENY.data
     assert not requests(fake, "POST", "/interactions/777/slash-token/callback")
+
+
+async def test_on_start_what_each_chat_received_since_the_last_message_taken_is_taken(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    # Discord delivers nothing again: what came while nanobot was away is fetched.
+    taken = fake.user_message(world.dm, "answered before the stop", user_id=world.ada)
+    fake.user_message(world.dm, "while away, one", user_id=world.ada)
+    fake.user_message(world.thread, "thread, old", user_id=world.ada, mentions_bot=True)
+    last_in_thread = fake.user_message(world.thread, "thread, taken", user_id=world.ada)
+    fake.user_message(world.dm, "while away, two", user_id=world.ada)
+    fake.user_message(world.thread, "while away, here", user_id=world.ada, mentions_bot=True)
+    fake.user_message(world.channel, "a chat never taken from", user_id=world.ada)
+    intake.seen = {
+        str(world.dm): str(taken),
+        str(world.thread): str(last_in_thread),
+        "999999": "1",  # a chat that is gone: logged, nothing else
+    }
+    async with running(make_channel(fake, intake, inbox)):
+        messages = await intake.wait(3)
+        await asyncio.sleep(0.3)  # nothing more comes
+    texts: dict[str, list[str]] = {}
+    for m in messages:
+        texts.setdefault(m.chat.chat_id, []).append(m.text)
+    assert texts == {
+        str(world.dm): ["while away, one", "while away, two"],
+        str(world.thread): ["while away, here"],
+    }
+    assert all(m.message_id.isdigit() and int(m.message_id) > taken for m in messages)

@@ -341,3 +341,19 @@ async def test_a_pairing_request_that_cannot_be_stored_stops_intake(db: Database
         await gate(stranger)
     assert gate.stopped
     assert drain_outbound(bus) == []
+
+
+async def test_last_seen_is_the_newest_message_taken_per_chat_of_the_channel(
+    db: Database,
+) -> None:
+    gate = make_gate(db, MessageBus(), {"42", "43"})
+    assert await gate.last_seen("telegram") == {}
+    for sender, mid in [("42", "9"), ("42", "10"), ("42", "8"), ("43", "5")]:
+        assert await gate(message(sender, mid=mid)) is Intake.ACCEPTED
+    await gate(replace(message("42", mid="press:99"), press="99"))  # not a platform message
+    await gate(message("42", mid="11", private=False))  # another chat ("-100")
+    assert await gate.last_seen("telegram") == {"42": "10", "43": "5", "-100": "11"}
+    assert await gate.last_seen("discord") == {}
+    # Only the last days count (rows older than the window are as good as pruned).
+    await db.execute("UPDATE inbound SET received_at = '2000-01-01T00:00:00.000000+00:00'")
+    assert await gate.last_seen("telegram") == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -168,3 +169,43 @@ async def test_an_approval_card_in_a_discord_dm_is_decided_with_a_click(
         await discord.wait_until(lambda: bool(click.followups), 30, "the ephemeral answer")
     finally:
         assert await process.stop(signal.SIGTERM) == 0
+
+
+async def test_discord_messages_sent_while_the_gateway_is_down_are_answered_once_after_start(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, discord: FakeDiscord
+) -> None:
+    # Discord does not deliver them again: the gateway fetches the DM's history on start.
+    discord.add_user("ada", user_id=ADA)
+    dm = discord.dm_channel(ADA)
+    fake_llm.default_reply = Text("First answer.")
+    async with running(tmp_path, fake_llm, telegram, discord):
+        discord.user_message(dm, "before the stop", user_id=ADA)
+        await expect(discord, dm, ["First answer."])
+    assert not discord.sessions  # nobody is connected now
+
+    discord.user_message(dm, "sent while down, one", user_id=ADA)
+    discord.user_message(dm, "sent while down, two", user_id=ADA)
+    requests = len(fake_llm.requests)
+    fake_llm.default_reply = Text("Caught up.")
+    async with running(tmp_path, fake_llm, telegram, discord) as process:
+        await process.wait_log("2 message(s) after the last one taken", seconds=30)
+        await discord.wait_until(
+            lambda: [m.content for m in discord.sent(dm)][-1:] == ["Caught up."],
+            30,
+            "an answer to what was sent while down",
+        )
+        # Answered together or one by one, but each once; the first message not again.
+        await asyncio.sleep(1.0)
+        said = [str(m["content"]) for r in fake_llm.requests[requests:] for m in r.messages]
+        users = [text for text in said if "sent while down" in text or "before the stop" in text]
+        assert any("sent while down, one" in text for text in users)
+        assert any("sent while down, two" in text for text in users)
+        answers = [m.content for m in discord.sent(dm) if not m.deleted]
+        assert answers[0] == "First answer." and answers.count("First answer.") == 1
+        assert 1 <= answers.count("Caught up.") == len(fake_llm.requests) - requests <= 2
+
+    # A restart with nothing new fetches nothing and answers nothing.
+    async with running(tmp_path, fake_llm, telegram, discord) as process:
+        await asyncio.sleep(1.0)
+        assert "message(s) after the last one taken" not in process.log()
+    assert len(fake_llm.requests) - requests == answers.count("Caught up.")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from nanobot.bus.events import InboundMessage, Outbound
 from nanobot.errors import ConfigError
@@ -57,6 +57,21 @@ class IntakePort(Protocol):
             StoreError: the journal could not be written; the message was not taken (do not
                 acknowledge it).
         """
+
+
+@runtime_checkable
+class IntakeHistory(Protocol):
+    """An intake that can say what it took (the gate does). A channel whose platform never
+    delivers a message again (Discord) asks it on start, and fetches what came after."""
+
+    async def last_seen(self, channel: str) -> dict[str, str]:
+        """Per chat of `channel` with messages taken in the last days, the newest platform
+        message id taken: chat id → message id.
+
+        Raises:
+            StoreError: the journal could not be read.
+        """
+        ...
 
 
 def not_fetched(name: str) -> str:

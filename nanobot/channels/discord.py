@@ -7,8 +7,12 @@ so nothing is dropped or reordered) and is taken from there: files fetched withi
 limit (only if `intake` admits the sender), then `intake`, which journals it. Discord has no
 acknowledgement and never delivers a message again: one that arrives while the gateway stops
 is still journaled (and answered after the restart); only a stranger's, which would need a
-pairing code (intake says CLOSED), is dropped with a warning. Message ids are Discord's
-snowflakes, unique across the platform.
+pairing code (intake says CLOSED), is dropped with a warning. What was sent while nanobot
+was away (stopped, or between two gateway sessions) is fetched once connected: for each chat
+with messages taken in the last days (`IntakeHistory.last_seen`), its history after the
+newest one taken (at most `CATCH_UP_LIMIT` messages), taken in that chat's lane like any
+other message; the gate ignores what it took before. Message ids are Discord's snowflakes,
+unique across the platform and growing with time.
 
 Chats: a DM, a guild channel or a thread, each by its channel id. A thread has its own id, so
 it is its own session (see `_discord_inbound`).
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiohttp
 import discord
 import yarl
 from discord.gateway import DiscordWebSocket
@@ -65,11 +70,13 @@ from nanobot.channels.base import (
     DeliveryError,
     InboxPolicy,
     Intake,
+    IntakeHistory,
     IntakePort,
     OutboxPort,
     not_fetched,
 )
 from nanobot.channels.render import split_discord
+from nanobot.errors import StoreError
 from nanobot.lanes import Lanes
 from nanobot.tasks import TaskSet
 
@@ -77,6 +84,7 @@ STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
 TAKE_GRACE = 5.0  # seconds messages already received may still be taken when stopping
 TYPING_INTERVAL = 8.0  # Discord shows "typing…" for about 10 s
 GUILD_READY_TIMEOUT = 2.0  # discord.py waits this long after the last GUILD_CREATE
+CATCH_UP_LIMIT = 100  # messages fetched per chat, on connecting, that came while away
 MAX_RATE_LIMIT_WAIT = 60.0  # a longer 429 wait fails the delivery (the manager retries later)
 AUTHENTICATION_FAILED = 4004  # the gateway's close code for a token it does not take
 _REJECTED = (
@@ -201,23 +209,25 @@ class DiscordChannel(Channel):
         if not token:
             raise ChannelRefused("channels.discord.token is empty: set the bot's token")
         await self._replies.recover()  # before `ready()`: nothing is delivered before that
+        seen = await self._last_seen()  # before connecting: what came after is fetched
+        lanes: Lanes[int] = Lanes(name="discord-inbound")
+        catching = TaskSet("discord-catch-up")
 
         def connected(client: discord.Client) -> None:
             if self._sender.client is None:
                 self._sender.client = client
                 self._typing.start()
                 logger.info("discord connected as {}", client.user)
+                self._catch_up(client, lanes, seen)
                 ready()
             else:  # after a new IDENTIFY (not a RESUME): events in between are not replayed
-                logger.warning(
-                    "discord: new gateway session; messages sent meanwhile may be missed"
-                )
-
-        lanes: Lanes[int] = Lanes(name="discord-inbound")
+                catching.spawn(self._catch_up_again(client, lanes), name="discord-catch-up")
 
         def arrived(message: discord.Message) -> None:
             if lanes.closed:
-                logger.warning("discord: a message arrived as the channel stopped and is lost")
+                logger.warning(
+                    "discord: a message arrived as the channel stopped; fetched at the next start"
+                )
             else:
                 lanes.add(message.channel.id, self._take(client, message))
 
@@ -260,7 +270,9 @@ class DiscordChannel(Channel):
         finally:
             self._sender.client = None
             await self._typing.stop()
-            await asyncio.gather(self._close_lanes(lanes), pressing.close(grace=TAKE_GRACE))
+            await asyncio.gather(
+                catching.close(), self._close_lanes(lanes), pressing.close(grace=TAKE_GRACE)
+            )
             await client.close()
             self._presses.forget()
             restore()
@@ -269,14 +281,73 @@ class DiscordChannel(Channel):
     async def _close_lanes(lanes: Lanes[int]) -> None:
         """Give the lanes up to TAKE_GRACE to take what they hold (Discord never delivers a
         message again), then cancel them (a take is cancelled mid-message); the messages
-        still waiting then are logged as lost."""
+        still waiting then are logged (the next start fetches them from the history)."""
         lost = await lanes.close(grace=TAKE_GRACE)
         if lost:
             logger.warning(
                 "discord: {} message(s) were still waiting to be taken when the channel "
-                "stopped and are lost (Discord does not deliver them again)",
+                "stopped; they are fetched at the next start",
                 lost,
             )
+
+    async def _last_seen(self) -> dict[int, int]:
+        """Chat id → the newest message id intake took there lately ({} when it cannot say)."""
+        intake = self.intake
+        if not isinstance(intake, IntakeHistory):
+            return {}
+        try:
+            seen = await intake.last_seen(self.name)
+        except StoreError as exc:
+            logger.warning(
+                "discord: could not read which messages were taken ({}); messages sent while "
+                "nanobot was away are not fetched",
+                exc,
+            )
+            return {}
+        return {int(c): int(m) for c, m in seen.items() if c.isdigit() and m.isdigit()}
+
+    def _catch_up(self, client: discord.Client, lanes: Lanes[int], seen: dict[int, int]) -> None:
+        """Queue, in each chat's lane, the fetching and taking of what it received after
+        the message `seen` names: before any message that arrives from now on."""
+        if lanes.closed:
+            return
+        for chat_id, after in seen.items():
+            lanes.add(chat_id, self._fetch_missed(client, chat_id, after))
+
+    async def _catch_up_again(self, client: discord.Client, lanes: Lanes[int]) -> None:
+        """After a new gateway session (not a resume): Discord replays nothing of the time
+        in between, so fetch it."""
+        logger.info("discord: new gateway session; fetching the messages sent meanwhile")
+        self._catch_up(client, lanes, await self._last_seen())
+
+    async def _fetch_missed(self, client: discord.Client, chat_id: int, after: int) -> None:
+        """Take what chat `chat_id` received after message `after` (at most CATCH_UP_LIMIT,
+        oldest first), each as if it had just arrived. Runs in the chat's lane: never raises."""
+        try:
+            channel = client.get_channel(chat_id) or await client.fetch_channel(chat_id)
+            if not isinstance(channel, discord.abc.Messageable):
+                return
+            history = channel.history(
+                after=discord.Object(id=after), oldest_first=True, limit=CATCH_UP_LIMIT
+            )
+            fetched = [message async for message in history]
+        except (discord.DiscordException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            logger.warning(
+                "discord: could not fetch what chat {} received while nanobot was away: {}",
+                chat_id,
+                exc,
+            )
+            return
+        missed = [m for m in fetched if inbound.is_conversation(m)]
+        if missed:
+            logger.info(
+                "discord: chat {}: {} message(s) after the last one taken; taking them{}",
+                chat_id,
+                len(missed),
+                f" (only the first {CATCH_UP_LIMIT})" if len(fetched) >= CATCH_UP_LIMIT else "",
+            )
+        for message in missed:
+            await self._take(client, message)
 
     async def _take(self, client: discord.Client, message: discord.Message) -> None:
         """Hand one message to intake. Runs in its chat's lane: never raises."""

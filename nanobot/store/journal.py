@@ -87,6 +87,19 @@ class Journal:
         )
         return [PendingInbound(r["id"], r["channel"], json.loads(r["message"])) for r in rows]
 
+    async def last_seen(self, channel: str, within: timedelta) -> dict[str, str]:
+        """Per chat of `channel`, the newest platform message id journaled in the last
+        `within` (chat id → message id). Only numeric ids count (the platform's own, not
+        presses'), compared as numbers."""
+        rows = await self._db.fetchall(
+            "SELECT json_extract(message, '$.chat.chat_id') AS chat,"
+            " MAX(CAST(message_id AS INTEGER)) AS newest FROM inbound"
+            " WHERE channel = ? AND received_at >= ? AND message_id <> ''"
+            " AND message_id NOT GLOB '*[^0-9]*' GROUP BY chat",
+            (channel, to_text(datetime.now(UTC) - within)),
+        )
+        return {str(r["chat"]): str(r["newest"]) for r in rows if r["chat"] is not None}
+
     async def reached_session(self, inbound_ids: Sequence[int]) -> set[int]:
         """Which of `inbound_ids` already have their user message stored in a session."""
         if not inbound_ids:
