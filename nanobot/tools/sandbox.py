@@ -45,7 +45,8 @@ _KERNEL_FILESYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
 PROBE_TIMEOUT = 10.0
 SANDBOX_ERROR_HINT = (
     "Make user namespaces available (see the README's 'Sandbox' section; in a container: "
-    "--security-opt seccomp=unconfined --security-opt apparmor=unconfined), or accept the "
+    "--security-opt seccomp=unconfined --security-opt apparmor=unconfined --security-opt "
+    "systempaths=unconfined), or accept the "
     "risk with tools.exec.sandbox: none, or turn the shell off with tools.exec.enabled: false."
 )
 
