@@ -41,10 +41,18 @@ def pairing(config: Config, action: str, *args: str) -> tuple[list[str], bool]:
         "list": _pairing_list,
     }
 
+    return _on_store(config, lambda db: actions[action](Access(db), *args))
+
+
+def _on_store(
+    config: Config, work: Callable[[Database], Awaitable[tuple[list[str], bool]]]
+) -> tuple[list[str], bool]:
+    """Run `work` on the state database (created if missing); its lines and success."""
+
     async def run() -> tuple[list[str], bool]:
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         async with await Database.open(config.state_db_path) as db:
-            return await actions[action](Access(db), *args)
+            return await work(db)
 
     return asyncio.run(run())
 
@@ -101,12 +109,7 @@ def approvals(config: Config, action: str, *args: str) -> tuple[list[str], bool]
         "pending": _pending_approvals,
     }
 
-    async def run() -> tuple[list[str], bool]:
-        config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        async with await Database.open(config.state_db_path) as db:
-            return await actions[action](ApprovalStore(db), zone, *args)
-
-    return asyncio.run(run())
+    return _on_store(config, lambda db: actions[action](ApprovalStore(db), zone, *args))
 
 
 async def _rules(store: ApprovalStore, zone: ZoneInfo | None) -> tuple[list[str], bool]:
