@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +232,9 @@ def private_dir(path: Path) -> None:
 
 
 @asynccontextmanager
-async def _parts(config: Config) -> AsyncIterator[Parts]:
+async def _parts(config: Config, *, require_key: bool = True) -> AsyncIterator[Parts]:
+    """Everything a turn needs, built from `config`. `require_key` False lets a gateway
+    start without the model's API key (warned about; replies fail until it is set)."""
     private_dir(config.data_dir)
     copy_template(config.workspace_path)
     agent = config.agent
@@ -258,7 +261,7 @@ async def _parts(config: Config) -> AsyncIterator[Parts]:
         log_sandbox(sandbox)
     provider = build_provider(config)
     try:
-        await asyncio.to_thread(provider.prepare)
+        await asyncio.to_thread(partial(provider.prepare, require_key=require_key))
         async with await Database.open(config.state_db_path) as db:
             jobs = Jobs(CronStore(db), config.timezone)
             tools = build_tools(config, jobs, sandbox)
@@ -473,7 +476,8 @@ def _only_gateway(data_dir: Path) -> Iterator[None]:
 
 
 async def _serve(config: Config) -> int:
-    async with _parts(config) as parts:
+    # A fresh `make run` has no API key yet: the gateway starts, says so, and answers.
+    async with _parts(config, require_key=False) as parts:
         _tune_garbage_collection()
         gateway = await build_gateway(config, parts, terminal=sys.stdin.isatty())
         code = await gateway.run()

@@ -168,9 +168,13 @@ async def test_no_api_key_is_said_at_once_without_retries(home: Home) -> None:
     result = await nanobot(home, "agent", "-m", "hi", env=env)
     assert result.code == 2
     assert one_line(result) == "nanobot: no API key for openai: set agent.api_key or OPENAI_API_KEY"
+    # The gateway still starts (a fresh `make run` has no key yet) and says so at once; here
+    # it stops for want of a channel.
     gateway = await nanobot(home, "gateway", env=env)
     assert gateway.code == 2
-    assert gateway.stderr.splitlines()[-1] == one_line(result)
+    assert "no API key for openai: set agent.api_key or OPENAI_API_KEY: every reply fails" in (
+        gateway.stderr
+    )
     assert "retry" not in gateway.stderr
 
 

@@ -222,7 +222,7 @@ class Provider:
     def count_tokens(self, messages: Sequence[Message]) -> int:
         return self._tokens.count(messages)
 
-    def prepare(self) -> None:
+    def prepare(self, *, require_key: bool = True) -> None:
         """Load now what the first turn would otherwise load: the tokenizer, the model's
         entry in litellm's list, the route of every model (fallbacks too) and what their
         transports need (litellm, for the litellm transport or to decide `auto`: seconds to
@@ -230,10 +230,13 @@ class Provider:
 
         Blocking, so run it in a thread: done lazily, on the event loop in the middle of the
         first turn (or of the first fallback), it would stall every chat for as long.
-        Idempotent. A fallback without an API key is warned about.
+        Idempotent. A fallback without an API key is warned about; so is the primary model
+        without one when `require_key` is False (a gateway still starts, so that the owner
+        can set it up; every call then fails at once as unauthorised).
 
         Raises:
-            ConfigError: the primary model's provider has no API key (every call would fail).
+            ConfigError: the primary model's provider has no API key (every call would fail)
+                and `require_key` is True.
         """
         self._tokens.load()
         self.context_window()
@@ -246,9 +249,11 @@ class Provider:
             if not isinstance(transport, _KeyChecked):
                 continue
             problem = transport.missing_key(model)
-            if problem is not None and model == self._model:
+            if problem is not None and model == self._model and require_key:
                 raise ConfigError(problem)
-            if problem is not None:
+            if problem is not None and model == self._model:
+                logger.warning("{}: every reply fails until it is set", problem)
+            elif problem is not None:
                 logger.warning("fallback {} will fail: {}", model, problem)
 
     async def aclose(self) -> None:
