@@ -233,6 +233,19 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE outbox ADD COLUMN sent_id TEXT;
     """,
+    # 10: the gateway processes using this database, one row each while it runs (a cluster's
+    # members), refreshed every few seconds, so `nanobot status --check` can tell whether one
+    # is alive.
+    """
+    CREATE TABLE members (
+        id TEXT PRIMARY KEY,  -- random, new at each start of a process
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        version TEXT NOT NULL,
+        started_at TEXT NOT NULL,
+        beat_at TEXT NOT NULL
+    );
+    """,
 )
 
 

@@ -1,0 +1,146 @@
+"""The members: the gateway processes using this database, one row each while it runs.
+
+A gateway registers when it starts (a random id, new at each start, with its host, pid and
+version), beats every `BEAT_INTERVAL` while it runs, and leaves when it stops cleanly. A row
+whose beat is older than `STALE_AFTER` belongs to a process that died (kill -9, a power cut)
+or hangs (its event loop or its database is stuck): `nanobot status --check` says no gateway
+is alive, and a cluster (several gateways on one database) knows whom to take over from.
+
+Moments come from the clock given to `Members` (the wall clock by default), so tests can move
+time; they are compared as the database keeps them, in UTC. In a cluster the hosts' clocks
+must agree to well within `STALE_AFTER`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Final
+
+from nanobot import __version__
+from nanobot.store._times import from_text, to_text, wall_clock
+from nanobot.store.database import Database
+
+BEAT_INTERVAL: Final = timedelta(seconds=15)
+"""How often a running gateway refreshes its row."""
+
+STALE_AFTER: Final = 3 * BEAT_INTERVAL
+"""How old the latest beat may be before the member counts as gone: three beats, so one
+slow or failed write does not make a healthy gateway look dead."""
+
+_COLUMNS = "id, host, pid, version, started_at, beat_at"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One gateway process, as its row says."""
+
+    id: str
+    host: str
+    pid: int
+    version: str
+    started_at: datetime
+    beat_at: datetime
+
+    def stale(self, now: datetime, after: timedelta = STALE_AFTER) -> bool:
+        """Whether its latest beat is more than `after` before `now`."""
+        return now - self.beat_at > after
+
+    @classmethod
+    def new(
+        cls,
+        now: datetime,
+        *,
+        host: str | None = None,
+        pid: int | None = None,
+        version: str = __version__,
+    ) -> Member:
+        """This process (or the given host and pid) as a new member: a fresh random id,
+        started and beating at `now`."""
+        return cls(
+            id=secrets.token_hex(8),
+            host=host if host is not None else socket.gethostname(),
+            pid=pid if pid is not None else os.getpid(),
+            version=version,
+            started_at=now,
+            beat_at=now,
+        )
+
+    def describe(self) -> str:
+        """Where it runs, for a person: "pid 42 on host box"."""
+        return f"pid {self.pid} on host {self.host}"
+
+
+class Members:
+    """The members table. Every method raises `StoreError` when the database fails."""
+
+    def __init__(self, db: Database, clock: Callable[[], datetime] = wall_clock) -> None:
+        """`clock` gives the aware moment stamped on rows and judged against."""
+        self._db = db
+        self._clock = clock
+
+    def now(self) -> datetime:
+        """The moment by this store's clock (for `Member.stale`)."""
+        return self._clock()
+
+    async def register(self, member: Member) -> None:
+        """Add `member` (see `Member.new`) to the table."""
+        await self._db.execute(
+            f"INSERT INTO members ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", _values(member)
+        )
+
+    async def beat(self, member: Member) -> Member:
+        """Stamp `member`'s row with the time now; returns it as written.
+
+        A row that is gone (taken for dead while this process was stuck, or a failed
+        `register`) is written again, so a member that is alive is always listed.
+        """
+        beating = replace(member, beat_at=self._clock())
+        await self._db.execute(
+            f"INSERT INTO members ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (id) DO UPDATE SET beat_at = excluded.beat_at",
+            _values(beating),
+        )
+        return beating
+
+    async def leave(self, member_id: str) -> bool:
+        """Remove the member's row; False if it had none."""
+        return await self._db.execute("DELETE FROM members WHERE id = ?", (member_id,)) > 0
+
+    async def all(self) -> list[Member]:
+        """Every row, alive or stale, the latest beat first."""
+        rows = await self._db.fetchall(f"SELECT {_COLUMNS} FROM members ORDER BY beat_at DESC, id")
+        return [_member(row) for row in rows]
+
+    async def forget_stale(self, after: timedelta = STALE_AFTER) -> int:
+        """Remove the rows whose beat is more than `after` old (processes that died without
+        leaving); returns how many."""
+        cutoff = to_text(self._clock() - after)
+        return await self._db.execute("DELETE FROM members WHERE beat_at < ?", (cutoff,))
+
+
+def _values(member: Member) -> tuple[str, str, int, str, str, str]:
+    return (
+        member.id,
+        member.host,
+        member.pid,
+        member.version,
+        to_text(member.started_at),
+        to_text(member.beat_at),
+    )
+
+
+def _member(row: sqlite3.Row) -> Member:
+    return Member(
+        id=str(row["id"]),
+        host=str(row["host"]),
+        pid=int(row["pid"]),
+        version=str(row["version"]),
+        started_at=from_text(row["started_at"]),
+        beat_at=from_text(row["beat_at"]),
+    )
