@@ -105,6 +105,33 @@ async def test_chat_streams_stops_on_ctrl_c_and_quits_on_the_second(
         term.close()
 
 
+async def test_a_multi_line_paste_is_one_message_and_typed_lines_are_not(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Text("Got the whole paste."), Text("Got the typed line."))
+    term = await open_terminal(home, "agent")
+    try:
+        at = await term.expect("you> ")
+        term.type("def f():\r    return 1\r\r# end\r")  # a paste: the lines arrive at once
+        at = await term.expect("Got the whole paste.", after=at)
+        at = await term.expect("you> ", after=at)
+        term.type("typed alone\r")
+        at = await term.expect("Got the typed line.", after=at)
+        assert fake_llm.request_count == 2
+        pasted = fake_llm.requests[0].messages[-1]["content"]
+        assert pasted.endswith("def f():\n    return 1\n\n# end"), pasted
+        assert fake_llm.requests[1].messages[-1]["content"].endswith("typed alone")
+        await term.expect("you> ", after=at)
+        term.type("/exit\r")
+        async with asyncio.timeout(30):
+            assert await term.process.wait() == 0
+    finally:
+        if term.process.returncode is None:
+            term.process.kill()
+            await term.process.wait()
+        term.close()
+
+
 async def agent(home: Home, *args: str) -> asyncio.subprocess.Process:
     """`nanobot agent *args` with its standard streams piped."""
     return await asyncio.create_subprocess_exec(

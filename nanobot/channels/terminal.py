@@ -2,11 +2,12 @@
 
 Lines typed go through the gate, the journal and the bus like a chat message; replies come
 back through the outbox (`/status`, `/help`, `/tasks`, `/new` and `/stop` are the chat
-commands every channel has). On a terminal, replies stream as they are written, Ctrl-C
-stops the running turn (twice at the prompt quits; only with `own_interrupts`), and a line
-typed while a turn runs steers it. With piped input each line is a separate message
-answered in order before the next is sent, and only replies are printed, so scripts get
-clean output. At EOF or `/exit` the channel sets `ended`; whoever runs it stops then.
+commands every channel has). On a terminal, lines pasted in one go are one message, replies
+stream as they are written, Ctrl-C stops the running turn (twice at the prompt quits; only
+with `own_interrupts`), and a message typed while a turn runs steers it. With piped input
+each line is a separate message answered in order before the next is sent, and only replies
+are printed, so scripts get clean output. At EOF or `/exit` the channel sets `ended`;
+whoever runs it stops then.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from nanobot.bus.events import (
     StreamUpdate,
     Typing,
 )
+from nanobot.channels._terminal_input import LINE_LIMIT, Input, TooLong, open_input
 from nanobot.channels.base import Channel, Intake, IntakePort
 from nanobot.tasks import TaskSet
 
@@ -36,7 +38,6 @@ NAME = "terminal"
 USER = "local"  # the person at the terminal: the owner, allowed by the gate's rules
 EXIT_COMMANDS = frozenset({"/exit", "/quit"})
 HELP = "Type a message; /help lists the commands, /exit quits."
-LINE_LIMIT = 1024 * 1024  # bytes of one line; a longer one is refused, not cut
 
 
 class TerminalChannel(Channel):
@@ -75,7 +76,7 @@ class TerminalChannel(Channel):
     async def run(self, ready: Callable[[], None]) -> None:
         """Read lines until EOF, `/exit` or a second Ctrl-C at the prompt, then set `ended`
         and wait to be cancelled."""
-        reader = await _stdin_reader()
+        source = await open_input(interactive=self._interactive)
         ready()
         event_loop = asyncio.get_running_loop()
         interrupts = self._own_interrupts and self._interactive
@@ -85,10 +86,11 @@ class TerminalChannel(Channel):
             if self._interactive:
                 ctrl_c = "stops the reply" if interrupts else "stops nanobot"
                 self._write(f"nanobot — session {self._session_key}. {HELP} Ctrl-C {ctrl_c}.\n")
-            await self._read_lines(reader)
+            await self._read_messages(source)
             self.ended.set()
             await asyncio.get_running_loop().create_future()  # until cancelled
         finally:
+            source.close()
             if interrupts:
                 event_loop.remove_signal_handler(signal.SIGINT)
             await self._tasks.close()
@@ -97,24 +99,24 @@ class TerminalChannel(Channel):
     def _session_key(self) -> str:
         return self._session or self.chat.session_key
 
-    async def _read_lines(self, reader: asyncio.StreamReader) -> None:
+    async def _read_messages(self, source: Input) -> None:
         self._show_prompt()
         while not self.ended.is_set():
             try:
-                line = await _read_line(reader, self.ended)
-            except _TooLong:
+                text = await _next_message(source, self.ended)
+            except TooLong:
                 self._write(f"(Not sent: a message can be at most {LINE_LIMIT:,} bytes.)\n")
                 self._show_prompt()
                 continue
-            if line is None or line.strip() in EXIT_COMMANDS:
+            if text is None or text.strip() in EXIT_COMMANDS:
                 return
             self._interrupts = 0
-            answer = self._keys.get(line.strip().lower())
+            answer = self._keys.get(text.strip().lower())
             if answer is not None:
                 self._keys.clear()
                 await self._send(answer, press=True)
-            elif line.strip():
-                await self._send(line)
+            elif text.strip():
+                await self._send(text)
             else:
                 self._show_prompt()
 
@@ -214,55 +216,20 @@ def _answer_word(data: str) -> str:
     return words[2] if words[0] == "/approve" and len(words) > 2 else words[0].lstrip("/")
 
 
-class _TooLong(Exception):
-    """A line over LINE_LIMIT was read and dropped."""
-
-
-async def _read_line(reader: asyncio.StreamReader, ended: asyncio.Event) -> str | None:
-    """The next line (without its newline), or None at EOF or once `ended` is set.
+async def _next_message(source: Input, ended: asyncio.Event) -> str | None:
+    """The next message, or None at EOF or once `ended` is set.
 
     Raises:
-        _TooLong: the line was longer than LINE_LIMIT; it was skipped whole, not cut.
+        TooLong: the message was over LINE_LIMIT; it was skipped whole, not cut.
     """
-    line = asyncio.ensure_future(_one_line(reader))
+    message = asyncio.ensure_future(source.next())
     stop = asyncio.ensure_future(ended.wait())
     try:
-        await asyncio.wait({line, stop}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({message, stop}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stop.cancel()
-        if not line.done():
-            line.cancel()
-    if not line.done() or line.cancelled():
+        if not message.done():
+            message.cancel()
+    if not message.done() or message.cancelled():
         return None
-    return line.result()
-
-
-async def _one_line(reader: asyncio.StreamReader) -> str | None:
-    try:
-        raw = await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError as exc:  # EOF: the last line may lack its newline
-        raw = exc.partial
-        if not raw:
-            return None
-    except asyncio.LimitOverrunError:
-        await _skip_line(reader)
-        raise _TooLong from None
-    return raw.decode("utf-8", errors="replace").rstrip("\r\n")
-
-
-async def _skip_line(reader: asyncio.StreamReader) -> None:
-    while True:
-        try:
-            await reader.readuntil(b"\n")
-            return
-        except asyncio.LimitOverrunError as exc:
-            await reader.readexactly(exc.consumed)
-        except asyncio.IncompleteReadError:
-            return
-
-
-async def _stdin_reader() -> asyncio.StreamReader:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=LINE_LIMIT)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
+    return message.result()
