@@ -162,11 +162,10 @@ async def _pending_approvals(store: ApprovalStore, zone: ZoneInfo | None) -> tup
         return ["No requests are waiting for a decision."], True
     rows = [("ID", "TOOL", "ASKED IN", "UNTIL", "CALL")]
     for request in pending:
-        places = ", ".join(f"{p.channel}:{p.chat_id}" for p in request.places)
+        asked = request.asked
+        places = ", ".join(f"{p.channel}:{p.chat_id}" for p in asked.places)
         until = _when(request.expires_at, zone)
-        rows.append(
-            (request.id, request.tool, places, until, _call(request.tool, request.arguments))
-        )
+        rows.append((request.id, asked.tool, places, until, _call(asked.tool, asked.arguments)))
     hint = "Decide in the chat: tap a button, or send /approve ID [once|chat|always] or /deny ID."
     return [*_table(rows), hint], True
 

@@ -31,7 +31,14 @@ from nanobot.agent.approvals import (
     subject,
 )
 from nanobot.config import Config
-from nanobot.store.approvals import RESTARTED, TIMED_OUT, ApprovalRequest, Grant, Place
+from nanobot.store.approvals import (
+    RESTARTED,
+    TIMED_OUT,
+    ApprovalRequest,
+    Grant,
+    NewRequest,
+    Place,
+)
 
 # -- policy ----------------------------------------------------------------------------------
 
@@ -511,8 +518,7 @@ DECIDED_AT = datetime(2026, 3, 1, 14, 5, tzinfo=UTC)
 
 
 def request(**changes: object) -> ApprovalRequest:
-    base = ApprovalRequest(
-        id="ABCDEFGHJKLM",
+    asked = NewRequest(
         session_key="telegram:42",
         run_id="r",
         tool_call_id="c",
@@ -524,6 +530,10 @@ def request(**changes: object) -> ApprovalRequest:
         reason="exec asks first",
         deciders=("42",),
         places=(Place("telegram", "42"),),
+    )
+    base = ApprovalRequest(
+        id="ABCDEFGHJKLM",
+        asked=asked,
         state="pending",
         scope=None,
         created_at=DECIDED_AT,

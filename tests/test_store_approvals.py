@@ -94,10 +94,10 @@ async def test_a_request_is_stored_with_an_unguessable_short_id(store: ApprovalS
     request = await store.create(new(), expires_in=TIMEOUT)
     assert len(request.id) == ID_LENGTH and set(request.id) <= set(ID_ALPHABET)
     # Fits Telegram's callback_data (64 bytes) with room for a verb and the arguments' hash.
-    assert len(f"ap:{request.id}:always:{request.args_hash}".encode()) <= 64
+    assert len(f"ap:{request.id}:always:{request.asked.args_hash}".encode()) <= 64
     assert (request.state, request.scope, request.decided_by) == ("pending", None, None)
     assert request.expires_at - request.created_at == TIMEOUT
-    assert request.places == (HERE,)
+    assert request.asked == new()  # what was asked, as it was asked
     assert await store.get(request.id) == request
     other = await store.create(new(), expires_in=TIMEOUT)
     assert other.id != request.id
@@ -178,7 +178,7 @@ async def test_refused_answers_change_nothing_and_say_why(store: ApprovalStore) 
     assert await store.rules() == []
     assert await store.log() == []
     # After all that, the real answer still wins.
-    assert await answer(store, request.id, "once", args_hash=request.args_hash) == "decided"
+    assert await answer(store, request.id, "once", args_hash=request.asked.args_hash) == "decided"
 
 
 async def test_ids_are_matched_as_people_type_them(store: ApprovalStore) -> None:
@@ -244,7 +244,7 @@ async def test_a_restart_expires_every_pending_request_and_returns_its_cards(
         expired = await store.expire_pending()
         assert {r.id for r in expired} == {first.id, second.id}
         [with_cards] = [r for r in expired if r.id == first.id]
-        assert with_cards.places == (Place("telegram", "100"), Place("telegram", "200", "77"))
+        assert with_cards.asked.places == (Place("telegram", "100"), Place("telegram", "200", "77"))
         assert {(r.state, r.note) for r in expired} == {("expired", RESTARTED)}
         assert await store.expire_pending() == []
         assert await answer(store, first.id) == "already_decided"

@@ -272,7 +272,8 @@ class Approver:
         rules = await self._store.rules()
         lines = [f"Waiting for a decision: {len(pending)}"]
         for request in pending[:10]:
-            lines.append(f"- {request.id}: {request.tool} {_short(request.arguments, 80)}")
+            asked = request.asked
+            lines.append(f"- {request.id}: {asked.tool} {_short(asked.arguments, 80)}")
         lines.append(f"Saved rules (always allowed): {len(rules)}")
         for rule in rules[:10]:
             lines.append(f"- {rule.id}: {rule.tool} {_short(rule.rule_key, 80)}")
@@ -293,18 +294,19 @@ class Approver:
         gone), edit those cards, and remember each call's result for the resumed turn."""
         for request in await self._store.expire_pending(RESTARTED):
             logger.info("approval {} expired: {}", request.id, RESTARTED)
-            self.restarted[request.tool_call_id] = not_run(request)
+            self.restarted[request.asked.tool_call_id] = not_run(request)
             await self._show(request)
 
     # -- cards ---------------------------------------------------------------------------
 
     def _card(self, request: ApprovalRequest, what: Subject) -> str:
         expires = request.expires_at.astimezone(UTC)
+        asked = request.asked
         lines = [
-            f"**Approval needed** ({request.id}): the agent wants to run **{request.tool}**",
-            _block(_shown(request.tool, request.arguments)),
+            f"**Approval needed** ({request.id}): the agent wants to run **{asked.tool}**",
+            _block(_shown(asked.tool, asked.arguments)),
             f"Working directory: `{self._workspace}`",
-            f"Why it asks: {request.reason}",
+            f"Why it asks: {asked.reason}",
             f"Expires at {expires:%H:%M} UTC if nobody decides.",
         ]
         if what.once_only:
@@ -326,11 +328,11 @@ class Approver:
 
     async def _show(self, request: ApprovalRequest) -> None:
         """Edit every card of `request` to say what became of it, without buttons."""
-        text = (
-            f"Approval {request.id} for **{request.tool}**: {decision_text(request)}.\n"
-            + _block(_shown(request.tool, request.arguments))
+        asked = request.asked
+        text = f"Approval {request.id} for **{asked.tool}**: {decision_text(request)}.\n" + _block(
+            _shown(asked.tool, asked.arguments)
         )
-        for place in request.places:
+        for place in asked.places:
             if place.message_id is None or not place.message_id.isdigit():
                 continue
             card = int(place.message_id)
@@ -364,11 +366,12 @@ class Approver:
 def buttons(request: ApprovalRequest) -> tuple[Button, ...]:
     """The buttons of a request's card; each sends back the command it stands for."""
     labels = {"once": "Allow once", "chat": "Allow for this chat", "always": "Always allow"}
+    args_hash = request.asked.args_hash
     keys = [
-        Button(labels[scope], f"/approve {request.id} {scope} {request.args_hash}")
-        for scope in request.scopes
+        Button(labels[scope], f"/approve {request.id} {scope} {args_hash}")
+        for scope in request.asked.scopes
     ]
-    return (*keys, Button("Deny", f"/deny {request.id} {request.args_hash}"))
+    return (*keys, Button("Deny", f"/deny {request.id} {args_hash}"))
 
 
 def _shown(tool: str, arguments: str) -> str:

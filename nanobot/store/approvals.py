@@ -68,9 +68,10 @@ class Place:
 
 @dataclass(frozen=True, slots=True)
 class NewRequest:
-    """A request to store. `arguments` is what the card shows (canonical JSON), `rule_key`
-    what a rule made from it binds to, `scopes` the approvals it may get besides a denial,
-    `deciders` the platform user ids who may decide and `places` the chats it is asked in."""
+    """What a request asks, to store (and, stored, its `ApprovalRequest.asked`). `arguments`
+    is what the card shows (canonical JSON), `rule_key` what a rule made from it binds to,
+    `scopes` the approvals it may get besides a denial, `deciders` the platform user ids who
+    may decide and `places` the chats it is asked in."""
 
     session_key: str
     run_id: str
@@ -87,20 +88,11 @@ class NewRequest:
 
 @dataclass(frozen=True, slots=True)
 class ApprovalRequest:
-    """A stored request and, once decided, its decision (`scope` set exactly when approved)."""
+    """A stored request: what was `asked` (its `places` with their cards once sent) and, once
+    decided, its decision (`scope` set exactly when approved)."""
 
     id: str
-    session_key: str
-    run_id: str
-    tool_call_id: str
-    tool: str
-    arguments: str
-    args_hash: str
-    rule_key: str
-    scopes: tuple[Scope, ...]
-    reason: str
-    deciders: tuple[str, ...]
-    places: tuple[Place, ...]
+    asked: NewRequest
     state: State
     scope: Scope | None
     created_at: datetime
@@ -274,10 +266,11 @@ class ApprovalStore:
                 return await self._refusal(answer, moment)
             request = (await self._with_places([row]))[0]
             if scope == "chat":
+                asked = request.asked
                 await self._db.execute(
                     "INSERT INTO approval_grants (session_key, tool, rule_key, created_at,"
                     " created_by, request_id) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    (request.session_key, request.tool, request.rule_key, now, by, request.id),
+                    (asked.session_key, asked.tool, asked.rule_key, now, by, request.id),
                 )
             elif scope == "always":
                 await self._save_rule(request, by, now)
@@ -426,6 +419,7 @@ class ApprovalStore:
         return requests
 
     async def _save_rule(self, request: ApprovalRequest, by: str, now: str) -> None:
+        asked = request.asked
         for _ in range(_ID_ATTEMPTS):
             row = await self._db.fetchone(
                 "INSERT INTO approval_rules (id, tool, rule_key, arguments, created_at,"
@@ -433,9 +427,9 @@ class ApprovalStore:
                 " ON CONFLICT DO NOTHING RETURNING id",
                 (
                     secrets.token_hex(4),
-                    request.tool,
-                    request.rule_key,
-                    request.arguments,
+                    asked.tool,
+                    asked.rule_key,
+                    asked.arguments,
                     now,
                     by,
                     request.id,
@@ -445,7 +439,7 @@ class ApprovalStore:
                 return
             exists = await self._db.fetchone(
                 "SELECT 1 FROM approval_rules WHERE tool = ? AND rule_key = ?",
-                (request.tool, request.rule_key),
+                (asked.tool, asked.rule_key),
             )
             if exists is not None:  # the same command was saved before: one rule is enough
                 return
@@ -458,13 +452,13 @@ class ApprovalStore:
             (
                 now,
                 request.id,
-                request.session_key,
-                request.tool,
-                request.arguments,
+                request.asked.session_key,
+                request.asked.tool,
+                request.asked.arguments,
                 outcome,
                 request.scope,
                 request.decided_by,
-                request.note or request.reason,
+                request.note or request.asked.reason,
             ),
         )
 
@@ -496,14 +490,15 @@ class _Answer:
 def _refused_because(request: ApprovalRequest, answer: _Answer, now: datetime) -> Outcome:
     """The first check `answer` fails, in the order an answer is told about them: one not
     asked in that chat, or not from a decider, learns nothing about the request."""
-    places = {(place.channel, place.chat_id) for place in request.places}
+    asked = request.asked
+    places = {(place.channel, place.chat_id) for place in asked.places}
     checks: tuple[tuple[bool, Outcome], ...] = (
         ((answer.channel, answer.chat_id) not in places, "other_chat"),
-        (answer.by not in request.deciders, "not_approver"),
+        (answer.by not in asked.deciders, "not_approver"),
         (request.state != "pending", "already_decided"),
         (request.expires_at <= now, "expired"),
-        (answer.args_hash not in {None, request.args_hash}, "changed"),
-        (answer.verdict != "deny" and answer.verdict not in request.scopes, "not_offered"),
+        (answer.args_hash not in {None, asked.args_hash}, "changed"),
+        (answer.verdict != "deny" and answer.verdict not in asked.scopes, "not_offered"),
     )
     failed = next((outcome for failing, outcome in checks if failing), None)
     if failed is None:
@@ -515,8 +510,7 @@ def _request(row: sqlite3.Row, places: tuple[Place, ...]) -> ApprovalRequest:
     state = row["state"]
     if state not in _STATES:
         raise StoreError(f"approval request {row['id']} has an unknown state {state!r}")
-    return ApprovalRequest(
-        id=row["id"],
+    asked = NewRequest(
         session_key=row["session_key"],
         run_id=row["run_id"],
         tool_call_id=row["tool_call_id"],
@@ -528,6 +522,10 @@ def _request(row: sqlite3.Row, places: tuple[Place, ...]) -> ApprovalRequest:
         reason=row["reason"],
         deciders=tuple(str(d) for d in json.loads(row["deciders"])),
         places=places,
+    )
+    return ApprovalRequest(
+        id=row["id"],
+        asked=asked,
         state=cast(State, state),
         scope=cast(Scope | None, row["scope"]),
         created_at=from_text(row["created_at"]),
