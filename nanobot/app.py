@@ -47,9 +47,11 @@ from nanobot.errors import ConfigError, NanobotError, ProviderError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat
+from nanobot.membership import Membership
 from nanobot.providers.provider import Provider, RetryPolicy, Routes
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore, UsageLedger
 from nanobot.store.cron import CronStore
+from nanobot.store.members import Members
 from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from nanobot.tools.message import MessageTool
@@ -567,6 +569,7 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
         shutdown_timeout=config.gateway.shutdown_timeout,
         until=console.ended if console is not None else manager.all_refused,
         services=services,
+        membership=Membership(Members(parts.db)),
     )
 
 

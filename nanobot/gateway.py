@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Callable, Coroutine, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,13 +22,16 @@ from nanobot.agent.dispatcher import Dispatcher
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.manager import ChannelManager
 from nanobot.gate import Gate
+from nanobot.membership import Membership
 
 FLUSH_TIMEOUT = 5.0
 
 
 @dataclass
 class Gateway:
-    """`until`, when given, stops the gateway once set (the terminal chat ended)."""
+    """`until`, when given, stops the gateway once set (the terminal chat ended).
+    `membership`, when given, keeps this process's row in the members table from start to
+    the end of a clean stop (`nanobot status --check` reads it)."""
 
     bus: MessageBus
     gate: Gate
@@ -36,9 +40,14 @@ class Gateway:
     shutdown_timeout: float = 10.0
     until: asyncio.Event | None = None
     services: Sequence[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = ()
+    membership: Membership | None = None
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT (or `until`); returns the exit code."""
+        async with self.membership or nullcontext():
+            return await self._serve()
+
+    async def _serve(self) -> int:
         stop = asyncio.Event()
         self._handle_signals(stop)
         for line in self.gate.describe():

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nanobot.cron",),  # vocabulary, schedule math, the service; storage through a port
     ("nanobot.store", "nanobot.providers", "nanobot.tools"),
     ("nanobot.agent", "nanobot.channels"),
-    ("nanobot.gate",),
+    ("nanobot.gate", "nanobot.membership"),  # membership: keeps the gateway's members row alive
     ("nanobot.gateway", "nanobot.heartbeat"),
     ("nanobot.app", "nanobot.manage"),
     ("nanobot.cli",),

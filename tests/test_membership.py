@@ -1,0 +1,139 @@
+"""Membership: a gateway's row kept alive while it runs, against a real SQLite file; the
+beats are driven by the test, and a write failure is a real one (a read-only connection)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from loguru import logger
+
+from nanobot.membership import Membership
+from nanobot.store import Database
+from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
+
+T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.time = T0
+
+    def __call__(self) -> datetime:
+        return self.time
+
+
+class Ticks:
+    """The membership's sleep, driven by the test: `tick()` lets one beat happen and returns
+    once it has (the beating task sleeps again)."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+        self._asleep = asyncio.Event()
+        self._go: asyncio.Queue[None] = asyncio.Queue()
+
+    async def sleep(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        self._asleep.set()
+        await self._go.get()
+
+    async def tick(self) -> None:
+        await self._asleep.wait()
+        self._asleep.clear()
+        self._go.put_nowait(None)
+        await self._asleep.wait()
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    async with await Database.open(tmp_path / "state.db") as database:
+        yield database
+
+
+@pytest.fixture
+def lines() -> Iterator[list[str]]:
+    """What the membership logs at INFO or worse, as 'LEVEL message'."""
+    found: list[str] = []
+    sink = logger.add(
+        lambda m: found.append(f"{m.record['level'].name} {m.record['message']}"), level="INFO"
+    )
+    yield found
+    logger.remove(sink)
+
+
+async def test_the_row_lives_while_the_block_runs_and_goes_at_a_clean_end(
+    db: Database, lines: list[str]
+) -> None:
+    clock, ticks = Clock(), Ticks()
+    members = Members(db, clock)
+    dead = Member.new(T0 - timedelta(hours=1), pid=1)
+    await members.register(dead)  # a process that died without leaving
+    async with Membership(members, sleep=ticks.sleep) as membership:
+        [row] = await members.all()  # the dead one is forgotten
+        assert row == membership.member and row.started_at == row.beat_at == T0
+        clock.time += BEAT_INTERVAL
+        await ticks.tick()
+        [row] = await members.all()
+        assert row.beat_at == T0 + BEAT_INTERVAL and row.started_at == T0
+        assert ticks.asked == [BEAT_INTERVAL.total_seconds()] * 2
+    assert await members.all() == []
+    assert lines == []
+
+
+async def test_the_row_stays_when_the_block_fails(db: Database) -> None:
+    members = Members(db, Clock())
+    with pytest.raises(RuntimeError):
+        async with Membership(members, sleep=Ticks().sleep):
+            raise RuntimeError("crash")
+    [row] = await members.all()  # it goes stale: who it was and when it was last alive
+    assert row.beat_at == T0
+
+
+async def test_a_failed_beat_is_logged_once_and_never_stops_the_beating(
+    db: Database, lines: list[str]
+) -> None:
+    clock, ticks = Clock(), Ticks()
+    members = Members(db, clock)
+    async with Membership(members, sleep=ticks.sleep):
+        await db.execute("PRAGMA query_only = ON")  # every write fails from now on
+        for _ in range(3):
+            clock.time += BEAT_INTERVAL
+            await ticks.tick()
+        [failed] = lines
+        assert failed.startswith(
+            "ERROR could not record this gateway's beat in the state database ("
+        )
+        assert "readonly" in failed
+        assert f"reports it down once no beat is recorded for {STALE_AFTER.seconds}s" in failed
+        assert f"Trying again every {BEAT_INTERVAL.seconds}s" in failed
+
+        await db.execute("PRAGMA query_only = OFF")  # the disk has room again
+        clock.time += BEAT_INTERVAL
+        await ticks.tick()
+        [row] = await members.all()
+        assert row.beat_at == T0 + 4 * BEAT_INTERVAL
+        assert lines[1:] == ["WARNING this gateway's beats are recorded again; it shows as alive"]
+    assert await members.all() == []
+
+
+async def test_a_store_failing_at_start_and_stop_is_logged_not_raised(
+    db: Database, lines: list[str]
+) -> None:
+    clock, ticks = Clock(), Ticks()
+    members = Members(db, clock)
+    await db.execute("PRAGMA query_only = ON")
+    async with Membership(members, sleep=ticks.sleep) as membership:
+        assert len(lines) == 1 and lines[0].startswith("ERROR could not record")
+        await db.execute("PRAGMA query_only = OFF")
+        clock.time += BEAT_INTERVAL
+        await ticks.tick()  # the beat writes the row that registering could not
+        assert await members.all() == [membership.member]
+        await db.execute("PRAGMA query_only = ON")
+    assert lines[-1].startswith(
+        "WARNING could not remove this gateway's row from the members table ("
+    )
+    assert lines[-1].endswith(f"it goes stale in {STALE_AFTER.seconds}s")
+    assert len(await members.all()) == 1

@@ -1,0 +1,149 @@
+"""The members table against a real SQLite file, with the store's clock moved by the test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from nanobot.errors import StoreError
+from nanobot.store import Database
+from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
+
+T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
+
+
+class Clock:
+    """The store's clock, moved by the test: recorded times are exact."""
+
+    def __init__(self) -> None:
+        self.time = T0
+
+    def __call__(self) -> datetime:
+        return self.time
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    async with await Database.open(tmp_path / "state.db") as database:
+        yield database
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def members(db: Database, clock: Clock) -> Members:
+    return Members(db, clock)
+
+
+def test_a_new_member_is_this_process_with_a_random_id() -> None:
+    import os
+    import socket
+
+    first, second = Member.new(T0), Member.new(T0)
+    assert first.id != second.id and len(first.id) == 16
+    assert (first.pid, first.host) == (os.getpid(), socket.gethostname())
+    assert first.started_at == first.beat_at == T0
+    assert Member.new(T0, host="box", pid=42).describe() == "pid 42 on host box"
+
+
+async def test_register_beat_and_leave(members: Members, clock: Clock) -> None:
+    assert await members.all() == []
+    me = Member.new(clock(), host="box", pid=42, version="9.9")
+    await members.register(me)
+    assert await members.all() == [me]
+
+    clock.time += BEAT_INTERVAL
+    beaten = await members.beat(me)
+    assert beaten == Member(me.id, "box", 42, "9.9", started_at=T0, beat_at=T0 + BEAT_INTERVAL)
+    assert await members.all() == [beaten]
+
+    assert await members.leave(me.id)
+    assert await members.all() == []
+    assert not await members.leave(me.id)
+
+
+async def test_a_member_registered_twice_is_refused(members: Members, clock: Clock) -> None:
+    me = Member.new(clock())
+    await members.register(me)
+    with pytest.raises(StoreError, match="UNIQUE"):
+        await members.register(me)
+
+
+async def test_a_beat_writes_a_row_that_is_gone_again(members: Members, clock: Clock) -> None:
+    me = Member.new(clock())
+    clock.time += timedelta(minutes=5)
+    assert await members.beat(me) == Member(
+        me.id, me.host, me.pid, me.version, started_at=T0, beat_at=clock.time
+    )
+    assert [m.id for m in await members.all()] == [me.id]
+
+
+async def test_a_member_is_stale_after_three_missed_beats(members: Members, clock: Clock) -> None:
+    me = Member.new(clock())
+    await members.register(me)
+    assert STALE_AFTER == 3 * BEAT_INTERVAL
+    [row] = await members.all()
+    assert not row.stale(members.now())
+    clock.time = T0 + STALE_AFTER
+    assert not row.stale(members.now())
+    clock.time += timedelta(microseconds=1)
+    assert row.stale(members.now())
+    assert not row.stale(members.now(), after=timedelta(minutes=1))
+
+
+async def test_all_lists_the_latest_beat_first(members: Members, clock: Clock) -> None:
+    old, new = Member.new(clock(), pid=1), Member.new(clock(), pid=2)
+    await members.register(old)
+    await members.register(new)
+    clock.time += BEAT_INTERVAL
+    await members.beat(old)
+    assert [m.pid for m in await members.all()] == [1, 2]
+    clock.time += BEAT_INTERVAL
+    await members.beat(new)
+    assert [m.pid for m in await members.all()] == [2, 1]
+
+
+async def test_forget_stale_removes_only_the_members_that_stopped_beating(
+    members: Members, clock: Clock
+) -> None:
+    dead, alive = Member.new(clock(), pid=1), Member.new(clock(), pid=2)
+    await members.register(dead)
+    await members.register(alive)
+    clock.time += STALE_AFTER
+    await members.beat(alive)
+    assert await members.forget_stale() == 0  # dead is just at the limit
+    clock.time += timedelta(seconds=1)
+    assert await members.forget_stale() == 1
+    assert [m.pid for m in await members.all()] == [2]
+
+
+async def test_another_process_sees_the_rows(
+    tmp_path: Path, members: Members, clock: Clock
+) -> None:
+    me = Member.new(clock())
+    await members.register(me)
+    async with await Database.open(tmp_path / "state.db") as other:
+        assert await Members(other).all() == [me]
+
+
+async def test_times_are_kept_in_utc_whatever_zone_they_come_in(
+    members: Members, clock: Clock
+) -> None:
+    from zoneinfo import ZoneInfo
+
+    clock.time = datetime(2026, 6, 15, 11, 0, tzinfo=ZoneInfo("Europe/Berlin"))
+    await members.register(Member.new(clock()))
+    [row] = await members.all()
+    assert row.beat_at == T0 and row.beat_at.tzinfo == UTC
+
+
+async def test_a_write_that_fails_raises_store_error(members: Members, db: Database) -> None:
+    await db.execute("PRAGMA query_only = ON")
+    with pytest.raises(StoreError, match="readonly"):
+        await members.register(Member.new(members.now()))
