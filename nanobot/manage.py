@@ -14,7 +14,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -28,6 +28,7 @@ from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore
 from nanobot.store.journal import FailedReplies
+from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
 from nanobot.workspace import bundled, copy_template
 
 
@@ -279,14 +280,18 @@ def status(config: Config, path: Path, *, check_db: bool = False) -> list[tuple[
         rows.append((name, state))
     if not config.state_db_path.exists():
         return [*rows, ("state", f"{config.state_db_path} (not created yet)")]
-    return rows + asyncio.run(_store_rows(config.state_db_path, check_db))
+    return rows + asyncio.run(_store_rows(config.state_db_path, check_db, _zone(config)))
 
 
-async def _store_rows(db_path: Path, check_db: bool) -> list[tuple[str, str]]:
+async def _store_rows(
+    db_path: Path, check_db: bool, zone: ZoneInfo | None
+) -> list[tuple[str, str]]:
     async with await Database.open(db_path, check="full" if check_db else "quick") as db:
         stats = await SessionStore(db).stats()
         waiting = await Access(db).waiting()
         failed = await Journal(db).failed_replies()
+        members = Members(db)
+        gateways = [("gateway", _member_line(m, members.now(), zone)) for m in await members.all()]
     checked = "ok (full check)" if check_db else "ok (quick check; --check-db for the full one)"
     return [
         ("state", f"{db_path} ({stats.size_bytes / 1024:.0f} KiB)"),
@@ -294,7 +299,72 @@ async def _store_rows(db_path: Path, check_db: bool) -> list[tuple[str, str]]:
         ("sessions", f"{stats.sessions} ({stats.live_sessions} live), {stats.entries} entries"),
         ("pairing", _waiting(waiting)),
         ("replies", _failed(failed)),
+        *(gateways or [("gateway", "none running")]),
     ]
+
+
+def health(config: Config) -> tuple[str, bool]:
+    """`status --check`: one line, and whether a gateway on this data dir beat in the last
+    `STALE_AFTER`. Reads the state database without checking it (it runs every minute
+    under Docker) and creates nothing: on a fresh data dir no gateway has run.
+
+    Raises:
+        StoreError: the state database cannot be read.
+    """
+    db_path = config.state_db_path
+    if not db_path.exists():
+        return f"no gateway has run on this data dir yet ({db_path} does not exist)", False
+    return asyncio.run(_health(db_path, _zone(config)))
+
+
+async def _health(db_path: Path, zone: ZoneInfo | None) -> tuple[str, bool]:
+    async with await Database.open(db_path, check=None) as db:
+        members = Members(db)
+        found = await members.all()
+        now = members.now()
+    allowed = f"{STALE_AFTER.total_seconds():g} s"
+    if not found:
+        return "no gateway is running (none is registered in the state database)", False
+    latest = found[0]  # the latest beat first
+    if latest.stale(now):
+        return (
+            f"no gateway has beaten since {_moment(latest.beat_at, zone)} "
+            f"({latest.describe()}); a running one beats every "
+            f"{BEAT_INTERVAL.total_seconds():g} s and counts as down after {allowed}",
+            False,
+        )
+    return (
+        f"gateway alive: {latest.describe()}, last beat {_ago(now - latest.beat_at)} ago "
+        f"(allowed: {allowed})",
+        True,
+    )
+
+
+def _member_line(member: Member, now: datetime, zone: ZoneInfo | None) -> str:
+    """A member for `status`: where it runs, since when, and whether it beats."""
+    started = _moment(member.started_at, zone)
+    where = f"{member.describe()}, version {member.version}, up since {started}"
+    if member.stale(now):
+        return f"{where}; GONE: no beat since {_moment(member.beat_at, zone)}"
+    return f"{where}; last beat {_ago(now - member.beat_at)} ago"
+
+
+def _zone(config: Config) -> ZoneInfo | None:
+    """The zone times are shown in: the config's `timezone`, else the machine's."""
+    return ZoneInfo(config.timezone) if config.timezone else None
+
+
+def _moment(moment: datetime, zone: ZoneInfo | None) -> str:
+    return moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def _ago(elapsed: timedelta) -> str:
+    seconds = max(0, round(elapsed.total_seconds()))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
 
 
 def _failed(failed: FailedReplies) -> str:

@@ -1,0 +1,160 @@
+"""`nanobot status --check` (the image's HEALTHCHECK) and the gateways `nanobot status` lists,
+as a user runs them: real subprocesses, rows written through the store, and one real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from nanobot.store import Database
+from nanobot.store.members import STALE_AFTER, Member, Members
+from tests.conftest import Home
+from tests.fakes.llm import FakeLLM
+from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
+from tests.gateway_process import GatewayProcess
+from tests.test_cli import nanobot
+from tests.test_gateway_telegram import gateway_config
+
+BERLIN = "timezone: Europe/Berlin\n"
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(token=DEFAULT_TOKEN) as fake:
+        yield fake
+
+
+async def register(home: Home, *, beat_at: datetime, pid: int = 42) -> Member:
+    member = Member.new(beat_at, host="box", pid=pid, version="0.0.9")
+    async with await Database.open(home.data_dir / "state.db") as db:
+        await Members(db).register(member)
+    return member
+
+
+async def test_a_fresh_data_dir_has_no_gateway_and_is_left_as_it_was(home: Home) -> None:
+    result = await nanobot(home, "status", "--check")
+    assert result.code == 1, result.stderr
+    db = home.data_dir / "state.db"
+    assert result.stdout == f"no gateway has run on this data dir yet ({db} does not exist)\n"
+    assert result.stderr == ""
+    assert not home.data_dir.exists()
+
+
+async def test_a_database_without_members_has_no_gateway_running(home: Home) -> None:
+    async with await Database.open(home.data_dir / "state.db"):
+        pass
+    result = await nanobot(home, "status", "--check")
+    assert (result.code, result.stdout) == (
+        1,
+        "no gateway is running (none is registered in the state database)\n",
+    )
+
+
+async def test_a_fresh_beat_is_healthy(home: Home) -> None:
+    await register(home, beat_at=datetime.now(UTC))
+    result = await nanobot(home, "status", "--check")
+    assert result.code == 0, result.stdout + result.stderr
+    [line] = result.stdout.splitlines()
+    assert line.startswith("gateway alive: pid 42 on host box, last beat ")
+    assert line.endswith(f" s ago (allowed: {STALE_AFTER.seconds} s)")
+    help_text = (await nanobot(home, "status", "--help")).stdout
+    assert f"in the last {STALE_AFTER.seconds} s" in " ".join(help_text.split())
+
+
+async def test_a_stale_beat_says_since_when_and_which_process_in_the_configured_zone(
+    home: Home,
+) -> None:
+    home.write_config(home.config.read_text(encoding="utf-8") + BERLIN)
+    await register(home, beat_at=datetime(2026, 1, 15, 8, 30, 5, tzinfo=UTC), pid=7)
+    result = await nanobot(home, "status", "--check")
+    assert result.code == 1
+    assert result.stdout == (
+        "no gateway has beaten since 2026-01-15 09:30:05 CET (pid 7 on host box); a running "
+        "one beats every 15 s and counts as down after 45 s\n"
+    )
+
+
+async def test_a_beat_just_older_than_allowed_is_stale(home: Home) -> None:
+    await register(home, beat_at=datetime.now(UTC) - STALE_AFTER - timedelta(seconds=1))
+    result = await nanobot(home, "status", "--check")
+    assert result.code == 1
+    assert result.stdout.startswith("no gateway has beaten since ")
+
+
+async def test_status_lists_the_gateways_alive_and_gone(home: Home) -> None:
+    home.write_config(home.config.read_text(encoding="utf-8") + BERLIN)
+    await register(home, beat_at=datetime(2026, 1, 15, 8, 30, 5, tzinfo=UTC), pid=7)
+    await register(home, beat_at=datetime.now(UTC), pid=8)
+    result = await nanobot(home, "status")
+    assert result.code == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("gateway ")]
+    assert len(rows) == 2
+    alive, gone = rows
+    assert "pid 8 on host box, version 0.0.9, up since " in alive
+    assert alive.endswith(" s ago") and "; last beat " in alive
+    assert gone.endswith(
+        "pid 7 on host box, version 0.0.9, up since 2026-01-15 09:30:05 CET; "
+        "GONE: no beat since 2026-01-15 09:30:05 CET"
+    )
+
+
+async def test_status_says_when_no_gateway_runs(home: Home) -> None:
+    async with await Database.open(home.data_dir / "state.db"):
+        pass
+    result = await nanobot(home, "status")
+    assert result.code == 0, result.stderr
+    assert [line.split() for line in result.stdout.splitlines() if line.startswith("gateway")] == [
+        ["gateway", "none", "running"]
+    ]
+
+
+async def test_the_check_imports_no_heavy_library(home: Home) -> None:
+    probe = (
+        "import json, sys\n"
+        "from nanobot.cli import app\n"
+        "try:\n"
+        "    app(['status', '--check'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 1, exc.code\n"
+        "heavy = ('litellm', 'telegram', 'discord', 'openai', 'aiohttp', 'nanobot.app')\n"
+        "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        probe,
+        env=home.env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode == 0, stderr.decode()
+    assert json.loads(stdout.decode().strip().splitlines()[-1]) == []
+
+
+async def test_a_running_gateway_is_healthy_and_after_a_clean_stop_none_runs(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    home = Home(tmp_path, process.config_path, process.data_dir, process.env)
+    await process.start(ready="telegram connected")
+    assert process.process is not None
+    check = await nanobot(home, "status", "--check")
+    assert check.code == 0, check.stdout + check.stderr
+    assert f"gateway alive: pid {process.process.pid} on host " in check.stdout
+    assert await process.stop(signal.SIGTERM) == 0
+    check = await nanobot(home, "status", "--check")
+    assert (check.code, check.stdout) == (
+        1,
+        "no gateway is running (none is registered in the state database)\n",
+    )
