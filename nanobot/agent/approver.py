@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
+from weakref import WeakValueDictionary
 
 from loguru import logger
 
@@ -108,12 +109,24 @@ class Approver:
         self._workspace = workspace
         self._waiters: dict[str, asyncio.Future[None]] = {}
         self.restarted: dict[str, str] = {}  # tool call id -> its result, from `recover`
+        # The hook of each run still going on, by run id: a run's hooks hold it, so it is
+        # dropped once its run is over, however the run ended.
+        self._runs: WeakValueDictionary[str, RunApproval] = WeakValueDictionary()
 
     def for_run(self, caller: Caller, run_id: str) -> RunApproval:
         taint = Taint()
         for source in caller.untrusted:
             taint = taint.with_source(source)
-        return RunApproval(self, caller, run_id, taint)
+        run = RunApproval(self, caller, run_id, taint)
+        self._runs[run_id] = run
+        return run
+
+    def taint_of(self, run_id: str) -> Taint:
+        """What the run `run_id`, going on now, has taken in from outside so far (what it
+        started with included): a subagent it starts inherits it. Empty for a run that is
+        not going on, or was not made by `for_run`."""
+        run = self._runs.get(run_id)
+        return Taint() if run is None else run.taint
 
     async def check(self, run: RunApproval, call: ToolCall) -> Approval:
         """Run `call` (None), refuse it now (the result text), or ask (`Asking`)."""

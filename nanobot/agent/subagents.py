@@ -5,7 +5,9 @@ its own limits and a tool set without `spawn`, `message` or `cron`. When it ends
 with its outcome (its output wrapped as untrusted data) is added to the session it was started
 from, and a follow-up event goes through the gate (`follow_up_event`): journaled, then a turn
 there so the agent tells the user, delivered to the origin chat like any reply. A cancelled
-one gets the note but no turn: the user asked for the stop.
+one gets the note but no turn: the user asked for the stop. Its calls are approved like the
+starting turn's, in that chat: a turn that had read content from outside passes that on
+(the task it wrote may carry it), so they ask where that turn's would.
 
 Progress is recorded as notes in the subagent's own session, next to its work: `started`,
 then `ended` (state and note), `noted` (the note is in the origin session), `reported` (the
@@ -100,7 +102,9 @@ class Origin:
 
 @dataclass(frozen=True, slots=True)
 class SubagentInfo:
-    """One subagent as `/tasks` shows it. `ended` is None while it runs."""
+    """One subagent as `/tasks` shows it. `ended` is None while it runs. `untrusted` is what
+    the turn that started it had read from outside (its task may carry it): its own calls
+    count it as theirs, so they ask as that turn's would."""
 
     id: str
     task: str
@@ -109,6 +113,7 @@ class SubagentInfo:
     state: SubagentState = "running"
     label: str | None = None
     ended: datetime | None = None
+    untrusted: tuple[str, ...] = ()
 
     @property
     def session_key(self) -> str:
@@ -215,18 +220,27 @@ class Subagents:
                 "you as a note), or do this yourself now."
             )
         info = SubagentInfo(
-            uuid.uuid4().hex[:8], task.strip(), Origin.of(origin), _now(), label=label or None
+            uuid.uuid4().hex[:8],
+            task.strip(),
+            Origin.of(origin),
+            _now(),
+            label=label or None,
+            untrusted=self._inherited(origin.run_id),
         )
         self._remember(info)  # holds the slot while the session is written
         run = self._run_input(info)
+        after = (
+            f" (its starting turn had read {', '.join(info.untrusted)})" if info.untrusted else ""
+        )
         try:
             session_id = await self._sessions.live(info.session_key)
             started = self._mark(
                 "started",
-                f"started: {info.summary}",
+                f"started: {info.summary}{after}",
                 task=info.task,
                 label=info.label,
                 origin=asdict(info.origin),
+                untrusted=list(info.untrusted),
             )
             messages = [NewEntry("message", dict(m), run.run_id) for m in run.messages]
             await self._sessions.append(session_id, [started, *messages])
@@ -235,8 +249,14 @@ class Subagents:
             raise
         self._run_ids[info.id] = run.run_id
         self._tasks.spawn(self._work(info, session_id, run), name=f"subagent-{info.id}")
-        logger.info("subagent {} started from {}: {}", info.id, origin.session_key, info.summary)
+        logger.info(
+            "subagent {} started from {}{}: {}", info.id, origin.session_key, after, info.summary
+        )
         return info.id
+
+    def _inherited(self, run_id: str) -> tuple[str, ...]:
+        """What the run `run_id` (the one starting a subagent) has read from outside."""
+        return () if self._approver is None else self._approver.taint_of(run_id).sources
 
     def cancel_session(self, session_key: str) -> int:
         """Stop the running subagents started from `session_key`; returns how many."""
@@ -325,7 +345,13 @@ class Subagents:
         context = ToolContext(origin.channel, origin.chat_id, info.session_key, run.run_id)
         hooks = RunHooks(persist=persist)
         if self._approver is not None:  # its calls are asked about in the chat it came from
-            caller = Caller(origin.session_key, origin.chat, origin.sender_id, origin.private)
+            caller = Caller(
+                origin.session_key,
+                origin.chat,
+                origin.sender_id,
+                origin.private,
+                untrusted=tuple(f"{s} in the turn that started this task" for s in info.untrusted),
+            )
             approval = self._approver.for_run(caller, run.run_id)
             hooks = RunHooks(persist=persist, approve=approval.approve, listener=approval.observe)
         token = current_context.set(context)
@@ -372,6 +398,7 @@ class Subagents:
             Origin(**start["origin"]),
             first[0].created_at,
             label=start.get("label"),
+            untrusted=tuple(str(s) for s in start.get("untrusted", ())),
         )
         events = {
             e.data["event"]: e

@@ -15,6 +15,8 @@ class Spawner(Protocol):
 
     async def spawn(self, task: str, origin: ToolContext, label: str | None = None) -> str:
         """Start `task` in the background for the conversation of `origin`; returns its id.
+        What `origin`'s run has read from outside so far passes on to the subagent: its calls
+        ask for approval as that run's would.
 
         Raises `NanobotError` with a message for the model when it cannot start now (too
         many running, shutting down, storage failure).
