@@ -325,11 +325,34 @@ def _cron(ctx: typer.Context, work: Callable[[Jobs], Awaitable[list[str]]]) -> N
 
 @cron_app.command("list")
 def cron_list(ctx: typer.Context) -> None:
-    """Every job: id, name, schedule, time zone, next run (in its zone), last status."""
+    """Every job: id, name, schedule, time zone, next run (in its zone), and how the last run
+    went: its status and whether its answer was delivered."""
     from nanobot import manage
 
     async def work(jobs: Jobs) -> list[str]:
-        return manage.job_lines(await jobs.all(), jobs.default_zone)
+        listed = await jobs.all()
+        last = {job.id: runs[0] for job in listed if (runs := await jobs.runs(job.id, 1))}
+        return manage.job_lines(listed, jobs.default_zone, last)
+
+    _cron(ctx, work)
+
+
+@cron_app.command("runs")
+def cron_runs(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="The job's id (nanobot cron list).")],
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs.")] = 20,
+) -> None:
+    """A job's latest runs, newest first: when each was due and started, how its turn ended,
+    and whether its answer reached the chat (pending, delivered, or not delivered and why)."""
+    from nanobot import manage
+    from nanobot.errors import NanobotError
+
+    async def work(jobs: Jobs) -> list[str]:
+        job = await jobs.get(job_id)
+        if job is None:
+            raise NanobotError(f"no job {job_id} (see nanobot cron list)")
+        return manage.run_lines(job, await jobs.runs(job_id, limit), jobs.default_zone)
 
     _cron(ctx, work)
 

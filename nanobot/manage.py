@@ -13,7 +13,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 from nanobot import log
 from nanobot.config import Config, load
 from nanobot.cron.jobs import Jobs
-from nanobot.cron.models import Job
+from nanobot.cron.models import DELIVERY_WORDS, Job, JobRun
 from nanobot.cron.schedule import describe, format_time, zone_of
 from nanobot.errors import NanobotError
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore
@@ -487,8 +487,10 @@ async def run_job(
     ]
 
 
-def job_lines(jobs: list[Job], zone: str) -> list[str]:
-    """The `cron list` table: id, name, schedule, zone, next run in its zone, last status."""
+def job_lines(jobs: list[Job], zone: str, last: Mapping[str, JobRun] | None = None) -> list[str]:
+    """The `cron list` table: id, name, schedule, zone, next run in its zone, and how the
+    last run went (from `last`, each job's latest run, with its answer's delivery)."""
+    last = last or {}
     if not jobs:
         return ["No jobs. Add one with: nanobot cron add --name NAME --message TEXT --every 1h"]
     rows = [("ID", "NAME", "SCHEDULE", "TZ", "NEXT RUN", "LAST")]
@@ -503,7 +505,32 @@ def job_lines(jobs: list[Job], zone: str) -> list[str]:
                 describe(job.schedule),
                 tz,
                 upcoming,
-                job.last_status or "-",
+                last[job.id].summary if job.id in last else job.last_status or "-",
+            )
+        )
+    return _table(rows)
+
+
+def run_lines(job: Job, runs: list[JobRun], zone: str) -> list[str]:
+    """The `cron runs` table, newest first: when each run was due and started (in the
+    job's zone), how its turn ended, and whether its answer reached the chat (and why not)."""
+    if not runs:
+        return [f"Job {job.id} ({job.name}) has not run yet."]
+    tz = zone_of(job.schedule, zone)
+    rows = [("RUN", "DUE", "STARTED", "STATUS", "ANSWER", "DETAIL")]
+    for run in runs:
+        due = format_time(run.due_at, tz) if run.due_at else "by hand"
+        answer = "-" if run.delivery is None else DELIVERY_WORDS[run.delivery]
+        failure = run.delivery_error if run.delivery == "failed" else None
+        detail = "; ".join(text for text in (run.error, failure) if text)
+        rows.append(
+            (
+                str(run.id),
+                due,
+                format_time(run.started_at, tz),
+                run.status,
+                answer,
+                log.printable(detail) if detail else "",
             )
         )
     return _table(rows)

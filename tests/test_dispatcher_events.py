@@ -94,6 +94,9 @@ async def test_a_cron_event_runs_in_its_own_session_and_reports_its_outcome(
         "It is noon.",
         True,
     )
+    # The reply names its run, so the outbox records its delivery on the run.
+    row = await db.fetchone("SELECT cron_run FROM outbox WHERE id = ?", (reply.outbox_id,))
+    assert row is not None and row["cron_run"] == 7
     assert [e["role"] for e in await harness.parts.entries("cron:j1")] == ["user", "assistant"]
     assert await harness.parts.entries(CHAT.session_key) == []  # the chat's session untouched
     assert await harness.gate.submit(cron_event(7)) is None  # one run, one turn

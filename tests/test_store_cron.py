@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import closing
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -12,7 +14,7 @@ import pytest
 
 from nanobot.cron import At, Cron, Every, Job, Schedule
 from nanobot.errors import StoreError
-from nanobot.store import CronStore, Database
+from nanobot.store import CronStore, Database, Journal, migrations
 from nanobot.store.cron import HISTORY_LIMIT, INTERRUPTED_ERROR
 
 T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
@@ -305,7 +307,7 @@ async def test_changes_from_another_connection_are_seen(tmp_path: Path) -> None:
         await cli.set_enabled(job.id, True, next_run=T0)
         run = await gateway.start_run(job.id, due_at=T0, next_run=T0 + HOUR)
         assert run is not None
-        await gateway.finish_run(run, "ok", delivered=True)
+        await gateway.finish_run(run, "ok")
         shown = await cli.get(job.id)
         assert shown is not None and shown.last_status == "ok" and shown.next_run == T0 + HOUR
 
@@ -327,12 +329,12 @@ async def test_a_run_moves_the_job_on_and_is_recorded(store: CronStore, clock: C
     (run,) = await store.runs(job.id)
     assert (run.id, run.job_id, run.due_at, run.status) == (run_id, job.id, T0, "running")
     assert run.started_at == running.last_run
-    assert (run.ended_at, run.error, run.delivered) == (None, None, False)
+    assert (run.ended_at, run.error, run.delivery) == (None, None, None)
 
     clock.time = T0 + timedelta(minutes=2)
-    assert await store.finish_run(run_id, "error", "the model is down", delivered=False)
+    assert await store.finish_run(run_id, "error", "the model is down")
     (run,) = await store.runs(job.id)
-    assert (run.status, run.error, run.delivered) == ("error", "the model is down", False)
+    assert (run.status, run.error, run.delivery) == ("error", "the model is down", None)
     assert run.ended_at == T0 + timedelta(minutes=2)
     finished = await store.get(job.id)
     assert finished is not None and finished.last_status == "error"
@@ -349,9 +351,9 @@ async def test_a_one_shot_is_disabled_when_it_runs(store: CronStore) -> None:
     done = await store.get(job.id)
     assert done is not None and (done.enabled, done.next_run) == (False, None)
     assert await store.due(T0 + HOUR) == []
-    assert await store.finish_run(run_id, "ok", delivered=True)
+    assert await store.finish_run(run_id, "ok")
     (run,) = await store.runs(job.id)
-    assert (run.status, run.delivered) == ("ok", True)
+    assert (run.status, run.delivery) == ("ok", None)
 
 
 async def test_an_occurrence_is_claimed_once(store: CronStore) -> None:
@@ -489,6 +491,161 @@ async def test_long_errors_are_truncated(store: CronStore) -> None:
     await store.finish_run(run_id, "error", "x" * 10_000)
     (run,) = await store.runs(job.id)
     assert run.error is not None and len(run.error) == 2000
+
+
+# --- delivery of a run's answer ------------------------------------------------------------
+
+
+async def started(store: CronStore) -> tuple[Job, int]:
+    job = await add(store)
+    run_id = await store.start_run(job.id, due_at=None, next_run=T0)
+    assert run_id is not None
+    return job, run_id
+
+
+async def queue_answer(journal: Journal, run_id: int | None, text: str = "done") -> int:
+    """The dispatcher's step: the run's event answered, its reply queued, atomically."""
+    outbox_id = await journal.complete([], ("telegram", {"text": text}), cron_run=run_id)
+    assert outbox_id is not None
+    return outbox_id
+
+
+async def delivery(store: CronStore, job: Job) -> tuple[str, str | None, str | None]:
+    (run, *_) = await store.runs(job.id)
+    return run.status, run.delivery, run.delivery_error
+
+
+@pytest.mark.parametrize("finished_first", [True, False])
+async def test_a_run_is_delivered_only_once_the_outbox_confirms_its_answer(
+    store: CronStore, db: Database, finished_first: bool
+) -> None:
+    journal = Journal(db)
+    job, run_id = await started(store)
+    outbox_id = await queue_answer(journal, run_id)
+    assert await delivery(store, job) == ("running", "pending", None)
+    # The channel may confirm before the dispatcher reports the turn's end, or after.
+    if finished_first:
+        await store.finish_run(run_id, "ok")
+        assert await delivery(store, job) == ("ok", "pending", None)
+    await journal.progress(outbox_id, 1)  # one part of two is out: still pending
+    assert (await delivery(store, job))[1] == "pending"
+    await journal.confirm(outbox_id, "77")
+    if not finished_first:
+        assert await delivery(store, job) == ("running", "delivered", None)
+        await store.finish_run(run_id, "ok")
+    assert await delivery(store, job) == ("ok", "delivered", None)
+    (run,) = await store.runs(job.id)
+    assert run.summary == "ok, delivered"
+
+
+async def test_a_refused_answer_makes_the_run_not_delivered_with_the_reason(
+    store: CronStore, db: Database
+) -> None:
+    journal = Journal(db)
+    job, run_id = await started(store)
+    outbox_id = await queue_answer(journal, run_id)
+    await store.finish_run(run_id, "ok")
+    await journal.fail(outbox_id, "502 Bad Gateway")  # a passing failure: tried again later
+    assert await delivery(store, job) == ("ok", "pending", None)
+    reason = "sendMessage: Bad Request: chat not found"
+    await journal.give_up(outbox_id, reason)
+    assert await delivery(store, job) == ("ok", "failed", reason)
+    (run,) = await store.runs(job.id)
+    assert run.summary == "ok, not delivered"
+    await journal.give_up(outbox_id, "again")  # already failed: the first reason stays
+    assert await delivery(store, job) == ("ok", "failed", reason)
+
+
+async def test_a_give_up_after_delivery_changes_nothing(store: CronStore, db: Database) -> None:
+    journal = Journal(db)
+    job, run_id = await started(store)
+    outbox_id = await queue_answer(journal, run_id)
+    await journal.confirm(outbox_id)
+    await journal.give_up(outbox_id, "too late")
+    assert (await delivery(store, job))[1:] == ("delivered", None)
+
+
+async def test_a_run_with_two_answers_is_delivered_when_both_are(
+    store: CronStore, db: Database
+) -> None:
+    journal = Journal(db)
+    job, run_id = await started(store)
+    first = await queue_answer(journal, run_id, "one")
+    await journal.confirm(first)
+    assert (await delivery(store, job))[1] == "delivered"
+    second = await queue_answer(journal, run_id, "two")  # queued later: pending again
+    assert (await delivery(store, job))[1] == "pending"
+    await journal.confirm(second)
+    assert (await delivery(store, job))[1] == "delivered"
+
+    job, run_id = await started(store)
+    first, second = await queue_answer(journal, run_id), await queue_answer(journal, run_id)
+    await journal.give_up(first, "refused")
+    await journal.confirm(second)  # one part failed: the run's answer did not all arrive
+    assert (await delivery(store, job))[1:] == ("failed", "refused")
+
+
+async def test_a_run_without_an_answer_for_a_chat_has_no_delivery(
+    store: CronStore, db: Database
+) -> None:
+    journal = Journal(db)
+    job, run_id = await started(store)
+    await journal.complete([], None, cron_run=run_id)  # answered, nothing to deliver
+    await store.finish_run(run_id, "ok")
+    assert await delivery(store, job) == ("ok", None, None)
+    (run,) = await store.runs(job.id)
+    assert run.summary == "ok"
+    # A reply that answers no run, or a run since dropped, touches no run.
+    await journal.confirm(await queue_answer(journal, None))
+    await journal.confirm(await queue_answer(journal, 9999))
+    assert await delivery(store, job) == ("ok", None, None)
+
+
+async def test_a_pending_answer_survives_a_restart_and_settles_the_run_after_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    async with await Database.open(path) as db:
+        store = CronStore(db)
+        job, run_id = await started(store)
+        await queue_answer(Journal(db), run_id)
+        await store.finish_run(run_id, "ok")
+    async with await Database.open(path) as db:  # the gateway restarted; the CLI looks
+        store, journal = CronStore(db), Journal(db)
+        assert await store.mark_interrupted_runs() == 0
+        assert await delivery(store, job) == ("ok", "pending", None)
+        (owed,) = await journal.pending_outbox()  # re-published by the dispatcher's recover
+        await journal.confirm(owed.id)
+        assert await delivery(store, job) == ("ok", "delivered", None)
+
+
+async def test_runs_recorded_as_delivered_before_delivery_was_tracked_stay_delivered(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    tracked = next(i for i, m in enumerate(migrations.MIGRATIONS) if "cron_run INTEGER" in m)
+    with closing(sqlite3.connect(path)) as conn:
+        for version, script in enumerate(migrations.MIGRATIONS[:tracked], start=1):
+            conn.executescript(script)
+            conn.execute(f"PRAGMA user_version = {version}")
+        conn.execute(
+            "INSERT INTO cron_jobs (id, name, message, schedule, enabled, created_at)"
+            " VALUES ('j1', 'n', 'm', '{\"kind\":\"every\",\"seconds\":60}', 0, '2026')"
+        )
+        for delivered in (1, 0):
+            conn.execute(
+                "INSERT INTO cron_runs (job_id, started_at, ended_at, status, delivered)"
+                " VALUES ('j1', '2026-01-01T00:00:00+00:00', '2026-01-01T00:00:01+00:00',"
+                " 'ok', ?)",
+                (delivered,),
+            )
+        conn.commit()
+    async with await Database.open(path) as db:
+        runs = await CronStore(db).runs("j1")
+    assert [(run.delivery, run.delivery_error) for run in runs] == [
+        (None, None),
+        ("delivered", None),
+    ]
 
 
 # --- schema --------------------------------------------------------------------------------

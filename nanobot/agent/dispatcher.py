@@ -296,7 +296,7 @@ class Dispatcher:
                 message.chat, text, reply_to=_reply_to(message), stream_id=stream_id
             )
         record = (message.chat.channel, outbound_record(outbound)) if outbound else None
-        outbox_id = await self._journal.complete(ids, record)
+        outbox_id = await self._journal.complete(ids, record, cron_run=_cron_run(message))
         if outbound is not None and outbox_id is not None:
             await self._bus.publish(_with_outbox(outbound, outbox_id))
         delivered = message.deliver and result.status == "completed" and text is not None
@@ -355,6 +355,13 @@ class Dispatcher:
 
 def _with_outbox(message: OutboundMessage, outbox_id: int) -> OutboundMessage:
     return replace(message, outbox_id=outbox_id)
+
+
+def _cron_run(message: InboundMessage) -> int | None:
+    """The cron run `message` is, if it is one: its reply's delivery is recorded on the run."""
+    if message.source != "cron" or message.ref is None or not message.ref.isdigit():
+        return None
+    return int(message.ref)
 
 
 def _caller(message: InboundMessage) -> Caller:

@@ -191,7 +191,8 @@ class TurnOutcome:
 
     `status` is the run's (`completed`, `failed`, `aborted`, ...; `error` when the turn
     could not run at all); `text` its answer; `error` the failure, where there is one;
-    `delivered` whether an answer was queued for the event's chat.
+    `delivered` whether an answer was queued for the event's chat (queued only: whether the
+    platform took it is the outbox's to know, and a cron run's record learns it from there).
     """
 
     status: str

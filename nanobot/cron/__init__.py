@@ -6,6 +6,7 @@ This package must not import `nanobot.store`: the store imports the vocabulary f
 from nanobot.cron.models import (
     At,
     Cron,
+    Delivery,
     Every,
     Job,
     JobRun,
@@ -32,6 +33,7 @@ __all__ = [
     "CatchUp",
     "CatchUpAction",
     "Cron",
+    "Delivery",
     "Every",
     "Job",
     "JobRun",

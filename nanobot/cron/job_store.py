@@ -80,10 +80,9 @@ class JobStore(Protocol):
         or None when the job no longer falls due at `due_at` (or is gone)."""
         ...
 
-    async def finish_run(
-        self, run_id: int, status: RunStatus, error: str | None = None, delivered: bool = False
-    ) -> bool:
-        """Record how a started run ended; False if the run is gone or already finished."""
+    async def finish_run(self, run_id: int, status: RunStatus, error: str | None = None) -> bool:
+        """Record how a started run's turn ended; False if the run is gone or already
+        finished. Whether its answer was delivered is recorded apart, by the outbox."""
         ...
 
     async def record_missed(

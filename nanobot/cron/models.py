@@ -66,6 +66,10 @@ RunStatus = Literal["ok", "error", "missed", "running", "interrupted"]
 """How a run ended: `running` until it does; `interrupted` when the process stopped first;
 `missed` when it fell due too long ago to catch up (it never started)."""
 
+Delivery = Literal["pending", "delivered", "failed"]
+"""Where a run's answer stands: queued for its chat (`pending`, also across restarts), on
+the platform, every part of it (`delivered`), or refused for good or given up (`failed`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -95,7 +99,9 @@ class JobRun:
     """One entry of a job's run history.
 
     `due_at` is the scheduled time the run was for (None for a run started by hand). A missed
-    run has `started_at == ended_at`, the moment it was recorded as missed.
+    run has `started_at == ended_at`, the moment it was recorded as missed. `delivery` is
+    None when there was nothing to deliver (the job has no chat, or the run no answer);
+    `delivery_error` says why a `failed` one was not delivered.
     """
 
     id: int
@@ -105,7 +111,23 @@ class JobRun:
     ended_at: datetime | None
     status: RunStatus
     error: str | None
-    delivered: bool
+    delivery: Delivery | None = None
+    delivery_error: str | None = None
+
+    @property
+    def summary(self) -> str:
+        """The run in a few words: its status, then where its answer stands, if it has one
+        for a chat (`ok, delivered`, `ok, delivery pending`, `ok, not delivered`)."""
+        if self.delivery is None:
+            return self.status
+        return f"{self.status}, {DELIVERY_WORDS[self.delivery]}"
+
+
+DELIVERY_WORDS: Final[dict[Delivery, str]] = {
+    "pending": "delivery pending",
+    "delivered": "delivered",
+    "failed": "not delivered",
+}
 
 
 MIN_EVERY: Final = 1.0

@@ -5,7 +5,9 @@ change, in this process or through `nanobot cron` in another (SQLite cannot noti
 processes, so a watcher compares the store's change counter once a second). A due job's run
 is recorded, then handed to the gate as an inbound event (`job_event`): it is journaled and
 answered like a chat message, so a crash mid-run resumes the turn after the restart. The
-dispatcher tells the service how each run ended (`finished`). A job never overlaps itself,
+dispatcher tells the service how each run's turn ended (`finished`); whether its answer
+reached the chat is recorded on the run by the outbox, which alone knows (the reply names
+its run). A job never overlaps itself,
 and a job that edits jobs while it runs only wakes the scheduler. Time comes from a `Clock`,
 so tests move it instead of sleeping.
 
@@ -202,17 +204,13 @@ class CronService:
         if not outcome.ok:
             error = outcome.text or (str(outcome.error) if outcome.error else outcome.status)
         try:
-            await self._finish(
-                int(message.ref), "error" if error else "ok", error, outcome.delivered
-            )
+            await self._finish(int(message.ref), "error" if error else "ok", error)
         except Exception:  # noqa: BLE001 - told by the dispatcher, which must go on
             logger.exception("could not record the end of cron run {}", message.ref)
 
-    async def _finish(
-        self, run_id: int, status: RunStatus, error: str | None = None, delivered: bool = False
-    ) -> None:
+    async def _finish(self, run_id: int, status: RunStatus, error: str | None = None) -> None:
         job_id = self._running.pop(run_id, None)
-        await self._store.finish_run(run_id, status, error, delivered)
+        await self._store.finish_run(run_id, status, error)
         logger.info("cron job {} finished: {}", job_id or f"(run {run_id})", status)
 
     async def _watch(self) -> None:

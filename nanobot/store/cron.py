@@ -7,6 +7,9 @@ gateway compares it every second or so and reloads its schedule when it moved. (
 session tables included, and never the process's own; the counter changes exactly when a job
 does, whoever changed it.)
 
+A run's `delivery` is not written here: the outbox keeps it, as its reply is queued,
+confirmed or given up (`nanobot.store.journal`).
+
 Times are stored as UTC ISO 8601 strings of fixed width, so they compare as text. The store
 checks nothing about schedules: callers validate them and compute `next_run`
 (`nanobot.cron.schedule`). A job is enabled exactly when it has a next run.
@@ -22,7 +25,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, cast, get_args
 
-from nanobot.cron.models import At, Cron, Every, Job, JobRun, RunStatus, Schedule
+from nanobot.cron.models import At, Cron, Delivery, Every, Job, JobRun, RunStatus, Schedule
 from nanobot.errors import StoreError
 from nanobot.store._times import from_text, to_text, wall_clock
 from nanobot.store.database import Database, SqlValue
@@ -33,6 +36,7 @@ HISTORY_LIMIT: Final = 50
 INTERRUPTED_ERROR: Final = "nanobot stopped before the run finished"
 
 _STATUSES: Final = frozenset(get_args(RunStatus))
+_DELIVERIES: Final = frozenset(get_args(Delivery))
 _FINAL_STATUSES: Final = frozenset({"ok", "error", "interrupted"})
 _ID_ATTEMPTS: Final = 5
 
@@ -181,9 +185,9 @@ class CronStore:
         run_id: int,
         status: RunStatus,
         error: str | None = None,
-        delivered: bool = False,
     ) -> bool:
-        """Record how a started run ended (`ok`, `error` or `interrupted`) on it and its job.
+        """Record how a started run's turn ended (`ok`, `error` or `interrupted`) on it and
+        its job. Its answer's delivery is the outbox's to record, before or after this.
 
         A run marked `interrupted` at start-up may still end: its turn was journaled and
         resumed, and how it ended replaces the mark. False if the run is gone (its job was
@@ -193,10 +197,10 @@ class CronStore:
             raise ValueError(f"a run cannot finish as {status!r}")
         async with self._db.transaction():
             row = await self._db.fetchone(
-                "UPDATE cron_runs SET status = ?, ended_at = ?, error = ?, delivered = ?"
+                "UPDATE cron_runs SET status = ?, ended_at = ?, error = ?"
                 " WHERE id = ? AND status IN ('running', 'interrupted')"
                 " RETURNING job_id, started_at",
-                (status, self._now(), _truncate(error), int(delivered), run_id),
+                (status, self._now(), _truncate(error), run_id),
             )
             if row is None:
                 return False
@@ -389,7 +393,8 @@ def _run(row: sqlite3.Row) -> JobRun:
         ended_at=_parse_optional(row["ended_at"]),
         status=_status(row["status"]),
         error=row["error"],
-        delivered=bool(row["delivered"]),
+        delivery=_delivery(row["delivery"]),
+        delivery_error=row["delivery_error"],
     )
 
 
@@ -397,6 +402,12 @@ def _status(text: str) -> RunStatus:
     if text not in _STATUSES:
         raise StoreError(f"unknown cron run status {text!r}")
     return cast(RunStatus, text)
+
+
+def _delivery(text: str | None) -> Delivery | None:
+    if text is not None and text not in _DELIVERIES:
+        raise StoreError(f"unknown cron run delivery {text!r}")
+    return cast(Delivery | None, text)
 
 
 def _truncate(error: str | None) -> str | None:

@@ -5,6 +5,12 @@ An accepted user message is written here before its channel acknowledges it, key
 turn has produced a reply; the reply goes into the outbox in the same transaction, and stays
 `pending` there until the platform confirms it (`delivered`) or refuses it for good
 (`failed`, with the reason). After a crash, what is pending is exactly what is owed.
+
+A reply that answers a cron run names the run (`cron_run`), and the run's record follows
+the reply in the same transactions: `pending` once it is queued, `delivered` once the
+platform has all of it, `failed` with the reason once a part is refused or the reply is
+given up. So the run's record never says more than the outbox knows, whichever process
+delivers it and however many restarts lie between.
 """
 
 from __future__ import annotations
@@ -63,14 +69,23 @@ class Journal:
         return None if row is None else int(row["id"])
 
     async def complete(
-        self, inbound_ids: Sequence[int], reply: tuple[str, Record] | None
+        self,
+        inbound_ids: Sequence[int],
+        reply: tuple[str, Record] | None,
+        *,
+        cron_run: int | None = None,
     ) -> int | None:
         """Mark inbound messages answered and queue their reply, atomically.
 
         `reply` is (channel, message record); returns its outbox id (None without a reply).
+        `cron_run`: the cron run the reply answers, whose delivery is now pending.
         """
         now = now_text()
-        statements = [_queue(*reply, now)] if reply is not None else []
+        statements: list[Statement] = []
+        if reply is not None:
+            statements.append(_queue(*reply, now, cron_run))
+            if cron_run is not None:
+                statements.append((_RUN_PENDING, (cron_run,)))
         statements += [(_DONE, (now, inbound_id)) for inbound_id in inbound_ids]
         rows = await self._db.atomic(statements)
         return None if reply is None else int(rows[0][0]["id"])
@@ -132,10 +147,16 @@ class Journal:
 
     async def confirm(self, outbox_id: int, sent_id: str | None = None) -> None:
         """Record that the whole reply is on the platform (as message `sent_id`, where the
-        channel says which)."""
-        await self._db.write(
-            "UPDATE outbox SET state = 'delivered', delivered_at = ?, sent_id = ? WHERE id = ?",
-            (now_text(), sent_id, outbox_id),
+        channel says which), and on its cron run once none of the run's replies is pending."""
+        await self._db.atomic(
+            [
+                (
+                    "UPDATE outbox SET state = 'delivered', delivered_at = ?, sent_id = ?"
+                    " WHERE id = ?",
+                    (now_text(), sent_id, outbox_id),
+                ),
+                (_RUN_DELIVERED, (outbox_id,)),
+            ]
         )
 
     async def sent_id(self, outbox_id: int) -> str | None:
@@ -153,11 +174,17 @@ class Journal:
 
     async def give_up(self, outbox_id: int, reason: str) -> None:
         """Mark a pending reply failed for good (the platform refused it): it is never sent
-        again. A reply already delivered or failed is left as it is."""
-        await self._db.write(
-            "UPDATE outbox SET state = 'failed', attempts = attempts + 1, last_error = ?,"
-            " failed_at = ? WHERE id = ? AND state = 'pending'",
-            (reason[:500], now_text(), outbox_id),
+        again, and its cron run, if it answers one, is not delivered, for `reason`. A reply
+        already delivered or failed is left as it is."""
+        await self._db.atomic(
+            [
+                (
+                    "UPDATE outbox SET state = 'failed', attempts = attempts + 1,"
+                    " last_error = ?, failed_at = ? WHERE id = ? AND state = 'pending'",
+                    (reason[:500], now_text(), outbox_id),
+                ),
+                (_RUN_FAILED, (reason[:500], outbox_id)),
+            ]
         )
 
     async def failed_replies(self) -> FailedReplies:
@@ -208,12 +235,31 @@ class Journal:
 
 _DONE = "UPDATE inbound SET state = 'done', done_at = ? WHERE id = ?"
 
+# A cron run's delivery: NULL (nothing to deliver), then pending, then delivered or failed.
+# A run has one reply in practice; with more, it is delivered when all of them are, and
+# failed when one is. A failure is final: a later reply of the run does not undo it.
+_RUN_PENDING = (
+    "UPDATE cron_runs SET delivery = 'pending'"
+    " WHERE id = ? AND (delivery IS NULL OR delivery = 'delivered')"
+)
+_RUN_DELIVERED = (
+    "UPDATE cron_runs SET delivery = 'delivered' WHERE delivery = 'pending'"
+    " AND id = (SELECT cron_run FROM outbox WHERE id = ?)"
+    " AND NOT EXISTS (SELECT 1 FROM outbox WHERE cron_run = cron_runs.id AND state = 'pending')"
+)
+# Only when the reply is failed now: a give-up of a reply already delivered changes nothing.
+_RUN_FAILED = (
+    "UPDATE cron_runs SET delivery = 'failed', delivery_error = ? WHERE delivery = 'pending'"
+    " AND id = (SELECT cron_run FROM outbox WHERE id = ? AND state = 'failed')"
+)
 
-def _queue(channel: str, message: Record, now: str) -> Statement:
+
+def _queue(channel: str, message: Record, now: str, cron_run: int | None = None) -> Statement:
     """The outbox insert of `message`, returning its id."""
     return (
-        "INSERT INTO outbox (channel, message, created_at) VALUES (?, ?, ?) RETURNING id",
-        (channel, _encode(message), now),
+        "INSERT INTO outbox (channel, message, created_at, cron_run) VALUES (?, ?, ?, ?)"
+        " RETURNING id",
+        (channel, _encode(message), now, cron_run),
     )
 
 

@@ -246,6 +246,20 @@ MIGRATIONS: tuple[str, ...] = (
         beat_at TEXT NOT NULL
     );
     """,
+    # 11: whether a cron run's answer reached its chat, kept on the run by the outbox: the
+    # reply's row names its run (`cron_run`), and queueing, confirming or giving it up sets
+    # the run's `delivery` in the same transaction. It replaces `delivered`, which was set
+    # when the reply was only queued: those runs count as delivered (most were; nothing
+    # tells which were not).
+    """
+    ALTER TABLE outbox ADD COLUMN cron_run INTEGER;
+    CREATE INDEX outbox_cron_run ON outbox (cron_run) WHERE cron_run IS NOT NULL;
+    ALTER TABLE cron_runs ADD COLUMN delivery TEXT
+        CHECK (delivery IN ('pending', 'delivered', 'failed'));
+    ALTER TABLE cron_runs ADD COLUMN delivery_error TEXT;
+    UPDATE cron_runs SET delivery = 'delivered' WHERE delivered = 1;
+    ALTER TABLE cron_runs DROP COLUMN delivered;
+    """,
 )
 
 
