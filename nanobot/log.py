@@ -72,6 +72,15 @@ _LIBRARIES = (
     "telegram",
     "websockets",
 )
+# Warnings libraries log at every start although nothing is wrong for nanobot: shown at DEBUG
+# instead, so that a warning in the log still means something to look at. Each is (logger,
+# start of the message).
+_ROUTINE: tuple[tuple[str, str], ...] = (
+    # discord.py, when a Client is made without its optional voice extras: nanobot sends
+    # and reads text only.
+    ("discord.client", "PyNaCl is not installed, voice will NOT be supported"),
+    ("discord.client", "davey is not installed, voice will NOT be supported"),
+)
 _LINE = "{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <7} | {name}: {message}\n"
 _LINE_AND_TRACEBACK = _LINE + "{extra[traceback]}\n"
 # Control characters (C0, DEL, C1), the line and paragraph separators, and the bidirectional
@@ -173,6 +182,8 @@ class _InterceptHandler(logging.Handler):
             level: str | int = logger.level(record.levelname).name
         except ValueError:
             level = record.levelno
+        if record.levelno == logging.WARNING and _routine(record):
+            level = "DEBUG"
         try:
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a library's bad format string is still logged
@@ -183,6 +194,11 @@ class _InterceptHandler(logging.Handler):
         while frame is not None and (depth == 0 or frame.f_code.co_filename == logging.__file__):
             frame, depth = frame.f_back, depth + 1
         logger.opt(depth=depth, exception=record.exc_info).log(level, message)
+
+
+def _routine(record: logging.LogRecord) -> bool:
+    message = str(record.msg)
+    return any(record.name == name and message.startswith(start) for name, start in _ROUTINE)
 
 
 def _log_uncaught(

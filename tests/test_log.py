@@ -13,6 +13,9 @@ from loguru import logger
 
 from nanobot import log
 from nanobot.config import load
+from nanobot.providers.base import Call as BaseCall
+from nanobot.providers.litellm_provider import LiteLLMTransport
+from tests.fakes.llm import FakeLLM
 
 
 @pytest.fixture
@@ -204,6 +207,38 @@ def test_litellm_is_routed_when_it_is_imported(
     err = capfd.readouterr().err
     assert SECRET not in err
     assert "LiteLLM:DEBUG" not in err  # litellm's own format: its handler printed nothing
+
+
+async def test_a_litellm_line_is_written_once_by_each_sink(
+    log_dir: Path, capfd: pytest.CaptureFixture[str], fake_llm: FakeLLM
+) -> None:
+    # litellm's import gives its loggers a stderr handler of their own: with it left in
+    # place, each of its lines would be printed twice, once in its format and once in ours.
+    log.setup(level="DEBUG", log_dir=log_dir)
+    transport = LiteLLMTransport("openai/fake-model", api_key="sk-test", api_base=fake_llm.base_url)
+    call = BaseCall("openai/fake-model", [{"role": "user", "content": "hi"}], (), 50, 0.0)
+    await transport.stream(call, None)
+    line = "LiteLLM completion() model= fake-model; provider = openai"  # litellm's own, at INFO
+    assert read(log_dir).count(line) == 1
+    assert capfd.readouterr().err.count(line) == 1
+
+
+def test_discord_voice_warnings_at_every_start_are_only_debug(
+    log_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import discord
+
+    log.setup(level="DEBUG", log_dir=log_dir)
+    seen: list[str] = []
+    logger.add(seen.append, level="DEBUG", format="{level} {message}")
+    # As on the first Client of a process without discord.py's voice extras installed.
+    monkeypatch.setattr(discord.VoiceClient, "warn_nacl", True)
+    monkeypatch.setattr(discord.VoiceClient, "warn_dave", True)
+    discord.Client(intents=discord.Intents.none())
+    voice = [line for line in seen if "voice will NOT be supported" in line]
+    assert voice and all(line.startswith("DEBUG ") for line in voice), seen
+    logging.getLogger("discord.client").warning("PyNaCl is fine but something else is not")
+    assert seen[-1].startswith("WARNING "), seen  # only the routine lines are demoted
 
 
 def test_text_from_outside_cannot_forge_lines(log_dir: Path) -> None:
