@@ -136,3 +136,13 @@ def test_a_running_gateway_is_known_by_its_lock(tmp_path: Path) -> None:
         assert gateway_pid(tmp_path) is None
     finally:
         os.close(fd)
+
+
+async def test_runs_lists_a_jobs_runs_or_says_there_are_none(home: Home) -> None:
+    added = await nanobot(home, *add_args())
+    job_id = added.stdout.split()[2].rstrip(";")
+    fresh = await nanobot(home, "cron", "runs", job_id)
+    assert (fresh.code, fresh.stdout) == (0, f"Job {job_id} (n) has not run yet.\n")
+    missing = await nanobot(home, "cron", "runs", "deadbeef")
+    assert missing.code == 1
+    assert "no job deadbeef" in missing.stderr

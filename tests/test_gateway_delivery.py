@@ -3,7 +3,8 @@
 `nanobot gateway` as a subprocess against the fake Telegram and the fake model: a refusal is
 given up at once and said once in the log, the reply is marked failed in the state database
 (never tried again, not even after a restart), and a chat that blocked the bot is written to
-again only once it writes.
+again only once it writes. A cron run is recorded delivered only once the chat has its
+answer, and not delivered, with the reason, when the platform refuses it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.llm import FakeLLM, Text
-from tests.fakes.telegram import DEFAULT_TOKEN, ApiError, FakeTelegram
+from tests.fakes.telegram import DEFAULT_TOKEN, ApiError, FakeTelegram, ServerError
 from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
-from tests.test_gateway_telegram import ALICE, BOB, gateway_config, replies
+from tests.test_gateway_approvals import until
+from tests.test_gateway_telegram import ALICE, BOB, gateway_config, nanobot_cli, replies
 
 BLOCKED = "Forbidden: bot was blocked by the user"
 
@@ -100,5 +102,88 @@ async def test_a_reply_refused_after_a_restart_is_given_up_and_holds_back_nothin
         await process.start(ready="telegram connected")  # a failed reply is owed no more
         assert await process.stop() == 0
         assert len(telegram.calls("sendMessage")) == 3
+    finally:
+        await process.stop(signal.SIGKILL)
+
+
+def cron_runs(process: GatewayProcess) -> list[tuple[str, str | None, str | None]]:
+    """Every cron run's status, its answer's delivery and why it was not delivered, oldest
+    first."""
+    with closing(sqlite3.connect(process.data_dir / "state.db")) as db:
+        rows = db.execute(
+            "SELECT status, delivery, delivery_error FROM cron_runs ORDER BY id"
+        ).fetchall()
+    return [(str(status), delivery, error) for status, delivery, error in rows]
+
+
+async def add_job(process: GatewayProcess, chat: int) -> str:
+    added = await nanobot_cli(
+        process, "cron", "add", "--name", "stretch", "--message", "remind me to stretch",
+        "--every", "1h", "--channel", "telegram", "--to", str(chat),
+    )  # fmt: skip
+    return added.split()[2].rstrip(";")
+
+
+async def test_a_cron_run_is_delivered_once_the_chat_has_its_answer_and_not_before(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    job_id = await add_job(gateway, ALICE)
+    fake_llm.default_reply = Text("Time to stretch!")
+    # Telegram's servers fail for Alice's chat: the answer waits in the outbox.
+    telegram.fail_next("sendMessage", ServerError(502), times=None, chat_id=ALICE)
+    await nanobot_cli(gateway, "cron", "run", job_id)
+    await gateway.wait_log(f"cron job {job_id} finished: ok")
+    assert telegram.sent(ALICE) == []
+    assert cron_runs(gateway) == [("ok", "pending", None)]
+    listing = await nanobot_cli(gateway, "cron", "list")
+    assert "ok, delivery pending" in listing.splitlines()[1]
+    shown = await nanobot_cli(gateway, "cron", "runs", job_id)
+    assert shown.splitlines()[0].split() == ["RUN", "DUE", "STARTED", "STATUS", "ANSWER", "DETAIL"]
+    assert shown.splitlines()[1].split()[-3:] == ["ok", "delivery", "pending"]
+
+    telegram.clear_faults(ALICE)  # the next try goes through
+    assert await replies(telegram, ALICE, 1) == ["Time to stretch!"]
+    await until(lambda: cron_runs(gateway) == [("ok", "delivered", None)])
+    assert "ok, delivered" in (await nanobot_cli(gateway, "cron", "list")).splitlines()[1]
+    shown = await nanobot_cli(gateway, "cron", "runs", job_id)
+    assert shown.splitlines()[1].split()[-2:] == ["ok", "delivered"]
+
+
+async def test_a_cron_answer_pending_at_a_restart_is_settled_when_the_chat_refuses_it(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram connected")
+    try:
+        job_id = await add_job(process, ALICE)
+        fake_llm.default_reply = Text("Time to stretch!")
+        telegram.fail_next("sendMessage", ServerError(502), times=None, chat_id=ALICE)
+        await nanobot_cli(process, "cron", "run", job_id)
+        await process.wait_log(f"cron job {job_id} finished: ok")
+        await process.kill()
+        assert cron_runs(process) == [("ok", "pending", None)]  # still owed after the crash
+
+        # Meanwhile the chat is gone: after the restart the owed answer is refused for good.
+        telegram.clear_faults(ALICE)
+        telegram.fail_next("*", ApiError(400, "Bad Request: chat not found"), chat_id=ALICE)
+        await process.start(ready="telegram connected")
+        await process.wait_log("takes no messages from the bot")
+        await until(lambda: cron_runs(process)[0][1] == "failed")
+        ((status, delivery, reason),) = cron_runs(process)
+        assert (status, delivery) == ("ok", "failed") and reason == "sendMessage: Chat not found"
+        listing = await nanobot_cli(process, "cron", "list")
+        assert "ok, not delivered" in listing.splitlines()[1]
+        shown = (await nanobot_cli(process, "cron", "runs", job_id)).splitlines()
+        assert "not delivered" in shown[1] and "Chat not found" in shown[1]
+
+        # The next run's answer is not even tried there, and says so.
+        tried = len(telegram.calls("sendMessage"))
+        await nanobot_cli(process, "cron", "run", job_id)
+        await until(lambda: len(cron_runs(process)) == 2 and cron_runs(process)[1][1] == "failed")
+        (_, (status, _, reason)) = cron_runs(process)
+        assert status == "ok" and str(reason).startswith("not sent: the chat is closed")
+        assert telegram.sent(ALICE) == [] and len(telegram.calls("sendMessage")) == tried
     finally:
         await process.stop(signal.SIGKILL)
