@@ -378,7 +378,14 @@ def cron_add(
     channel: Annotated[
         str | None, typer.Option("--channel", help="Deliver the answer on: telegram, discord.")
     ] = None,
-    to: Annotated[str | None, typer.Option("--to", help="The chat id to deliver to.")] = None,
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            help="The chat id to deliver to; @<user id> for that user's private chat, where"
+            " they approve the job's calls that ask.",
+        ),
+    ] = None,
 ) -> None:
     """Add a job. Exactly one of --every, --cron or --at."""
     from nanobot import manage

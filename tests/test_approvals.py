@@ -510,6 +510,11 @@ def test_a_group_without_approvers_is_told_how_to_configure_one() -> None:
     unattended = route(CRON_PRIVATE, [], unattended="deny")
     assert isinstance(unattended, RefuseNow)
     assert "tools.approval.unattended: deny" in unattended.reason
+    # A scheduled turn whose chat is not named for its user (a Discord DM's channel id).
+    unnamed = route(Origin("discord", "5550001", private=False, user_id=None, unattended=True), [])
+    assert isinstance(unnamed, RefuseNow)
+    assert "named `@<user id>` (discord chat 5550001 is not)" in unnamed.reason
+    assert "channels.discord.approvers" in unnamed.reason
 
 
 # -- words -----------------------------------------------------------------------------------

@@ -103,9 +103,10 @@ async def make_rig(
     approvers: tuple[str, ...] = (),
     expiry: timedelta = timedelta(minutes=10),
     tools: Mapping[str, Policy] | None = None,
+    channels: tuple[str, ...] = ("telegram",),
 ) -> Rig:
     parts = await make_parts(tmp_path, fake_llm, db)
-    harness = Harness(parts, db)
+    harness = Harness(parts, db, channels)
     store = ApprovalStore(db)
     policy = ApprovalPolicy(tools=tools or {"echo": "ask", "block": "allow"}, timeout=expiry)
     approver = Approver(
@@ -362,23 +363,47 @@ def cron_event(chat: ChatRef, run: int) -> InboundMessage:
     )
 
 
-async def test_a_cron_call_asks_its_delivery_chat_and_is_refused_where_nobody_can_decide(
+@pytest.mark.parametrize(
+    ("channel", "dm"),
+    [
+        ("telegram", "1"),  # a private chat has its user's id…
+        ("discord", "5550001"),  # …a DM has an id of its own
+    ],
+)
+async def test_a_cron_call_asks_the_user_its_chat_is_named_for_on_either_platform(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database, channel: str, dm: str
+) -> None:
+    rig = await make_rig(tmp_path, fake_llm, db, channels=("telegram", "discord"))
+    mine = ChatRef.direct(channel, "1")  # user 1's private chat, as the cron tool names it
+    fake_llm.script(echo("rm old.log"), Text("Tidied."))
+    await rig.harness.gate.submit(cron_event(mine, 1))  # nobody talks: user 1 decides
+    await rig.wait("cards")
+    (card,) = rig.cards()
+    assert card.chat == mine
+    await rig.press(card.buttons[0].data, chat=ChatRef(channel, dm))  # pressed in that chat
+    await rig.wait("texts", chat=mine)
+    assert rig.texts(mine) == ["Tidied."] and rig.harness.parts.echo.calls == ["rm old.log"]
+
+    # By its own id the chat says nobody's name: refused at once, saying what to do.
+    fake_llm.script(echo("rm old.log", "c2"), Text("Could not."))
+    await rig.harness.gate.submit(cron_event(ChatRef(channel, dm), 2))
+    await rig.wait("texts", chat=ChatRef(channel, dm))
+    result = fake_llm.requests[-1].messages[-1]["content"]
+    assert result.startswith("Not run: nobody can approve it"), result
+    assert "`@<user id>`" in result and f"channels.{channel}.approvers" in result
+    assert len(rig.cards()) == 1 and rig.harness.parts.echo.calls == ["rm old.log"]
+    await rig.close()
+
+
+async def test_a_cron_call_for_a_group_nobody_approves_is_refused_at_once(
     rig: Rig, fake_llm: FakeLLM
 ) -> None:
-    fake_llm.script(echo("rm old.log"), Text("Tidied."))
-    await rig.harness.gate.submit(cron_event(ALICE, 1))  # Alice's own chat: she decides
-    await rig.wait("cards")
-    assert rig.cards()[0].chat == ChatRef.direct("telegram", "1")
-    await rig.press(rig.cards()[0].buttons[0].data)
-    await rig.wait("texts")
-    assert rig.texts() == ["Tidied."] and rig.harness.parts.echo.calls == ["rm old.log"]
-
-    fake_llm.script(echo("rm old.log", "c2"), Text("Could not."))
-    await rig.harness.gate.submit(cron_event(GROUP, 2))  # a group without approvers
+    fake_llm.script(echo("rm old.log"), Text("Could not."))
+    await rig.harness.gate.submit(cron_event(GROUP, 1))  # a group without approvers
     await rig.wait("texts", 1, chat=GROUP)
     result = fake_llm.requests[-1].messages[-1]["content"]
     assert result.startswith("Not run") and "approvers" in result
-    assert len(rig.cards()) == 1
+    assert rig.cards() == [] and rig.harness.parts.echo.calls == []
 
 
 async def test_unattended_deny_refuses_scheduled_calls_at_once(
@@ -387,8 +412,9 @@ async def test_unattended_deny_refuses_scheduled_calls_at_once(
     rig = await make_rig(tmp_path, fake_llm, db)
     rig.approver._policy = ApprovalPolicy(tools={"echo": "ask"}, unattended="deny")
     fake_llm.script(echo("rm old.log"), Text("Not allowed."))
-    await rig.harness.gate.submit(cron_event(ALICE, 1))
-    await rig.wait("texts")
+    alice = ChatRef.direct("telegram", "1")
+    await rig.harness.gate.submit(cron_event(alice, 1))
+    await rig.wait("texts", chat=alice)
     assert rig.cards() == []
     assert "tools.approval.unattended: deny" in fake_llm.requests[-1].messages[-1]["content"]
     await rig.close()

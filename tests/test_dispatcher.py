@@ -26,26 +26,32 @@ from tests.test_loop import Parts, make_parts
 
 
 class Harness:
-    def __init__(self, parts: Parts, db: Database) -> None:
+    """The dispatcher on a gate open to everyone in `channels`, collecting what goes out to
+    them (`out`), each delivery confirmed at once."""
+
+    def __init__(
+        self, parts: Parts, db: Database, channels: tuple[str, ...] = ("telegram",)
+    ) -> None:
         self.parts = parts
         self.bus = MessageBus()
         self.journal = Journal(db)
-        self.gate = Gate(
-            {"telegram": ChannelRules(frozenset({"*"}))}, Access(db), self.journal, self.bus
-        )
+        rules = {channel: ChannelRules(frozenset({"*"})) for channel in channels}
+        self.gate = Gate(rules, Access(db), self.journal, self.bus)
         self.dispatcher = Dispatcher(parts.loop, self.bus, self.journal, parts.loop)
         self.out: list[Outbound] = []
+        self._channels = channels
         self._arrived = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, *, recover: bool = False) -> None:
         if recover:
-            await self.dispatcher.recover(["telegram"])
+            await self.dispatcher.recover(self._channels)
         self._tasks.append(asyncio.create_task(self.dispatcher.run()))
-        self._tasks.append(asyncio.create_task(self._collect()))
+        for channel in self._channels:
+            self._tasks.append(asyncio.create_task(self._collect(channel)))
 
-    async def _collect(self) -> None:
-        async for item in self.bus.outbound("telegram"):
+    async def _collect(self, channel: str) -> None:
+        async for item in self.bus.outbound(channel):
             self.out.append(item)
             self._arrived.set()
             if isinstance(item, OutboundMessage) and item.outbox_id is not None:
@@ -72,7 +78,8 @@ class Harness:
         self.bus.close_inbound()
         await asyncio.wait_for(self._tasks[0], 10)
         self.bus.close_outbound()
-        await asyncio.wait_for(self._tasks[1], 10)
+        for collector in self._tasks[1:]:
+            await asyncio.wait_for(collector, 10)
 
 
 @pytest.fixture

@@ -272,7 +272,8 @@ def route(
     Configured approvers decide everywhere: in the private chat of one of them, there; else
     each in their own private chat. With none configured, the user talking in a private chat
     decides, and in a group nobody can. An unattended turn asks like its delivery chat would
-    (unless `unattended` is "deny"); one that delivers nowhere (`origin` None) is refused.
+    (unless `unattended` is "deny"): its `origin` is private only where that chat is named for
+    its user; one that delivers nowhere (`origin` None) is refused.
     """
     if origin is not None and origin.unattended and unattended == "deny":
         return RefuseNow(
@@ -293,6 +294,13 @@ def _without_approvers(origin: Origin) -> Route:
     if origin.private and origin.user_id:
         return AskHere((origin.user_id,))
     setting = f"channels.{origin.channel}.approvers"
+    if origin.unattended:
+        return RefuseNow(
+            "nobody can approve it: a scheduled or heartbeat turn asks the user whose private"
+            f" chat it delivers to, named `@<user id>` ({origin.channel} chat {origin.chat_id}"
+            f" is not); add your {origin.channel} user id to {setting} in the config and"
+            " restart nanobot"
+        )
     if origin.private:
         return RefuseNow(f"nobody can approve it here: add an approver's user id to {setting}")
     return RefuseNow(

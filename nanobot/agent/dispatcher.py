@@ -371,15 +371,22 @@ def _caller(message: InboundMessage) -> Caller:
     if message.attachments:
         untrusted.append("a file sent in the chat")
     if message.source in ("cron", "heartbeat"):
-        # Nobody is talking: the delivery chat decides, where it is someone's own chat (on
-        # Telegram a private chat's id is its user's, and group ids are negative).
-        user = None
-        if chat is not None and chat.channel == "telegram" and not chat.chat_id.startswith("-"):
-            user = chat.chat_id
+        # Nobody is talking: the chat it delivers to decides, where that is someone's own.
+        user = private_user(chat)
         return Caller(message.session_key, chat, user, user is not None, unattended=True)
     return Caller(
         message.session_key, chat, message.sender_id, message.is_private, untrusted=tuple(untrusted)
     )
+
+
+def private_user(chat: ChatRef | None) -> str | None:
+    """The user whose private chat `chat` is, when it is named for them (`ChatRef.direct`,
+    `@<user id>`: how the cron tool names a private chat a job delivers to, and what
+    `heartbeat.deliver_to` takes), on every platform alike; None for any other chat. A chat
+    id alone does not tell (a Discord DM's channel id is not its user's id). User ids are
+    numbers: an `@name` is no one's private chat (on Telegram, a public chat's username)."""
+    user = chat.direct_user if chat is not None else None
+    return user if user is not None and user.isdigit() else None
 
 
 def _reply_to(message: InboundMessage) -> str | None:

@@ -1,7 +1,9 @@
 """The `cron` tool: the agent schedules, lists and removes jobs for the chat it talks in.
 
 Jobs made here belong to the chat (its session key): a chat neither sees nor removes another
-chat's jobs, and a job's result is delivered to the chat that made it.
+chat's jobs, and a job's result is delivered to the chat that made it. A private chat is
+named for its user there (`ChatRef.direct`): the same chat, which also says, on every
+platform, who approves the job's calls when nobody is talking.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from typing import Literal, Protocol
 
 from pydantic import Field
 
+from nanobot.bus.events import ChatRef
 from nanobot.cron.jobs import ScheduleSpec
 from nanobot.cron.models import Job, ScheduleError
 from nanobot.cron.schedule import describe, format_time, zone_of
-from nanobot.tools.base import Tool, ToolError, ToolParams, tool_context
+from nanobot.tools.base import Tool, ToolContext, ToolError, ToolParams, tool_context
 
 
 class JobsPort(Protocol):
@@ -88,7 +91,7 @@ class CronTool(Tool[CronParams]):
                 args.message,
                 ScheduleSpec(args.every, args.cron, args.at, args.tz),
                 channel=context.channel if deliver else None,
-                to=context.chat_id if deliver else None,
+                to=_delivery_chat(context) if deliver else None,
                 owner=owner,
             )
         except ScheduleError as exc:
@@ -99,6 +102,14 @@ class CronTool(Tool[CronParams]):
                 f". Its answers are not sent anywhere: jobs cannot deliver to {context.channel}"
             )
         return added
+
+
+def _delivery_chat(context: ToolContext) -> str:
+    """The chat id a job made in `context`'s chat delivers to: a private chat as its user's
+    (`@<user id>`; a Discord DM's own id does not say whose it is), any other as it is."""
+    if context.private and context.sender_id:
+        return ChatRef.direct(context.channel, context.sender_id).chat_id
+    return context.chat_id
 
 
 def _line(job: Job, default_zone: str) -> str:
