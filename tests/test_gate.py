@@ -266,7 +266,7 @@ async def test_a_failed_write_stops_intake_until_a_later_write_succeeds(db: Data
             await gate(big("42", "1"))
         assert gate.stopped
         [stopped] = lines
-        assert stopped.startswith(f"ERROR intake stopped: disk full while writing {db.path}")
+        assert stopped.startswith(f"ERROR intake stopped: disk full while writing {db.name}")
         assert "no message is taken or acknowledged" in stopped
         assert "tried again in 5s" in stopped
 
@@ -284,7 +284,7 @@ async def test_a_failed_write_stops_intake_until_a_later_write_succeeds(db: Data
         clock.now += 5  # the pause is over: the next message tries, and the disk is still full
         with pytest.raises(StoreError, match="disk full"):
             await gate(big("42", "4"))
-        still = f"disk full while writing {db.path}; the write was not saved; tried again in 15s"
+        still = f"disk full while writing {db.name}; the write was not saved; tried again in 15s"
         assert lines[1:] == [f"WARNING intake still stopped: {still}"]
 
         await db.fetchall("PRAGMA max_page_count = 1073741823")  # space was freed

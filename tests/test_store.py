@@ -19,28 +19,29 @@ import pytest
 from nanobot.errors import StoreError
 from nanobot.store import (
     Access,
-    Database,
     Entry,
     Journal,
     NewEntry,
+    Row,
     SessionStore,
     SqlValue,
     migrations,
 )
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.journal import FailedReplies
+from nanobot.store.sqlite import SqliteDatabase
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    async with await Database.open(tmp_path / "state.db") as database:
+async def db(tmp_path: Path) -> AsyncIterator[SqliteDatabase]:
+    async with await SqliteDatabase.connect(tmp_path / "state.db") as database:
         yield database
 
 
 @pytest.fixture
-def store(db: Database) -> SessionStore:
+def store(db: SqliteDatabase) -> SessionStore:
     return SessionStore(db)
 
 
@@ -57,7 +58,7 @@ def contents(entries: Sequence[Entry]) -> list[str]:
 
 async def test_open_creates_directory_and_configures_connection(tmp_path: Path) -> None:
     path = tmp_path / "data" / "nested" / "state.db"
-    async with await Database.open(path) as db:
+    async with await SqliteDatabase.connect(path) as db:
         assert path.is_file()
         assert db.path == path
         pragmas = {
@@ -77,18 +78,18 @@ async def test_open_creates_directory_and_configures_connection(tmp_path: Path) 
 
 async def test_reopening_keeps_data_and_does_not_migrate_again(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
-    async with await Database.open(path) as db:
+    async with await SqliteDatabase.connect(path) as db:
         store = SessionStore(db)
         session = await store.live("telegram:1")
         await store.append(session, [message("hello")])
-    async with await Database.open(path) as db:
+    async with await SqliteDatabase.connect(path) as db:
         store = SessionStore(db)
         assert await store.live("telegram:1") == session
         assert contents(await store.tail(session, 10)) == ["hello"]
 
 
 async def test_closed_database_raises_store_error(tmp_path: Path) -> None:
-    db = await Database.open(tmp_path / "state.db")
+    db = await SqliteDatabase.connect(tmp_path / "state.db")
     await db.close()
     await db.close()  # idempotent
     with pytest.raises(StoreError, match="closed"):
@@ -168,7 +169,7 @@ async def test_since_reads_forward_from_an_id(store: SessionStore) -> None:
 
 
 async def test_tail_of_a_long_session_reads_only_the_index_range(
-    db: Database, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+    db: SqliteDatabase, store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     session = await store.live("long")
     other = await store.live("other")
@@ -183,15 +184,15 @@ async def test_tail_of_a_long_session_reads_only_the_index_range(
     assert await store.count(session) == 10_000
 
     issued: list[tuple[str, Sequence[SqlValue]]] = []
-    fetchall = Database.fetchall
+    fetchall = type(db).fetchall
 
     async def recording(
-        self: Database, sql: str, params: Sequence[SqlValue] = ()
-    ) -> list[sqlite3.Row]:
+        self: SqliteDatabase, sql: str, params: Sequence[SqlValue] = ()
+    ) -> list[Row]:
         issued.append((sql, params))
         return await fetchall(self, sql, params)
 
-    monkeypatch.setattr(Database, "fetchall", recording)
+    monkeypatch.setattr(type(db), "fetchall", recording)
     assert contents(await store.tail(session, 3)) == ["m9998", "m9999", "m10000"]
     newest = await store.tail(session, 1)
     assert contents(await store.tail(session, 2, before_id=newest[0].id)) == ["m9998", "m9999"]
@@ -209,7 +210,7 @@ async def test_tail_of_a_long_session_reads_only_the_index_range(
 
 
 async def test_append_to_a_missing_session_raises_and_writes_nothing(
-    db: Database, store: SessionStore
+    db: SqliteDatabase, store: SessionStore
 ) -> None:
     with pytest.raises(StoreError, match="FOREIGN KEY") as raised:
         await store.append(999, [message("lost")])
@@ -242,7 +243,7 @@ async def test_concurrent_appends_in_one_process_keep_each_batch_together(
 
 
 async def test_transaction_rolls_back_everything_when_the_block_raises(
-    db: Database, store: SessionStore
+    db: SqliteDatabase, store: SessionStore
 ) -> None:
     session = await store.live("k")
     with pytest.raises(RuntimeError):
@@ -255,7 +256,7 @@ async def test_transaction_rolls_back_everything_when_the_block_raises(
 
 
 async def test_nested_transaction_that_raises_undoes_only_itself(
-    db: Database, store: SessionStore
+    db: SqliteDatabase, store: SessionStore
 ) -> None:
     session = await store.live("k")
     async with db.transaction():
@@ -269,7 +270,7 @@ async def test_nested_transaction_that_raises_undoes_only_itself(
 
 
 async def test_tasks_started_inside_a_transaction_join_it(
-    db: Database, store: SessionStore
+    db: SqliteDatabase, store: SessionStore
 ) -> None:
     session = await store.live("k")
     with pytest.raises(RuntimeError):
@@ -281,7 +282,7 @@ async def test_tasks_started_inside_a_transaction_join_it(
 
 
 async def test_a_cancelled_transaction_rolls_back_and_releases_the_write_lock(
-    db: Database, store: SessionStore
+    db: SqliteDatabase, store: SessionStore
 ) -> None:
     session = await store.live("k")
     inside = asyncio.Event()
@@ -305,7 +306,7 @@ async def test_a_cancelled_transaction_rolls_back_and_releases_the_write_lock(
     assert len(await store.append(session, [message("after")])) == 1
 
 
-async def statement_started(db: Database, prefix: str) -> asyncio.Event:
+async def statement_started(db: SqliteDatabase, prefix: str) -> asyncio.Event:
     """An event set once the store's thread starts a statement beginning with `prefix`
     (SQLite's trace hook fires as the statement starts, before it waits for any lock)."""
     loop = asyncio.get_running_loop()
@@ -320,7 +321,7 @@ async def statement_started(db: Database, prefix: str) -> asyncio.Event:
 
 
 async def test_cancelling_a_transaction_that_waits_for_the_lock_leaves_none_open(
-    db: Database, store: SessionStore
+    db: SqliteDatabase, store: SessionStore
 ) -> None:
     session = await store.live("k")
 
@@ -346,7 +347,7 @@ async def test_cancelling_a_transaction_that_waits_for_the_lock_leaves_none_open
 
 
 async def test_a_cancelled_atomic_write_is_whole_or_absent_and_leaves_none_open(
-    db: Database, store: SessionStore
+    db: SqliteDatabase, store: SessionStore
 ) -> None:
     # Sent as one: cancelling the caller does not stop it half-way in the worker thread.
     session = await store.live("k")
@@ -366,7 +367,7 @@ async def test_a_cancelled_atomic_write_is_whole_or_absent_and_leaves_none_open(
 
 
 async def test_other_tasks_do_not_see_a_transaction_in_progress(
-    db: Database, store: SessionStore
+    db: SqliteDatabase, store: SessionStore
 ) -> None:
     session = await store.live("k")
     inside = asyncio.Event()
@@ -420,7 +421,7 @@ async def test_concurrent_live_calls_agree_on_one_session(store: SessionStore) -
     assert len(set(ids)) == 1
 
 
-async def test_execute_returns_the_rows_it_changed(db: Database) -> None:
+async def test_execute_returns_the_rows_it_changed(db: SqliteDatabase) -> None:
     await db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER)")
     assert await db.execute("INSERT INTO t VALUES ('a', 1), ('b', 1), ('c', 2)") == 3
     assert await db.execute("INSERT INTO t VALUES ('a', 9) ON CONFLICT DO NOTHING") == 0
@@ -431,7 +432,9 @@ async def test_execute_returns_the_rows_it_changed(db: Database) -> None:
     assert await db.execute("PRAGMA synchronous = NORMAL") == 0
 
 
-async def test_statements_sent_at_once_keep_counts_and_transactions_exact(db: Database) -> None:
+async def test_statements_sent_at_once_keep_counts_and_transactions_exact(
+    db: SqliteDatabase,
+) -> None:
     # Statements from many tasks go to the thread without waiting for each other; each
     # `execute` counts only its own changes, and a transaction sees only its own statements.
     await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
@@ -457,7 +460,7 @@ async def test_statements_sent_at_once_keep_counts_and_transactions_exact(db: Da
     assert tuple(await db.fetchone("SELECT count(*), min(k) FROM t") or ()) == (201, 0)
 
 
-async def test_atomic_returns_each_statements_rows_or_keeps_nothing(db: Database) -> None:
+async def test_atomic_returns_each_statements_rows_or_keeps_nothing(db: SqliteDatabase) -> None:
     await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")
     rows = await db.atomic(
         [
@@ -482,7 +485,7 @@ async def test_atomic_returns_each_statements_rows_or_keeps_nothing(db: Database
     assert row["k"] == 3
 
 
-async def test_atomic_inside_a_transaction_is_a_savepoint_of_it(db: Database) -> None:
+async def test_atomic_inside_a_transaction_is_a_savepoint_of_it(db: SqliteDatabase) -> None:
     await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
     async with db.transaction():
         await db.execute("INSERT INTO t VALUES (1)")
@@ -492,7 +495,7 @@ async def test_atomic_inside_a_transaction_is_a_savepoint_of_it(db: Database) ->
     assert [r[0] for r in await db.fetchall("SELECT k FROM t ORDER BY k")] == [1, 3]
 
 
-async def test_atomic_waits_for_another_tasks_transaction(db: Database) -> None:
+async def test_atomic_waits_for_another_tasks_transaction(db: SqliteDatabase) -> None:
     await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
     inside, release = asyncio.Event(), asyncio.Event()
 
@@ -514,7 +517,7 @@ async def test_atomic_waits_for_another_tasks_transaction(db: Database) -> None:
 
 
 async def test_close_lets_statements_already_sent_finish(tmp_path: Path) -> None:
-    db = await Database.open(tmp_path / "state.db")
+    db = await SqliteDatabase.connect(tmp_path / "state.db")
     await db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
     inserts = [
         asyncio.ensure_future(db.fetchone("INSERT INTO t VALUES (?) RETURNING k", (k,)))
@@ -525,11 +528,13 @@ async def test_close_lets_statements_already_sent_finish(tmp_path: Path) -> None
     assert [tuple(row or ()) for row in await asyncio.gather(*inserts)] == [
         (k,) for k in range(100)
     ]
-    async with await Database.open(tmp_path / "state.db") as again:
+    async with await SqliteDatabase.connect(tmp_path / "state.db") as again:
         assert tuple(await again.fetchone("SELECT count(*) FROM t") or ()) == (100,)
 
 
-async def test_streams_are_remembered_until_finished_and_pruned_when_stale(db: Database) -> None:
+async def test_streams_are_remembered_until_finished_and_pruned_when_stale(
+    db: SqliteDatabase,
+) -> None:
     journal = Journal(db)
     await journal.stream_started("telegram-7", 41)
     await journal.stream_started("telegram-7", 42)  # posted again: the newer message counts
@@ -551,7 +556,7 @@ async def test_streams_are_remembered_until_finished_and_pruned_when_stale(db: D
 
 
 async def test_a_reply_refused_for_good_is_failed_with_its_reason_and_never_owed(
-    db: Database,
+    db: SqliteDatabase,
 ) -> None:
     journal = Journal(db)
     assert await journal.failed_replies() == FailedReplies(0)
@@ -578,7 +583,9 @@ async def test_a_reply_refused_for_good_is_failed_with_its_reason_and_never_owed
     assert await journal.failed_replies() == FailedReplies(0)
 
 
-async def test_stats_count_sessions_entries_and_bytes(db: Database, store: SessionStore) -> None:
+async def test_stats_count_sessions_entries_and_bytes(
+    db: SqliteDatabase, store: SessionStore
+) -> None:
     session = await store.live("a")
     await store.live("b")
     await store.archive("b")
@@ -641,7 +648,7 @@ async def test_processes_appending_at_once_lose_nothing(tmp_path: Path) -> None:
         assert stderr.decode() == ""  # in particular, no "database is locked"
         assert proc.returncode == 0
     assert len({stdout for stdout, _ in outputs}) == 1  # one shared live session
-    async with await Database.open(path) as db:
+    async with await SqliteDatabase.connect(path) as db:
         store = SessionStore(db)
         session = await store.live("shared")
         entries = await store.tail(session, 10 * count)
@@ -681,7 +688,7 @@ async def test_a_corrupt_file_stops_open_and_is_left_untouched(
     damage(path)
     before = path.read_bytes()
     with pytest.raises(StoreError, match="not a usable nanobot database") as raised:
-        await Database.open(path)
+        await SqliteDatabase.connect(path)
     assert str(path) in str(raised.value)
     assert path.read_bytes() == before
 
@@ -698,7 +705,7 @@ async def test_an_outbox_from_before_part_counting_is_upgraded_intact(tmp_path: 
             ('{"text": "from before the upgrade"}', "2026-01-01T00:00:00+00:00"),
         )
         conn.commit()
-    async with await Database.open(path) as db:
+    async with await SqliteDatabase.connect(path) as db:
         journal = Journal(db)
         [pending] = await journal.pending_outbox()
         assert (pending.message["text"], pending.parts_sent) == ("from before the upgrade", 0)
@@ -717,14 +724,14 @@ async def test_a_database_from_a_newer_version_is_refused_untouched(
 ) -> None:
     path = tmp_path / "state.db"
     if wal:
-        await (await Database.open(path)).close()
+        await (await SqliteDatabase.connect(path)).close()
     else:
         _real_database(path)
     with closing(sqlite3.connect(path)) as conn:
         conn.execute("PRAGMA user_version = 99")
     before = path.read_bytes()
     with pytest.raises(StoreError, match="schema version 99") as raised:
-        await Database.open(path)
+        await SqliteDatabase.connect(path)
     assert str(path) in str(raised.value)
     assert path.read_bytes() == before
 
@@ -733,17 +740,17 @@ async def test_a_failing_migration_leaves_the_last_good_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "state.db"
-    async with await Database.open(path) as db:
+    async with await SqliteDatabase.connect(path) as db:
         session = await SessionStore(db).live("k")
     broken = (*migrations.MIGRATIONS, "CREATE TABLE extra (x); CREATE TABLE broken (")
     monkeypatch.setattr(migrations, "MIGRATIONS", broken)
     failing = len(broken)
     with pytest.raises(StoreError, match=f"migration {failing} failed") as raised:
-        await Database.open(path)
+        await SqliteDatabase.connect(path)
     assert str(path) in str(raised.value)
 
     monkeypatch.undo()
-    async with await Database.open(path) as db:
+    async with await SqliteDatabase.connect(path) as db:
         assert await SessionStore(db).live("k") == session
         assert await db.fetchone("SELECT name FROM sqlite_master WHERE name = 'extra'") is None
         version = await db.fetchone("PRAGMA user_version")
@@ -767,7 +774,7 @@ def umask(value: int) -> Iterator[None]:
 async def test_the_database_its_wal_and_shm_and_a_new_folder_are_private(tmp_path: Path) -> None:
     path = tmp_path / "data" / "state.db"
     with umask(0):  # the most open umask: the modes must not depend on it
-        async with await Database.open(path) as db:
+        async with await SqliteDatabase.connect(path) as db:
             await SessionStore(db).live("k")
             files = [path, path.with_name("state.db-wal"), path.with_name("state.db-shm")]
             assert {file.name: mode(file) for file in files} == {
@@ -781,12 +788,12 @@ async def test_the_database_its_wal_and_shm_and_a_new_folder_are_private(tmp_pat
 async def test_opening_takes_others_access_to_an_existing_database_away(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     with umask(0o022):
-        async with await Database.open(path) as first:
+        async with await SqliteDatabase.connect(path) as first:
             await SessionStore(first).live("k")
             # Made by an older nanobot, or another process, with the usual 0644.
             for file in (path, path.with_name("state.db-wal"), path.with_name("state.db-shm")):
                 file.chmod(0o644)
-            async with await Database.open(path) as second:
+            async with await SqliteDatabase.connect(path) as second:
                 assert await SessionStore(second).live("k")
             for file in (path, path.with_name("state.db-wal"), path.with_name("state.db-shm")):
                 assert mode(file) == 0o600, file.name
@@ -796,25 +803,25 @@ async def test_a_directory_in_place_of_the_file_is_refused(tmp_path: Path) -> No
     path = tmp_path / "state.db"
     path.mkdir()
     with pytest.raises(StoreError, match="is a directory") as raised:
-        await Database.open(path)
+        await SqliteDatabase.connect(path)
     assert str(path) in str(raised.value)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes any file")
 async def test_an_unreadable_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
-    await (await Database.open(path)).close()
+    await (await SqliteDatabase.connect(path)).close()
     path.chmod(0)
     try:
         with pytest.raises(StoreError, match="permission denied") as raised:
-            await Database.open(path)
+            await SqliteDatabase.connect(path)
         assert str(path) in str(raised.value)
     finally:
         path.chmod(0o600)
 
 
 async def test_disk_full_raises_a_clear_error_and_keeps_earlier_entries(
-    db: Database, store: SessionStore
+    db: SqliteDatabase, store: SessionStore
 ) -> None:
     session = await store.live("k")
     earlier = await store.append(session, [message(f"m{i}") for i in range(10)])
@@ -835,7 +842,7 @@ async def test_disk_full_raises_a_clear_error_and_keeps_earlier_entries(
 # --- access: pairing requests ----------------------------------------------------------------
 
 
-async def test_a_user_keeps_one_pairing_code_while_it_is_valid(db: Database) -> None:
+async def test_a_user_keeps_one_pairing_code_while_it_is_valid(db: SqliteDatabase) -> None:
     access = Access(db)
     first = await access.request("telegram", "7", "7", "Eve")
     again = await access.request("telegram", "7", "7", "Eve")
@@ -843,7 +850,7 @@ async def test_a_user_keeps_one_pairing_code_while_it_is_valid(db: Database) -> 
     assert [r.user_id for r in await access.pending()] == ["7"]
 
 
-async def test_a_full_channel_replaces_its_oldest_request(db: Database) -> None:
+async def test_a_full_channel_replaces_its_oldest_request(db: SqliteDatabase) -> None:
     access = Access(db)
     users = [str(n) for n in range(MAX_PENDING)]
     issued = [await access.request("telegram", user, user, None) for user in users]
@@ -860,7 +867,7 @@ async def test_a_full_channel_replaces_its_oldest_request(db: Database) -> None:
     assert back.new and back.code != issued[0].code and back.evicted == 0
 
 
-async def test_expired_requests_neither_wait_nor_take_room(db: Database) -> None:
+async def test_expired_requests_neither_wait_nor_take_room(db: SqliteDatabase) -> None:
     access = Access(db)
     for user in range(MAX_PENDING):
         await access.request("telegram", str(user), str(user), None)
@@ -875,7 +882,7 @@ async def test_expired_requests_neither_wait_nor_take_room(db: Database) -> None
 async def filled(path: Path) -> None:
     """A database with one session of 50 entries (about 40 pages of them), then closed: the
     write-ahead log is folded into the file, so its pages hold everything."""
-    async with await Database.open(path) as db:
+    async with await SqliteDatabase.connect(path) as db:
         store = SessionStore(db)
         session = await store.live("telegram:1")
         await store.append(session, [message("x" * 3000) for _ in range(50)])
@@ -906,7 +913,7 @@ async def test_a_table_with_overwritten_pages_is_refused_with_how_to_restore(
     assert overwrite(path, table)
     before = path.read_bytes()
     with pytest.raises(StoreError) as raised:
-        await Database.open(path)
+        await SqliteDatabase.connect(path)
     text = str(raised.value)
     assert text.startswith(f"{path} is damaged; SQLite's quick check found:\n")
     assert f"table {table}: database disk image is malformed" in text
@@ -946,8 +953,8 @@ async def test_an_index_that_misses_rows_is_found_by_the_full_check_only(tmp_pat
         conn.commit()
     skip_index(path, "entries_session_id", on=False)
 
-    async with await Database.open(path) as db:  # the quick check sees well-formed pages
+    async with await SqliteDatabase.connect(path) as db:  # the quick check sees well-formed pages
         assert await db.damage() == []
         assert "row 51 missing from index entries_session_id" in await db.damage(full=True)
     with pytest.raises(StoreError, match="SQLite's full check found:\n  row 51 missing from"):
-        await Database.open(path, check="full")
+        await SqliteDatabase.connect(path, check="full")

@@ -1,9 +1,10 @@
-"""The embedded state database (SQLite, WAL): schema, migrations and the stores built on it."""
+"""The state database (embedded SQLite, or PostgreSQL): schema, migrations and the stores
+built on it."""
 
 from nanobot.store.access import Access, AllowedUser, PairingRequest
 from nanobot.store.approvals import ApprovalRequest, ApprovalStore, Decision, Grant, SavedRule
 from nanobot.store.cron import CronStore
-from nanobot.store.database import Database, SqlValue
+from nanobot.store.database import Database, Row, SqlValue
 from nanobot.store.journal import Journal, PendingInbound, PendingOutbox
 from nanobot.store.sessions import (
     Entry,
@@ -31,6 +32,7 @@ __all__ = [
     "PairingRequest",
     "PendingInbound",
     "PendingOutbox",
+    "Row",
     "SavedRule",
     "SessionInfo",
     "SessionStore",

@@ -8,12 +8,11 @@ on each check, so approvals take effect without a restart.
 from __future__ import annotations
 
 import secrets
-import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from nanobot.store._times import from_text, to_text
-from nanobot.store.database import Database
+from nanobot.store.database import Database, Row
 
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I to misread
 CODE_LENGTH = 8
@@ -76,7 +75,9 @@ class Access:
         replaces the oldest of them.
         """
         now = datetime.now(UTC)
-        async with self._db.transaction():
+        # Reads what it then writes on (the user's code, the channel's count): one at a time
+        # per channel, in every process.
+        async with self._db.transaction(lock=f"pairing:{channel}"):
             await self._db.execute(
                 "DELETE FROM pairing_requests WHERE expires_at <= ?", (to_text(now),)
             )
@@ -167,7 +168,7 @@ class Access:
         ]
 
 
-def _request(row: sqlite3.Row) -> PairingRequest:
+def _request(row: Row) -> PairingRequest:
     return PairingRequest(
         code=row["code"],
         channel=row["channel"],

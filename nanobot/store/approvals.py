@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,7 +25,7 @@ from typing import Final, Literal, cast, get_args
 
 from nanobot.errors import StoreError
 from nanobot.store._times import from_text, to_text, wall_clock
-from nanobot.store.database import Database, SqlValue
+from nanobot.store.database import Database, Row, SqlValue
 
 State = Literal["pending", "approved", "denied", "expired", "cancelled"]
 Scope = Literal["once", "chat", "always"]
@@ -203,7 +202,7 @@ class ApprovalStore:
                             (request_id, place.channel, place.chat_id, place.message_id),
                         )
                     return _request(row, _dedupe(new.places))
-        raise StoreError(f"{self._db.path}: could not find a free approval request id")
+        raise StoreError(f"{self._db.name}: could not find a free approval request id")
 
     async def get(self, request_id: str) -> ApprovalRequest | None:
         row = await self._db.fetchone(
@@ -246,21 +245,25 @@ class ApprovalStore:
         moment = self._clock()
         now = to_text(moment)
         state, scope = ("denied", None) if verdict == "deny" else ("approved", verdict)
+        # Every check of `_refused_because`, made by the compare-and-set itself.
+        checks = [
+            "id = ? AND state = 'pending' AND expires_at > ?",
+            "EXISTS (SELECT 1 FROM approval_places AS p WHERE"
+            " p.request_id = approval_requests.id AND p.channel = ? AND p.chat_id = ?)",
+            f"EXISTS (SELECT 1 FROM {self._db.dialect.json_elements('deciders')} WHERE value = ?)",
+        ]
+        params: list[SqlValue] = [answer.request_id, now, channel, chat_id, by]
+        if args_hash is not None:
+            checks.append("args_hash = ?")
+            params.append(args_hash)
+        if scope is not None:
+            checks.append("(' ' || scopes || ' ') LIKE ('% ' || ? || ' %')")
+            params.append(scope)
         async with self._db.transaction():
             row = await self._db.fetchone(
                 "UPDATE approval_requests SET state = ?, scope = ?, decided_by = ?, decided_at = ?"
-                " WHERE id = ? AND state = 'pending' AND expires_at > ?"
-                " AND (? IS NULL OR args_hash = ?)"
-                " AND EXISTS (SELECT 1 FROM approval_places AS p WHERE"
-                "  p.request_id = approval_requests.id AND p.channel = ? AND p.chat_id = ?)"
-                " AND EXISTS (SELECT 1 FROM json_each(deciders) WHERE value = ?)"
-                " AND (? IS NULL OR instr(' ' || scopes || ' ', ' ' || ? || ' ') > 0)"
-                " RETURNING *",
-                (
-                    *(state, scope, by, now),
-                    *(answer.request_id, now, args_hash, args_hash),
-                    *(channel, chat_id, by, scope, scope),
-                ),
+                f" WHERE {' AND '.join(checks)} RETURNING *",
+                (state, scope, by, now, *params),
             )
             if row is None:
                 return await self._refusal(answer, moment)
@@ -302,8 +305,8 @@ class ApprovalStore:
         """Unexpired pending requests (only `session_key`'s when given), oldest first."""
         rows = await self._db.fetchall(
             "SELECT * FROM approval_requests WHERE state = 'pending' AND expires_at > ?"
-            " AND (? IS NULL OR session_key = ?) ORDER BY created_at, id",
-            (to_text(self._clock()), session_key, session_key),
+            f"{'' if session_key is None else ' AND session_key = ?'} ORDER BY created_at, id",
+            (to_text(self._clock()), *(() if session_key is None else (session_key,))),
         )
         return await self._with_places(rows)
 
@@ -374,7 +377,8 @@ class ApprovalStore:
     async def log(self, limit: int = 50) -> list[LogEntry]:
         """The latest `limit` decisions, oldest first."""
         rows = await self._db.fetchall(
-            "SELECT * FROM (SELECT * FROM approval_log ORDER BY id DESC LIMIT ?) ORDER BY id",
+            "SELECT * FROM (SELECT * FROM approval_log ORDER BY id DESC LIMIT ?) AS latest"
+            " ORDER BY id",
             (limit,),
         )
         return [_entry(row) for row in rows]
@@ -443,7 +447,7 @@ class ApprovalStore:
             )
             if exists is not None:  # the same command was saved before: one rule is enough
                 return
-        raise StoreError(f"{self._db.path}: could not find a free approval rule id")
+        raise StoreError(f"{self._db.name}: could not find a free approval rule id")
 
     async def _log(self, request: ApprovalRequest, outcome: LogOutcome, now: str) -> None:
         await self._db.execute(
@@ -462,7 +466,7 @@ class ApprovalStore:
             ),
         )
 
-    async def _with_places(self, rows: Sequence[sqlite3.Row]) -> list[ApprovalRequest]:
+    async def _with_places(self, rows: Sequence[Row]) -> list[ApprovalRequest]:
         if not rows:
             return []
         ids = [row["id"] for row in rows]
@@ -506,7 +510,7 @@ def _refused_because(request: ApprovalRequest, answer: _Answer, now: datetime) -
     return failed
 
 
-def _request(row: sqlite3.Row, places: tuple[Place, ...]) -> ApprovalRequest:
+def _request(row: Row, places: tuple[Place, ...]) -> ApprovalRequest:
     state = row["state"]
     if state not in _STATES:
         raise StoreError(f"approval request {row['id']} has an unknown state {state!r}")
@@ -536,7 +540,7 @@ def _request(row: sqlite3.Row, places: tuple[Place, ...]) -> ApprovalRequest:
     )
 
 
-def _rule(row: sqlite3.Row) -> SavedRule:
+def _rule(row: Row) -> SavedRule:
     return SavedRule(
         id=row["id"],
         tool=row["tool"],
@@ -548,7 +552,7 @@ def _rule(row: sqlite3.Row) -> SavedRule:
     )
 
 
-def _entry(row: sqlite3.Row) -> LogEntry:
+def _entry(row: Row) -> LogEntry:
     return LogEntry(
         id=row["id"],
         at=from_text(row["at"]),

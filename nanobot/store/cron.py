@@ -20,7 +20,6 @@ from __future__ import annotations
 import builtins
 import json
 import secrets
-import sqlite3
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, cast, get_args
@@ -28,7 +27,7 @@ from typing import Any, Final, cast, get_args
 from nanobot.cron.models import At, Cron, Delivery, Every, Job, JobRun, RunStatus, Schedule
 from nanobot.errors import StoreError
 from nanobot.store._times import from_text, to_text, wall_clock
-from nanobot.store.database import Database, SqlValue
+from nanobot.store.database import Database, Row, SqlValue
 
 HISTORY_LIMIT: Final = 50
 """Runs kept per job; older ones are dropped as new ones are recorded."""
@@ -86,30 +85,33 @@ class CronStore:
                 if row is not None:
                     await self._bump()
                     return _job(row)
-        raise StoreError(f"{self._db.path}: could not find a free cron job id")
+        raise StoreError(f"{self._db.name}: could not find a free cron job id")
 
     async def get(self, job_id: str, owner: str | None = None) -> Job | None:
         """The job, or None if there is none (or, when `owner` is given, it is not theirs)."""
+        owned, mine = _owned(owner)
         row = await self._db.fetchone(
-            f"SELECT * FROM cron_jobs WHERE id = ? {_OWNED}", (job_id, owner, owner)
+            f"SELECT * FROM cron_jobs WHERE id = ? {owned}", (job_id, *mine)
         )
         return None if row is None else _job(row)
 
     async def list(self, owner: str | None = None, *, include_disabled: bool = False) -> list[Job]:
         """Jobs by next run (disabled ones last), then creation; only `owner`'s when given."""
         enabled = "" if include_disabled else "AND enabled = 1"
+        owned, mine = _owned(owner)
         rows = await self._db.fetchall(
-            f"SELECT * FROM cron_jobs WHERE 1 = 1 {_OWNED} {enabled}"
+            f"SELECT * FROM cron_jobs WHERE 1 = 1 {owned} {enabled}"
             " ORDER BY next_run IS NULL, next_run, created_at, id",
-            (owner, owner),
+            mine,
         )
         return [_job(row) for row in rows]
 
     async def remove(self, job_id: str, owner: str | None = None) -> bool:
         """Delete the job and its history; False if there was none (or it is not `owner`'s)."""
+        owned, mine = _owned(owner)
         async with self._db.transaction():
             changed = await self._db.execute(
-                f"DELETE FROM cron_jobs WHERE id = ? {_OWNED}", (job_id, owner, owner)
+                f"DELETE FROM cron_jobs WHERE id = ? {owned}", (job_id, *mine)
             )
             if changed:
                 await self._bump()
@@ -301,10 +303,11 @@ class CronStore:
         where_params: tuple[SqlValue, ...] = (),
     ) -> bool:
         """Change one job (bumping the version if it changed); whether it did."""
+        owned, mine = _owned(owner)
         async with self._db.transaction():
             changed = await self._db.execute(
-                f"UPDATE cron_jobs SET {assignments} WHERE id = ? {_OWNED} {where}",
-                (*params, job_id, owner, owner, *where_params),
+                f"UPDATE cron_jobs SET {assignments} WHERE id = ? {owned} {where}",
+                (*params, job_id, *mine, *where_params),
             )
             if changed:
                 await self._bump()
@@ -317,8 +320,9 @@ class CronStore:
         await self._db.execute("UPDATE cron_state SET version = version + 1 WHERE id = 1")
 
 
-# Scopes a statement to one owner when the owner parameter (bound twice) is not NULL.
-_OWNED: Final = "AND (? IS NULL OR owner = ?)"
+def _owned(owner: str | None) -> tuple[str, tuple[SqlValue, ...]]:
+    """A condition and its parameter scoping a statement to `owner`'s jobs (all when None)."""
+    return ("", ()) if owner is None else ("AND owner = ?", (owner,))
 
 
 _NEXT: Final = "enabled = ?, next_run = ?"
@@ -367,7 +371,7 @@ def _decode_schedule(text: str) -> Schedule:
     raise StoreError(f"unreadable cron schedule {text!r}: unknown kind")
 
 
-def _job(row: sqlite3.Row) -> Job:
+def _job(row: Row) -> Job:
     return Job(
         id=row["id"],
         name=row["name"],
@@ -384,7 +388,7 @@ def _job(row: sqlite3.Row) -> Job:
     )
 
 
-def _run(row: sqlite3.Row) -> JobRun:
+def _run(row: Row) -> JobRun:
     return JobRun(
         id=row["id"],
         job_id=row["job_id"],

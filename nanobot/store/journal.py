@@ -106,11 +106,12 @@ class Journal:
         """Per chat of `channel`, the newest platform message id journaled in the last
         `within` (chat id → message id). Only numeric ids count (the platform's own, not
         presses'), compared as numbers."""
+        sql = self._db.dialect
         rows = await self._db.fetchall(
-            "SELECT json_extract(message, '$.chat.chat_id') AS chat,"
-            " MAX(CAST(message_id AS INTEGER)) AS newest FROM inbound"
-            " WHERE channel = ? AND received_at >= ? AND message_id <> ''"
-            " AND message_id NOT GLOB '*[^0-9]*' GROUP BY chat",
+            f"SELECT {sql.json_text('message', 'chat', 'chat_id')} AS chat,"
+            f" MAX({sql.number('message_id')}) AS newest FROM inbound"
+            f" WHERE channel = ? AND received_at >= ? AND {sql.digits('message_id')}"
+            " GROUP BY chat",
             (channel, to_text(datetime.now(UTC) - within)),
         )
         return {str(r["chat"]): str(r["newest"]) for r in rows if r["chat"] is not None}

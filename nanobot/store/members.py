@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -24,7 +23,7 @@ from typing import Final
 
 from nanobot import __version__
 from nanobot.store._times import from_text, to_text, wall_clock
-from nanobot.store.database import Database
+from nanobot.store.database import Database, Row
 
 BEAT_INTERVAL: Final = timedelta(seconds=15)
 """How often a running gateway refreshes its row."""
@@ -135,7 +134,7 @@ def _values(member: Member) -> tuple[str, str, int, str, str, str]:
     )
 
 
-def _member(row: sqlite3.Row) -> Member:
+def _member(row: Row) -> Member:
     return Member(
         id=str(row["id"]),
         host=str(row["host"]),

@@ -1,21 +1,32 @@
-"""The schema of the state database and how it evolves.
+"""The schema of the state database and how it evolves, for both backends.
 
 `MIGRATIONS[n]` is the SQL script that takes the database from schema version `n` to `n + 1`.
-The version lives in `PRAGMA user_version`. To change the schema, append one script; never
-edit or reorder one that has shipped. Each script runs in its own transaction together with
-the version bump, so a failing script leaves the database exactly at the previous version.
+To change the schema, append one script; never edit or reorder one that has shipped. Each
+script runs in its own transaction together with the version bump, so a failing script
+leaves the database exactly at the previous version.
+
+The scripts are written once, in SQL both backends understand, with SQLite's type names
+(INTEGER, REAL, BLOB; `INTEGER PRIMARY KEY` for an id the database assigns): SQLite runs
+them as written, PostgreSQL as `Dialect.render` translates them (BIGINT, identity columns,
+…), plus the few additions in `POSTGRESQL_EXTRA` for what SQLite has without saying. The
+version lives in SQLite's `PRAGMA user_version`, and in PostgreSQL's one-row table
+`schema_version`.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from nanobot.errors import StoreError
+from nanobot.store.dialect import Dialect
 
 if TYPE_CHECKING:
     from nanobot.store.database import Database
+
+MIGRATING: Final = "nanobot.migrate"
+"""The lock (`Database.transaction`) under which every migration step runs: several
+processes starting at once on a fresh database migrate it once."""
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: sessions and their append-only entries.
@@ -116,7 +127,7 @@ MIGRATIONS: tuple[str, ...] = (
         next_run TEXT,  -- UTC; NULL exactly when disabled
         last_run TEXT,
         last_status TEXT,
-        CHECK (enabled = (next_run IS NOT NULL))
+        CHECK (enabled = CASE WHEN next_run IS NULL THEN 0 ELSE 1 END)
     );
     CREATE INDEX cron_jobs_next_run ON cron_jobs (next_run) WHERE enabled = 1;
     CREATE INDEX cron_jobs_owner ON cron_jobs (owner, created_at);
@@ -263,11 +274,27 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-def check_version(path: Path, version: int) -> None:
-    """Raise `StoreError` if the database at `path` is newer than this code understands."""
+POSTGRESQL_EXTRA: Final[dict[int, str]] = {
+    # SQLite keeps every table's insertion order in its rowid; a request's places are read
+    # back in the order they were asked in (`ORDER BY rowid`).
+    7: "ALTER TABLE approval_places ADD COLUMN rowid BIGINT GENERATED ALWAYS AS IDENTITY;",
+}
+"""Statements PostgreSQL runs after the script of the migration to that version."""
+
+
+def script(version: int, dialect: Dialect) -> str:
+    """The script that takes a database to `version` (from `version - 1`), in `dialect`."""
+    text = dialect.render(MIGRATIONS[version - 1])
+    if dialect.name == "postgresql" and version in POSTGRESQL_EXTRA:
+        text += "\n" + POSTGRESQL_EXTRA[version]
+    return text
+
+
+def check_version(name: str, version: int) -> None:
+    """Raise `StoreError` if the database `name` is newer than this code understands."""
     if version > len(MIGRATIONS):
         raise StoreError(
-            f"{path} has schema version {version}, but this nanobot only knows versions up to "
+            f"{name} has schema version {version}, but this nanobot only knows versions up to "
             f"{len(MIGRATIONS)}; it was left untouched. Upgrade nanobot to use it."
         )
 
@@ -275,44 +302,39 @@ def check_version(path: Path, version: int) -> None:
 async def migrate(db: Database) -> int:
     """Apply the missing migrations in order and return the resulting schema version.
 
-    Safe when several processes open a fresh database at once: the version is re-read under
-    the write lock before each step, so every script runs exactly once. Raises `StoreError`
-    if a script fails (the database stays at the last good version) or if the schema is newer
-    than this code.
+    Safe when several processes open a fresh database at once: each step runs under the
+    `MIGRATING` lock and re-reads the version first, so every script runs exactly once.
+    Raises `StoreError` if a script fails (the database stays at the last good version) or
+    if the schema is newer than this code (checked before anything is written).
     """
-    version = await _user_version(db)
+    version = await db.schema_version()
+    check_version(db.name, version)
     while version < len(MIGRATIONS):
-        async with db.transaction():
-            version = await _user_version(db)
-            check_version(db.path, version)
+        async with db.transaction(lock=MIGRATING):
+            version = await db.schema_version()
+            check_version(db.name, version)
             if version < len(MIGRATIONS):
                 await _apply(db, version)
                 version += 1
-    check_version(db.path, version)
     return version
 
 
 async def _apply(db: Database, version: int) -> None:
     try:
-        for statement in _statements(MIGRATIONS[version]):
+        for statement in _statements(script(version + 1, db.dialect)):
             await db.execute(statement)
-        await db.execute(f"PRAGMA user_version = {version + 1}")
+        await db.set_schema_version(version + 1)
     except StoreError as exc:
         raise StoreError(
-            f"schema migration {version + 1} failed, {db.path} was left at version {version}: {exc}"
+            f"schema migration {version + 1} failed, {db.name} was left at version {version}: {exc}"
         ) from exc
 
 
-async def _user_version(db: Database) -> int:
-    row = await db.fetchone("PRAGMA user_version")
-    return int(row[0]) if row else 0
-
-
-def _statements(script: str) -> list[str]:
+def _statements(text: str) -> list[str]:
     """Split a script into statements; `complete_statement` knows about strings and triggers."""
     statements: list[str] = []
     pending = ""
-    for piece in script.split(";"):
+    for piece in text.split(";"):
         pending += piece + ";"
         if sqlite3.complete_statement(pending):
             if pending.strip(" \t\n;"):

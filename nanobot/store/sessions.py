@@ -9,7 +9,6 @@ deleted: a compaction is itself an entry that later context building starts from
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,7 +16,7 @@ from typing import Any, Final, Literal, cast, get_args
 
 from nanobot.errors import StoreError
 from nanobot.store._times import from_text, now_text, to_text
-from nanobot.store.database import Database, Statement
+from nanobot.store.database import Database, Row, Statement
 
 EntryKind = Literal["message", "compaction", "note"]
 """What an entry holds: a chat message, a compaction summary, or a system note."""
@@ -227,7 +226,7 @@ class SessionStore:
             size_bytes=await self._db.size_bytes(),
         )
 
-    def _entry(self, row: sqlite3.Row) -> Entry:
+    def _entry(self, row: Row) -> Entry:
         kind = row["kind"]
         try:
             data = json.loads(row["data"])
@@ -235,7 +234,7 @@ class SessionStore:
             data = None
         if kind not in _KINDS or not isinstance(data, dict):
             raise StoreError(
-                f"{self._db.path}: entry {row['id']} (kind {kind!r}) is not an entry this "
+                f"{self._db.name}: entry {row['id']} (kind {kind!r}) is not an entry this "
                 "nanobot can read"
             )
         return Entry(
