@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -69,6 +69,9 @@ from nanobot.tools.spawn import SpawnTool
 from nanobot.tools.web import WebFetchTool, WebSearchTool
 from nanobot.workspace import copy_template
 
+if TYPE_CHECKING:
+    from nanobot.providers.litellm_provider import LiteLLMTransport
+
 JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe
 GC_YOUNG_THRESHOLD = 10_000  # new objects between two collections of the youngest generation
 GATEWAY_LOCK = "gateway.lock"  # in the data dir: held by the running gateway (see `serve`)
@@ -86,12 +89,7 @@ def build_provider(config: Config) -> Provider:
     timeout = agent.request_timeout
     routes: Routes
     if agent.transport == "litellm" or not agent.api_base:  # auto without api_base: litellm
-        from nanobot.providers.litellm_provider import LiteLLMTransport
-
-        transport = LiteLLMTransport(
-            agent.model, api_key=api_key, api_base=agent.api_base, request_timeout=timeout
-        )
-        routes = Routes(transport)
+        routes = Routes(_litellm_transport(config, api_key))
     else:
         from nanobot.providers.openai_direct import DirectTransport  # aiohttp: ~0.1 s
 
@@ -101,13 +99,11 @@ def build_provider(config: Config) -> Provider:
         )
         routes = Routes(direct)
         if auto:
-            from nanobot.providers.litellm_provider import LiteLLMTransport
-
-            litellm = LiteLLMTransport(
-                agent.model, api_key=api_key, api_base=agent.api_base, request_timeout=timeout
-            )
             routes = Routes.auto(
-                litellm, direct, max_tokens=agent.max_tokens, temperature=agent.temperature
+                _litellm_transport(config, api_key),
+                direct,
+                max_tokens=agent.max_tokens,
+                temperature=agent.temperature,
             )
     return Provider(
         agent.model,
@@ -117,6 +113,20 @@ def build_provider(config: Config) -> Provider:
         temperature=agent.temperature,
         retry=RetryPolicy(attempts=agent.max_retries, max_total=agent.retry_max_seconds),
         context_window=agent.context_window,
+    )
+
+
+def _litellm_transport(config: Config, api_key: str | None) -> LiteLLMTransport:
+    from nanobot.providers.litellm_provider import LiteLLMTransport
+
+    agent = config.agent
+    return LiteLLMTransport(
+        agent.model,
+        api_key=api_key,
+        api_base=agent.api_base,
+        request_timeout=agent.request_timeout,
+        # An answer asked for whole (nobody watches it written) may take as long as a turn.
+        answer_timeout=agent.max_turn_seconds,
     )
 
 
@@ -558,7 +568,15 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
         services.append(("cron", cron.run))
         outcomes["cron"] = cron
     dispatcher = Dispatcher(
-        parts.loop, way_in.bus, way_in.journal, parts.loop, subagents=subagents, outcomes=outcomes
+        parts.loop,
+        way_in.bus,
+        way_in.journal,
+        parts.loop,
+        subagents=subagents,
+        outcomes=outcomes,
+        whole_replies=[
+            n for n in ("telegram", "discord") if not getattr(config.channels, n).stream
+        ],
     )
     manager = ChannelManager(channels, way_in.bus, way_in.journal)
     return Gateway(

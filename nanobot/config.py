@@ -132,6 +132,9 @@ class ChannelConfig(Section):
     allow_from: list[str] = Field(default_factory=list)
     group_policy: Literal["mention", "open", "disabled"] = "mention"
     max_file_mb: float = Field(20, gt=0)
+    # Show a reply while the model writes it (edited in place about once a second); off,
+    # it arrives whole, and through litellm a turn costs under half the CPU.
+    stream: bool = True
     # Platform user ids who may decide tool calls that need approval (tools.approval).
     approvers: list[str] = Field(default_factory=list)
 

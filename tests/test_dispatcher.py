@@ -30,14 +30,21 @@ class Harness:
     them (`out`), each delivery confirmed at once."""
 
     def __init__(
-        self, parts: Parts, db: Database, channels: tuple[str, ...] = ("telegram",)
+        self,
+        parts: Parts,
+        db: Database,
+        channels: tuple[str, ...] = ("telegram",),
+        *,
+        whole_replies: tuple[str, ...] = (),
     ) -> None:
         self.parts = parts
         self.bus = MessageBus()
         self.journal = Journal(db)
         rules = {channel: ChannelRules(frozenset({"*"})) for channel in channels}
         self.gate = Gate(rules, Access(db), self.journal, self.bus)
-        self.dispatcher = Dispatcher(parts.loop, self.bus, self.journal, parts.loop)
+        self.dispatcher = Dispatcher(
+            parts.loop, self.bus, self.journal, parts.loop, whole_replies=whole_replies
+        )
         self.out: list[Outbound] = []
         self._channels = channels
         self._arrived = asyncio.Event()
@@ -110,6 +117,24 @@ async def test_a_message_is_answered_through_the_outbox(
     assert typing == [True, False]
     assert await harness.journal.pending_inbound() == []
     assert await harness.journal.pending_outbox() == []
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "whole"])
+async def test_a_channel_that_shows_replies_whole_asks_the_model_for_them_whole(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database, streamed: bool
+) -> None:
+    harness = Harness(
+        await make_parts(tmp_path, fake_llm, db),
+        db,
+        whole_replies=() if streamed else ("telegram",),
+    )
+    await harness.start()
+    fake_llm.script(Text("Hello Ada, in a few words."))
+    await harness.send("1", "hi", "m1")
+    await harness.wait_replies(1)
+    await harness.stop()
+    assert [r.text for r in harness.replies()] == ["Hello Ada, in a few words."]
+    assert bool(fake_llm.requests[-1].body.get("stream")) is streamed
 
 
 async def test_commands(harness: Harness, fake_llm: FakeLLM) -> None:

@@ -58,11 +58,16 @@ def on_litellm(
     api_key: str | None = None,
     api_base: str | None = None,
     request_timeout: float = 120.0,
+    answer_timeout: float = 600.0,
     **options: Any,
 ) -> Provider:
     """A provider whose every call goes through litellm, as `agent.transport: litellm`."""
     transport = LiteLLMTransport(
-        model, api_key=api_key, api_base=api_base, request_timeout=request_timeout
+        model,
+        api_key=api_key,
+        api_base=api_base,
+        request_timeout=request_timeout,
+        answer_timeout=answer_timeout,
     )
     return Provider(model, Routes(transport), **options)
 
@@ -92,7 +97,8 @@ async def test_streams_text_with_usage(fake_llm: FakeLLM) -> None:
     assert request.messages == MESSAGES
 
 
-async def test_streamed_tool_call_round_trips(fake_llm: FakeLLM) -> None:
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
+async def test_tool_calls_round_trip(fake_llm: FakeLLM, streamed: bool) -> None:
     arguments = {"path": "notes/today.md", "note": 'quotes " and unicode é'}
     fake_llm.script(
         ToolCalls(
@@ -101,7 +107,10 @@ async def test_streamed_tool_call_round_trips(fake_llm: FakeLLM) -> None:
         )
     )
     deltas: list[Delta] = []
-    completion = await provider(fake_llm).complete(MESSAGES, [READ_FILE], on_delta=deltas.append)
+    completion = await provider(fake_llm).complete(
+        MESSAGES, [READ_FILE], on_delta=deltas.append if streamed else None
+    )
+    assert bool(fake_llm.requests[0].body.get("stream")) is streamed
     assert completion.finish_reason == "tool_calls"
     assert completion.content == "Let me look."
     first, second = completion.tool_calls
@@ -109,7 +118,7 @@ async def test_streamed_tool_call_round_trips(fake_llm: FakeLLM) -> None:
     assert first.name == "read_file"
     assert first.parsed_arguments() == arguments
     assert second.parsed_arguments() == {"path": "b"}
-    assert sum(isinstance(d, ToolCallDelta) for d in deltas) > 2
+    assert sum(isinstance(d, ToolCallDelta) for d in deltas) > (2 if streamed else -1)
     assert fake_llm.requests[0].tools == [READ_FILE]
     # The assistant message goes back to the model in the format it expects.
     message = completion.to_message()
@@ -233,12 +242,36 @@ async def test_rate_limited_after_retries(fake_llm: FakeLLM) -> None:
 
 
 async def test_hang_times_out(fake_llm: FakeLLM) -> None:
+    """A streamed answer's silence is bounded by `request_timeout`."""
     fake_llm.script(Hang(), Hang())
     llm = provider(fake_llm, request_timeout=0.5, retry=RetryPolicy(attempts=1, base_delay=0.01))
     with pytest.raises(ProviderError) as info:
-        await llm.complete(MESSAGES)
+        await llm.complete(MESSAGES, on_delta=lambda _: None)
     assert info.value.kind == "timeout"
     assert fake_llm.request_count == 2
+
+
+async def test_an_answer_asked_for_whole_may_take_longer_than_the_request_timeout(
+    fake_llm: FakeLLM,
+) -> None:
+    """Unstreamed, the whole answer arrives at once: `answer_timeout` bounds the wait."""
+    fake_llm.delay = 0.4
+    fake_llm.script(Text("slow but whole"))
+    llm = provider(fake_llm, request_timeout=0.1, answer_timeout=5)
+    assert (await llm.complete(MESSAGES)).content == "slow but whole"
+    assert not fake_llm.requests[-1].body.get("stream")
+    fake_llm.delay = 0.0
+
+    fake_llm.script(Hang(), Hang())
+    llm = provider(
+        fake_llm,
+        request_timeout=0.2,
+        answer_timeout=0.5,
+        retry=RetryPolicy(attempts=1, base_delay=0.01),
+    )
+    with pytest.raises(ProviderError) as info:
+        await llm.complete(MESSAGES)
+    assert info.value.kind == "timeout"
 
 
 async def test_unreachable_endpoint_is_unavailable() -> None:

@@ -68,6 +68,7 @@ class Recorder:
             "persist": persist,
             "steering": lambda: take(self.steering),
             "listener": listen,
+            "live": True,
         }
         options.update(overrides)
         return RunHooks(**options)
@@ -348,6 +349,16 @@ async def test_plain_answer(rig: Rig) -> None:
     updates = [e for e in rig.recorder.events if e.kind == "message_update"]
     assert len(updates) >= 2
     assert "".join(e.text for e in updates) == "Hello there."
+    assert rig.provider.requests[0].streamed
+
+
+async def test_an_answer_nobody_watches_being_written_is_asked_for_whole(rig: Rig) -> None:
+    rig.provider.script(Answer("Hello there."))
+    result = await rig.run(live=False)
+    assert result.final_text == "Hello there."
+    assert not rig.provider.requests[0].streamed
+    assert "message_update" not in rig.recorder.kinds()
+    assert {"turn_start", "message_start", "message_end", "run_end"} <= set(rig.recorder.kinds())
 
 
 async def test_system_prompt_replaces_the_first_system_message(rig: Rig) -> None:

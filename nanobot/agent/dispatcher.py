@@ -169,13 +169,17 @@ class Dispatcher:
         *,
         subagents: Subagents | None = None,
         outcomes: Mapping[Source, OutcomeSink] | None = None,
+        whole_replies: Collection[str] = (),
     ) -> None:
+        """`whole_replies`: channels whose replies arrive whole instead of being shown while
+        the model writes them (`channels.<name>.stream: false`)."""
         self._loop = loop
         self._bus = bus
         self._journal = journal
         self._status = status
         self._subagents = subagents
         self._outcomes = dict(outcomes or {})
+        self._whole_replies = frozenset(whole_replies)
         self._awaited: dict[int, InboundMessage] = {}  # journal row -> event told when answered
         self._tasks = TaskSet("dispatcher")
 
@@ -245,7 +249,8 @@ class Dispatcher:
         shown = message.deliver  # typing and the message tool
         typing = _TypingSignal(self._bus, chat)
         streamer = None
-        if shown and message.quiet is None:  # a quiet answer must not show while written
+        # A quiet answer must not show while written.
+        if shown and message.quiet is None and chat.channel not in self._whole_replies:
             streamer = _streamer(self._bus, chat, _reply_to(message), streams)
         request = TurnRequest(
             message.session_key,
@@ -256,6 +261,7 @@ class Dispatcher:
             sender_id=message.sender_id,
             send=send_now if shown else None,
             listener=listeners(streamer, typing) if shown else None,
+            live=streamer is not None,
             mode=message.mode,
             inbound_id=message.journal_id,
             caller=_caller(message),

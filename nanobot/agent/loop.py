@@ -55,6 +55,7 @@ class TurnRequest:
     sender_id: str | None = None
     send: SendText | None = None
     listener: EventListener | None = None
+    live: bool = False  # `listener` shows the answer as it is written (see RunHooks.live)
     mode: QueueMode | None = None  # how to queue it if the session is busy; None: the default
     inbound_id: int | None = None  # its inbound journal row, stored with the user's entry
     images: tuple[Path, ...] = ()  # photos sent with it, shown to models that can see
@@ -374,6 +375,7 @@ class AgentLoop:
             compact=compact,
             approve=approve,
             listener=listener,
+            live=request.live,
         )
 
     def _history_budget(self, system: str) -> int:

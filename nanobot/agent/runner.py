@@ -106,7 +106,7 @@ class Runner:
             queue.put_nowait(event)
 
         task = asyncio.create_task(
-            self.run(run, replace(hooks, listener=listen)), name=f"run-{run.run_id}"
+            self.run(run, replace(hooks, listener=listen, live=True)), name=f"run-{run.run_id}"
         )
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
@@ -282,11 +282,9 @@ class _Run:
                 call = ToolCall(delta.id or "", delta.name or "", delta.arguments)
                 self._emit("message_update", call_index=index, seq=delta.seq, tool_call=call)
 
-        listening = self.hooks.listener is not None
+        live = self.hooks.live and self.hooks.listener is not None
         completion = await self._race(
-            self.provider.complete(
-                self.messages, self.schemas, on_delta=on_delta if listening else None
-            )
+            self.provider.complete(self.messages, self.schemas, on_delta=on_delta if live else None)
         )
         self.usage += completion.usage
         self._emit("message_end", call_index=index, message=completion.to_message())

@@ -116,6 +116,7 @@ class Request:
     messages: list[Message]
     tools: list[ToolSchema]
     max_tokens: int | None
+    streamed: bool = False  # whether it was given an `on_delta` to stream to
 
 
 class ScriptedProvider:
@@ -163,7 +164,12 @@ class ScriptedProvider:
         max_tokens: int | None = None,
     ) -> Completion:
         self.requests.append(
-            Request(copy.deepcopy(list(messages)), copy.deepcopy(list(tools)), max_tokens)
+            Request(
+                copy.deepcopy(list(messages)),
+                copy.deepcopy(list(tools)),
+                max_tokens,
+                streamed=on_delta is not None,
+            )
         )
         if not self._steps:
             raise AssertionError(f"the script has no step for model call {len(self.requests)}")
