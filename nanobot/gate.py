@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
 
 from loguru import logger
@@ -142,6 +142,23 @@ class Gate:
         `channel` over the last `CATCH_UP_WINDOW` (at most what the journal keeps)."""
         try:
             return await self._journal.last_seen(channel, CATCH_UP_WINDOW)
+        except StoreError as exc:
+            self._failed(exc)
+            raise
+
+    async def caught_up_until(self, channel: str) -> datetime | None:
+        """See `IntakeHistory.caught_up_until`: at most `CATCH_UP_WINDOW` back."""
+        try:
+            until = await self._journal.caught_up_until(channel)
+        except StoreError as exc:
+            self._failed(exc)
+            raise
+        return None if until is None else max(until, datetime.now(UTC) - CATCH_UP_WINDOW)
+
+    async def caught_up(self, channel: str, moment: datetime) -> None:
+        """See `IntakeHistory.caught_up`."""
+        try:
+            await self._journal.caught_up(channel, moment)
         except StoreError as exc:
             self._failed(exc)
             raise

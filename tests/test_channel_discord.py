@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal, cast
@@ -27,6 +28,7 @@ from nanobot.bus.events import (
     Typing,
 )
 from nanobot.bus.queue import MessageBus
+from nanobot.channels import _discord_catch_up
 from nanobot.channels._discord_inbound import is_addressed, text_for_agent
 from nanobot.channels.base import (
     DeliveryError,
@@ -73,11 +75,22 @@ class Recorder:
         self.messages: list[InboundMessage] = []
         self.strangers: set[str] = set()
         self.seen: dict[str, str] = {}  # what `last_seen` answers
+        self.until: datetime | None = None  # what `caught_up_until` answers
+        self.recorded: list[datetime] = []  # what `caught_up` was told
         self._changed = asyncio.Event()
 
     async def last_seen(self, channel: str) -> dict[str, str]:
         assert channel == "discord"
         return self.seen
+
+    async def caught_up_until(self, channel: str) -> datetime | None:
+        assert channel == "discord"
+        return self.until
+
+    async def caught_up(self, channel: str, moment: datetime) -> None:
+        assert channel == "discord"
+        self.recorded.append(moment)
+        self._changed.set()
 
     async def admits(self, channel: str, sender_id: str, *, private: bool, addressed: bool) -> bool:
         return (private or addressed) and sender_id not in self.strangers
@@ -88,11 +101,22 @@ class Recorder:
         return self.result
 
     async def wait(self, count: int = 1, seconds: float = 5.0) -> list[InboundMessage]:
+        await self.wait_until(lambda: len(self.messages) >= count, seconds)
+        return self.messages
+
+    async def wait_until(self, done: Callable[[], bool], seconds: float = 5.0) -> None:
+        """Wait until `done()` holds, checked after each message or record."""
         async with asyncio.timeout(seconds):
-            while len(self.messages) < count:
+            while not done():
                 self._changed.clear()
                 await self._changed.wait()
-        return self.messages
+
+    def texts(self) -> dict[str, list[str]]:
+        """The texts taken, per chat id."""
+        texts: dict[str, list[str]] = {}
+        for message in self.messages:
+            texts.setdefault(message.chat.chat_id, []).append(message.text)
+        return texts
 
 
 @dataclass(frozen=True)
@@ -147,6 +171,7 @@ def make_channel(
     token: str = TOKEN,
     group_policy: Literal["mention", "open", "disabled"] = "mention",
     outbox: OutboxPort | None = None,
+    allow_from: list[str] | None = None,
 ) -> DiscordChannel:
     config = DiscordConfig(
         enabled=True,
@@ -154,6 +179,7 @@ def make_channel(
         api_base=fake.api_base,
         gateway_url=fake.gateway_url,
         group_policy=group_policy,
+        allow_from=allow_from or [],
     )
     return DiscordChannel(
         config,
@@ -1073,3 +1099,143 @@ async def test_on_start_what_each_chat_received_since_the_last_message_taken_is_
         str(world.thread): ["while away, here"],
     }
     assert all(m.message_id.isdigit() and int(m.message_id) > taken for m in messages)
+
+
+@pytest.fixture
+def no_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Discord's clock is this one: the catch-up reaches back exactly to the moment."""
+    monkeypatch.setattr(_discord_catch_up, "CLOCK_MARGIN", timedelta(0))
+
+
+async def a_moment_later() -> datetime:
+    """Now, on a later millisecond than every message id so far, and before the next."""
+    await asyncio.sleep(0.005)
+    now = datetime.now(UTC)
+    await asyncio.sleep(0.005)
+    return now
+
+
+@pytest.mark.usefixtures("no_margin")
+async def test_chats_without_messages_taken_lately_are_read_from_when_all_was_had(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    # An allowed user's first DM ever, a server channel quiet for a month: nothing was taken
+    # there lately, so nanobot finds them (it opens the DM) and reads what came since the
+    # moment it last had everything.
+    quiet = fake.add_channel(world.guild, "quiet")
+    bob = fake.add_user("bob")
+    fake.user_message(quiet, "long ago", user_id=world.ada, mentions_bot=True)
+    intake.until = await a_moment_later()
+    fake.user_message(world.dm, "my first DM ever", user_id=world.ada)
+    fake.user_message(quiet, "while away, to you", user_id=world.ada, mentions_bot=True)
+    fake.user_message(quiet, "while away, among us", user_id=world.ada)
+    fake.user_message(fake.dm_channel(bob), "bob is not allowed", user_id=bob)
+    started = datetime.now(UTC)
+    channel = make_channel(fake, intake, inbox, allow_from=[str(world.ada), "*"])
+    async with running(channel):
+        await intake.wait_until(lambda: bool(intake.recorded))
+        [caught_up] = intake.recorded
+    assert intake.texts() == {
+        str(world.dm): ["my first DM ever"],
+        str(quiet): ["while away, to you", "while away, among us"],  # the gate decides
+    }
+    assert [m.addressed for m in intake.messages] == [True, True, False]
+    # Recorded: the session's start once all was taken, then the stop.
+    assert started <= caught_up <= intake.recorded[1]
+
+
+async def test_at_the_first_start_only_chats_with_messages_taken_are_read(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    fake.user_message(world.dm, "before nanobot ever ran", user_id=world.ada)
+    async with running(make_channel(fake, intake, inbox, allow_from=[str(world.ada)])):
+        await intake.wait_until(lambda: bool(intake.recorded))
+    assert intake.messages == []
+    assert len(intake.recorded) == 2  # from now on, what came after is fetched
+    assert not requests(fake, "GET", f"/channels/{world.dm}/messages")
+
+
+@pytest.mark.usefixtures("no_margin")
+async def test_with_groups_disabled_only_the_allowed_users_dms_are_read(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    intake.until = await a_moment_later()
+    fake.user_message(world.channel, "while away, to you", user_id=world.ada, mentions_bot=True)
+    fake.user_message(world.dm, "while away, in private", user_id=world.ada)
+    channel = make_channel(
+        fake, intake, inbox, group_policy="disabled", allow_from=[str(world.ada)]
+    )
+    async with running(channel):
+        await intake.wait_until(lambda: bool(intake.recorded))
+    assert intake.texts() == {str(world.dm): ["while away, in private"]}
+    assert not requests(fake, "GET", f"/channels/{world.channel}/messages")
+
+
+@pytest.fixture
+def two_chats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most two chats without messages taken lately are read."""
+    monkeypatch.setattr(_discord_catch_up, "MAX_CHATS", 2)
+
+
+@pytest.mark.usefixtures("no_margin", "two_chats")
+async def test_only_the_chats_with_the_newest_messages_are_read(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy, warnings: list[str]
+) -> None:
+    intake.until = await a_moment_later()
+    for chat in (world.channel, world.thread):
+        fake.user_message(chat, "older", user_id=world.ada, mentions_bot=True)
+    newest = fake.add_channel(world.guild, "busy")
+    fake.user_message(newest, "newest", user_id=world.ada, mentions_bot=True)
+    async with running(make_channel(fake, intake, inbox)):
+        await intake.wait_until(lambda: bool(intake.recorded))
+    assert intake.texts() == {str(world.thread): ["older"], str(newest): ["newest"]}
+    assert any("3 chats may have messages" in w and "only the 2" in w for w in warnings)
+
+
+@pytest.mark.usefixtures("no_margin")
+async def test_a_dm_that_could_not_be_opened_is_looked_at_again_next_time(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy, warnings: list[str]
+) -> None:
+    intake.until = moment = await a_moment_later()
+    fake.user_message(world.channel, "while away", user_id=world.ada, mentions_bot=True)
+    fake.fail_next("POST /users/@me/channels", HttpError(403, 50007, "Cannot send messages"))
+    async with running(make_channel(fake, intake, inbox, allow_from=[str(world.ada)])):
+        await intake.wait(1)
+        await asyncio.sleep(0.3)  # nothing is recorded while the catch-up is incomplete
+        assert intake.recorded == []
+    assert intake.texts() == {str(world.channel): ["while away"]}
+    assert intake.recorded == [moment]  # the next start reaches back as far again
+    assert any(f"could not open the DM with allowed user {world.ada}" in w for w in warnings)
+
+
+async def test_after_a_new_gateway_session_what_came_in_between_is_read(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    intake.until = datetime.now(UTC)
+    async with running(make_channel(fake, intake, inbox, allow_from=[str(world.ada)])):
+        await intake.wait_until(lambda: bool(intake.recorded))
+        assert intake.messages == []
+        async with fake.outage(forget=True):  # too long to resume: Discord replays nothing
+            fake.user_message(world.dm, "while the session was lost", user_id=world.ada)
+            fake.user_message(world.channel, "and here", user_id=world.ada, mentions_bot=True)
+        await intake.wait_until(lambda: len(intake.recorded) == 2, seconds=10)
+        assert fake.ready_count == 2
+    assert intake.texts() == {
+        str(world.dm): ["while the session was lost"],
+        str(world.channel): ["and here"],
+    }
+
+
+@pytest.mark.usefixtures("no_margin")
+async def test_a_chat_with_messages_taken_is_read_from_its_last_one_or_the_moment_if_later(
+    fake: FakeDiscord, world: World, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    # What came before the moment was had: taken, or seen and refused (chatter, here).
+    taken = fake.user_message(world.channel, "taken", user_id=world.ada, mentions_bot=True)
+    fake.user_message(world.channel, "chatter, seen and refused", user_id=world.ada)
+    intake.seen = {str(world.channel): str(taken)}
+    intake.until = await a_moment_later()
+    fake.user_message(world.channel, "while away", user_id=world.ada, mentions_bot=True)
+    async with running(make_channel(fake, intake, inbox)):
+        await intake.wait_until(lambda: bool(intake.recorded))
+    assert intake.texts() == {str(world.channel): ["while away"]}

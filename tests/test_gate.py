@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Intake
 from nanobot.errors import StoreError
-from nanobot.gate import ChannelRules, Gate, GroupPolicy
+from nanobot.gate import CATCH_UP_WINDOW, ChannelRules, Gate, GroupPolicy
 from nanobot.store import Access, Database, Journal
 from nanobot.store.access import MAX_PENDING
 
@@ -357,3 +358,25 @@ async def test_last_seen_is_the_newest_message_taken_per_chat_of_the_channel(
     # Only the last days count (rows older than the window are as good as pruned).
     await db.execute("UPDATE inbound SET received_at = '2000-01-01T00:00:00.000000+00:00'")
     assert await gate.last_seen("telegram") == {}
+
+
+async def test_caught_up_until_is_the_latest_moment_recorded_but_within_the_window(
+    db: Database,
+) -> None:
+    gate = make_gate(db, MessageBus(), {"42"})
+    assert await gate.caught_up_until("discord") is None  # the first start
+    now = datetime.now(UTC)
+    await gate.caught_up("discord", now - timedelta(hours=1))
+    await gate.caught_up("discord", now - timedelta(hours=2))  # never moves back
+    assert await gate.caught_up_until("discord") == now - timedelta(hours=1)
+    assert await gate.caught_up_until("telegram") is None
+    await gate.caught_up("discord", now)
+    assert await gate.caught_up_until("discord") == now
+    # Long ago: only as far back as `last_seen` looks.
+    await db.execute(
+        "UPDATE channel_state SET caught_up_until = '2000-01-01T00:00:00.000000+00:00'"
+    )
+    until = await gate.caught_up_until("discord")
+    assert (
+        until is not None and now - CATCH_UP_WINDOW <= until <= datetime.now(UTC) - CATCH_UP_WINDOW
+    )

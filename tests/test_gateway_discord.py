@@ -16,9 +16,17 @@ from tests.fakes.discord import FakeDiscord
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import GatewayProcess
-from tests.test_gateway_telegram import ALICE, gateway_config, replies
+from tests.test_gateway_telegram import (
+    ALICE,
+    check_answered_once,
+    gateway_config,
+    replies,
+    turns,
+    unanswered,
+)
 
 ADA = 424242
+BEA = 434343
 
 
 @pytest.fixture
@@ -209,3 +217,58 @@ async def test_discord_messages_sent_while_the_gateway_is_down_are_answered_once
         await asyncio.sleep(1.0)
         assert "message(s) after the last one taken" not in process.log()
     assert len(fake_llm.requests) - requests == answers.count("Caught up.")
+
+
+async def test_messages_sent_while_the_gateway_is_stopped_are_answered_once_after_start(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, discord: FakeDiscord
+) -> None:
+    # Discord delivers none of them again. Three come in a DM answered before the stop (read
+    # after the last message taken there), one is an allowed user's first DM ever and one a
+    # first mention in a server channel (read from when the gateway last had everything).
+    discord.add_user("ada", user_id=ADA)
+    discord.add_user("bea", user_id=BEA)
+    general = discord.add_channel(discord.add_guild("home"), "general")
+    ada, bea = discord.dm_channel(ADA), discord.dm_channel(BEA)
+    settings = config(tmp_path, fake_llm, telegram, discord)
+    settings["channels"]["discord"]["allow_from"] = [ADA, BEA]
+    process = GatewayProcess(tmp_path, settings, dict(os.environ))
+    await process.start(ready="discord: caught up")
+    fake_llm.script(Text("Before the stop."))
+    discord.user_message(ada, "before the stop", user_id=ADA)
+    await expect(discord, ada, ["Before the stop."])
+    assert await process.stop(signal.SIGTERM) == 0
+
+    sent = {
+        ada: ["down one", "down two", "down three"],
+        bea: ["my first DM ever"],
+        general: ["a first mention"],
+    }
+    for chat, texts in sent.items():
+        for text in texts:
+            author = BEA if chat == bea else ADA
+            discord.user_message(chat, text, user_id=author, mentions_bot=chat == general)
+    discord.user_message(general, "just chatting, not to the bot", user_id=BEA)
+    before = len(fake_llm.requests)
+    fake_llm.default_reply = Text("Caught up.")
+
+    def shown() -> dict[int, list[str]]:
+        return {chat: [m.content for m in discord.sent(chat) if not m.deleted] for chat in sent}
+
+    def answered() -> str | None:
+        return check_answered_once(fake_llm.requests[before:], sent, shown(), "Caught up.")
+
+    await process.start(ready="discord: caught up")
+    try:
+        await discord.wait_until(lambda: answered() is None, 60, "every message answered")
+    finally:
+        assert await process.stop(signal.SIGTERM) == 0
+    assert answered() is None, answered()  # nothing more came before the stop
+    assert shown()[ada][0] == "Before the stop."
+    assert not turns(fake_llm.requests[before:], ["before the stop", "just chatting"])
+    assert unanswered(process.data_dir) == (0, 0)
+
+    # A restart with nothing new answers nothing.
+    requests, answers = len(fake_llm.requests), shown()
+    await process.start(ready="discord: caught up")
+    assert await process.stop(signal.SIGTERM) == 0
+    assert (len(fake_llm.requests), shown()) == (requests, answers)

@@ -9,14 +9,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
+from tests.fakes.llm import Call, FakeLLM, Hang, RecordedRequest, Text, ToolCalls
 from tests.fakes.telegram import DEFAULT_TOKEN, ApiError, FakeTelegram, RateLimited, ServerError
 from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
@@ -441,3 +443,84 @@ async def test_kill_9_during_a_cron_turn_resumes_it_and_records_the_run_after_th
     listing = await nanobot_cli(process, "cron", "list")
     assert "ok" in listing.splitlines()[1], listing
     assert await process.stop() == 0
+
+
+WHILE_DOWN = {ALICE: ["down one", "down two", "down three"], BOB: ["down, from Bob"]}
+"""Sent while the gateway is down: three messages in one chat, one in another."""
+
+
+def turns(requests: Sequence[RecordedRequest], texts: Iterable[str]) -> list[list[str]]:
+    """Per model request, which of `texts` it answers: those in its trailing user messages
+    (after the last assistant message or tool result)."""
+    answering: list[list[str]] = []
+    for request in requests:
+        tail: list[str] = []
+        for entry in reversed(request.messages):
+            if entry["role"] != "user":
+                break
+            tail.append(str(entry["content"]))
+        answering.append([text for text in texts if any(text in content for content in tail)])
+    return [answered for answered in answering if answered]
+
+
+def check_answered_once(
+    requests: Sequence[RecordedRequest],
+    sent: dict[int, list[str]],
+    replies: dict[int, list[str]],
+    answer: str,
+) -> str | None:
+    """What is wrong (None: nothing) with the answers to the messages `sent` to each chat:
+    each message is answered in exactly one turn, and each turn by one reply `answer` in
+    its chat, so a turn that answers several has one reply for all of them."""
+    for chat, texts in sent.items():
+        answering = turns(requests, texts)
+        answered = sorted(text for turn in answering for text in turn)
+        if answered != sorted(texts):
+            return f"chat {chat}: {texts} answered in turns {answering}"
+        if replies[chat].count(answer) != len(answering):
+            return f"chat {chat}: {len(answering)} turn(s), replies {replies[chat]}"
+    return None
+
+
+def unanswered(data_dir: Path) -> tuple[int, int]:
+    """Messages journaled but not answered, and replies not delivered, in the state database."""
+    with closing(sqlite3.connect(data_dir / "state.db")) as db:
+        inbound = db.execute("SELECT count(*) FROM inbound WHERE state = 'pending'").fetchone()
+        outbox = db.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone()
+    return int(inbound[0]), int(outbox[0])
+
+
+async def test_messages_sent_while_the_gateway_is_stopped_are_answered_once_after_start(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram connected")
+    fake_llm.script(Text("Before the stop."))
+    telegram.user_message(ALICE, "before the stop", user_id=ALICE)
+    assert await replies(telegram, ALICE, 1) == ["Before the stop."]
+    assert await process.stop(signal.SIGTERM) == 0
+
+    for chat, texts in WHILE_DOWN.items():  # Telegram keeps them until they are fetched
+        for text in texts:
+            telegram.user_message(chat, text, user_id=chat)
+    before = len(fake_llm.requests)
+    fake_llm.default_reply = Text("Caught up.")
+    await process.start(ready="telegram connected")
+
+    def shown() -> dict[int, list[str]]:
+        return {chat: [m.visible for m in telegram.sent(chat)] for chat in WHILE_DOWN}
+
+    def answered() -> str | None:
+        requests = fake_llm.requests[before:]
+        return check_answered_once(requests, WHILE_DOWN, shown(), "Caught up.")
+
+    try:
+        await telegram.wait_for(lambda: answered() is None, seconds=60)
+    finally:
+        assert await process.stop(signal.SIGTERM) == 0
+    assert answered() is None, answered()  # nothing more came before the stop
+    assert shown()[ALICE][0] == "Before the stop."
+    assert not turns(fake_llm.requests[before:], ["before the stop"])  # not again
+    assert unanswered(process.data_dir) == (0, 0)

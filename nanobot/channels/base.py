@@ -14,6 +14,7 @@ import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -70,6 +71,25 @@ class IntakeHistory(Protocol):
 
         Raises:
             StoreError: the journal could not be read.
+        """
+        ...
+
+    async def caught_up_until(self, channel: str) -> datetime | None:
+        """The moment before which `channel` had everything its platform sent, as it last
+        recorded it (`caught_up`), but no earlier than the days `last_seen` covers; None if
+        it never recorded one (its first start).
+
+        Raises:
+            StoreError: the journal could not be read.
+        """
+        ...
+
+    async def caught_up(self, channel: str, moment: datetime) -> None:
+        """Record that `channel` has had everything its platform sent before `moment`
+        (taken, or seen and refused). A moment earlier than the one kept changes nothing.
+
+        Raises:
+            StoreError: the journal could not be written.
         """
         ...
 

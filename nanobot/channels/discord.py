@@ -8,10 +8,9 @@ limit (only if `intake` admits the sender), then `intake`, which journals it. Di
 acknowledgement and never delivers a message again: one that arrives while the gateway stops
 is still journaled (and answered after the restart); only a stranger's, which would need a
 pairing code (intake says CLOSED), is dropped with a warning. What was sent while nanobot
-was away (stopped, or between two gateway sessions) is fetched once connected: for each chat
-with messages taken in the last days (`IntakeHistory.last_seen`), its history after the
-newest one taken (at most `CATCH_UP_LIMIT` messages), taken in that chat's lane like any
-other message; the gate ignores what it took before. Message ids are Discord's snowflakes,
+was away (stopped, or between two gateway sessions) is fetched from the chats' history at
+the start of each session and taken in each chat's lane like any other message; see
+`_discord_catch_up` for which chats and how far back. Message ids are Discord's snowflakes,
 unique across the platform and growing with time.
 
 Chats: a DM, a guild channel or a thread, each by its channel id. A thread has its own id, so
@@ -38,12 +37,12 @@ Discord's is set on the process-wide `Route.BASE` / `DiscordWebSocket.DEFAULT_GA
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
 import discord
 import yarl
 from discord.gateway import DiscordWebSocket
@@ -59,6 +58,7 @@ from nanobot.bus.events import (
     Typing,
 )
 from nanobot.channels import _discord_inbound as inbound
+from nanobot.channels._discord_catch_up import CatchUp
 from nanobot.channels._discord_send import QUIET, Sender
 from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
@@ -76,7 +76,6 @@ from nanobot.channels.base import (
     not_fetched,
 )
 from nanobot.channels.render import split_discord
-from nanobot.errors import StoreError
 from nanobot.lanes import Lanes
 from nanobot.tasks import TaskSet
 
@@ -84,7 +83,6 @@ STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
 TAKE_GRACE = 5.0  # seconds messages already received may still be taken when stopping
 TYPING_INTERVAL = 8.0  # Discord shows "typing…" for about 10 s
 GUILD_READY_TIMEOUT = 2.0  # discord.py waits this long after the last GUILD_CREATE
-CATCH_UP_LIMIT = 100  # messages fetched per chat, on connecting, that came while away
 MAX_RATE_LIMIT_WAIT = 60.0  # a longer 429 wait fails the delivery (the manager retries later)
 AUTHENTICATION_FAILED = 4004  # the gateway's close code for a token it does not take
 _REJECTED = (
@@ -107,25 +105,35 @@ class DiscordSettings(BotSettings, Protocol):
 
     @property
     def gateway_url(self) -> str: ...
+    @property
+    def allow_from(self) -> Sequence[str]: ...
 
 
 class _Client(discord.Client):
-    """discord.py's client with our three event handlers."""
+    """discord.py's client with our event handlers: the session's start (READY), its loss
+    and resumption (for the catch-up), messages and button presses."""
 
     def __init__(
         self,
         *,
         ready: Callable[[discord.Client], None],
+        catch_up: CatchUp,
         message: Callable[[discord.Message], None],
         press: Callable[[discord.Interaction], None],
         **options: Any,
     ) -> None:
         super().__init__(**options)
         self._when_ready, self._when_message = ready, message  # Client has a `_ready`
-        self._when_pressed = press
+        self._when_pressed, self._catch_up = press, catch_up
 
     async def on_ready(self) -> None:
         self._when_ready(self)
+
+    async def on_disconnect(self) -> None:
+        self._catch_up.dropped()
+
+    async def on_resumed(self) -> None:
+        self._catch_up.resumed()
 
     async def on_message(self, message: discord.Message) -> None:
         if inbound.is_conversation(message):  # not our own echoes, nor other bots
@@ -209,19 +217,26 @@ class DiscordChannel(Channel):
         if not token:
             raise ChannelRefused("channels.discord.token is empty: set the bot's token")
         await self._replies.recover()  # before `ready()`: nothing is delivered before that
-        seen = await self._last_seen()  # before connecting: what came after is fetched
+        intake = self.intake
+        catch_up = CatchUp(
+            intake if isinstance(intake, IntakeHistory) else None,
+            allow_from=self._config.allow_from,
+            guilds=self._config.group_policy != "disabled",
+            take=self._take,
+        )
+        await catch_up.load()  # before connecting: what came after is fetched
         lanes: Lanes[int] = Lanes(name="discord-inbound")
-        catching = TaskSet("discord-catch-up")
 
         def connected(client: discord.Client) -> None:
-            if self._sender.client is None:
+            first = self._sender.client is None
+            if first:
                 self._sender.client = client
                 self._typing.start()
                 logger.info("discord connected as {}", client.user)
-                self._catch_up(client, lanes, seen)
+            # Also after a new IDENTIFY (not a RESUME): events in between are not replayed.
+            catch_up.ready(client, lanes)
+            if first:
                 ready()
-            else:  # after a new IDENTIFY (not a RESUME): events in between are not replayed
-                catching.spawn(self._catch_up_again(client, lanes), name="discord-catch-up")
 
         def arrived(message: discord.Message) -> None:
             if lanes.closed:
@@ -246,6 +261,7 @@ class DiscordChannel(Channel):
 
         client = _Client(
             ready=connected,
+            catch_up=catch_up,
             message=arrived,
             press=pressed,
             intents=_intents(),
@@ -268,20 +284,30 @@ class DiscordChannel(Channel):
                 "Bot → Privileged Gateway Intents in the Discord Developer Portal"
             ) from exc
         finally:
-            self._sender.client = None
-            await self._typing.stop()
-            await asyncio.gather(
-                catching.close(), self._close_lanes(lanes), pressing.close(grace=TAKE_GRACE)
-            )
-            await client.close()
-            self._presses.forget()
+            await self._stop(client, catch_up, lanes, pressing)
             restore()
 
+    async def _stop(
+        self, client: discord.Client, catch_up: CatchUp, lanes: Lanes[int], pressing: TaskSet
+    ) -> None:
+        """Stop taking messages and presses (within TAKE_GRACE), record how far messages
+        were taken, then disconnect."""
+        self._sender.client = None
+        await self._typing.stop()
+        stopping = datetime.now(UTC)  # what is sent from now on is fetched next time
+        _, lost, _ = await asyncio.gather(
+            catch_up.close(), self._close_lanes(lanes), pressing.close(grace=TAKE_GRACE)
+        )
+        await catch_up.stopped(stopping, lost=lost)
+        await client.close()
+        self._presses.forget()
+
     @staticmethod
-    async def _close_lanes(lanes: Lanes[int]) -> None:
+    async def _close_lanes(lanes: Lanes[int]) -> int:
         """Give the lanes up to TAKE_GRACE to take what they hold (Discord never delivers a
         message again), then cancel them (a take is cancelled mid-message); the messages
-        still waiting then are logged (the next start fetches them from the history)."""
+        still waiting then are logged (the next start fetches them from the history) and
+        counted."""
         lost = await lanes.close(grace=TAKE_GRACE)
         if lost:
             logger.warning(
@@ -289,68 +315,11 @@ class DiscordChannel(Channel):
                 "stopped; they are fetched at the next start",
                 lost,
             )
+        return lost
 
-    async def _last_seen(self) -> dict[int, int]:
-        """Chat id → the newest message id intake took there lately ({} when it cannot say)."""
-        intake = self.intake
-        if not isinstance(intake, IntakeHistory):
-            return {}
-        try:
-            seen = await intake.last_seen(self.name)
-        except StoreError as exc:
-            logger.warning(
-                "discord: could not read which messages were taken ({}); messages sent while "
-                "nanobot was away are not fetched",
-                exc,
-            )
-            return {}
-        return {int(c): int(m) for c, m in seen.items() if c.isdigit() and m.isdigit()}
-
-    def _catch_up(self, client: discord.Client, lanes: Lanes[int], seen: dict[int, int]) -> None:
-        """Queue, in each chat's lane, the fetching and taking of what it received after
-        the message `seen` names: before any message that arrives from now on."""
-        if lanes.closed:
-            return
-        for chat_id, after in seen.items():
-            lanes.add(chat_id, self._fetch_missed(client, chat_id, after))
-
-    async def _catch_up_again(self, client: discord.Client, lanes: Lanes[int]) -> None:
-        """After a new gateway session (not a resume): Discord replays nothing of the time
-        in between, so fetch it."""
-        logger.info("discord: new gateway session; fetching the messages sent meanwhile")
-        self._catch_up(client, lanes, await self._last_seen())
-
-    async def _fetch_missed(self, client: discord.Client, chat_id: int, after: int) -> None:
-        """Take what chat `chat_id` received after message `after` (at most CATCH_UP_LIMIT,
-        oldest first), each as if it had just arrived. Runs in the chat's lane: never raises."""
-        try:
-            channel = client.get_channel(chat_id) or await client.fetch_channel(chat_id)
-            if not isinstance(channel, discord.abc.Messageable):
-                return
-            history = channel.history(
-                after=discord.Object(id=after), oldest_first=True, limit=CATCH_UP_LIMIT
-            )
-            fetched = [message async for message in history]
-        except (discord.DiscordException, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            logger.warning(
-                "discord: could not fetch what chat {} received while nanobot was away: {}",
-                chat_id,
-                exc,
-            )
-            return
-        missed = [m for m in fetched if inbound.is_conversation(m)]
-        if missed:
-            logger.info(
-                "discord: chat {}: {} message(s) after the last one taken; taking them{}",
-                chat_id,
-                len(missed),
-                f" (only the first {CATCH_UP_LIMIT})" if len(fetched) >= CATCH_UP_LIMIT else "",
-            )
-        for message in missed:
-            await self._take(client, message)
-
-    async def _take(self, client: discord.Client, message: discord.Message) -> None:
-        """Hand one message to intake. Runs in its chat's lane: never raises."""
+    async def _take(self, client: discord.Client, message: discord.Message) -> bool:
+        """Hand one message to intake; whether intake decided on it (took or refused it),
+        rather than it being lost to an error. Runs in its chat's lane: never raises."""
         taken = False
         try:
             received = await self._read(client, message)
@@ -365,6 +334,7 @@ class DiscordChannel(Channel):
             raise
         except Exception:  # noqa: BLE001 - a lane must survive one bad message
             logger.exception("discord: message {} could not be taken; it is lost", message.id)
+        return taken
 
     async def _press(self, interaction: discord.Interaction, message: InboundMessage) -> None:
         """Acknowledge a press first (the 3 s rule), then hand it to intake, which journals

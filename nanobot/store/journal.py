@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from nanobot.store._times import now_text, to_text
+from nanobot.store._times import from_text, now_text, to_text
 from nanobot.store.database import Database, Statement
 
 Record = dict[str, Any]
@@ -115,6 +115,23 @@ class Journal:
             (channel, to_text(datetime.now(UTC) - within)),
         )
         return {str(r["chat"]): str(r["newest"]) for r in rows if r["chat"] is not None}
+
+    async def caught_up(self, channel: str, moment: datetime) -> None:
+        """Record that `channel` has had everything its platform sent before `moment`. The
+        record only moves forward: an earlier `moment` than the one kept changes nothing."""
+        await self._db.write(
+            "INSERT INTO channel_state (channel, caught_up_until) VALUES (?, ?)"
+            " ON CONFLICT (channel) DO UPDATE SET caught_up_until = excluded.caught_up_until"
+            " WHERE channel_state.caught_up_until < excluded.caught_up_until",
+            (channel, to_text(moment)),
+        )
+
+    async def caught_up_until(self, channel: str) -> datetime | None:
+        """The latest moment `caught_up` recorded for `channel`; None if it never did."""
+        row = await self._db.fetchone(
+            "SELECT caught_up_until FROM channel_state WHERE channel = ?", (channel,)
+        )
+        return None if row is None else from_text(str(row["caught_up_until"]))
 
     async def reached_session(self, inbound_ids: Sequence[int]) -> set[int]:
         """Which of `inbound_ids` already have their user message stored in a session."""

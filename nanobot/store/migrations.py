@@ -271,6 +271,15 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE cron_runs SET delivery = 'delivered' WHERE delivered = 1;
     ALTER TABLE cron_runs DROP COLUMN delivered;
     """,
+    # 12: per channel, the moment before which it has had everything its platform sent
+    # (taken, or seen and refused), so a channel whose platform never delivers a message
+    # again (Discord) fetches what came after it, even in chats it never took from.
+    """
+    CREATE TABLE channel_state (
+        channel TEXT PRIMARY KEY,
+        caught_up_until TEXT NOT NULL
+    );
+    """,
 )
 
 

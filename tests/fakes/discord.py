@@ -899,7 +899,7 @@ class FakeDiscord:
         await asyncio.gather(*(c.close(code, reason, abort) for c in list(self._live)))
 
     @contextlib.asynccontextmanager
-    async def outage(self, code: int = 4000) -> AsyncIterator[None]:
+    async def outage(self, code: int = 4000, *, forget: bool = False) -> AsyncIterator[None]:
         """Disconnect everyone and hold new gateway connections before HELLO until exit.
 
         Messages injected inside are buffered per session and replayed on RESUME::
@@ -907,10 +907,17 @@ class FakeDiscord:
             async with fake.outage():
                 fake.user_message(channel, "while you were away")
             await fake.wait_for_resume()
+
+        ``forget``: the sessions are dropped too, as after an outage too long to resume: the
+        client's RESUME gets INVALID_SESSION and it IDENTIFYs afresh (READY again), and
+        what was sent meanwhile is only in the channels' history.
         """
         self._gate.clear()
         try:
             await self.disconnect_all(code)
+            if forget:
+                for session in list(self.sessions):
+                    self._forget(session)
             yield
         finally:
             self._gate.set()
