@@ -20,11 +20,13 @@ from tests.fakes.llm import (
     Call,
     ContextLengthError,
     Disconnect,
+    ErrorBody,
     FakeLLM,
     Hang,
     RateLimit,
     Reply,
     ServerError,
+    StreamError,
     Text,
     ToolCalls,
     ToolThenText,
@@ -234,6 +236,43 @@ async def test_rate_limit_has_retry_after_and_openai_body() -> None:
     assert error["type"] == "rate_limit_error"
     assert error["code"] == "rate_limit_exceeded"
     assert error["message"]
+
+
+async def test_an_error_body_is_sent_as_given() -> None:
+    body = {"error": {"code": 400, "message": "too big", "type": "exceed_context_size_error"}}
+    async with FakeLLM(ErrorBody(400, body), ErrorBody(500, "plain words")) as fake:
+        shaped = await _post(fake.base_url, _request())
+        plain = await _post(fake.base_url, _request())
+    assert (shaped.status_code, shaped.json()) == (400, body)
+    assert (plain.status_code, plain.text) == (500, "plain words")
+
+
+async def test_a_stream_error_comes_after_the_content_or_as_an_http_error() -> None:
+    error = {"message": "context window exceeded", "code": 400}
+    async with FakeLLM(StreamError(error, content="Hello there"), StreamError(error)) as fake:
+        events: list[str] = []
+        async with (
+            httpx.AsyncClient(trust_env=False) as client,
+            client.stream(
+                "POST", f"{fake.base_url}/chat/completions", json=_request(stream=True)
+            ) as response,
+        ):
+            assert response.status_code == 200
+            events = [line async for line in response.aiter_lines() if line]
+        whole = await _post(fake.base_url, _request())
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events]
+    assert _reassemble(chunks[:-1])[0] == "Hello there"
+    assert chunks[-1] == {"error": error}  # and no [DONE]
+    assert (whole.status_code, whole.json()) == (400, {"error": error})
+
+
+async def test_a_reported_cost_is_in_the_usage() -> None:
+    async with FakeLLM(Text("hi", cost=0.25), Text("hi", cost=0.5), Text("hi")) as fake:
+        whole = (await _post(fake.base_url, _request())).json()["usage"]
+        streamed = (await _stream(fake.base_url, _request(stream=True)))[-1]["usage"]
+        unpriced = (await _post(fake.base_url, _request())).json()["usage"]
+    assert (whole["cost"], streamed["cost"]) == (0.25, 0.5)
+    assert "cost" not in unpriced
 
 
 @pytest.mark.parametrize(

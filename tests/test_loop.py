@@ -13,20 +13,34 @@ from nanobot.agent.context import ContextBuilder
 from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
 from nanobot.agent.run import ToolPolicy
 from nanobot.agent.runner import SKIPPED, Runner
-from nanobot.providers.provider import RetryPolicy
+from nanobot.providers.provider import Provider, RetryPolicy
 from nanobot.store import Database, SessionStore, UsageLedger
 from nanobot.tools.registry import ToolRegistry
 from nanobot.workspace import copy_template
-from tests.fakes.llm import Call, ContextLengthError, FakeLLM, ServerError, Text, ToolCalls
+from tests.fakes.llm import (
+    Call,
+    ContextLengthError,
+    FakeLLM,
+    Reply,
+    ServerError,
+    Text,
+    ToolCalls,
+)
 from tests.fakes.tools import BlockTool, EchoTool
-from tests.test_provider import on_litellm
+from tests.test_provider_servers import OVERFLOWS, TRANSPORTS, provider_on
 
 
 class Parts:
     def __init__(
-        self, loop: AgentLoop, sessions: SessionStore, echo: EchoTool, blocker: BlockTool
+        self,
+        loop: AgentLoop,
+        sessions: SessionStore,
+        echo: EchoTool,
+        blocker: BlockTool,
+        provider: Provider,
     ) -> None:
         self.loop, self.sessions, self.echo, self.blocker = loop, sessions, echo, blocker
+        self.provider = provider
 
     async def entries(self, key: str) -> list[dict[str, Any]]:
         session = await self.sessions.live(key)
@@ -40,14 +54,16 @@ async def make_parts(
     *,
     context_window: int | None = None,
     vision: bool = False,
+    transport: str = "litellm",
     **settings: Any,
 ) -> Parts:
+    """The loop's parts, its model calls going through `transport` (close `provider` after
+    a test on the direct one)."""
     workspace = tmp_path / "workspace"
     copy_template(workspace)
-    provider = on_litellm(
-        "openai/fake-model",
-        api_key="sk-test",
-        api_base=fake.base_url,
+    provider = provider_on(
+        transport,
+        fake,
         retry=RetryPolicy(attempts=0),
         context_window=context_window,
         max_tokens=200,
@@ -63,7 +79,7 @@ async def make_parts(
         LoopSettings(max_tokens=200, **settings),
         usage=UsageLedger(db),
     )
-    return Parts(loop, sessions, echo, blocker)
+    return Parts(loop, sessions, echo, blocker, provider)
 
 
 @pytest.fixture
@@ -240,6 +256,43 @@ async def test_overflow_compacts_and_retries(
     assert "They asked three questions." in retried[1]["content"]
     kinds = [e["_kind"] for e in await parts.entries("t:1")]
     assert kinds.count("compaction") == 1
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("overflow", OVERFLOWS)
+async def test_an_overflow_in_any_servers_words_compacts_and_retries(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database, overflow: Reply, transport: str
+) -> None:
+    parts = await make_parts(tmp_path, fake_llm, db, transport=transport)
+    try:
+        for i in range(2):
+            fake_llm.script(Text(f"answer {i}"))
+            await parts.loop.handle(TurnRequest("t:1", f"question {i}"))
+        fake_llm.script(overflow, Text("They asked two questions."), Text("fits now"))
+        reply = await parts.loop.handle(TurnRequest("t:1", "what did I ask?"))
+    finally:
+        await parts.provider.aclose()
+    assert reply is not None
+    assert reply.text == "fits now"
+    assert "They asked two questions." in fake_llm.requests[-1].messages[1]["content"]
+    kinds = [e["_kind"] for e in await parts.entries("t:1")]
+    assert kinds.count("compaction") == 1
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_the_cost_a_server_reports_is_on_the_books(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database, transport: str
+) -> None:
+    # fake-model has no price in litellm's list: the router's own figure is all there is.
+    parts = await make_parts(tmp_path, fake_llm, db, transport=transport)
+    fake_llm.script(Text("Priced by the router.", cost=0.0042), Text("Again.", cost=0.001))
+    try:
+        await parts.loop.handle(TurnRequest("t:1", "hi"))
+        await parts.loop.handle(TurnRequest("t:1", "again"))
+    finally:
+        await parts.provider.aclose()
+    assert (await UsageLedger(db).totals("t:1")).cost == pytest.approx(0.0052)
+    assert "about $0.0052" in await parts.loop.status("t:1")
 
 
 async def test_parallel_policy_is_passed_through(

@@ -36,7 +36,9 @@ class Assembler:
         skipped."""
         usage = chunk.get("usage")
         if usage and usage.get("prompt_tokens") is not None:
-            self.set_usage(usage["prompt_tokens"], usage.get("completion_tokens"))
+            self.set_usage(
+                usage["prompt_tokens"], usage.get("completion_tokens"), usage.get("cost")
+            )
         for choice in chunk.get("choices") or ():
             if choice.get("finish_reason"):
                 self.finish(choice["finish_reason"])
@@ -54,8 +56,13 @@ class Assembler:
                     function.get("arguments"),
                 )
 
-    def set_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
-        self.usage = Usage(int(prompt_tokens or 0), int(completion_tokens or 0))
+    def set_usage(
+        self, prompt_tokens: int | None, completion_tokens: int | None, cost: object = None
+    ) -> None:
+        """The answer's token counts, and the cost in USD the server put beside them (OpenRouter
+        and LiteLLM's proxy send `usage.cost`); anything but a number there counts as none."""
+        reported = cost if isinstance(cost, int | float) and not isinstance(cost, bool) else 0.0
+        self.usage = Usage(int(prompt_tokens or 0), int(completion_tokens or 0), max(0.0, reported))
 
     def finish(self, reason: str) -> None:
         self._finish = reason
@@ -96,9 +103,29 @@ class Assembler:
         return Completion(text or None, calls, finish, usage, model)
 
 
+# How servers say that a request does not fit the model's context window (lower-cased). The
+# status they send it with varies (400, 413, 500, or an error event in a stream), so the words
+# decide; each is specific enough not to appear in other errors.
+_OVERFLOW_WORDS = (
+    "context length",  # OpenAI, vLLM: "maximum context length is"; Ollama: "max context length"
+    "context_length",  # OpenAI's code: context_length_exceeded
+    "context size",  # llama.cpp: "exceeds the available context size"
+    "exceed_context_size",  # llama.cpp's error type
+    "context window",  # "exceeds the context window"
+    "contextwindowexceeded",  # LiteLLM's proxy: "litellm.ContextWindowExceededError: ..."
+    "context limit",  # Anthropic: "exceed context limit"
+    "prompt too long",  # Ollama: "prompt too long; exceeded max context length by N tokens"
+    "prompt is too long",  # Anthropic, also through proxies
+    "too many tokens",
+    "input tokens exceed",  # Azure: "Input tokens exceed the configured limit"
+    "maximum number of tokens allowed",  # Gemini
+)
+
+
 def looks_like_overflow(text: str) -> bool:
+    """Whether an error's text says the request was too long for the model's context."""
     text = text.lower()
-    return "context length" in text or "context_length" in text or "too many tokens" in text
+    return any(words in text for words in _OVERFLOW_WORDS)
 
 
 def retry_after(exc: object) -> float | None:

@@ -49,7 +49,8 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts and cost (USD; 0.0 when the model's price is unknown)."""
+    """Token counts and cost in USD: by the model's known price, else as the server reported
+    it (OpenRouter, LiteLLM's proxy), else 0.0."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -169,7 +170,9 @@ class Transport(Protocol):
     provider's)."""
 
     async def stream(self, call: Call, on_delta: DeltaHandler | None) -> Completion:
-        """Stream `call` and return the assembled answer; its `usage` carries no cost.
+        """Stream `call` and return the assembled answer; its `usage` carries the cost the
+        server reported with it, if any (the provider prices it where the model's price is
+        known).
 
         `on_delta` as in `LLMProvider.complete`, seq counting from 0.
 

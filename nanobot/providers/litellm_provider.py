@@ -176,7 +176,11 @@ def _read_chunk(chunk: Any, assembler: Assembler) -> None:
     """One of litellm's streamed chunks (`ModelResponseStream`) into `assembler`."""
     usage = _field(chunk, "usage")
     if usage is not None and _field(usage, "prompt_tokens") is not None:
-        assembler.set_usage(_field(usage, "prompt_tokens"), _field(usage, "completion_tokens"))
+        assembler.set_usage(
+            _field(usage, "prompt_tokens"),
+            _field(usage, "completion_tokens"),
+            _field(usage, "cost"),
+        )
     for choice in _field(chunk, "choices") or ():
         reason = _field(choice, "finish_reason")
         if reason:
@@ -275,10 +279,19 @@ def _kind(exc: BaseException) -> ProviderErrorKind:
             "bad_request",
         ),
     )
-    for types, kind in checks:
-        if isinstance(exc, types):
-            overflow = kind == "bad_request" and looks_like_overflow(str(exc))
-            return "context_overflow" if overflow else kind
+    kind = next((kind for types, kind in checks if isinstance(exc, types)), None)
+    if kind is None:
+        kind = _kind_of_other(exc)
+    # litellm knows OpenAI's wording of an overflow, but not every server's, nor one sent
+    # as a 500 or in the stream (a proxy's, llama.cpp's): the words decide, as on the
+    # direct transport.
+    if kind in ("bad_request", "unavailable") and looks_like_overflow(str(exc)):
+        return "context_overflow"
+    return kind
+
+
+def _kind_of_other(exc: BaseException) -> ProviderErrorKind:
+    """The kind of an exception that is none of litellm's own."""
     if isinstance(exc, TimeoutError):
         return "timeout"
     status = getattr(exc, "status_code", None)

@@ -190,14 +190,21 @@ def _decode(payload: bytes, model: str) -> dict[str, Any]:
 
 
 def _kind_for_status(status: int, body: str) -> ProviderErrorKind:
-    """The error kind of an HTTP status, given the body the server sent with it."""
+    """The error kind of an HTTP status, given the body the server sent with it.
+
+    A request too long for the model is an overflow whatever the status: servers say so
+    with 400 (OpenAI, vLLM, llama.cpp, Ollama) or 500 (a proxy passing an upstream error
+    on), and retrying it unchanged would only fail again.
+    """
     if status == 429:
         return "rate_limited"
     if status in (401, 403):
         return "auth"
+    if status != 408 and looks_like_overflow(body):
+        return "context_overflow"
     if status == 408 or status >= 500:
         return "unavailable"
-    return "context_overflow" if looks_like_overflow(body) else "bad_request"
+    return "bad_request"
 
 
 def _error_status(error: object) -> int:
@@ -205,6 +212,8 @@ def _error_status(error: object) -> int:
     if not isinstance(error, Mapping):
         return 500
     code = error.get("code")
+    if isinstance(code, str) and code.isdigit():  # LiteLLM's proxy sends "400"
+        code = int(code)
     if isinstance(code, int) and 400 <= code < 600:
         return code
     words = f"{error.get('type')} {code}".lower()

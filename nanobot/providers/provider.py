@@ -204,7 +204,7 @@ class Provider:
     def _priced(self, model: str, completion: Completion) -> Usage:
         usage = completion.usage
         prices = self._catalog.info(model).prices
-        if prices is None:
+        if prices is None:  # what the server reported, if anything (a router's own model ids)
             return usage
         cost = prices.cost(usage.prompt_tokens, usage.completion_tokens)
         return Usage(usage.prompt_tokens, usage.completion_tokens, cost)

@@ -53,9 +53,12 @@ class Reply:
 
 @dataclass(frozen=True)
 class Text(Reply):
-    """An assistant text reply; streamed word by word, finish_reason "stop"."""
+    """An assistant text reply; streamed word by word, finish_reason "stop". ``cost``: the
+    price in USD the server reports in its ``usage`` (as OpenRouter and LiteLLM's proxy do);
+    None leaves it out, as OpenAI does."""
 
     content: str
+    cost: float | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,27 @@ class ContextLengthError(Reply):
 
 
 @dataclass(frozen=True)
+class ErrorBody(Reply):
+    """An HTTP error in any server's own shape: ``status`` with ``body`` as its JSON (a
+    string is sent as it is), e.g. llama.cpp's ``exceed_context_size_error`` or Ollama's
+    ``{"error": "prompt too long; ..."}``."""
+
+    status: int
+    body: Any
+
+
+@dataclass(frozen=True)
+class StreamError(Reply):
+    """A failure after the answer began: a streamed request gets HTTP 200, ``content`` in
+    chunks, then ``data: {"error": error}`` and the end of the stream (as vLLM, llama.cpp
+    and LiteLLM's proxy send it); a request for a whole answer gets the error as an HTTP
+    error of the status in ``error["code"]`` (500 without one)."""
+
+    error: JSON
+    content: str = ""
+
+
+@dataclass(frozen=True)
 class AuthError(Reply):
     """HTTP 401 with OpenAI's ``invalid_api_key`` body."""
 
@@ -138,6 +162,7 @@ _KINDS: dict[str, type[Reply]] = {
     k.__name__: k
     for k in (Text, Echo, ToolCalls, RateLimit, ServerError, ContextLengthError, AuthError, Hang)
 }
+_KINDS |= {"ErrorBody": ErrorBody, "StreamError": StreamError}
 _KINDS["ToolThenText"] = ToolThenText
 _KINDS["Disconnect"] = Disconnect
 
@@ -224,6 +249,9 @@ def _fault(reply: Reply, request: web.Request) -> web.Response | None:
         case ContextLengthError():
             code = "context_length_exceeded"
             return _error(400, CONTEXT_LENGTH_MESSAGE, "invalid_request_error", code)
+        case ErrorBody(status=status, body=body):
+            text = body if isinstance(body, str) else json.dumps(body)
+            return web.Response(status=status, text=text, content_type="application/json")
         case AuthError():
             key = request.headers.get("Authorization", "").removeprefix("Bearer ")
             msg = (
@@ -424,7 +452,8 @@ class FakeLLM:
     async def _succeed(
         self, request: web.Request, asked: _Head, reply: Reply, size: int
     ) -> web.StreamResponse:
-        """Answer with ``reply`` (Text, Echo, ToolCalls, ToolThenText or Disconnect), streamed
+        """Answer with ``reply`` (Text, Echo, ToolCalls, ToolThenText, Disconnect or
+        StreamError), streamed
         if asked. ``size``: the request body's length in bytes; a quarter of it is the prompt's
         token count (not re-encoding the messages keeps long requests cheap to serve)."""
         if isinstance(reply, Echo):
@@ -444,8 +473,10 @@ class FakeLLM:
         ]
         prompt = max(1, size // 4)
         completion = max(1, len(content + "".join(c["function"]["arguments"] for c in calls)) // 4)
-        usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+        usage: JSON = {"prompt_tokens": prompt, "completion_tokens": completion}
         usage["total_tokens"] = prompt + completion
+        if isinstance(reply, Text) and reply.cost is not None:
+            usage["cost"] = reply.cost
         base: JSON = {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "created": int(time.time()),
@@ -456,6 +487,8 @@ class FakeLLM:
         stream = bool(asked.stream)
         if isinstance(reply, Disconnect):
             return await self._disconnect(request, base, reply.content, stream)
+        if isinstance(reply, StreamError):
+            return await self._fail_midway(request, base, reply, stream)
         if not stream:
             message: JSON = {"role": "assistant", "content": content or None, "refusal": None}
             message |= {"tool_calls": calls} if calls else {}
@@ -494,6 +527,24 @@ class FakeLLM:
         response = await self._start(request, stream, len(payload))
         await response.write(payload[: len(payload) * 3 // 4].encode())
         return self._abort(request, response)
+
+    async def _fail_midway(
+        self, request: web.Request, base: JSON, reply: StreamError, stream: bool
+    ) -> web.StreamResponse:
+        """Stream ``reply.content``, then its error (see ``StreamError``)."""
+        if not stream:
+            code = reply.error.get("code")
+            status = code if isinstance(code, int) and 400 <= code < 600 else 500
+            return web.json_response({"error": reply.error}, status=status)
+        head: JSON = {**base, "object": "chat.completion.chunk"}
+        response = await self._start(request)
+        for delta in _stream_deltas(reply.content, []) if reply.content else []:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            chunk = {**head, "choices": [choice]}
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: " + json.dumps({"error": reply.error}).encode() + b"\n\n")
+        await response.write_eof()
+        return response
 
     @staticmethod
     async def _start(
