@@ -172,8 +172,17 @@ def _provider(model: str) -> str:
         return model.split("/", 1)[0] if "/" in model else ""
 
 
+def _timeouts(timeout: float, *, read: float) -> Any:
+    """httpx's timeouts (litellm passes them on to its clients): `timeout` for connecting,
+    sending and a pooled connection, `read` for the answer."""
+    import httpx  # litellm's own HTTP client: imported with it
+
+    return httpx.Timeout(timeout, read=read)
+
+
 def _read_chunk(chunk: Any, assembler: Assembler) -> None:
-    """One of litellm's streamed chunks (`ModelResponseStream`) into `assembler`."""
+    """One of litellm's streamed chunks (`ModelResponseStream`), or a whole answer
+    (`ModelResponse`: a single "chunk" whose choices carry a `message`), into `assembler`."""
     usage = _field(chunk, "usage")
     if usage is not None and _field(usage, "prompt_tokens") is not None:
         assembler.set_usage(
