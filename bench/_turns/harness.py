@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import httpx
+
 from bench._common import BenchError
 from bench._turns.fake import Fake
 from bench._turns.scenario import MESSAGE, TOOL_MESSAGE, TOOL_REPLY
@@ -52,49 +54,66 @@ class Bench:
         self._keys += 1
         return f"bench:{self.label}:{self._keys}"
 
-    def _kwargs(self, request: Request) -> dict[str, Any]:
+    def _kwargs(self, request: Request, streamed: bool) -> dict[str, Any]:
         """Exactly what LiteLLMTransport passes to litellm.acompletion."""
         agent = self.stack.config.agent
         kwargs: dict[str, Any] = {
             "model": agent.model,
             "messages": list(request.messages),
-            "stream": True,
-            "stream_options": {"include_usage": True},
             "max_tokens": agent.max_tokens,
             "temperature": agent.temperature,
-            "timeout": agent.request_timeout,
             "max_retries": 0,
             "api_key": "sk-bench",
             "api_base": self.fake.base_url,
         }
+        if streamed:
+            kwargs["stream"] = True
+            kwargs["stream_options"] = {"include_usage": True}
+            kwargs["timeout"] = agent.request_timeout
+        else:
+            kwargs["timeout"] = httpx.Timeout(agent.request_timeout, read=agent.max_turn_seconds)
         if request.tools:
             kwargs["tools"] = list(request.tools)
         return kwargs
 
-    async def bare_call(self, request: Request) -> None:
-        stream = await self.litellm.acompletion(**self._kwargs(request))
-        async for _ in stream:
-            pass
+    async def bare_call(self, request: Request, *, streamed: bool = True) -> None:
+        """The model call litellm makes for a turn: streamed, as for a turn someone watches
+        being written (a chat's), or asked for whole."""
+        answer = await self.litellm.acompletion(**self._kwargs(request, streamed))
+        if streamed:
+            async for _ in answer:
+                pass
 
-    async def bare(self, request: Request, tool_call: bool = False) -> Timing:
+    async def bare(
+        self, request: Request, tool_call: bool = False, *, streamed: bool = True
+    ) -> Timing:
         """Layer 1. `tool_call`: the fake answers with the tool call, as in the turn."""
         if tool_call:
             await self.fake.script(TOOL_REPLY)
-        timing, _ = await timed(self.bare_call(request))
+        timing, _ = await timed(self.bare_call(request, streamed=streamed))
         return timing
 
     async def provider(self, request: Request, tool_call: bool = False) -> Timing:
-        """Layer 2."""
+        """Layer 2, streamed as in a watched turn."""
         if tool_call:
             await self.fake.script(TOOL_REPLY)
         inner = self.stack.provider.inner
-        timing, _ = await timed(inner.complete(request.messages, request.tools))
+        call = inner.complete(request.messages, request.tools, on_delta=_unseen)
+        timing, _ = await timed(call)
         return timing
 
     async def turn(
-        self, key: str, *, tool_call: bool = False, stack: Stack | None = None
+        self,
+        key: str,
+        *,
+        tool_call: bool = False,
+        stack: Stack | None = None,
+        watched: bool = True,
     ) -> tuple[Timing, list[Request]]:
-        """Layer 3: one turn in session `key`; returns its timing and its model calls."""
+        """Layer 3: one turn in session `key`; returns its timing and its model calls.
+
+        `watched`: someone is shown the answer while it is written, as in a chat (the model
+        streams); otherwise it is asked for whole, as for `agent -m`."""
         stack = stack or self.stack
         if tool_call and stack.provider.instant:
             stack.provider.scripted.append(INSTANT_TOOL_CALL)
@@ -103,11 +122,16 @@ class Bench:
         calls = stack.provider.calls
         before = len(calls)
         text = TOOL_MESSAGE if tool_call else MESSAGE
-        timing, reply = await timed(stack.loop.handle(TurnRequest(key, text)))
+        request = TurnRequest(key, text, listener=_unseen if watched else None, live=watched)
+        timing, reply = await timed(stack.loop.handle(request))
         made = [Request(m, t) for m, t in calls[before:]]
         del calls[:]
         check_reply(reply, text, tool_call)
         return timing, made
+
+
+def _unseen(_: object) -> None:
+    """A listener that shows the answer to nobody (it costs nothing to compare with)."""
 
 
 class DirectBench(Bench):
@@ -115,8 +139,9 @@ class DirectBench(Bench):
     `direct`): its "bare" call is the provider's own (`Provider.complete` over the
     `DirectTransport`), as there is no litellm below it to call instead."""
 
-    async def bare_call(self, request: Request) -> None:
-        await self.stack.provider.inner.complete(request.messages, request.tools)
+    async def bare_call(self, request: Request, *, streamed: bool = True) -> None:
+        on_delta = _unseen if streamed else None
+        await self.stack.provider.inner.complete(request.messages, request.tools, on_delta=on_delta)
 
 
 def check_reply(reply: Reply | None, text: str, tool_call: bool) -> None:

@@ -40,8 +40,8 @@ class Recorder:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-    def prepare(self) -> None:
-        self.inner.prepare()
+    def prepare(self, *, require_key: bool = True) -> None:
+        self.inner.prepare(require_key=require_key)
 
     async def complete(
         self,
