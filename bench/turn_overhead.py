@@ -1,7 +1,7 @@
 """Issue 3, per-turn overhead: what nanobot adds to a model call that answers in 0 ms.
 
 Everything runs in this process and its event loop: nanobot's own composition root
-(`nanobot.app._parts`: the `Provider` over a `LiteLLMTransport`, the real tools, SQLite
+(`nanobot.app.open_parts`: the `Provider` over a `LiteLLMTransport`, the real tools, SQLite
 store, workspace template) in a temporary data dir, against the fake model server
 tests/fakes/llm.py. These layers are measured in the same run, interleaved in a shuffled
 order every round:

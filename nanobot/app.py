@@ -1,22 +1,19 @@
-"""The composition root: builds nanobot's parts from the Config and runs them.
+"""The composition root: builds nanobot's parts from the Config and wires them together.
 
-The only module that knows every other one. The CLI calls the plain functions here; each
-sets up logging, builds what it needs, runs it and tears it down in order.
+The only module that knows every other one: the provider and its transports, the sandbox
+and the tools, the store and the agent loop (`open_parts`), the way in (`Intake`), the
+approver, subagents, channels and the gateway (`build_gateway`). How each of them is run
+(`agent -m`, a terminal chat, the gateway) is `nanobot.launch`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import gc
-import os
 import stat
-import sys
 import tempfile
-import uuid
 import zoneinfo
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from functools import partial
@@ -25,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from nanobot import log
 from nanobot.agent.approvals import ApprovalPolicy
 from nanobot.agent.approver import Approver
 from nanobot.agent.context import ContextBuilder
@@ -34,7 +30,7 @@ from nanobot.agent.loop import AgentLoop, LoopSettings
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
-from nanobot.bus.events import ChatRef, InboundMessage, Source, TurnOutcome
+from nanobot.bus.events import ChatRef, Source
 from nanobot.bus.intake import EventIntake
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Channel, InboxPolicy, IntakePort, OutboxPort
@@ -43,7 +39,7 @@ from nanobot.channels.terminal import TerminalChannel
 from nanobot.config import Config
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.service import CronService
-from nanobot.errors import ConfigError, NanobotError, ProviderError
+from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat
@@ -73,8 +69,6 @@ if TYPE_CHECKING:
     from nanobot.providers.litellm_provider import LiteLLMTransport
 
 JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe
-GC_YOUNG_THRESHOLD = 10_000  # new objects between two collections of the youngest generation
-GATEWAY_LOCK = "gateway.lock"  # in the data dir: held by the running gateway (see `serve`)
 
 
 def _timezone(config: Config) -> tzinfo | None:
@@ -244,7 +238,7 @@ def private_dir(path: Path) -> None:
 
 
 @asynccontextmanager
-async def _parts(config: Config, *, require_key: bool = True) -> AsyncIterator[Parts]:
+async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterator[Parts]:
     """Everything a turn needs, built from `config`. `require_key` False lets a gateway
     start without the model's API key (warned about; replies fail until it is set)."""
     private_dir(config.data_dir)
@@ -338,23 +332,11 @@ def build_subagents(config: Config, parts: Parts, intake: EventIntake) -> Subage
     return subagents
 
 
-CLI = "cli"  # the channel of `nanobot agent -m`: its answer is printed, not delivered
 EVERYONE = ChannelRules(frozenset({"*"}))  # the person at this machine's own terminal
 
 
-class _Answer:
-    """The outcome of the one message `ask` sends (an `OutcomeSink`)."""
-
-    def __init__(self) -> None:
-        self.outcome: asyncio.Future[TurnOutcome] = asyncio.get_running_loop().create_future()
-
-    async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:
-        if not self.outcome.done():
-            self.outcome.set_result(outcome)
-
-
 @dataclass(frozen=True)
-class _Intake:
+class Intake:
     """The way in, built on the parts: bus, journal and gate."""
 
     bus: MessageBus
@@ -362,138 +344,13 @@ class _Intake:
     gate: Gate
 
     @classmethod
-    async def build(cls, parts: Parts, rules: dict[str, ChannelRules]) -> _Intake:
+    async def build(cls, parts: Parts, rules: dict[str, ChannelRules]) -> Intake:
         bus, journal = parts.bus, parts.journal
         pruned = await journal.prune(JOURNAL_KEEP)
         if pruned:
             logger.debug("pruned {} finished journal rows", pruned)
         await parts.approver.recover()  # before any turn resumes
         return cls(bus, journal, Gate(rules, Access(parts.db), journal, bus))
-
-
-def ask(config: Config, message: str, session_key: str, *, verbose: bool = False) -> str:
-    """One turn in `session_key`; returns the reply. The message goes the one way in (gate,
-    journal, dispatcher) like any other; its answer is printed rather than delivered.
-
-    Raises:
-        ProviderError: the model could not be reached.
-        NanobotError: the turn failed otherwise (a limit, storage); the message says why.
-    """
-    # The turn's failure is printed as one line by the caller; the runner's warning about
-    # it goes to the log file only.
-    log.configure(config, quiet=not verbose, reported=() if verbose else ("nanobot.agent.runner",))
-
-    async def run() -> str:
-        async with _parts(config) as parts:
-            way_in = await _Intake.build(parts, {CLI: EVERYONE})
-            answer = _Answer()
-            outcomes: dict[Source, OutcomeSink] = {"chat": answer}
-            dispatcher = Dispatcher(
-                parts.loop, way_in.bus, way_in.journal, parts.loop, outcomes=outcomes
-            )
-            async with asyncio.TaskGroup() as group:
-                dispatching = group.create_task(dispatcher.run(), name="dispatcher")
-                event = InboundMessage(
-                    ChatRef(CLI, "local"),
-                    "local",
-                    message,
-                    uuid.uuid4().hex,
-                    session=session_key,
-                    deliver=False,
-                )
-                await way_in.gate(event)
-                outcome = await answer.outcome
-                way_in.bus.close_inbound()
-                await dispatching
-        if isinstance(outcome.error, ProviderError):
-            raise outcome.error
-        if not outcome.ok:
-            raise NanobotError(outcome.text or f"the turn ended: {outcome.status}")
-        return outcome.text or ""
-
-    return asyncio.run(run())
-
-
-def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
-    """An interactive chat in the terminal until EOF, /exit or Ctrl-C twice: the terminal
-    channel on its own, through the gate, the journal and the outbox."""
-    log.configure(config, quiet=not verbose)
-
-    async def run() -> None:
-        async with _parts(config) as parts:
-            way_in = await _Intake.build(parts, {TerminalChannel.name: EVERYONE})
-            terminal = TerminalChannel(way_in.gate, session=session_key)
-            gateway = Gateway(
-                bus=way_in.bus,
-                gate=way_in.gate,
-                dispatcher=Dispatcher(parts.loop, way_in.bus, way_in.journal, parts.loop),
-                manager=ChannelManager([terminal], way_in.bus, way_in.journal),
-                shutdown_timeout=config.gateway.shutdown_timeout,
-                until=terminal.ended,
-            )
-            await gateway.run()
-
-    asyncio.run(run())
-
-
-def serve(config: Config) -> int:
-    """Run the gateway until SIGTERM/SIGINT; returns the exit code: 1 when it stopped
-    because no chat channel could run (each refused its token).
-
-    Raises:
-        ConfigError: the data dir cannot be written, or the channels cannot start (see
-            `check_channels`).
-        NanobotError: another gateway runs on the same data dir.
-    """
-    log.configure(config, quiet=False)
-    with _only_gateway(config.data_dir):
-        if config.gateway.event_loop == "uvloop":
-            try:
-                import uvloop
-            except ImportError:
-                logger.warning("uvloop is not installed; the gateway uses asyncio's own event loop")
-            else:
-                logger.debug("event loop: uvloop")
-                return uvloop.run(_serve(config))
-        logger.debug("event loop: asyncio")
-        return asyncio.run(_serve(config))
-
-
-@contextmanager
-def _only_gateway(data_dir: Path) -> Iterator[None]:
-    """Hold the data dir's gateway lock (`gateway.lock`, with this process's pid) while the
-    gateway runs: a second one would poll Telegram against the first (409 Conflict, for
-    ever) and share its state. The kernel drops the lock when the process ends, however
-    it ends, so a lock file left behind by a crash stops nothing.
-
-    Raises:
-        NanobotError: another gateway holds the lock; the message names its pid.
-    """
-    path = data_dir / GATEWAY_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 20, 0).decode("ascii", "replace").strip() or "unknown"
-            raise NanobotError(
-                f"another gateway is running on the data dir {data_dir} (pid {pid}): stop it "
-                "first, or give this one its own data_dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
-
-
-async def _serve(config: Config) -> int:
-    # A fresh `make run` has no API key yet: the gateway starts, says so, and answers.
-    async with _parts(config, require_key=False) as parts:
-        _tune_garbage_collection()
-        gateway = await build_gateway(config, parts, terminal=sys.stdin.isatty())
-        code = await gateway.run()
-        return 1 if gateway.manager.all_refused.is_set() else code
 
 
 def check_channels(config: Config, *, terminal: bool) -> None:
@@ -533,7 +390,7 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     rules = _channel_rules(config)
     if terminal:
         rules[TerminalChannel.name] = EVERYONE
-    way_in = await _Intake.build(parts, rules)
+    way_in = await Intake.build(parts, rules)
     channels = build_channels(config, way_in.gate, way_in.journal)
     if not channels:
         logger.warning(
@@ -591,29 +448,6 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     )
 
 
-def _tune_garbage_collection() -> None:
-    """Fit the garbage collector to a long-running server with many turns in flight.
-
-    What start-up built is frozen out of every later collection: the imported modules
-    (litellm's alone are about 300,000 objects) live as long as the process, and a full
-    collection under load walked all of them, 0.1-0.2 s with the event loop stopped. And the
-    youngest generation is collected after 10,000 new objects instead of 700: with hundreds
-    of turns in flight, each of those frequent collections walked thousands of live objects
-    (a tenth of the CPU of a 1,000-chat burst). Cyclic garbage waits a little longer; memory
-    barely changes.
-    """
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
-    logger.debug(
-        "start-up heap frozen: {} objects left out of garbage collection; young generation "
-        "collected every {} objects",
-        gc.get_freeze_count(),
-        GC_YOUNG_THRESHOLD,
-    )
-
-
 def _channel_rules(config: Config) -> dict[str, ChannelRules]:
     rules = {}
     for name in ("telegram", "discord"):
@@ -644,10 +478,3 @@ def build_channels(
         policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024), workspace)
         channels.append(DiscordChannel(discord, intake, policy, outbox=outbox))
     return channels
-
-
-def describe_error(exc: NanobotError) -> str:
-    """One line for the terminal: the user-facing reason, then the detail."""
-    if isinstance(exc, ProviderError):
-        return f"{exc.user_message()} ({exc.kind}: {exc})"
-    return str(exc)

@@ -1,4 +1,4 @@
-"""The `nanobot` command line: arguments in, calls into `nanobot.app` out.
+"""The `nanobot` command line: arguments in, calls into `nanobot.launch` and `nanobot.manage` out.
 
 Kept light on purpose: `nanobot --help`, `status` and `onboard` must not import litellm or
 the chat libraries, so everything heavy is imported inside the command that needs it.
@@ -171,30 +171,30 @@ def agent(
     ] = False,
 ) -> None:
     """Talk to the agent from the terminal: one message with -m, else an interactive chat."""
-    from nanobot import app as nanobot_app
+    from nanobot import launch
     from nanobot.errors import ConfigError, NanobotError
 
     config = _config(ctx)
     try:
         if message is None:
-            nanobot_app.chat(config, session, verbose=verbose)
+            launch.chat(config, session, verbose=verbose)
         else:
-            typer.echo(nanobot_app.ask(config, message, session, verbose=verbose))
+            typer.echo(launch.ask(config, message, session, verbose=verbose))
     except NanobotError as exc:
-        _fail(nanobot_app.describe_error(exc), code=2 if isinstance(exc, ConfigError) else 1)
+        _fail(launch.describe_error(exc), code=2 if isinstance(exc, ConfigError) else 1)
 
 
 @app.command()
 def gateway(ctx: typer.Context) -> None:
     """Run the long-lived service: channels, the agent loop and schedules."""
-    from nanobot import app as nanobot_app
+    from nanobot import launch
     from nanobot.errors import ConfigError, NanobotError
 
     config = _config(ctx)
     try:
-        code = nanobot_app.serve(config)
+        code = launch.serve(config)
     except NanobotError as exc:
-        _fail(nanobot_app.describe_error(exc), code=2 if isinstance(exc, ConfigError) else 1)
+        _fail(launch.describe_error(exc), code=2 if isinstance(exc, ConfigError) else 1)
     raise typer.Exit(code)
 
 

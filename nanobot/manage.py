@@ -419,7 +419,7 @@ def added_line(job: Job, zone: str) -> str:
 
 
 GATEWAY_LOCK = "gateway.lock"
-"""The file in the data dir that a running gateway holds locked (`nanobot.app.GATEWAY_LOCK`;
+"""The file in the data dir that a running gateway holds locked (`nanobot.launch` takes it;
 this module must not import the app)."""
 
 

@@ -9,11 +9,10 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-from nanobot.app import GATEWAY_LOCK
 from nanobot.bus.events import InboundMessage, TurnOutcome
 from nanobot.cron.jobs import Jobs, ScheduleSpec
 from nanobot.cron.service import CronService
-from nanobot.manage import gateway_pid, run_job
+from nanobot.manage import GATEWAY_LOCK, gateway_pid, run_job
 from nanobot.store import Database
 from nanobot.store.cron import CronStore
 from tests.conftest import Home

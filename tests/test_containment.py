@@ -1,7 +1,7 @@
 """The attack table: whatever the model does with its tools, no secret gets out.
 
 Each case is a script of tool calls the fake model makes, run through the real agent loop as
-the gateway builds it (`app._parts`: the real sandbox, file tools, prompt builder, SQLite
+the gateway builds it (`app.open_parts`: the real sandbox, file tools, prompt builder, SQLite
 store, litellm's or the direct transport against the fake model), in an installation laid out
 as a user's: `~/.nanobot/config.yaml` with every kind of secret, `state.db` holding another
 chat's conversation, logs, and a home folder with private files. After the attack turn and
@@ -328,7 +328,7 @@ async def attack(
     """Run the other chat, then the attack and one more turn; returns the tool results."""
     log.configure(config, quiet=False)
     try:
-        async with app._parts(config) as parts:
+        async with app.open_parts(config) as parts:
             fake.script(Text("Noted."))
             await parts.loop.handle(TurnRequest("telegram:42", OTHER_CHAT))
             seen = fake.request_count

@@ -86,7 +86,7 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def open_stack(config: Config, *, instant: bool = False) -> AsyncIterator[Stack]:
-    """nanobot as the app builds it (`app._parts`), its provider wrapped in a Recorder."""
+    """nanobot as the app builds it (`app.open_parts`), its provider wrapped in a Recorder."""
     built: list[Recorder] = []
     build = app.build_provider
 
@@ -96,7 +96,7 @@ async def open_stack(config: Config, *, instant: bool = False) -> AsyncIterator[
 
     async with contextlib.AsyncExitStack() as stack:
         with mock.patch.object(app, "build_provider", build_recorded):
-            loop = (await stack.enter_async_context(app._parts(config))).loop
+            loop = (await stack.enter_async_context(app.open_parts(config))).loop
         yield Stack(config, loop, built[-1])
 
 
