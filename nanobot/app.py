@@ -268,7 +268,7 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
     provider = build_provider(config)
     try:
         await asyncio.to_thread(partial(provider.prepare, require_key=require_key))
-        async with await Database.open(config.state_db_path) as db:
+        async with await Database.open(config.store_target) as db:
             jobs = Jobs(CronStore(db), config.timezone)
             tools = build_tools(config, jobs, sandbox)
             runner = Runner(provider, tools)

@@ -327,6 +327,44 @@ class LogConfig(Section):
         return value.upper() if isinstance(value, str) else value
 
 
+class StoreConfig(Section):
+    """Where the state lives (sessions, pending messages and replies, cron jobs, usage,
+    pairings, approvals)."""
+
+    # sqlite:///<absolute path> (default: state.db in the data dir), or
+    # postgresql://user:password@host:port/database for a state on PostgreSQL.
+    url: SecretStr | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _known_backend(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        text = value.get_secret_value().strip()
+        if text.startswith(_SQLITE_URL) and len(text) > len(_SQLITE_URL):
+            return SecretStr(text)
+        if text.lower().startswith(("postgresql://", "postgres://")):
+            return SecretStr(text)
+        # Only the scheme is shown: the rest may hold a password.
+        scheme = text.split("://", 1)[0] if "://" in text else "none"
+        raise ValueError(
+            f"unsupported store URL (scheme {scheme!r}): use sqlite:///<absolute path of "
+            "the file> or postgresql://user:password@host:port/database"
+        )
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The SQLite file `url` names; None when it names none (unset, or PostgreSQL)."""
+        text = self.url.get_secret_value() if self.url is not None else ""
+        if not text.startswith(_SQLITE_URL):
+            return None
+        path = text.removeprefix(_SQLITE_URL)
+        return Path(path).expanduser() if path.startswith("~") else Path("/" + path.lstrip("/"))
+
+
+_SQLITE_URL = "sqlite:///"
+
+
 class Config(BaseSettings):
     """The whole configuration. Build it with `load()`, not directly."""
 
@@ -348,6 +386,7 @@ class Config(BaseSettings):
     cron: CronConfig = Field(default_factory=CronConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     # The file this was loaded from (None when built directly): a secret to keep out of
     # the sandbox like the data dir.
     _source: Path | None = PrivateAttr(default=None)
@@ -390,7 +429,16 @@ class Config(BaseSettings):
 
     @property
     def state_db_path(self) -> Path:
-        return self.data_dir / "state.db"
+        """The SQLite file of the state: store.url's, else state.db in the data dir (unused
+        when the state is on PostgreSQL)."""
+        return self.store.sqlite_path or self.data_dir / "state.db"
+
+    @property
+    def store_target(self) -> Path | str:
+        """What opens the state (`Database.open`): the SQLite file, or the PostgreSQL URL,
+        password included (never to be shown; the store redacts it)."""
+        url = self.store.url.get_secret_value() if self.store.url is not None else ""
+        return url if url and self.store.sqlite_path is None else self.state_db_path
 
     @property
     def log_dir(self) -> Path:

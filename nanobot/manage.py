@@ -27,6 +27,7 @@ from nanobot.errors import NanobotError
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore
+from nanobot.store.database import Check
 from nanobot.store.journal import FailedReplies
 from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
 from nanobot.workspace import bundled, copy_template
@@ -52,7 +53,7 @@ def _on_store(
 
     async def run() -> tuple[list[str], bool]:
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        async with await Database.open(config.state_db_path) as db:
+        async with await Database.open(config.store_target) as db:
             return await work(db)
 
     return asyncio.run(run())
@@ -278,24 +279,24 @@ def status(config: Config, path: Path, *, check_db: bool = False) -> list[tuple[
         channel = getattr(config.channels, name)
         state = f"enabled, {len(channel.allow_from)} allowed" if channel.enabled else "disabled"
         rows.append((name, state))
-    if not config.state_db_path.exists():
-        return [*rows, ("state", f"{config.state_db_path} (not created yet)")]
-    return rows + asyncio.run(_store_rows(config.state_db_path, check_db, _zone(config)))
+    target = config.store_target
+    if isinstance(target, Path) and not target.exists():
+        return [*rows, ("state", f"{target} (not created yet)")]
+    return rows + asyncio.run(_store_rows(target, check_db, _zone(config)))
 
 
 async def _store_rows(
-    db_path: Path, check_db: bool, zone: ZoneInfo | None
+    target: Path | str, check_db: bool, zone: ZoneInfo | None
 ) -> list[tuple[str, str]]:
-    async with await Database.open(db_path, check="full" if check_db else "quick") as db:
+    async with await Database.open(target, check="full" if check_db else "quick") as db:
         stats = await SessionStore(db).stats()
         waiting = await Access(db).waiting()
         failed = await Journal(db).failed_replies()
         members = Members(db)
         gateways = [("gateway", _member_line(m, members.now(), zone)) for m in await members.all()]
-    checked = "ok (full check)" if check_db else "ok (quick check; --check-db for the full one)"
     return [
-        ("state", f"{db_path} ({stats.size_bytes / 1024:.0f} KiB)"),
-        ("integrity", checked),
+        ("state", f"{db.name} ({stats.size_bytes / 1024:.0f} KiB)"),
+        ("integrity", _checked(db.checked)),
         ("sessions", f"{stats.sessions} ({stats.live_sessions} live), {stats.entries} entries"),
         ("pairing", _waiting(waiting)),
         ("replies", _failed(failed)),
@@ -311,14 +312,14 @@ def health(config: Config) -> tuple[str, bool]:
     Raises:
         StoreError: the state database cannot be read.
     """
-    db_path = config.state_db_path
-    if not db_path.exists():
-        return f"no gateway has run on this data dir yet ({db_path} does not exist)", False
-    return asyncio.run(_health(db_path, _zone(config)))
+    target = config.store_target
+    if isinstance(target, Path) and not target.exists():
+        return f"no gateway has run on this data dir yet ({target} does not exist)", False
+    return asyncio.run(_health(target, _zone(config)))
 
 
-async def _health(db_path: Path, zone: ZoneInfo | None) -> tuple[str, bool]:
-    async with await Database.open(db_path, check=None) as db:
+async def _health(target: Path | str, zone: ZoneInfo | None) -> tuple[str, bool]:
+    async with await Database.open(target, check=None) as db:
         members = Members(db)
         found = await members.all()
         now = members.now()
@@ -367,6 +368,15 @@ def _ago(elapsed: timedelta) -> str:
     return f"{seconds // 3600} h"
 
 
+def _checked(check: Check | None) -> str:
+    """What the check as the state was opened found (it refuses a damaged one)."""
+    if check == "full":
+        return "ok (full check)"
+    if check == "quick":
+        return "ok (quick check; --check-db for the full one)"
+    return "not checked here: the check is SQLite's (PostgreSQL checks its own pages)"
+
+
 def _failed(failed: FailedReplies) -> str:
     """Replies the platforms refused for good (kept as long as delivered ones), the latest
     reason."""
@@ -390,7 +400,7 @@ def _waiting(waiting: dict[str, int]) -> str:
 
 async def _jobs_call(config: Config, work: Callable[[Jobs], Awaitable[list[str]]]) -> list[str]:
     config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    async with await Database.open(config.state_db_path) as db:
+    async with await Database.open(config.store_target) as db:
         return await work(Jobs(CronStore(db), config.timezone, channels=_channels(config)))
 
 

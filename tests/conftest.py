@@ -1,4 +1,5 @@
-"""Shared fixtures: a fake LLM server and an isolated nanobot home for subprocess tests."""
+"""Shared fixtures: a fake LLM server, an isolated nanobot home for subprocess tests, and
+the state database on each backend."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from loguru import logger
 
 from nanobot.log import route_libraries
+from nanobot.store import Database
+from tests import _stores
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
 from tests.gateway_process import audit_logs
@@ -91,6 +94,28 @@ async def fake_telegram() -> AsyncIterator[FakeTelegram]:
     """The fake Bot API; it takes the first well-formed token it sees as the bot's."""
     async with FakeTelegram() as fake:
         yield fake
+
+
+@pytest.fixture(params=_stores.BACKENDS)
+async def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Path | str]:
+    """A fresh state on each backend in turn (see `tests._stores`): a SQLite file's path, or
+    a new PostgreSQL database's URL (skipped where no PostgreSQL answers)."""
+    async with _stores.target(request.param, tmp_path) as target:
+        yield target
+
+
+@pytest.fixture
+async def db(store_target: Path | str) -> AsyncIterator[Database]:
+    """The state database, open, on each backend in turn (a module's own `db` wins)."""
+    async with await Database.open(store_target) as database:
+        yield database
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A new PostgreSQL database's URL, dropped after the test (skipped where none answers)."""
+    async with _stores.fresh_database() as url:
+        yield url
 
 
 @dataclass(frozen=True)

@@ -393,3 +393,42 @@ def test_a_model_id_without_its_provider_is_refused_with_the_fix(
     message = str(info.value)
     assert f"{key}: " in message
     assert "write <provider>/<model>" in message and fix in message
+
+
+def test_the_store_is_the_data_dirs_sqlite_file_by_default(tmp_path: Path) -> None:
+    config = load(write(tmp_path, f"data_dir: {tmp_path}\n"))
+    assert config.store.url is None
+    assert config.store_target == config.state_db_path == tmp_path / "state.db"
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("sqlite:///srv/nanobot/state.db", Path("/srv/nanobot/state.db")),
+        ("sqlite:////srv/nanobot/state.db", Path("/srv/nanobot/state.db")),
+        ("sqlite:///~/elsewhere.db", Path("~/elsewhere.db").expanduser()),
+    ],
+)
+def test_a_sqlite_store_url_names_its_file(tmp_path: Path, url: str, path: Path) -> None:
+    config = load(write(tmp_path, f"store: {{url: '{url}'}}\n"))
+    assert config.store_target == config.state_db_path == path
+
+
+def test_a_postgresql_store_url_is_a_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = "postgresql://nanobot:hunter2@db.internal:5432/nanobot"
+    monkeypatch.setenv("NANOBOT_STORE__URL", url)
+    config = load(write(tmp_path, f"data_dir: {tmp_path}\n"))
+    assert config.store_target == url
+    assert config.state_db_path == tmp_path / "state.db"  # unused, yet still a place to hide
+    assert "hunter2" not in repr(config) + str(config.model_dump())
+
+
+@pytest.mark.parametrize("url", ["mysql://root:hunter2@db/nano", "hunter2", "sqlite:///"])
+def test_a_store_url_of_no_known_backend_names_the_key_not_the_secret(
+    tmp_path: Path, url: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"store\.url: unsupported store URL") as raised:
+        load(write(tmp_path, f"store: {{url: '{url}'}}\n"))
+    assert "hunter2" not in str(raised.value)

@@ -20,7 +20,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
-from nanobot.errors import StoreError
 from nanobot.store import url as store_url
 from nanobot.store.dialect import Dialect
 
@@ -80,7 +79,9 @@ class Database(ABC):
         `check` is for SQLite (see `Check`); None skips it.
         """
         if isinstance(target, str) and store_url.backend(target) == "postgresql":
-            raise StoreError(f"{store_url.redact(target)}: PostgreSQL is not supported yet")
+            from nanobot.store.postgres import PostgresDatabase  # asyncpg only when used
+
+            return await PostgresDatabase.connect(target)
         from nanobot.store.sqlite import SqliteDatabase
 
         path = store_url.sqlite_path(target) if isinstance(target, str) else target
@@ -138,13 +139,16 @@ class Database(ABC):
         return rows[0] if rows else None
 
     @abstractmethod
-    async def atomic(self, statements: Sequence[Statement]) -> list[list[Row]]:
+    async def atomic(
+        self, statements: Sequence[Statement], *, lock: str | None = None
+    ) -> list[list[Row]]:
         """Run `statements` as one transaction; return each statement's rows, in order.
 
         All or nothing: if one fails, none of them is kept and the error is raised. Prefer
         it to a `transaction()` block when the statements do not depend on each other's
         results: it is sent whole, never holding a connection while the task waits for
         something else. Inside `transaction()` it becomes a savepoint of that transaction.
+        `lock` as for `transaction()`.
         """
 
     @abstractmethod

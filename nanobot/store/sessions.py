@@ -40,7 +40,8 @@ class NewEntry:
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """A stored entry. Ids increase with insertion order across the whole database."""
+    """A stored entry. Ids increase with insertion order: within a session they are also
+    committed in that order, so a reader paging by id (`since`) never skips one."""
 
     id: int
     session_id: int
@@ -144,7 +145,9 @@ class SessionStore:
             )
             for entry in entries
         ]
-        rows = await self._db.atomic(statements)
+        # One append to a session at a time, in every process: a batch's ids are adjacent,
+        # and a session's ids are committed in their order (`since` pages by id).
+        rows = await self._db.atomic(statements, lock=f"session:{session_id}")
         return [
             Entry(
                 id=int(row["id"]),

@@ -147,8 +147,11 @@ class SqliteDatabase(Database):
 
         return await self._run(run)
 
-    async def atomic(self, statements: Sequence[Statement]) -> list[list[Row]]:
-        """Sent to the thread as one: nothing else runs on the connection meanwhile."""
+    async def atomic(
+        self, statements: Sequence[Statement], *, lock: str | None = None
+    ) -> list[list[Row]]:
+        """Sent to the thread as one: nothing else runs on the connection meanwhile, and
+        `BEGIN IMMEDIATE` serialises it with every other writer, whatever its `lock`."""
         nested = self._in_transaction()
         begin, end, undo = (
             ("SAVEPOINT atomic", "RELEASE atomic", ("ROLLBACK TO atomic", "RELEASE atomic"))

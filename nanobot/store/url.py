@@ -51,7 +51,7 @@ def sqlite_path(url: str) -> Path:
     path = url.removeprefix(SQLITE_PREFIX)
     if path.startswith("~"):
         return Path(path).expanduser()
-    return Path("/" + path)
+    return Path("/" + path.lstrip("/"))
 
 
 def redact(url: str) -> str:

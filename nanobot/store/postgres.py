@@ -1,0 +1,357 @@
+"""The state database on PostgreSQL, through a pool of asyncpg connections.
+
+For several gateways on one state (a cluster) or a state kept off the machine. Imported only
+when a `postgresql://` store URL is opened: asyncpg is not loaded otherwise.
+
+Statements run on pooled connections; each is prepared once per connection (asyncpg's
+statement cache) with the stores' `?` placeholders numbered (`_placeholders`). A single
+statement or an `atomic` group takes a connection for just that long. A `transaction()`
+block holds one connection for its whole length: which block a statement belongs to is
+carried in a ContextVar, as on SQLite, so it follows the task into the tasks it starts;
+those take turns on the connection. Other tasks' statements run meanwhile on other
+connections and see only what is committed (READ COMMITTED). A block's `lock` is a
+transaction-level advisory lock on the name, so blocks with one name serialise across every
+process on the database.
+
+A connection the server ended (a restart, `pg_terminate_backend`) is replaced by the pool.
+A statement outside a block that met such an end is sent again on another connection: the
+server aborts what it ends, so it runs once. A connection lost without the server saying so
+(the network) fails the statement, which may or may not have run, like any lost commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Final, Self, TypeVar
+
+import asyncpg
+
+from nanobot.errors import StoreError
+from nanobot.store import migrations
+from nanobot.store import url as store_url
+from nanobot.store._placeholders import numbered
+from nanobot.store.database import Check, Database, Row, SqlValue, Statement
+from nanobot.store.dialect import POSTGRESQL
+
+POOL_SIZE: Final = 10
+"""Connections per process at most; one is opened at start, more as statements overlap."""
+CONNECT_TIMEOUT: Final = 10.0
+_STATEMENT_CACHE: Final = 512  # prepared statements kept per connection
+_ENDED_BY_SERVER: Final = frozenset({"57P01", "57P02", "57P03"})  # admin/crash shutdown, …
+
+_T = TypeVar("_T")
+_Connection = Any  # asyncpg ships no types
+
+
+@dataclass(eq=False)
+class _Block:
+    """A `transaction()` block in progress: its connection, taken in turns by its tasks."""
+
+    db: PostgresDatabase
+    conn: _Connection
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    savepoints: int = 0
+
+
+# The block the current context runs in, if any.
+_block: ContextVar[_Block | None] = ContextVar("nanobot_postgres_block", default=None)
+
+
+class PostgresDatabase(Database):
+    """An open PostgreSQL state database; obtain one with `Database.open(url)`.
+
+    A cancelled block is rolled back; a cancelled statement outside one may or may not have
+    run (asyncpg asks the server to cancel it).
+    """
+
+    dialect = POSTGRESQL
+
+    def __init__(self, pool: Any, url: str) -> None:
+        """Wrap an open pool; use `Database.open()` instead."""
+        self._pool = pool
+        self._name = store_url.redact(url)
+        self._secret = store_url.password(url)
+        self._closed = False
+        self._users = 0  # operations under way: close() waits for them
+        self._unused = asyncio.Event()
+        self._unused.set()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def checked(self) -> Check | None:
+        return None
+
+    @classmethod
+    async def connect(cls, url: str) -> Self:
+        """Connect to the database at `url` and bring its schema up to date.
+
+        Raises `StoreError` saying why it cannot be used (unreachable, login refused,
+        database missing, schema newer than this code, a failed migration), with the URL's
+        password replaced by `***`. The database is left as it was unless a migration ran.
+        """
+        try:
+            pool = await asyncpg.create_pool(
+                url,
+                min_size=1,
+                max_size=POOL_SIZE,
+                timeout=CONNECT_TIMEOUT,
+                statement_cache_size=_STATEMENT_CACHE,
+                server_settings={"application_name": "nanobot"},
+            )
+        except Exception as exc:  # whatever the URL or the server did, in one line
+            raise StoreError(_unusable(url, exc)) from exc
+        db = cls(pool, url)
+        try:
+            await migrations.migrate(db)
+        except BaseException:
+            await db.close()
+            raise
+        return db
+
+    async def close(self) -> None:
+        """Refuse new statements, wait for the running ones and open blocks to finish, then
+        close every connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._unused.wait()
+        await self._pool.close()
+
+    async def execute(self, sql: str, params: Sequence[SqlValue] = ()) -> int:
+        status = await self._run(lambda conn: conn.execute(numbered(sql), *params))
+        return _rowcount(status)
+
+    async def fetchall(self, sql: str, params: Sequence[SqlValue] = ()) -> list[Row]:
+        rows: list[Row] = await self._run(lambda conn: conn.fetch(numbered(sql), *params))
+        return rows
+
+    async def atomic(
+        self, statements: Sequence[Statement], *, lock: str | None = None
+    ) -> list[list[Row]]:
+        async def run(conn: _Connection) -> list[list[Row]]:
+            # Inside a block, asyncpg makes this a savepoint of the block's transaction.
+            async with conn.transaction():
+                if lock is not None:
+                    await conn.execute(_LOCK, lock)
+                return [await conn.fetch(numbered(sql), *params) for sql, params in statements]
+
+        return await self._run(run)
+
+    @asynccontextmanager
+    async def transaction(self, *, lock: str | None = None) -> AsyncIterator[None]:
+        """Holds one pooled connection for the block; see the module for what others see."""
+        outer = self._current()
+        if outer is not None:
+            async with self._savepoint(outer):
+                yield
+            return
+        async with self._use(), self._connection() as conn:
+            tx = conn.transaction()
+            await self._finish(tx.start)
+            block = _Block(self, conn)
+            context = _block.set(block)
+            try:
+                if lock is not None:
+                    await self._run(lambda conn: conn.execute(_LOCK, lock))
+                yield
+                async with block.turn:
+                    await self._finish(tx.commit)
+            except BaseException:
+                await _undo(conn, tx)
+                raise
+            finally:
+                _block.reset(context)
+
+    async def size_bytes(self) -> int:
+        row = await self.fetchone("SELECT pg_database_size(current_database())")
+        return int(row[0]) if row else 0
+
+    async def schema_version(self) -> int:
+        # Read without creating anything: a newer database must be refused untouched. The
+        # catalog is read as a table (this statement's snapshot): to_regclass() would answer
+        # from the backend's cache, which may not know yet of a table another migrating
+        # process has just committed.
+        exists = await self.fetchone(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relname = 'schema_version' AND n.nspname = current_schema())"
+        )
+        if exists is None or not exists[0]:
+            return 0
+        row = await self.fetchone("SELECT version FROM schema_version WHERE id = 1")
+        return int(row[0]) if row else 0
+
+    async def set_schema_version(self, version: int) -> None:
+        await self.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version"
+            " (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)"
+        )
+        await self.execute(
+            "INSERT INTO schema_version (id, version) VALUES (1, ?)"
+            " ON CONFLICT (id) DO UPDATE SET version = excluded.version",
+            (version,),
+        )
+
+    def _current(self) -> _Block | None:
+        block = _block.get()
+        return block if block is not None and block.db is self else None
+
+    @asynccontextmanager
+    async def _savepoint(self, block: _Block) -> AsyncIterator[None]:
+        async with block.turn:
+            tx = block.conn.transaction()  # nested in the block's: a savepoint
+            await self._finish(tx.start)
+        try:
+            yield
+            async with block.turn:
+                await self._finish(tx.commit)
+        except BaseException:
+            async with block.turn:
+                await _undo(block.conn, tx)
+            raise
+
+    async def _finish(self, step: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await step()
+        except _FAILURES as exc:
+            raise self._error(exc) from exc
+
+    @asynccontextmanager
+    async def _use(self) -> AsyncIterator[None]:
+        """One operation under way (a statement with its retries, or a block)."""
+        if self._closed:
+            raise StoreError(f"{self._name}: the database is already closed")
+        self._users += 1
+        self._unused.clear()
+        try:
+            yield
+        finally:
+            self._users -= 1
+            if not self._users:
+                self._unused.set()
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[_Connection]:
+        try:
+            conn = await self._pool.acquire()
+        except (*_FAILURES, TimeoutError) as exc:
+            raise StoreError(_unusable(self._name, exc, self._secret)) from exc
+        try:
+            yield conn
+        finally:
+            await self._pool.release(conn)
+
+    async def _run(self, call: Callable[[_Connection], Awaitable[_T]]) -> _T:
+        """Run `call` on this context's block's connection, or on a pooled one; again on
+        another when the server ended the connection under it (see the module)."""
+        block = self._current()
+        if block is not None:
+            async with block.turn:
+                try:
+                    return await call(block.conn)
+                except _FAILURES as exc:
+                    raise self._error(exc) from exc
+        async with self._use():
+            for attempt in range(POOL_SIZE + 1):
+                async with self._connection() as conn:
+                    try:
+                        return await call(conn)
+                    except _FAILURES as exc:
+                        if attempt < POOL_SIZE and _ended_by_server(exc):
+                            continue
+                        raise self._error(exc) from exc
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _error(self, exc: BaseException) -> StoreError:
+        return StoreError(_scrub(f"{self._name}: {_reason(exc)}", self._secret))
+
+
+_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
+# What the driver raises when a statement fails (the server's errors, a lost connection,
+# asyncpg's own state errors).
+_FAILURES: Final = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    OSError,
+)
+
+
+async def _undo(conn: _Connection, tx: Any) -> None:
+    """Roll `tx` back; a connection that cannot do even that is closed (the pool opens
+    another), which ends the transaction on the server too."""
+    try:
+        await tx.rollback()
+    except _FAILURES:
+        with suppress(asyncpg.InterfaceError):  # already gone back to the pool, closed
+            conn.terminate()
+
+
+def _rowcount(status: str) -> int:
+    """The row count of a command status ("INSERT 0 3", "UPDATE 2", "DELETE 0", "SELECT 1")."""
+    verb, _, rest = status.partition(" ")
+    if verb not in {"INSERT", "UPDATE", "DELETE", "MERGE"} or not rest:
+        return 0
+    return int(rest.rsplit(" ", 1)[-1])
+
+
+def _ended_by_server(exc: BaseException) -> bool:
+    """Whether the connection was found closed before the statement went out, or the server
+    ended it (aborting whatever it ran)."""
+    if isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError):
+        cause = exc.__cause__
+        return getattr(cause, "sqlstate", None) in _ENDED_BY_SERVER
+    if isinstance(exc, asyncpg.PostgresError):
+        return getattr(exc, "sqlstate", None) in _ENDED_BY_SERVER
+    if isinstance(exc, asyncpg.exceptions.InternalClientError):
+        return True  # the protocol refused to start the statement: it never went out
+    return _closed_before(exc)
+
+
+def _closed_before(exc: BaseException) -> bool:
+    """Whether asyncpg refused to send the statement: its connection had closed (and gone
+    back to the pool)."""
+    text = str(exc)
+    return isinstance(exc, asyncpg.InterfaceError) and (
+        "connection is closed" in text or "released back to the pool" in text
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError | OSError):
+        return f"lost the connection ({exc}); a statement under way may or may not have run"
+    if _closed_before(exc) or _ended_by_server(exc):
+        return f"lost the connection ({getattr(exc, 'message', None) or exc})"
+    # The server's message alone: its DETAIL quotes the row, which may be a conversation.
+    return str(getattr(exc, "message", None) or exc) or type(exc).__name__
+
+
+def _unusable(url: str, exc: BaseException, secret: str | None = None) -> str:
+    """Why the database at `url` cannot be used, in one line, its password hidden."""
+    where = store_url.redact(url)
+    secret = secret if secret is not None else store_url.password(url)
+    if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
+        reason = f"PostgreSQL refused the login ({exc})"
+    elif isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+        reason = f"{exc}; create it first (createdb, or CREATE DATABASE)"
+    elif isinstance(exc, TimeoutError):
+        reason = f"no answer within {CONNECT_TIMEOUT:.0f} s"
+    elif isinstance(exc, OSError):
+        reason = f"cannot reach the server ({exc.strerror or exc})"
+    elif isinstance(exc, ValueError | OverflowError):
+        reason = f"not a usable PostgreSQL URL ({exc})"
+    else:
+        reason = str(exc) or type(exc).__name__
+    return _scrub(f"cannot use the store at {where}: {reason}", secret)
+
+
+def _scrub(text: str, secret: str | None) -> str:
+    """`text` without `secret` (a driver may quote the URL it was given)."""
+    return text.replace(secret, store_url.HIDDEN) if secret else text
