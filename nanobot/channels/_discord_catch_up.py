@@ -3,8 +3,8 @@
 Discord delivers each message once, over the gateway connection. What is sent while nanobot
 is stopped, or between two gateway sessions (a RESUME replays what was missed; a new session
 does not), is only in the chats' history. So at the start of each session the history is
-fetched, in each chat's lane (before anything that arrives from then on), and taken like a
-message that has just arrived (the gate ignores what it took before):
+fetched, in each chat's lane, and taken like a message that has just arrived (the gate
+ignores what it took before):
 
 - a chat with messages taken in the last days (`IntakeHistory.last_seen`): what came after
   the newest one taken (or after the moment below, if that is later);
@@ -13,8 +13,13 @@ message that has just arrived (the gate ignores what it took before):
   text channel or active thread the bot may read whose last message is newer: what came
   after the moment the channel last had everything (`IntakeHistory.caught_up_until`, at
   most the last days back), less `CLOCK_MARGIN` for clocks that disagree. At the very
-  first start there is no such moment, and these are not fetched. At most `MAX_CHATS` of
-  them: the DMs first, then the channels with the newest messages.
+  first start there is no such moment, and these are not fetched. At most `MAX_CHATS`
+  users' DMs, and `MAX_CHATS` channels, those with the newest messages.
+
+The chats known and the channels are queued at once at the start of the first session, so
+before any message that arrives from then on; a DM only once opened, and after a new
+session everything once the journal has said which chats are known: a message arriving
+in between is taken first, and the older ones after it (each still once).
 
 At most `LIMIT` messages per chat, oldest first. The moment is recorded (`caught_up`) when
 a session's catch-up has taken everything it fetched (then it is the session's start), and
@@ -44,7 +49,7 @@ from nanobot.tasks import TaskSet
 
 CHANNEL: Final = inbound.CHANNEL
 LIMIT: Final = 100  # messages fetched per chat
-MAX_CHATS: Final = 50  # chats fetched per session beyond those with messages taken lately
+MAX_CHATS: Final = 50  # allowed users' DMs, and server channels, read beyond those known
 CLOCK_MARGIN: Final = timedelta(minutes=5)  # this host's clock against Discord's
 
 Take = Callable[[discord.Client, discord.Message], Awaitable[bool]]
@@ -92,7 +97,7 @@ class CatchUp:
         started, session = datetime.now(UTC), self._session
         seen, self._first = self._first, None
         if seen is not None:  # read before connecting: queued before any message arrives
-            fetches = self._queue_known(client, lanes, seen)
+            fetches = self._queue_found(client, lanes, seen)
             work = self._run(
                 client, lanes, known=set(seen), fetches=fetches, started=started, session=session
             )
@@ -128,7 +133,7 @@ class CatchUp:
         self, client: discord.Client, lanes: Lanes[int], started: datetime, session: int
     ) -> None:
         seen = await self._last_seen()
-        fetches = self._queue_known(client, lanes, seen)
+        fetches = self._queue_found(client, lanes, seen)
         await self._run(
             client, lanes, known=set(seen), fetches=fetches, started=started, session=session
         )
@@ -143,13 +148,12 @@ class CatchUp:
         started: datetime,
         session: int,
     ) -> None:
-        """Queue the chats found beyond `known`, wait for every fetch, and record `started`
-        if all of them took what they fetched."""
-        complete = True
-        if self._since is not None:
-            after = time_snowflake(self._since - CLOCK_MARGIN)
-            chats, complete = await self._discover(client, known, after)
-            fetches += [self._queue(client, lanes, chat, after, known=False) for chat in chats]
+        """Queue the allowed users' DMs beyond `known`, wait for every fetch, and record
+        `started` if all of them took what they fetched."""
+        complete, after = True, self._after()
+        if after is not None:
+            dms, complete = await self._open_dms(client, known)
+            fetches += [self._queue(client, lanes, dm, after, known=False) for dm in dms]
         results = await asyncio.gather(*fetches)
         if not (complete and all(results)) or session != self._session:
             return  # the next catch-up reaches back as far as this one did
@@ -158,16 +162,36 @@ class CatchUp:
         await self._record(started)
         logger.info("discord: caught up ({} chat(s) read)", len(fetches))
 
-    def _queue_known(
+    def _after(self) -> int | None:
+        """The id before which every message was had (None: nothing says)."""
+        return None if self._since is None else time_snowflake(self._since - CLOCK_MARGIN)
+
+    def _queue_found(
         self, client: discord.Client, lanes: Lanes[int], seen: dict[int, int]
     ) -> list[asyncio.Future[bool]]:
-        # What came before the recorded moment was had: taken, or seen and refused (and
-        # would be refused again), so a chat's history is read from the later of the two.
-        since = 0 if self._since is None else time_snowflake(self._since - CLOCK_MARGIN)
-        return [
-            self._queue(client, lanes, chat, max(after, since), known=True)
-            for chat, after in seen.items()
+        """Queue the chats in `seen` and the server channels found in discord.py's cache:
+        all at once, so before any message that arrives from now on."""
+        after = self._after()
+        # What came before `after` was had: taken, or seen and refused (and would be
+        # refused again), so a chat's history is read from the later of the two.
+        fetches = [
+            self._queue(client, lanes, chat, max(last, after or 0), known=True)
+            for chat, last in seen.items()
         ]
+        if after is None or not self._guilds:
+            return fetches
+        found = sorted(_readable_since(client, after, set(seen)), reverse=True)
+        if len(found) > MAX_CHATS:
+            logger.warning(
+                "discord: {} server channels may have messages sent while nanobot was away; "
+                "only the {} with the newest are read",
+                len(found),
+                MAX_CHATS,
+            )
+        fetches += [
+            self._queue(client, lanes, chat, after, known=False) for _, chat in found[:MAX_CHATS]
+        ]
+        return fetches
 
     def _queue(
         self, client: discord.Client, lanes: Lanes[int], chat_id: int, after: int, *, known: bool
@@ -231,12 +255,10 @@ class CatchUp:
             taken = await self._take(client, message) and taken
         return taken
 
-    async def _discover(
-        self, client: discord.Client, known: set[int], after: int
-    ) -> tuple[list[int], bool]:
-        """The chats beyond `known` to fetch after message `after` (at most MAX_CHATS), and
-        whether every one could be looked at (a DM that could not be opened: not)."""
-        chats: list[int] = []
+    async def _open_dms(self, client: discord.Client, known: set[int]) -> tuple[list[int], bool]:
+        """The DMs of the allowed users (the first MAX_CHATS) but those in `known`, and
+        whether every one could be opened."""
+        dms: list[int] = []
         complete = True
         for user_id in self._users[:MAX_CHATS]:
             try:
@@ -251,18 +273,8 @@ class CatchUp:
                 complete = False
                 continue
             if dm.id not in known:
-                chats.append(dm.id)
-        if self._guilds:
-            active = sorted(_readable_since(client, after, known | set(chats)), reverse=True)
-            chats += [chat for _, chat in active]
-        if len(chats) > MAX_CHATS:
-            logger.warning(
-                "discord: {} chats may have messages sent while nanobot was away; only the "
-                "{} most recent are fetched",
-                len(chats),
-                MAX_CHATS,
-            )
-        return chats[:MAX_CHATS], complete
+                dms.append(dm.id)
+        return dms, complete
 
     async def _last_seen(self) -> dict[int, int]:
         """Chat id → the newest message id intake took there lately ({} when it cannot say)."""
