@@ -361,22 +361,24 @@ async def test_last_seen_is_the_newest_message_taken_per_chat_of_the_channel(
 
 
 async def test_caught_up_until_is_the_latest_moment_recorded_but_within_the_window(
-    db: Database,
+    store_target: Path | str,
 ) -> None:
-    gate = make_gate(db, MessageBus(), {"42"})
-    assert await gate.caught_up_until("discord") is None  # the first start
-    now = datetime.now(UTC)
-    await gate.caught_up("discord", now - timedelta(hours=1))
-    await gate.caught_up("discord", now - timedelta(hours=2))  # never moves back
-    assert await gate.caught_up_until("discord") == now - timedelta(hours=1)
-    assert await gate.caught_up_until("telegram") is None
-    await gate.caught_up("discord", now)
-    assert await gate.caught_up_until("discord") == now
-    # Long ago: only as far back as `last_seen` looks.
-    await db.execute(
-        "UPDATE channel_state SET caught_up_until = '2000-01-01T00:00:00.000000+00:00'"
-    )
-    until = await gate.caught_up_until("discord")
-    assert (
-        until is not None and now - CATCH_UP_WINDOW <= until <= datetime.now(UTC) - CATCH_UP_WINDOW
-    )
+    async with await Database.open(store_target) as db:  # on each backend
+        gate = make_gate(db, MessageBus(), {"42"})
+        assert await gate.caught_up_until("discord") is None  # the first start
+        now = datetime.now(UTC)
+        await gate.caught_up("discord", now - timedelta(hours=1))
+        await gate.caught_up("discord", now - timedelta(hours=2))  # never moves back
+        assert await gate.caught_up_until("discord") == now - timedelta(hours=1)
+        assert await gate.caught_up_until("telegram") is None
+        await gate.caught_up("discord", now)
+        assert await gate.caught_up_until("discord") == now
+        # Long ago: only as far back as `last_seen` looks.
+        await db.execute(
+            "UPDATE channel_state SET caught_up_until = '2000-01-01T00:00:00.000000+00:00'"
+        )
+        until = await gate.caught_up_until("discord")
+        assert (
+            until is not None
+            and now - CATCH_UP_WINDOW <= until <= datetime.now(UTC) - CATCH_UP_WINDOW
+        )
