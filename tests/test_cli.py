@@ -15,7 +15,7 @@ from nanobot.store import Access, Database, Journal
 from nanobot.store.access import MAX_PENDING
 from tests.conftest import Home
 from tests.fakes.llm import AuthError, FakeLLM, ServerError, Text
-from tests.test_store import filled, overwrite, skip_index
+from tests.test_store_sqlite import filled, overwrite, skip_index
 from tests.test_terminal import piped
 
 SECRET = "sk-test-secret-key-123456"

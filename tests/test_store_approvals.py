@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
 from contextlib import closing
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -35,12 +34,6 @@ class Clock:
 
     def __call__(self) -> datetime:
         return self.now
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    async with await Database.open(tmp_path / "state.db") as db:
-        yield db
 
 
 @pytest.fixture
@@ -122,9 +115,9 @@ async def test_the_first_answer_wins_and_the_second_is_told_the_decision(
 
 
 async def test_concurrent_answers_from_two_connections_produce_exactly_one_decision(
-    tmp_path: Path, clock: Clock
+    store_target: Path | str, clock: Clock
 ) -> None:
-    path = tmp_path / "state.db"
+    path = store_target
     async with await Database.open(path) as one, await Database.open(path) as two:
         deciders = tuple(str(n) for n in range(20))
         request = await ApprovalStore(one, clock).create(new(deciders=deciders), expires_in=TIMEOUT)
@@ -227,9 +220,9 @@ async def test_expire_and_cancel_close_only_pending_requests(store: ApprovalStor
 
 
 async def test_a_restart_expires_every_pending_request_and_returns_its_cards(
-    tmp_path: Path, clock: Clock
+    store_target: Path | str, clock: Clock
 ) -> None:
-    path = tmp_path / "state.db"
+    path = store_target
     async with await Database.open(path) as db:
         store = ApprovalStore(db, clock)
         group = (Place("telegram", "100"), Place("telegram", "200"))
