@@ -326,7 +326,10 @@ def _readable_since(client: discord.Client, after: int, skip: set[int]) -> list[
             last = chat.last_message_id
             if chat.id in skip or last is None or last <= after:
                 continue
-            allowed = chat.permissions_for(me)
+            try:
+                allowed = chat.permissions_for(me)
+            except discord.ClientException:  # a thread whose parent is not in the cache
+                continue
             if allowed.view_channel and allowed.read_message_history:
                 found.append((last, chat.id))
     return found
