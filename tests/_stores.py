@@ -8,6 +8,7 @@ trust authentication). Where none answers, every PostgreSQL case is skipped with
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator
@@ -29,7 +30,8 @@ UNREACHABLE: Final = (
     "skipped (.ci/run starts a local server when one is installed)"
 )
 
-_unreachable: set[str] = set()  # the URL no server answered, once a test has tried
+_unreachable: set[str] = set()  # the URL no server answered, once asked
+_answered: set[str] = set()  # the URL a server answered
 
 
 def url(database: str, *, user: str = USER, password: str | None = None) -> str:
@@ -49,6 +51,38 @@ async def admin() -> Any:
     if conn is None:
         pytest.skip(UNREACHABLE)  # one place: the skips add up to one line of the summary
     return conn
+
+
+def reachable() -> bool:
+    """Whether the server answers (asked once per run, before the tests)."""
+    if not _unreachable and not _answered:
+
+        async def probe() -> None:
+            conn = await asyncpg.connect(url("postgres"), timeout=5)
+            await conn.close()
+
+        try:
+            asyncio.run(probe())
+            _answered.add(url("postgres"))
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            _unreachable.add(url("postgres"))
+    return not _unreachable
+
+
+def skip_unreachable(items: list[pytest.Item]) -> None:
+    """Mark the PostgreSQL cases among `items` skipped when no server answers: the summary
+    then folds them into one line per file, with one reason."""
+    cases = [item for item in items if _on_postgres(item)]
+    if cases and not reachable():
+        for item in cases:
+            item.add_marker(pytest.mark.skip(reason=UNREACHABLE))
+
+
+def _on_postgres(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("store_target") == "postgres":
+        return True
+    return "postgres_url" in getattr(item, "fixturenames", ())
 
 
 @asynccontextmanager

@@ -96,6 +96,10 @@ async def fake_telegram() -> AsyncIterator[FakeTelegram]:
         yield fake
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    _stores.skip_unreachable(items)
+
+
 @pytest.fixture(params=_stores.BACKENDS)
 async def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Path | str]:
     """A fresh state on each backend in turn (see `tests._stores`): a SQLite file's path, or

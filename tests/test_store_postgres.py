@@ -270,8 +270,8 @@ async def test_the_schema_holds_what_sqlite_holds(postgres_url: str) -> None:
 # --- what makes a database unusable -----------------------------------------------------------
 
 
-async def test_unusable_databases_say_why_without_the_password() -> None:
-    await _stores.admin()  # skipped, like the rest, where no server answers
+async def test_unusable_databases_say_why_without_the_password(postgres_url: str) -> None:
+    # `postgres_url`: a server answers (else skipped, like the rest); it is not used.
     host = f"{_stores.HOST}:{_stores.PORT}"
     # None of them names a database that exists: a mistake here must not migrate one.
     cases = {
@@ -360,9 +360,8 @@ async def test_status_shows_the_store_in_use_without_its_password(
 
 
 async def test_a_store_that_cannot_be_used_stops_a_command_with_the_reason(
-    tmp_path: Path,
+    tmp_path: Path, postgres_url: str
 ) -> None:
-    await _stores.admin()  # skipped, like the rest, where no server answers
     unreachable = "postgresql://bot:hunter2@127.0.0.1:1/nanobot_none"
     code, out, err = await nanobot(tmp_path, "cron", "list", store_url=unreachable)
     assert code != 0

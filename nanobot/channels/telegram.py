@@ -1,11 +1,13 @@
-"""The Telegram channel: long polling in, rendered HTML out.
+"""The Telegram channel: long polling or a webhook in, rendered HTML out.
 
-In: our own loop on `Bot.getUpdates` (`_telegram_poll.Poller`) hands every update to `_take`,
-which turns it into an `InboundMessage` (its files fetched only if `intake` admits the sender)
-and hands that to `intake`, which journals it; the poller acknowledges an update to Telegram
-only once `_take` has returned for it. Chats are taken concurrently, each in order. A button
-press (`callback_query`) is a message with `press` set, taken the same way; one the gate
-does not take is answered here at once, the others by an `answer` from the agent's side.
+In: our own loop on `Bot.getUpdates` (`_telegram_poll.Poller`), or Telegram's POSTs to the
+webhook (`_telegram_webhook.Webhook`, when `webhook.url` is set), hands every update to
+`_take`, which turns it into an `InboundMessage` (its files fetched only if `intake` admits
+the sender) and hands that to `intake`, which journals it; an update is acknowledged to
+Telegram (the poll's offset, the webhook's 200) only once `_take` has returned for it.
+Chats are taken concurrently, each in order. A button press (`callback_query`) is a message
+with `press` set, taken the same way; one the gate does not take is answered here at once,
+the others by an `answer` from the agent's side.
 
 Out: Markdown is rendered to Telegram HTML and split into messages of at most 4096 visible
 characters; a reply that was streamed is edited in place, at most about once a second. A
@@ -41,6 +43,7 @@ from nanobot.channels._settings import BotSettings
 from nanobot.channels._telegram_http import AiohttpRequest, Timeouts
 from nanobot.channels._telegram_poll import Poller
 from nanobot.channels._telegram_send import ONCE, Retry, Sender, button_refusal
+from nanobot.channels._telegram_webhook import Webhook, WebhookSettings
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
 from nanobot.channels.base import (
@@ -77,6 +80,9 @@ POLL_TIMEOUTS: Final = Timeouts(
 class TelegramSettings(BotSettings, Protocol):
     """The `channels.telegram` config section, as far as this channel reads it."""
 
+    @property
+    def webhook(self) -> WebhookSettings: ...
+
 
 class _Outlet:
     """The Sender as `Replies` uses it (a `CardOutlet`): a reply names its message by the
@@ -101,7 +107,7 @@ class _Outlet:
 
 
 class TelegramChannel(Channel):
-    """Telegram via the Bot API (long polling). See the module docstring."""
+    """Telegram via the Bot API (long polling or a webhook). See the module docstring."""
 
     name = "telegram"
 
@@ -154,15 +160,12 @@ class TelegramChannel(Channel):
     async def run(self, ready: Callable[[], None]) -> None:
         try:
             async with self._bot() as bot:  # getMe
-                await bot.delete_webhook()  # getUpdates is refused while a webhook is set
-                poller = Poller(bot, self._take, timeout=self._poll_timeout)  # one run's
                 self._sender.bot = bot
                 await self._replies.recover()
                 self._typing.start()
                 try:
                     logger.info("telegram connected as @{}", bot.username)
-                    ready()
-                    await poller.run()  # until cancelled, or an update could not be taken
+                    await self._serve(bot, ready)
                 finally:
                     await self._typing.stop()
                     self._sender.bot = None
@@ -171,6 +174,22 @@ class TelegramChannel(Channel):
                 "channels.telegram.token was rejected by Telegram: check it with @BotFather "
                 "(/mybots → API Token) and set the current one"
             ) from None
+
+    async def _serve(self, bot: Bot, ready: Callable[[], None]) -> None:
+        """Take updates until cancelled: through the webhook if one is configured, else by
+        polling (or until an update could not be taken: see `Poller.run`)."""
+        webhook = self._config.webhook
+        if webhook.url is not None:
+            await Webhook(bot, self._take, webhook).run(ready)
+            return
+        # getUpdates is refused while a webhook is set: one left from webhook mode goes (for
+        # the whole bot: every gateway sharing it must use the same mode).
+        if (info := await bot.get_webhook_info()).url:
+            await bot.delete_webhook()
+            logger.info("telegram: deleted the webhook to {} to poll instead", info.url)
+        poller = Poller(bot, self._take, timeout=self._poll_timeout)  # one run's
+        ready()
+        await poller.run()
 
     async def _take(self, update: Update) -> bool:
         """Hand one update to intake; True once it may be acknowledged (see `_telegram_poll.Take`).

@@ -15,11 +15,11 @@ Requests arrive as ``POST /bot<token>/<method>`` (JSON, urlencoded or multipart;
 values may be JSON strings) and file downloads as ``GET /file/bot<token>/<file_path>``;
 answers are ``{"ok": true, "result": ...}`` or Telegram's error object. Implemented:
 getMe, getUpdates (long polling, offsets, a newer long poll terminates the older one with
-409 as Telegram does), set/deleteWebhook, getWebhookInfo, set/delete/getMyCommands,
-sendMessage and editMessageText (HTML validated, see ``_telegram_html``), sendMessageDraft,
-sendChatAction, getFile, sendPhoto/Document/Voice/Audio/Video, deleteMessage,
-editMessageReplyMarkup, answerCallbackQuery, setMessageReaction. Method names are
-case-insensitive; an unknown one gets Telegram's 404 "Not Found".
+409 as Telegram does, and 409 while a webhook is set), set/deleteWebhook and getWebhookInfo
+(see below), set/delete/getMyCommands, sendMessage and editMessageText (HTML validated, see
+``_telegram_html``), sendMessageDraft, sendChatAction, getFile, sendPhoto/Document/Voice/
+Audio/Video, deleteMessage, editMessageReplyMarkup, answerCallbackQuery, setMessageReaction.
+Method names are case-insensitive; an unknown one gets Telegram's 404 "Not Found".
 
 Inline keyboards (``reply_markup`` with ``inline_keyboard``) are validated as Telegram does
 (``callback_data`` at most 64 bytes, else 400 "BUTTON_DATA_INVALID"; a button with no action,
@@ -31,16 +31,26 @@ press (Telegram's unpublished window; the fake's clock is injectable and ``advan
 moves it), and refuses a second one, a late one or an unknown id with Telegram's 400 "query
 is too old and response timeout expired or query ID is invalid".
 
+A webhook (setWebhook) is posted every pending update, oldest first, one at a time, as JSON
+with the secret token in ``X-Telegram-Bot-Api-Secret-Token``; a 2xx acknowledges it, anything
+else has it posted again after ``webhook_retry`` seconds (``deliveries`` lists every attempt,
+getWebhookInfo shows the last error). Like Telegram, setWebhook takes only HTTPS URLs on ports
+443, 80, 88 or 8443 whose host resolves: ``route_webhook`` plays the reverse proxy that takes a
+public origin to a local server (see ``_telegram_webhook``). ``post_update`` posts one body
+(any bytes, any secret) at once, outside the queue.
+
 Standalone: ``python -m tests.fakes.telegram [--port N] [--token T]`` prints the base URL
 and serves until SIGTERM. Control API: ``POST /_fake/<user_message|user_photo|user_document|
 user_voice|user_callback>`` with the keyword arguments as JSON (``content_base64`` for
 bytes) returns ``{"update_id"}``; ``POST /_fake/press_button`` returns the query's
 ``{"id", "update_id"}``, ``GET /_fake/callbacks`` lists the presses and their answers,
-``POST /_fake/advance_clock`` takes ``{"seconds"}``; ``POST /_fake/fail_next`` takes
-``{"method", "fault": {"type": "RateLimited", "retry_after": 2}, "times", "chat_id"}``
-(``"times": null``: until ``POST /_fake/clear_faults``); ``POST /_fake/offline`` takes
-``{"offline": bool}``; ``GET /_fake/sent[?chat_id=]``, ``/_fake/actions``,
-``/_fake/requests`` and ``/_fake/updates`` (unconfirmed) list what happened.
+``POST /_fake/advance_clock`` takes ``{"seconds"}``, ``POST /_fake/route_webhook``
+``{"public", "local"}``, ``GET /_fake/deliveries`` lists the webhook's posts;
+``POST /_fake/fail_next`` takes ``{"method", "fault": {"type": "RateLimited",
+"retry_after": 2}, "times", "chat_id"}`` (``"times": null``: until ``POST
+/_fake/clear_faults``); ``POST /_fake/offline`` takes ``{"offline": bool}``;
+``GET /_fake/sent[?chat_id=]``, ``/_fake/actions``, ``/_fake/requests`` and
+``/_fake/updates`` (unconfirmed) list what happened.
 """
 
 from __future__ import annotations
@@ -60,9 +70,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Required, Self, TypedDict, Unpack
 
+import aiohttp
 from aiohttp import web
 
 from tests.fakes._telegram_html import HtmlError, parse_html, utf16_len
+from tests.fakes._telegram_webhook import Delivery, Routes, Webhook, post, refusal
 
 JSON = dict[str, Any]
 DEFAULT_TOKEN = "7000000001:AAFakeTokenForNanobotTests_0123456789"
@@ -502,7 +514,8 @@ class FakeTelegram:
     ``offline = True`` drops every Bot API connection until set back to False.
     ``callback_timeout``: seconds after a press within which answerCallbackQuery is accepted
     (None: no limit). ``clock`` (default ``time.monotonic``) times presses and answers;
-    ``advance_clock`` moves the fake's time on without waiting.
+    ``advance_clock`` moves the fake's time on without waiting. ``webhook_retry``: seconds
+    before an update the webhook did not take is posted again.
     """
 
     def __init__(
@@ -516,6 +529,7 @@ class FakeTelegram:
         strict_html: bool = True,
         callback_timeout: float | None = 15.0,
         clock: Callable[[], float] | None = None,
+        webhook_retry: float = 1.0,
     ) -> None:
         self.host, self.port = host, port
         self.callback_timeout = callback_timeout
@@ -529,7 +543,12 @@ class FakeTelegram:
         self.downloads: list[str] = []  # file paths asked for under /file/bot<token>/
         self.actions: list[ChatAction] = []
         self.commands: list[JSON] = []
-        self.webhook_url = ""
+        self.webhook: Webhook | None = None  # as setWebhook set it
+        self.webhook_routes = Routes()
+        self.webhook_retry = webhook_retry
+        self.webhook_timeout = 30.0  # seconds a post waits for its answer
+        self.deliveries: list[Delivery] = []  # every post to the webhook, oldest first
+        self._delivering: asyncio.Task[None] | None = None
         self._sent: list[SentMessage] = []
         self._chats: dict[int, _Chat] = {}
         self._updates: list[JSON] = []
@@ -588,6 +607,7 @@ class FakeTelegram:
             return
         self._stopping.set()
         self._changed()
+        await self._stop_delivering()
         runner, self._runner = self._runner, None
         await runner.cleanup()
 
@@ -753,7 +773,36 @@ class FakeTelegram:
             for key in [k for k in table if chat_id is None or k[1] == chat_id]:
                 del table[key]
 
+    def route_webhook(self, public: str, local: str) -> None:
+        """Play the reverse proxy: what is posted to ``public``'s origin (a webhook URL, or
+        ``https://host[:port]``) goes to ``local`` (``http://127.0.0.1:PORT``), path
+        unchanged. setWebhook refuses a URL whose host has no route (it does not resolve)."""
+        self.webhook_routes.add(public, local)
+
+    async def post_update(
+        self, body: JSON | bytes, *, secret_token: str | None = None, use_secret: bool = True
+    ) -> int | None:
+        """Post one body to the webhook now, outside the queue (nothing is retried or
+        acknowledged): an update, or any bytes. It carries the webhook's secret token, or
+        ``secret_token`` if given, or none with ``use_secret=False``. Returns the status
+        (None: no answer). ``RuntimeError`` if no webhook is set."""
+        if self.webhook is None:
+            raise RuntimeError("no webhook is set")
+        target = self.webhook_routes.target(self.webhook.url)
+        assert target is not None  # setWebhook checked it
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        secret = (secret_token or self.webhook.secret_token) if use_secret else None
+        timeout = aiohttp.ClientTimeout(total=self.webhook_timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            status, _ = await post(session, target, data, secret)
+        return status
+
     # ---- control: observe --------------------------------------------------------------
+
+    @property
+    def webhook_url(self) -> str:
+        """The webhook's URL ("" when none is set: updates wait for getUpdates)."""
+        return self.webhook.url if self.webhook is not None else ""
 
     def sent(self, chat_id: int | None = None) -> list[SentMessage]:
         """Messages the bot sent (in their current state, deleted ones flagged), in order."""
@@ -804,6 +853,43 @@ class FakeTelegram:
         """Wait until the bot has sent ``count`` messages (to ``chat_id``); returns them all."""
         await self.wait_for(lambda: len(self.sent(chat_id)) >= count, seconds)
         return self.sent(chat_id)
+
+    # ---- the webhook --------------------------------------------------------------------
+
+    def _webhook_updates(self) -> list[JSON]:
+        return [u for u in self._updates if not self._allowed or self._kind(u) in self._allowed]
+
+    async def _deliver(self) -> None:
+        """While a webhook is set, post the oldest pending update to it, one at a time, in
+        order; a 2xx acknowledges it, anything else has it posted again after
+        ``webhook_retry`` seconds (later updates wait behind it)."""
+        timeout = aiohttp.ClientTimeout(total=self.webhook_timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while (webhook := self.webhook) is not None and not self._stopping.is_set():
+                pending = self._webhook_updates()
+                if not pending or self.offline:
+                    await self._wake.wait()
+                    continue
+                update = pending[0]
+                target = self.webhook_routes.target(webhook.url)
+                assert target is not None  # setWebhook checked it
+                body = json.dumps(update).encode()
+                status, error = await post(session, target, body, webhook.secret_token)
+                self.deliveries.append(Delivery(update["update_id"], status, error))
+                if error is None:
+                    self._updates = [u for u in self._updates if u is not update]
+                else:
+                    webhook.last_error_date, webhook.last_error_message = int(time.time()), error
+                self._changed()
+                if error is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), self.webhook_retry)
+
+    async def _stop_delivering(self) -> None:
+        task, self._delivering = self._delivering, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.wait([task])
 
     # ---- state helpers -----------------------------------------------------------------
 
@@ -1025,7 +1111,7 @@ class FakeTelegram:
         }
 
     async def _m_getupdates(self, p: _Params) -> Any:
-        if self.webhook_url:
+        if self.webhook is not None:
             raise _Fail(
                 409,
                 "Conflict: can't use getUpdates method while webhook is active; "
@@ -1080,19 +1166,32 @@ class FakeTelegram:
     async def _m_deletewebhook(self, p: _Params) -> bool:
         if p.flag("drop_pending_updates"):
             self._updates.clear()
-        self.webhook_url = ""
+        self.webhook = None
+        await self._stop_delivering()
         return True
 
     async def _m_setwebhook(self, p: _Params) -> bool:
-        self.webhook_url = p.string("url") or ""
+        url = p.string("url") or ""
+        if not url:  # Telegram: an empty url removes the webhook
+            return await self._m_deletewebhook(p)
+        secret = p.string("secret_token")
+        if (refused := refusal(url, secret, self.webhook_routes)) is not None:
+            raise _Fail(400, refused)
+        connections = min(max(p.integer("max_connections") or 40, 1), 100)
+        self.webhook = Webhook(url, secret, connections)
+        if (allowed := p.parsed("allowed_updates")) is not None:
+            self._allowed = set(allowed)
+        if p.flag("drop_pending_updates"):
+            self._updates.clear()
+        if self._delivering is None or self._delivering.done():
+            self._delivering = asyncio.create_task(self._deliver(), name="fake-telegram-webhook")
         return True
 
     async def _m_getwebhookinfo(self, p: _Params) -> JSON:
-        return {
-            "url": self.webhook_url,
-            "has_custom_certificate": False,
-            "pending_update_count": len(self._updates),
-        }
+        if self.webhook is None:
+            pending = len(self._updates)
+            return {"url": "", "has_custom_certificate": False, "pending_update_count": pending}
+        return self.webhook.info(len(self._webhook_updates()), self._allowed)
 
     async def _m_setmycommands(self, p: _Params) -> bool:
         self.commands = list(p.parsed("commands") or [])
@@ -1352,6 +1451,7 @@ class FakeTelegram:
                 "requests": lambda: [asdict(r) for r in self.requests],
                 "updates": lambda: self.pending_updates,
                 "callbacks": lambda: [asdict(q) for q in self.callback_queries],
+                "deliveries": lambda: [asdict(d) for d in self.deliveries],
             }
             return (
                 web.json_response(listing[name]()) if name in listing else _error(404, "Not Found")
@@ -1373,6 +1473,8 @@ class FakeTelegram:
             self.clear_faults(body.get("chat_id"))
         elif name == "offline":
             self.offline = bool(body["offline"])
+        elif name == "route_webhook":
+            self.route_webhook(body["public"], body["local"])
         else:
             return _error(404, "Not Found")
         return web.json_response({"ok": True})
