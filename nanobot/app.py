@@ -12,7 +12,7 @@ import asyncio
 import stat
 import tempfile
 import zoneinfo
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
@@ -30,7 +30,7 @@ from nanobot.agent.loop import AgentLoop, LoopSettings
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
-from nanobot.bus.events import ChatRef, Source
+from nanobot.bus.events import ChatRef, InboundMessage, Source
 from nanobot.bus.intake import EventIntake
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Channel, InboxPolicy, IntakePort, OutboxPort
@@ -39,6 +39,7 @@ from nanobot.channels.terminal import TerminalChannel
 from nanobot.config import Config
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.service import CronService
+from nanobot.distribution import Distributor
 from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.gateway import Gateway
@@ -46,8 +47,10 @@ from nanobot.heartbeat import Heartbeat
 from nanobot.membership import Membership
 from nanobot.providers.provider import Provider, RetryPolicy, Routes
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore, UsageLedger
+from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
 from nanobot.store.members import Members
+from nanobot.store.wakeups import PostgresWakeups
 from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from nanobot.tools.message import MessageTool
@@ -68,6 +71,7 @@ from nanobot.workspace import copy_template
 if TYPE_CHECKING:
     from nanobot.providers.litellm_provider import LiteLLMTransport
 
+SESSION_LEASE_SECONDS = 10.0  # how long a dead member holds its sessions
 JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe
 
 
@@ -344,13 +348,21 @@ class Intake:
     gate: Gate
 
     @classmethod
-    async def build(cls, parts: Parts, rules: dict[str, ChannelRules]) -> Intake:
+    async def build(
+        cls,
+        parts: Parts,
+        rules: dict[str, ChannelRules],
+        *,
+        forward: Callable[[InboundMessage], Awaitable[None]] | None = None,
+    ) -> Intake:
+        """`forward`: see `Gate`."""
         bus, journal = parts.bus, parts.journal
         pruned = await journal.prune(JOURNAL_KEEP)
         if pruned:
             logger.debug("pruned {} finished journal rows", pruned)
         await parts.approver.recover()  # before any turn resumes
-        return cls(bus, journal, Gate(rules, Access(parts.db), journal, bus))
+        gate = Gate(rules, Access(parts.db), journal, bus, forward=forward)
+        return cls(bus, journal, gate)
 
 
 def check_channels(config: Config, *, terminal: bool) -> None:
@@ -390,7 +402,10 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     rules = _channel_rules(config)
     if terminal:
         rules[TerminalChannel.name] = EVERYONE
-    way_in = await Intake.build(parts, rules)
+    membership = Membership(Members(parts.db))
+    distributor = _distributor(config, parts, membership, channels=rules)
+    forward = distributor.journaled if distributor is not None else None
+    way_in = await Intake.build(parts, rules, forward=forward)
     channels = build_channels(config, way_in.gate, way_in.journal)
     if not channels:
         logger.warning(
@@ -444,7 +459,30 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
         shutdown_timeout=config.gateway.shutdown_timeout,
         until=console.ended if console is not None else manager.all_refused,
         services=services,
-        membership=Membership(Members(parts.db)),
+        membership=membership,
+        distributor=distributor,
+    )
+
+
+def _distributor(
+    config: Config, parts: Parts, membership: Membership, *, channels: Collection[str]
+) -> Distributor | None:
+    """With the state on PostgreSQL, this gateway is a member of a cluster: the work is
+    shared out through the journal (`nanobot.distribution`), and the replies it queues are
+    its own to send. None for one gateway on SQLite."""
+    target = config.store_target
+    if not isinstance(target, str):
+        return None
+    member = membership.member.id
+    parts.journal.send_as(member)
+    return Distributor(
+        Claims(parts.db, member),
+        parts.journal,
+        Members(parts.db),
+        PostgresWakeups(parts.db, target),
+        parts.bus,
+        channels=channels,
+        lease=timedelta(seconds=SESSION_LEASE_SECONDS),
     )
 
 

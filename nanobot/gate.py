@@ -18,7 +18,7 @@ write succeeds intake is open again, so a disk that was full recovers without a 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
@@ -86,8 +86,12 @@ class Gate:
         bus: MessageBus,
         *,
         clock: Callable[[], float] = time.monotonic,
+        forward: Callable[[InboundMessage], Awaitable[None]] | None = None,
     ) -> None:
+        """`forward`: where a journaled message goes instead of this process's bus (in a
+        cluster, the distribution of work among the members)."""
         self._rules = dict(rules)
+        self._forward = forward or bus.publish_inbound
         self._access = access
         self._journal = journal
         self._bus = bus
@@ -187,7 +191,10 @@ class Gate:
         self._refuse_while_stopped()
         try:
             journal_id = await self._journal.accept(
-                message.chat.channel, message.message_id, inbound_record(message)
+                message.chat.channel,
+                message.message_id,
+                inbound_record(message),
+                message.session_key,
             )
         except StoreError as exc:
             self._failed(exc)
@@ -205,7 +212,7 @@ class Gate:
                 message.message_id,
             )
             return journal_id
-        await self._bus.publish_inbound(replace(message, journal_id=journal_id))
+        await self._forward(replace(message, journal_id=journal_id))
         return journal_id
 
     def _refuse_while_stopped(self) -> None:

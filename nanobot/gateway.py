@@ -21,6 +21,7 @@ from loguru import logger
 from nanobot.agent.dispatcher import Dispatcher
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.manager import ChannelManager
+from nanobot.distribution import Distributor
 from nanobot.gate import Gate
 from nanobot.membership import Membership
 
@@ -41,6 +42,9 @@ class Gateway:
     until: asyncio.Event | None = None
     services: Sequence[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = ()
     membership: Membership | None = None
+    # In a cluster: this member's share of the work, taken from the journal (it recovers
+    # what the cluster left pending, instead of `Dispatcher.recover`).
+    distributor: Distributor | None = None
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT (or `until`); returns the exit code."""
@@ -54,11 +58,16 @@ class Gateway:
             logger.info(line)
         # Recovery first: a message a channel takes in once it runs is journaled *and*
         # dispatched, and recovery must not find it pending and answer it a second time.
-        await self.dispatcher.recover(self.manager.names)
+        # (In a cluster every message is claimed from the journal once, recovered or not.)
+        if self.distributor is None:
+            await self.dispatcher.recover(self.manager.names)
         async with asyncio.TaskGroup() as group:
             channels = group.create_task(self.manager.run(), name="channels")
             dispatching = group.create_task(self.dispatcher.run(), name="dispatcher")
             services = [group.create_task(start(), name=name) for name, start in self.services]
+            if self.distributor is not None:
+                taking = self.distributor.run(self.dispatcher)
+                services.append(group.create_task(taking, name="distribution"))
             relay = None
             if self.until is not None:
                 relay = group.create_task(_relay(self.until, stop), name="until")
@@ -67,6 +76,8 @@ class Gateway:
             for service in services:  # no new work from schedules while stopping
                 service.cancel()
             await self._shutdown(dispatching, channels)
+            if self.distributor is not None:  # its turns are over: others may take its sessions
+                await self.distributor.leave()
             if relay is not None:
                 relay.cancel()
         logger.info("gateway stopped")

@@ -31,7 +31,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nanobot.cron",),  # vocabulary, schedule math, the service; storage through a port
     ("nanobot.store", "nanobot.providers", "nanobot.tools"),
     ("nanobot.agent", "nanobot.channels"),
-    ("nanobot.gate", "nanobot.membership"),  # membership: keeps the gateway's members row alive
+    # membership: keeps the gateway's members row alive; distribution: shares a cluster's work
+    ("nanobot.gate", "nanobot.membership", "nanobot.distribution"),
     ("nanobot.gateway", "nanobot.heartbeat"),
     ("nanobot.app", "nanobot.manage"),
     ("nanobot.launch",),  # ask, chat, serve: each builds its parts through the app

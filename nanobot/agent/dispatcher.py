@@ -198,6 +198,14 @@ class Dispatcher:
     def running(self) -> int:
         return len(self._tasks)
 
+    def take(self, message: InboundMessage, *, resume: bool = False) -> None:
+        """Answer `message`, taken from the journal rather than the bus (in a cluster, by
+        this member; `resume`: its turn was interrupted elsewhere, finish it)."""
+        kind = "resume" if resume else "inbound"
+        self._tasks.spawn(
+            self._process(message, resume=resume), name=f"{kind}-{message.journal_id}"
+        )
+
     async def recover(self, channels: Collection[str]) -> None:
         """Publish undelivered replies; finish turns a crash or restart interrupted.
 
@@ -214,11 +222,7 @@ class Dispatcher:
             if row.channel not in channels and (message.deliver or message.source == "chat"):
                 continue
             logger.info("recovering {} message {} after a restart", row.channel, message.message_id)
-            resume = row.id in reached
-            self._tasks.spawn(
-                self._process(message, resume=resume),
-                name=f"{'resume' if resume else 'inbound'}-{row.id}",
-            )
+            self.take(message, resume=row.id in reached)
 
     async def _process(self, message: InboundMessage, *, resume: bool = False) -> None:
         if message.journal_id is not None and message.source in self._outcomes:

@@ -56,15 +56,26 @@ class PendingOutbox:
 class Journal:
     """Inbound journal and outbox over the state database. All methods are short writes."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, member: str | None = None) -> None:
+        """`member`: in a cluster, this process's member id: the replies it queues are its
+        own to send (another member takes them if it dies; `store.claims`)."""
         self._db = db
+        self._member = member
 
-    async def accept(self, channel: str, message_id: str, message: Record) -> int | None:
-        """Journal an inbound message; its row id, or None if it was journaled before."""
+    def send_as(self, member: str) -> None:
+        """From now on the replies queued here are member `member`'s to send (a gateway in a
+        cluster says so once, at its start)."""
+        self._member = member
+
+    async def accept(
+        self, channel: str, message_id: str, message: Record, session_key: str | None = None
+    ) -> int | None:
+        """Journal an inbound message for session `session_key`; its row id, or None if it
+        was journaled before."""
         row = await self._db.fetchone(
-            "INSERT INTO inbound (channel, message_id, message, received_at)"
-            " VALUES (?, ?, ?, ?) ON CONFLICT (channel, message_id) DO NOTHING RETURNING id",
-            (channel, message_id, _encode(message), now_text()),
+            "INSERT INTO inbound (channel, message_id, message, received_at, session_key)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (channel, message_id) DO NOTHING RETURNING id",
+            (channel, message_id, _encode(message), now_text(), session_key),
         )
         return None if row is None else int(row["id"])
 
@@ -83,7 +94,7 @@ class Journal:
         now = now_text()
         statements: list[Statement] = []
         if reply is not None:
-            statements.append(_queue(*reply, now, cron_run))
+            statements.append(_queue(*reply, now, cron_run, self._member))
             if cron_run is not None:
                 statements.append((_RUN_PENDING, (cron_run,)))
         statements += [(_DONE, (now, inbound_id)) for inbound_id in inbound_ids]
@@ -92,7 +103,7 @@ class Journal:
 
     async def enqueue(self, channel: str, message: Record) -> int:
         """Put a message in the outbox; returns its id."""
-        row = await self._db.fetchone(*_queue(channel, message, now_text()))
+        row = await self._db.fetchone(*_queue(channel, message, now_text(), member=self._member))
         assert row is not None
         return int(row["id"])
 
@@ -272,12 +283,18 @@ _RUN_FAILED = (
 )
 
 
-def _queue(channel: str, message: Record, now: str, cron_run: int | None = None) -> Statement:
+def _queue(
+    channel: str,
+    message: Record,
+    now: str,
+    cron_run: int | None = None,
+    member: str | None = None,
+) -> Statement:
     """The outbox insert of `message`, returning its id."""
     return (
-        "INSERT INTO outbox (channel, message, created_at, cron_run) VALUES (?, ?, ?, ?)"
-        " RETURNING id",
-        (channel, _encode(message), now, cron_run),
+        "INSERT INTO outbox (channel, message, created_at, cron_run, claimed_by)"
+        " VALUES (?, ?, ?, ?, ?) RETURNING id",
+        (channel, _encode(message), now, cron_run, member),
     )
 
 

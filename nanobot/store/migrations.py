@@ -291,6 +291,20 @@ MIGRATIONS: tuple[str, ...] = (
         expires_at TEXT NOT NULL  -- UTC; free once passed
     );
     """,
+    # 14: which member of a cluster answers which session (`store.claims`): a session's
+    # lease, the member that took each pending message, and the member that sends each
+    # reply. Rows from before have no session recorded: it is read from their message.
+    """
+    ALTER TABLE inbound ADD COLUMN session_key TEXT;
+    ALTER TABLE inbound ADD COLUMN claimed_by TEXT;
+    ALTER TABLE outbox ADD COLUMN claimed_by TEXT;
+    CREATE INDEX inbound_pending_session ON inbound (session_key) WHERE state = 'pending';
+    CREATE TABLE session_leases (
+        session_key TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,  -- a member id (members.id)
+        expires_at TEXT NOT NULL  -- UTC; free to take once passed
+    );
+    """,
 )
 
 

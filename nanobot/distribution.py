@@ -1,0 +1,193 @@
+"""Work distribution in a cluster: which member answers which session.
+
+Every member of a cluster (gateways sharing one PostgreSQL store) journals what its channels
+take in and says so (a wake-up on `INBOUND`); it does not answer it itself. Each member then
+takes work from the journal: the pending messages of sessions it holds the lease on, or can
+take (free, or lapsed because their holder died). A taken session stays with its member
+while the member lives (its leases are renewed together every third of `lease`), so a
+session's turns run in one process, in order; a new session goes to whichever member takes
+it first, at most `batch` sessions a round, in a random order, so that members with time
+to spare take more.
+
+When a member dies its leases lapse, and the members that see pending messages of those
+sessions look again at that moment: one takes each session, and resumes the interrupted
+turn as a restart does (the tool call that was running is not run again; the reply is not
+doubled). The replies the dead member queued and did not send are taken by a live member
+once the dead one's membership has lapsed (`orphaned_replies`). A member stopping cleanly
+finishes or checkpoints its turns, then gives its leases up and says so, so the others
+take its waiting work at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Collection
+from datetime import UTC, datetime, timedelta
+from typing import Final, Protocol
+
+from loguru import logger
+
+from nanobot.bus.events import InboundMessage
+from nanobot.bus.queue import MessageBus
+from nanobot.bus.records import inbound_from, outbound_from
+from nanobot.errors import StoreError
+from nanobot.store.claims import Candidate, Claims
+from nanobot.store.journal import Journal
+from nanobot.store.members import Members
+from nanobot.store.wakeups import INBOUND, Wakeups
+from nanobot.tasks import TaskSet
+
+BATCH: Final = 32  # sessions one round takes at most, before it looks again
+LOOK: Final = 200  # pending messages one round reads
+LAPSE_MARGIN: Final = 0.05  # seconds after a lease's end before looking again
+
+
+class Taker(Protocol):
+    """Where taken messages go: the dispatcher."""
+
+    def take(self, message: InboundMessage, *, resume: bool) -> None:
+        """Answer `message` (resuming its interrupted turn when `resume`)."""
+        ...
+
+
+class Distributor:
+    """This member's share of the cluster's work, from the journal to its dispatcher."""
+
+    def __init__(
+        self,
+        claims: Claims,
+        journal: Journal,
+        members: Members,
+        wakeups: Wakeups,
+        bus: MessageBus,
+        *,
+        channels: Collection[str],
+        lease: timedelta,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._claims = claims
+        self._journal = journal
+        self._members = members
+        self._wakeups = wakeups
+        self._bus = bus
+        self._taker: Taker | None = None
+        self._channels = frozenset(channels)
+        self._lease = lease
+        self._now = now
+        self._wake = asyncio.Event()
+        self._wake.set()  # the first round recovers what the cluster left pending
+        self._tasks = TaskSet("distribution")
+        wakeups.listen(INBOUND, lambda _: self._wake.set())
+
+    async def journaled(self, message: InboundMessage) -> None:
+        """`message` is in the journal: wake this member and the others to take it. Never
+        raises: a lost wake-up only delays the answer to the next look."""
+        self._wake.set()
+        try:
+            await self._wakeups.notify(INBOUND, message.session_key)
+        except Exception:  # noqa: BLE001 - the next look (a lapse, a member's start) finds it
+            logger.opt(exception=True).warning("could not wake the cluster for a message")
+
+    async def run(self, taker: Taker) -> None:
+        """Take work for `taker` until cancelled; then stop taking (the leases are kept
+        until `leave`: the turns taken may still be running)."""
+        self._taker = taker
+        self._tasks.spawn(self._wakeups.run(), name="wake-ups")
+        self._tasks.spawn(self._renewing(), name="session-leases")
+        try:
+            while True:
+                await self._wait()
+                try:
+                    await self._round()
+                except StoreError as exc:
+                    logger.warning("could not take work from the store: {}; looking again", exc)
+                    await asyncio.sleep(1)
+                    self._wake.set()
+        finally:
+            await self._tasks.close()
+
+    async def leave(self) -> None:
+        """Give up this member's sessions (its turns have ended) and wake the others to take
+        what waits. Never raises: if the store is away, the leases lapse by themselves."""
+        try:
+            await self._claims.release()
+            await self._wakeups.notify(INBOUND, "")
+        except Exception as exc:  # noqa: BLE001 - they lapse within the lease anyway
+            logger.warning("could not give up this member's sessions: {}", exc)
+
+    async def _wait(self) -> None:
+        """Until woken, or until a lease another member holds on a waiting session lapses."""
+        if self._wake.is_set():
+            self._wake.clear()
+            return
+        lapse = await self._claims.next_lapse(self._now())
+        timeout = None
+        if lapse is not None:
+            timeout = max(0.0, (lapse - self._now()).total_seconds()) + LAPSE_MARGIN
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        self._wake.clear()
+
+    async def _round(self) -> None:
+        await self._orphaned_replies()
+        while True:
+            candidates = await self._claims.candidates(self._now(), LOOK)
+            if not candidates or await self._take(candidates) < BATCH:
+                return  # all it could take of what it saw (other members hold the rest)
+
+    async def _take(self, candidates: list[Candidate]) -> int:
+        """Take up to BATCH of the candidates' sessions; returns how many it took."""
+        sessions: dict[str, list[Candidate]] = {}
+        for candidate in candidates:
+            message = inbound_from(candidate.message, candidate.id)
+            if candidate.channel not in self._channels and (
+                message.deliver or message.source == "chat"
+            ):
+                continue  # for a member that runs its channel
+            sessions.setdefault(candidate.session_key or message.session_key, []).append(candidate)
+        order = list(sessions)
+        random.shuffle(order)  # members racing for a burst take different sessions first
+        taken = 0
+        for key in order:
+            if taken >= BATCH:
+                break
+            if not await self._claims.hold(key, self._now(), self._lease):
+                continue
+            taken += 1
+            rows = await self._claims.claim([c.id for c in sessions[key]])
+            reached = await self._journal.reached_session([row.id for row in rows])
+            for row in rows:
+                resume = row.id in reached
+                if resume:
+                    logger.info("taking over session {}: resuming its turn", key)
+                assert self._taker is not None
+                self._taker.take(inbound_from(row.message, row.id), resume=resume)
+        return taken
+
+    async def _orphaned_replies(self) -> None:
+        now = self._now()
+        alive = [m.id for m in await self._members.all() if not m.stale(now)]
+        for item in await self._claims.orphaned_replies(alive):
+            if item.channel in self._channels:
+                logger.info("sending reply {} that a stopped member left unsent", item.id)
+                await self._bus.publish(outbound_from(item.message, item.id, item.parts_sent))
+
+    async def _renewing(self) -> None:
+        period = self._lease.total_seconds() / 3
+        while True:
+            await asyncio.sleep(period)
+            started = time.monotonic()
+            try:
+                await self._claims.renew(self._now(), self._lease)
+            except StoreError as exc:
+                logger.error(
+                    "could not renew this member's session leases: {}; other members take "
+                    "them over {:g}s after the last renewal",
+                    exc,
+                    self._lease.total_seconds(),
+                )
+            else:
+                logger.trace("session leases renewed in {:.3f}s", time.monotonic() - started)

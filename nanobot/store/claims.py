@@ -1,0 +1,138 @@
+"""Which member of a cluster answers which session, and sends which reply.
+
+Several gateways on one database share the journal. A session's turns run on one member at a
+time: the one holding its lease (`session_leases`, renewed while held, lapsing when its
+holder dies). A member claims the pending messages of the sessions it holds (`inbound.
+claimed_by`), and the replies it queues are its own to send (`outbox.claimed_by`). When a
+member dies its leases lapse; another takes the sessions, claims their messages and resumes
+their turns as a restart would, and sends the replies the dead member left unsent.
+
+Every change of hands is one compare-and-set statement, so two members never both hold a
+session, whatever they race for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from nanobot.store._times import from_text, to_text
+from nanobot.store.database import Database
+from nanobot.store.journal import PendingInbound, PendingOutbox, Record
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A pending message no member holds the session of (or whose holder's lease lapsed)."""
+
+    id: int
+    channel: str
+    session_key: str | None  # None for a row journaled before sessions were recorded
+    message: Record
+
+
+class Claims:
+    """Session leases and claims of journal and outbox rows, for member `member`."""
+
+    def __init__(self, db: Database, member: str) -> None:
+        self._db = db
+        self.member = member
+
+    async def candidates(self, now: datetime, limit: int) -> list[Candidate]:
+        """Pending messages, oldest first, that this member might take: not claimed by it,
+        and whose session no other member holds a live lease on."""
+        rows = await self._db.fetchall(
+            "SELECT i.id, i.channel, i.session_key, i.message FROM inbound i"
+            " WHERE i.state = 'pending' AND (i.claimed_by IS NULL OR i.claimed_by <> ?)"
+            " AND NOT EXISTS (SELECT 1 FROM session_leases l"
+            " WHERE l.session_key = i.session_key AND l.holder <> ? AND l.expires_at > ?)"
+            " ORDER BY i.id LIMIT ?",
+            (self.member, self.member, to_text(now), limit),
+        )
+        return [
+            Candidate(r["id"], r["channel"], r["session_key"], json.loads(r["message"]))
+            for r in rows
+        ]
+
+    async def hold(self, session_key: str, now: datetime, ttl: timedelta) -> bool:
+        """Take or renew the lease on `session_key`: True if this member holds it now (it
+        was free, lapsed, or already its own)."""
+        row = await self._db.fetchone(
+            "INSERT INTO session_leases (session_key, holder, expires_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (session_key) DO UPDATE SET holder = excluded.holder,"
+            " expires_at = excluded.expires_at"
+            " WHERE session_leases.holder = excluded.holder OR session_leases.expires_at <= ?"
+            " RETURNING holder",
+            (session_key, self.member, to_text(now + ttl), to_text(now)),
+        )
+        return row is not None
+
+    async def claim(self, ids: Sequence[int]) -> list[PendingInbound]:
+        """Mark pending messages `ids` as this member's; returns those it got, oldest first
+        (one answered meanwhile is not among them). Call only for sessions it holds."""
+        if not ids:
+            return []
+        marks = ",".join("?" * len(ids))
+        rows = await self._db.fetchall(
+            f"UPDATE inbound SET claimed_by = ? WHERE id IN ({marks}) AND state = 'pending'"
+            " RETURNING id, channel, message",
+            (self.member, *ids),
+        )
+        found = [PendingInbound(r["id"], r["channel"], json.loads(r["message"])) for r in rows]
+        return sorted(found, key=lambda p: p.id)
+
+    async def renew(self, now: datetime, ttl: timedelta) -> int:
+        """Extend every lease this member holds; returns how many it holds."""
+        return await self._db.execute(
+            "UPDATE session_leases SET expires_at = ? WHERE holder = ?",
+            (to_text(now + ttl), self.member),
+        )
+
+    async def release(self, session_keys: Sequence[str] | None = None) -> None:
+        """Give up this member's leases on `session_keys` (all, when None)."""
+        if session_keys is None:
+            await self._db.write("DELETE FROM session_leases WHERE holder = ?", (self.member,))
+            return
+        marks = ",".join("?" * len(session_keys))
+        await self._db.write(
+            f"DELETE FROM session_leases WHERE holder = ? AND session_key IN ({marks})",
+            (self.member, *session_keys),
+        )
+
+    async def next_lapse(self, now: datetime) -> datetime | None:
+        """When the earliest lease another member holds on a session with pending messages
+        lapses, if any: the moment to look again, should that member have died."""
+        row = await self._db.fetchone(
+            "SELECT MIN(l.expires_at) AS lapse FROM session_leases l"
+            " WHERE l.holder <> ? AND l.expires_at > ? AND EXISTS (SELECT 1 FROM inbound i"
+            " WHERE i.session_key = l.session_key AND i.state = 'pending')",
+            (self.member, to_text(now)),
+        )
+        return None if row is None or row["lapse"] is None else from_text(str(row["lapse"]))
+
+    async def orphaned_replies(self, alive: Sequence[str]) -> list[PendingOutbox]:
+        """Take the unsent replies of members not in `alive` (dead, or stopped without
+        sending them) and return them, oldest first, to be sent by this member."""
+        marks = ",".join("?" * len(alive)) or "NULL"
+        rows = await self._db.fetchall(
+            f"UPDATE outbox SET claimed_by = ? WHERE state = 'pending'"
+            f" AND claimed_by IS NOT NULL AND claimed_by NOT IN ({marks})"
+            " RETURNING id, channel, message, attempts, parts_sent",
+            (self.member, *alive),
+        )
+        found = [
+            PendingOutbox(
+                r["id"], r["channel"], json.loads(r["message"]), r["attempts"], r["parts_sent"]
+            )
+            for r in rows
+        ]
+        return sorted(found, key=lambda p: p.id)
+
+    async def holders(self) -> dict[str, int]:
+        """How many sessions each member holds a lease on (lapsed ones included)."""
+        rows = await self._db.fetchall(
+            "SELECT holder, COUNT(*) AS held FROM session_leases GROUP BY holder"
+        )
+        return {str(r["holder"]): int(r["held"]) for r in rows}

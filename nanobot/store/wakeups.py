@@ -1,0 +1,123 @@
+"""Wake-ups between the members of a cluster: PostgreSQL's LISTEN/NOTIFY.
+
+A member that journals a message, decides an approval or changes a cron job says so on a
+topic; every member listening wakes and looks at the store (the notification carries no
+state: the store is the truth, so one lost while a connection was down costs only the wait
+for the next look). Listening takes one connection of its own, opened again when the server
+ends it; on reconnecting, every listener is woken, since what was said meanwhile is lost.
+
+With one process (SQLite), `LocalWakeups` wakes the listeners of this process only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from loguru import logger
+
+from nanobot.store import url as store_url
+from nanobot.store.database import Database
+
+Listener = Callable[[str], None]
+"""Called on the event loop with a notification's payload; must not raise or block."""
+
+INBOUND: Final = "nanobot_inbound"  # a message was journaled; payload: its session key
+APPROVAL: Final = "nanobot_approval"  # an approval request was decided; payload: its id
+RECONNECT_DELAY: Final = 1.0  # seconds between attempts to listen again
+
+
+class Wakeups(Protocol):
+    """Topics a process can speak on and listen to."""
+
+    async def notify(self, topic: str, payload: str = "") -> None:
+        """Wake every listener of `topic` (in every member).
+
+        Raises:
+            StoreError: it could not be said; callers treat it as a late wake-up (the
+                store holds the truth, and the next look finds it)."""
+        ...
+
+    def listen(self, topic: str, listener: Listener) -> None:
+        """Call `listener` with each payload said on `topic` from now on."""
+        ...
+
+    async def run(self) -> None:
+        """Keep listening until cancelled."""
+        ...
+
+
+class LocalWakeups:
+    """Wake-ups within this process only: what one process on SQLite needs."""
+
+    def __init__(self) -> None:
+        self._listeners: defaultdict[str, list[Listener]] = defaultdict(list)
+
+    async def notify(self, topic: str, payload: str = "") -> None:
+        for listener in self._listeners.get(topic, ()):
+            _call(listener, payload)
+
+    def listen(self, topic: str, listener: Listener) -> None:
+        self._listeners[topic].append(listener)
+
+    async def run(self) -> None:
+        await asyncio.Future()  # nothing to keep alive; ends when cancelled
+
+
+class PostgresWakeups:
+    """LISTEN/NOTIFY on the PostgreSQL database `db` (at `url`): said through `db`'s own
+    connections, heard on a connection of its own."""
+
+    def __init__(self, db: Database, url: str) -> None:
+        self._db = db
+        self._url = url
+        self._listeners: defaultdict[str, list[Listener]] = defaultdict(list)
+
+    async def notify(self, topic: str, payload: str = "") -> None:
+        await self._db.execute("SELECT pg_notify(?, ?)", (topic, payload))
+
+    def listen(self, topic: str, listener: Listener) -> None:
+        self._listeners[topic].append(listener)
+
+    async def run(self) -> None:
+        import asyncpg
+
+        first = True
+        while True:
+            lost = asyncio.Event()
+            try:
+                conn = await asyncpg.connect(self._url, timeout=10)
+            except Exception as exc:  # noqa: BLE001 - the server is away: try again shortly
+                logger.warning(
+                    "cannot listen on {}: {}; trying again", store_url.redact(self._url), exc
+                )
+                await asyncio.sleep(RECONNECT_DELAY)
+                continue
+            try:
+                conn.add_termination_listener(lambda _, ended=lost: ended.set())
+                for topic in list(self._listeners):
+                    await conn.add_listener(topic, self._deliver)
+                if not first:  # notifications said while away are lost: look now
+                    logger.info("listening on {} again", store_url.redact(self._url))
+                    for listeners in self._listeners.values():
+                        for listener in listeners:
+                            _call(listener, "")
+                first = False
+                await lost.wait()
+                logger.warning("the wake-up connection to the store was lost; reconnecting")
+            finally:
+                if not conn.is_closed():
+                    await conn.close()
+
+    def _deliver(self, _conn: Any, _pid: int, topic: str, payload: str) -> None:
+        for listener in self._listeners.get(topic, ()):
+            _call(listener, payload)
+
+
+def _call(listener: Listener, payload: str) -> None:
+    try:
+        listener(payload)
+    except Exception:  # noqa: BLE001 - one listener's bug must not silence the others
+        logger.exception("a wake-up listener failed")

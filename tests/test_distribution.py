@@ -1,0 +1,148 @@
+"""Work distribution among the members of a cluster (nanobot/distribution.py), on a real
+PostgreSQL database with real LISTEN/NOTIFY: every message taken once, each session's by one
+member in order, a dead member's sessions taken over once its leases lapse."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import pytest
+
+from nanobot.bus.events import ChatRef, InboundMessage
+from nanobot.bus.queue import MessageBus
+from nanobot.bus.records import inbound_record
+from nanobot.distribution import Distributor
+from nanobot.store import Database, Journal
+from nanobot.store.claims import Claims
+from nanobot.store.members import Members
+from nanobot.store.wakeups import PostgresWakeups
+
+LEASE = timedelta(seconds=1)
+
+
+@dataclass
+class Taker:
+    """A dispatcher that only notes what it was given."""
+
+    name: str
+    taken: list[tuple[InboundMessage, bool]] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def take(self, message: InboundMessage, *, resume: bool) -> None:
+        self.taken.append((message, resume))
+        self.arrived.set()
+
+
+@dataclass
+class Member:
+    distributor: Distributor
+    taker: Taker
+    task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.distributor.run(self.taker))
+
+    async def kill(self) -> None:
+        """Stop taking without giving anything up, as a process killed with -9."""
+        assert self.task is not None
+        self.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await self.task
+
+
+@pytest.fixture
+async def db(postgres_url: str) -> AsyncIterator[Database]:
+    async with await Database.open(postgres_url) as database:
+        yield database
+
+
+def member(db: Database, url: str, name: str, lease: timedelta = LEASE) -> Member:
+    distributor = Distributor(
+        Claims(db, name),
+        Journal(db),
+        Members(db),
+        PostgresWakeups(db, url),
+        MessageBus(),
+        channels={"telegram"},
+        lease=lease,
+    )
+    return Member(distributor, Taker(name))
+
+
+async def arrive(db: Database, via: Member, chat: str, text: str) -> None:
+    """A message taken in by `via`'s channel: journaled, then the cluster woken."""
+    message = InboundMessage(ChatRef("telegram", chat), chat, text, f"{chat}-{text}")
+    row = await Journal(db).accept(
+        "telegram", message.message_id, inbound_record(message), message.session_key
+    )
+    assert row is not None
+    await via.distributor.journaled(message)
+
+
+async def until(condition: Callable[[], bool], *members: Member, seconds: float = 20) -> None:
+    async with asyncio.timeout(seconds):
+        while not condition():
+            waits = [asyncio.create_task(m.taker.arrived.wait()) for m in members]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait in waits:
+                wait.cancel()
+            for m in members:
+                m.taker.arrived.clear()
+
+
+async def test_every_message_is_taken_once_and_each_session_by_one_member(
+    db: Database, postgres_url: str
+) -> None:
+    a, b = member(db, postgres_url, "a"), member(db, postgres_url, "b")
+    a.start()
+    b.start()
+    try:
+        for round_ in range(3):
+            for chat in range(20):
+                await arrive(db, a if chat % 2 else b, str(chat), f"m{round_}")
+        await until(lambda: len(a.taker.taken) + len(b.taker.taken) == 60, a, b)
+    finally:
+        await a.kill()
+        await b.kill()
+    taken = [*a.taker.taken, *b.taker.taken]
+    assert len({m.journal_id for m, _ in taken}) == 60
+    for m in (a, b):
+        for chat in {msg.chat.chat_id for msg, _ in m.taker.taken}:
+            texts = [msg.text for msg, _ in m.taker.taken if msg.chat.chat_id == chat]
+            assert texts == ["m0", "m1", "m2"]  # the whole session here, in order
+    assert not any(resume for _, resume in taken)
+
+
+async def test_a_dead_members_session_is_taken_over_once_its_lease_lapses(
+    db: Database, postgres_url: str
+) -> None:
+    a, b = member(db, postgres_url, "a"), member(db, postgres_url, "b")
+    a.start()
+    await arrive(db, a, "7", "first")
+    await until(lambda: len(a.taker.taken) == 1, a)
+    b.start()
+    await a.kill()  # its turn for "first" never finished: the message stays pending
+    await arrive(db, b, "7", "second")
+    await until(lambda: len(b.taker.taken) == 2, b)
+    await b.kill()
+    assert [m.text for m, _ in b.taker.taken] == ["first", "second"]
+    assert [m.text for m, _ in a.taker.taken] == ["first"]
+
+
+async def test_a_member_that_leaves_hands_its_waiting_work_on_at_once(
+    db: Database, postgres_url: str
+) -> None:
+    # A lease no test waits out: only leaving frees the session in time.
+    a, b = member(db, postgres_url, "a", timedelta(hours=1)), member(db, postgres_url, "b")
+    a.start()
+    await arrive(db, a, "3", "one")
+    await until(lambda: len(a.taker.taken) == 1, a)
+    await a.kill()
+    b.start()
+    await a.distributor.leave()
+    await until(lambda: len(b.taker.taken) == 1, b)
+    await b.kill()
+    assert [m.text for m, _ in b.taker.taken] == ["one"]

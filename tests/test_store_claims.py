@@ -1,0 +1,107 @@
+"""Session leases and claims (store/claims.py), on both backends: one holder per session,
+taken over once lapsed, messages claimed once, replies of dead members handed on."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from nanobot.store import Database, Journal
+from nanobot.store.claims import Claims
+
+LEASE = timedelta(seconds=10)
+T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+
+def record(chat: str, text: str) -> dict[str, object]:
+    return {
+        "chat": {"channel": "telegram", "chat_id": chat},
+        "sender_id": chat,
+        "text": text,
+        "message_id": text,
+    }
+
+
+async def journal(db: Database, chat: str, *texts: str) -> list[int]:
+    ids = []
+    for text in texts:
+        row = await Journal(db).accept("telegram", text, record(chat, text), f"telegram:{chat}")
+        assert row is not None
+        ids.append(row)
+    return ids
+
+
+async def test_one_member_holds_a_session_until_its_lease_lapses(db: Database) -> None:
+    a, b = Claims(db, "a"), Claims(db, "b")
+    assert await a.hold("telegram:1", T0, LEASE)
+    assert await a.hold("telegram:1", T0 + timedelta(seconds=5), LEASE)  # renewed: still a's
+    assert not await b.hold("telegram:1", T0 + timedelta(seconds=14), LEASE)
+    assert await b.hold("telegram:1", T0 + timedelta(seconds=15), LEASE)  # lapsed: b's now
+    assert not await a.hold("telegram:1", T0 + timedelta(seconds=16), LEASE)
+    assert await a.holders() == {"b": 1}
+
+
+async def test_two_members_racing_for_many_sessions_never_share_one(db: Database) -> None:
+    a, b = Claims(db, "a"), Claims(db, "b")
+    keys = [f"telegram:{n}" for n in range(40)]
+
+    async def race(claims: Claims) -> set[str]:
+        won = set()
+        for key in keys:
+            if await claims.hold(key, T0, LEASE):
+                won.add(key)
+        return won
+
+    won_a, won_b = await asyncio.gather(race(a), race(b))
+    assert won_a | won_b == set(keys)
+    assert not won_a & won_b
+    expected = {member: len(won) for member, won in (("a", won_a), ("b", won_b)) if won}
+    assert await a.holders() == expected
+
+
+async def test_candidates_leave_out_what_another_member_holds_and_what_is_ours(
+    db: Database,
+) -> None:
+    a, b = Claims(db, "a"), Claims(db, "b")
+    one = await journal(db, "1", "m1", "m2")
+    two = await journal(db, "2", "m3")
+    assert [c.id for c in await b.candidates(T0, 10)] == [*one, *two]
+    assert await a.hold("telegram:1", T0, LEASE)
+    assert [row.id for row in await a.claim(one)] == one
+    assert [c.id for c in await b.candidates(T0, 10)] == two  # a holds session 1
+    assert [c.id for c in await a.candidates(T0, 10)] == two  # its own claims are taken
+    # a dies: once its lease lapses, b sees session 1's messages again and may take them
+    later = T0 + LEASE + timedelta(seconds=1)
+    assert [c.id for c in await b.candidates(later, 10)] == [*one, *two]
+    assert await b.next_lapse(T0) == T0 + LEASE
+    assert await b.hold("telegram:1", later, LEASE)
+    assert [row.id for row in await b.claim(one)] == one
+
+
+async def test_an_answered_message_is_not_claimed(db: Database) -> None:
+    a = Claims(db, "a")
+    (first, second) = await journal(db, "1", "m1", "m2")
+    await Journal(db).complete([first], None)
+    assert [row.id for row in await a.claim([first, second])] == [second]
+
+
+async def test_a_dead_members_replies_go_to_a_live_one_once(db: Database) -> None:
+    dead, mine = Journal(db, member="dead"), Journal(db, member="live")
+    orphan = await dead.enqueue("telegram", {"chat": {"channel": "telegram", "chat_id": "1"}})
+    await mine.enqueue("telegram", {"chat": {"channel": "telegram", "chat_id": "2"}})
+    await Journal(db).enqueue("telegram", {"chat": {"channel": "telegram", "chat_id": "3"}})
+    live = Claims(db, "live")
+    assert [item.id for item in await live.orphaned_replies(["live"])] == [orphan]
+    assert await live.orphaned_replies(["live"]) == []  # now its own
+
+
+async def test_leaving_gives_every_session_up(db: Database) -> None:
+    a, b = Claims(db, "a"), Claims(db, "b")
+    for key in ("telegram:1", "telegram:2"):
+        assert await a.hold(key, T0, LEASE)
+    assert await a.renew(T0 + timedelta(seconds=5), LEASE) == 2
+    await a.release(["telegram:1"])
+    assert await b.hold("telegram:1", T0 + timedelta(seconds=6), LEASE)
+    await a.release()
+    assert await b.hold("telegram:2", T0 + timedelta(seconds=6), LEASE)
+    assert await a.holders() == {"b": 2}
