@@ -548,6 +548,7 @@ class FakeTelegram:
         self.webhook_retry = webhook_retry
         self.webhook_timeout = 30.0  # seconds a post waits for its answer
         self.deliveries: list[Delivery] = []  # every post to the webhook, oldest first
+        self._acknowledged: dict[int, JSON] = {}  # updates the webhook answered with a 2xx
         self._delivering: asyncio.Task[None] | None = None
         self._sent: list[SentMessage] = []
         self._chats: dict[int, _Chat] = {}
@@ -780,16 +781,24 @@ class FakeTelegram:
         self.webhook_routes.add(public, local)
 
     async def post_update(
-        self, body: JSON | bytes, *, secret_token: str | None = None, use_secret: bool = True
+        self,
+        body: JSON | bytes | int,
+        *,
+        secret_token: str | None = None,
+        use_secret: bool = True,
     ) -> int | None:
         """Post one body to the webhook now, outside the queue (nothing is retried or
-        acknowledged): an update, or any bytes. It carries the webhook's secret token, or
-        ``secret_token`` if given, or none with ``use_secret=False``. Returns the status
-        (None: no answer). ``RuntimeError`` if no webhook is set."""
+        acknowledged): an update, any bytes, or the id of an update the webhook took before
+        (posted again as it was, as Telegram does when it lost the answer). It carries the
+        webhook's secret token, or ``secret_token`` if given, or none with
+        ``use_secret=False``. Returns the status (None: no answer). ``RuntimeError`` if no
+        webhook is set."""
         if self.webhook is None:
             raise RuntimeError("no webhook is set")
         target = self.webhook_routes.target(self.webhook.url)
         assert target is not None  # setWebhook checked it
+        if isinstance(body, int):
+            body = self._acknowledged[body]
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         secret = (secret_token or self.webhook.secret_token) if use_secret else None
         timeout = aiohttp.ClientTimeout(total=self.webhook_timeout)
@@ -878,6 +887,7 @@ class FakeTelegram:
                 self.deliveries.append(Delivery(update["update_id"], status, error))
                 if error is None:
                     self._updates = [u for u in self._updates if u is not update]
+                    self._acknowledged[update["update_id"]] = update
                 else:
                     webhook.last_error_date, webhook.last_error_message = int(time.time()), error
                 self._changed()
