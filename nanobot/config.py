@@ -472,6 +472,19 @@ class StoreConfig(Section):
 _SQLITE_URL = "sqlite:///"
 
 
+class ClusterConfig(Section):
+    """Several gateways on one store form a cluster: one member at a time plays each role
+    (a channel's polling or gateway connection, the schedule of cron and the heartbeat)."""
+
+    # Seconds a member keeps a role without renewing it (it renews every third of that):
+    # when a member dies, another takes its roles over within this.
+    lease_seconds: float = Field(10, ge=1, le=300)
+
+    @property
+    def lease(self) -> timedelta:
+        return timedelta(seconds=self.lease_seconds)
+
+
 class Config(BaseSettings):
     """The whole configuration. Build it with `load()`, not directly."""
 
@@ -494,6 +507,7 @@ class Config(BaseSettings):
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     # The file this was loaded from (None when built directly): a secret to keep out of
     # the sandbox like the data dir.
     _source: Path | None = PrivateAttr(default=None)

@@ -31,8 +31,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nanobot.cron",),  # vocabulary, schedule math, the service; storage through a port
     ("nanobot.store", "nanobot.providers", "nanobot.tools"),
     ("nanobot.agent", "nanobot.channels"),
-    # membership: keeps the gateway's members row alive; distribution: shares a cluster's work
-    ("nanobot.gate", "nanobot.membership", "nanobot.distribution"),
+    # membership: keeps the gateway's members row alive; distribution: shares a cluster's
+    # work; cluster: the roles one member at a time plays
+    ("nanobot.gate", "nanobot.membership", "nanobot.distribution", "nanobot.cluster"),
     ("nanobot.gateway", "nanobot.heartbeat"),
     ("nanobot.app", "nanobot.manage"),
     ("nanobot.launch",),  # ask, chat, serve: each builds its parts through the app

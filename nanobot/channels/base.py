@@ -12,12 +12,12 @@ import asyncio
 import re
 import unicodedata
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 from nanobot.bus.events import InboundMessage, Outbound
 from nanobot.errors import ConfigError
@@ -145,6 +145,33 @@ class OutboxPort(Protocol):
     async def stream_finished(self, stream_id: str) -> None:
         """Stream `stream_id`'s final text is out: forget its message."""
         ...
+
+
+class Role(Protocol):
+    """Whether this process takes a channel's messages in. In a cluster (several gateways on
+    one store) one member at a time holds a channel's intake (its polling loop, its gateway
+    connection) while every member delivers; a gateway on its own always holds it (`SOLO`)."""
+
+    async def hold(
+        self, work: Callable[[], Awaitable[None]], *, standby: Callable[[], None] | None = None
+    ) -> None:
+        """Run `work()` while this process holds the role, each time it comes to hold it,
+        until `work` returns or raises (that is returned or raised). When the role is lost,
+        `work` is cancelled at once and `hold` waits to hold it again. `standby()` is called
+        when another member is found holding it. Cancelling `hold` cancels `work`."""
+        ...
+
+
+class _Solo:
+    """The role of the only gateway: always held."""
+
+    async def hold(
+        self, work: Callable[[], Awaitable[None]], *, standby: Callable[[], None] | None = None
+    ) -> None:
+        await work()
+
+
+SOLO: Final[Role] = _Solo()
 
 
 class ChannelRefused(ConfigError):

@@ -29,6 +29,10 @@ with buttons) and an edit of an earlier message go out the same way (`Replies`, 
 sender as its `CardOutlet`) and return the id of the message that shows the buttons; an
 `answer` to a press is an ephemeral follow-up. A chat `@<user id>` is the DM with that user.
 
+Two clients: replies go out through one that only logs in (the REST API), and the gateway
+connection is another's, held only while this process holds the channel's intake `role`:
+in a cluster every member delivers, and one at a time takes messages in.
+
 Servers: discord.py has no option for them. An `api_base` or `gateway_url` other than
 Discord's is set on the process-wide `Route.BASE` / `DiscordWebSocket.DEFAULT_GATEWAY` while
 `run()` runs, and put back when it ends.
@@ -40,6 +44,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,6 +70,7 @@ from nanobot.channels._settings import BotSettings
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
 from nanobot.channels.base import (
+    SOLO,
     Channel,
     ChannelRefused,
     DeliveryError,
@@ -73,6 +79,7 @@ from nanobot.channels.base import (
     IntakeHistory,
     IntakePort,
     OutboxPort,
+    Role,
     not_fetched,
 )
 from nanobot.channels.render import split_discord
@@ -191,9 +198,13 @@ class DiscordChannel(Channel):
         typing_delay: float = TYPING_DELAY,
         outbox: OutboxPort | None = None,
         guild_ready_timeout: float = GUILD_READY_TIMEOUT,
+        role: Role = SOLO,
     ) -> None:
+        """`role`: whether this process holds the gateway connection (in a cluster, one
+        member at a time does; every member delivers)."""
         super().__init__(intake)
         self._config = config
+        self._role = role
         self._inbox = inbox
         self._guild_ready_timeout = guild_ready_timeout
         self._sender = Sender()
@@ -213,10 +224,46 @@ class DiscordChannel(Channel):
     # ---- running --------------------------------------------------------------------
 
     async def run(self, ready: Callable[[], None]) -> None:
+        """Log in, then hold the gateway connection whenever this process holds the intake
+        role. Replies go out through a client of their own, logged in and never connected to
+        the gateway, so that every member of a cluster delivers. `ready()` is called once
+        the first gateway session began, or, in a cluster, once another member is found
+        holding the connection."""
         token = self._config.token.get_secret_value()
         if not token:
             raise ChannelRefused("channels.discord.token is empty: set the bot's token")
         await self._replies.recover()  # before `ready()`: nothing is delivered before that
+        announced = False
+
+        def deliverable() -> None:
+            nonlocal announced
+            if not announced:
+                announced = True
+                ready()
+
+        restore = _point_at(self._config)
+        rest = discord.Client(
+            intents=discord.Intents.none(),
+            allowed_mentions=QUIET,
+            max_ratelimit_timeout=MAX_RATE_LIMIT_WAIT,
+        )
+        try:
+            try:
+                await rest.login(token)
+            except discord.LoginFailure:  # 401 on logging in
+                raise ChannelRefused(_REJECTED.format("401 Unauthorized")) from None
+            self._sender.client = rest
+            self._typing.start()
+            await self._role.hold(partial(self._connect, token, deliverable), standby=deliverable)
+        finally:
+            self._sender.client = None
+            await self._typing.stop()
+            await rest.close()
+            restore()
+
+    async def _connect(self, token: str, ready: Callable[[], None]) -> None:
+        """Hold one gateway connection (with its RESUMEs and new sessions) and take what
+        it brings, until cancelled."""
         intake = self.intake
         catch_up = CatchUp(
             intake if isinstance(intake, IntakeHistory) else None,
@@ -227,15 +274,16 @@ class DiscordChannel(Channel):
         await catch_up.load()  # before connecting: what came after is fetched
         lanes: Lanes[int] = Lanes(name="discord-inbound")
 
+        sessions = 0
+
         def connected(client: discord.Client) -> None:
-            first = self._sender.client is None
-            if first:
-                self._sender.client = client
-                self._typing.start()
+            nonlocal sessions
+            sessions += 1
+            if sessions == 1:
                 logger.info("discord connected as {}", client.user)
             # Also after a new IDENTIFY (not a RESUME): events in between are not replayed.
             catch_up.ready(client, lanes)
-            if first:
+            if sessions == 1:
                 ready()
 
         def arrived(message: discord.Message) -> None:
@@ -269,7 +317,6 @@ class DiscordChannel(Channel):
             guild_ready_timeout=self._guild_ready_timeout,
             max_ratelimit_timeout=MAX_RATE_LIMIT_WAIT,
         )
-        restore = _point_at(self._config)
         try:
             await client.start(token)
         except discord.LoginFailure:  # 401 on logging in
@@ -285,15 +332,12 @@ class DiscordChannel(Channel):
             ) from exc
         finally:
             await self._stop(client, catch_up, lanes, pressing)
-            restore()
 
     async def _stop(
         self, client: discord.Client, catch_up: CatchUp, lanes: Lanes[int], pressing: TaskSet
     ) -> None:
         """Stop taking messages and presses (within TAKE_GRACE), record how far messages
         were taken, then disconnect."""
-        self._sender.client = None
-        await self._typing.stop()
         stopping = datetime.now(UTC)  # what is sent from now on is fetched next time
         _, lost, _ = await asyncio.gather(
             catch_up.close(), self._close_lanes(lanes), pressing.close(grace=TAKE_GRACE)
