@@ -274,8 +274,9 @@ async def test_a_stop_keeps_the_webhook_and_polling_deletes_it(
     assert fake.webhook_url == PUBLIC and fake.calls("deleteWebhook") == []
     fake.user_message(USER, "sent while nobody served the webhook", user_id=USER)
     async with running(make_channel(fake, intake, inbox)):  # polling mode
-        assert fake.webhook_url == "" and len(fake.calls("deleteWebhook")) == 1
+        await fake.wait_for(lambda: fake.webhook_url == "")
         [message] = await intake.wait(1)
+        assert len(fake.calls("deleteWebhook")) == 1
         assert message.text == "sent while nobody served the webhook"
 
 
