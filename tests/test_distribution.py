@@ -109,9 +109,9 @@ async def test_every_message_is_taken_once_and_each_session_by_one_member(
         await b.kill()
     taken = [*a.taker.taken, *b.taker.taken]
     assert len({m.journal_id for m, _ in taken}) == 60
-    for m in (a, b):
-        for chat in {msg.chat.chat_id for msg, _ in m.taker.taken}:
-            texts = [msg.text for msg, _ in m.taker.taken if msg.chat.chat_id == chat]
+    for one in (a, b):
+        for chat_id in {msg.chat.chat_id for msg, _ in one.taker.taken}:
+            texts = [msg.text for msg, _ in one.taker.taken if msg.chat.chat_id == chat_id]
             assert texts == ["m0", "m1", "m2"]  # the whole session here, in order
     assert not any(resume for _, resume in taken)
 

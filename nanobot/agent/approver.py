@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -108,10 +108,25 @@ class Approver:
         self._bus = bus
         self._workspace = workspace
         self._waiters: dict[str, asyncio.Future[None]] = {}
+        # In a cluster: tells the other members a request was decided (its run may wait
+        # in one of them); they call `decided`.
+        self._announce: Callable[[str], Awaitable[None]] | None = None
         self.restarted: dict[str, str] = {}  # tool call id -> its result, from `recover`
         # The hook of each run still going on, by run id: a run's hooks hold it, so it is
         # dropped once its run is over, however the run ended.
         self._runs: WeakValueDictionary[str, RunApproval] = WeakValueDictionary()
+
+    def announce_with(self, announce: Callable[[str], Awaitable[None]]) -> None:
+        """Tell other processes of each decision through `announce(request id)` (a cluster's
+        wake-up): the run that waits for it may be theirs."""
+        self._announce = announce
+
+    def decided(self, request_id: str) -> None:
+        """Request `request_id` was decided, maybe by another process: wake its run if it
+        waits here (it reads the decision from the store)."""
+        waiter = self._waiters.get(request_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def for_run(self, caller: Caller, run_id: str) -> RunApproval:
         taint = Taint()
@@ -265,11 +280,14 @@ class Approver:
         )
         if decision.won:
             logger.info("approval {}: {} by {}", words[1], verdict, printable(message.sender_id))
-            waiter = self._waiters.get(decision.request.id if decision.request else "")
+            request = decision.request
+            waiter = self._waiters.get(request.id if request else "")
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
-            elif decision.request is not None:
-                await self._show(decision.request)  # its run waits elsewhere or is gone
+            elif request is not None and self._announce is not None:
+                await self._tell_others(request.id)
+            elif request is not None:
+                await self._show(request)  # its run is gone
         else:
             logger.info(
                 "approval {}: answer by {} refused: {}",
@@ -278,6 +296,19 @@ class Approver:
                 decision.outcome,
             )
         return answer_text(decision.outcome, decision.request)
+
+    async def _tell_others(self, request_id: str) -> None:
+        """Wake the run waiting for `request_id` in another member, if one does."""
+        assert self._announce is not None
+        try:
+            await self._announce(request_id)
+        except Exception as exc:  # noqa: BLE001 - the decision is stored: it is read at expiry
+            logger.warning(
+                "approval {}: could not tell the other members ({}); its run goes on when "
+                "the request would have expired",
+                request_id,
+                exc,
+            )
 
     async def describe(self) -> str:
         """The pending requests and the saved rules, for `/approvals`."""

@@ -1,0 +1,155 @@
+"""End to end: three `nanobot gateway` processes on one PostgreSQL database form a cluster.
+
+Telegram posts every update to one webhook (the fake Bot API's route plays the load
+balancer's part and sends them to the first member); every member takes sessions from the
+journal. Observed as a user would: each message answered exactly once and in order, and
+after a kill -9 of the member holding a busy session, that session's turn is finished by
+another member once the dead one's lease lapses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from tests.fakes.llm import FakeLLM, Hang
+from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
+from tests.gateway_process import GatewayProcess
+from tests.test_gateway_telegram import gateway_config
+from tests.test_telegram_webhook import PUBLIC, SECRET, free_port
+
+READY = "gateway started"
+CHATS = 200
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(token=DEFAULT_TOKEN, webhook_retry=0.5) as fake:
+        yield fake
+
+
+def member_config(
+    root: Path, llm: FakeLLM, telegram: FakeTelegram, store: str, workspace: Path
+) -> dict[str, Any]:
+    port = free_port()
+    config = gateway_config(root, llm, telegram, queue_mode="follow_up")
+    config["store"] = {"url": store}
+    config["workspace"] = str(workspace)
+    telegram_section = config["channels"]["telegram"]
+    telegram_section["allow_from"] = ["*"]
+    telegram_section["stream"] = False
+    telegram_section["webhook"] = {
+        "url": PUBLIC,
+        "listen": f"127.0.0.1:{port}",
+        "secret_token": SECRET,
+    }
+    config["port"] = port  # not nanobot's: where this member listens, for the route
+    return config
+
+
+@dataclass
+class Cluster:
+    members: list[GatewayProcess]
+    ports: list[int]  # where each member takes the webhook's posts
+    telegram: FakeTelegram
+
+    def balance_to(self, member: GatewayProcess) -> None:
+        """The load balancer sends every update to `member` (the others get none)."""
+        port = self.ports[self.members.index(member)]
+        self.telegram.route_webhook(PUBLIC, f"http://127.0.0.1:{port}")
+
+
+@pytest.fixture
+async def cluster(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, postgres_url: str
+) -> AsyncIterator[Cluster]:
+    workspace = tmp_path / "shared-workspace"
+    members, ports = [], []
+    for n in range(3):
+        root = tmp_path / f"member{n}"
+        root.mkdir()
+        config = member_config(root, fake_llm, telegram, postgres_url, workspace)
+        ports.append(config.pop("port"))
+        members.append(GatewayProcess(root, config, dict(os.environ)))
+    cluster = Cluster(members, ports, telegram)
+    cluster.balance_to(members[0])
+    await members[0].start(ready=READY)  # the first one migrates the schema
+    await asyncio.gather(*(m.start(ready=READY) for m in members[1:]))
+    yield cluster
+    for member in members:
+        if member.process is not None and member.process.returncode is None:
+            await member.stop(signal.SIGKILL)
+
+
+async def holders(url: str) -> dict[str, int]:
+    """Member id -> sessions it holds a lease on."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT holder, count(*) FROM session_leases GROUP BY holder")
+    finally:
+        await conn.close()
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+async def holder_pid(url: str, session: str) -> int:
+    conn = await asyncpg.connect(url)
+    try:
+        pid = await conn.fetchval(
+            "SELECT m.pid FROM session_leases l JOIN members m ON m.id = l.holder"
+            " WHERE l.session_key = $1",
+            session,
+        )
+    finally:
+        await conn.close()
+    assert pid is not None
+    return int(pid)
+
+
+def texts(telegram: FakeTelegram, chat: int) -> list[str]:
+    """The chat's replies, each the echo of the message it answers (its time stamp cut)."""
+    return [m.visible.rsplit("\n", 1)[-1] for m in telegram.sent(chat)]
+
+
+async def test_two_hundred_chats_at_once_each_answered_once_and_in_order(
+    cluster: Cluster, telegram: FakeTelegram, postgres_url: str
+) -> None:
+    chats = range(1000, 1000 + CHATS)
+    for round_ in ("first", "second"):
+        for chat in chats:
+            telegram.user_message(chat, f"{round_} from {chat}", user_id=chat)
+    await telegram.wait_for(
+        lambda: all(len(telegram.sent(chat)) >= 2 for chat in chats), seconds=120
+    )
+    await asyncio.sleep(1)  # anything doubled would have arrived by now
+    for chat in chats:
+        assert texts(telegram, chat) == [f"first from {chat}", f"second from {chat}"]
+    held = await holders(postgres_url)
+    assert sum(held.values()) == CHATS
+    assert len(held) >= 2, f"every session went to one member: {held}"
+
+
+async def test_a_killed_members_busy_session_is_finished_by_another_once(
+    cluster: Cluster, telegram: FakeTelegram, fake_llm: FakeLLM, postgres_url: str
+) -> None:
+    fake_llm.script(Hang())
+    telegram.user_message(42, "the long one", user_id=42)
+    await fake_llm.wait_for_requests(1, seconds=30)
+    pid = await holder_pid(postgres_url, "telegram:42")
+    (holder,) = [m for m in cluster.members if m.process is not None and m.process.pid == pid]
+    survivors = [m for m in cluster.members if m is not holder]
+    await holder.stop(signal.SIGKILL)
+    cluster.balance_to(survivors[0])  # as a load balancer does once a member stops answering
+    telegram.user_message(43, "meanwhile", user_id=43)  # the cluster still answers
+    await telegram.wait_for(lambda: len(telegram.sent(43)) == 1, seconds=30)
+    await telegram.wait_for(lambda: len(telegram.sent(42)) == 1, seconds=60)
+    await asyncio.sleep(1)
+    assert texts(telegram, 42) == ["the long one"]
+    assert any("resuming its turn" in m.log() for m in survivors)
