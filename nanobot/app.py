@@ -12,7 +12,7 @@ import asyncio
 import stat
 import tempfile
 import zoneinfo
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
@@ -33,9 +33,11 @@ from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
 from nanobot.bus.events import ChatRef, InboundMessage, Source
 from nanobot.bus.intake import EventIntake
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import Channel, InboxPolicy, IntakePort, OutboxPort
+from nanobot.channels.base import SOLO, Channel, InboxPolicy, IntakePort, OutboxPort
 from nanobot.channels.manager import ChannelManager
 from nanobot.channels.terminal import TerminalChannel
+from nanobot.cluster import SCHEDULE, Cluster
+from nanobot.cluster import intake as intake_role
 from nanobot.config import Config
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.service import CronService
@@ -49,6 +51,7 @@ from nanobot.providers.provider import Provider, RetryPolicy, Routes
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore, UsageLedger
 from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
+from nanobot.store.leases import Leases
 from nanobot.store.members import Members
 from nanobot.store.wakeups import PostgresWakeups
 from nanobot.tools.cron import CronTool
@@ -390,10 +393,17 @@ def check_channels(config: Config, *, terminal: bool) -> None:
         )
 
 
-async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gateway:
+async def build_gateway(
+    config: Config, parts: Parts, *, terminal: bool, succeeds: str | None = None
+) -> Gateway:
     """The gateway on `parts`: the enabled channels (and the terminal, when attached), the
     dispatcher, subagents, the heartbeat and cron, all coming in through one gate. Without
     a terminal, it stops once every channel has stopped for good (`all_refused`).
+
+    It is a member of the cluster on its store: a channel's polling or gateway connection,
+    and the schedule (cron and the heartbeat), run while it holds their roles
+    (`nanobot.cluster`); on its own it takes every role at once. `succeeds`: the member id
+    of the gateway that ran on this data dir before (gone: its roles are taken at once).
 
     Raises:
         ConfigError: see `check_channels`.
@@ -406,7 +416,10 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     distributor = _distributor(config, parts, membership, channels=rules)
     forward = distributor.journaled if distributor is not None else None
     way_in = await Intake.build(parts, rules, forward=forward)
-    channels = build_channels(config, way_in.gate, way_in.journal)
+    cluster = Cluster(
+        Leases(parts.db), membership.member.id, config.cluster.lease, succeeds=succeeds
+    )
+    channels = build_channels(config, way_in.gate, way_in.journal, cluster=cluster)
     if not channels:
         logger.warning(
             "no chat channel is enabled, only this terminal: set channels.telegram or "
@@ -418,6 +431,7 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     subagents = build_subagents(config, parts, way_in.gate)
     services: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]
     services = [("subagents", subagents.run)]
+    scheduled: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
     outcomes: dict[Source, OutcomeSink] = {}
     beat = config.heartbeat
     if beat.enabled:
@@ -428,7 +442,7 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
             way_in.gate,
             ChatRef(target.channel, target.chat_id) if target else None,
         )
-        services.append(("heartbeat", heartbeat.run))
+        scheduled.append(("heartbeat", heartbeat.run))
         outcomes["heartbeat"] = heartbeat
     if config.cron.enabled:
         cron = CronService(
@@ -437,8 +451,11 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
             catch_up_window=config.cron.catch_up_window,
             channels=[n for n in ("telegram", "discord") if getattr(config.channels, n).enabled],
         )
-        services.append(("cron", cron.run))
+        scheduled.append(("cron", cron.run))
         outcomes["cron"] = cron
+    if scheduled:  # one member of the cluster at a time schedules
+        schedule = partial(_together, scheduled)
+        services.append((SCHEDULE, partial(cluster.role(SCHEDULE).hold, schedule)))
     dispatcher = Dispatcher(
         parts.loop,
         way_in.bus,
@@ -486,6 +503,15 @@ def _distributor(
     )
 
 
+async def _together(
+    services: Sequence[tuple[str, Callable[[], Coroutine[Any, Any, None]]]],
+) -> None:
+    """Run `services` side by side until cancelled (or one fails)."""
+    async with asyncio.TaskGroup() as group:
+        for name, start in services:
+            group.create_task(start(), name=name)
+
+
 def _channel_rules(config: Config) -> dict[str, ChannelRules]:
     rules = {}
     for name in ("telegram", "discord"):
@@ -496,10 +522,16 @@ def _channel_rules(config: Config) -> dict[str, ChannelRules]:
 
 
 def build_channels(
-    config: Config, intake: IntakePort, outbox: OutboxPort | None = None
+    config: Config,
+    intake: IntakePort,
+    outbox: OutboxPort | None = None,
+    *,
+    cluster: Cluster | None = None,
 ) -> list[Channel]:
     """The enabled chat channels (their libraries are imported only when enabled), taking
-    messages in through `intake` and keeping `outbox` told where each reply stands."""
+    messages in through `intake` and keeping `outbox` told where each reply stands; with
+    `cluster`, a channel's polling or gateway connection runs while this member holds its
+    intake role (always, without)."""
     channels: list[Channel] = []
     workspace = config.workspace_path
     inbox = workspace / "inbox"
@@ -508,11 +540,13 @@ def build_channels(
         from nanobot.channels.telegram import TelegramChannel
 
         policy = InboxPolicy(inbox, int(telegram.max_file_mb * 1024 * 1024), workspace)
-        channels.append(TelegramChannel(telegram, intake, policy, outbox=outbox))
+        role = cluster.role(intake_role("telegram")) if cluster is not None else SOLO
+        channels.append(TelegramChannel(telegram, intake, policy, outbox=outbox, role=role))
     discord = config.channels.discord
     if discord.enabled:
         from nanobot.channels.discord import DiscordChannel
 
         policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024), workspace)
-        channels.append(DiscordChannel(discord, intake, policy, outbox=outbox))
+        role = cluster.role(intake_role("discord")) if cluster is not None else SOLO
+        channels.append(DiscordChannel(discord, intake, policy, outbox=outbox, role=role))
     return channels

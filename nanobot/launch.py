@@ -13,7 +13,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Final
 
 from loguru import logger
@@ -27,7 +27,7 @@ from nanobot.channels.terminal import TerminalChannel
 from nanobot.config import Config
 from nanobot.errors import NanobotError, ProviderError
 from nanobot.gateway import Gateway
-from nanobot.manage import GATEWAY_LOCK
+from nanobot.manage import GATEWAY_LOCK, lock_holder
 
 GC_YOUNG_THRESHOLD: Final = 10_000  # new objects between two collections of the youngest one
 CLI: Final = "cli"  # the channel of `nanobot agent -m`: its answer is printed, not delivered
@@ -116,10 +116,10 @@ def serve(config: Config) -> int:
     Raises:
         ConfigError: the data dir cannot be written, or the channels cannot start (see
             `check_channels`).
-        NanobotError: another gateway runs on the same data dir.
+        NanobotError: another gateway runs on the same data dir, with the state on SQLite.
     """
     log.configure(config, quiet=False)
-    with _only_gateway(config.data_dir):
+    with _gateway_lock(config) as lock:
         if config.gateway.event_loop == "uvloop":
             try:
                 import uvloop
@@ -127,44 +127,84 @@ def serve(config: Config) -> int:
                 logger.warning("uvloop is not installed; the gateway uses asyncio's own event loop")
             else:
                 logger.debug("event loop: uvloop")
-                return uvloop.run(_serve(config))
+                return uvloop.run(_serve(config, lock))
         logger.debug("event loop: asyncio")
-        return asyncio.run(_serve(config))
+        return asyncio.run(_serve(config, lock))
+
+
+@dataclass
+class _Lock:
+    """The data dir's gateway lock as this process holds it (`fd`; None when it runs
+    without it), and the member id of the gateway that held it before (`predecessor`)."""
+
+    fd: int | None
+    predecessor: str | None = None
+
+    def record(self, member: str) -> None:
+        """Write this process's pid and member id in the lock file (the next gateway on the
+        data dir takes this one's roles at once: it is gone by then)."""
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, f"{os.getpid()} {member}\n".encode(), 0)
 
 
 @contextmanager
-def _only_gateway(data_dir: Path) -> Iterator[None]:
-    """Hold the data dir's gateway lock (`gateway.lock`, with this process's pid) while the
-    gateway runs: a second one would poll Telegram against the first (409 Conflict, for
-    ever) and share its state. The kernel drops the lock when the process ends, however
-    it ends, so a lock file left behind by a crash stops nothing.
+def _gateway_lock(config: Config) -> Iterator[_Lock]:
+    """Hold the data dir's gateway lock (`gateway.lock`: this process's pid, then its
+    member id) while the gateway runs. The kernel drops the lock when the process ends,
+    however it ends, so a lock file left behind by a crash stops nothing, and whoever takes
+    the lock knows that the member it names is gone.
+
+    With the state on SQLite a second gateway on the data dir is refused: it would share
+    the first one's state and files unawares. With the state on PostgreSQL several may
+    share one (members of a cluster): one that finds the lock held runs without it, and
+    says so.
 
     Raises:
-        NanobotError: another gateway holds the lock; the message names its pid.
+        NanobotError: another gateway holds the lock and the state is on SQLite; the
+            message names its pid.
     """
-    path = data_dir / GATEWAY_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    data_dir = config.data_dir
+    fd = os.open(
+        data_dir / GATEWAY_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = os.pread(fd, 20, 0).decode("ascii", "replace").strip() or "unknown"
-            raise NanobotError(
-                f"another gateway is running on the data dir {data_dir} (pid {pid}): stop it "
-                "first, or give this one its own data_dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
+            pid = lock_holder(fd)
+            if not isinstance(config.store_target, str):
+                raise NanobotError(
+                    f"another gateway is running on the data dir {data_dir} (pid {pid}): stop "
+                    "it first, or give this one its own data_dir"
+                ) from None
+            logger.info(
+                "another gateway runs on the data dir {} (pid {}): with the state on "
+                "PostgreSQL both are members of one cluster, so this one runs without the "
+                "data dir's lock (they share its files: give each its own data_dir, with one "
+                "shared workspace, to keep their logs apart)",
+                data_dir,
+                pid,
+            )
+            yield _Lock(None)
+            return
+        before = os.pread(fd, 100, 0).decode("ascii", "replace").split()
+        lock = _Lock(fd, before[1] if len(before) > 1 else None)
+        lock.record("")
+        yield lock
     finally:
         os.close(fd)
 
 
-async def _serve(config: Config) -> int:
+async def _serve(config: Config, lock: _Lock) -> int:
     # A fresh `make run` has no API key yet: the gateway starts, says so, and answers.
     async with open_parts(config, require_key=False) as parts:
         _tune_garbage_collection()
-        gateway = await build_gateway(config, parts, terminal=sys.stdin.isatty())
+        gateway = await build_gateway(
+            config, parts, terminal=sys.stdin.isatty(), succeeds=lock.predecessor
+        )
+        if gateway.membership is not None:
+            lock.record(gateway.membership.member.id)
         code = await gateway.run()
         return 1 if gateway.manager.all_refused.is_set() else code
 

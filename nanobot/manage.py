@@ -29,6 +29,7 @@ from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore
 from nanobot.store.database import Check
 from nanobot.store.journal import FailedReplies
+from nanobot.store.leases import Leases
 from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
 from nanobot.workspace import bundled, copy_template
 
@@ -293,7 +294,15 @@ async def _store_rows(
         waiting = await Access(db).waiting()
         failed = await Journal(db).failed_replies()
         members = Members(db)
-        gateways = [("gateway", _member_line(m, members.now(), zone)) for m in await members.all()]
+        roles = await Leases(db).holders()
+        gateways = [
+            ("gateway", _member_line(m, members.now(), zone, roles.pop(m.id, [])))
+            for m in await members.all()
+        ]
+        # Held by a process without a row (removed by hand): it lapses unless renewed.
+        gateways += [
+            ("roles", f"{', '.join(r)} held by {who}, not listed") for who, r in roles.items()
+        ]
     return [
         ("state", f"{db.name} ({stats.size_bytes / 1024:.0f} KiB)"),
         ("integrity", _checked(db.checked)),
@@ -341,10 +350,15 @@ async def _health(target: Path | str, zone: ZoneInfo | None) -> tuple[str, bool]
     )
 
 
-def _member_line(member: Member, now: datetime, zone: ZoneInfo | None) -> str:
-    """A member for `status`: where it runs, since when, and whether it beats."""
+def _member_line(
+    member: Member, now: datetime, zone: ZoneInfo | None, roles: Sequence[str] = ()
+) -> str:
+    """A member for `status`: where it runs, since when, the roles it plays in the cluster
+    (`nanobot.cluster`), and whether it beats."""
     started = _moment(member.started_at, zone)
     where = f"{member.describe()}, version {member.version}, up since {started}"
+    if roles:
+        where += f", plays {', '.join(roles)}"
     if member.stale(now):
         return f"{where}; GONE: no beat since {_moment(member.beat_at, zone)}"
     return f"{where}; last beat {_ago(now - member.beat_at)} ago"
@@ -430,7 +444,13 @@ def added_line(job: Job, zone: str) -> str:
 
 GATEWAY_LOCK = "gateway.lock"
 """The file in the data dir that a running gateway holds locked (`nanobot.launch` takes it;
-this module must not import the app)."""
+this module must not import the app). It holds the gateway's pid, then its member id."""
+
+
+def lock_holder(fd: int) -> str:
+    """The pid written in the open gateway lock file `fd` ("unknown" if none is)."""
+    words = os.pread(fd, 100, 0).decode("ascii", "replace").split()
+    return words[0] if words else "unknown"
 
 
 def gateway_pid(data_dir: Path) -> str | None:
@@ -448,7 +468,7 @@ def gateway_pid(data_dir: Path) -> str | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return os.pread(fd, 20, 0).decode("ascii", "replace").strip() or "unknown"
+            return lock_holder(fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from nanobot.store import Database
+from nanobot.store.leases import Leases
 from nanobot.store.members import STALE_AFTER, Member, Members
 from tests.conftest import Home
 from tests.fakes.llm import FakeLLM
@@ -104,6 +105,21 @@ async def test_status_lists_the_gateways_alive_and_gone(home: Home) -> None:
         "pid 7 on host box, version 0.0.9, up since 2026-01-15 09:30:05 CET; "
         "GONE: no beat since 2026-01-15 09:30:05 CET"
     )
+
+
+async def test_status_names_the_roles_each_gateway_plays(home: Home) -> None:
+    leader = await register(home, beat_at=datetime.now(UTC), pid=8)
+    standby = await register(home, beat_at=datetime.now(UTC), pid=9)
+    async with await Database.open(home.data_dir / "state.db") as db:
+        leases = Leases(db)
+        for role in ("schedule", "intake:telegram"):
+            assert await leases.acquire(role, leader.id, timedelta(minutes=1))
+        assert await leases.acquire("intake:discord", standby.id, timedelta(seconds=-1))
+    result = await nanobot(home, "status")
+    assert result.code == 0, result.stderr
+    rows = {line.split()[2]: line for line in result.stdout.splitlines() if " pid " in line}
+    assert ", plays intake:telegram, schedule; last beat " in rows["8"]
+    assert "plays" not in rows["9"]  # its lease lapsed
 
 
 async def test_status_says_when_no_gateway_runs(home: Home) -> None:

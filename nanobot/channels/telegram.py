@@ -7,7 +7,9 @@ the sender) and hands that to `intake`, which journals it; an update is acknowle
 Telegram (the poll's offset, the webhook's 200) only once `_take` has returned for it.
 Chats are taken concurrently, each in order. A button press (`callback_query`) is a message
 with `press` set, taken the same way; one the gate does not take is answered here at once,
-the others by an `answer` from the agent's side.
+the others by an `answer` from the agent's side. In a cluster one member at a time polls,
+while it holds the channel's intake `role` (a second poller would be refused with 409
+Conflict); a webhook is served by every member, and every member delivers.
 
 Out: Markdown is rendered to Telegram HTML and split into messages of at most 4096 visible
 characters; a reply that was streamed is edited in place, at most about once a second. A
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import html
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -47,6 +50,7 @@ from nanobot.channels._telegram_webhook import Webhook, WebhookSettings
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
 from nanobot.channels.base import (
+    SOLO,
     Channel,
     ChannelRefused,
     DeliveryError,
@@ -54,6 +58,7 @@ from nanobot.channels.base import (
     Intake,
     IntakePort,
     OutboxPort,
+    Role,
     Undeliverable,
 )
 from nanobot.channels.render import split_telegram, telegram_html
@@ -123,9 +128,13 @@ class TelegramChannel(Channel):
         typing_delay: float = TYPING_DELAY,
         outbox: OutboxPort | None = None,
         poll_timeout: int = POLL_TIMEOUT,
+        role: Role = SOLO,
     ) -> None:
+        """`role`: whether this process polls (in a cluster, one member at a time does;
+        every member delivers, and in webhook mode every member takes updates)."""
         super().__init__(intake)
         self._config = config
+        self._role = role
         self._inbox = inbox
         self._sender = Sender(retry or Retry())
         outlet = _Outlet(self._sender)
@@ -182,14 +191,17 @@ class TelegramChannel(Channel):
         if webhook.url is not None:
             await Webhook(bot, self._take, webhook).run(ready)
             return
+        ready()
+        await self._role.hold(partial(self._poll, bot))
+
+    async def _poll(self, bot: Bot) -> None:
+        """Poll until cancelled, or until an update could not be taken (see `Poller.run`)."""
         # getUpdates is refused while a webhook is set: one left from webhook mode goes (for
         # the whole bot: every gateway sharing it must use the same mode).
         if (info := await bot.get_webhook_info()).url:
             await bot.delete_webhook()
             logger.info("telegram: deleted the webhook to {} to poll instead", info.url)
-        poller = Poller(bot, self._take, timeout=self._poll_timeout)  # one run's
-        ready()
-        await poller.run()
+        await Poller(bot, self._take, timeout=self._poll_timeout).run()  # one holding's
 
     async def _take(self, update: Update) -> bool:
         """Hand one update to intake; True once it may be acknowledged (see `_telegram_poll.Take`).
