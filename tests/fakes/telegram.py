@@ -512,6 +512,7 @@ class FakeTelegram:
     request with another token gets 401 "Unauthorized", a malformed one 404 "Not Found".
     ``strict_html``: reject a bare ``&`` in HTML (Telegram keeps it; its docs forbid it).
     ``offline = True`` drops every Bot API connection until set back to False.
+    ``conflicts`` counts the long polls a newer one ended with 409 (two pollers at once).
     ``callback_timeout``: seconds after a press within which answerCallbackQuery is accepted
     (None: no limit). ``clock`` (default ``time.monotonic``) times presses and answers;
     ``advance_clock`` moves the fake's time on without waiting. ``webhook_retry``: seconds
@@ -561,6 +562,9 @@ class FakeTelegram:
         self._standing: dict[tuple[str, int | None], Fault] = {}
         self._callbacks: dict[str, CallbackQuery] = {}
         self._long_poll = 0  # generation of the long poll being held, 0 if none
+        # Long polls ended by a newer one (409 Conflict): two pollers at once, as Telegram
+        # sees a second process polling the same bot.
+        self.conflicts = 0
         self._generation = 0
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -1166,6 +1170,7 @@ class FakeTelegram:
         if self._stopping.is_set() or self.offline:
             raise _Drop
         if superseded:
+            self.conflicts += 1
             raise _Fail(409, CONFLICT)
         return deliverable()
 
