@@ -30,6 +30,7 @@ from nanobot.agent.loop import AgentLoop, LoopSettings
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
+from nanobot.agreement import agreement
 from nanobot.bus.events import ChatRef, InboundMessage, Source
 from nanobot.bus.intake import EventIntake
 from nanobot.bus.queue import MessageBus
@@ -412,7 +413,12 @@ async def build_gateway(
     rules = _channel_rules(config)
     if terminal:
         rules[TerminalChannel.name] = EVERYONE
-    membership = Membership(Members(parts.db))
+    membership = Membership(
+        Members(parts.db),
+        workspace=str(config.workspace_path.resolve()),
+        agreement=agreement(config),
+        succeeds=succeeds,
+    )
     distributor = _distributor(config, parts, membership, channels=rules)
     forward = distributor.journaled if distributor is not None else None
     way_in = await Intake.build(parts, rules, forward=forward)

@@ -137,3 +137,68 @@ async def test_a_store_failing_at_start_and_stop_is_logged_not_raised(
     )
     assert lines[-1].endswith(f"it goes stale in {STALE_AFTER.seconds}s")
     assert len(await members.all()) == 1
+
+
+AGREED = {"model": "m1", "telegram": "t1", "tools": "x1"}
+
+
+async def test_a_member_whose_config_differs_from_a_live_one_is_refused(
+    db: Database, lines: list[str]
+) -> None:
+    from nanobot.errors import ConfigError
+
+    clock = Clock()
+    members = Members(db, clock)
+    running = Member.new(T0, host="alpha", pid=4242, agreement=AGREED)
+    await members.register(running)
+    differing = {**AGREED, "model": "m2", "tools": "x2"}
+    membership = Membership(members, agreement=differing, sleep=Ticks().sleep)
+    with pytest.raises(ConfigError) as refused:
+        async with membership:
+            pytest.fail("the block ran")
+    message = str(refused.value)
+    assert "differs in model, tools from" in message
+    assert f"pid 4242 on host alpha, member {running.id}" in message
+    assert "m2" not in message and "x1" not in message  # kinds, never values
+    assert await members.all() == [running]  # the refused one's row is gone
+
+
+async def test_members_that_agree_start_and_another_workspace_is_warned_about(
+    db: Database, lines: list[str]
+) -> None:
+    clock = Clock()
+    members = Members(db, clock)
+    elsewhere = Member.new(T0, host="alpha", pid=1, workspace="/mnt/a", agreement=AGREED)
+    same = Member.new(T0, host="beta", pid=2, workspace="/mnt/shared", agreement=AGREED)
+    for member in (elsewhere, same):
+        await members.register(member)
+    async with Membership(
+        members, workspace="/mnt/shared", agreement=AGREED, sleep=Ticks().sleep
+    ) as membership:
+        assert len(await members.all()) == 3
+        assert membership.member.workspace == "/mnt/shared"
+    [warning] = lines
+    assert warning.startswith("WARNING this gateway's workspace is /mnt/shared but pid 1 on")
+    assert "uses /mnt/a" in warning and "must share one workspace" in warning
+
+
+async def test_gone_members_and_rows_without_an_agreement_are_not_compared(
+    db: Database, lines: list[str]
+) -> None:
+    clock = Clock()
+    members = Members(db, clock)
+    differing = {**AGREED, "model": "m2"}
+    stale = Member.new(T0 - STALE_AFTER - timedelta(seconds=1), pid=1, agreement=differing)
+    predecessor = Member.new(T0, host="alpha", pid=2, workspace="/old", agreement=differing)
+    older = Member.new(T0, host="gamma", pid=3, agreement={})  # a version before
+    for member in (predecessor, older):
+        await members.register(member)
+    membership = Membership(members, agreement=AGREED, succeeds=predecessor.id, sleep=Ticks().sleep)
+    # The same host and pid: an earlier process of a restarted container.
+    restarted = Member.new(T0, agreement=differing, workspace="/old")
+    assert (restarted.host, restarted.pid) == (membership.member.host, membership.member.pid)
+    await members.register(stale)
+    await members.register(restarted)
+    async with membership:
+        pass
+    assert lines == []

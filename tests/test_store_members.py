@@ -141,3 +141,46 @@ async def test_a_write_that_fails_raises_store_error(tmp_path: Path, clock: Cloc
         await db.execute("PRAGMA query_only = ON")
         with pytest.raises(StoreError, match="readonly"):
             await Members(db, clock).register(Member.new(clock()))
+
+
+async def test_the_workspace_and_agreement_are_kept_and_a_beat_keeps_them(
+    members: Members, clock: Clock
+) -> None:
+    me = Member.new(clock(), workspace="/srv/ws", agreement={"model": "ab12", "tools": "cd34"})
+    await members.register(me)
+    assert await members.all() == [me]
+    clock.time += BEAT_INTERVAL
+    beaten = await members.beat(me)
+    [row] = await members.all()
+    assert row == beaten and (row.workspace, dict(row.agreement)) == (
+        "/srv/ws",
+        {"model": "ab12", "tools": "cd34"},
+    )
+    await members.leave(me.id)  # a row written anew by a beat has them too
+    await members.beat(beaten)
+    [row] = await members.all()
+    assert (row.workspace, dict(row.agreement)) == ("/srv/ws", {"model": "ab12", "tools": "cd34"})
+
+
+async def test_a_row_of_a_version_before_has_no_workspace_or_agreement(
+    db: Database, members: Members, clock: Clock
+) -> None:
+    await db.execute(
+        "INSERT INTO members (id, host, pid, version, started_at, beat_at)"
+        " VALUES ('old', 'box', 7, '0.9', '2026-06-15T09:00:00+00:00',"
+        " '2026-06-15T09:00:00+00:00')"
+    )
+    [row] = await members.all()
+    assert (row.id, row.workspace, dict(row.agreement)) == ("old", "", {})
+    me = Member.new(clock(), agreement={"model": "ab12"})
+    assert me.disagrees(row) == row.disagrees(me) == []  # nothing to tell
+
+
+def test_disagrees_names_the_parts_that_differ_sorted() -> None:
+    me = Member.new(T0, agreement={"model": "1", "telegram": "2", "tools": "3"})
+    twin = Member.new(T0, agreement={"tools": "3", "model": "1", "telegram": "2"})
+    other = Member.new(T0, agreement={"model": "9", "telegram": "2", "tools": "8"})
+    newer = Member.new(T0, agreement={"model": "1", "telegram": "2", "tools": "3", "web": "4"})
+    assert me.disagrees(twin) == []
+    assert me.disagrees(other) == other.disagrees(me) == ["model", "tools"]
+    assert me.disagrees(newer) == ["web"]  # a part only one has

@@ -6,6 +6,11 @@ whose beat is older than `STALE_AFTER` belongs to a process that died (kill -9, 
 or hangs (its event loop or its database is stuck): `nanobot status --check` says no gateway
 is alive, and a cluster (several gateways on one database) knows whom to take over from.
 
+A row also says what its member runs with that the members of a cluster must share: the path
+of its workspace, and its *agreement*, a digest per part of the config that must be the same
+on every member (`nanobot.agreement` makes them; none holds a secret). `Member.disagrees`
+names the parts two members differ in.
+
 Moments come from the clock given to `Members` (the wall clock by default), so tests can move
 time; they are compared as the database keeps them, in UTC. In a cluster the hosts' clocks
 must agree to well within `STALE_AFTER`.
@@ -13,11 +18,12 @@ must agree to well within `STALE_AFTER`.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -32,7 +38,8 @@ STALE_AFTER: Final = 3 * BEAT_INTERVAL
 """How old the latest beat may be before the member counts as gone: three beats, so one
 slow or failed write does not make a healthy gateway look dead."""
 
-_COLUMNS = "id, host, pid, version, started_at, beat_at"
+_COLUMNS = "id, host, pid, version, started_at, beat_at, workspace, agreement"
+_VALUES = "?, ?, ?, ?, ?, ?, ?, ?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,9 @@ class Member:
     version: str
     started_at: datetime
     beat_at: datetime
+    workspace: str = ""  # the workspace's path on its host ("" from a version before)
+    # Config part -> its digest (`nanobot.agreement`); empty from a version before.
+    agreement: Mapping[str, str] = field(default_factory=dict)
 
     def stale(self, now: datetime, after: timedelta = STALE_AFTER) -> bool:
         """Whether its latest beat is more than `after` before `now`."""
@@ -58,6 +68,8 @@ class Member:
         host: str | None = None,
         pid: int | None = None,
         version: str = __version__,
+        workspace: str = "",
+        agreement: Mapping[str, str] | None = None,
     ) -> Member:
         """This process (or the given host and pid) as a new member: a fresh random id,
         started and beating at `now`."""
@@ -68,11 +80,22 @@ class Member:
             version=version,
             started_at=now,
             beat_at=now,
+            workspace=workspace,
+            agreement=dict(agreement or {}),
         )
 
     def describe(self) -> str:
         """Where it runs, for a person: "pid 42 on host box"."""
         return f"pid {self.pid} on host {self.host}"
+
+    def disagrees(self, other: Member) -> list[str]:
+        """The config parts, sorted, whose digests differ between the two members (a part
+        only one of them has counts); none when either recorded no agreement (a version
+        from before it was recorded), as nothing can be told then."""
+        if not self.agreement or not other.agreement:
+            return []
+        parts = self.agreement.keys() | other.agreement.keys()
+        return sorted(p for p in parts if self.agreement.get(p) != other.agreement.get(p))
 
 
 class Members:
@@ -90,7 +113,7 @@ class Members:
     async def register(self, member: Member) -> None:
         """Add `member` (see `Member.new`) to the table."""
         await self._db.execute(
-            f"INSERT INTO members ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", _values(member)
+            f"INSERT INTO members ({_COLUMNS}) VALUES ({_VALUES})", _values(member)
         )
 
     async def beat(self, member: Member) -> Member:
@@ -101,7 +124,7 @@ class Members:
         """
         beating = replace(member, beat_at=self._clock())
         await self._db.execute(
-            f"INSERT INTO members ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO members ({_COLUMNS}) VALUES ({_VALUES})"
             " ON CONFLICT (id) DO UPDATE SET beat_at = excluded.beat_at",
             _values(beating),
         )
@@ -123,7 +146,7 @@ class Members:
         return await self._db.execute("DELETE FROM members WHERE beat_at < ?", (cutoff,))
 
 
-def _values(member: Member) -> tuple[str, str, int, str, str, str]:
+def _values(member: Member) -> tuple[str, str, int, str, str, str, str, str]:
     return (
         member.id,
         member.host,
@@ -131,6 +154,10 @@ def _values(member: Member) -> tuple[str, str, int, str, str, str]:
         member.version,
         to_text(member.started_at),
         to_text(member.beat_at),
+        member.workspace,
+        json.dumps(dict(sorted(member.agreement.items())), separators=(",", ":"))
+        if member.agreement
+        else "",
     )
 
 
@@ -142,4 +169,14 @@ def _member(row: Row) -> Member:
         version=str(row["version"]),
         started_at=from_text(row["started_at"]),
         beat_at=from_text(row["beat_at"]),
+        workspace=str(row["workspace"]),
+        agreement=_agreement(str(row["agreement"])),
     )
+
+
+def _agreement(text: str) -> dict[str, str]:
+    """A row's agreement: a JSON object of part -> digest, or '' for none recorded."""
+    if not text:
+        return {}
+    parts = json.loads(text)
+    return {str(part): str(digest) for part, digest in parts.items()}

@@ -305,6 +305,13 @@ MIGRATIONS: tuple[str, ...] = (
         expires_at TEXT NOT NULL  -- UTC; free to take once passed
     );
     """,
+    # 15: what the members of a cluster must share, as each member runs with it: its
+    # workspace's path, and digests of the config parts that must agree (`Member.agreement`;
+    # no secret). Rows from before have neither ('').
+    """
+    ALTER TABLE members ADD COLUMN workspace TEXT NOT NULL DEFAULT '';
+    ALTER TABLE members ADD COLUMN agreement TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 
