@@ -1,6 +1,7 @@
 """Leader roles on a real SQLite file, two open databases standing in for two gateways, with
 short leases: one of two members plays a role, the other takes over when the holder stops
-renewing, the work stops the moment the role is lost."""
+renewing, the work stops the moment the role is lost. And a Discord channel that does not
+hold its intake role: it delivers all the same, and connects once it takes the role."""
 
 from __future__ import annotations
 
@@ -10,11 +11,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from discord.gateway import DiscordWebSocket
+from discord.http import Route
+from pydantic import SecretStr
 
+from nanobot.bus.events import ChatRef, OutboundMessage
+from nanobot.channels.base import InboxPolicy
+from nanobot.channels.discord import DiscordChannel
 from nanobot.cluster import SCHEDULE, Cluster, LeaderRole, intake
+from nanobot.config import DiscordConfig
 from nanobot.errors import StoreError
 from nanobot.store import Database
 from nanobot.store.leases import Lease, Leases
+from tests.fakes.discord import FakeDiscord
+from tests.test_channel_discord import TOKEN, Recorder
 
 LEASE = timedelta(seconds=0.3)  # tried and renewed every 0.1 s
 WAIT = 5.0  # seconds an expected event may take, at most
@@ -277,3 +287,46 @@ async def test_a_store_that_fails_is_logged_once_and_tried_again(
 def test_role_names() -> None:
     assert intake("telegram") == "intake:telegram"
     assert SCHEDULE == "schedule"
+
+
+async def test_a_discord_member_without_the_role_delivers_and_connects_once_it_has_it(
+    dbs: tuple[Database, Database], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Route, "BASE", Route.BASE)  # put back after the test, whatever happens
+    monkeypatch.setattr(DiscordWebSocket, "DEFAULT_GATEWAY", DiscordWebSocket.DEFAULT_GATEWAY)
+    role = intake("discord")
+    other = Leases(dbs[1])
+    held = await other.acquire(role, "the other member", timedelta(minutes=1))
+    assert held is not None
+    async with FakeDiscord(token=TOKEN) as fake:
+        ada = fake.add_user("ada")
+        dm = fake.dm_channel(ada)
+        config = DiscordConfig(
+            enabled=True,
+            token=SecretStr(TOKEN),
+            api_base=fake.api_base,
+            gateway_url=fake.gateway_url,
+            allow_from=[str(ada)],
+        )
+        received = Recorder()
+        channel = DiscordChannel(
+            config,
+            received,
+            InboxPolicy(tmp_path / "inbox"),
+            guild_ready_timeout=0.05,
+            role=LeaderRole(Leases(dbs[0]), role, "this member", lease=LEASE),
+        )
+        ready = asyncio.Event()
+        running = asyncio.create_task(channel.run(ready.set))
+        await wait(ready)  # ready to deliver, though another member holds the connection
+        await channel.deliver(OutboundMessage(ChatRef("discord", str(dm)), "sent by a standby"))
+        assert [m.content for m in fake.sent(dm)] == ["sent by a standby"]
+        assert fake.sessions == []  # no gateway connection
+
+        await other.release(held)  # the other member stops: this one connects
+        await fake.wait_for_ready()
+        fake.user_message(dm, "now you hear me", user_id=ada)
+        [message] = await received.wait()
+        assert message.text == "now you hear me"
+        running.cancel()
+        await asyncio.wait([running])
