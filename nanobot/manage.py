@@ -14,23 +14,24 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from nanobot import log
+from nanobot.agreement import agreement
 from nanobot.config import Config, load
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.models import DELIVERY_WORDS, Job, JobRun
 from nanobot.cron.schedule import describe, format_time, zone_of
 from nanobot.errors import NanobotError
+from nanobot.roster import ago, moment, roster
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore
 from nanobot.store.database import Check
 from nanobot.store.journal import FailedReplies
-from nanobot.store.leases import Leases
-from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
+from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Members
 from nanobot.workspace import bundled, copy_template
 
 
@@ -283,33 +284,24 @@ def status(config: Config, path: Path, *, check_db: bool = False) -> list[tuple[
     target = config.store_target
     if isinstance(target, Path) and not target.exists():
         return [*rows, ("state", f"{target} (not created yet)")]
-    return rows + asyncio.run(_store_rows(target, check_db, _zone(config)))
+    return rows + asyncio.run(_store_rows(target, check_db, _zone(config), agreement(config)))
 
 
 async def _store_rows(
-    target: Path | str, check_db: bool, zone: ZoneInfo | None
+    target: Path | str, check_db: bool, zone: ZoneInfo | None, agreed: Mapping[str, str]
 ) -> list[tuple[str, str]]:
     async with await Database.open(target, check="full" if check_db else "quick") as db:
         stats = await SessionStore(db).stats()
         waiting = await Access(db).waiting()
         failed = await Journal(db).failed_replies()
-        members = Members(db)
-        roles = await Leases(db).holders()
-        gateways = [
-            ("gateway", _member_line(m, members.now(), zone, roles.pop(m.id, [])))
-            for m in await members.all()
-        ]
-        # Held by a process without a row (removed by hand): it lapses unless renewed.
-        gateways += [
-            ("roles", f"{', '.join(r)} held by {who}, not listed") for who, r in roles.items()
-        ]
+        gateways = await roster(db, zone, agreed)
     return [
         ("state", f"{db.name} ({stats.size_bytes / 1024:.0f} KiB)"),
         ("integrity", _checked(db.checked)),
         ("sessions", f"{stats.sessions} ({stats.live_sessions} live), {stats.entries} entries"),
         ("pairing", _waiting(waiting)),
         ("replies", _failed(failed)),
-        *(gateways or [("gateway", "none running")]),
+        *gateways,
     ]
 
 
@@ -338,48 +330,21 @@ async def _health(target: Path | str, zone: ZoneInfo | None) -> tuple[str, bool]
     latest = found[0]  # the latest beat first
     if latest.stale(now):
         return (
-            f"no gateway has beaten since {_moment(latest.beat_at, zone)} "
+            f"no gateway has beaten since {moment(latest.beat_at, zone)} "
             f"({latest.describe()}); a running one beats every "
             f"{BEAT_INTERVAL.total_seconds():g} s and counts as down after {allowed}",
             False,
         )
     return (
-        f"gateway alive: {latest.describe()}, last beat {_ago(now - latest.beat_at)} ago "
+        f"gateway alive: {latest.describe()}, last beat {ago(now - latest.beat_at)} ago "
         f"(allowed: {allowed})",
         True,
     )
 
 
-def _member_line(
-    member: Member, now: datetime, zone: ZoneInfo | None, roles: Sequence[str] = ()
-) -> str:
-    """A member for `status`: where it runs, since when, the roles it plays in the cluster
-    (`nanobot.cluster`), and whether it beats."""
-    started = _moment(member.started_at, zone)
-    where = f"{member.describe()}, version {member.version}, up since {started}"
-    if roles:
-        where += f", plays {', '.join(roles)}"
-    if member.stale(now):
-        return f"{where}; GONE: no beat since {_moment(member.beat_at, zone)}"
-    return f"{where}; last beat {_ago(now - member.beat_at)} ago"
-
-
 def _zone(config: Config) -> ZoneInfo | None:
     """The zone times are shown in: the config's `timezone`, else the machine's."""
     return ZoneInfo(config.timezone) if config.timezone else None
-
-
-def _moment(moment: datetime, zone: ZoneInfo | None) -> str:
-    return moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
-
-
-def _ago(elapsed: timedelta) -> str:
-    seconds = max(0, round(elapsed.total_seconds()))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    return f"{seconds // 3600} h"
 
 
 def _checked(check: Check | None) -> str:

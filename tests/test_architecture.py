@@ -33,8 +33,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nanobot.store", "nanobot.providers", "nanobot.tools"),
     ("nanobot.agent", "nanobot.channels"),
     # membership: keeps the gateway's members row alive; distribution: shares a cluster's
-    # work; cluster: the roles one member at a time plays
-    ("nanobot.gate", "nanobot.membership", "nanobot.distribution", "nanobot.cluster"),
+    # work; cluster: the roles one member at a time plays; roster: the members for status
+    (
+        "nanobot.gate",
+        "nanobot.membership",
+        "nanobot.distribution",
+        "nanobot.cluster",
+        "nanobot.roster",
+    ),
     ("nanobot.gateway", "nanobot.heartbeat"),
     ("nanobot.app", "nanobot.manage"),
     ("nanobot.launch",),  # ask, chat, serve: each builds its parts through the app

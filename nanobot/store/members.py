@@ -92,10 +92,15 @@ class Member:
         """The config parts, sorted, whose digests differ between the two members (a part
         only one of them has counts); none when either recorded no agreement (a version
         from before it was recorded), as nothing can be told then."""
-        if not self.agreement or not other.agreement:
-            return []
-        parts = self.agreement.keys() | other.agreement.keys()
-        return sorted(p for p in parts if self.agreement.get(p) != other.agreement.get(p))
+        return disagreement(self.agreement, other.agreement)
+
+
+def disagreement(one: Mapping[str, str], other: Mapping[str, str]) -> list[str]:
+    """The parts, sorted, whose digests differ between two agreements (see
+    `Member.disagrees`)."""
+    if not one or not other:
+        return []
+    return sorted(p for p in one.keys() | other.keys() if one.get(p) != other.get(p))
 
 
 class Members:
