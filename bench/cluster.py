@@ -1,0 +1,470 @@
+"""Issue 17: a cluster of gateways on one PostgreSQL database.
+
+``python -m bench cluster`` (all three phases, about 8 minutes) or ``python -m bench.cluster
+[--phase burst|scale|failover ...]``. Every gateway is a real ``nanobot gateway`` subprocess
+(tests/gateway_process.py) in an isolated environment; the fakes run in processes of their
+own; PostgreSQL is the local server on 127.0.0.1:5432 (trust auth, user postgres), with a
+fresh database per cluster, dropped after it.
+
+1. burst: `gateway_throughput`'s 1,000-chat burst (200 ms model, a tool call then the text,
+   polling the fake Telegram of bench/_gateway.py), on one gateway with the state in SQLite
+   and one with it on PostgreSQL, started together and used in turn (the order alternating
+   per round): until the last of 1,000 chats is answered, and PostgreSQL ÷ SQLite per round.
+2. scale: a CPU-bound flood, 5,000 chats writing at once to a model answering at 0 ms
+   (transport auto, i.e. direct), taken in by 1, 2 and 3 members through the webhook, posted
+   40 at a time and spread over the members in turn (bench/_cluster.py says why it is not
+   the fake's one-at-a-time posting): messages answered per second (5,000 ÷ until the last
+   reply), and the ratio to one member in the same round.
+3. failover: three members; a chat's turn hangs at the model; after a random part of the
+   lease renewal period, kill -9 of the member holding that session; time until the chat's
+   answer arrives (another member takes the session once the lease lapses and resumes the
+   turn; the model answers at once then). Target: at most the lease + 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from bench import gateway_throughput as g
+from bench._cluster import (
+    LEASE_S,
+    Member,
+    database,
+    holder_pid,
+    postgres_cpu,
+    start_members,
+    stop_members,
+)
+from bench._common import REPO_ROOT, BenchError, Metric, format_table, isolated_env, write_results
+from bench._gateway import Child, cpu_seconds
+from nanobot.store._times import from_text
+from tests.gateway_process import GatewayProcess
+
+NAME = "cluster"
+PHASES = ("burst", "scale", "failover")
+PYTHON = sys.executable
+
+BURST_ROUNDS, BURST_TARGET_X = 3, 1.5
+BURST_TIMEOUT_S = 120.0
+SETTLE_S = 2.0  # after a burst: the last confirmations and typing stops die down
+FLOOD_CHATS, WARMUP_FLOOD = 5000, 100
+SCALE_MEMBERS, SCALE_ROUNDS = (1, 2, 3), 2
+FLOOD_TIMEOUT_S = 240.0
+FAILOVER_TRIALS, FAILOVER_TARGET_S = 20, LEASE_S + 1.0
+ZERO_MS_TEXT = g.ZERO_MS_TEXT
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Flood:
+    members: int
+    chats: int
+    last_s: float  # until the last chat showed its answer
+    p10_s: float
+    p50_s: float
+    p90_s: float
+    acked_s: float | None  # until the last webhook post was acknowledged
+    refused_posts: int
+    api_calls: dict[str, int]
+    cpu_s: dict[str, float]  # each member, the fake Telegram, the model, PostgreSQL
+
+    @property
+    def rate(self) -> float:
+        return self.chats / self.last_s
+
+    @property
+    def steady_rate(self) -> float:
+        """Answers per second between the 10th and 90th percentile chat."""
+        return 0.8 * self.chats / (self.p90_s - self.p10_s)
+
+
+@dataclass(frozen=True)
+class Failover:
+    killed_s: float  # kill -9 → the answer arrived
+    lapse_s: float  # kill -9 → the dead member's lease on the session ran out
+    taken_by_other: bool
+
+
+@dataclass
+class Measurements:
+    flood_chats: int = FLOOD_CHATS
+    trials: int = FAILOVER_TRIALS
+    bursts: dict[str, list[g.Burst]] = field(default_factory=dict)
+    postgres_cpu_s: dict[str, list[float]] = field(default_factory=dict)
+    floods: dict[int, list[Flood]] = field(default_factory=dict)
+    failovers: list[Failover] = field(default_factory=list)
+    load: dict[str, list[float]] = field(default_factory=dict)
+
+
+async def _start_llm(
+    tmp: Path, name: str, delay: float, reply: dict[str, Any]
+) -> tuple[Child, str]:
+    script = tmp / f"{name}.json"
+    script.write_text(json.dumps({"default": reply}), encoding="utf-8")
+    argv = [PYTHON, "-m", "tests.fakes.llm", "--port", "0", "--delay", str(delay)]
+    argv += ["--script", str(script), "--keep-requests", "100"]
+    child = await Child.start(name, argv, isolated_env(tmp), REPO_ROOT, tmp / f"{name}.log")
+    return child, await child.line(60)
+
+
+async def _start_flood_telegram(tmp: Path, name: str) -> tuple[Child, str]:
+    argv = [PYTHON, "-m", "bench._cluster", "telegram"]
+    child = await Child.start(name, argv, isolated_env(tmp), REPO_ROOT, tmp / f"{name}.log")
+    return child, str(json.loads(await child.line(60))["base_url"])
+
+
+# ---- 1. the 1,000-chat burst, SQLite and PostgreSQL --------------------------------------
+
+
+async def _polling_gateway(
+    tmp: Path, name: str, llm: tuple[Child, str], store: str | None, children: list[Child]
+) -> g.Setup:
+    """As `gateway_throughput` starts its default gateway, the state on `store` if given."""
+    root = tmp / f"gateway-{name}"
+    root.mkdir()
+    telegram, telegram_url = await g._start_telegram(tmp, f"telegram-{name}")
+    children.append(telegram)
+    config = g._config(root, llm[1], telegram_url, None, "auto")
+    if store is not None:
+        config["store"] = {"url": store}
+    gateway = GatewayProcess(root, config, isolated_env(root))
+    setup = g.Setup(name, gateway, telegram, llm[0])
+    await gateway.start(ready="telegram connected")
+    return setup
+
+
+async def _burst_phase(m: Measurements, tmp: Path, children: list[Child]) -> None:
+    _progress(f"burst: {g.BIG_CHATS} chats at once, SQLite and PostgreSQL, {BURST_ROUNDS} rounds")
+    reply = {"type": "ToolThenText", "call": g.TOOL_CALL, "text": g.FINAL_TEXT}
+    llm = await _start_llm(tmp, "model-200ms", g.MODEL_DELAY_S, reply)
+    children.append(llm[0])
+    setups: list[g.Setup] = []
+    try:
+        async with database() as url:
+            setups.append(await _polling_gateway(tmp, "sqlite", llm, None, children))
+            setups.append(await _polling_gateway(tmp, "postgresql", llm, url, children))
+            for setup in setups:
+                await g._burst(setup, g.WARMUP_CHATS)
+            await asyncio.sleep(SETTLE_S)
+            for round_ in range(BURST_ROUNDS):
+                for setup in setups if round_ % 2 == 0 else setups[::-1]:
+                    before = postgres_cpu()
+                    burst = await g._burst(setup, g.BIG_CHATS, seconds=BURST_TIMEOUT_S)
+                    m.postgres_cpu_s.setdefault(setup.name, []).append(postgres_cpu() - before)
+                    m.bursts.setdefault(setup.name, []).append(burst)
+                    _progress(
+                        f"  {setup.name}: all answered in {burst.wall:.2f} s, gateway CPU "
+                        f"{burst.cpu_s['gateway']:.1f} s, PostgreSQL CPU "
+                        f"{m.postgres_cpu_s[setup.name][-1]:.1f} s"
+                    )
+                    await asyncio.sleep(SETTLE_S)
+            for setup in setups:
+                await setup.gateway.stop()
+    finally:
+        for setup in setups:
+            if setup.gateway.process is not None and setup.gateway.process.returncode is None:
+                await setup.gateway.kill()
+
+
+# ---- 2. scaling: a CPU-bound flood on 1, 2 and 3 members ---------------------------------
+
+
+async def _flood(
+    telegram: Child, members: Sequence[Member], llm: Child, first: int, chats: int
+) -> Flood:
+    pids = {f"member {i}": member.pid for i, member in enumerate(members)}
+    pids |= {"telegram": telegram.pid, "model": llm.pid}
+    before = {k: cpu_seconds(p) for k, p in pids.items()} | {"postgresql": postgres_cpu()}
+    command = {
+        "op": "flood",
+        "chats": list(range(first, first + chats)),
+        "text": "Hello?",
+        "final": ZERO_MS_TEXT,
+        "timeout": FLOOD_TIMEOUT_S,
+    }
+    answer = await telegram.ask(command, FLOOD_TIMEOUT_S + 30)
+    after = {k: cpu_seconds(p) for k, p in pids.items()} | {"postgresql": postgres_cpu()}
+    if not answer["complete"] or answer["verified"] != chats:
+        raise BenchError(
+            f"{len(members)} members: {len(answer['final'])} of {chats} chats answered in "
+            f"{FLOOD_TIMEOUT_S:g} s ({answer['verified']} show it); calls {answer['api_calls']}"
+        )
+    start = float(answer["injected_at"])
+    final = sorted(float(t) - start for t in answer["final"].values())
+    cut = statistics.quantiles(final, n=10)
+    acked = answer["acked_at"]
+    return Flood(
+        members=len(members),
+        chats=chats,
+        last_s=final[-1],
+        p10_s=cut[0],
+        p50_s=statistics.median(final),
+        p90_s=cut[-1],
+        acked_s=None if acked is None else float(acked) - start,
+        refused_posts=int(answer["refused_posts"]),
+        api_calls=dict(answer["api_calls"]),
+        cpu_s={k: after[k] - before[k] for k in before},
+    )
+
+
+async def _scale_phase(m: Measurements, tmp: Path, children: list[Child]) -> None:
+    _progress(
+        f"scale: {m.flood_chats} chats at once, 0 ms model, members {SCALE_MEMBERS}, "
+        f"{SCALE_ROUNDS} rounds"
+    )
+    llm, llm_url = await _start_llm(
+        tmp, "model-0ms", 0.0, {"type": "Text", "content": ZERO_MS_TEXT}
+    )
+    children.append(llm)
+    next_chat = 2_000_000
+    for round_ in range(SCALE_ROUNDS):
+        order = SCALE_MEMBERS if round_ % 2 == 0 else SCALE_MEMBERS[::-1]
+        for n in order:
+            name = f"scale-{round_}-{n}"
+            telegram, telegram_url = await _start_flood_telegram(tmp, f"telegram-{name}")
+            members: list[Member] = []
+            try:
+                async with database() as url:
+                    members = [
+                        Member(tmp / name / f"member{i}", llm_url, telegram_url, url)
+                        for i in range(n)
+                    ]
+                    await start_members(members)
+                    await telegram.ask({"op": "targets", "urls": [x.url for x in members]}, 10)
+                    await _flood(telegram, members, llm, next_chat, WARMUP_FLOOD)
+                    next_chat += WARMUP_FLOOD
+                    await asyncio.sleep(SETTLE_S)
+                    flood = await _flood(telegram, members, llm, next_chat, m.flood_chats)
+                    next_chat += m.flood_chats
+                    m.floods.setdefault(n, []).append(flood)
+                    m.load.setdefault(f"scale {n}", []).append(os.getloadavg()[0])
+                    _progress(
+                        f"  {n} member(s): {flood.rate:.0f} answers/s (all in "
+                        f"{flood.last_s:.1f} s, posts acked after {flood.acked_s:.1f} s); CPU "
+                        + ", ".join(f"{k} {v:.1f}" for k, v in flood.cpu_s.items())
+                    )
+                    await stop_members(members)
+            finally:
+                await stop_members(members)
+                await telegram.stop()
+
+
+# ---- 3. failover: kill -9 of the member holding a busy session ---------------------------
+
+
+async def _hang_next(session: aiohttp.ClientSession, llm_url: str) -> None:
+    base = llm_url.removesuffix("/v1")
+    async with session.post(f"{base}/_fake/script", json={"replies": [{"type": "Hang"}]}) as r:
+        r.raise_for_status()
+
+
+async def _hang_taken(session: aiohttp.ClientSession, llm_url: str, seconds: float) -> None:
+    """Until the scripted hang was taken by a request (the turn is at the model)."""
+    base = llm_url.removesuffix("/v1")
+    async with asyncio.timeout(seconds):
+        while True:
+            async with session.post(f"{base}/_fake/script", json={"replies": []}) as r:
+                if (await r.json())["pending"] == 0:
+                    return
+            await asyncio.sleep(0.02)
+
+
+async def _lease_end(url: str, session_key: str) -> float:
+    """When the session's lease runs out, on the wall clock (time.time())."""
+    conn = await asyncpg.connect(url)
+    try:
+        text = await conn.fetchval(
+            "SELECT expires_at FROM session_leases WHERE session_key = $1", session_key
+        )
+    finally:
+        await conn.close()
+    return from_text(str(text)).timestamp()
+
+
+async def _failover_phase(m: Measurements, tmp: Path, children: list[Child]) -> None:
+    _progress(f"failover: 3 members, {m.trials} kills of a busy session's holder")
+    llm, llm_url = await _start_llm(
+        tmp, "model-failover", 0.0, {"type": "Text", "content": ZERO_MS_TEXT}
+    )
+    children.append(llm)
+    telegram, telegram_url = await _start_flood_telegram(tmp, "telegram-failover")
+    children.append(telegram)
+    members: list[Member] = []
+    try:
+        async with database() as url, aiohttp.ClientSession() as http:
+            members = [
+                Member(tmp / "failover" / f"member{i}", llm_url, telegram_url, url)
+                for i in range(3)
+            ]
+            await start_members(members)
+            await telegram.ask({"op": "targets", "urls": [x.url for x in members]}, 10)
+            await _flood(telegram, members, llm, 3_000_000, 30)  # warm-up
+            for trial in range(m.trials):
+                chat = 3_100_000 + trial
+                key = f"telegram:{chat}"
+                await _hang_next(http, llm_url)
+                send = {"op": "send", "chat": chat, "text": "A long one", "final": ZERO_MS_TEXT}
+                await telegram.ask(send, 10)
+                await _hang_taken(http, llm_url, 30)
+                pid = await holder_pid(url, key)
+                victims = [x for x in members if x.alive and x.pid == pid]
+                if pid is None or len(victims) != 1:
+                    raise BenchError(f"trial {trial}: no live member holds {key} (pid {pid})")
+                victim = victims[0]
+                await asyncio.sleep(random.uniform(0, LEASE_S / 3))  # any phase of renewal
+                killed_wall, killed = time.time(), time.monotonic()
+                os.kill(pid, signal.SIGKILL)
+                lapse = await _lease_end(url, key) - killed_wall
+                await victim.gateway.kill()  # reaped
+                live = [x.url for x in members if x.alive]
+                await telegram.ask({"op": "targets", "urls": live}, 10)  # the balancer notices
+                reply = await telegram.ask({"op": "reply", "chat": chat, "timeout": 60.0}, 70)
+                if reply["at"] is None:
+                    raise BenchError(f"trial {trial}: no answer in 60 s after the kill")
+                taker = await holder_pid(url, key)
+                result = Failover(float(reply["at"]) - killed, lapse, taker != pid)
+                m.failovers.append(result)
+                _progress(
+                    f"  trial {trial + 1}: answered {result.killed_s:.2f} s after the kill "
+                    f"(the lease ran out after {lapse:.2f} s)"
+                )
+                await victim.start()
+                await telegram.ask({"op": "targets", "urls": [x.url for x in members]}, 10)
+            m.load["failover"] = [os.getloadavg()[0]]
+    finally:
+        await stop_members(members)
+
+
+# ---- figures -----------------------------------------------------------------------------
+
+
+def metrics_of(m: Measurements) -> list[Metric]:
+    med = statistics.median
+    out: list[Metric] = []
+    if m.bursts:
+        sqlite, pg = m.bursts["sqlite"], m.bursts["postgresql"]
+        out.append(
+            Metric(
+                f"{g.BIG_CHATS} chats, one gateway: PostgreSQL / SQLite, all answered",
+                "x",
+                [p.wall / s.wall for p, s in zip(pg, sqlite, strict=True)],
+                target=BURST_TARGET_X,
+                note="per round",
+            )
+        )
+        for name, bursts in (("SQLite", sqlite), ("PostgreSQL", pg)):
+            label = f"{g.BIG_CHATS} chats, {name}"
+            out += [
+                Metric(f"{label}: all answered", "s", [b.wall for b in bursts]),
+                Metric(f"{label}: median chat", "s", [med(b.final_s) for b in bursts]),
+                Metric(f"{label}: all taken (acked)", "s", [b.taken_s or 0.0 for b in bursts]),
+                Metric(f"{label}: gateway CPU", "s", [b.cpu_s["gateway"] for b in bursts]),
+            ]
+        out.append(
+            Metric(
+                f"{g.BIG_CHATS} chats, PostgreSQL: server CPU",
+                "s",
+                m.postgres_cpu_s["postgresql"],
+            )
+        )
+    one = m.floods.get(1, [])
+    for n, floods in sorted(m.floods.items()):
+        label = f"{m.flood_chats} chats, {n} member{'s' if n > 1 else ''}"
+        out += [
+            Metric(f"{label}: answers per second", "msg/s", [f.rate for f in floods]),
+            Metric(f"{label}: all answered", "s", [f.last_s for f in floods]),
+            Metric(f"{label}: p10-p90 rate", "msg/s", [f.steady_rate for f in floods]),
+            Metric(f"{label}: webhook posts acked", "s", [f.acked_s or 0.0 for f in floods]),
+            Metric(
+                f"{label}: members' CPU",
+                "s",
+                [sum(v for k, v in f.cpu_s.items() if k.startswith("member")) for f in floods],
+            ),
+            Metric(f"{label}: PostgreSQL CPU", "s", [f.cpu_s["postgresql"] for f in floods]),
+            Metric(f"{label}: fake Telegram CPU", "s", [f.cpu_s["telegram"] for f in floods]),
+        ]
+        if n > 1 and len(one) == len(floods):
+            out.append(
+                Metric(
+                    f"{label}: rate / 1 member",
+                    "x",
+                    [f.rate / o.rate for f, o in zip(floods, one, strict=True)],
+                    note="per round",
+                )
+            )
+    if m.failovers:
+        killed = [f.killed_s for f in m.failovers]
+        out += [
+            Metric("failover: kill -9 -> answer", "s", killed, target=FAILOVER_TARGET_S),
+            Metric("failover: worst of the trials", "s", [max(killed)], target=FAILOVER_TARGET_S),
+            Metric("failover: kill -9 -> lease ran out", "s", [f.lapse_s for f in m.failovers]),
+            Metric(
+                "failover: lease ran out -> answer",
+                "s",
+                [f.killed_s - f.lapse_s for f in m.failovers],
+            ),
+        ]
+    return out
+
+
+async def measure(phases: Sequence[str], trials: int, chats: int) -> Measurements:
+    m = Measurements(flood_chats=chats, trials=trials)
+    with tempfile.TemporaryDirectory(prefix="nanobot-bench-cluster-") as name:
+        tmp = Path(name)
+        children: list[Child] = []
+        try:
+            for phase in phases:
+                m.load[f"before {phase}"] = list(os.getloadavg())
+                run = {"burst": _burst_phase, "scale": _scale_phase, "failover": _failover_phase}
+                await run[phase](m, tmp, children)
+        finally:
+            for child in children:
+                await child.stop()
+    return m
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__)
+    parser.add_argument("--phase", action="append", choices=PHASES, help="default: all")
+    parser.add_argument("--trials", type=int, default=FAILOVER_TRIALS, help="failover trials")
+    parser.add_argument("--chats", type=int, default=FLOOD_CHATS, help="chats in a flood")
+    args = parser.parse_args([] if argv is None else argv)
+    phases: list[str] = args.phase or list(PHASES)
+    m = asyncio.run(measure(phases, args.trials, args.chats))
+    metrics = metrics_of(m)
+    print(format_table(metrics))
+    print(f"load average (1 min) per phase: {m.load}")
+    payload = {
+        "phases": phases,
+        "metrics": [x.as_json() for x in metrics],
+        "bursts": {k: [asdict(b) | {"timeline": []} for b in v] for k, v in m.bursts.items()},
+        "floods": {str(k): [asdict(f) for f in v] for k, v in m.floods.items()},
+        "failovers": [asdict(f) for f in m.failovers],
+        "load": m.load,
+        "git": g._git(),
+    }
+    path = write_results(NAME if phases == list(PHASES) else f"{NAME}-{'-'.join(phases)}", payload)
+    print(f"\nResults: {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
