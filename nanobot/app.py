@@ -26,6 +26,7 @@ from nanobot.agent.approvals import ApprovalPolicy
 from nanobot.agent.approver import Approver
 from nanobot.agent.context import ContextBuilder
 from nanobot.agent.dispatcher import Dispatcher, OutcomeSink
+from nanobot.agent.held import Held
 from nanobot.agent.loop import AgentLoop, LoopSettings
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
@@ -366,6 +367,7 @@ class Intake:
             logger.debug("pruned {} finished journal rows", pruned)
         await parts.approver.recover()  # before any turn resumes
         gate = Gate(rules, Access(parts.db), journal, bus, forward=forward)
+        parts.db.watch(gate)  # any write failing for want of storage stops intake
         return cls(bus, journal, gate)
 
 
@@ -472,6 +474,7 @@ async def build_gateway(
         whole_replies=[
             n for n in ("telegram", "discord") if not getattr(config.channels, n).stream
         ],
+        held=Held(way_in.gate, way_in.journal),
     )
     manager = ChannelManager(channels, way_in.bus, way_in.journal)
     return Gateway(

@@ -7,16 +7,19 @@ nothing else; in a group they are ignored. Group messages are answered only as t
 stranger sends is fetched. An allowed message is journaled (recognising redeliveries) and
 queued for the agent, in that order, before the channel acknowledges it.
 
-A store failure (disk full, an I/O error, a damaged file) stops intake: one error line says
-so and why, and from then on every message is refused with a `StoreError` without the store
-being asked, so no channel acknowledges it (Telegram delivers it again; the channel manager
-restarts its polling with backoff). There is no timer: the first message after a pause
-(`RETRY_DELAYS`, growing while the store keeps failing) tries the store again, and once a
-write succeeds intake is open again, so a disk that was full recovers without a restart.
+A store failure (disk full, an I/O error, a damaged file) stops intake: a journal write
+that fails, or any other write the store reports to `store_failed` (a turn's session, the
+outbox). One error line says so and why, and from then on every message is refused with
+`IntakePaused` without the store being asked, so no channel acknowledges it: each waits and
+hands it over again when the exception says. There is no timer: the first message after a
+pause (`RETRY_DELAYS`, growing while the store keeps failing) tries the store again, and once
+its journal write succeeds intake is open again (`reopened`), so a disk that was full
+recovers without a restart.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -28,7 +31,7 @@ from loguru import logger
 from nanobot.bus.events import InboundMessage, OutboundMessage
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_record
-from nanobot.channels.base import Intake
+from nanobot.channels.base import Intake, IntakePaused
 from nanobot.errors import StoreError
 from nanobot.log import printable
 from nanobot.store import Access, Journal
@@ -98,6 +101,8 @@ class Gate:
         self._clock = clock
         self._closed = False
         self._outage: _Outage | None = None  # set while intake is stopped by a store failure
+        self._open = asyncio.Event()  # set while there is no outage
+        self._open.set()
         self._crowded: set[str] = set()  # channels whose pairing requests push out others
 
     def close(self) -> None:
@@ -124,6 +129,16 @@ class Gate:
     def stopped(self) -> bool:
         """Whether a store failure has stopped intake (see the module docstring)."""
         return self._outage is not None
+
+    async def reopened(self) -> None:
+        """Return once intake is open: at once, or when a journal write succeeds again after
+        a store failure stopped it. Cancellation is safe."""
+        await self._open.wait()
+
+    def store_failed(self, error: StoreError) -> None:
+        """A write failed for want of storage (`FailureWatcher`: the store tells the gate of
+        its every such failure): stop intake, or keep it stopped."""
+        self._failed(error)
 
     async def admits(self, channel: str, sender_id: str, *, private: bool, addressed: bool) -> bool:
         """See `IntakePort.admits`. While intake is stopped, or when the store cannot say,
@@ -172,8 +187,7 @@ class Gate:
         try:
             refusal = await self._check(message)
         except StoreError as exc:
-            self._failed(exc)
-            raise
+            raise self._paused(exc) from exc
         if refusal is not None:
             return refusal
         journal_id = await self.submit(message)
@@ -185,7 +199,7 @@ class Gate:
         passed the checks. Its journal row; None when it was journaled before.
 
         Raises:
-            StoreError: the journal could not be written, or intake is stopped by an
+            IntakePaused: the journal could not be written, or intake is stopped by an
                 earlier failure; nothing was taken.
         """
         self._refuse_while_stopped()
@@ -197,8 +211,7 @@ class Gate:
                 message.session_key,
             )
         except StoreError as exc:
-            self._failed(exc)
-            raise
+            raise self._paused(exc) from exc
         self._resumed()
         if journal_id is None:
             logger.debug(
@@ -218,8 +231,19 @@ class Gate:
     def _refuse_while_stopped(self) -> None:
         """Raise while intake is stopped and the pause before the next try has not passed."""
         outage = self._outage
-        if outage is not None and self._clock() < outage.retry_at:
-            raise StoreError(f"intake is stopped ({outage.error}); the message was not taken")
+        if outage is not None and (retry_in := outage.retry_at - self._clock()) > 0:
+            raise IntakePaused(
+                f"intake is stopped ({outage.error}); the message was not taken",
+                reason=str(outage.error),
+                retry_in=retry_in,
+            )
+
+    def _paused(self, exc: StoreError) -> IntakePaused:
+        """Intake stopped over `exc`, a write of the message's that failed: what to raise."""
+        self._failed(exc)
+        outage = self._outage
+        retry_in = outage.retry_at - self._clock() if outage is not None else 0.0
+        return IntakePaused(str(exc), reason=str(exc), retry_in=max(retry_in, 0.0))
 
     def _failed(self, exc: StoreError) -> None:
         """Stop intake after a store failure, or keep it stopped after a failed try; one
@@ -229,6 +253,7 @@ class Gate:
         outage = self._outage
         if outage is None:
             self._outage = _Outage(exc, now, now + RETRY_DELAYS[0])
+            self._open.clear()
             logger.error(
                 "intake stopped: {}; no message is taken or acknowledged until the state "
                 "database takes writes again (tried again in {:g}s, at the next message)",
@@ -249,6 +274,7 @@ class Gate:
         if self._outage is not None:
             stopped_for = self._clock() - self._outage.since
             self._outage = None
+            self._open.set()
             logger.warning(
                 "intake resumed: the state database takes writes again (stopped for {:.0f}s)",
                 stopped_for,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -13,9 +14,9 @@ from loguru import logger
 
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import Intake
+from nanobot.channels.base import Intake, IntakePaused
 from nanobot.errors import StoreError
-from nanobot.gate import CATCH_UP_WINDOW, ChannelRules, Gate, GroupPolicy
+from nanobot.gate import CATCH_UP_WINDOW, RETRY_DELAYS, ChannelRules, Gate, GroupPolicy
 from nanobot.store import Access, Database, Journal
 from nanobot.store.access import MAX_PENDING
 
@@ -382,3 +383,66 @@ async def test_caught_up_until_is_the_latest_moment_recorded_but_within_the_wind
             until is not None
             and now - CATCH_UP_WINDOW <= until <= datetime.now(UTC) - CATCH_UP_WINDOW
         )
+
+
+async def test_any_write_failing_for_want_of_storage_stops_intake_until_a_journal_write_succeeds(
+    db: Database,
+) -> None:
+    clock = Clock()
+    gate = Gate(
+        {"telegram": ChannelRules(frozenset({"42"}))},
+        Access(db),
+        Journal(db),
+        MessageBus(),
+        clock=clock,
+    )
+    db.watch(gate)  # as the gateway wires it
+    reopened = asyncio.create_task(gate.reopened())
+    await asyncio.sleep(0)
+    assert reopened.done()  # open: at once
+
+    await db.fetchall("PRAGMA query_only = ON")  # every write fails, as on a read-only file
+    with pytest.raises(StoreError, match="readonly"):
+        await Journal(db).enqueue("telegram", {"text": "a reply"})  # the outbox, not intake
+    assert gate.stopped
+    reopened = asyncio.create_task(gate.reopened())
+    with pytest.raises(IntakePaused) as paused:
+        await gate(message(mid="1"))
+    assert paused.value.retry_in == 5 and "readonly" in paused.value.reason
+    clock.now += 2
+    with pytest.raises(IntakePaused) as paused:
+        await gate(message(mid="1"))
+    assert paused.value.retry_in == 3  # the next try, whichever message makes it
+
+    await db.fetchall("PRAGMA query_only = OFF")
+    await asyncio.sleep(0)
+    assert not reopened.done()  # nobody tried yet
+    clock.now += 3
+    assert await gate(message(mid="1")) is Intake.ACCEPTED
+    await asyncio.wait_for(reopened, 1)
+    assert not gate.stopped
+
+    # What a statement got wrong is no storage failure: intake stays open.
+    with pytest.raises(StoreError, match="no such table"):
+        await db.fetchall("SELECT * FROM nothing_here")
+    assert not gate.stopped
+
+
+async def test_a_journal_write_that_fails_says_when_to_try_again(db: Database) -> None:
+    clock = Clock()
+    gate = Gate(
+        {"telegram": ChannelRules(frozenset({"42"}))},
+        Access(db),
+        Journal(db),
+        MessageBus(),
+        clock=clock,
+    )
+    db.watch(gate)
+    await fill(db)
+    with pytest.raises(IntakePaused, match="disk full") as paused:
+        await gate(big("42", "1"))
+    assert paused.value.retry_in == RETRY_DELAYS[0]
+    clock.now += RETRY_DELAYS[0]
+    with pytest.raises(IntakePaused, match="disk full") as paused:
+        await gate.submit(big("42", "2"))
+    assert paused.value.retry_in == RETRY_DELAYS[1]

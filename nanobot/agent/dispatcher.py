@@ -8,7 +8,8 @@ side by side. A turn's reply is written to the outbox in the same transaction th
 its events answered, then published for delivery to the event's chat (if it has one to
 tell); the producer of an event that asked for it (cron) is told how the turn ended. On
 start, `recover()` re-publishes undelivered replies and finishes turns a crash interrupted,
-whatever produced them.
+whatever produced them. A turn a store failure cut short leaves its message unanswered; with
+`held`, it is answered once the store takes writes again (`nanobot.agent.held`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Protocol
 from loguru import logger
 
 from nanobot.agent.approver import Caller
+from nanobot.agent.held import Held
 from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
 from nanobot.agent.run import EventListener, RunEvent, RunState, listeners
 from nanobot.agent.subagents import Subagents
@@ -36,6 +38,7 @@ from nanobot.bus.events import (
 )
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, outbound_from, outbound_record
+from nanobot.errors import StoreError
 from nanobot.store import Journal
 from nanobot.tasks import TaskSet
 
@@ -53,6 +56,10 @@ UNTRUSTED_SOURCES: Mapping[Source, str] = {"task": "a subagent's result"}
 
 
 FAILED = "Sorry, something went wrong on my side and I could not answer that."
+HELD = (
+    "I can't save anything right now (a storage problem on my side), so I can't answer yet; "
+    "I'll answer this as soon as I can."
+)
 EMPTY_ANSWER = "(The model returned an empty answer. Ask again, or rephrase.)"
 _INVISIBLE = re.compile(
     r"```[^\n`]*\n?\s*```"  # a code block with nothing in it
@@ -170,9 +177,12 @@ class Dispatcher:
         subagents: Subagents | None = None,
         outcomes: Mapping[Source, OutcomeSink] | None = None,
         whole_replies: Collection[str] = (),
+        held: Held | None = None,
     ) -> None:
         """`whole_replies`: channels whose replies arrive whole instead of being shown while
-        the model writes them (`channels.<name>.stream: false`)."""
+        the model writes them (`channels.<name>.stream: false`). `held`: where messages
+        whose turn a store failure cut short wait for the store (none: they wait for the
+        next start)."""
         self._loop = loop
         self._bus = bus
         self._journal = journal
@@ -182,16 +192,22 @@ class Dispatcher:
         self._whole_replies = frozenset(whole_replies)
         self._awaited: dict[int, InboundMessage] = {}  # journal row -> event told when answered
         self._tasks = TaskSet("dispatcher")
+        self._held = held
+        self._retrying = TaskSet("dispatcher-held")
 
     async def run(self) -> None:
         """Dispatch inbound messages until the bus's inbound side is closed, then wait for
         the turns still running. Cancelling it cancels them."""
+        if self._held is not None:
+            self._retrying.spawn(self._retry(self._held), name="dispatcher-held")
         try:
             async for message in self._bus.inbound():
                 self._tasks.spawn(self._process(message), name=f"inbound-{message.journal_id}")
         except BaseException:
             await self._tasks.close()
             raise
+        finally:
+            await self._retrying.close()  # what is still held waits for the next start
         await self._tasks.close(grace=None)
 
     @property
@@ -233,6 +249,13 @@ class Dispatcher:
             else:
                 await self._turn(message, resume=resume)
         except Exception as exc:  # noqa: BLE001 - a task boundary: log, keep serving other chats
+            held = self._held
+            if isinstance(exc, StoreError) and held is not None and held.can_hold(message):
+                if held.hold(message, exc) and message.deliver:
+                    self._bus.offer(
+                        OutboundMessage(message.chat, HELD, "notice", _reply_to(message))
+                    )
+                return
             logger.exception(
                 "processing {} message {} failed", message.chat.channel, message.message_id
             )
@@ -289,6 +312,8 @@ class Dispatcher:
         tell the producers of what it answered how it went."""
         ids = reply.inbound_ids or ((message.journal_id,) if message.journal_id else ())
         text, result = reply.text, reply.result
+        if self._held is not None and isinstance(result.error, StoreError):
+            raise result.error  # not answered with the failure: held, and answered later
         if text is not None and message.quiet is not None and _only(text, message.quiet):
             logger.info("{}: nothing to report", message.session_key)
             text = None
@@ -311,6 +336,11 @@ class Dispatcher:
             await self._bus.publish(_with_outbox(outbound, outbox_id))
         delivered = message.deliver and result.status == "completed" and text is not None
         await self._report(ids, TurnOutcome(result.status, text, result.error, delivered))
+
+    async def _retry(self, held: Held) -> None:
+        async for message, resume in held.released():
+            name = f"{'resume' if resume else 'inbound'}-{message.journal_id}"
+            self._tasks.spawn(self._process(message, resume=resume), name=name)
 
     async def _report(self, inbound_ids: Iterable[int | None], outcome: TurnOutcome) -> None:
         for inbound_id in inbound_ids:

@@ -21,7 +21,7 @@ from loguru import logger
 
 from nanobot.bus.events import Attachment, ChatRef, InboundMessage
 from nanobot.channels._discord_send import QUIET
-from nanobot.channels.base import InboxPolicy, safe_filename, save_file
+from nanobot.channels.base import InboxPolicy, discard_files, safe_filename, save_file
 from nanobot.channels.render import split_discord
 
 CHANNEL = "discord"
@@ -138,22 +138,26 @@ async def fetch_files(
     limit = inbox.max_bytes
     saved: list[Attachment] = []
     refusals: list[str] = []
-    for remote in message.attachments:
-        name = file_name(remote)
-        if remote.size > limit:
-            refusals.append(too_large(remote, limit))
-            continue
-        try:
-            data = await remote.read()
-        except (discord.HTTPException, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            logger.warning("discord: could not download {}: {}", name, exc)
-            refusals.append(f"I could not download {name}; please send it again.")
-            continue
-        if len(data) > limit:  # it was announced smaller
-            refusals.append(too_large(remote, limit))
-            continue
-        path = await save_file(inbox, name, data)
-        saved.append(Attachment(file_kind(remote), path, remote.content_type, len(data)))
+    try:
+        for remote in message.attachments:
+            name = file_name(remote)
+            if remote.size > limit:
+                refusals.append(too_large(remote, limit))
+                continue
+            try:
+                data = await remote.read()
+            except (discord.HTTPException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                logger.warning("discord: could not download {}: {}", name, exc)
+                refusals.append(f"I could not download {name}; please send it again.")
+                continue
+            if len(data) > limit:  # it was announced smaller
+                refusals.append(too_large(remote, limit))
+                continue
+            path = await save_file(inbox, name, data)
+            saved.append(Attachment(file_kind(remote), path, remote.content_type, len(data)))
+    except BaseException:  # a file could not be saved, or the take was cancelled
+        discard_files(a.path for a in saved)
+        raise
     return saved, refusals
 
 

@@ -22,6 +22,7 @@ from nanobot.channels.base import (
     DeliveryError,
     InboxPolicy,
     IntakePort,
+    discard_files,
     not_fetched,
     safe_filename,
     save_file,
@@ -254,14 +255,18 @@ async def read(
     if not admitted and private:
         received.refusals = [not_fetched(remote.name) for remote in remote_files(message)]
     attachments = []
-    for remote in remote_files(message) if admitted else []:
-        data = await download(bot, remote, inbox, retry)
-        if isinstance(data, str):
-            received.refusals.append(data)
-            continue
-        path = await save_file(inbox, remote.name, data)
-        received.saved.append(path)
-        attachments.append(Attachment(remote.kind, path, remote.mime_type, len(data)))
+    try:
+        for remote in remote_files(message) if admitted else []:
+            data = await download(bot, remote, inbox, retry)
+            if isinstance(data, str):
+                received.refusals.append(data)
+                continue
+            path = await save_file(inbox, remote.name, data)
+            received.saved.append(path)
+            attachments.append(Attachment(remote.kind, path, remote.mime_type, len(data)))
+    except BaseException:  # a file could not be saved, or the take was cancelled
+        discard_files(received.saved)
+        raise
     text = text_without_mentions(message, me)
     notes = "\n".join(f"({line})" for line in received.refusals)
     if text or attachments or (received.refusals and not admitted):

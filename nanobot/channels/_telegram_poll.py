@@ -10,11 +10,14 @@ waited for: the poll asks again from the oldest of them, so other chats' new mes
 in meanwhile, and what comes again while in hand is skipped. (An answer holds at most 100
 updates, so while one is still being taken, at most the 99 after it come in.)
 
-A take that fails ends the run with its exception (the channel manager restarts the channel;
-Telegram delivers the update again); a take that leaves its update (the gateway is stopping)
-ends the polling until the run is cancelled. Either way nothing from that update on is
-acknowledged. On stop, one last short getUpdates acknowledges what was taken (as PTB's
-Updater does), and nothing else.
+While a store failure pauses intake (a take raises `IntakePaused`), the takes wait it out
+(`_pause.Pause`: one of them tries again when intake says) with their updates unacknowledged,
+and no getUpdates is made: nothing new could be taken. Polling resumes once a take gets
+through. A take that fails otherwise ends the run with its
+exception (the channel manager restarts the channel; Telegram delivers the update again); a
+take that leaves its update (the gateway is stopping) ends the polling until the run is
+cancelled. Either way nothing from that update on is acknowledged. On stop, one last short
+getUpdates acknowledges what was taken (as PTB's Updater does), and nothing else.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 from loguru import logger
 from telegram import Bot, Update
 from telegram.error import Conflict, InvalidToken, RetryAfter, TelegramError, TimedOut
 
+from nanobot.channels._pause import Pause
 from nanobot.channels._telegram_send import retry_after_seconds
 from nanobot.lanes import Lanes
 
@@ -37,7 +42,8 @@ ALLOWED = (Update.MESSAGE, Update.CALLBACK_QUERY)  # messages and button presses
 
 Take = Callable[[Update], Awaitable[bool]]
 """Takes one update: True once it may be acknowledged (journaled, or deliberately skipped);
-False to leave it for redelivery (the gateway is stopping). What it raises fails the run."""
+False to leave it for redelivery (the gateway is stopping). `IntakePaused` is waited out;
+what else it raises fails the run."""
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -102,6 +108,7 @@ class Poller:
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.offsets = Offsets()
+        self._pause = Pause("telegram")
         self._bot = bot
         self._take = take
         self._timeout = timeout
@@ -145,6 +152,7 @@ class Poller:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._patience):
                         await self._idle.wait()
+            await self._pause.opened()
             if self._halted.done():
                 return
             offset = self.offsets.offset
@@ -192,7 +200,7 @@ class Poller:
             if self._halted.done():
                 return  # an earlier take failed: this one comes again too
             try:
-                taken = await self._take(update)
+                taken = await self._pause.hand_over(partial(self._take, update))
             except Exception as exc:  # noqa: BLE001 - it fails the run, in run()
                 logger.error("telegram: update {} could not be taken: {}", update.update_id, exc)
                 if not self._halted.done():

@@ -12,7 +12,7 @@ import asyncio
 import re
 import unicodedata
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Final, Protocol, runtime_checkable
 
 from nanobot.bus.events import InboundMessage, Outbound
-from nanobot.errors import ConfigError
+from nanobot.errors import ConfigError, StoreError
 from nanobot.workspace import Workspace
 
 
@@ -34,6 +34,17 @@ class Intake(Enum):
     # The gateway is stopping and the sender has no access (no pairing codes while stopping):
     # not taken; do not acknowledge it. Allowed senders' messages are ACCEPTED even then.
     CLOSED = "closed"
+
+
+class IntakePaused(StoreError):
+    """Intake is stopped because the state database cannot be written: the message was not
+    taken (do not acknowledge it, and do not drop it). Hand it over again in `retry_in`
+    seconds, when the gate tries the store again; `reason` is what the store said."""
+
+    def __init__(self, message: str, *, reason: str, retry_in: float) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_in = retry_in
 
 
 class IntakePort(Protocol):
@@ -55,8 +66,9 @@ class IntakePort(Protocol):
         """Decide on `message` and, if it is taken, journal and queue it before returning.
 
         Raises:
-            StoreError: the journal could not be written; the message was not taken (do not
-                acknowledge it).
+            IntakePaused: a store failure stopped intake (this message's journal write, or
+                an earlier write); the message was not taken: do not acknowledge it, hand it
+                over again later (`_pause.Pause` does).
         """
 
 
@@ -278,3 +290,11 @@ async def save_file(policy: InboxPolicy, name: str, data: bytes) -> Path:
         return policy.directory / workspace.create(policy.directory, name, data)
 
     return await asyncio.to_thread(write)
+
+
+def discard_files(paths: Iterable[Path]) -> None:
+    """Delete received files nobody will read: their message was not taken, or not read to
+    the end. Blocking but brief: through `asyncio.to_thread` on the way of a message, called
+    directly on an error path."""
+    for path in paths:
+        path.unlink(missing_ok=True)

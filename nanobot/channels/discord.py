@@ -7,7 +7,10 @@ so nothing is dropped or reordered) and is taken from there: files fetched withi
 limit (only if `intake` admits the sender), then `intake`, which journals it. Discord has no
 acknowledgement and never delivers a message again: one that arrives while the gateway stops
 is still journaled (and answered after the restart); only a stranger's, which would need a
-pairing code (intake says CLOSED), is dropped with a warning. What was sent while nanobot
+pairing code (intake says CLOSED), is dropped with a warning. While a store failure pauses
+intake, messages and presses wait (`_pause.Pause`; a chat's later messages behind them) and
+are handed over once intake takes them again; the files of a message intake does not take
+are deleted. What was sent while nanobot
 was away (stopped, or between two gateway sessions) is fetched from the chats' history at
 the start of each session and taken in each chat's lane like any other message; see
 `_discord_catch_up` for which chats and how far back. Message ids are Discord's snowflakes,
@@ -45,7 +48,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any, Protocol
 
 import discord
@@ -65,6 +67,7 @@ from nanobot.bus.events import (
 from nanobot.channels import _discord_inbound as inbound
 from nanobot.channels._discord_catch_up import CatchUp
 from nanobot.channels._discord_send import QUIET, Sender
+from nanobot.channels._pause import Pause
 from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
 from nanobot.channels._typing import DELAY as TYPING_DELAY
@@ -80,6 +83,7 @@ from nanobot.channels.base import (
     IntakePort,
     OutboxPort,
     Role,
+    discard_files,
     not_fetched,
 )
 from nanobot.channels.render import split_discord
@@ -209,6 +213,8 @@ class DiscordChannel(Channel):
         self._guild_ready_timeout = guild_ready_timeout
         self._sender = Sender()
         self._presses = inbound.Presses()
+        self._pause = Pause(self.name)
+        self._cut_off = 0  # takes cancelled mid-message (stopping), this connection
         self._replies = Replies(
             self._sender,
             split_discord,
@@ -264,6 +270,7 @@ class DiscordChannel(Channel):
     async def _connect(self, token: str, ready: Callable[[], None]) -> None:
         """Hold one gateway connection (with its RESUMEs and new sessions) and take what
         it brings, until cancelled."""
+        self._cut_off = 0
         intake = self.intake
         catch_up = CatchUp(
             intake if isinstance(intake, IntakeHistory) else None,
@@ -342,7 +349,8 @@ class DiscordChannel(Channel):
         _, lost, _ = await asyncio.gather(
             catch_up.close(), self._close_lanes(lanes), pressing.close(grace=TAKE_GRACE)
         )
-        await catch_up.stopped(stopping, lost=lost)
+        # A take cut off mid-message (waiting out a paused intake, say) is lost as well.
+        await catch_up.stopped(stopping, lost=lost + self._cut_off)
         await client.close()
         self._presses.forget()
 
@@ -362,29 +370,38 @@ class DiscordChannel(Channel):
         return lost
 
     async def _take(self, client: discord.Client, message: discord.Message) -> bool:
-        """Hand one message to intake; whether intake decided on it (took or refused it),
-        rather than it being lost to an error. Runs in its chat's lane: never raises."""
+        """Hand one message to intake, waiting while it is paused; whether intake decided on
+        it (took or refused it), rather than it being lost to an error. Runs in its chat's
+        lane: never raises."""
         taken = False
+        received = _Received(None)
         try:
             received = await self._read(client, message)
             outcome = Intake.REFUSED
             if received.message is not None:
-                outcome = await self.intake(received.message)
+                outcome = await self._pause.hand_over(partial(self.intake, received.message))
             taken = True
             await self._settle(message, received, outcome)
         except asyncio.CancelledError:
             if not taken:
-                logger.warning("discord: stopped while taking message {}; it is lost", message.id)
+                self._cut_off += 1
+                logger.warning(
+                    "discord: stopped while taking message {}; it is fetched at the next start",
+                    message.id,
+                )
             raise
         except Exception:  # noqa: BLE001 - a lane must survive one bad message
             logger.exception("discord: message {} could not be taken; it is lost", message.id)
+        finally:
+            if not taken:
+                discard_files(a.path for a in received.saved)
         return taken
 
     async def _press(self, interaction: discord.Interaction, message: InboundMessage) -> None:
         """Acknowledge a press first (the 3 s rule), then hand it to intake, which journals
         it; a press the gate does not take is told why, to the presser only."""
         await self._presses.acknowledge(interaction)
-        outcome = await self.intake(message)
+        outcome = await self._pause.hand_over(partial(self.intake, message))
         refusal = _REFUSED_PRESS.get(outcome)
         if refusal is not None:
             await self._presses.answer(str(interaction.id), refusal)
@@ -434,7 +451,7 @@ class DiscordChannel(Channel):
             )
         accepted = outcome is Intake.ACCEPTED
         if not accepted and received.saved:
-            await asyncio.to_thread(_remove, [a.path for a in received.saved])
+            await asyncio.to_thread(discard_files, [a.path for a in received.saved])
         told = accepted or (received.message is None and received.addressed)
         if received.refusals and told:
             chat, text = inbound.chat_ref(message), "\n".join(received.refusals)
@@ -463,8 +480,3 @@ class DiscordChannel(Channel):
             case OutboundMessage():
                 await self._replies.send(item)
         return None
-
-
-def _remove(paths: list[Path]) -> None:
-    for path in paths:
-        path.unlink(missing_ok=True)

@@ -5,7 +5,10 @@ webhook (`_telegram_webhook.Webhook`, when `webhook.url` is set), hands every up
 `_take`, which turns it into an `InboundMessage` (its files fetched only if `intake` admits
 the sender) and hands that to `intake`, which journals it; an update is acknowledged to
 Telegram (the poll's offset, the webhook's 200) only once `_take` has returned for it.
-Chats are taken concurrently, each in order. A button press (`callback_query`) is a message
+Chats are taken concurrently, each in order. While a store failure pauses intake, polled
+updates wait unacknowledged (`_telegram_poll`), and the webhook answers 503 (Telegram sends
+again later). The files of a message intake does not take are deleted. A button press
+(`callback_query`) is a message
 with `press` set, taken the same way; one the gate does not take is answered here at once,
 the others by an `answer` from the agent's side. In a cluster one member at a time polls,
 while it holds the channel's intake `role` (a second poller would be refused with 409
@@ -24,7 +27,6 @@ import asyncio
 import html
 from collections.abc import Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Final, Protocol
 
 from loguru import logger
@@ -60,6 +62,7 @@ from nanobot.channels.base import (
     OutboxPort,
     Role,
     Undeliverable,
+    discard_files,
 )
 from nanobot.channels.render import split_telegram, telegram_html
 
@@ -224,11 +227,15 @@ class TelegramChannel(Channel):
         if received.press is not None:
             return await self._take_press(received.press, received.message)
         outcome = Intake.REFUSED
-        if received.message is not None:  # what intake raises is never skipped
-            outcome = await self.intake(received.message)
+        try:
+            if received.message is not None:  # what intake raises is never skipped
+                outcome = await self.intake(received.message)
+        except BaseException:  # read again, files and all, when the update comes again
+            discard_files(received.saved)
+            raise
         accepted = outcome is Intake.ACCEPTED
         if not accepted and received.saved:  # refused, a redelivery, or taken again later
-            await asyncio.to_thread(_remove, received.saved)
+            await asyncio.to_thread(discard_files, received.saved)
         if outcome is Intake.CLOSED:
             return False  # stopping, and a stranger's: Telegram delivers it again after restart
         # A message that was only a refused file is not handed over: say so if the bot was
@@ -278,8 +285,3 @@ class TelegramChannel(Channel):
 
 def _render(text: str) -> list[str]:
     return split_telegram(telegram_html(text))
-
-
-def _remove(paths: list[Path]) -> None:
-    for path in paths:
-        path.unlink(missing_ok=True)

@@ -56,6 +56,17 @@ def _is_damage(exc: sqlite3.Error) -> bool:
     return _primary(exc) in {"SQLITE_NOTADB", "SQLITE_CORRUPT"}
 
 
+def storage_failure(exc: sqlite3.Error) -> bool:
+    """Whether `exc` is a failure of the storage (`nanobot.store.failures`): disk full, an
+    I/O error, a file that turned read-only or cannot be opened, a damaged file."""
+    return _is_damage(exc) or _primary(exc) in {
+        "SQLITE_FULL",
+        "SQLITE_IOERR",
+        "SQLITE_READONLY",
+        "SQLITE_CANTOPEN",
+    }
+
+
 def _primary(exc: sqlite3.Error) -> str:
     """The primary error code's name: extended codes (SQLITE_IOERR_WRITE, …) share its meaning."""
     return "_".join(getattr(exc, "sqlite_errorname", "").split("_")[:2])

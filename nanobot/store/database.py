@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol, Self
 
 from nanobot.store import url as store_url
 from nanobot.store.dialect import Dialect
+from nanobot.store.failures import Watched
 
 SqlValue = str | int | float | bytes | None
 """A value that can be bound to a `?` placeholder. PostgreSQL takes each as the type of the
@@ -50,11 +51,13 @@ class Row(Protocol):
     def __len__(self) -> int: ...
 
 
-class Database(ABC):
+class Database(Watched, ABC):
     """An open state database; obtain one with `Database.open(target)`.
 
     Every method raises `StoreError` (naming the database, its password redacted, and the
-    reason) when the backend fails; the driver's error is chained as its cause.
+    reason) when the backend fails; the driver's error is chained as its cause. A storage
+    failure (disk full, an I/O error, …) is told to the watchers first (`watch`, see
+    `nanobot.store.failures`).
 
     Concurrency, on both backends: a single statement, and an `atomic` group, is atomic; a
     `transaction()` block is atomic and sees no other writer's half-finished work. Blocks

@@ -39,6 +39,7 @@ from nanobot.store._sqlite_file import (
     file_sizes,
     find_damage,
     locate,
+    storage_failure,
 )
 from nanobot.store.database import Check, Database, Row, SqlValue, Statement
 from nanobot.store.dialect import SQLITE
@@ -284,7 +285,8 @@ class SqliteDatabase(Database):
         await self.execute("PRAGMA synchronous = NORMAL")
 
     def _error(self, exc: sqlite3.Error) -> StoreError:
-        return StoreError(describe(self._path, exc))
+        error = StoreError(describe(self._path, exc))
+        return self._storage_failed(error) if storage_failure(exc) else error
 
 
 class _Worker:

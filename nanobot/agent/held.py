@@ -1,0 +1,93 @@
+"""Messages whose turn a store failure cut short, kept until the state database takes writes.
+
+A turn whose session entries or reply cannot be written (disk full, an I/O error) ends
+without its message being marked answered: the message stays pending in the journal, and a
+restart answers it (`Dispatcher.recover`). `Held` answers it sooner: it keeps such messages
+and hands them back once intake is open again, that is once a journal write succeeded after
+the failure (`StoreOutage.reopened`: the gate tries the store again with the first message
+after a pause). A message is kept only while a store failure has stopped intake, so no
+retry runs while the store is known to fail, and a failure of another kind (a bug) is
+never retried in a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from loguru import logger
+
+from nanobot.bus.events import InboundMessage
+from nanobot.errors import StoreError
+from nanobot.store import Journal
+
+
+class StoreOutage(Protocol):
+    """Whether a store failure has stopped intake, and when it is open again (the gate)."""
+
+    @property
+    def stopped(self) -> bool: ...
+
+    async def reopened(self) -> None:
+        """Return once intake is open: at once, or when a journal write succeeds again."""
+        ...
+
+
+class Held:
+    """The messages kept; see the module docstring."""
+
+    def __init__(self, outage: StoreOutage, journal: Journal) -> None:
+        self._outage = outage
+        self._journal = journal
+        self._messages: dict[int, InboundMessage] = {}  # journal row -> message
+        self._waiting = asyncio.Event()  # set while messages are kept
+        self._ever: set[int] = set()  # rows kept before (retried): not announced again
+
+    def can_hold(self, message: InboundMessage) -> bool:
+        """Whether `message` would be kept: it has a journal row, and a store failure has
+        stopped intake (so a failure of its turn was the store's)."""
+        return message.journal_id is not None and self._outage.stopped
+
+    def hold(self, message: InboundMessage, error: StoreError) -> bool:
+        """Keep `message` (see `can_hold`), whose turn `error` cut short; True the first time
+        it is kept (tell its chat), False when a retry of it failed again."""
+        row = message.journal_id
+        assert row is not None and self._outage.stopped, "see can_hold"
+        self._messages[row] = message
+        self._waiting.set()
+        first = row not in self._ever
+        self._ever.add(row)
+        logger.log(
+            "WARNING" if first else "INFO",
+            "{} message {} is not answered yet: {}; it is answered once the state database "
+            "takes writes again (or after a restart)",
+            message.chat.channel,
+            message.message_id,
+            error,
+        )
+        return first
+
+    async def released(self) -> AsyncIterator[tuple[InboundMessage, bool]]:
+        """Each time intake opens again, the messages kept: each with whether its user
+        message reached its session (resume its turn rather than start it). Runs until
+        cancelled; what is kept then stays pending in the journal for the next start."""
+        while True:
+            await self._waiting.wait()
+            await self._outage.reopened()
+            batch, self._messages = self._messages, {}
+            self._waiting.clear()
+            try:
+                reached = await self._journal.reached_session(list(batch))
+            except StoreError as exc:
+                if self._outage.stopped:  # failing again: wait for the next reopening
+                    self._messages = batch | self._messages
+                    self._waiting.set()
+                else:
+                    logger.error(
+                        "{} kept message(s) are answered after a restart: {}", len(batch), exc
+                    )
+                continue
+            logger.info("answering {} message(s) kept while the store failed", len(batch))
+            for row, message in batch.items():
+                yield message, row in reached
