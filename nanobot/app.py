@@ -55,7 +55,7 @@ from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
 from nanobot.store.leases import Leases
 from nanobot.store.members import Members
-from nanobot.store.wakeups import PostgresWakeups
+from nanobot.store.wakeups import APPROVAL, PostgresWakeups
 from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from nanobot.tools.message import MessageTool
@@ -76,7 +76,6 @@ from nanobot.workspace import copy_template
 if TYPE_CHECKING:
     from nanobot.providers.litellm_provider import LiteLLMTransport
 
-SESSION_LEASE_SECONDS = 10.0  # how long a dead member holds its sessions
 JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe
 
 
@@ -501,14 +500,18 @@ def _distributor(
         return None
     member = membership.member.id
     parts.journal.send_as(member)
+    wakeups = PostgresWakeups(parts.db, target)
+    # A press taken by one member may decide a run that waits in another.
+    wakeups.listen(APPROVAL, parts.approver.decided)
+    parts.approver.announce_with(partial(wakeups.notify, APPROVAL))
     return Distributor(
         Claims(parts.db, member),
         parts.journal,
         Members(parts.db),
-        PostgresWakeups(parts.db, target),
+        wakeups,
         parts.bus,
         channels=channels,
-        lease=timedelta(seconds=SESSION_LEASE_SECONDS),
+        lease=config.cluster.lease,
     )
 
 

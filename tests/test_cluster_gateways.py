@@ -153,3 +153,59 @@ async def test_a_killed_members_busy_session_is_finished_by_another_once(
     await asyncio.sleep(1)
     assert texts(telegram, 42) == ["the long one"]
     assert any("resuming its turn" in m.log() for m in survivors)
+
+
+async def test_a_restart_of_every_member_loses_and_doubles_nothing(
+    cluster: Cluster, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    chats = range(2000, 2030)
+    for chat in chats:
+        telegram.user_message(chat, f"before from {chat}", user_id=chat)
+    await telegram.wait_for(lambda: all(telegram.sent(chat) for chat in chats), seconds=60)
+    fake_llm.script(Hang())  # one turn is cut off by the kill
+    telegram.user_message(2100, "cut off", user_id=2100)
+    await fake_llm.wait_for_requests(31, seconds=30)
+    for member in cluster.members:  # a power cut: every member at once
+        await member.kill()
+    for chat in chats:  # sent while the whole cluster is down: Telegram keeps them
+        telegram.user_message(chat, f"during from {chat}", user_id=chat)
+    await cluster.members[0].start(ready=READY)
+    await asyncio.gather(*(m.start(ready=READY) for m in cluster.members[1:]))
+    await telegram.wait_for(
+        lambda: all(len(telegram.sent(chat)) >= 2 for chat in chats) and telegram.sent(2100),
+        seconds=120,
+    )
+    await asyncio.sleep(1)
+    for chat in chats:
+        assert texts(telegram, chat) == [f"before from {chat}", f"during from {chat}"]
+    assert texts(telegram, 2100) == ["cut off"]
+
+
+async def test_the_store_dropping_every_connection_loses_nothing(
+    cluster: Cluster, telegram: FakeTelegram, postgres_url: str
+) -> None:
+    """What the members see of a database restart between two bursts: every connection
+    (the pools' and the listening ones) ended by the server. A statement cut off in the
+    middle of a turn fails that turn (the user is told); that is not what this tests."""
+    chats = range(3000, 3040)
+    for chat in chats[:20]:
+        telegram.user_message(chat, f"one from {chat}", user_id=chat)
+    await telegram.wait_for(lambda: all(telegram.sent(chat) for chat in chats[:20]), seconds=60)
+    database = postgres_url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(postgres_url.rsplit("/", 1)[0] + "/postgres")
+    try:
+        await admin.fetch(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
+            database,
+        )
+    finally:
+        await admin.close()
+    for member in cluster.members:
+        await member.wait_log("listening on", seconds=30)
+    for chat in chats[20:]:
+        telegram.user_message(chat, f"one from {chat}", user_id=chat)
+    await telegram.wait_for(lambda: all(telegram.sent(chat) for chat in chats), seconds=60)
+    await asyncio.sleep(1)
+    for chat in chats:
+        assert texts(telegram, chat) == [f"one from {chat}"]
