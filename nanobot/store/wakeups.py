@@ -12,6 +12,7 @@ With one process (SQLite), `LocalWakeups` wakes the listeners of this process on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -82,33 +83,37 @@ class PostgresWakeups:
         self._listeners[topic].append(listener)
 
     async def run(self) -> None:
-        import asyncpg
-
         first = True
         while True:
-            lost = asyncio.Event()
             try:
-                conn = await asyncpg.connect(self._url, timeout=10)
-            except Exception as exc:  # noqa: BLE001 - the server is away: try again shortly
+                await self._listen(first)
+            except Exception as exc:  # noqa: BLE001 - the server went away: listen again
                 logger.warning(
                     "cannot listen on {}: {}; trying again", store_url.redact(self._url), exc
                 )
-                await asyncio.sleep(RECONNECT_DELAY)
-                continue
-            try:
-                conn.add_termination_listener(lambda _, ended=lost: ended.set())
-                for topic in list(self._listeners):
-                    await conn.add_listener(topic, self._deliver)
-                if not first:  # notifications said while away are lost: look now
-                    logger.info("listening on {} again", store_url.redact(self._url))
-                    for listeners in self._listeners.values():
-                        for listener in listeners:
-                            _call(listener, "")
-                first = False
-                await lost.wait()
-                logger.warning("the wake-up connection to the store was lost; reconnecting")
-            finally:
-                if not conn.is_closed():
+            first = False
+            await asyncio.sleep(RECONNECT_DELAY)
+
+    async def _listen(self, first: bool) -> None:
+        """Listen on one connection until the server ends it."""
+        import asyncpg
+
+        lost = asyncio.Event()
+        conn = await asyncpg.connect(self._url, timeout=10)
+        try:
+            conn.add_termination_listener(lambda _: lost.set())
+            for topic in list(self._listeners):
+                await conn.add_listener(topic, self._deliver)
+            if not first:  # what was said while away is lost: everyone looks now
+                logger.info("listening on {} again", store_url.redact(self._url))
+                for listeners in self._listeners.values():
+                    for listener in listeners:
+                        _call(listener, "")
+            await lost.wait()
+            logger.warning("the wake-up connection to the store was lost; reconnecting")
+        finally:
+            if not conn.is_closed():
+                with contextlib.suppress(Exception):
                     await conn.close()
 
     def _deliver(self, _conn: Any, _pid: int, topic: str, payload: str) -> None:
