@@ -109,8 +109,8 @@ class Membership:
                     "installation give this one its own database (store.url); to change a "
                     "cluster's config, stop every gateway, then start them with the new one"
                 )
-        elsewhere = [m for m in others if m.workspace and m.workspace != me.workspace]
-        for other in elsewhere:
+        recorded = [m for m in others if m.workspace and me.workspace]
+        for other in (m for m in recorded if m.workspace != me.workspace):
             logger.warning(
                 "this gateway's workspace is {} but {} (member {}) uses {}: the members of a "
                 "cluster must share one workspace, on storage every machine mounts (a "
