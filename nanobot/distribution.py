@@ -52,6 +52,11 @@ class Taker(Protocol):
         """Answer `message` (resuming its interrupted turn when `resume`)."""
         ...
 
+    def drop_all(self) -> None:
+        """Stop every turn taken, as if this process had died (another member resumes
+        them): its sessions are about to be another's."""
+        ...
+
 
 class Distributor:
     """This member's share of the cluster's work, from the journal to its dispatcher."""
@@ -99,8 +104,8 @@ class Distributor:
         self._tasks.spawn(self._renewing(), name="session-leases")
         try:
             while True:
-                await self._wait()
                 try:
+                    await self._wait()
                     await self._round()
                 except StoreError as exc:
                     logger.warning("could not take work from the store: {}; looking again", exc)
@@ -176,18 +181,36 @@ class Distributor:
                 await self._bus.publish(outbound_from(item.message, item.id, item.parts_sent))
 
     async def _renewing(self) -> None:
+        """Renew this member's session leases every third of the lease. Unable to for so
+        long that they would lapse before the next try, it drops its turns first, so that a
+        session never runs on two members at once; once the store answers again, it gives
+        the lapsed sessions up and takes work afresh."""
         period = self._lease.total_seconds() / 3
+        last_renewal = time.monotonic()
+        dropped = False
         while True:
             await asyncio.sleep(period)
-            started = time.monotonic()
             try:
+                if dropped:
+                    await self._claims.unclaim()
+                    await self._claims.release()
+                    dropped = False
+                    logger.info("the store answers again: taking work afresh")
+                    self._wake.set()
                 await self._claims.renew(self._now(), self._lease)
             except StoreError as exc:
-                logger.error(
-                    "could not renew this member's session leases: {}; other members take "
-                    "them over {:g}s after the last renewal",
-                    exc,
-                    self._lease.total_seconds(),
-                )
+                late = time.monotonic() - last_renewal
+                if not dropped and late + period >= self._lease.total_seconds():
+                    dropped = True
+                    assert self._taker is not None
+                    self._taker.drop_all()
+                    logger.error(
+                        "could not renew this member's session leases for {:.0f}s ({}): its "
+                        "turns are stopped before the leases lapse; other members resume them",
+                        late,
+                        exc,
+                    )
+                else:
+                    logger.warning("could not renew this member's session leases: {}", exc)
             else:
-                logger.trace("session leases renewed in {:.3f}s", time.monotonic() - started)
+                last_renewal = time.monotonic()

@@ -21,6 +21,7 @@ from nanobot.store.members import Members
 from nanobot.store.wakeups import PostgresWakeups
 
 LEASE = timedelta(seconds=1)
+EVENTS: list[str] = []  # what the members did, in order
 
 
 @dataclass
@@ -30,10 +31,16 @@ class Taker:
     name: str
     taken: list[tuple[InboundMessage, bool]] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    dropped: bool = False
 
     def take(self, message: InboundMessage, *, resume: bool) -> None:
         self.taken.append((message, resume))
+        EVENTS.append(f"{self.name} took {message.text}")
         self.arrived.set()
+
+    def drop_all(self) -> None:
+        self.dropped = True
+        EVENTS.append(f"{self.name} dropped its turns")
 
 
 @dataclass
@@ -146,3 +153,21 @@ async def test_a_member_that_leaves_hands_its_waiting_work_on_at_once(
     await until(lambda: len(b.taker.taken) == 1, b)
     await b.kill()
     assert [m.text for m, _ in b.taker.taken] == ["one"]
+
+
+async def test_a_member_cut_off_from_the_store_stops_its_turns_before_its_leases_lapse(
+    db: Database, postgres_url: str
+) -> None:
+    async with await Database.open(postgres_url) as own:  # a's own connections
+        a, b = member(own, postgres_url, "a"), member(db, postgres_url, "b")
+        a.start()
+        await arrive(db, a, "9", "held")
+        await until(lambda: len(a.taker.taken) == 1, a)
+        b.start()
+        await own.close()  # a loses the store: its renewals fail from now on
+        await until(lambda: len(b.taker.taken) == 1, b)
+        await a.kill()
+        await b.kill()
+    assert [m.text for m, _ in b.taker.taken] == ["held"]
+    # a stopped the turn before its lease lapsed and b could take the session
+    assert EVENTS[-2:] == ["a dropped its turns", "b took held"]

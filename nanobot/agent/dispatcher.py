@@ -222,6 +222,13 @@ class Dispatcher:
             self._process(message, resume=resume), name=f"{kind}-{message.journal_id}"
         )
 
+    def drop_all(self) -> None:
+        """Cancel every turn under way, as a crash would: their messages stay pending, and
+        whoever answers them next resumes them (in a cluster, the member that takes their
+        sessions once this one has lost touch with the store)."""
+        for task in self._tasks:
+            task.cancel()
+
     async def recover(self, channels: Collection[str]) -> None:
         """Publish undelivered replies; finish turns a crash or restart interrupted.
 

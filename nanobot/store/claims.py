@@ -84,10 +84,19 @@ class Claims:
         return sorted(found, key=lambda p: p.id)
 
     async def renew(self, now: datetime, ttl: timedelta) -> int:
-        """Extend every lease this member holds; returns how many it holds."""
+        """Extend every lease this member holds and that has not lapsed (a lapsed one may be
+        another's by now, or about to be); returns how many it renewed."""
         return await self._db.execute(
-            "UPDATE session_leases SET expires_at = ? WHERE holder = ?",
-            (to_text(now + ttl), self.member),
+            "UPDATE session_leases SET expires_at = ? WHERE holder = ? AND expires_at > ?",
+            (to_text(now + ttl), self.member, to_text(now)),
+        )
+
+    async def unclaim(self) -> None:
+        """Hand back the pending messages this member claimed (it stopped their turns):
+        any member may take them again."""
+        await self._db.write(
+            "UPDATE inbound SET claimed_by = NULL WHERE claimed_by = ? AND state = 'pending'",
+            (self.member,),
         )
 
     async def release(self, session_keys: Sequence[str] | None = None) -> None:
