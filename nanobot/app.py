@@ -55,7 +55,7 @@ from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
 from nanobot.store.leases import Leases
 from nanobot.store.members import Members
-from nanobot.store.wakeups import APPROVAL, PostgresWakeups
+from nanobot.store.wakeups import APPROVAL, CRON_CHANGED, PostgresWakeups
 from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from nanobot.tools.message import MessageTool
@@ -460,6 +460,8 @@ async def build_gateway(
         )
         scheduled.append(("cron", cron.run))
         outcomes["cron"] = cron
+        if distributor is not None:  # a job changed by another member: look at once
+            distributor.wakeups.listen(CRON_CHANGED, lambda _: cron.changed())
     if scheduled:  # one member of the cluster at a time schedules
         schedule = partial(_together, scheduled)
         services.append((SCHEDULE, partial(cluster.role(SCHEDULE).hold, schedule)))

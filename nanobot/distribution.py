@@ -76,7 +76,7 @@ class Distributor:
         self._claims = claims
         self._journal = journal
         self._members = members
-        self._wakeups = wakeups
+        self.wakeups = wakeups  # the cluster's, for other parts to listen on too
         self._bus = bus
         self._taker: Taker | None = None
         self._channels = frozenset(channels)
@@ -92,7 +92,7 @@ class Distributor:
         raises: a lost wake-up only delays the answer to the next look."""
         self._wake.set()
         try:
-            await self._wakeups.notify(INBOUND, message.session_key)
+            await self.wakeups.notify(INBOUND, message.session_key)
         except Exception:  # noqa: BLE001 - the next look (a lapse, a member's start) finds it
             logger.opt(exception=True).warning("could not wake the cluster for a message")
 
@@ -100,7 +100,7 @@ class Distributor:
         """Take work for `taker` until cancelled; then stop taking (the leases are kept
         until `leave`: the turns taken may still be running)."""
         self._taker = taker
-        self._tasks.spawn(self._wakeups.run(), name="wake-ups")
+        self._tasks.spawn(self.wakeups.run(), name="wake-ups")
         self._tasks.spawn(self._renewing(), name="session-leases")
         try:
             while True:
@@ -119,7 +119,7 @@ class Distributor:
         what waits. Never raises: if the store is away, the leases lapse by themselves."""
         try:
             await self._claims.release()
-            await self._wakeups.notify(INBOUND, "")
+            await self.wakeups.notify(INBOUND, "")
         except Exception as exc:  # noqa: BLE001 - they lapse within the lease anyway
             logger.warning("could not give up this member's sessions: {}", exc)
 

@@ -9,12 +9,14 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import asyncpg
 import pytest
 
 from nanobot.cron import At, Cron, Every, Job, Schedule
 from nanobot.errors import StoreError
 from nanobot.store import CronStore, Database, Journal, migrations
 from nanobot.store.cron import HISTORY_LIMIT, INTERRUPTED_ERROR
+from nanobot.store.wakeups import CRON_CHANGED
 
 T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -670,3 +672,20 @@ async def test_due_jobs_are_found_through_the_index(tmp_path: Path) -> None:
             ("2026",),
         )
     assert any("cron_jobs_next_run" in str(row["detail"]) for row in plan)
+
+
+async def test_on_postgresql_a_job_changed_wakes_every_member(postgres_url: str) -> None:
+    """A cluster's members hear of a changed job at once (LISTEN/NOTIFY), not at their next
+    look at the version: said on commit, whichever process changed it."""
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(postgres_url)
+    try:
+        async with await Database.open(postgres_url) as db:
+            await listener.add_listener(CRON_CHANGED, lambda *args: heard.put_nowait(args[2]))
+            store = CronStore(db)
+            job = await store.add(name="n", message="m", schedule=DAILY, next_run=T0)
+            assert await asyncio.wait_for(heard.get(), 10) == CRON_CHANGED
+            await store.remove(job.id)
+            assert await asyncio.wait_for(heard.get(), 10) == CRON_CHANGED
+    finally:
+        await listener.close()

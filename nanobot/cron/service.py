@@ -213,6 +213,11 @@ class CronService:
         await self._store.finish_run(run_id, status, error)
         logger.info("cron job {} finished: {}", job_id or f"(run {run_id})", status)
 
+    def changed(self) -> None:
+        """A job was changed elsewhere (another member of a cluster said so): look now,
+        rather than at the next look at the store's version."""
+        self._wake.set()
+
     async def _watch(self) -> None:
         seen = await self._store.version()
         while True:

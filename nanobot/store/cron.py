@@ -28,6 +28,7 @@ from nanobot.cron.models import At, Cron, Delivery, Every, Job, JobRun, RunStatu
 from nanobot.errors import StoreError
 from nanobot.store._times import from_text, to_text, wall_clock
 from nanobot.store.database import Database, Row, SqlValue
+from nanobot.store.wakeups import CRON_CHANGED
 
 HISTORY_LIMIT: Final = 50
 """Runs kept per job; older ones are dropped as new ones are recorded."""
@@ -318,6 +319,9 @@ class CronStore:
 
     async def _bump(self) -> None:
         await self._db.execute("UPDATE cron_state SET version = version + 1 WHERE id = 1")
+        if self._db.dialect.name == "postgresql":
+            # Said on commit, to every member of a cluster: the one scheduling looks now.
+            await self._db.execute("SELECT pg_notify(?, '')", (CRON_CHANGED,))
 
 
 def _owned(owner: str | None) -> tuple[str, tuple[SqlValue, ...]]:

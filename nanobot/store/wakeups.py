@@ -27,6 +27,7 @@ Listener = Callable[[str], None]
 
 INBOUND: Final = "nanobot_inbound"  # a message was journaled; payload: its session key
 APPROVAL: Final = "nanobot_approval"  # an approval request was decided; payload: its id
+CRON_CHANGED: Final = "nanobot_cron"  # a cron job was added, changed or removed
 RECONNECT_DELAY: Final = 1.0  # seconds between attempts to listen again
 
 
