@@ -17,25 +17,16 @@ from nanobot.errors import StoreError
 from nanobot.store import CronStore, Database, Journal, migrations
 from nanobot.store.cron import HISTORY_LIMIT, INTERRUPTED_ERROR
 from nanobot.store.wakeups import CRON_CHANGED
+from tests._clock import Clock
 
 T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 DAILY = Cron("0 9 * * *", "Europe/Berlin")
 
 
-class Clock:
-    """The store's clock, moved by the test: recorded times are exact."""
-
-    def __init__(self) -> None:
-        self.time = T0 - HOUR
-
-    def __call__(self) -> datetime:
-        return self.time
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(T0 - HOUR)
 
 
 @pytest.fixture

@@ -11,25 +11,16 @@ import pytest
 
 from nanobot.store import Database
 from nanobot.store.leases import Lease, Leases
+from tests._clock import Clock
 
 T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
 TTL = timedelta(seconds=10)
 ROLE = "intake:telegram"
 
 
-class Clock:
-    """The store's clock, moved by the test: recorded times are exact."""
-
-    def __init__(self) -> None:
-        self.time = T0
-
-    def __call__(self) -> datetime:
-        return self.time
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(T0)
 
 
 @pytest.fixture

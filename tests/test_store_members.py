@@ -10,23 +10,14 @@ import pytest
 from nanobot.errors import StoreError
 from nanobot.store import Database
 from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
+from tests._clock import Clock
 
 T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
 
 
-class Clock:
-    """The store's clock, moved by the test: recorded times are exact."""
-
-    def __init__(self) -> None:
-        self.time = T0
-
-    def __call__(self) -> datetime:
-        return self.time
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(T0)
 
 
 @pytest.fixture
