@@ -27,14 +27,11 @@ import argparse
 import asyncio
 import json
 import os
-import random
-import signal
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +39,10 @@ import aiohttp
 import asyncpg
 
 from bench import gateway_throughput as g
-from bench._cluster import (
-    LEASE_S,
-    Member,
-    database,
-    holder_pid,
-    postgres_cpu,
-    start_members,
-    stop_members,
-)
+from bench._cluster import LEASE_S, Member, database, postgres_cpu, start_members, stop_members
+from bench._cluster_failover import Failover, Trial, failover_trial
 from bench._common import REPO_ROOT, BenchError, Metric, format_table, isolated_env, write_results
 from bench._gateway import Child, cpu_seconds
-from nanobot.store._times import from_text
 from tests.gateway_process import GatewayProcess
 
 NAME = "cluster"
@@ -86,6 +75,7 @@ class Flood:
     refused_posts: int
     api_calls: dict[str, int]
     cpu_s: dict[str, float]  # each member, the fake Telegram, the model, PostgreSQL
+    held: list[int] = field(default_factory=list)  # sessions each member holds, most first
 
     @property
     def rate(self) -> float:
@@ -95,13 +85,6 @@ class Flood:
     def steady_rate(self) -> float:
         """Answers per second between the 10th and 90th percentile chat."""
         return 0.8 * self.chats / (self.p90_s - self.p10_s)
-
-
-@dataclass(frozen=True)
-class Failover:
-    killed_s: float  # kill -9 → the answer arrived
-    lapse_s: float  # kill -9 → the dead member's lease on the session ran out
-    taken_by_other: bool
 
 
 @dataclass
@@ -226,6 +209,16 @@ async def _flood(
     )
 
 
+async def _held(url: str) -> list[int]:
+    """How many sessions each member holds a lease on, most first."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT count(*) FROM session_leases GROUP BY holder")
+    finally:
+        await conn.close()
+    return sorted((int(r[0]) for r in rows), reverse=True)
+
+
 async def _scale_phase(m: Measurements, tmp: Path, children: list[Child]) -> None:
     _progress(
         f"scale: {m.flood_chats} chats at once, 0 ms model, members {SCALE_MEMBERS}, "
@@ -254,12 +247,14 @@ async def _scale_phase(m: Measurements, tmp: Path, children: list[Child]) -> Non
                     next_chat += WARMUP_FLOOD
                     await asyncio.sleep(SETTLE_S)
                     flood = await _flood(telegram, members, llm, next_chat, m.flood_chats)
+                    flood = replace(flood, held=await _held(url))
                     next_chat += m.flood_chats
                     m.floods.setdefault(n, []).append(flood)
                     m.load.setdefault(f"scale {n}", []).append(os.getloadavg()[0])
                     _progress(
                         f"  {n} member(s): {flood.rate:.0f} answers/s (all in "
-                        f"{flood.last_s:.1f} s, posts acked after {flood.acked_s:.1f} s); CPU "
+                        f"{flood.last_s:.1f} s, posts acked after {flood.acked_s:.1f} s; sessions "
+                        f"held {flood.held}); CPU "
                         + ", ".join(f"{k} {v:.1f}" for k, v in flood.cpu_s.items())
                     )
                     await stop_members(members)
@@ -269,35 +264,6 @@ async def _scale_phase(m: Measurements, tmp: Path, children: list[Child]) -> Non
 
 
 # ---- 3. failover: kill -9 of the member holding a busy session ---------------------------
-
-
-async def _hang_next(session: aiohttp.ClientSession, llm_url: str) -> None:
-    base = llm_url.removesuffix("/v1")
-    async with session.post(f"{base}/_fake/script", json={"replies": [{"type": "Hang"}]}) as r:
-        r.raise_for_status()
-
-
-async def _hang_taken(session: aiohttp.ClientSession, llm_url: str, seconds: float) -> None:
-    """Until the scripted hang was taken by a request (the turn is at the model)."""
-    base = llm_url.removesuffix("/v1")
-    async with asyncio.timeout(seconds):
-        while True:
-            async with session.post(f"{base}/_fake/script", json={"replies": []}) as r:
-                if (await r.json())["pending"] == 0:
-                    return
-            await asyncio.sleep(0.02)
-
-
-async def _lease_end(url: str, session_key: str) -> float:
-    """When the session's lease runs out, on the wall clock (time.time())."""
-    conn = await asyncpg.connect(url)
-    try:
-        text = await conn.fetchval(
-            "SELECT expires_at FROM session_leases WHERE session_key = $1", session_key
-        )
-    finally:
-        await conn.close()
-    return from_text(str(text)).timestamp()
 
 
 async def _failover_phase(m: Measurements, tmp: Path, children: list[Child]) -> None:
@@ -319,36 +285,14 @@ async def _failover_phase(m: Measurements, tmp: Path, children: list[Child]) -> 
             await telegram.ask({"op": "targets", "urls": [x.url for x in members]}, 10)
             await _flood(telegram, members, llm, 3_000_000, 30)  # warm-up
             for trial in range(m.trials):
-                chat = 3_100_000 + trial
-                key = f"telegram:{chat}"
-                await _hang_next(http, llm_url)
-                send = {"op": "send", "chat": chat, "text": "A long one", "final": ZERO_MS_TEXT}
-                await telegram.ask(send, 10)
-                await _hang_taken(http, llm_url, 30)
-                pid = await holder_pid(url, key)
-                victims = [x for x in members if x.alive and x.pid == pid]
-                if pid is None or len(victims) != 1:
-                    raise BenchError(f"trial {trial}: no live member holds {key} (pid {pid})")
-                victim = victims[0]
-                await asyncio.sleep(random.uniform(0, LEASE_S / 3))  # any phase of renewal
-                killed_wall, killed = time.time(), time.monotonic()
-                os.kill(pid, signal.SIGKILL)
-                lapse = await _lease_end(url, key) - killed_wall
-                await victim.gateway.kill()  # reaped
-                live = [x.url for x in members if x.alive]
-                await telegram.ask({"op": "targets", "urls": live}, 10)  # the balancer notices
-                reply = await telegram.ask({"op": "reply", "chat": chat, "timeout": 60.0}, 70)
-                if reply["at"] is None:
-                    raise BenchError(f"trial {trial}: no answer in 60 s after the kill")
-                taker = await holder_pid(url, key)
-                result = Failover(float(reply["at"]) - killed, lapse, taker != pid)
+                result = await failover_trial(
+                    Trial(telegram, members, http, llm_url, url), 3_100_000 + trial
+                )
                 m.failovers.append(result)
                 _progress(
                     f"  trial {trial + 1}: answered {result.killed_s:.2f} s after the kill "
-                    f"(the lease ran out after {lapse:.2f} s)"
+                    f"(the lease ran out after {result.lapse_s:.2f} s)"
                 )
-                await victim.start()
-                await telegram.ask({"op": "targets", "urls": [x.url for x in members]}, 10)
             m.load["failover"] = [os.getloadavg()[0]]
     finally:
         await stop_members(members)
