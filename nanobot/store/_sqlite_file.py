@@ -131,8 +131,13 @@ def _make_private(file: Path) -> None:
 def describe(path: Path, exc: sqlite3.Error) -> str:
     """One line for a human: which file, what went wrong, and what to do if it is obvious."""
     name = _primary(exc)
-    if name == "SQLITE_FULL":
-        return f"disk full while writing {path}; the write was not saved"
+    if name in {"SQLITE_FULL", "SQLITE_READONLY"}:  # the latter: a disk remounted read-only
+        what = (
+            f"disk full while writing {path}"
+            if name == "SQLITE_FULL"
+            else f"{path} is read-only ({exc})"
+        )
+        return f"{what}; the write was not saved"
     if name == "SQLITE_IOERR":
         return f"disk I/O error on {path} ({exc})"
     if _is_damage(exc):
@@ -141,7 +146,7 @@ def describe(path: Path, exc: sqlite3.Error) -> str:
         return (
             f"{path} stayed locked by another process for over {BUSY_TIMEOUT_MS // 1000} s ({exc})"
         )
-    if name in {"SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_READONLY", "SQLITE_AUTH"}:
+    if name in {"SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH"}:
         return f"cannot open {path} for reading and writing ({exc})"
     return f"{path}: {exc}"
 
