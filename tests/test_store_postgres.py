@@ -310,6 +310,32 @@ async def test_the_pool_reconnects_after_the_server_ends_its_connections(postgre
         assert await store.count(session) == 3  # the connection after it is a new one
 
 
+async def test_a_lost_server_is_a_storage_failure_told_to_the_watchers(
+    postgres_url: str,
+) -> None:
+    """The gate watches the store and stops intake on storage failures (a lost server, a
+    full disk), not on a statement's own mistakes."""
+    told: list[StoreError] = []
+
+    class Watcher:
+        def store_failed(self, error: StoreError) -> None:
+            told.append(error)
+
+    async with await Database.open(postgres_url) as db:
+        db.watch(Watcher())
+        with pytest.raises(StoreError):
+            await db.execute("SELECT * FROM no_such_table")
+        assert told == []
+        store = SessionStore(db)
+        session = await store.live("telegram:1")
+        with pytest.raises(StoreError, match="lost the connection") as raised:
+            async with db.transaction():
+                await store.count(session)
+                await _end_connections(postgres_url)
+                await store.count(session)
+        assert told == [raised.value]
+
+
 async def _end_connections(url: str) -> int:
     """End every connection to `url`'s database (as a restart of the server would)."""
     database = url.rsplit("/", 1)[1]

@@ -242,7 +242,8 @@ class PostgresDatabase(Database):
         try:
             conn = await self._pool.acquire()
         except (*_FAILURES, TimeoutError) as exc:
-            raise StoreError(_unusable(self._name, exc, self._secret)) from exc
+            error = StoreError(_unusable(self._name, exc, self._secret))
+            raise self._storage_failed(error) from exc  # the server cannot be reached
         try:
             yield conn
         finally:
@@ -270,7 +271,8 @@ class PostgresDatabase(Database):
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _error(self, exc: BaseException) -> StoreError:
-        return StoreError(_scrub(f"{self._name}: {_reason(exc)}", self._secret))
+        error = StoreError(_scrub(f"{self._name}: {_reason(exc)}", self._secret))
+        return self._storage_failed(error) if _storage(exc) else error
 
 
 _LOCK: Final = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
@@ -312,6 +314,22 @@ def _ended_by_server(exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) in _ENDED_BY_SERVER
     if isinstance(exc, asyncpg.exceptions.InternalClientError):
         return True  # the protocol refused to start the statement: it never went out
+    return _closed_before(exc)
+
+
+# Where the data lives failing, not the statement (see `nanobot.store.failures`): the disk
+# full or out of resources, the server read-only (a standby) or shutting down.
+_STORAGE_SQLSTATES: Final = frozenset({"53100", "53000", "53200", "58030", "25006"})
+
+
+def _storage(exc: BaseException) -> bool:
+    """Whether `exc` is a storage failure: the server or the connection to it lost, or the
+    server unable to store anything."""
+    if isinstance(exc, OSError | asyncpg.exceptions.ConnectionDoesNotExistError):
+        return True
+    if isinstance(exc, asyncpg.PostgresError):
+        state = getattr(exc, "sqlstate", None)
+        return state in _STORAGE_SQLSTATES or state in _ENDED_BY_SERVER
     return _closed_before(exc)
 
 
