@@ -54,7 +54,7 @@ from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore
 from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
 from nanobot.store.leases import Leases
-from nanobot.store.members import Members
+from nanobot.store.members import BEAT_INTERVAL, Members
 from nanobot.store.wakeups import APPROVAL, CRON_CHANGED, PostgresWakeups
 from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
@@ -419,6 +419,7 @@ async def build_gateway(
         workspace=str(config.workspace_path.resolve()),
         agreement=agreement(config),
         succeeds=succeeds,
+        interval=_beat_interval(config),
     )
     distributor = _distributor(config, parts, membership, channels=rules)
     forward = distributor.journaled if distributor is not None else None
@@ -515,6 +516,16 @@ def _distributor(
         channels=channels,
         lease=config.cluster.lease,
     )
+
+
+def _beat_interval(config: Config) -> float:
+    """Seconds between a member's beats. In a cluster it beats as often as it renews its
+    leases: a member with a lapsed lease and no beat since counts as dead for the replies it
+    left (`Claims.orphaned_replies`), so a live one must beat soon after any lapse."""
+    every = BEAT_INTERVAL.total_seconds()
+    if isinstance(config.store_target, str):
+        return min(every, config.cluster.lease_seconds / 3)
+    return every
 
 
 async def _together(

@@ -13,9 +13,10 @@ When a member dies its leases lapse, and the members that see pending messages o
 sessions look again at that moment: one takes each session, and resumes the interrupted
 turn as a restart does (the tool call that was running is not run again; the reply is not
 doubled). The replies the dead member queued and did not send are taken by a live member
-once the dead one's membership has lapsed (`orphaned_replies`). A member stopping cleanly
-finishes or checkpoints its turns, then gives its leases up and says so, so the others
-take its waiting work at once.
+(`orphaned_replies`) as soon as one of its leases lapses with no beat of its since, else
+once its membership lapses; the members look again at both moments. A member stopping
+cleanly finishes or checkpoints its turns, then gives its leases up and says so, so the
+others take its waiting work at once.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from nanobot.bus.records import inbound_from, outbound_from
 from nanobot.errors import StoreError
 from nanobot.store.claims import Candidate, Claims
 from nanobot.store.journal import Journal
-from nanobot.store.members import Members
+from nanobot.store.members import STALE_AFTER, Members
 from nanobot.store.wakeups import INBOUND, Wakeups
 from nanobot.tasks import TaskSet
 
@@ -124,14 +125,19 @@ class Distributor:
             logger.warning("could not give up this member's sessions: {}", exc)
 
     async def _wait(self) -> None:
-        """Until woken, or until a lease another member holds on a waiting session lapses."""
+        """Until woken, or until another member may have died leaving work behind: a lease
+        it holds lapses while its session has pending messages or it has replies to send,
+        or it goes stale with replies to send."""
         if self._wake.is_set():
             self._wake.clear()
             return
-        lapse = await self._claims.next_lapse(self._now())
+        moments = [await self._claims.next_lapse(self._now())]
+        quiet = await self._claims.quiet_since()
+        if quiet is not None:
+            moments.append(quiet + STALE_AFTER)
         timeout = None
-        if lapse is not None:
-            timeout = max(0.0, (lapse - self._now()).total_seconds()) + LAPSE_MARGIN
+        if found := [moment for moment in moments if moment is not None]:
+            timeout = max(0.0, (min(found) - self._now()).total_seconds()) + LAPSE_MARGIN
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
         self._wake.clear()
@@ -175,7 +181,7 @@ class Distributor:
     async def _orphaned_replies(self) -> None:
         now = self._now()
         alive = [m.id for m in await self._members.all() if not m.stale(now)]
-        for item in await self._claims.orphaned_replies(alive):
+        for item in await self._claims.orphaned_replies(alive, now):
             if item.channel in self._channels:
                 logger.info("sending reply {} that a stopped member left unsent", item.id)
                 await self._bus.publish(outbound_from(item.message, item.id, item.parts_sent))

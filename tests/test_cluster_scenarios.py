@@ -26,6 +26,7 @@ from nanobot.store import Database
 from nanobot.store._times import to_text
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
+from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
 from tests.test_cluster_gateways import READY, Cluster, holder_pid, member_config, texts
 from tests.test_gateway_approvals import card, execs, press, request_id, said, until
@@ -126,6 +127,39 @@ async def test_a_member_killed_mid_tool_has_its_turn_finished_without_the_tool_r
     assert resumed[-1]["role"] == "tool" and resumed[-1]["tool_call_id"] == "slow"
     assert CUT_OFF in resumed[-1]["content"]
     assert sum("resuming its turn" in m.log() for m in survivors) == 1
+
+
+async def test_a_member_killed_while_sending_a_long_reply_leaves_the_rest_to_another(
+    launch: Launch, telegram: FakeTelegram, fake_llm: FakeLLM, postgres_url: str
+) -> None:
+    cluster = await launch()
+    paragraphs = [f"Paragraph {i}: " + "lorem ipsum dolor sit amet " * 12 for i in range(40)]
+    fake_llm.script(Text("\n\n".join(paragraphs)))  # four Telegram messages
+    telegram.user_message(42, "write a lot", user_id=42)
+    await telegram.wait_for_sent(1, 42, seconds=30)
+    telegram.fail_next("sendMessage", FakeHang(), chat_id=42)  # the second part hangs
+
+    def posted() -> int:
+        return sum(c.params.get("chat_id") == "42" for c in telegram.calls("sendMessage"))
+
+    await telegram.wait_for(lambda: posted() >= 2, seconds=30)
+    holder = by_pid(cluster, await holder_pid(postgres_url, "telegram:42"))
+    await holder.kill()
+    assert len(telegram.sent(42)) == 1
+    survivors = others(cluster, holder)
+    cluster.balance_to(survivors[0])
+
+    def whole() -> bool:
+        return "Paragraph 39" in "".join(m.visible for m in telegram.sent(42))
+
+    # Taken as soon as the dead member's session lease lapses, not once its beats are
+    # missed for `STALE_AFTER` (45 s).
+    await telegram.wait_for(whole, seconds=LEASE + 20)
+    await asyncio.sleep(1)  # anything doubled would have arrived by now
+    sent = [m.visible for m in telegram.sent(42)]
+    assert [sum(f"Paragraph {i}:" in m for m in sent) for i in range(40)] == [1] * 40
+    assert fake_llm.request_count == 1  # the reply was sent on, not written again
+    assert sum("that a stopped member left unsent" in m.log() for m in survivors) == 1
 
 
 async def role_holder(cluster: Cluster, url: str, role: str) -> GatewayProcess:

@@ -4,10 +4,12 @@ taken over once lapsed, messages claimed once, replies of dead members handed on
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from nanobot.store import Database, Journal
 from nanobot.store.claims import Claims
+from nanobot.store.members import Member, Members
 
 LEASE = timedelta(seconds=10)
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -91,8 +93,38 @@ async def test_a_dead_members_replies_go_to_a_live_one_once(db: Database) -> Non
     await mine.enqueue("telegram", {"chat": {"channel": "telegram", "chat_id": "2"}})
     await Journal(db).enqueue("telegram", {"chat": {"channel": "telegram", "chat_id": "3"}})
     live = Claims(db, "live")
-    assert [item.id for item in await live.orphaned_replies(["live"])] == [orphan]
-    assert await live.orphaned_replies(["live"]) == []  # now its own
+    assert [item.id for item in await live.orphaned_replies(["live"], T0)] == [orphan]
+    assert await live.orphaned_replies(["live"], T0) == []  # now its own
+
+
+async def test_a_member_whose_lease_lapsed_with_no_beat_since_leaves_its_replies(
+    db: Database,
+) -> None:
+    """Sooner than its membership lapses: a member renews its leases and beats together,
+    so a lapsed lease and no beat since mean it died (a lease ago)."""
+    for name in ("dead", "slow", "live"):
+        await Members(db, clock=lambda: T0).register(replace(Member.new(T0), id=name))
+    alive = ["dead", "slow", "live"]  # no beat is stale yet
+    for name, chat in (("dead", "1"), ("slow", "2"), ("live", "3")):
+        assert await Claims(db, name).hold(f"telegram:{chat}", T0, LEASE)
+    reply = {"chat": {"channel": "telegram", "chat_id": "1"}}
+    orphan = await Journal(db, member="dead").enqueue("telegram", reply)
+    slowed = await Journal(db, member="slow").enqueue("telegram", reply)
+    await Journal(db, member="live").enqueue("telegram", reply)
+    live = Claims(db, "live")
+    assert await live.next_lapse(T0) == T0 + LEASE  # the others' replies are watched
+    assert await live.quiet_since() == T0
+    assert await live.orphaned_replies(alive, T0 + LEASE / 2) == []
+    lapsed = T0 + LEASE
+    # "slow" missed its renewals but is alive: it beat since (a renewal would not revive it)
+    await Members(db, clock=lambda: lapsed).beat(replace(Member.new(T0), id="slow"))
+    assert [item.id for item in await live.orphaned_replies(alive, lapsed)] == [orphan]
+    assert await live.orphaned_replies(alive, lapsed) == []  # now its own
+    # Later "slow" is not alive any more; "live" neither by what it is told, nor by its
+    # lapsed lease (it was stuck): it takes the other's reply, never its own again.
+    taken = await live.orphaned_replies(["someone"], lapsed + LEASE)
+    assert [item.id for item in taken] == [slowed]
+    assert await live.quiet_since() is None  # nobody else has replies to send
 
 
 async def test_leaving_gives_every_session_up(db: Database) -> None:

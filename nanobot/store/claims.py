@@ -111,25 +111,44 @@ class Claims:
         )
 
     async def next_lapse(self, now: datetime) -> datetime | None:
-        """When the earliest lease another member holds on a session with pending messages
-        lapses, if any: the moment to look again, should that member have died."""
+        """When the earliest lease another member holds lapses, of those whose lapse leaves
+        work behind should that member have died: a lease on a session with pending
+        messages, or any lease of a member with replies to send. The moment to look again."""
         row = await self._db.fetchone(
             "SELECT MIN(l.expires_at) AS lapse FROM session_leases l"
-            " WHERE l.holder <> ? AND l.expires_at > ? AND EXISTS (SELECT 1 FROM inbound i"
-            " WHERE i.session_key = l.session_key AND i.state = 'pending')",
+            " WHERE l.holder <> ? AND l.expires_at > ? AND (EXISTS (SELECT 1 FROM inbound i"
+            " WHERE i.session_key = l.session_key AND i.state = 'pending')"
+            " OR EXISTS (SELECT 1 FROM outbox o"
+            " WHERE o.claimed_by = l.holder AND o.state = 'pending'))",
             (self.member, to_text(now)),
         )
         return None if row is None or row["lapse"] is None else from_text(str(row["lapse"]))
 
-    async def orphaned_replies(self, alive: Sequence[str]) -> list[PendingOutbox]:
-        """Take the unsent replies of members not in `alive` (dead, or stopped without
-        sending them) and return them, oldest first, to be sent by this member."""
+    async def quiet_since(self) -> datetime | None:
+        """The oldest latest beat (`members.beat_at`) of another member with replies to
+        send: with `STALE_AFTER` added, when those replies may have to be taken over."""
+        row = await self._db.fetchone(
+            "SELECT MIN(m.beat_at) AS beat FROM members m WHERE m.id <> ? AND EXISTS"
+            " (SELECT 1 FROM outbox o WHERE o.claimed_by = m.id AND o.state = 'pending')",
+            (self.member,),
+        )
+        return None if row is None or row["beat"] is None else from_text(str(row["beat"]))
+
+    async def orphaned_replies(self, alive: Sequence[str], now: datetime) -> list[PendingOutbox]:
+        """Take the unsent replies of other members that are dead, and return them, oldest
+        first, to be sent by this member. A member is dead when it is not in `alive` (its
+        beats stopped, or it stopped without sending them), or when one of its session
+        leases lapsed at `now` and it has not beaten since: a member renews all its leases
+        together, so it stopped doing so a lease ago (this tells sooner than its beats)."""
         marks = ",".join("?" * len(alive)) or "NULL"
         rows = await self._db.fetchall(
             f"UPDATE outbox SET claimed_by = ? WHERE state = 'pending'"
-            f" AND claimed_by IS NOT NULL AND claimed_by NOT IN ({marks})"
+            f" AND claimed_by IS NOT NULL AND claimed_by <> ? AND (claimed_by NOT IN ({marks})"
+            " OR EXISTS (SELECT 1 FROM session_leases l WHERE l.holder = outbox.claimed_by"
+            " AND l.expires_at <= ? AND NOT EXISTS (SELECT 1 FROM members m"
+            " WHERE m.id = l.holder AND m.beat_at >= l.expires_at)))"
             " RETURNING id, channel, message, attempts, parts_sent",
-            (self.member, *alive),
+            (self.member, self.member, *alive, to_text(now)),
         )
         found = [
             PendingOutbox(
