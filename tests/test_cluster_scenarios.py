@@ -163,7 +163,7 @@ async def test_a_member_killed_while_sending_a_long_reply_leaves_the_rest_to_ano
 
 
 async def role_holder(cluster: Cluster, url: str, role: str) -> GatewayProcess:
-    """The member holding the lease of `role` (and not lapsed)."""
+    """The member the lease of `role` names (its holder, or the last one if it lapsed)."""
     rows = await fetch(
         url,
         "SELECT m.pid FROM leases l JOIN members m ON m.id = l.holder WHERE l.name = $1",
