@@ -364,7 +364,7 @@ class Intake:
         pruned = await journal.prune(JOURNAL_KEEP)
         if pruned:
             logger.debug("pruned {} finished journal rows", pruned)
-        await parts.approver.recover()  # before any turn resumes
+        await parts.approver.recover(alone=forward is None)  # before any turn resumes
         gate = Gate(rules, Access(parts.db), journal, bus, forward=forward)
         parts.db.watch(gate)  # any write failing for want of storage stops intake
         return cls(bus, journal, gate)

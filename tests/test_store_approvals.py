@@ -22,6 +22,7 @@ from nanobot.store.approvals import (
     Place,
     Verdict,
 )
+from nanobot.store.claims import Claims
 
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TIMEOUT = timedelta(minutes=10)
@@ -243,6 +244,20 @@ async def test_a_restart_expires_every_pending_request_and_returns_its_cards(
         assert await answer(store, first.id) == "already_decided"
         kept = await store.get(done.id)
         assert kept is not None and (kept.state, kept.scope) == ("approved", "once")
+
+
+async def test_a_cluster_member_starting_spares_the_requests_live_members_wait_for(
+    db: Database, store: ApprovalStore, clock: Clock
+) -> None:
+    waiting = await store.create(new(session_key="telegram:100"), expires_in=TIMEOUT)
+    orphan = await store.create(new(session_key="telegram:200"), expires_in=TIMEOUT)
+    # A live member holds the session whose run waits; the other session's holder is dead.
+    assert await Claims(db, "live").hold("telegram:100", clock(), timedelta(seconds=10))
+    lapsed = clock() - timedelta(minutes=1)
+    assert await Claims(db, "dead").hold("telegram:200", lapsed, timedelta(seconds=10))
+    expired = await store.expire_pending(spare_held=True)
+    assert [r.id for r in expired] == [orphan.id]
+    assert await answer(store, waiting.id) == "decided"
 
 
 async def test_always_saves_one_rule_bound_to_the_key_until_revoked(store: ApprovalStore) -> None:

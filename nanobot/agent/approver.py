@@ -333,10 +333,11 @@ class Approver:
         for request in await self._store.cancel_run(run_id, STOPPED):
             await self._show(request)
 
-    async def recover(self) -> None:
+    async def recover(self, *, alone: bool = True) -> None:
         """At start, before turns resume: expire what was pending (the runs that waited are
-        gone), edit those cards, and remember each call's result for the resumed turn."""
-        for request in await self._store.expire_pending(RESTARTED):
+        gone), edit those cards, and remember each call's result for the resumed turn. Not
+        `alone` (a member of a cluster): only what no live member's session waits for."""
+        for request in await self._store.expire_pending(RESTARTED, spare_held=not alone):
             logger.info("approval {} expired: {}", request.id, RESTARTED)
             self.restarted[request.asked.tool_call_id] = not_run(request)
             await self._show(request)

@@ -293,13 +293,23 @@ class ApprovalStore:
         """Cancel every pending request of a run; returns them, to edit their cards."""
         return await self._close_where("cancelled", note, "run_id = ?", (run_id,))
 
-    async def expire_pending(self, note: str = RESTARTED) -> list[ApprovalRequest]:
-        """At start-up: mark every pending request expired (its run is gone with the process
+    async def expire_pending(
+        self, note: str = RESTARTED, *, spare_held: bool = False
+    ) -> list[ApprovalRequest]:
+        """At start-up: mark pending requests expired (their runs are gone with the process
         that asked) and return them, with their cards, to edit those and tell the turns.
 
-        Only for an embedded (single-process) gateway: it expires other processes' requests
-        too."""
-        return await self._close_where("expired", note, "1 = 1", ())
+        Alone, every pending request. In a cluster (`spare_held`), only those whose session
+        no member holds a live lease on: the others' runs still wait in live members."""
+        if not spare_held:
+            return await self._close_where("expired", note, "1 = 1", ())
+        return await self._close_where(
+            "expired",
+            note,
+            "NOT EXISTS (SELECT 1 FROM session_leases l WHERE l.session_key ="
+            " approval_requests.session_key AND l.expires_at > ?)",
+            (to_text(self._clock()),),
+        )
 
     async def pending(self, session_key: str | None = None) -> list[ApprovalRequest]:
         """Unexpired pending requests (only `session_key`'s when given), oldest first."""
