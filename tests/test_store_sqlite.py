@@ -647,6 +647,7 @@ async def test_a_database_made_by_the_previous_code_opens_migrates_and_reads(
         [job] = await CronStore(db).list()
         [run] = await CronStore(db).runs(job.id)
         assert (job.name, run.status) == ("daily", "ok")
+        assert job.to == "@1"  # a Telegram private chat, named for its user since schema 16
         approvals = ApprovalStore(db)
         [rule] = await approvals.rules()
         assert rule.rule_key == "ls"

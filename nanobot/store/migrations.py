@@ -312,6 +312,14 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE members ADD COLUMN workspace TEXT NOT NULL DEFAULT '';
     ALTER TABLE members ADD COLUMN agreement TEXT NOT NULL DEFAULT '';
     """,
+    # 16: a Telegram cron job that delivers to a private chat names it for its user
+    # (`@<user id>`, as the cron tool now writes it), so that its unattended calls ask that
+    # user: on Telegram a private chat's id is its user's, and only those are positive.
+    """
+    UPDATE cron_jobs SET chat_id = '@' || chat_id
+    WHERE channel = 'telegram' AND chat_id <> '' AND chat_id NOT LIKE '-%'
+    AND chat_id NOT LIKE '@%';
+    """,
 )
 
 
