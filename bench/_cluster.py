@@ -52,7 +52,7 @@ from tests.gateway_process import GatewayProcess
 PUBLIC = "https://bot.example.test/telegram"  # the webhook's URL, as Telegram knows it
 SECRET = "bench-Secret_0123456789"
 PG_SERVER = "postgresql://postgres@127.0.0.1:5432"
-LEASE_S = 10.0  # cluster.lease_seconds' default, and the session lease (app.py)
+LEASE_S = 10.0  # cluster.lease_seconds, its default: how long a dead member holds its sessions
 READY = "gateway started"
 
 

@@ -1,10 +1,11 @@
 """Issue 17: a cluster of gateways on one PostgreSQL database.
 
-``python -m bench cluster`` (all three phases, about 8 minutes) or ``python -m bench.cluster
-[--phase burst|scale|failover ...]``. Every gateway is a real ``nanobot gateway`` subprocess
-(tests/gateway_process.py) in an isolated environment; the fakes run in processes of their
-own; PostgreSQL is the local server on 127.0.0.1:5432 (trust auth, user postgres), with a
-fresh database per cluster, dropped after it.
+``python -m bench cluster`` (all three phases, about 8 minutes on a quiet machine) or
+``python -m bench.cluster [--phase burst|scale|failover ...] [--trials N] [--chats N]``
+(one phase or more; failover trials; chats in a flood). Every gateway is a real
+``nanobot gateway`` subprocess (tests/gateway_process.py) in an isolated environment; the
+fakes run in processes of their own; PostgreSQL is the local server on 127.0.0.1:5432
+(trust auth, user postgres), with a fresh database per cluster, dropped after it.
 
 1. burst: `gateway_throughput`'s 1,000-chat burst (200 ms model, a tool call then the text,
    polling the fake Telegram of bench/_gateway.py), on one gateway with the state in SQLite
