@@ -173,16 +173,24 @@ async def _host() -> None:
 # ---- in the benchmark's process ----------------------------------------------------------
 
 
+async def unreachable() -> str | None:
+    """Why the local PostgreSQL server cannot be used, or None if it answers."""
+    try:
+        conn = await asyncpg.connect(f"{PG_SERVER}/postgres", timeout=5)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return f"no PostgreSQL answers at {PG_SERVER} (trust auth, user postgres): {exc}"
+    await conn.close()
+    return None
+
+
 @asynccontextmanager
 async def database() -> AsyncIterator[str]:
     """The URL of a new, empty database on the local server, dropped when the block ends."""
     name = f"nanobot_bench_{secrets.token_hex(6)}"
     try:
         admin = await asyncpg.connect(f"{PG_SERVER}/postgres", timeout=5)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise BenchError(
-            f"no PostgreSQL at {PG_SERVER} (trust auth, user postgres): {exc}"
-        ) from exc
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise BenchError(f"no PostgreSQL at {PG_SERVER}: {exc}") from exc
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
         try:
