@@ -104,6 +104,7 @@ class PostgresDatabase(Database):
                 timeout=CONNECT_TIMEOUT,
                 statement_cache_size=_STATEMENT_CACHE,
                 server_settings={"application_name": "nanobot"},
+                reset=_reset,
             )
         except Exception as exc:  # whatever the URL or the server did, in one line
             raise StoreError(_unusable(url, exc)) from exc
@@ -142,7 +143,25 @@ class PostgresDatabase(Database):
                     await conn.execute(_LOCK, lock)
                 return [await conn.fetch(numbered(sql), *params) for sql, params in statements]
 
-        return await self._run(run)
+        async def alone(conn: _Connection) -> list[list[Row]]:
+            # Each round trip counts (a statement on SQLite is a local call): one statement
+            # without a lock is a transaction of its own; otherwise BEGIN and the lock go
+            # out together.
+            if lock is None and len(statements) == 1:
+                [(sql, params)] = statements
+                return [await conn.fetch(numbered(sql), *params)]
+            begin = "BEGIN" if lock is None else f"BEGIN; {_LOCK_LITERAL.format(_literal(lock))}"
+            await conn.execute(begin)
+            try:
+                rows = [await conn.fetch(numbered(sql), *params) for sql, params in statements]
+                await conn.execute("COMMIT")
+            except BaseException:
+                if not conn.is_closed() and conn.is_in_transaction():
+                    await _undo_plain(conn)
+                raise
+            return rows
+
+        return await self._run(run if self._current() is not None else alone)
 
     @asynccontextmanager
     async def transaction(self, *, lock: str | None = None) -> AsyncIterator[None]:
@@ -276,6 +295,24 @@ class PostgresDatabase(Database):
 
 
 _LOCK: Final = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
+_LOCK_LITERAL: Final = "SELECT pg_advisory_xact_lock(hashtextextended({}, 0))"
+
+
+def _literal(text: str) -> str:
+    """`text` as an SQL string literal (standard_conforming_strings, the default since
+    PostgreSQL 9.1: a quote is doubled, a backslash is itself)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+async def _undo_plain(conn: _Connection) -> None:
+    """End the transaction `atomic` began by hand; a connection that cannot is closed."""
+    try:
+        await conn.execute("ROLLBACK")
+    except _FAILURES:
+        with suppress(asyncpg.InterfaceError):
+            conn.terminate()
+
+
 # What the driver raises when a statement fails (the server's errors, a lost connection,
 # asyncpg's own state errors).
 _FAILURES: Final = (
@@ -284,6 +321,17 @@ _FAILURES: Final = (
     asyncpg.exceptions.InternalClientError,
     OSError,
 )
+
+
+async def _reset(conn: _Connection) -> None:
+    """What a connection going back to the pool needs: only an unfinished transaction ended.
+
+    asyncpg's own reset (advisory unlock, CLOSE ALL, UNLISTEN *, RESET ALL) is a round trip
+    on every release, that is on every statement: nanobot leaves nothing else on a pooled
+    connection (its locks end with their transaction, it listens on a connection of its own,
+    it sets no session settings)."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
 
 
 async def _undo(conn: _Connection, tx: Any) -> None:
@@ -325,7 +373,12 @@ _STORAGE_SQLSTATES: Final = frozenset({"53100", "53000", "53200", "58030", "2500
 def _storage(exc: BaseException) -> bool:
     """Whether `exc` is a storage failure: the server or the connection to it lost, or the
     server unable to store anything."""
-    if isinstance(exc, OSError | asyncpg.exceptions.ConnectionDoesNotExistError):
+    lost = (
+        OSError,
+        asyncpg.exceptions.ConnectionDoesNotExistError,
+        asyncpg.exceptions.InternalClientError,  # the protocol's state after a lost connection
+    )
+    if isinstance(exc, lost):
         return True
     if isinstance(exc, asyncpg.PostgresError):
         state = getattr(exc, "sqlstate", None)
