@@ -92,6 +92,8 @@ class Journal:
         `cron_run`: the cron run the reply answers, whose delivery is now pending.
         """
         now = now_text()
+        if reply is not None and cron_run is None and self._db.dialect.name == "postgresql":
+            return await self._answer(inbound_ids, reply, now)
         statements: list[Statement] = []
         if reply is not None:
             statements.append(_queue(*reply, now, cron_run, self._member))
@@ -100,6 +102,20 @@ class Journal:
         statements += [(_DONE, (now, inbound_id)) for inbound_id in inbound_ids]
         rows = await self._db.atomic(statements)
         return None if reply is None else int(rows[0][0]["id"])
+
+    async def _answer(self, inbound_ids: Sequence[int], reply: tuple[str, Record], now: str) -> int:
+        """`complete`'s usual case on PostgreSQL, in one statement (each one is a round
+        trip there): the reply queued, and its messages marked answered by a data-modifying
+        WITH, which runs in the same statement, so in the same transaction."""
+        sql, params = _queue(*reply, now, None, self._member)
+        marks = ",".join("?" * len(inbound_ids)) or "NULL"
+        row = await self._db.fetchone(
+            f"WITH done AS (UPDATE inbound SET state = 'done', done_at = ? WHERE id IN ({marks}))"
+            f" {sql}",
+            (now, *inbound_ids, *params),
+        )
+        assert row is not None
+        return int(row["id"])
 
     async def enqueue(self, channel: str, message: Record) -> int:
         """Put a message in the outbox; returns its id."""

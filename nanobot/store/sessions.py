@@ -147,7 +147,15 @@ class SessionStore:
         ]
         # One append to a session at a time, in every process: a batch's ids are adjacent,
         # and a session's ids are committed in their order (`since` pages by id).
-        rows = await self._db.atomic(statements, lock=f"session:{session_id}")
+        lock = f"session:{session_id}"
+        if len(statements) == 1 and self._db.dialect.name == "postgresql":
+            # The common case in one round trip: the lock taken by the insert itself (it
+            # lasts as long as the statement's own transaction, which is all it must).
+            [(_, params)] = statements
+            row = await self._db.fetchone(_LOCKED_INSERT, (lock, *params))
+            rows = [[row]] if row is not None else [[]]
+        else:
+            rows = await self._db.atomic(statements, lock=lock)
         return [
             Entry(
                 id=int(row["id"]),
@@ -252,3 +260,11 @@ class SessionStore:
 
 def _encode(data: dict[str, Any]) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+# An entry appended under the session's advisory lock, in one statement (PostgreSQL).
+_LOCKED_INSERT = (
+    "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(?, 0)))"
+    " INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
+    " SELECT ?, ?, ?, ?, ?, ? FROM locked RETURNING id"
+)
