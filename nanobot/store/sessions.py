@@ -91,6 +91,10 @@ class SessionStore:
         Two processes racing to start the same key get the same session: the unique index on
         live keys lets only one insert succeed.
         """
+        if self._db.dialect.name == "postgresql":  # one round trip, found or started
+            row = await self._db.fetchone(_LIVE, (key, key, now_text()))
+            assert row is not None, "found, or started by the insert (or its no-op update)"
+            return int(row["id"])
         row = await self._db.fetchone(
             "SELECT id FROM sessions WHERE key = ? AND archived_at IS NULL", (key,)
         )
@@ -267,4 +271,15 @@ _LOCKED_INSERT = (
     "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(?, 0)))"
     " INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
     " SELECT ?, ?, ?, ?, ?, ? FROM locked RETURNING id"
+)
+# `live` in one statement (PostgreSQL): the live session if there is one, else the one the
+# insert starts; one that another process started meanwhile is returned by the conflict's
+# no-op update.
+_LIVE = (
+    "WITH found AS (SELECT id FROM sessions WHERE key = ? AND archived_at IS NULL),"
+    " made AS (INSERT INTO sessions (key, created_at) SELECT ?, ?"
+    " WHERE NOT EXISTS (SELECT 1 FROM found)"
+    " ON CONFLICT (key) WHERE archived_at IS NULL DO UPDATE SET key = excluded.key"
+    " RETURNING id)"
+    " SELECT id FROM found UNION ALL SELECT id FROM made"
 )
