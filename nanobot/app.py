@@ -499,8 +499,9 @@ def _distributor(
     shared out through the journal (`nanobot.distribution`), and the replies it queues are
     its own to send. None for one gateway on SQLite."""
     target = config.store_target
-    if not isinstance(target, str):
+    if not config.shared_store:
         return None
+    assert isinstance(target, str)
     member = membership.member.id
     parts.journal.send_as(member)
     wakeups = PostgresWakeups(parts.db, target)
@@ -523,7 +524,7 @@ def _beat_interval(config: Config) -> float:
     leases: a member with a lapsed lease and no beat since counts as dead for the replies it
     left (`Claims.orphaned_replies`), so a live one must beat soon after any lapse."""
     every = BEAT_INTERVAL.total_seconds()
-    if isinstance(config.store_target, str):
+    if config.shared_store:
         return min(every, config.cluster.lease_seconds / 3)
     return every
 

@@ -562,6 +562,12 @@ class Config(BaseSettings):
         return url if url and self.store.sqlite_path is None else self.state_db_path
 
     @property
+    def shared_store(self) -> bool:
+        """Whether the state is on PostgreSQL, where several gateways may share it (a
+        cluster: work is shared out, roles are leased)."""
+        return isinstance(self.store_target, str)
+
+    @property
     def log_dir(self) -> Path:
         return self.data_dir / "logs"
 

@@ -22,7 +22,6 @@ others take its waiting work at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import Callable, Collection
@@ -85,8 +84,19 @@ class Distributor:
         self._now = now
         self._wake = asyncio.Event()
         self._wake.set()  # the first round recovers what the cluster left pending
+        # Whether the next round looks for a dead member's replies: at start, when a lease
+        # or a membership lapses, when a member leaves or listening starts again; not at
+        # each message (that would be two more statements per message on every member).
+        self._orphans_due = True
         self._tasks = TaskSet("distribution")
-        wakeups.listen(INBOUND, lambda _: self._wake.set())
+        wakeups.listen(INBOUND, self._woken)
+
+    def _woken(self, session_key: str) -> None:
+        """Another member (or this one) said something: a message for `session_key`, or,
+        with no session, that it left or that this member listens again."""
+        if not session_key:
+            self._orphans_due = True
+        self._wake.set()
 
     async def journaled(self, message: InboundMessage) -> None:
         """`message` is in the journal: wake this member and the others to take it. Never
@@ -111,6 +121,7 @@ class Distributor:
                 except StoreError as exc:
                     logger.warning("could not take work from the store: {}; looking again", exc)
                     await asyncio.sleep(1)
+                    self._orphans_due = True
                     self._wake.set()
         finally:
             await self._tasks.close()
@@ -138,12 +149,16 @@ class Distributor:
         timeout = None
         if found := [moment for moment in moments if moment is not None]:
             timeout = max(0.0, (min(found) - self._now()).total_seconds()) + LAPSE_MARGIN
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            self._orphans_due = True  # a lease or a membership lapsed: look
         self._wake.clear()
 
     async def _round(self) -> None:
-        await self._orphaned_replies()
+        if self._orphans_due:
+            self._orphans_due = False
+            await self._orphaned_replies()
         while True:
             candidates = await self._claims.candidates(self._now(), LOOK)
             if not candidates or await self._take(candidates) < BATCH:

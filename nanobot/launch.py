@@ -173,7 +173,7 @@ def _gateway_lock(config: Config) -> Iterator[_Lock]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = lock_holder(fd)
-            if not isinstance(config.store_target, str):
+            if not config.shared_store:
                 raise NanobotError(
                     f"another gateway is running on the data dir {data_dir} (pid {pid}): stop "
                     "it first, or give this one its own data_dir"
