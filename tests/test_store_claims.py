@@ -132,8 +132,8 @@ async def test_leaving_gives_every_session_up(db: Database) -> None:
     for key in ("telegram:1", "telegram:2"):
         assert await a.hold(key, T0, LEASE)
     assert await a.renew(T0 + timedelta(seconds=5), LEASE) == 2
-    await a.release(["telegram:1"])
-    assert await b.hold("telegram:1", T0 + timedelta(seconds=6), LEASE)
+    assert not await b.hold("telegram:1", T0 + timedelta(seconds=6), LEASE)
     await a.release()
+    assert await b.hold("telegram:1", T0 + timedelta(seconds=6), LEASE)
     assert await b.hold("telegram:2", T0 + timedelta(seconds=6), LEASE)
     assert await a.holders() == {"b": 2}

@@ -99,16 +99,9 @@ class Claims:
             (self.member,),
         )
 
-    async def release(self, session_keys: Sequence[str] | None = None) -> None:
-        """Give up this member's leases on `session_keys` (all, when None)."""
-        if session_keys is None:
-            await self._db.write("DELETE FROM session_leases WHERE holder = ?", (self.member,))
-            return
-        marks = ",".join("?" * len(session_keys))
-        await self._db.write(
-            f"DELETE FROM session_leases WHERE holder = ? AND session_key IN ({marks})",
-            (self.member, *session_keys),
-        )
+    async def release(self) -> None:
+        """Give up every lease this member holds."""
+        await self._db.write("DELETE FROM session_leases WHERE holder = ?", (self.member,))
 
     async def next_lapse(self, now: datetime) -> datetime | None:
         """When the earliest lease another member holds lapses, of those whose lapse leaves
