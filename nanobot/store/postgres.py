@@ -157,7 +157,7 @@ class PostgresDatabase(Database):
                 await conn.execute("COMMIT")
             except BaseException:
                 if not conn.is_closed() and conn.is_in_transaction():
-                    await _undo_plain(conn)
+                    await _undo(conn)
                 raise
             return rows
 
@@ -304,15 +304,6 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-async def _undo_plain(conn: _Connection) -> None:
-    """End the transaction `atomic` began by hand; a connection that cannot is closed."""
-    try:
-        await conn.execute("ROLLBACK")
-    except _FAILURES:
-        with suppress(asyncpg.InterfaceError):
-            conn.terminate()
-
-
 # What the driver raises when a statement fails (the server's errors, a lost connection,
 # asyncpg's own state errors).
 _FAILURES: Final = (
@@ -334,11 +325,12 @@ async def _reset(conn: _Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
-async def _undo(conn: _Connection, tx: Any) -> None:
-    """Roll `tx` back; a connection that cannot do even that is closed (the pool opens
-    another), which ends the transaction on the server too."""
+async def _undo(conn: _Connection, tx: Any = None) -> None:
+    """Roll `tx` back (or, without it, the transaction `atomic` began by hand); a connection
+    that cannot do even that is closed (the pool opens another), which ends the transaction
+    on the server too."""
     try:
-        await tx.rollback()
+        await (tx.rollback() if tx is not None else conn.execute("ROLLBACK"))
     except _FAILURES:
         with suppress(asyncpg.InterfaceError):  # already gone back to the pool, closed
             conn.terminate()
