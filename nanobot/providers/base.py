@@ -166,15 +166,16 @@ class Call:
 
 
 class Transport(Protocol):
-    """Makes one streamed call to one model: no retries, no fallbacks, no prices (the
-    provider's)."""
+    """Makes one call to one model: no retries, no fallbacks, no prices (the provider's)."""
 
     async def stream(self, call: Call, on_delta: DeltaHandler | None) -> Completion:
-        """Stream `call` and return the assembled answer; its `usage` carries the cost the
+        """Make `call` and return the assembled answer; its `usage` carries the cost the
         server reported with it, if any (the provider prices it where the model's price is
         known).
 
-        `on_delta` as in `LLMProvider.complete`, seq counting from 0.
+        `on_delta` as in `LLMProvider.complete`, seq counting from 0. Without one, a
+        transport may ask for the answer whole instead of streamed (litellm's does: each
+        streamed chunk costs it some 250 µs of CPU).
 
         Raises:
             ProviderError: any failure of the call, its `kind` classified (the provider
