@@ -6,7 +6,7 @@ state: the store is the truth, so one lost while a connection was down costs onl
 for the next look). Listening takes one connection of its own, opened again when the server
 ends it; on reconnecting, every listener is woken, since what was said meanwhile is lost.
 
-With one process (SQLite), `LocalWakeups` wakes the listeners of this process only.
+One gateway on SQLite has no one to wake: its gate hands each message to its own bus.
 """
 
 from __future__ import annotations
@@ -49,23 +49,6 @@ class Wakeups(Protocol):
     async def run(self) -> None:
         """Keep listening until cancelled."""
         ...
-
-
-class LocalWakeups:
-    """Wake-ups within this process only: what one process on SQLite needs."""
-
-    def __init__(self) -> None:
-        self._listeners: defaultdict[str, list[Listener]] = defaultdict(list)
-
-    async def notify(self, topic: str, payload: str = "") -> None:
-        for listener in self._listeners.get(topic, ()):
-            _call(listener, payload)
-
-    def listen(self, topic: str, listener: Listener) -> None:
-        self._listeners[topic].append(listener)
-
-    async def run(self) -> None:
-        await asyncio.Future()  # nothing to keep alive; ends when cancelled
 
 
 class PostgresWakeups:
