@@ -90,6 +90,16 @@ async def fetch(url: str, query: str, *args: object) -> list[asyncpg.Record]:
         await conn.close()
 
 
+async def replies_confirmed(url: str, seconds: float = 30) -> None:
+    """Until no reply waits in the outbox: each one the fake has is recorded as delivered.
+    (A kill before that record may send a reply again: the Bot API has no idempotency key,
+    and the README says so; the tests that are not about that window wait it out.)"""
+    async with asyncio.timeout(seconds):
+        # The record is made in another process, which says nothing of it: look again.
+        while await fetch(url, "SELECT 1 FROM outbox WHERE state = 'pending' LIMIT 1"):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
 def by_pid(cluster: Cluster, pid: int) -> GatewayProcess:
     (found,) = [m for m in cluster.members if m.process is not None and m.process.pid == pid]
     return found
@@ -188,6 +198,7 @@ async def test_the_polling_leader_killed_is_replaced_and_a_message_sent_meanwhil
         await member.wait_log(STANDBY)
     telegram.user_message(41, "before", user_id=41)
     await telegram.wait_for(lambda: len(telegram.sent(41)) == 1, seconds=30)
+    await replies_confirmed(postgres_url)
 
     await poller.kill()
     telegram.user_message(43, "meanwhile", user_id=43)  # Telegram keeps it for the next poll
