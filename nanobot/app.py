@@ -12,7 +12,7 @@ import asyncio
 import stat
 import tempfile
 import zoneinfo
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
@@ -32,7 +32,7 @@ from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
 from nanobot.agreement import agreement
-from nanobot.bus.events import ChatRef, InboundMessage, Source
+from nanobot.bus.events import ChatRef, Source
 from nanobot.bus.intake import EventIntake
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import SOLO, Channel, InboxPolicy, IntakePort, OutboxPort
@@ -45,7 +45,7 @@ from nanobot.cron.jobs import Jobs
 from nanobot.cron.service import CronService
 from nanobot.distribution import Distributor
 from nanobot.errors import ConfigError
-from nanobot.gate import ChannelRules, Gate
+from nanobot.gate import ChannelRules, Entry, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat
 from nanobot.membership import Membership
@@ -357,15 +357,15 @@ class Intake:
         parts: Parts,
         rules: dict[str, ChannelRules],
         *,
-        forward: Callable[[InboundMessage], Awaitable[None]] | None = None,
+        entry: Entry | None = None,
     ) -> Intake:
-        """`forward`: see `Gate`."""
+        """`entry`: see `Gate`."""
         bus, journal = parts.bus, parts.journal
         pruned = await journal.prune(JOURNAL_KEEP)
         if pruned:
             logger.debug("pruned {} finished journal rows", pruned)
-        await parts.approver.recover(alone=forward is None)  # before any turn resumes
-        gate = Gate(rules, Access(parts.db), journal, bus, forward=forward)
+        await parts.approver.recover(alone=entry is None)  # before any turn resumes
+        gate = Gate(rules, Access(parts.db), journal, bus, entry=entry)
         parts.db.watch(gate)  # any write failing for want of storage stops intake
         return cls(bus, journal, gate)
 
@@ -422,8 +422,7 @@ async def build_gateway(
         interval=_beat_interval(config),
     )
     distributor = _distributor(config, parts, membership, channels=rules)
-    forward = distributor.journaled if distributor is not None else None
-    way_in = await Intake.build(parts, rules, forward=forward)
+    way_in = await Intake.build(parts, rules, entry=distributor)
     cluster = Cluster(
         Leases(parts.db), membership.member.id, config.cluster.lease, succeeds=succeeds
     )

@@ -1,13 +1,16 @@
 """Work distribution in a cluster: which member answers which session.
 
 Every member of a cluster (gateways sharing one PostgreSQL store) journals what its channels
-take in and says so (a wake-up on `INBOUND`); it does not answer it itself. Each member then
-takes work from the journal: the pending messages of sessions it holds the lease on, or can
-take (free, or lapsed because their holder died). A taken session stays with its member
-while the member lives (its leases are renewed together every third of `lease`), so a
-session's turns run in one process, in order; a new session goes to whichever member takes
-it first, at most `batch` sessions a round, in a random order, so that members with time
-to spare take more.
+take in. A message of a session the member holds already, or of a free session while no
+other member is alive, it claims in the same statement and answers itself (one round trip
+per message, as a gateway alone on SQLite has one write); any other it announces (a wake-up
+on `INBOUND`). Each member then takes work from the journal: the pending messages of
+sessions it holds the lease on, or can take (free, or lapsed because their holder died). A
+taken session stays with its member while the member lives (its leases are renewed together
+every third of `lease`), so a session's turns run in one process, in order; a new session
+goes to whichever member takes it first, at most `BATCH` sessions a round (leased in one
+statement, claimed in another), in a random order, so that members with time to spare take
+more.
 
 When a member dies its leases lapse, and the members that see pending messages of those
 sessions look again at that moment: one takes each session, and resumes the interrupted
@@ -32,10 +35,10 @@ from loguru import logger
 
 from nanobot.bus.events import InboundMessage
 from nanobot.bus.queue import MessageBus
-from nanobot.bus.records import inbound_from, outbound_from
+from nanobot.bus.records import inbound_from, inbound_record, outbound_from
 from nanobot.errors import StoreError
 from nanobot.store.claims import Candidate, Claims
-from nanobot.store.journal import Journal
+from nanobot.store.journal import Accepted, Journal
 from nanobot.store.members import STALE_AFTER, Members
 from nanobot.store.wakeups import INBOUND, Wakeups
 from nanobot.tasks import TaskSet
@@ -88,6 +91,9 @@ class Distributor:
         # or a membership lapses, when a member leaves or listening starts again; not at
         # each message (that would be two more statements per message on every member).
         self._orphans_due = True
+        # Set while this member's turns are stopped for want of renewals (`_renewing`),
+        # until it has handed back what it claimed: it takes nothing meanwhile.
+        self._fenced = False
         self._tasks = TaskSet("distribution")
         wakeups.listen(INBOUND, self._woken)
 
@@ -98,9 +104,37 @@ class Distributor:
             self._orphans_due = True
         self._wake.set()
 
-    async def journaled(self, message: InboundMessage) -> None:
-        """`message` is in the journal: wake this member and the others to take it. Never
-        raises: a lost wake-up only delays the answer to the next look."""
+    async def accept(self, message: InboundMessage) -> Accepted | None:
+        """Journal `message` (the gate's `Entry`), taking its session for this member when
+        it may answer it at once (`Claims.accept`): one statement, where the journal, a
+        wake-up and a claim would be several. None when it was journaled before.
+
+        Raises:
+            StoreError: nothing was journaled.
+        """
+        record = inbound_record(message)
+        if self._taker is None or self._fenced:  # not taking work: the cluster's, then
+            row = await self._journal.accept(
+                message.chat.channel, message.message_id, record, message.session_key
+            )
+            return None if row is None else Accepted(row, here=False)
+        return await self._claims.accept(
+            message.chat.channel,
+            message.message_id,
+            record,
+            message.session_key,
+            now=self._now(),
+            ttl=self._lease,
+        )
+
+    async def hand_over(self, message: InboundMessage, accepted: Accepted) -> None:
+        """Answer `message` here if this member took it; else wake this member and the
+        others to take it. Never raises: a lost wake-up only delays the answer to the next
+        look (a lapse, a member's start)."""
+        if accepted.here and self._taker is not None and not self._fenced:
+            self._taker.take(message, resume=False)
+            return
+        # Taken but fenced meanwhile: it is handed back with the rest (`_renewing`).
         self._wake.set()
         try:
             await self.wakeups.notify(INBOUND, message.session_key)
@@ -176,22 +210,18 @@ class Distributor:
             sessions.setdefault(candidate.session_key or message.session_key, []).append(candidate)
         order = list(sessions)
         random.shuffle(order)  # members racing for a burst take different sessions first
-        taken = 0
-        for key in order:
-            if taken >= BATCH:
-                break
-            if not await self._claims.hold(key, self._now(), self._lease):
-                continue
-            taken += 1
-            rows = await self._claims.claim([c.id for c in sessions[key]])
-            reached = await self._journal.reached_session([row.id for row in rows])
-            for row in rows:
-                resume = row.id in reached
-                if resume:
-                    logger.info("taking over session {}: resuming its turn", key)
-                assert self._taker is not None
-                self._taker.take(inbound_from(row.message, row.id), resume=resume)
-        return taken
+        held: set[str] = set()
+        while order and len(held) < BATCH:  # some may be another's by now: try the next
+            tried, order = order[: BATCH - len(held)], order[BATCH - len(held) :]
+            held |= await self._claims.hold_all(tried, self._now(), self._lease)
+        ids = [c.id for key in held for c in sessions[key]]
+        assert self._taker is not None
+        for row in await self._claims.claim(ids):  # oldest first: each session in order
+            message = inbound_from(row.message, row.id)
+            if row.reached:
+                logger.info("taking over session {}: resuming its turn", message.session_key)
+            self._taker.take(message, resume=row.reached)
+        return len(held)
 
     async def _orphaned_replies(self) -> None:
         now = self._now()
@@ -208,21 +238,20 @@ class Distributor:
         the lapsed sessions up and takes work afresh."""
         period = self._lease.total_seconds() / 3
         last_renewal = time.monotonic()
-        dropped = False
         while True:
             await asyncio.sleep(period)
             try:
-                if dropped:
+                if self._fenced:
                     await self._claims.unclaim()
                     await self._claims.release()
-                    dropped = False
+                    self._fenced = False
                     logger.info("the store answers again: taking work afresh")
                     self._wake.set()
                 await self._claims.renew(self._now(), self._lease)
             except StoreError as exc:
                 late = time.monotonic() - last_renewal
-                if not dropped and late + period >= self._lease.total_seconds():
-                    dropped = True
+                if not self._fenced and late + period >= self._lease.total_seconds():
+                    self._fenced = True
                     assert self._taker is not None
                     self._taker.drop_all()
                     logger.error(

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 from loguru import logger
 
@@ -36,6 +36,7 @@ from nanobot.errors import StoreError
 from nanobot.log import printable
 from nanobot.store import Access, Journal
 from nanobot.store.access import MAX_PENDING
+from nanobot.store.journal import Accepted
 
 CATCH_UP_WINDOW: Final = timedelta(days=7)
 """How far back `last_seen` looks for the chats a channel catches up on at start."""
@@ -78,6 +79,41 @@ def pairing_notice(code: str) -> str:
     )
 
 
+class Entry(Protocol):
+    """Where an accepted message goes: into the journal, then to whoever answers it."""
+
+    async def accept(self, message: InboundMessage) -> Accepted | None:
+        """Journal `message`; its row and whether this process answers it, or None when it
+        was journaled before (nothing is done).
+
+        Raises:
+            StoreError: nothing was journaled.
+        """
+        ...
+
+    async def hand_over(self, message: InboundMessage, accepted: Accepted) -> None:
+        """Queue the journaled `message` to be answered. Never raises: once journaled, it
+        is answered even across a crash."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LocalEntry:
+    """One gateway alone: this process's journal, and its bus to the dispatcher."""
+
+    journal: Journal
+    bus: MessageBus
+
+    async def accept(self, message: InboundMessage) -> Accepted | None:
+        row = await self.journal.accept(
+            message.chat.channel, message.message_id, inbound_record(message), message.session_key
+        )
+        return None if row is None else Accepted(row)
+
+    async def hand_over(self, message: InboundMessage, accepted: Accepted) -> None:
+        await self.bus.publish_inbound(message)
+
+
 class Gate:
     """Decides on every inbound message; the `IntakePort` given to channels."""
 
@@ -89,12 +125,12 @@ class Gate:
         bus: MessageBus,
         *,
         clock: Callable[[], float] = time.monotonic,
-        forward: Callable[[InboundMessage], Awaitable[None]] | None = None,
+        entry: Entry | None = None,
     ) -> None:
-        """`forward`: where a journaled message goes instead of this process's bus (in a
+        """`entry`: where an accepted message goes instead of `journal` and `bus` (in a
         cluster, the distribution of work among the members)."""
         self._rules = dict(rules)
-        self._forward = forward or bus.publish_inbound
+        self._entry = entry or LocalEntry(journal, bus)
         self._access = access
         self._journal = journal
         self._bus = bus
@@ -204,16 +240,11 @@ class Gate:
         """
         self._refuse_while_stopped()
         try:
-            journal_id = await self._journal.accept(
-                message.chat.channel,
-                message.message_id,
-                inbound_record(message),
-                message.session_key,
-            )
+            accepted = await self._entry.accept(message)
         except StoreError as exc:
             raise self._paused(exc) from exc
         self._resumed()
-        if journal_id is None:
+        if accepted is None:
             logger.debug(
                 "{} message {} seen before; ignored", message.chat.channel, message.message_id
             )
@@ -224,9 +255,9 @@ class Gate:
                 message.chat.channel,
                 message.message_id,
             )
-            return journal_id
-        await self._forward(replace(message, journal_id=journal_id))
-        return journal_id
+            return accepted.id
+        await self._entry.hand_over(replace(message, journal_id=accepted.id), accepted)
+        return accepted.id
 
     def _refuse_while_stopped(self) -> None:
         """Raise while intake is stopped and the pause before the next try has not passed."""

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from nanobot.bus.events import ChatRef, InboundMessage
 from nanobot.bus.queue import MessageBus
-from nanobot.bus.records import inbound_record
 from nanobot.distribution import Distributor
 from nanobot.store import Database, Journal
 from nanobot.store.claims import Claims
+from nanobot.store.members import Member as MemberRow
 from nanobot.store.members import Members
 from nanobot.store.wakeups import PostgresWakeups
 
@@ -79,14 +79,20 @@ def member(db: Database, url: str, name: str, lease: timedelta = LEASE) -> Membe
     return Member(distributor, Taker(name))
 
 
-async def arrive(db: Database, via: Member, chat: str, text: str) -> None:
-    """A message taken in by `via`'s channel: journaled, then the cluster woken."""
+async def arrive(via: Member, chat: str, text: str) -> None:
+    """A message taken in by `via`'s channel, as the gate hands it on: journaled (and taken
+    by `via` if it may answer it at once), then answered there or the cluster woken."""
     message = InboundMessage(ChatRef("telegram", chat), chat, text, f"{chat}-{text}")
-    row = await Journal(db).accept(
-        "telegram", message.message_id, inbound_record(message), message.session_key
-    )
-    assert row is not None
-    await via.distributor.journaled(message)
+    accepted = await via.distributor.accept(message)
+    assert accepted is not None
+    await via.distributor.hand_over(replace(message, journal_id=accepted.id), accepted)
+
+
+async def register(db: Database, *names: str) -> None:
+    """`names` as live members: none of them is alone, so new sessions are shared out."""
+    members = Members(db)
+    for name in names:
+        await members.register(replace(MemberRow.new(members.now()), id=name))
 
 
 async def until(condition: Callable[[], bool], *members: Member, seconds: float = 20) -> None:
@@ -104,12 +110,13 @@ async def test_every_message_is_taken_once_and_each_session_by_one_member(
     db: Database, postgres_url: str
 ) -> None:
     a, b = member(db, postgres_url, "a"), member(db, postgres_url, "b")
+    await register(db, "a", "b")
     a.start()
     b.start()
     try:
         for round_ in range(3):
             for chat in range(20):
-                await arrive(db, a if chat % 2 else b, str(chat), f"m{round_}")
+                await arrive(a if chat % 2 else b, str(chat), f"m{round_}")
         await until(lambda: len(a.taker.taken) + len(b.taker.taken) == 60, a, b)
     finally:
         await a.kill()
@@ -123,16 +130,39 @@ async def test_every_message_is_taken_once_and_each_session_by_one_member(
     assert not any(resume for _, resume in taken)
 
 
+async def test_a_member_alone_answers_what_it_takes_in_without_a_round_trip_more(
+    db: Database, postgres_url: str
+) -> None:
+    a = member(db, postgres_url, "a")
+    await register(db, "a")
+    a.start()
+    await asyncio.sleep(0)  # it runs: it takes work now
+    try:
+        for text in ("one", "two"):
+            await arrive(a, "5", text)
+            # handed to its dispatcher as it was journaled: no wake-up, no round
+            assert [m.text for m, _ in a.taker.taken][-1] == text
+        await register(db, "b")  # no longer alone: a new session is the cluster's
+        await arrive(a, "6", "three")
+        assert [m.text for m, _ in a.taker.taken] == ["one", "two"]
+        await until(lambda: len(a.taker.taken) == 3, a)
+        await arrive(a, "6", "four")  # its session now: taken at once again
+        assert [m.text for m, _ in a.taker.taken] == ["one", "two", "three", "four"]
+    finally:
+        await a.kill()
+    assert await Claims(db, "a").candidates(datetime.now(UTC), 10) == []
+
+
 async def test_a_dead_members_session_is_taken_over_once_its_lease_lapses(
     db: Database, postgres_url: str
 ) -> None:
     a, b = member(db, postgres_url, "a"), member(db, postgres_url, "b")
     a.start()
-    await arrive(db, a, "7", "first")
+    await arrive(a, "7", "first")
     await until(lambda: len(a.taker.taken) == 1, a)
     b.start()
     await a.kill()  # its turn for "first" never finished: the message stays pending
-    await arrive(db, b, "7", "second")
+    await arrive(b, "7", "second")
     await until(lambda: len(b.taker.taken) == 2, b)
     await b.kill()
     assert [m.text for m, _ in b.taker.taken] == ["first", "second"]
@@ -145,7 +175,7 @@ async def test_a_member_that_leaves_hands_its_waiting_work_on_at_once(
     # A lease no test waits out: only leaving frees the session in time.
     a, b = member(db, postgres_url, "a", timedelta(hours=1)), member(db, postgres_url, "b")
     a.start()
-    await arrive(db, a, "3", "one")
+    await arrive(a, "3", "one")
     await until(lambda: len(a.taker.taken) == 1, a)
     await a.kill()
     b.start()
@@ -161,7 +191,7 @@ async def test_a_member_cut_off_from_the_store_stops_its_turns_before_its_leases
     async with await Database.open(postgres_url) as own:  # a's own connections
         a, b = member(own, postgres_url, "a"), member(db, postgres_url, "b")
         a.start()
-        await arrive(db, a, "9", "held")
+        await arrive(a, "9", "held")
         await until(lambda: len(a.taker.taken) == 1, a)
         b.start()
         await own.close()  # a loses the store: its renewals fail from now on

@@ -7,9 +7,9 @@ import asyncio
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from nanobot.store import Database, Journal
+from nanobot.store import Database, Journal, NewEntry, SessionStore
 from nanobot.store.claims import Claims
-from nanobot.store.members import Member, Members
+from nanobot.store.members import STALE_AFTER, Member, Members
 
 LEASE = timedelta(seconds=10)
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -137,3 +137,110 @@ async def test_leaving_gives_every_session_up(db: Database) -> None:
     assert await b.hold("telegram:1", T0 + timedelta(seconds=6), LEASE)
     assert await b.hold("telegram:2", T0 + timedelta(seconds=6), LEASE)
     assert await a.holders() == {"b": 2}
+
+
+async def accept(claims: Claims, chat: str, text: str, now: datetime = T0) -> tuple[int, bool]:
+    """`text` in chat `chat`, journaled by `claims`' member; its row and whether it took it."""
+    key = f"telegram:{chat}"
+    accepted = await claims.accept("telegram", text, record(chat, text), key, now=now, ttl=LEASE)
+    assert accepted is not None
+    return accepted.id, accepted.here
+
+
+async def register(db: Database, name: str, beat: datetime = T0) -> None:
+    await Members(db, clock=lambda: beat).register(replace(Member.new(beat), id=name))
+
+
+async def test_a_member_alone_takes_a_free_session_as_it_journals_a_message(db: Database) -> None:
+    a, b = Claims(db, "a"), Claims(db, "b")
+    await register(db, "a")
+    await register(db, "b", T0 - STALE_AFTER - timedelta(seconds=1))  # dead long ago
+    first, here = await accept(a, "1", "m1")
+    assert here
+    assert await a.holders() == {"a": 1}
+    assert await a.candidates(T0, 10) == []  # claimed already: nothing left to take
+    assert await b.candidates(T0, 10) == []  # a holds the session
+    assert (
+        await a.accept("telegram", "m1", record("1", "m1"), "telegram:1", now=T0, ttl=LEASE) is None
+    )
+    later = T0 + timedelta(seconds=5)
+    second, here = await accept(a, "1", "m2", later)
+    assert here and second > first
+    assert not await b.hold("telegram:1", T0 + LEASE + timedelta(seconds=1), LEASE)  # renewed
+
+
+async def test_in_a_cluster_a_member_takes_at_once_only_a_session_it_holds(db: Database) -> None:
+    a, b = Claims(db, "a"), Claims(db, "b")
+    await register(db, "a")
+    await register(db, "b")
+    first, here = await accept(a, "1", "m1")
+    assert not here  # a new session is shared out through the candidates
+    assert await a.holders() == {}
+    assert [c.id for c in await b.candidates(T0, 10)] == [first]
+    assert await a.hold("telegram:1", T0, LEASE)
+    # m1 waits for nobody's claim yet: answering m2 first would break the session's order
+    second, here = await accept(a, "1", "m2")
+    assert not here
+    assert [c.id for c in await a.claim([first, second])] == [first, second]
+    _, here = await accept(a, "1", "m3")
+    assert here
+    # b holds session 2: a journals its message for b, and takes nothing
+    assert await b.hold("telegram:2", T0, LEASE)
+    fourth, here = await accept(a, "2", "m4")
+    assert not here
+    assert await a.holders() == {"a": 1, "b": 1}
+    assert [c.id for c in await b.candidates(T0, 10)] == [fourth]
+
+
+async def test_a_member_alone_leaves_a_session_whose_earlier_message_another_claimed(
+    db: Database,
+) -> None:
+    a, dead = Claims(db, "a"), Claims(db, "dead")
+    assert await dead.hold("telegram:1", T0, LEASE)
+    (first,) = await journal(db, "1", "m1")
+    assert [c.id for c in await dead.claim([first])] == [first]
+    lapsed = T0 + LEASE
+    second, here = await accept(a, "1", "m2", lapsed)
+    assert not here  # m1's turn is to be resumed first, by whoever takes the session
+    assert [c.id for c in await a.candidates(lapsed, 10)] == [first, second]
+
+
+async def test_leases_are_taken_many_at_once_and_only_where_free(db: Database) -> None:
+    a, b = Claims(db, "a"), Claims(db, "b")
+    assert await b.hold("telegram:2", T0, LEASE)
+    assert await b.hold("telegram:3", T0 - LEASE, LEASE)  # lapsed at T0
+    assert await a.hold("telegram:4", T0, LEASE)
+    keys = ["telegram:1", "telegram:2", "telegram:3", "telegram:4"]
+    assert await a.hold_all(keys, T0, LEASE) == {"telegram:1", "telegram:3", "telegram:4"}
+    assert await a.holders() == {"a": 3, "b": 1}
+    assert await a.hold_all([], T0, LEASE) == set()
+
+
+async def test_two_members_taking_overlapping_sessions_at_once_never_share_one(
+    db: Database,
+) -> None:
+    a, b = Claims(db, "a"), Claims(db, "b")
+    keys = [f"telegram:{n}" for n in range(60)]
+    won_a, won_b = set(), set()
+    for start in range(0, 60, 12):  # each a batch, the other's reversed
+        batch = keys[start : start + 20]
+        got_a, got_b = await asyncio.gather(
+            a.hold_all(batch, T0, LEASE), b.hold_all(batch[::-1], T0, LEASE)
+        )
+        won_a |= got_a
+        won_b |= got_b
+    assert won_a | won_b == set(keys)
+    assert not won_a & won_b
+
+
+async def test_a_claimed_message_says_whether_its_turn_was_interrupted(db: Database) -> None:
+    a = Claims(db, "a")
+    first, second = await journal(db, "1", "m1", "m2")
+    sessions = SessionStore(db)
+    session = await sessions.live("telegram:1")
+    user = NewEntry("message", {"role": "user", "content": "m1"}, inbound_id=first)
+    await sessions.append(session, [user])
+    assert await a.hold("telegram:1", T0, LEASE)
+    claimed = await a.claim([second, first])
+    assert [(c.id, c.reached) for c in claimed] == [(first, True), (second, False)]
+    assert claimed[0].message == record("1", "m1")

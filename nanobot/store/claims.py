@@ -14,13 +14,14 @@ session, whatever they race for.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from nanobot.store._times import from_text, to_text
-from nanobot.store.database import Database
-from nanobot.store.journal import PendingInbound, PendingOutbox, Record
+from nanobot.store.database import Database, SqlValue
+from nanobot.store.journal import ACCEPT, Accepted, PendingOutbox, Record, encode
+from nanobot.store.members import STALE_AFTER
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,16 @@ class Candidate:
     channel: str
     session_key: str | None  # None for a row journaled before sessions were recorded
     message: Record
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A pending message this member claimed."""
+
+    id: int
+    channel: str
+    message: Record
+    reached: bool  # its user message is in its session already: its turn was interrupted
 
 
 class Claims:
@@ -59,29 +70,91 @@ class Claims:
     async def hold(self, session_key: str, now: datetime, ttl: timedelta) -> bool:
         """Take or renew the lease on `session_key`: True if this member holds it now (it
         was free, lapsed, or already its own)."""
-        row = await self._db.fetchone(
-            "INSERT INTO session_leases (session_key, holder, expires_at) VALUES (?, ?, ?)"
-            " ON CONFLICT (session_key) DO UPDATE SET holder = excluded.holder,"
-            " expires_at = excluded.expires_at"
-            " WHERE session_leases.holder = excluded.holder OR session_leases.expires_at <= ?"
-            " RETURNING holder",
-            (session_key, self.member, to_text(now + ttl), to_text(now)),
-        )
-        return row is not None
+        return session_key in await self.hold_all([session_key], now, ttl)
 
-    async def claim(self, ids: Sequence[int]) -> list[PendingInbound]:
+    async def hold_all(
+        self, session_keys: Collection[str], now: datetime, ttl: timedelta
+    ) -> set[str]:
+        """Take or renew the leases on `session_keys` in one statement; returns those this
+        member holds now (free, lapsed, or already its own)."""
+        if not session_keys:
+            return set()
+        # In one order on every member: two members' statements taking overlapping sessions
+        # then wait for each other in turn, and never deadlock.
+        keys = sorted(set(session_keys))
+        expires = to_text(now + ttl)
+        rows = await self._db.fetchall(
+            "INSERT INTO session_leases (session_key, holder, expires_at) VALUES "
+            + ", ".join(["(?, ?, ?)"] * len(keys))
+            + _LEASE_TAKEN
+            + " RETURNING session_key",
+            (*(v for key in keys for v in (key, self.member, expires)), to_text(now)),
+        )
+        return {str(r["session_key"]) for r in rows}
+
+    async def accept(
+        self,
+        channel: str,
+        message_id: str,
+        message: Record,
+        session_key: str,
+        *,
+        now: datetime,
+        ttl: timedelta,
+    ) -> Accepted | None:
+        """Journal an inbound message (as `Journal.accept`) and, in the same transaction,
+        claim it for this member when it may answer it at once: it holds the session's
+        lease, or no other member is alive and the session is free (taken then, for `ttl`),
+        and no earlier message of the session waits for another member or for none. None
+        when the message was journaled before (the lease may have been renewed all the same).
+        """
+        alive_since = to_text(now - STALE_AFTER)
+        take: tuple[SqlValue, ...] = (
+            session_key, self.member, to_text(now + ttl),
+            session_key, self.member,
+            session_key, self.member, to_text(now),
+            self.member, alive_since,
+            to_text(now),
+        )  # fmt: skip
+        row_values: tuple[SqlValue, ...] = (
+            channel, message_id, encode(message), to_text(now), session_key
+        )  # fmt: skip
+        if self._db.dialect.name == "postgresql":
+            # One round trip: the lease taken by a data-modifying WITH, in the same statement.
+            row = await self._db.fetchone(
+                f"WITH lease AS ({_TAKE}) "
+                + ACCEPT.format(claimed_by="(SELECT holder FROM lease)"),
+                (*take, *row_values),
+            )
+        else:
+            async with self._db.transaction():
+                held = await self._db.fetchone(_TAKE, take)
+                row = await self._db.fetchone(
+                    ACCEPT.format(claimed_by="?"),
+                    (*row_values, self.member if held is not None else None),
+                )
+        if row is None:
+            return None
+        return Accepted(int(row["id"]), here=row["claimed_by"] == self.member)
+
+    async def claim(self, ids: Sequence[int]) -> list[Claimed]:
         """Mark pending messages `ids` as this member's; returns those it got, oldest first
-        (one answered meanwhile is not among them). Call only for sessions it holds."""
+        (one answered meanwhile is not among them), each saying whether its turn was
+        interrupted. Call only for sessions it holds."""
         if not ids:
             return []
         marks = ",".join("?" * len(ids))
         rows = await self._db.fetchall(
             f"UPDATE inbound SET claimed_by = ? WHERE id IN ({marks}) AND state = 'pending'"
-            " RETURNING id, channel, message",
+            " RETURNING id, channel, message,"
+            " EXISTS (SELECT 1 FROM entries e WHERE e.inbound_id = inbound.id) AS reached",
             (self.member, *ids),
         )
-        found = [PendingInbound(r["id"], r["channel"], json.loads(r["message"])) for r in rows]
-        return sorted(found, key=lambda p: p.id)
+        found = [
+            Claimed(r["id"], r["channel"], json.loads(r["message"]), bool(r["reached"]))
+            for r in rows
+        ]
+        return sorted(found, key=lambda c: c.id)
 
     async def renew(self, now: datetime, ttl: timedelta) -> int:
         """Extend every lease this member holds and that has not lapsed (a lapsed one may be
@@ -157,3 +230,25 @@ class Claims:
             "SELECT holder, COUNT(*) AS held FROM session_leases GROUP BY holder"
         )
         return {str(r["holder"]): int(r["held"]) for r in rows}
+
+
+# A lease taken only when it is free, lapsed, or already this member's (a compare-and-set).
+_LEASE_TAKEN = (
+    " ON CONFLICT (session_key) DO UPDATE SET holder = excluded.holder,"
+    " expires_at = excluded.expires_at"
+    " WHERE session_leases.holder = excluded.holder OR session_leases.expires_at <= ?"
+)
+
+# `Claims.accept`'s lease: taken (or renewed) when no earlier message of the session waits
+# for another member or for none (answering this one first would break the session's
+# order), and this member holds the session already or no other member is alive (alone, it
+# takes what is free; in a cluster, new sessions are shared out by `candidates`).
+_TAKE = (
+    "INSERT INTO session_leases (session_key, holder, expires_at) SELECT ?, ?, ?"
+    " WHERE NOT EXISTS (SELECT 1 FROM inbound WHERE session_key = ? AND state = 'pending'"
+    " AND (claimed_by IS NULL OR claimed_by <> ?))"
+    " AND (EXISTS (SELECT 1 FROM session_leases WHERE session_key = ? AND holder = ?"
+    " AND expires_at > ?) OR NOT EXISTS (SELECT 1 FROM members WHERE id <> ? AND beat_at > ?))"
+    + _LEASE_TAKEN
+    + " RETURNING holder"
+)

@@ -35,6 +35,15 @@ class PendingInbound:
 
 
 @dataclass(frozen=True, slots=True)
+class Accepted:
+    """An inbound message newly journaled: its row, and whether this process answers it
+    (always, alone; in a cluster, when it took the message's session as it journaled it)."""
+
+    id: int
+    here: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class FailedReplies:
     """Replies the platforms refused for good, kept as long as delivered ones (`prune`):
     how many, and the latest one's reason and moment (None when there are none)."""
@@ -73,9 +82,8 @@ class Journal:
         """Journal an inbound message for session `session_key`; its row id, or None if it
         was journaled before."""
         row = await self._db.fetchone(
-            "INSERT INTO inbound (channel, message_id, message, received_at, session_key)"
-            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (channel, message_id) DO NOTHING RETURNING id",
-            (channel, message_id, _encode(message), now_text(), session_key),
+            ACCEPT.format(claimed_by="NULL"),
+            (channel, message_id, encode(message), now_text(), session_key),
         )
         return None if row is None else int(row["id"])
 
@@ -278,6 +286,14 @@ class Journal:
         return inbound + outbox + streams
 
 
+# An inbound message journaled, unless its (channel, platform id) was; `claimed_by`: the
+# member answering it, as SQL (in a cluster, `Claims.accept`).
+ACCEPT = (
+    "INSERT INTO inbound (channel, message_id, message, received_at, session_key, claimed_by)"
+    " VALUES (?, ?, ?, ?, ?, {claimed_by}) ON CONFLICT (channel, message_id) DO NOTHING"
+    " RETURNING id, claimed_by"
+)
+
 _DONE = "UPDATE inbound SET state = 'done', done_at = ? WHERE id = ?"
 
 # A cron run's delivery: NULL (nothing to deliver), then pending, then delivered or failed.
@@ -310,9 +326,9 @@ def _queue(
     return (
         "INSERT INTO outbox (channel, message, created_at, cron_run, claimed_by)"
         " VALUES (?, ?, ?, ?, ?) RETURNING id",
-        (channel, _encode(message), now, cron_run, member),
+        (channel, encode(message), now, cron_run, member),
     )
 
 
-def _encode(record: Record) -> str:
+def encode(record: Record) -> str:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
