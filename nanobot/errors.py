@@ -24,8 +24,11 @@ class ConfigError(NanobotError):
 class StoreError(NanobotError):
     """The state database cannot be opened, migrated or written.
 
-    Raised instead of silently recreating or overwriting anything.
+    Raised instead of silently recreating or overwriting anything. `storage` is set when
+    the failure lies where the data lives (`nanobot.store.failures`), not in the statement.
     """
+
+    storage: bool = False
 
 
 ProviderErrorKind = Literal[

@@ -9,6 +9,7 @@ fire-and-forget. Every layer may use it: it imports nothing of nanobot.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -42,9 +43,14 @@ class TaskSet:
         """The tasks still running (a copy: safe to iterate while they end)."""
         return iter(list(self._tasks))
 
-    def spawn(self, work: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
-        """Start `work` as a task named `name` and keep it until it ends."""
-        task = asyncio.get_running_loop().create_task(work, name=name)
+    def spawn(
+        self, work: Coroutine[Any, Any, T], *, name: str, fresh: bool = False
+    ) -> asyncio.Task[T]:
+        """Start `work` as a task named `name` and keep it until it ends. `fresh`: in an
+        empty context, not a copy of the caller's (its context variables at their
+        defaults)."""
+        context = contextvars.Context() if fresh else None
+        task = asyncio.get_running_loop().create_task(work, name=name, context=context)
         self._tasks.add(task)
         task.add_done_callback(self._ended)
         return task

@@ -14,15 +14,19 @@ Rows come back as `Row`s: columns by index or by name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Literal, Protocol, Self, TypeVar
 
 from nanobot.store import url as store_url
+from nanobot.store._together import Together
 from nanobot.store.dialect import Dialect
 from nanobot.store.failures import Watched
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 SqlValue = str | int | float | bytes | None
 """A value that can be bound to a `?` placeholder. PostgreSQL takes each as the type of the
@@ -165,6 +169,15 @@ class Database(Watched, ABC):
         (see the class): another block with the same name, in any process, waits for this
         one to end.
         """
+
+    def together(
+        self, name: str, write: Callable[[Sequence[T]], Awaitable[Sequence[R]]], *, most: int
+    ) -> Together[T, R] | None:
+        """Where tasks may hand in items that `write` writes many at once (`Together`), its
+        writes waited for when the database closes; None where a statement costs too little
+        for that to gain anything (SQLite: a call in this process). The store then writes
+        each item on its own, as it also does where `Together.applies` says no."""
+        return None
 
     @abstractmethod
     async def size_bytes(self) -> int:

@@ -33,6 +33,7 @@ class Watched:
 
     def _storage_failed(self, error: StoreError) -> StoreError:
         """Tell the watchers of `error`, a storage failure about to be raised; returns it."""
+        error.storage = True
         for watcher in self._watchers:
             watcher.store_failed(error)
         return error

@@ -19,12 +19,18 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from nanobot.store._times import from_text, now_text, to_text
 from nanobot.store.database import Database, Statement
 
 Record = dict[str, Any]
+
+BATCH: Final = 100  # answers, or confirmations, sent in one statement at most
+
+# An answer handed in to be written with others: the messages it answers, and the reply's
+# channel, encoded record, moment and sending member.
+_Answer = tuple[tuple[int, ...], str, str, str, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,10 @@ class Journal:
         own to send (another member takes them if it dies; `store.claims`)."""
         self._db = db
         self._member = member
+        # Many turns' answers, and many replies' confirmations, at once in one statement
+        # each (PostgreSQL).
+        self._answers = db.together("answers", self._answer_each, most=BATCH)
+        self._confirms = db.together("confirmations", self._confirm_each, most=BATCH)
 
     def send_as(self, member: str) -> None:
         """From now on the replies queued here are member `member`'s to send (a gateway in a
@@ -113,17 +123,28 @@ class Journal:
 
     async def _answer(self, inbound_ids: Sequence[int], reply: tuple[str, Record], now: str) -> int:
         """`complete`'s usual case on PostgreSQL, in one statement (each one is a round
-        trip there): the reply queued, and its messages marked answered by a data-modifying
-        WITH, which runs in the same statement, so in the same transaction."""
-        sql, params = _queue(*reply, now, None, self._member)
-        marks = ",".join("?" * len(inbound_ids)) or "NULL"
-        row = await self._db.fetchone(
+        trip there), shared with other turns' answers where it may be."""
+        answer = (tuple(inbound_ids), reply[0], encode(reply[1]), now, self._member)
+        if self._answers is not None and self._answers.applies():
+            return await self._answers(answer)
+        [outbox_id] = await self._answer_each([answer])
+        return outbox_id
+
+    async def _answer_each(self, answers: Sequence[_Answer]) -> list[int]:
+        """Replies queued, and the messages they answer marked answered, by a
+        data-modifying WITH: the same statement, so the same transaction. Their outbox
+        ids, in order."""
+        done = [i for ids, *_ in answers for i in ids]
+        marks = ",".join("?" * len(done)) or "NULL"
+        values = ", ".join(["(?, ?, ?, NULL, ?)"] * len(answers))
+        rows = await self._db.fetchall(
             f"WITH done AS (UPDATE inbound SET state = 'done', done_at = ? WHERE id IN ({marks}))"
-            f" {sql}",
-            (now, *inbound_ids, *params),
+            " INSERT INTO outbox (channel, message, created_at, cron_run, claimed_by)"
+            f" VALUES {values} RETURNING id",
+            (answers[0][3], *done, *(v for _, *row in answers for v in row)),
         )
-        assert row is not None
-        return int(row["id"])
+        # Inserted in the answers' order, so their ids ascend in it.
+        return sorted(int(row["id"]) for row in rows)
 
     async def enqueue(self, channel: str, message: Record) -> int:
         """Put a message in the outbox; returns its id."""
@@ -201,16 +222,35 @@ class Journal:
     async def confirm(self, outbox_id: int, sent_id: str | None = None) -> None:
         """Record that the whole reply is on the platform (as message `sent_id`, where the
         channel says which), and on its cron run once none of the run's replies is pending."""
-        row = await self._db.fetchone(
-            "UPDATE outbox SET state = 'delivered', delivered_at = ?, sent_id = ?"
-            " WHERE id = ? RETURNING cron_run",
-            (now_text(), sent_id, outbox_id),
-        )
+        if self._confirms is not None and self._confirms.applies():
+            cron_run = await self._confirms((outbox_id, sent_id))
+        else:
+            [cron_run] = await self._confirm_each([(outbox_id, sent_id)])
         # Most replies answer no cron run: one statement for them (on PostgreSQL each one is
         # a round trip). Should the process die between the two, the run stays `pending`,
         # never `delivered` too early.
-        if row is not None and row["cron_run"] is not None:
+        if cron_run is not None:
             await self._db.write(_RUN_DELIVERED, (outbox_id,))
+
+    async def _confirm_each(self, confirmed: Sequence[tuple[int, str | None]]) -> list[int | None]:
+        """Replies marked delivered in one statement; the cron run each answers, if any."""
+        if len(confirmed) == 1:
+            [(outbox_id, sent_id)] = confirmed
+            row = await self._db.fetchone(
+                "UPDATE outbox SET state = 'delivered', delivered_at = ?, sent_id = ?"
+                " WHERE id = ? RETURNING cron_run",
+                (now_text(), sent_id, outbox_id),
+            )
+            return [None if row is None else row["cron_run"]]
+        values = ", ".join(["(CAST(? AS BIGINT), CAST(? AS TEXT))"] * len(confirmed))
+        rows = await self._db.fetchall(
+            f"WITH sent (id, sent_id) AS (VALUES {values}) UPDATE outbox"
+            " SET state = 'delivered', delivered_at = ?, sent_id = sent.sent_id FROM sent"
+            " WHERE outbox.id = sent.id RETURNING outbox.id, outbox.cron_run",
+            (*(v for item in confirmed for v in item), now_text()),
+        )
+        runs = {int(row["id"]): row["cron_run"] for row in rows}
+        return [runs.get(outbox_id) for outbox_id, _ in confirmed]
 
     async def sent_id(self, outbox_id: int) -> str | None:
         """The platform's id of the message that delivered outbox row `outbox_id`; None

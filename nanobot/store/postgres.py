@@ -34,6 +34,7 @@ from nanobot.errors import StoreError
 from nanobot.store import migrations
 from nanobot.store import url as store_url
 from nanobot.store._placeholders import numbered
+from nanobot.store._together import Together
 from nanobot.store.database import Check, Database, Row, SqlValue, Statement
 from nanobot.store.dialect import POSTGRESQL
 
@@ -44,6 +45,7 @@ _STATEMENT_CACHE: Final = 512  # prepared statements kept per connection
 _ENDED_BY_SERVER: Final = frozenset({"57P01", "57P02", "57P03"})  # admin/crash shutdown, …
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 _Connection = Any  # asyncpg ships no types
 
 
@@ -76,6 +78,7 @@ class PostgresDatabase(Database):
         self._name = store_url.redact(url)
         self._secret = store_url.password(url)
         self._closed = False
+        self._togethers: list[Together[Any, Any]] = []
         self._users = 0  # operations under way: close() waits for them
         self._unused = asyncio.Event()
         self._unused.set()
@@ -121,9 +124,18 @@ class PostgresDatabase(Database):
         close every connection. Idempotent."""
         if self._closed:
             return
+        for together in self._togethers:  # what was handed in is written first
+            await together.close()
         self._closed = True
         await self._unused.wait()
         await self._pool.close()
+
+    def together(
+        self, name: str, write: Callable[[Sequence[_T]], Awaitable[Sequence[_R]]], *, most: int
+    ) -> Together[_T, _R]:
+        together = Together(write, name=name, most=most, applies=lambda: self._current() is None)
+        self._togethers.append(together)
+        return together
 
     async def execute(self, sql: str, params: Sequence[SqlValue] = ()) -> int:
         status = await self._run(lambda conn: conn.execute(numbered(sql), *params))

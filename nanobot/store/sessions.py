@@ -16,7 +16,7 @@ from typing import Any, Final, Literal, cast, get_args
 
 from nanobot.errors import StoreError
 from nanobot.store._times import from_text, now_text, to_text
-from nanobot.store.database import Database, Row, Statement
+from nanobot.store.database import Database, Row, SqlValue, Statement
 
 EntryKind = Literal["message", "compaction", "note"]
 """What an entry holds: a chat message, a compaction summary, or a system note."""
@@ -84,6 +84,8 @@ class SessionStore:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        # Single appends of many turns at once go out as one statement (PostgreSQL).
+        self._appends = db.together("entries", self._append_each, most=BATCH)
 
     async def live(self, key: str) -> int:
         """Return the id of the live session for `key`, starting one if there is none.
@@ -152,12 +154,10 @@ class SessionStore:
         # One append to a session at a time, in every process: a batch's ids are adjacent,
         # and a session's ids are committed in their order (`since` pages by id).
         lock = f"session:{session_id}"
-        if len(statements) == 1 and self._db.dialect.name == "postgresql":
-            # The common case in one round trip: the lock taken by the insert itself (it
-            # lasts as long as the statement's own transaction, which is all it must).
+        if len(statements) == 1 and self._appends is not None and self._appends.applies():
+            # The common case in one round trip, shared with other sessions' appends.
             [(_, params)] = statements
-            row = await self._db.fetchone(_LOCKED_INSERT, (lock, *params))
-            rows = [[row]] if row is not None else [[]]
+            rows = [[await self._appends((lock, *params))]]
         else:
             rows = await self._db.atomic(statements, lock=lock)
         return [
@@ -171,6 +171,17 @@ class SessionStore:
             )
             for entry, [row] in zip(entries, rows, strict=True)
         ]
+
+    async def _append_each(self, items: Sequence[tuple[SqlValue, ...]]) -> list[Row]:
+        """Single entries of several sessions (each `(lock, *insert's values)`), appended
+        in one statement, under every session's lock; their rows, in order."""
+        values = ", ".join([_LOCKED_VALUES] * len(items))
+        rows = await self._db.fetchall(
+            _LOCKED_INSERTS.format(values=values),
+            [v for order, item in enumerate(items) for v in (order, *item)],
+        )
+        # Inserted in the items' order, so their ids ascend in it.
+        return sorted(rows, key=lambda row: int(row["id"]))
 
     async def tail(self, session_id: int, limit: int, before_id: int | None = None) -> list[Entry]:
         """Return the last `limit` entries of the session, oldest first.
@@ -266,11 +277,24 @@ def _encode(data: dict[str, Any]) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
-# An entry appended under the session's advisory lock, in one statement (PostgreSQL).
-_LOCKED_INSERT = (
-    "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(?, 0)))"
+BATCH: Final = 100  # single appends sent in one statement at most
+
+# Entries of several sessions appended in one statement, each under its session's advisory
+# lock (PostgreSQL): the locks taken first, in one order (two statements locking some of
+# the same sessions wait for each other in turn and never deadlock), held until the
+# statement's own transaction ends; then the rows inserted in the items' order.
+_LOCKED_VALUES = (
+    "(CAST(? AS BIGINT), CAST(? AS TEXT), CAST(? AS BIGINT), CAST(? AS TEXT),"
+    " CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT))"
+)
+_LOCKED_INSERTS = (
+    "WITH items (ord, lock, session_id, kind, data, run_id, created_at, inbound_id) AS"
+    " (VALUES {values}),"
+    " locked AS (SELECT count(pg_advisory_xact_lock(k)) AS n FROM"
+    " (SELECT DISTINCT hashtextextended(lock, 0) AS k FROM items ORDER BY k) keys)"
     " INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
-    " SELECT ?, ?, ?, ?, ?, ? FROM locked RETURNING id"
+    " SELECT session_id, kind, data, run_id, created_at, inbound_id FROM items, locked"
+    " ORDER BY ord RETURNING id"
 )
 # `live` in one statement (PostgreSQL): the live session if there is one, else the one the
 # insert starts; one that another process started meanwhile is returned by the conflict's

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from nanobot.store.database import Database
+
+_Usage = tuple[str, str, str, int, int, float, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,8 @@ class UsageTotals:
 class UsageLedger:
     def __init__(self, db: Database) -> None:
         self._db = db
+        # Many runs' usage at once in one statement (PostgreSQL).
+        self._records = db.together("usage", self._record_each, most=100)
 
     async def record(
         self,
@@ -34,19 +39,27 @@ class UsageLedger:
         completion_tokens: int,
         cost: float,
     ) -> None:
+        row: _Usage = (
+            session_key,
+            run_id,
+            model,
+            prompt_tokens,
+            completion_tokens,
+            cost,
+            datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+        if self._records is not None and self._records.applies():
+            await self._records(row)
+        else:
+            await self._record_each([row])
+
+    async def _record_each(self, rows: Sequence[_Usage]) -> list[None]:
         await self._db.execute(
             "INSERT INTO usage (session_key, run_id, model, prompt_tokens, completion_tokens,"
-            " cost, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                session_key,
-                run_id,
-                model,
-                prompt_tokens,
-                completion_tokens,
-                cost,
-                datetime.now(UTC).isoformat(timespec="seconds"),
-            ),
+            " cost, at) VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(rows)),
+            [v for row in rows for v in row],
         )
+        return [None] * len(rows)
 
     async def totals(
         self, session_key: str | None = None, since: datetime | None = None
