@@ -159,6 +159,7 @@ class Distributor:
                     self._wake.set()
         finally:
             await self._tasks.close()
+            self._taker = None  # stopping: what comes in now waits for the cluster
 
     async def leave(self) -> None:
         """Give up this member's sessions (its turns have ended) and wake the others to take

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +181,48 @@ async def test_a_restart_of_every_member_loses_and_doubles_nothing(
     for chat in chats:
         assert texts(telegram, chat) == [f"before from {chat}", f"during from {chat}"]
     assert texts(telegram, 2100) == ["cut off"]
+
+
+def restartable_server() -> tuple[str, str] | None:
+    """The local PostgreSQL cluster on port 5432 (version, name), where this process may
+    restart it (Debian's pg_ctlcluster, as root); None elsewhere."""
+    if os.geteuid() != 0 or shutil.which("pg_lsclusters") is None:
+        return None
+    listed = subprocess.run(
+        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=False
+    )
+    for line in listed.stdout.splitlines():
+        version, name, port, status, *_ = [*line.split(), "", "", "", ""]
+        if port == "5432" and status == "online":
+            return version, name
+    return None
+
+
+async def test_the_database_restarted_under_a_running_cluster_loses_and_doubles_nothing(
+    cluster: Cluster, telegram: FakeTelegram
+) -> None:
+    """The server itself restarted (a fast shutdown: every session ended, connections
+    refused until it is back) while messages come in and turns run: each is answered
+    once, after the members reconnect."""
+    server = restartable_server()
+    if server is None:
+        pytest.skip("restarting the database needs root and the local server's pg_ctlcluster")
+    chats = range(4000, 4060)
+    for chat in chats[:20]:
+        telegram.user_message(chat, f"one from {chat}", user_id=chat)
+    await telegram.wait_for(lambda: all(telegram.sent(chat) for chat in chats[:20]), seconds=60)
+    for chat in chats[20:40]:  # taken in and answered while the server goes down
+        telegram.user_message(chat, f"one from {chat}", user_id=chat)
+    restart = await asyncio.create_subprocess_exec(
+        "pg_ctlcluster", *server, "restart", "-m", "fast"
+    )
+    assert await restart.wait() == 0
+    for chat in chats[40:]:
+        telegram.user_message(chat, f"one from {chat}", user_id=chat)
+    await telegram.wait_for(lambda: all(telegram.sent(chat) for chat in chats), seconds=120)
+    await asyncio.sleep(1)
+    for chat in chats:
+        assert texts(telegram, chat) == [f"one from {chat}"]
 
 
 async def test_the_store_dropping_every_connection_loses_nothing(

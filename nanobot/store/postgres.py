@@ -22,6 +22,7 @@ server aborts what it ends, so it runs once. A connection lost without the serve
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from contextvars import ContextVar
@@ -78,7 +79,8 @@ class PostgresDatabase(Database):
         self._name = store_url.redact(url)
         self._secret = store_url.password(url)
         self._closed = False
-        self._togethers: list[Together[Any, Any]] = []
+        # Held by the stores that made them (one each): gone with a store no longer used.
+        self._togethers: weakref.WeakSet[Together[Any, Any]] = weakref.WeakSet()
         self._users = 0  # operations under way: close() waits for them
         self._unused = asyncio.Event()
         self._unused.set()
@@ -124,7 +126,7 @@ class PostgresDatabase(Database):
         close every connection. Idempotent."""
         if self._closed:
             return
-        for together in self._togethers:  # what was handed in is written first
+        for together in list(self._togethers):  # what was handed in is written first
             await together.close()
         self._closed = True
         await self._unused.wait()
@@ -134,7 +136,7 @@ class PostgresDatabase(Database):
         self, name: str, write: Callable[[Sequence[_T]], Awaitable[Sequence[_R]]], *, most: int
     ) -> Together[_T, _R]:
         together = Together(write, name=name, most=most, applies=lambda: self._current() is None)
-        self._togethers.append(together)
+        self._togethers.add(together)
         return together
 
     async def execute(self, sql: str, params: Sequence[SqlValue] = ()) -> int:
