@@ -20,6 +20,7 @@ recovers without a restart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -171,6 +172,22 @@ class Gate:
         a store failure stopped it. Cancellation is safe."""
         await self._open.wait()
 
+    async def retry_due(self) -> None:
+        """Return once the store may be tried: at once while intake is open; else when it
+        opens again, or when the pause before the next try has passed. That try is the
+        caller's: the one after it waits for the next pause, as after a message's failed
+        try (so a process that takes no messages, a cluster member the load balancer does
+        not send to, still tries the store now and then, never in a loop). Cancellation is
+        safe."""
+        while (outage := self._outage) is not None:
+            wait = outage.retry_at - self._clock()
+            if wait <= 0:
+                self._next_try(outage)
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._open.wait()
+
     def store_failed(self, error: StoreError) -> None:
         """A write failed for want of storage (`FailureWatcher`: the store tells the gate of
         its every such failure): stop intake, or keep it stopped."""
@@ -295,10 +312,15 @@ class Gate:
         outage.error = exc
         if now < outage.retry_at:
             return
+        delay = self._next_try(outage)
+        logger.warning("intake still stopped: {}; tried again in {:g}s", exc, delay)
+
+    def _next_try(self, outage: _Outage) -> float:
+        """Count a try of the store; the pause before the next one, in seconds."""
         delay = RETRY_DELAYS[min(outage.tries, len(RETRY_DELAYS) - 1)]
         outage.tries += 1
-        outage.retry_at = now + delay
-        logger.warning("intake still stopped: {}; tried again in {:g}s", exc, delay)
+        outage.retry_at = self._clock() + delay
+        return delay
 
     def _resumed(self) -> None:
         """A store write succeeded: intake is open again, if a failure had stopped it."""

@@ -93,12 +93,17 @@ async def fresh_database() -> AsyncIterator[str]:
     conn = await admin()
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield url(name)
-        finally:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
+    try:
+        yield url(name)
+    finally:
+        # A connection of its own: a test may have restarted the server meanwhile.
+        conn = await admin()
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
 
 
 @asynccontextmanager

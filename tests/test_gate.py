@@ -446,3 +446,29 @@ async def test_a_journal_write_that_fails_says_when_to_try_again(db: Database) -
     with pytest.raises(IntakePaused, match="disk full") as paused:
         await gate.submit(big("42", "2"))
     assert paused.value.retry_in == RETRY_DELAYS[1]
+
+
+async def test_a_try_of_the_store_comes_due_after_the_pause_and_counts_as_one(
+    db: Database,
+) -> None:
+    clock = Clock()
+    gate = Gate(
+        {"telegram": ChannelRules(frozenset({"42"}))},
+        Access(db),
+        Journal(db),
+        MessageBus(),
+        clock=clock,
+    )
+    db.watch(gate)
+    await asyncio.wait_for(gate.retry_due(), 1)  # open: due at once
+    await db.fetchall("PRAGMA query_only = ON")
+    with pytest.raises(StoreError):
+        await Journal(db).enqueue("telegram", {"text": "a reply"})
+    due = asyncio.create_task(gate.retry_due())
+    await asyncio.sleep(0.05)
+    assert not due.done()  # within the first pause
+    clock.now += 5
+    await asyncio.wait_for(due, 10)  # the pause is over: the caller's try
+    with pytest.raises(IntakePaused) as paused:
+        await gate(message(mid="1"))
+    assert paused.value.retry_in == 15  # that try counted: a message waits for the next pause

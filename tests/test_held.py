@@ -231,3 +231,19 @@ async def test_what_is_held_at_a_stop_is_answered_after_the_restart(
     finally:
         await restarted.stop()
     assert await restarted.pending() == []
+
+
+async def test_what_is_held_is_answered_after_the_pause_without_a_message_coming_in(
+    rig: Rig, fake_llm: FakeLLM
+) -> None:
+    """A process that takes no messages in (a cluster member the load balancer does not
+    send to) tries the store again once the gate's pause is over."""
+    fake_llm.script(Text("Hello after the pause"))
+    rig.journal.fail_after_accept = True
+    assert await rig.send("1", "hi", "m1") is Intake.ACCEPTED
+    assert await rig.wait_texts(1) == [HELD]
+    await read_only(rig.db, False)
+    rig.clock.now += RETRY_DELAYS[0]  # the pause is over; nobody sends anything
+    assert await rig.wait_texts(2) == [HELD, "Hello after the pause"]
+    assert rig.gate.stopped  # intake itself reopens with the next message's journal write
+    assert await rig.pending() == []

@@ -1,13 +1,15 @@
 """Messages whose turn a store failure cut short, kept until the state database takes writes.
 
-A turn whose session entries or reply cannot be written (disk full, an I/O error) ends
-without its message being marked answered: the message stays pending in the journal, and a
-restart answers it (`Dispatcher.recover`). `Held` answers it sooner: it keeps such messages
-and hands them back once intake is open again, that is once a journal write succeeded after
-the failure (`StoreOutage.reopened`: the gate tries the store again with the first message
-after a pause). A message is kept only while a store failure has stopped intake, so no
-retry runs while the store is known to fail, and a failure of another kind (a bug) is
-never retried in a loop.
+A turn whose session entries or reply cannot be written (disk full, an I/O error, the
+database server restarting) ends without its message being marked answered: the message
+stays pending in the journal, and a restart answers it (`Dispatcher.recover`). `Held`
+answers it sooner: it keeps such messages and hands them back once the store may be tried
+again (`StoreOutage.retry_due`): once intake is open again (a journal write succeeded after
+the failure: the gate tries the store again with the first message after a pause), or once
+that pause has passed without a message (a process that takes none in, such as a cluster
+member the load balancer does not send to). A message is kept only while a store failure
+has stopped intake, so retries follow the gate's pauses (5 s, then longer while the store
+keeps failing), and a failure of another kind (a bug) is never retried in a loop.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ class StoreOutage(Protocol):
     @property
     def stopped(self) -> bool: ...
 
-    async def reopened(self) -> None:
-        """Return once intake is open: at once, or when a journal write succeeds again."""
+    async def retry_due(self) -> None:
+        """Return once intake is open, or once the pause before the store's next try has
+        passed (that try is the caller's)."""
         ...
 
 
@@ -69,18 +72,19 @@ class Held:
         return first
 
     async def released(self) -> AsyncIterator[tuple[InboundMessage, bool]]:
-        """Each time intake opens again, the messages kept: each with whether its user
-        message reached its session (resume its turn rather than start it). Runs until
-        cancelled; what is kept then stays pending in the journal for the next start."""
+        """Each time the store may be tried again (`StoreOutage.retry_due`), the messages
+        kept: each with whether its user message reached its session (resume its turn
+        rather than start it). Runs until cancelled; what is kept then stays pending in the
+        journal for the next start."""
         while True:
             await self._waiting.wait()
-            await self._outage.reopened()
+            await self._outage.retry_due()
             batch, self._messages = self._messages, {}
             self._waiting.clear()
             try:
                 reached = await self._journal.reached_session(list(batch))
             except StoreError as exc:
-                if self._outage.stopped:  # failing again: wait for the next reopening
+                if self._outage.stopped:  # failing again: wait for the next try
                     self._messages = batch | self._messages
                     self._waiting.set()
                 else:
