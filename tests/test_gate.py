@@ -385,10 +385,8 @@ async def test_caught_up_until_is_the_latest_moment_recorded_but_within_the_wind
         )
 
 
-async def test_any_write_failing_for_want_of_storage_stops_intake_until_a_journal_write_succeeds(
-    db: Database,
-) -> None:
-    clock = Clock()
+def watching_gate(db: Database, clock: Clock) -> Gate:
+    """A gate told of every storage failure of `db`, as the gateway wires it."""
     gate = Gate(
         {"telegram": ChannelRules(frozenset({"42"}))},
         Access(db),
@@ -396,7 +394,15 @@ async def test_any_write_failing_for_want_of_storage_stops_intake_until_a_journa
         MessageBus(),
         clock=clock,
     )
-    db.watch(gate)  # as the gateway wires it
+    db.watch(gate)
+    return gate
+
+
+async def test_any_write_failing_for_want_of_storage_stops_intake_until_a_journal_write_succeeds(
+    db: Database,
+) -> None:
+    clock = Clock()
+    gate = watching_gate(db, clock)
     reopened = asyncio.create_task(gate.reopened())
     await asyncio.sleep(0)
     assert reopened.done()  # open: at once
@@ -430,14 +436,7 @@ async def test_any_write_failing_for_want_of_storage_stops_intake_until_a_journa
 
 async def test_a_journal_write_that_fails_says_when_to_try_again(db: Database) -> None:
     clock = Clock()
-    gate = Gate(
-        {"telegram": ChannelRules(frozenset({"42"}))},
-        Access(db),
-        Journal(db),
-        MessageBus(),
-        clock=clock,
-    )
-    db.watch(gate)
+    gate = watching_gate(db, clock)
     await fill(db)
     with pytest.raises(IntakePaused, match="disk full") as paused:
         await gate(big("42", "1"))
@@ -452,14 +451,7 @@ async def test_a_try_of_the_store_comes_due_after_the_pause_and_counts_as_one(
     db: Database,
 ) -> None:
     clock = Clock()
-    gate = Gate(
-        {"telegram": ChannelRules(frozenset({"42"}))},
-        Access(db),
-        Journal(db),
-        MessageBus(),
-        clock=clock,
-    )
-    db.watch(gate)
+    gate = watching_gate(db, clock)
     await asyncio.wait_for(gate.retry_due(), 1)  # open: due at once
     await db.fetchall("PRAGMA query_only = ON")
     with pytest.raises(StoreError):
