@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Final, Protocol
 
 from loguru import logger
 
 from nanobot.store import url as store_url
+from nanobot.store._together import Together
 from nanobot.store.database import Database
 
 Listener = Callable[[str], None]
@@ -28,6 +30,7 @@ Listener = Callable[[str], None]
 INBOUND: Final = "nanobot_inbound"  # a message was journaled; payload: its session key
 APPROVAL: Final = "nanobot_approval"  # an approval request was decided; payload: its id
 CRON_CHANGED: Final = "nanobot_cron"  # a cron job was added, changed or removed
+_SAID_AT_ONCE: Final = 100  # notifications sent in one statement at most
 RECONNECT_DELAY: Final = 1.0  # seconds between attempts to listen again
 
 
@@ -59,9 +62,29 @@ class PostgresWakeups:
         self._db = db
         self._url = url
         self._listeners: defaultdict[str, list[Listener]] = defaultdict(list)
+        self._said: dict[str, Together[str, None] | None] = {}
 
     async def notify(self, topic: str, payload: str = "") -> None:
-        await self._db.execute("SELECT pg_notify(?, ?)", (topic, payload))
+        # Many tasks saying something at once (a burst of messages journaled) say it in one
+        # statement; what is said while one is under way goes in the next, so every
+        # notification still follows the commit it announces.
+        if topic not in self._said:
+            self._said[topic] = self._db.together(
+                f"wake-ups on {topic}", partial(self._say, topic), most=_SAID_AT_ONCE
+            )
+        said = self._said[topic]
+        if said is not None and said.applies():
+            await said(payload)
+        else:
+            await self._say(topic, [payload])
+
+    async def _say(self, topic: str, payloads: Sequence[str]) -> list[None]:
+        distinct = list(dict.fromkeys(payloads))  # the server would fold repeats anyway
+        await self._db.execute(
+            "SELECT " + ", ".join(["pg_notify(?, ?)"] * len(distinct)),
+            [value for payload in distinct for value in (topic, payload)],
+        )
+        return [None] * len(payloads)
 
     def listen(self, topic: str, listener: Listener) -> None:
         self._listeners[topic].append(listener)
