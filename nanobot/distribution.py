@@ -46,6 +46,7 @@ from nanobot.tasks import TaskSet
 BATCH: Final = 32  # sessions one round takes at most, before it looks again
 LOOK: Final = 200  # pending messages one round reads
 LAPSE_MARGIN: Final = 0.05  # seconds after a lease's end before looking again
+FULL_LOOK: Final = 0.5  # seconds at most between two looks at what other members claimed
 
 
 class Taker(Protocol):
@@ -91,6 +92,7 @@ class Distributor:
         # or a membership lapses, when a member leaves or listening starts again; not at
         # each message (that would be two more statements per message on every member).
         self._orphans_due = True
+        self._full_look = 0.0  # when a round last looked at other members' claims too
         # Set while this member's turns are stopped for want of renewals (`_renewing`),
         # until it has handed back what it claimed: it takes nothing meanwhile.
         self._fenced = False
@@ -191,11 +193,18 @@ class Distributor:
         self._wake.clear()
 
     async def _round(self) -> None:
+        # Messages other members claimed become takeable only when one died or left: look
+        # for them then, and at least every FULL_LOOK while busy (a lapse goes unseen by a
+        # member that is never idle long enough to wait for it).
+        now = time.monotonic()
+        full = self._orphans_due or now - self._full_look >= FULL_LOOK
+        if full:
+            self._full_look = now
         if self._orphans_due:
             self._orphans_due = False
             await self._orphaned_replies()
         while True:
-            candidates = await self._claims.candidates(self._now(), LOOK)
+            candidates = await self._claims.candidates(self._now(), LOOK, claimed=full)
             if not candidates or await self._take(candidates) < BATCH:
                 return  # all it could take of what it saw (other members hold the rest)
 

@@ -244,3 +244,20 @@ async def test_a_claimed_message_says_whether_its_turn_was_interrupted(db: Datab
     claimed = await a.claim([second, first])
     assert [(c.id, c.reached) for c in claimed] == [(first, True), (second, False)]
     assert claimed[0].message == record("1", "m1")
+
+
+async def test_the_quick_look_finds_only_what_nobody_claimed_nor_waits_behind_a_claim(
+    db: Database,
+) -> None:
+    a, dead = Claims(db, "a"), Claims(db, "dead")
+    assert await dead.hold("telegram:1", T0, LEASE)
+    (first,) = await journal(db, "1", "m1")
+    assert [c.id for c in await dead.claim([first])] == [first]
+    (behind,) = await journal(db, "1", "m2")  # waits behind dead's claim of m1
+    assert await a.hold("telegram:2", T0, LEASE)
+    (own,) = await journal(db, "2", "m3")
+    (free,) = await journal(db, "3", "m4")
+    lapsed = T0 + LEASE
+    assert [c.id for c in await a.candidates(lapsed, 10, claimed=False)] == [own, free]
+    # the full look also sees the lapsed session, its claimed message first
+    assert [c.id for c in await a.candidates(lapsed, 10)] == [first, behind, own, free]

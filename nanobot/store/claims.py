@@ -51,16 +51,34 @@ class Claims:
         self._db = db
         self.member = member
 
-    async def candidates(self, now: datetime, limit: int) -> list[Candidate]:
+    async def candidates(
+        self, now: datetime, limit: int, *, claimed: bool = True
+    ) -> list[Candidate]:
         """Pending messages, oldest first, that this member might take: not claimed by it,
-        and whose session no other member holds a live lease on."""
+        and whose session no other member holds a live lease on.
+
+        `claimed=False` looks only at messages nobody claimed, of sessions where no other
+        member's claim waits (those are for whoever resumes that session first): far
+        cheaper while many messages are being answered (an index holds just those), and
+        all there is to take unless a member died or left since the last full look.
+        """
+        if claimed:
+            where = "(i.claimed_by IS NULL OR i.claimed_by <> ?)"
+            params: tuple[SqlValue, ...] = (self.member,)
+        else:
+            where = (
+                "i.claimed_by IS NULL AND NOT EXISTS (SELECT 1 FROM inbound j"
+                " WHERE j.session_key = i.session_key AND j.state = 'pending'"
+                " AND j.claimed_by IS NOT NULL AND j.claimed_by <> ?)"
+            )
+            params = (self.member,)
         rows = await self._db.fetchall(
-            "SELECT i.id, i.channel, i.session_key, i.message FROM inbound i"
-            " WHERE i.state = 'pending' AND (i.claimed_by IS NULL OR i.claimed_by <> ?)"
+            f"SELECT i.id, i.channel, i.session_key, i.message FROM inbound i"
+            f" WHERE i.state = 'pending' AND {where}"
             " AND NOT EXISTS (SELECT 1 FROM session_leases l"
             " WHERE l.session_key = i.session_key AND l.holder <> ? AND l.expires_at > ?)"
             " ORDER BY i.id LIMIT ?",
-            (self.member, self.member, to_text(now), limit),
+            (*params, self.member, to_text(now), limit),
         )
         return [
             Candidate(r["id"], r["channel"], r["session_key"], json.loads(r["message"]))

@@ -320,6 +320,12 @@ MIGRATIONS: tuple[str, ...] = (
     WHERE channel = 'telegram' AND chat_id <> '' AND chat_id NOT LIKE '-%'
     AND chat_id NOT LIKE '@%';
     """,
+    # 17: the pending messages no member has claimed yet, which a cluster's members look
+    # for at every round (`Claims.candidates`): while thousands are being answered, the
+    # claimed ones are most of those pending.
+    """
+    CREATE INDEX inbound_unclaimed ON inbound (id) WHERE state = 'pending' AND claimed_by IS NULL;
+    """,
 )
 
 
