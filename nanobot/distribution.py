@@ -93,6 +93,8 @@ class Distributor:
         # each message (that would be two more statements per message on every member).
         self._orphans_due = True
         self._full_look = 0.0  # when a round last looked at other members' claims too
+        self._watched: datetime | None = None  # `_watched_moments` as last read, and when
+        self._watched_at = -FULL_LOOK
         # Set while this member's turns are stopped for want of renewals (`_renewing`),
         # until it has handed back what it claimed: it takes nothing meanwhile.
         self._fenced = False
@@ -175,22 +177,39 @@ class Distributor:
     async def _wait(self) -> None:
         """Until woken, or until another member may have died leaving work behind: a lease
         it holds lapses while its session has pending messages or it has replies to send,
-        or it goes stale with replies to send."""
+        or it goes stale with replies to send. Those moments are read at most every
+        FULL_LOOK (a busy member waits between most rounds; reading them each time cost
+        more than the rounds): one read a moment ago is used until then, and read again
+        then if it is still waiting. A moment read earlier is never later than the true
+        one (leases are only renewed or taken for a lease from now), so none is missed."""
         if self._wake.is_set():
             self._wake.clear()
             return
+        age = time.monotonic() - self._watched_at
+        if age >= FULL_LOOK:
+            self._watched = await self._watched_moments()
+            self._watched_at, age = time.monotonic(), 0.0
+        lapse = None
+        if self._watched is not None:
+            lapse = max(0.0, (self._watched - self._now()).total_seconds()) + LAPSE_MARGIN
+        timeout = lapse
+        if age > 0:  # read before: read again once it may be out of date
+            timeout = min(FULL_LOOK - age, lapse if lapse is not None else FULL_LOOK)
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            if timeout == lapse:
+                self._orphans_due = True  # a lease or a membership lapsed: look
+                self._watched_at = -FULL_LOOK  # and read the moments afresh
+        self._wake.clear()
+
+    async def _watched_moments(self) -> datetime | None:
+        """The earliest moment another member may turn out dead with work left behind."""
         moments = [await self._claims.next_lapse(self._now())]
         quiet = await self._claims.quiet_since()
         if quiet is not None:
             moments.append(quiet + STALE_AFTER)
-        timeout = None
-        if found := [moment for moment in moments if moment is not None]:
-            timeout = max(0.0, (min(found) - self._now()).total_seconds()) + LAPSE_MARGIN
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        except TimeoutError:
-            self._orphans_due = True  # a lease or a membership lapsed: look
-        self._wake.clear()
+        return min((moment for moment in moments if moment is not None), default=None)
 
     async def _round(self) -> None:
         # Messages other members claimed become takeable only when one died or left: look
