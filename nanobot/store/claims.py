@@ -198,13 +198,18 @@ class Claims:
         """When the earliest lease another member holds lapses, of those whose lapse leaves
         work behind should that member have died: a lease on a session with pending
         messages, or any lease of a member with replies to send. The moment to look again."""
+        # Two looks, each one pass over the leases: asked per lease, "has its holder
+        # replies to send" would scan the pending replies once per lease.
+        now_text = to_text(now)
         row = await self._db.fetchone(
+            "SELECT MIN(lapse) AS lapse FROM ("
             "SELECT MIN(l.expires_at) AS lapse FROM session_leases l"
-            " WHERE l.holder <> ? AND l.expires_at > ? AND (EXISTS (SELECT 1 FROM inbound i"
+            " WHERE l.holder <> ? AND l.expires_at > ? AND EXISTS (SELECT 1 FROM inbound i"
             " WHERE i.session_key = l.session_key AND i.state = 'pending')"
-            " OR EXISTS (SELECT 1 FROM outbox o"
-            " WHERE o.claimed_by = l.holder AND o.state = 'pending'))",
-            (self.member, to_text(now)),
+            " UNION ALL SELECT MIN(l.expires_at) FROM session_leases l"
+            " WHERE l.holder <> ? AND l.expires_at > ? AND l.holder IN"
+            " (SELECT o.claimed_by FROM outbox o WHERE o.state = 'pending')) lapses",
+            (self.member, now_text, self.member, now_text),
         )
         return None if row is None or row["lapse"] is None else from_text(str(row["lapse"]))
 
