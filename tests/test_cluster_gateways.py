@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from tests.fakes.discord import FakeDiscord
 from tests.fakes.llm import FakeLLM, Hang
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import GatewayProcess
@@ -29,6 +30,7 @@ from tests.test_gateway_telegram import gateway_config
 from tests.test_telegram_webhook import PUBLIC, SECRET, free_port
 
 READY = "gateway started"
+LEASE_WAIT = 30  # seconds: a role held by a killed member moves within its lease (10 s)
 HELD_NOTICE = "I can't save anything right now"
 CHATS = 200
 
@@ -261,3 +263,61 @@ async def test_the_store_dropping_every_connection_loses_nothing(
     await asyncio.sleep(1)
     for chat in chats:
         assert texts(telegram, chat) == [f"one from {chat}"]
+
+
+async def test_discord_in_a_cluster_one_member_connects_and_another_takes_over_after_a_kill(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, postgres_url: str
+) -> None:
+    """Three members with Discord: one holds the gateway connection (Discord sends a bot's
+    events over one); every chat is answered once, whichever member answers it. Its holder
+    killed, another connects within the lease and reads what was sent meanwhile from the
+    chats' history (Discord never sends those events again)."""
+    async with FakeDiscord() as discord:
+        users = range(5001, 5021)
+        for user in users:
+            discord.add_user(f"user{user}", user_id=user)
+        dms = {user: discord.dm_channel(user) for user in users}
+        members = []
+        for n in range(3):
+            root = tmp_path / f"member{n}"
+            root.mkdir()
+            config = member_config(
+                root, fake_llm, telegram, postgres_url, tmp_path / "shared-workspace"
+            )
+            config.pop("port")
+            config["channels"]["discord"] = {
+                "enabled": True,
+                "token": "discord-bot-token-secret",
+                "allow_from": list(users),
+                "api_base": discord.api_base,
+                "gateway_url": discord.gateway_url,
+            }
+            members.append(GatewayProcess(root, config, dict(os.environ)))
+
+        def shown(user: int) -> list[str]:
+            return [m.content.rsplit("\n", 1)[-1] for m in discord.sent(dms[user]) if not m.deleted]
+
+        def answered(some: range) -> bool:
+            return all(f"one from {user}" in " ".join(shown(user)) for user in some)
+
+        try:
+            await members[0].start(ready=READY)
+            await asyncio.gather(*(m.start(ready=READY) for m in members[1:]))
+            await discord.wait_for_ready(1, seconds=60)
+            for user in users[:10]:
+                discord.user_message(dms[user], f"one from {user}", user_id=user)
+            await discord.wait_until(lambda: answered(users[:10]), 60, "the first ten answered")
+            [leader] = [m for m in members if "discord connected as" in m.log()]
+            await leader.kill()
+            for user in users[10:]:  # nobody holds the connection: no event carries these
+                discord.user_message(dms[user], f"one from {user}", user_id=user)
+            await discord.wait_for_ready(2, seconds=LEASE_WAIT)
+            await discord.wait_until(lambda: answered(users), 60, "every chat answered")
+            await asyncio.sleep(1)  # anything doubled would have arrived by now
+            for user in users:
+                assert shown(user) == [f"one from {user}"]
+            assert sum("discord connected as" in m.log() for m in members) == 2
+        finally:
+            for member in members:
+                if member.process is not None and member.process.returncode is None:
+                    await member.stop(signal.SIGKILL)
