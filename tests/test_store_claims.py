@@ -192,13 +192,20 @@ async def test_in_a_cluster_a_member_takes_at_once_only_a_session_it_holds(db: D
     assert [c.id for c in await b.candidates(T0, 10)] == [fourth]
 
 
-async def test_a_member_alone_leaves_a_session_whose_earlier_message_another_claimed(
-    db: Database,
-) -> None:
-    a, dead = Claims(db, "a"), Claims(db, "dead")
+async def claimed_by_the_dead(db: Database) -> int:
+    """Message m1 of chat 1, claimed by member "dead", whose lease on it lapses at T0 + LEASE."""
+    dead = Claims(db, "dead")
     assert await dead.hold("telegram:1", T0, LEASE)
     (first,) = await journal(db, "1", "m1")
     assert [c.id for c in await dead.claim([first])] == [first]
+    return first
+
+
+async def test_a_member_alone_leaves_a_session_whose_earlier_message_another_claimed(
+    db: Database,
+) -> None:
+    a = Claims(db, "a")
+    first = await claimed_by_the_dead(db)
     lapsed = T0 + LEASE
     second, here = await accept(a, "1", "m2", lapsed)
     assert not here  # m1's turn is to be resumed first, by whoever takes the session
@@ -249,10 +256,8 @@ async def test_a_claimed_message_says_whether_its_turn_was_interrupted(db: Datab
 async def test_the_quick_look_finds_only_what_nobody_claimed_nor_waits_behind_a_claim(
     db: Database,
 ) -> None:
-    a, dead = Claims(db, "a"), Claims(db, "dead")
-    assert await dead.hold("telegram:1", T0, LEASE)
-    (first,) = await journal(db, "1", "m1")
-    assert [c.id for c in await dead.claim([first])] == [first]
+    a = Claims(db, "a")
+    first = await claimed_by_the_dead(db)
     (behind,) = await journal(db, "1", "m2")  # waits behind dead's claim of m1
     assert await a.hold("telegram:2", T0, LEASE)
     (own,) = await journal(db, "2", "m3")

@@ -108,6 +108,19 @@ class Together(Generic[T, R]):
                         future.set_exception(StoreError(f"{self._name}: stopped before writing"))
 
 
+async def write_one(
+    together: Together[T, R] | None,
+    write: Callable[[Sequence[T]], Awaitable[Sequence[R]]],
+    item: T,
+) -> R:
+    """`item`'s result, written with others' through `together` where it applies (see
+    `Database.together`), else on its own by `write`, the same writer."""
+    if together is not None and together.applies():
+        return await together(item)
+    [result] = await write([item])
+    return result
+
+
 def _fail(batch: Sequence[tuple[object, asyncio.Future[Any]]], exc: BaseException) -> None:
     for _, future in batch:
         if not future.done():

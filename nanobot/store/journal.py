@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from nanobot.store._times import from_text, now_text, to_text
+from nanobot.store._together import write_one
 from nanobot.store.database import Database, Statement
 
 Record = dict[str, Any]
@@ -125,10 +126,7 @@ class Journal:
         """`complete`'s usual case on PostgreSQL, in one statement (each one is a round
         trip there), shared with other turns' answers where it may be."""
         answer = (tuple(inbound_ids), reply[0], encode(reply[1]), now, self._member)
-        if self._answers is not None and self._answers.applies():
-            return await self._answers(answer)
-        [outbox_id] = await self._answer_each([answer])
-        return outbox_id
+        return await write_one(self._answers, self._answer_each, answer)
 
     async def _answer_each(self, answers: Sequence[_Answer]) -> list[int]:
         """Replies queued, and the messages they answer marked answered, by a
@@ -222,10 +220,7 @@ class Journal:
     async def confirm(self, outbox_id: int, sent_id: str | None = None) -> None:
         """Record that the whole reply is on the platform (as message `sent_id`, where the
         channel says which), and on its cron run once none of the run's replies is pending."""
-        if self._confirms is not None and self._confirms.applies():
-            cron_run = await self._confirms((outbox_id, sent_id))
-        else:
-            [cron_run] = await self._confirm_each([(outbox_id, sent_id)])
+        cron_run = await write_one(self._confirms, self._confirm_each, (outbox_id, sent_id))
         # Most replies answer no cron run: one statement for them (on PostgreSQL each one is
         # a round trip). Should the process die between the two, the run stays `pending`,
         # never `delivered` too early.

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from nanobot.store._together import write_one
 from nanobot.store.database import Database
 
 _Usage = tuple[str, str, str, int, int, float, str]
@@ -48,10 +49,7 @@ class UsageLedger:
             cost,
             datetime.now(UTC).isoformat(timespec="seconds"),
         )
-        if self._records is not None and self._records.applies():
-            await self._records(row)
-        else:
-            await self._record_each([row])
+        await write_one(self._records, self._record_each, row)
 
     async def _record_each(self, rows: Sequence[_Usage]) -> list[None]:
         await self._db.execute(

@@ -21,7 +21,7 @@ from typing import Any, Final, Protocol
 from loguru import logger
 
 from nanobot.store import url as store_url
-from nanobot.store._together import Together
+from nanobot.store._together import Together, write_one
 from nanobot.store.database import Database
 
 Listener = Callable[[str], None]
@@ -72,11 +72,7 @@ class PostgresWakeups:
             self._said[topic] = self._db.together(
                 f"wake-ups on {topic}", partial(self._say, topic), most=_SAID_AT_ONCE
             )
-        said = self._said[topic]
-        if said is not None and said.applies():
-            await said(payload)
-        else:
-            await self._say(topic, [payload])
+        await write_one(self._said[topic], partial(self._say, topic), payload)
 
     async def _say(self, topic: str, payloads: Sequence[str]) -> list[None]:
         distinct = list(dict.fromkeys(payloads))  # the server would fold repeats anyway
