@@ -87,6 +87,23 @@ async def test_closing_waits_for_what_was_handed_in() -> None:
     assert await pending == 40
 
 
+async def test_a_write_cut_off_by_a_cancelled_close_fails_its_items_and_the_waiting() -> None:
+    writes = Writes()
+    writes.release.clear()  # the first write never ends
+    together = Together(writes, name="test", most=1)
+    items = [asyncio.ensure_future(together(n)) for n in range(3)]
+    await asyncio.sleep(0.01)
+    closing = asyncio.ensure_future(together.close())
+    await asyncio.sleep(0.01)
+    closing.cancel()  # as a forced shutdown: the write under way is cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    for item in items:
+        with pytest.raises(StoreError, match="stopped before writing"):
+            await item
+    assert writes.batches == [[0]]
+
+
 async def test_many_sessions_appending_at_once_each_get_their_entries_in_order(
     db: Database,
 ) -> None:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from nanobot.errors import StoreError
 from nanobot.tasks import TaskSet
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+MOST: Final = 100
+"""Items one write carries at most, unless its owner says otherwise."""
 
 
 class Together(Generic[T, R]):
@@ -80,6 +83,7 @@ class Together(Generic[T, R]):
                 future.set_result(result)
 
     async def _drain(self) -> None:
+        batch: list[tuple[T, asyncio.Future[R]]] = []
         try:
             while self._waiting:
                 batch = self._waiting[: self._most]
@@ -95,17 +99,13 @@ class Together(Generic[T, R]):
                             await self._settle([one])
                         except Exception as alone:  # noqa: BLE001 - it is the caller's
                             _fail([one], alone)
-                except BaseException as exc:
+                except Exception as exc:  # noqa: BLE001 - each caller gets it
                     _fail(batch, exc)
-                    if not isinstance(exc, Exception):
-                        raise  # cancelled: the waiting items fail below
         finally:
             self._writer = None
-            if self._waiting:  # cancelled before it got to them
-                waiting, self._waiting = self._waiting, []
-                for _, future in waiting:
-                    if not future.done():
-                        future.set_exception(StoreError(f"{self._name}: stopped before writing"))
+            # Cancelled (the database closing): what it did not get to is not written.
+            left, self._waiting = [*batch, *self._waiting], []
+            _fail(left, StoreError(f"{self._name}: stopped before writing"))
 
 
 async def write_one(

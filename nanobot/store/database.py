@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeVar
 
 from nanobot.store import url as store_url
-from nanobot.store._together import Together
+from nanobot.store._together import MOST, Together
 from nanobot.store.dialect import Dialect
 from nanobot.store.failures import Watched
 
@@ -171,7 +171,11 @@ class Database(Watched, ABC):
         """
 
     def together(
-        self, name: str, write: Callable[[Sequence[T]], Awaitable[Sequence[R]]], *, most: int
+        self,
+        name: str,
+        write: Callable[[Sequence[T]], Awaitable[Sequence[R]]],
+        *,
+        most: int = MOST,
     ) -> Together[T, R] | None:
         """Where tasks may hand in items that `write` writes many at once (`Together`), its
         writes waited for when the database closes; None where a statement costs too little

@@ -19,15 +19,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any
 
 from nanobot.store._times import from_text, now_text, to_text
 from nanobot.store._together import write_one
 from nanobot.store.database import Database, Statement
 
 Record = dict[str, Any]
-
-BATCH: Final = 100  # answers, or confirmations, sent in one statement at most
 
 # An answer handed in to be written with others: the messages it answers, and the reply's
 # channel, encoded record, moment and sending member.
@@ -79,8 +77,8 @@ class Journal:
         self._member = member
         # Many turns' answers, and many replies' confirmations, at once in one statement
         # each (PostgreSQL).
-        self._answers = db.together("answers", self._answer_each, most=BATCH)
-        self._confirms = db.together("confirmations", self._confirm_each, most=BATCH)
+        self._answers = db.together("answers", self._answer_each)
+        self._confirms = db.together("confirmations", self._confirm_each)
 
     def send_as(self, member: str) -> None:
         """From now on the replies queued here are member `member`'s to send (a gateway in a

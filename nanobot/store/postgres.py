@@ -35,7 +35,7 @@ from nanobot.errors import StoreError
 from nanobot.store import migrations
 from nanobot.store import url as store_url
 from nanobot.store._placeholders import numbered
-from nanobot.store._together import Together
+from nanobot.store._together import MOST, Together
 from nanobot.store.database import Check, Database, Row, SqlValue, Statement
 from nanobot.store.dialect import POSTGRESQL
 
@@ -133,7 +133,11 @@ class PostgresDatabase(Database):
         await self._pool.close()
 
     def together(
-        self, name: str, write: Callable[[Sequence[_T]], Awaitable[Sequence[_R]]], *, most: int
+        self,
+        name: str,
+        write: Callable[[Sequence[_T]], Awaitable[Sequence[_R]]],
+        *,
+        most: int = MOST,
     ) -> Together[_T, _R]:
         together = Together(write, name=name, most=most, applies=lambda: self._current() is None)
         self._togethers.add(together)

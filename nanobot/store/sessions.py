@@ -85,7 +85,7 @@ class SessionStore:
     def __init__(self, db: Database) -> None:
         self._db = db
         # Single appends of many turns at once go out as one statement (PostgreSQL).
-        self._appends = db.together("entries", self._append_each, most=BATCH)
+        self._appends = db.together("entries", self._append_each)
 
     async def live(self, key: str) -> int:
         """Return the id of the live session for `key`, starting one if there is none.
@@ -276,8 +276,6 @@ class SessionStore:
 def _encode(data: dict[str, Any]) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
-
-BATCH: Final = 100  # single appends sent in one statement at most
 
 # Entries of several sessions appended in one statement, each under its session's advisory
 # lock (PostgreSQL): the locks taken first, in one order (two statements locking some of

@@ -28,7 +28,7 @@ class UsageLedger:
     def __init__(self, db: Database) -> None:
         self._db = db
         # Many runs' usage at once in one statement (PostgreSQL).
-        self._records = db.together("usage", self._record_each, most=100)
+        self._records = db.together("usage", self._record_each)
 
     async def record(
         self,

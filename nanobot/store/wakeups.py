@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Final, Protocol
 
@@ -24,13 +24,13 @@ from nanobot.store import url as store_url
 from nanobot.store._together import Together, write_one
 from nanobot.store.database import Database
 
+_Say = Callable[[Sequence[str]], Awaitable[list[None]]]
 Listener = Callable[[str], None]
 """Called on the event loop with a notification's payload; must not raise or block."""
 
 INBOUND: Final = "nanobot_inbound"  # a message was journaled; payload: its session key
 APPROVAL: Final = "nanobot_approval"  # an approval request was decided; payload: its id
 CRON_CHANGED: Final = "nanobot_cron"  # a cron job was added, changed or removed
-_SAID_AT_ONCE: Final = 100  # notifications sent in one statement at most
 RECONNECT_DELAY: Final = 1.0  # seconds between attempts to listen again
 
 
@@ -62,17 +62,18 @@ class PostgresWakeups:
         self._db = db
         self._url = url
         self._listeners: defaultdict[str, list[Listener]] = defaultdict(list)
-        self._said: dict[str, Together[str, None] | None] = {}
+        # Per topic: what says many at once (None on a backend without), and what says them.
+        self._said: dict[str, tuple[Together[str, None] | None, _Say]] = {}
 
     async def notify(self, topic: str, payload: str = "") -> None:
         # Many tasks saying something at once (a burst of messages journaled) say it in one
         # statement; what is said while one is under way goes in the next, so every
         # notification still follows the commit it announces.
         if topic not in self._said:
-            self._said[topic] = self._db.together(
-                f"wake-ups on {topic}", partial(self._say, topic), most=_SAID_AT_ONCE
-            )
-        await write_one(self._said[topic], partial(self._say, topic), payload)
+            speak: _Say = partial(self._say, topic)
+            self._said[topic] = (self._db.together(f"wake-ups on {topic}", speak), speak)
+        together, say = self._said[topic]
+        await write_one(together, say, payload)
 
     async def _say(self, topic: str, payloads: Sequence[str]) -> list[None]:
         distinct = list(dict.fromkeys(payloads))  # the server would fold repeats anyway
