@@ -139,6 +139,7 @@ class Gate:
         self._closed = False
         self._outage: _Outage | None = None  # set while intake is stopped by a store failure
         self._open = asyncio.Event()  # set while there is no outage
+        self._changed = asyncio.Event()  # replaced once set: see `_signal`
         self._open.set()
         self._crowded: set[str] = set()  # channels whose pairing requests push out others
 
@@ -172,21 +173,24 @@ class Gate:
         a store failure stopped it. Cancellation is safe."""
         await self._open.wait()
 
-    async def retry_due(self) -> None:
-        """Return once the store may be tried: at once while intake is open; else when it
-        opens again, or when the pause before the next try has passed. That try is the
-        caller's: the one after it waits for the next pause, as after a message's failed
-        try (so a process that takes no messages, a cluster member the load balancer does
-        not send to, still tries the store now and then, never in a loop). Cancellation is
-        safe."""
+    async def retry_due(self, after: float | None = None) -> float | None:
+        """Return once the store may be tried: at once while intake is open (None); else
+        when it opens again (None), or when the pause before the next try has passed (the
+        pause's end, on the gate's clock). `after`: the end of a pause the caller tried at
+        already: that one does not count, only a later one (a try that failed for want of
+        storage sets it) or intake opening. So a process that takes no messages, a cluster
+        member the load balancer sends nothing to, still tries the store after each pause,
+        never in a loop; and its try does not push back the next message's. Cancellation
+        is safe."""
         while (outage := self._outage) is not None:
-            wait = outage.retry_at - self._clock()
-            if wait <= 0:
-                self._next_try(outage)
-                return
+            changed = self._changed
+            wait = None if outage.retry_at == after else outage.retry_at - self._clock()
+            if wait is not None and wait <= 0:
+                return outage.retry_at
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
-                    await self._open.wait()
+                    await changed.wait()
+        return None
 
     def store_failed(self, error: StoreError) -> None:
         """A write failed for want of storage (`FailureWatcher`: the store tells the gate of
@@ -320,7 +324,13 @@ class Gate:
         delay = RETRY_DELAYS[min(outage.tries, len(RETRY_DELAYS) - 1)]
         outage.tries += 1
         outage.retry_at = self._clock() + delay
+        self._signal()
         return delay
+
+    def _signal(self) -> None:
+        """Wake `retry_due`'s waiters: the outage ended, or its next try moved."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def _resumed(self) -> None:
         """A store write succeeded: intake is open again, if a failure had stopped it."""
@@ -328,6 +338,7 @@ class Gate:
             stopped_for = self._clock() - self._outage.since
             self._outage = None
             self._open.set()
+            self._signal()
             logger.warning(
                 "intake resumed: the state database takes writes again (stopped for {:.0f}s)",
                 stopped_for,

@@ -447,12 +447,12 @@ async def test_a_journal_write_that_fails_says_when_to_try_again(db: Database) -
     assert paused.value.retry_in == RETRY_DELAYS[1]
 
 
-async def test_a_try_of_the_store_comes_due_after_the_pause_and_counts_as_one(
+async def test_a_try_of_the_store_comes_due_once_per_pause_and_delays_no_message(
     db: Database,
 ) -> None:
     clock = Clock()
     gate = watching_gate(db, clock)
-    await asyncio.wait_for(gate.retry_due(), 1)  # open: due at once
+    assert await asyncio.wait_for(gate.retry_due(), 1) is None  # open: due at once
     await db.fetchall("PRAGMA query_only = ON")
     with pytest.raises(StoreError):
         await Journal(db).enqueue("telegram", {"text": "a reply"})
@@ -460,7 +460,18 @@ async def test_a_try_of_the_store_comes_due_after_the_pause_and_counts_as_one(
     await asyncio.sleep(0.05)
     assert not due.done()  # within the first pause
     clock.now += 5
-    await asyncio.wait_for(due, 10)  # the pause is over: the caller's try
-    with pytest.raises(IntakePaused) as paused:
+    tried = await asyncio.wait_for(due, 10)  # the pause is over: a try is due
+    assert tried == clock.now
+    again = asyncio.create_task(gate.retry_due(tried))
+    await asyncio.sleep(0.05)
+    assert not again.done()  # that pause was tried at already
+    # The caller's try did not push the next message's back: it tries the store at once.
+    with pytest.raises(IntakePaused, match="readonly") as paused:
         await gate(message(mid="1"))
-    assert paused.value.retry_in == 15  # that try counted: a message waits for the next pause
+    assert paused.value.retry_in == 15  # its failed try set the next pause
+    await asyncio.sleep(0.05)
+    assert not again.done()  # the next pause has begun: due at its end
+    await db.fetchall("PRAGMA query_only = OFF")
+    clock.now += 15
+    assert await gate(message(mid="1")) is Intake.ACCEPTED
+    assert await asyncio.wait_for(again, 1) is None  # intake open: due at once

@@ -7,9 +7,11 @@ answers it sooner: it keeps such messages and hands them back once the store may
 again (`StoreOutage.retry_due`): once intake is open again (a journal write succeeded after
 the failure: the gate tries the store again with the first message after a pause), or once
 that pause has passed without a message (a process that takes none in, such as a cluster
-member the load balancer does not send to). A message is kept only while a store failure
-has stopped intake, so retries follow the gate's pauses (5 s, then longer while the store
-keeps failing), and a failure of another kind (a bug) is never retried in a loop.
+member the load balancer does not send to), once per pause: a retry that fails for want of
+storage sets the next pause, one that fails otherwise waits for intake to open. A message is
+kept only while a store failure has stopped intake, so retries follow the gate's pauses (5
+s, then longer while the store keeps failing), and a failure of another kind (a bug) is
+never retried in a loop.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ class StoreOutage(Protocol):
     @property
     def stopped(self) -> bool: ...
 
-    async def retry_due(self) -> None:
-        """Return once intake is open, or once the pause before the store's next try has
-        passed (that try is the caller's)."""
+    async def retry_due(self, after: float | None = None) -> float | None:
+        """Return once intake is open (None), or once the pause before the store's next
+        try has passed (its end); not for the pause ending at `after`, tried already."""
         ...
 
 
@@ -76,9 +78,10 @@ class Held:
         kept: each with whether its user message reached its session (resume its turn
         rather than start it). Runs until cancelled; what is kept then stays pending in the
         journal for the next start."""
+        tried = None  # the end of the pause it last tried the store at
         while True:
             await self._waiting.wait()
-            await self._outage.retry_due()
+            tried = await self._outage.retry_due(tried)
             batch, self._messages = self._messages, {}
             self._waiting.clear()
             try:
