@@ -30,9 +30,10 @@ from typing import Final, Literal, Protocol
 from loguru import logger
 
 from nanobot.bus.events import InboundMessage, OutboundMessage
+from nanobot.bus.intake import IntakePaused
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_record
-from nanobot.channels.base import Intake, IntakePaused
+from nanobot.channels.base import Intake
 from nanobot.errors import StoreError
 from nanobot.log import printable
 from nanobot.store import Access, Journal

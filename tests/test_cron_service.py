@@ -11,9 +11,16 @@ from pathlib import Path
 import pytest
 
 from nanobot.bus.events import InboundMessage, TurnOutcome
+from nanobot.bus.intake import IntakePaused
 from nanobot.cron.jobs import Jobs, ScheduleSpec
 from nanobot.cron.models import At, Cron, Every, Job
-from nanobot.cron.service import JUMP_TOLERANCE, WATCH_INTERVAL, CronService, job_event
+from nanobot.cron.service import (
+    JUMP_TOLERANCE,
+    STORE_RETRY,
+    WATCH_INTERVAL,
+    CronService,
+    job_event,
+)
 from nanobot.errors import StoreError
 from nanobot.store import Database
 from nanobot.store.cron import CronStore
@@ -26,6 +33,9 @@ from nanobot.tools.registry import ToolRegistry
 async def db(tmp_path: Path) -> AsyncIterator[Database]:
     async with await Database.open(tmp_path / "state.db") as database:
         yield database
+
+
+PAUSE = 5.0  # seconds a paused intake says to wait
 
 
 class FakeClock:
@@ -80,6 +90,13 @@ class FakeClock:
         """Set the wall clock `delta` away; no time passes, so no sleeper wakes."""
         self.time += delta
 
+    async def asleep(self, count: int) -> None:
+        """Wait until exactly `count` are asleep."""
+        async with asyncio.timeout(10):
+            while len(self._sleepers) != count:
+                self._changed.clear()
+                await self._changed.wait()
+
     async def settled(self) -> None:
         """Wait until the scheduler and the watcher are both asleep with nothing to wake them."""
         async with asyncio.timeout(10):
@@ -101,11 +118,15 @@ class Runner:
         self.hold: asyncio.Event | None = None
         self.service: CronService | None = None
         self.fail = False
+        self.paused = 0  # hand-overs refused with IntakePaused before one is taken
         self._turns: set[asyncio.Task[None]] = set()
 
     async def submit(self, message: InboundMessage) -> int | None:
         if self.fail:
             raise StoreError("disk full")
+        if self.paused:
+            self.paused -= 1
+            raise IntakePaused("intake is stopped", reason="disk full", retry_in=PAUSE)
         assert message.session is not None
         self.ran.append(message.session.removeprefix("cron:"))
         self.events.append(message)
@@ -284,6 +305,113 @@ async def test_a_run_that_cannot_be_handed_over_is_an_error_and_the_next_one_run
     await runner.wait(1)
     await clock.settled()
     assert [r.status for r in await store.runs(job.id)] == ["ok", "error"]
+    await stop(task)
+
+
+class AwayStore(CronStore):
+    """The real store, whose database does not answer while `away` (a server restarting, a
+    disk gone read-only): every read and write the scheduler makes raises `StoreError`."""
+
+    away = False
+    tries = 0  # reads and writes tried while away
+
+    def _answer(self) -> None:
+        if self.away:
+            self.tries += 1
+            raise StoreError("cannot use the store at ***: the database system is shutting down")
+
+    async def version(self) -> int:
+        self._answer()
+        return await super().version()
+
+    async def due(self, now: datetime) -> list[Job]:
+        self._answer()
+        return await super().due(now)
+
+    async def next_due(self) -> datetime | None:
+        self._answer()
+        return await super().next_due()
+
+    async def mark_interrupted_runs(self) -> int:
+        self._answer()
+        return await super().mark_interrupted_runs()
+
+    async def list(self, owner: str | None = None, *, include_disabled: bool = False) -> list[Job]:
+        self._answer()
+        return await super().list(owner, include_disabled=include_disabled)
+
+
+async def test_the_store_away_at_start_delays_the_schedule_and_ends_nothing(
+    db: Database, warnings: list[str]
+) -> None:
+    store, runner, clock = AwayStore(db), Runner(), FakeClock()
+    job = await Jobs(store, "UTC").add("due", "m", ScheduleSpec(every="1h"))
+    assert job.next_run is not None
+    clock.advance(job.next_run - clock.now())
+    store.away = True
+    service = CronService(store, runner, catch_up_window=HOUR, clock=clock)
+    runner.service = service
+    task = asyncio.create_task(service.run())
+    await clock.asleep(1)
+    for _ in range(3):  # it tries again every STORE_RETRY seconds, and only then
+        tries = store.tries
+        clock.advance(timedelta(seconds=STORE_RETRY))
+        await clock.asleep(1)
+        assert store.tries == tries + 1
+    assert not task.done() and runner.ran == []
+    store.away = False
+    clock.advance(timedelta(seconds=STORE_RETRY))
+    await runner.wait(1)
+    assert runner.ran == [job.id]  # due all along: it starts once the store answers
+    await clock.settled()
+    said = [line for line in warnings if "cron: the state database" in line]
+    assert len(said) == 2  # one line when it failed, one when it answered again
+    assert "failed" in said[0] and "answers again" in said[1]
+    await stop(task)
+
+
+async def test_a_job_due_while_the_store_is_away_starts_once_when_it_answers(
+    db: Database, warnings: list[str]
+) -> None:
+    store, runner, clock = AwayStore(db), Runner(), FakeClock()
+    job = await Jobs(store, "UTC").add("hourly", "m", ScheduleSpec(every="1h"))
+    assert job.next_run is not None
+    task = await start(store, runner, clock)
+    store.away = True
+    clock.advance(job.next_run - clock.now())  # due now, and the store away
+    for _ in range(12):  # the watcher and the scheduler keep failing, and keep going
+        clock.advance(timedelta(seconds=WATCH_INTERVAL))
+        await clock.settled()
+    assert store.tries > 12
+    assert not task.done() and runner.ran == []
+    store.away = False
+    clock.advance(timedelta(seconds=WATCH_INTERVAL))  # the watcher's look gets through
+    await runner.wait(1)
+    await clock.settled()
+    assert runner.ran == [job.id]  # once, though many looks failed meanwhile
+    assert [r.status for r in await store.runs(job.id)] == ["ok"]
+    assert len([line for line in warnings if "cron: the state database" in line]) == 2
+    await stop(task)
+
+
+async def test_a_run_waits_out_a_paused_intake_and_starts_when_it_reopens(
+    db: Database, warnings: list[str]
+) -> None:
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    runner.paused = 2  # intake refuses the first two hand-overs: the store failed it
+    job = await Jobs(store, "UTC").add("hourly", "m", ScheduleSpec(every="1h"))
+    assert job.next_run is not None
+    task = await start(store, runner, clock)
+    clock.advance(job.next_run - clock.now())
+    for _ in range(2):
+        await clock.asleep(3)  # the scheduler, the watcher, and the run as intake says
+        assert runner.ran == []
+        clock.advance(timedelta(seconds=PAUSE))
+    await runner.wait(1)
+    await clock.settled()
+    assert runner.ran == [job.id]
+    assert [r.status for r in await store.runs(job.id)] == ["ok"]  # not an error
+    assert len([line for line in warnings if "intake is paused" in line]) == 2
     await stop(task)
 
 

@@ -13,8 +13,9 @@ import pytest
 from loguru import logger
 
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage
+from nanobot.bus.intake import IntakePaused
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import Intake, IntakePaused
+from nanobot.channels.base import Intake
 from nanobot.errors import StoreError
 from nanobot.gate import CATCH_UP_WINDOW, RETRY_DELAYS, ChannelRules, Gate, GroupPolicy
 from nanobot.store import Access, Database, Journal

@@ -14,9 +14,10 @@ import pytest
 from nanobot.agent.dispatcher import HELD, Dispatcher
 from nanobot.agent.held import Held
 from nanobot.bus.events import ChatRef, InboundMessage, Outbound, OutboundMessage
+from nanobot.bus.intake import IntakePaused
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import Record
-from nanobot.channels.base import Intake, IntakePaused
+from nanobot.channels.base import Intake
 from nanobot.gate import RETRY_DELAYS, ChannelRules, Gate
 from nanobot.store import Access, Database, Journal
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls

@@ -20,10 +20,11 @@ from loguru import logger
 from nanobot import gate as gate_module
 from nanobot.app import build_gateway, open_parts
 from nanobot.bus.events import ChatRef
+from nanobot.bus.intake import IntakePaused
 from nanobot.bus.queue import MessageBus
 from nanobot.channels import _discord_inbound, base
 from nanobot.channels._pause import Pause
-from nanobot.channels.base import InboxPolicy, IntakePaused
+from nanobot.channels.base import InboxPolicy
 from nanobot.config import load
 from nanobot.gate import ChannelRules, Gate
 from nanobot.store import Access, Database, Journal

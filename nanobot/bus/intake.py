@@ -6,6 +6,18 @@ from __future__ import annotations
 from typing import Protocol
 
 from nanobot.bus.events import InboundMessage
+from nanobot.errors import StoreError
+
+
+class IntakePaused(StoreError):
+    """Intake is stopped because the state database cannot be written: the message was not
+    taken (do not acknowledge it, and do not drop it). Hand it over again in `retry_in`
+    seconds, when the gate tries the store again; `reason` is what the store said."""
+
+    def __init__(self, message: str, *, reason: str, retry_in: float) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_in = retry_in
 
 
 class EventIntake(Protocol):
@@ -18,6 +30,7 @@ class EventIntake(Protocol):
         returned, the event's turn runs even across a crash.
 
         Raises:
-            StoreError: the journal could not be written; nothing was taken.
+            IntakePaused: the journal could not be written, now or by an earlier failure
+                that stopped intake; nothing was taken (submit it again in `retry_in`).
         """
         ...

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from loguru import logger
 
-from nanobot.channels.base import IntakePaused
+from nanobot.bus.intake import IntakePaused
 
 _T = TypeVar("_T")
 

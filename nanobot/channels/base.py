@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Final, Protocol, runtime_checkable
 
 from nanobot.bus.events import InboundMessage, Outbound
-from nanobot.errors import ConfigError, StoreError
+from nanobot.errors import ConfigError
 from nanobot.workspace import Workspace
 
 
@@ -34,17 +34,6 @@ class Intake(Enum):
     # The gateway is stopping and the sender has no access (no pairing codes while stopping):
     # not taken; do not acknowledge it. Allowed senders' messages are ACCEPTED even then.
     CLOSED = "closed"
-
-
-class IntakePaused(StoreError):
-    """Intake is stopped because the state database cannot be written: the message was not
-    taken (do not acknowledge it, and do not drop it). Hand it over again in `retry_in`
-    seconds, when the gate tries the store again; `reason` is what the store said."""
-
-    def __init__(self, message: str, *, reason: str, retry_in: float) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.retry_in = retry_in
 
 
 class IntakePort(Protocol):

@@ -19,26 +19,43 @@ their grid (`realign`), and the scheduler wakes to look at the new time. Cron ex
 `at` times name wall-clock times, so they follow the wall clock by definition: after a jump
 forward what it passed over is due (and caught up or missed as after a restart); after a
 jump back their next run stays put, and what already ran does not run again.
+
+A store that fails (a database restarting, a disk full) never ends the service: the
+scheduler says so once, looks again every `STORE_RETRY` seconds (or as soon as the watcher
+gets through), and starts what fell due meanwhile as after a restart. A run whose hand-over
+finds intake paused by such a failure waits as intake says, and starts once it is taken.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from loguru import logger
 
 from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
-from nanobot.bus.intake import EventIntake
+from nanobot.bus.intake import EventIntake, IntakePaused
 from nanobot.cron.job_store import JobStore
 from nanobot.cron.models import Job, RunStatus
 from nanobot.cron.schedule import catch_up, format_time, realign, zone_of
+from nanobot.errors import StoreError
 from nanobot.tasks import TaskSet
 
+_T = TypeVar("_T")
+
+
+class _Failed:
+    """What a step the store failed returns (`CronService._stored`)."""
+
+
+FAILED: Final = _Failed()
+
 WATCH_INTERVAL = 1.0
+STORE_RETRY: Final = 5.0
+"""Seconds the scheduler waits before looking again after the store failed it."""
 JUMP_TOLERANCE: Final = 2.0
 """Seconds the wall clock may part from the monotonic one between two looks before it counts
 as a jump (NTP slews by at most half a millisecond a second)."""
@@ -124,10 +141,27 @@ class CronService:
         self._runs = TaskSet("cron")
         self._running: dict[int, str] = {}  # run id -> job id, of the runs in progress
         self._seen = (self._clock.now(), self._clock.monotonic())  # the clocks at the last look
+        self._store_failing = False  # the store failed the last look (logged once)
 
     async def run(self) -> None:
         """Schedule until cancelled. Cancelling stops the scheduling; the turns of runs
-        handed over go on (they belong to the dispatcher, and resume after a restart)."""
+        handed over go on (they belong to the dispatcher, and resume after a restart).
+
+        A store that fails (a database restarting, a disk full) pauses the scheduling, with
+        one log line, until it answers again: the jobs due meanwhile stay due and start
+        then, as after a restart (`catch_up`). Never raises over it."""
+        while isinstance(await self._stored(self._prepare()), _Failed):
+            await self._clock.sleep(STORE_RETRY)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._watch(), name="cron-watch")
+                await self._schedule()
+        finally:
+            await self._runs.close()
+
+    async def _prepare(self) -> None:
+        """What a start looks at once: runs a crash cut short, jobs for channels not enabled,
+        next runs a wrong clock left ahead."""
         interrupted = await self._store.mark_interrupted_runs()
         if interrupted:
             logger.warning(
@@ -139,24 +173,47 @@ class CronService:
         # A next run computed while the clock was ahead, before this start, is caught too.
         self._seen = (self._clock.now(), self._clock.monotonic())
         await self._realign(self._seen[0])
-        try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._watch(), name="cron-watch")
-                await self._schedule()
-        finally:
-            await self._runs.close()
 
     async def _schedule(self) -> None:
         while True:
             self._wake.clear()  # before looking: a wake-up from then on is not lost
-            await self._check_clock()
-            await self._start_due(self._clock.now())
-            upcoming = await self._store.next_due()
-            delay = None if upcoming is None else (upcoming - self._clock.now()).total_seconds()
-            if delay is not None and delay <= 0:
+            delay = await self._stored(self._look())
+            if isinstance(delay, _Failed):
+                delay = STORE_RETRY  # or sooner: the watcher wakes it once the store answers
+            elif delay is not None and delay <= 0:
                 continue
             # On the monotonic clock: a jump of the wall clock meanwhile wakes it (`_check_clock`).
             await self._clock.sleep(delay, self._wake)
+
+    async def _look(self) -> float | None:
+        """Start what is due; seconds until the next job is (None: no job is waiting)."""
+        await self._check_clock()
+        await self._start_due(self._clock.now())
+        upcoming = await self._store.next_due()
+        return None if upcoming is None else (upcoming - self._clock.now()).total_seconds()
+
+    async def _stored(self, step: Coroutine[Any, Any, _T]) -> _T | _Failed:
+        """What `step` returns, or FAILED when the store failed it: said once until a step
+        gets through again (then the scheduler is woken to look at once)."""
+        try:
+            result = await step
+        except StoreError as exc:
+            if not self._store_failing:
+                self._store_failing = True
+                logger.error(
+                    "cron: the state database failed ({}); no job starts until it answers "
+                    "again (tried every {:g} s); jobs due meanwhile start then",
+                    exc,
+                    STORE_RETRY,
+                )
+            else:
+                logger.debug("cron: the state database failed again: {}", exc)
+            return FAILED
+        if self._store_failing:
+            self._store_failing = False
+            logger.warning("cron: the state database answers again; scheduling goes on")
+            self._wake.set()
+        return result
 
     async def _start_due(self, now: datetime) -> None:
         for job in await self._store.due(now):
@@ -185,7 +242,7 @@ class CronService:
     async def _hand_over(self, job: Job, run_id: int) -> None:
         logger.info("cron job {} ({}) starts", job.id, job.name)
         try:
-            taken = await self._intake.submit(job_event(job, run_id))
+            taken = await self._submit(job, run_id)
         except Exception as exc:  # noqa: BLE001 - a task boundary: record it, keep scheduling
             logger.exception("cron job {} could not start", job.id)
             await self._finish(run_id, "error", f"{type(exc).__name__}: {exc}")
@@ -195,6 +252,22 @@ class CronService:
         else:
             if taken is None:  # cannot happen for a fresh run id; never leave it running
                 await self._finish(run_id, "error", "the run was handed over twice")
+
+    async def _submit(self, job: Job, run_id: int) -> int | None:
+        """Hand the run's event to intake, waiting while a store failure pauses it (the run
+        starts once intake takes it again); its journal row, as `submit` says."""
+        event = job_event(job, run_id)
+        while True:
+            try:
+                return await self._intake.submit(event)
+            except IntakePaused as exc:
+                logger.warning(
+                    "cron job {} waits: intake is paused ({}); handed over again in {:.0f} s",
+                    job.id,
+                    exc.reason,
+                    exc.retry_in,
+                )
+                await self._clock.sleep(exc.retry_in)
 
     async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:
         """Record how the run behind `message` ended (`OutcomeSink`)."""
@@ -219,14 +292,18 @@ class CronService:
         self._wake.set()
 
     async def _watch(self) -> None:
-        seen = await self._store.version()
+        seen = await self._stored(self._store.version())
         while True:
             await self._clock.sleep(WATCH_INTERVAL)
-            await self._check_clock()
-            version = await self._store.version()
-            if version != seen:
+            version = await self._stored(self._check_version())
+            if not isinstance(version, _Failed) and version != seen:
+                if not isinstance(seen, _Failed):  # after a failure `_stored` woke it
+                    self._wake.set()
                 seen = version
-                self._wake.set()
+
+    async def _check_version(self) -> int:
+        await self._check_clock()
+        return await self._store.version()
 
     async def _check_clock(self) -> None:
         """Notice a jump of the wall clock since the last look; then realign and wake."""
