@@ -5,7 +5,8 @@ costs nothing: no model call is made. Otherwise the beat is handed to the gate a
 event: one turn in the `heartbeat` session, which starts afresh each time (system prompt and
 the file, no growing history), journaled like a chat message. A reply of HEARTBEAT_OK means
 "nothing to report" and is delivered nowhere; anything else goes to the configured chat, and
-nowhere if none is configured (never to a guessed chat).
+nowhere if none is configured (never to a guessed chat). A beat that finds intake paused (the
+state database failing) waits for it, as a cron run does.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from loguru import logger
 
 from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
-from nanobot.bus.intake import EventIntake
+from nanobot.bus.intake import EventIntake, IntakePaused
 from nanobot.workspace import ConfinementError, Workspace
 
 OK = "HEARTBEAT_OK"
@@ -60,18 +61,33 @@ class Heartbeat:
         self._deliver_to = deliver_to
 
     async def run(self) -> None:
+        """Beat every `interval` seconds until cancelled. A beat that finds intake paused by
+        a store failure is made again when intake says, not skipped."""
         while True:
             await asyncio.sleep(self._interval)
             try:
-                await self.beat()
+                await self._beat_when_taken()
             except Exception:  # noqa: BLE001 - a task boundary: the next beat tries again
                 logger.exception("heartbeat failed")
+
+    async def _beat_when_taken(self) -> None:
+        while True:
+            try:
+                await self.beat()
+                return
+            except IntakePaused as exc:
+                logger.warning(
+                    "heartbeat waits: intake is paused ({}); beats again in {:.0f} s",
+                    exc.reason,
+                    exc.retry_in,
+                )
+                await asyncio.sleep(exc.retry_in)
 
     async def beat(self) -> int | None:
         """One check; the journal row of the turn it started (None when nothing was due).
 
         Raises:
-            StoreError: the beat could not be journaled.
+            IntakePaused: the beat could not be journaled.
         """
         try:
             data = await asyncio.to_thread(self._folder.read_bytes, self._file.name)

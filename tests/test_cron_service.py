@@ -374,11 +374,10 @@ async def test_a_job_due_while_the_store_is_away_starts_once_when_it_answers(
     db: Database, warnings: list[str]
 ) -> None:
     store, runner, clock = AwayStore(db), Runner(), FakeClock()
-    job = await Jobs(store, "UTC").add("hourly", "m", ScheduleSpec(every="1h"))
-    assert job.next_run is not None
+    job = await hourly(store, clock)
     task = await start(store, runner, clock)
     store.away = True
-    clock.advance(job.next_run - clock.now())  # due now, and the store away
+    clock.advance(HOUR)  # due now, and the store away
     for _ in range(12):  # the watcher and the scheduler keep failing, and keep going
         clock.advance(timedelta(seconds=WATCH_INTERVAL))
         await clock.settled()
@@ -399,10 +398,9 @@ async def test_a_run_waits_out_a_paused_intake_and_starts_when_it_reopens(
 ) -> None:
     store, runner, clock = CronStore(db), Runner(), FakeClock()
     runner.paused = 2  # intake refuses the first two hand-overs: the store failed it
-    job = await Jobs(store, "UTC").add("hourly", "m", ScheduleSpec(every="1h"))
-    assert job.next_run is not None
+    job = await hourly(store, clock)
     task = await start(store, runner, clock)
-    clock.advance(job.next_run - clock.now())
+    clock.advance(HOUR)
     for _ in range(2):
         await clock.asleep(3)  # the scheduler, the watcher, and the run as intake says
         assert runner.ran == []

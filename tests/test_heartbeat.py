@@ -11,6 +11,7 @@ import pytest
 
 from nanobot.agent.dispatcher import Dispatcher
 from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
+from nanobot.bus.intake import IntakePaused
 from nanobot.heartbeat import Heartbeat, actionable
 from nanobot.store import Database, UsageLedger
 from nanobot.workspace import bundled
@@ -136,3 +137,37 @@ async def test_a_heartbeat_file_linked_outside_the_workspace_is_not_read(
     file.symlink_to(secret)
     assert await (await heartbeat(tmp_path, harness, CHAT)).beat() is None
     assert fake_llm.request_count == 0  # nothing of the file reached a model
+
+
+class PausedThenOpen:
+    """Intake paused by a store failure for the first `paused` beats, then taking them."""
+
+    def __init__(self, paused: int) -> None:
+        self.paused = paused
+        self.taken: list[InboundMessage] = []
+        self.event = asyncio.Event()
+
+    async def submit(self, message: InboundMessage) -> int | None:
+        if self.paused:
+            self.paused -= 1
+            raise IntakePaused("intake is stopped", reason="disk full", retry_in=0.01)
+        self.taken.append(message)
+        self.event.set()
+        return len(self.taken)
+
+
+async def test_a_beat_that_finds_intake_paused_is_made_once_it_reopens(
+    tmp_path: Path, warnings: list[str]
+) -> None:
+    file = tmp_path / "HEARTBEAT.md"
+    file.write_text("- [ ] water the plants\n", encoding="utf-8")
+    intake = PausedThenOpen(paused=2)
+    task = asyncio.create_task(Heartbeat(file, 0.01, intake, CHAT).run())
+    try:
+        await asyncio.wait_for(intake.event.wait(), 10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert "water the plants" in intake.taken[0].text  # made, not skipped
+    said = [line for line in warnings if "heartbeat" in line]
+    assert len(said) == 2 and all("intake is paused" in line for line in said)  # no traceback

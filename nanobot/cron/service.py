@@ -51,7 +51,7 @@ class _Failed:
     """What a step the store failed returns (`CronService._stored`)."""
 
 
-FAILED: Final = _Failed()
+_FAILED: Final = _Failed()
 
 WATCH_INTERVAL = 1.0
 STORE_RETRY: Final = 5.0
@@ -193,7 +193,7 @@ class CronService:
         return None if upcoming is None else (upcoming - self._clock.now()).total_seconds()
 
     async def _stored(self, step: Coroutine[Any, Any, _T]) -> _T | _Failed:
-        """What `step` returns, or FAILED when the store failed it: said once until a step
+        """What `step` returns, or `_FAILED` when the store failed it: said once until a step
         gets through again (then the scheduler is woken to look at once)."""
         try:
             result = await step
@@ -208,7 +208,7 @@ class CronService:
                 )
             else:
                 logger.debug("cron: the state database failed again: {}", exc)
-            return FAILED
+            return _FAILED
         if self._store_failing:
             self._store_failing = False
             logger.warning("cron: the state database answers again; scheduling goes on")
