@@ -19,7 +19,7 @@ from pathlib import Path
 from loguru import logger
 
 from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
-from nanobot.bus.intake import EventIntake, IntakePaused
+from nanobot.bus.intake import EventIntake, once_taken
 from nanobot.workspace import ConfinementError, Workspace
 
 OK = "HEARTBEAT_OK"
@@ -66,22 +66,9 @@ class Heartbeat:
         while True:
             await asyncio.sleep(self._interval)
             try:
-                await self._beat_when_taken()
+                await once_taken(self.beat, "heartbeat")
             except Exception:  # noqa: BLE001 - a task boundary: the next beat tries again
                 logger.exception("heartbeat failed")
-
-    async def _beat_when_taken(self) -> None:
-        while True:
-            try:
-                await self.beat()
-                return
-            except IntakePaused as exc:
-                logger.warning(
-                    "heartbeat waits: intake is paused ({}); beats again in {:.0f} s",
-                    exc.reason,
-                    exc.retry_in,
-                )
-                await asyncio.sleep(exc.retry_in)
 
     async def beat(self) -> int | None:
         """One check; the journal row of the turn it started (None when nothing was due).

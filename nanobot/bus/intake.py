@@ -3,10 +3,16 @@ of the gate."""
 
 from __future__ import annotations
 
-from typing import Protocol
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+from loguru import logger
 
 from nanobot.bus.events import InboundMessage
 from nanobot.errors import StoreError
+
+_T = TypeVar("_T")
 
 
 class IntakePaused(StoreError):
@@ -34,3 +40,26 @@ class EventIntake(Protocol):
                 that stopped intake; nothing was taken (submit it again in `retry_in`).
         """
         ...
+
+
+async def once_taken(
+    hand: Callable[[], Awaitable[_T]],
+    who: str,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> _T:
+    """What `hand()` (a submission of nanobot's own event) returns, calling it again after
+    the pause `IntakePaused` says for as long as it raises that, with one warning naming
+    `who` each time: an event due while a store failure pauses intake is made late, not
+    dropped. What else it raises is raised. Cancellation is safe (it only waits)."""
+    while True:
+        try:
+            return await hand()
+        except IntakePaused as exc:
+            logger.warning(
+                "{} waits: intake is paused ({}); handed over again in {:.0f} s",
+                who,
+                exc.reason,
+                exc.retry_in,
+            )
+            await sleep(exc.retry_in)

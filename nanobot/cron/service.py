@@ -32,12 +32,13 @@ import asyncio
 import time
 from collections.abc import Collection, Coroutine
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Final, Protocol, TypeVar
 
 from loguru import logger
 
 from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
-from nanobot.bus.intake import EventIntake, IntakePaused
+from nanobot.bus.intake import EventIntake, once_taken
 from nanobot.cron.job_store import JobStore
 from nanobot.cron.models import Job, RunStatus
 from nanobot.cron.schedule import catch_up, format_time, realign, zone_of
@@ -242,7 +243,8 @@ class CronService:
     async def _hand_over(self, job: Job, run_id: int) -> None:
         logger.info("cron job {} ({}) starts", job.id, job.name)
         try:
-            taken = await self._submit(job, run_id)
+            submit = partial(self._intake.submit, job_event(job, run_id))
+            taken = await once_taken(submit, f"cron job {job.id}", sleep=self._clock.sleep)
         except Exception as exc:  # noqa: BLE001 - a task boundary: record it, keep scheduling
             logger.exception("cron job {} could not start", job.id)
             await self._finish(run_id, "error", f"{type(exc).__name__}: {exc}")
@@ -252,22 +254,6 @@ class CronService:
         else:
             if taken is None:  # cannot happen for a fresh run id; never leave it running
                 await self._finish(run_id, "error", "the run was handed over twice")
-
-    async def _submit(self, job: Job, run_id: int) -> int | None:
-        """Hand the run's event to intake, waiting while a store failure pauses it (the run
-        starts once intake takes it again); its journal row, as `submit` says."""
-        event = job_event(job, run_id)
-        while True:
-            try:
-                return await self._intake.submit(event)
-            except IntakePaused as exc:
-                logger.warning(
-                    "cron job {} waits: intake is paused ({}); handed over again in {:.0f} s",
-                    job.id,
-                    exc.reason,
-                    exc.retry_in,
-                )
-                await self._clock.sleep(exc.retry_in)
 
     async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:
         """Record how the run behind `message` ended (`OutcomeSink`)."""
@@ -297,9 +283,8 @@ class CronService:
             await self._clock.sleep(WATCH_INTERVAL)
             version = await self._stored(self._check_version())
             if not isinstance(version, _Failed) and version != seen:
-                if not isinstance(seen, _Failed):  # after a failure `_stored` woke it
-                    self._wake.set()
                 seen = version
+                self._wake.set()
 
     async def _check_version(self) -> int:
         await self._check_clock()
