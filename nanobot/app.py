@@ -49,7 +49,9 @@ from nanobot.gate import ChannelRules, Entry, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat
 from nanobot.membership import Membership
-from nanobot.providers.provider import Provider, RetryPolicy, Routes
+from nanobot.providers.catalog import Catalog
+from nanobot.providers.provider import Provider, RetryPolicy
+from nanobot.providers.routes import Routes
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore, UsageLedger
 from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
@@ -74,6 +76,7 @@ from nanobot.tools.web import WebFetchTool, WebSearchTool
 from nanobot.workspace import copy_template
 
 if TYPE_CHECKING:
+    from nanobot.providers.base import Transport
     from nanobot.providers.litellm_provider import LiteLLMTransport
 
 JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe
@@ -85,28 +88,21 @@ def _timezone(config: Config) -> tzinfo | None:
 
 def build_provider(config: Config) -> Provider:
     """The model provider, its calls made by the transports `agent.transport` names; the
-    caller closes it (`aclose`)."""
+    caller closes it (`aclose`). Imports neither litellm nor aiohttp's client until a call
+    or `prepare` needs one."""
     agent = config.agent
     api_key = agent.api_key.get_secret_value() if agent.api_key else None
-    timeout = agent.request_timeout
     routes: Routes
-    if agent.transport == "litellm" or not agent.api_base:  # auto without api_base: litellm
+    if agent.transport == "litellm":
         routes = Routes(_litellm_transport(config, api_key))
+    elif agent.transport == "direct":
+        routes = Routes(_direct_transport(config, api_key, auto=False))
     else:
-        from nanobot.providers.openai_direct import DirectTransport  # aiohttp: ~0.1 s
-
-        auto = agent.transport == "auto"
-        direct = DirectTransport(
-            agent.api_base, api_key=api_key, key_from_env=auto, request_timeout=timeout
+        routes = Routes.auto(
+            _litellm_transport(config, api_key),
+            _direct_transport(config, api_key, auto=True),
+            Catalog.shipped(),
         )
-        routes = Routes(direct)
-        if auto:
-            routes = Routes.auto(
-                _litellm_transport(config, api_key),
-                direct,
-                max_tokens=agent.max_tokens,
-                temperature=agent.temperature,
-            )
     return Provider(
         agent.model,
         routes,
@@ -115,6 +111,28 @@ def build_provider(config: Config) -> Provider:
         temperature=agent.temperature,
         retry=RetryPolicy(attempts=agent.max_retries, max_total=agent.retry_max_seconds),
         context_window=agent.context_window,
+    )
+
+
+def _direct_transport(config: Config, api_key: str | None, *, auto: bool) -> Transport:
+    """The direct transport of the `openai/` models: to `agent.api_base` when the model is
+    OpenAI-compatible and one is set; else (`auto`) to OpenAI's API where litellm would send
+    them, with our key only if the model is OpenAI's (as litellm places keys)."""
+    from nanobot.providers.openai_direct import DirectTransport, openai_api_base  # aiohttp
+
+    agent = config.agent
+    timeout = agent.request_timeout
+    ours = agent.model.startswith("openai/")
+    if agent.api_base and (ours or not auto):
+        return DirectTransport(
+            agent.api_base, api_key=api_key, key_from_env=auto, request_timeout=timeout
+        )
+    return DirectTransport(
+        openai_api_base(),
+        api_key=api_key if ours else None,
+        key_from_env=True,
+        needs_key="agent.api_key or OPENAI_API_KEY" if ours else "OPENAI_API_KEY",
+        request_timeout=timeout,
     )
 
 
@@ -233,6 +251,7 @@ class Parts:
     bus: MessageBus
     journal: Journal
     approver: Approver
+    provider: Provider
 
 
 def private_dir(path: Path) -> None:
@@ -292,7 +311,7 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
                 usage=UsageLedger(db),
                 approver=approver,
             )
-            yield Parts(db, loop, jobs, runner, tools, sessions, bus, journal, approver)
+            yield Parts(db, loop, jobs, runner, tools, sessions, bus, journal, approver, provider)
     finally:
         await provider.aclose()
 
@@ -437,7 +456,7 @@ async def build_gateway(
         channels.append(console)
     subagents = build_subagents(config, parts, way_in.gate)
     services: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]
-    services = [("subagents", subagents.run)]
+    services = [("subagents", subagents.run), ("fallbacks", partial(_fallbacks, parts.provider))]
     scheduled: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
     outcomes: dict[Source, OutcomeSink] = {}
     beat = config.heartbeat
@@ -526,6 +545,16 @@ def _beat_interval(config: Config) -> float:
     if config.shared_store:
         return min(every, config.cluster.lease_seconds / 3)
     return every
+
+
+async def _fallbacks(provider: Provider) -> None:
+    """Load what the fallback models need (litellm, for one that goes through it) while
+    the gateway already answers: a direct reply waits for no import. A failure here is
+    logged, not fatal: a fallback's call says again what is wrong with it."""
+    try:
+        await asyncio.to_thread(provider.prepare_fallbacks)
+    except Exception:  # noqa: BLE001 - the task's boundary; the primary model still answers
+        logger.exception("could not prepare the fallback models")
 
 
 async def _together(

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from nanobot.errors import ProviderError
 from nanobot.providers import Delta, TextDelta, ToolCallDelta
+from nanobot.providers.catalog import Catalog
 from nanobot.providers.litellm_provider import LiteLLMTransport
 from nanobot.providers.openai_direct import (
     DirectTransport,
@@ -21,7 +22,8 @@ from nanobot.providers.openai_direct import (
     _kind_for_status,
     _Lines,
 )
-from nanobot.providers.provider import Provider, RetryPolicy, Routes
+from nanobot.providers.provider import Provider, RetryPolicy
+from nanobot.providers.routes import Routes
 from tests.fakes.llm import (
     AuthError,
     Call,
@@ -66,7 +68,7 @@ def on_direct(
         litellm = LiteLLMTransport(
             MODEL, api_key=api_key, api_base=api_base, request_timeout=request_timeout
         )
-        routes = Routes.auto(litellm, direct, max_tokens=4096, temperature=0.3)
+        routes = Routes.auto(litellm, direct, Catalog.shipped())
     return Provider(MODEL, routes, **options)
 
 
@@ -440,11 +442,17 @@ async def test_auto_takes_the_key_from_the_environment_as_litellm_would(
     fake_llm: FakeLLM, make: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    monkeypatch.setenv("OPENAI_ORGANIZATION", "org-ours")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-ours")
     await make(fake_llm.base_url, api_key=None, auto=True).complete(MESSAGES)
     await make(fake_llm.base_url, api_key=None).complete(MESSAGES)
     auto, direct = fake_llm.requests
     assert auto.headers["Authorization"] == "Bearer sk-from-env"
+    # As litellm's OpenAI client sends them.
+    assert auto.headers["OpenAI-Organization"] == "org-ours"
+    assert auto.headers["OpenAI-Project"] == "proj-ours"
     assert "Authorization" not in direct.headers  # transport: direct takes api_key only
+    assert "OpenAI-Organization" not in direct.headers
 
 
 def test_api_base_is_required() -> None:

@@ -21,7 +21,8 @@ from nanobot.providers._stream import Assembler, retry_after
 from nanobot.providers.base import Completion, ToolCall, Usage
 from nanobot.providers.litellm_provider import LiteLLMTransport, _litellm, _read_chunk
 from nanobot.providers.openai_direct import DirectTransport
-from nanobot.providers.provider import Provider, RetryPolicy, Routes
+from nanobot.providers.provider import Provider, RetryPolicy
+from nanobot.providers.routes import Routes
 from tests.fakes.llm import (
     AuthError,
     Call,
@@ -362,8 +363,10 @@ def test_counting_tokens_never_downloads_a_tokenizer(
 
 async def test_build_provider_follows_the_transport() -> None:
     base = "http://localhost:8000/v1"
-    provider = build_provider(Config())  # auto without api_base
-    assert isinstance(provider.transport(provider.model), LiteLLMTransport)
+    provider = build_provider(Config())  # auto without api_base: OpenAI's API, directly
+    assert isinstance(provider.transport(provider.model), DirectTransport)
+    assert isinstance(provider.transport("openai/o3-mini"), LiteLLMTransport)
+    assert isinstance(provider.transport("anthropic/claude-sonnet-4-5"), LiteLLMTransport)
     litellm = AgentConfig(transport="litellm", api_base=base)
     provider = build_provider(Config(agent=litellm))
     assert isinstance(provider.transport("openai/gpt-4o-mini"), LiteLLMTransport)
@@ -482,6 +485,8 @@ async def test_a_fallback_without_its_key_is_warned_about_and_skipped_at_once(
     fallback = "anthropic/claude-3-5-haiku-20241022"
     llm = provider(fake_llm, fallbacks=[fallback], retry=RetryPolicy(attempts=0))
     llm.prepare()  # the primary has its key: no error
+    assert warnings == []
+    llm.prepare_fallbacks()
     assert [w.strip() for w in warnings] == [
         f"fallback {fallback} will fail: no API key for anthropic: set ANTHROPIC_API_KEY"
     ]

@@ -1,13 +1,16 @@
 """The provider over its transports: retries and fallbacks across them, whose key and server
-each call gets, and `agent -m` on the direct transport without litellm."""
+each call gets, the routes `auto` decides without litellm (checked against litellm's own
+answer), and the commands that import no litellm."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -16,12 +19,17 @@ from nanobot.app import build_provider
 from nanobot.config import AgentConfig, Config
 from nanobot.errors import ProviderError, ProviderErrorKind
 from nanobot.providers import Call, Completion, DeltaHandler, Usage
-from nanobot.providers.litellm_provider import LiteLLMTransport
+from nanobot.providers.catalog import DATA_FILE, Catalog, litellm_data_dir
+from nanobot.providers.litellm_provider import LiteLLMTransport, _litellm
 from nanobot.providers.openai_direct import DirectTransport
-from nanobot.providers.provider import Provider, Routes
+from nanobot.providers.provider import Provider
+from nanobot.providers.routes import Routes, litellm_translates
 from tests.conftest import Home
 from tests.fakes.llm import AuthError, FakeLLM, ServerError, Text
+from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
+from tests.gateway_process import GatewayProcess
 from tests.local_http import serving
+from tests.test_gateway_telegram import ALICE, gateway_config, replies
 from tests.test_provider import FAST, MESSAGES
 
 Step = Completion | ProviderErrorKind
@@ -150,7 +158,8 @@ async def test_a_fallback_of_another_provider_gets_neither_our_key_nor_our_serve
             max_retries=0,
         )
         provider = build_provider(Config(agent=agent))
-        assert isinstance(provider.transport("openai/backup-model"), LiteLLMTransport)
+        on = {"auto": DirectTransport, "litellm": LiteLLMTransport}[transport]
+        assert isinstance(provider.transport("openai/backup-model"), on)
         other_openai.script(Text("from OpenAI itself"))
         completion = await provider.complete(MESSAGES)
         await provider.aclose()
@@ -201,6 +210,78 @@ async def test_direct_sends_every_fallback_to_our_server(fake_llm: FakeLLM) -> N
     assert models == ["fake-model", "anthropic/claude-3-5-haiku-20241022"]
 
 
+# ---- auto decides without litellm (issue 24 §1) --------------------------------------------
+
+# Names no list has: a local server's own, and names that only look like listed ones.
+UNLISTED = (
+    "fake-model",
+    "llama3.1:8b",
+    "qwen2.5-coder",
+    "o3-local",
+    "my/o1",
+    "gpt-5-local",
+    "acme/gpt-6-mini",
+    "gpt-5-chat-latest",
+    "ft:gpt-4o-mini",
+    "ft:gpt-4o-mini:org:custom:id",
+)
+SENT = {"max_tokens": 4096, "temperature": 0.3, "stream_options": {"include_usage": True}}
+
+
+def litellm_sends_unchanged(model: str) -> bool:
+    """litellm's own answer (it imports litellm): whether it sends nanobot's parameters to
+    the OpenAI-compatible `model` as they are."""
+    try:
+        mapped = (
+            _litellm()
+            .OpenAIConfig()
+            .map_openai_params(
+                non_default_params=dict(SENT),
+                optional_params={},
+                model=model.removeprefix("openai/"),
+                drop_params=True,
+            )
+        )
+    except Exception:  # when litellm cannot say, it changes the request
+        return False
+    return bool(mapped == SENT)
+
+
+def test_auto_routes_every_model_as_litellm_would_treat_it() -> None:
+    # Every model litellm's list names (as an openai/ id) and names it does not have.
+    catalog = Catalog.shipped()
+    directory = litellm_data_dir()
+    assert directory is not None
+    listed = [key for key in json.loads((directory / DATA_FILE).read_bytes()) if "/" not in key]
+    assert len(listed) > 500
+    names = [f"openai/{name}" for name in (*listed, *UNLISTED)]
+    disagree = [
+        (name, litellm_translates(name, catalog))
+        for name in names
+        if litellm_translates(name, catalog) == litellm_sends_unchanged(name)
+    ]
+    assert disagree == []
+
+
+@pytest.mark.parametrize(
+    ("model", "translated"),
+    [
+        ("openai/gpt-4o-mini", False),
+        ("openai/fake-model", False),
+        ("openai/gpt-4o-audio-preview", False),
+        ("openai/o1", True),
+        ("openai/o3-mini", True),
+        ("openai/o4-mini", True),
+        ("openai/o3-local", False),  # not listed: a server's own name
+        ("openai/gpt-5", True),
+        ("openai/gpt-5-local", True),  # by name alone
+        ("openai/gpt-5-chat-latest", False),
+    ],
+)
+def test_what_litellm_translates(model: str, translated: bool) -> None:
+    assert litellm_translates(model, Catalog.shipped()) is translated
+
+
 PROBE = """
 import atexit, json, sys
 def report():
@@ -208,45 +289,121 @@ def report():
     print(json.dumps(loaded), file=sys.stderr)
 atexit.register(report)
 from nanobot.cli import main
-sys.argv = ["nanobot", "agent", "-m", "hi there"]
+sys.argv = ["nanobot", *sys.argv[1:]]
 main()
 """
 
 
-async def test_agent_message_on_the_direct_transport_imports_no_litellm(
-    home: Home, fake_llm: FakeLLM
-) -> None:
-    home.write_config(home.config.read_text(encoding="utf-8") + "  transport: direct\n")
-    fake_llm.script(Text("Hello without litellm."))
+async def probe(home: Home, *args: str, env: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """`nanobot ARGS` in `home`: what it printed, and which of litellm and the openai SDK it
+    had imported when it exited."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
         PROBE,
-        env=home.env,
+        *args,
+        env=env or home.env,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=90)
     assert process.returncode == 0, stderr.decode()
-    assert stdout.decode() == "Hello without litellm.\n"
-    assert json.loads(stderr.decode().strip().splitlines()[-1]) == []
-    # The window was counted (tiktoken) and the model looked up (litellm's list) regardless.
-    assert fake_llm.requests[0].messages[-1]["content"].endswith("hi there")
+    return stdout.decode(), json.loads(stderr.decode().strip().splitlines()[-1])
 
 
-def test_prepare_routes_every_model_so_no_call_stalls_on_deciding(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    agent = AgentConfig(
-        model="openai/fake-model", api_base="http://127.0.0.1:9/v1", fallbacks=["openai/o3-mini"]
+def on_openai_itself(home: Home, fake_llm: FakeLLM) -> dict[str, str]:
+    """`home` on the default config (openai/gpt-4o-mini, a key, no api_base), OpenAI's API
+    being `fake_llm` by the environment variable litellm and the direct transport read."""
+    home.write_config(f"data_dir: {home.data_dir}\nagent:\n  api_key: sk-test-secret-key-123456\n")
+    return {**home.env, "OPENAI_BASE_URL": fake_llm.base_url}
+
+
+@pytest.mark.parametrize("setup", ["direct", "auto with api_base", "auto on OpenAI"])
+async def test_agent_message_imports_no_litellm(home: Home, fake_llm: FakeLLM, setup: str) -> None:
+    env = home.env
+    if setup == "direct":
+        home.write_config(home.config.read_text(encoding="utf-8") + "  transport: direct\n")
+    elif setup == "auto on OpenAI":
+        env = on_openai_itself(home, fake_llm)
+    fake_llm.script(Text("Hello without litellm."))
+    assert await probe(home, "agent", "-m", "hi there", env=env) == (
+        "Hello without litellm.\n",
+        [],
     )
-    provider = build_provider(Config(agent=agent))
-    provider.prepare()
+    # The window was counted (tiktoken) and the model looked up (litellm's list) regardless.
+    (request,) = fake_llm.requests
+    assert request.messages[-1]["content"].endswith("hi there")
+    assert request.model == ("gpt-4o-mini" if setup == "auto on OpenAI" else "fake-model")
+    assert request.headers["Authorization"] == "Bearer sk-test-secret-key-123456"
 
-    def decided_again(*args: object) -> bool:
-        raise AssertionError("prepare() should have decided this")
 
-    monkeypatch.setattr(LiteLLMTransport, "sends_unchanged", decided_again)
-    assert isinstance(provider.transport("openai/fake-model"), DirectTransport)
-    assert isinstance(provider.transport("openai/o3-mini"), LiteLLMTransport)
+@pytest.mark.parametrize("setup", ["auto with api_base", "auto on OpenAI"])
+async def test_a_gateway_answers_without_importing_litellm(
+    tmp_path: Path, fake_llm: FakeLLM, setup: str
+) -> None:
+    async with FakeTelegram(token=DEFAULT_TOKEN) as telegram:
+        config = gateway_config(tmp_path, fake_llm, telegram, transport="auto")
+        # Python lists every module it imports, as it imports it, on stderr.
+        env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+        if setup == "auto on OpenAI":
+            del config["agent"]["model"], config["agent"]["api_base"]
+            env["OPENAI_BASE_URL"] = fake_llm.base_url
+        gateway = GatewayProcess(tmp_path, config, env)
+        await gateway.start(ready="telegram connected")
+        fake_llm.script(Text("Hello from a light gateway."))
+        telegram.user_message(ALICE, "hi", user_id=ALICE)
+        assert await replies(telegram, ALICE, 1) == ["Hello from a light gateway."]
+        assert await gateway.stop() == 0
+    imported = {line.rsplit("|", 1)[-1].strip() for line in gateway.stderr if "|" in line}
+    assert {"aiohttp", "telegram"} <= imported  # the list is there
+    assert imported.isdisjoint({"litellm", "openai"})
+    (request,) = fake_llm.requests
+    assert request.model == ("gpt-4o-mini" if setup == "auto on OpenAI" else "fake-model")
+
+
+@pytest.mark.parametrize("setup", ["auto with api_base", "auto on OpenAI"])
+async def test_status_imports_no_litellm(home: Home, fake_llm: FakeLLM, setup: str) -> None:
+    env = on_openai_itself(home, fake_llm) if setup == "auto on OpenAI" else home.env
+    printed, loaded = await probe(home, "status", env=env)
+    assert "(auto)" in printed
+    assert loaded == []
+
+
+async def test_a_model_only_litellm_can_serve_still_answers_through_it(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    # A reasoning model: litellm sends max_completion_tokens and no temperature.
+    text = home.config.read_text(encoding="utf-8").replace("fake-model", "o3-mini")
+    home.write_config(text)
+    fake_llm.script(Text("Reasoned."))
+    assert await probe(home, "agent", "-m", "think") == ("Reasoned.\n", ["litellm", "openai"])
+    (request,) = fake_llm.requests
+    assert request.model == "o3-mini"
+    assert request.body["max_completion_tokens"] == 4096
+    assert "temperature" not in request.body
+    assert "aiohttp" not in request.headers["User-Agent"]
+
+
+async def test_no_key_for_openai_itself_is_said_before_any_request(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    env = on_openai_itself(home, fake_llm)
+    home.write_config(f"data_dir: {home.data_dir}\n")
+    env.pop("OPENAI_API_KEY", None)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "nanobot",
+        "agent",
+        "-m",
+        "hi",
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), timeout=90)
+    assert process.returncode != 0
+    assert "no API key for openai: set agent.api_key or OPENAI_API_KEY" in stderr.decode()
+    assert fake_llm.request_count == 0

@@ -12,7 +12,8 @@ from nanobot.errors import ProviderError
 from nanobot.providers import DeltaHandler
 from nanobot.providers.catalog import Catalog
 from nanobot.providers.openai_direct import DirectTransport
-from nanobot.providers.provider import Provider, RetryPolicy, Routes
+from nanobot.providers.provider import Provider, RetryPolicy
+from nanobot.providers.routes import Routes
 from tests.fakes.llm import ErrorBody, FakeLLM, Reply, ServerError, StreamError, Text
 from tests.test_provider import MESSAGES, on_litellm
 

@@ -70,6 +70,7 @@ class Catalog:
         self._data: bytes | None = None
         self._parsed: dict[str, Any] | None = None  # the whole file, if it is not laid out
         self._infos: dict[str, ModelInfo] = {}
+        self._providers: dict[str, str | None] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -86,6 +87,16 @@ class Catalog:
             if info is None:
                 info = self._infos[model] = _info(self._lookup(model))
         return info
+
+    def provider(self, key: str) -> str | None:
+        """The `litellm_provider` of the list's entry named exactly `key`, or None (no such
+        entry, or none said)."""
+        with self._lock:
+            if key not in self._providers:
+                entry = self._entry(key)
+                listed = entry.get("litellm_provider") if entry is not None else None
+                self._providers[key] = listed if isinstance(listed, str) else None
+            return self._providers[key]
 
     def _lookup(self, model: str) -> Mapping[str, Any] | None:
         entry = self._entry(model)

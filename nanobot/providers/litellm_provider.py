@@ -1,14 +1,15 @@
 """The litellm transport: calls to any model litellm knows, or any OpenAI-compatible endpoint.
 
-The only module that imports litellm, and only when it is first needed (a call, or deciding
-whether litellm would change a request): importing it takes seconds, and neither the CLI's
-quick commands nor the direct transport pay for it. Public litellm APIs only.
+The only module that imports litellm, and only when a call goes through it: importing it
+takes seconds, and neither the CLI's quick commands, nor deciding routes, nor the direct
+transport pay for it. The first call imports it in a thread if `prepare` did not, so that
+the event loop goes on meanwhile. Public litellm APIs only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Mapping
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -110,6 +111,8 @@ class LiteLLMTransport:
     async def stream(self, call: Call, on_delta: DeltaHandler | None) -> Completion:
         """See `Transport.stream`; every failure litellm raises is classified here. A model
         without an API key fails at once (`auth`), without a request."""
+        if not _litellm.cache_info().currsize:
+            await asyncio.to_thread(_litellm)  # seconds of import, off the event loop
         if (problem := self.missing_key(call.model)) is not None:
             raise ProviderError("auth", f"{call.model}: {problem}", model=call.model)
         try:
@@ -151,16 +154,6 @@ class LiteLLMTransport:
         """Whether `model` is reached with the configured key and base: `home_model`'s
         provider's."""
         return model == self._home or _provider(model) == _provider(self._home)
-
-    def sends_unchanged(self, model: str, params: Mapping[str, Any]) -> bool:
-        """Whether litellm would send `params` to `model`, an OpenAI-compatible model of
-        ours (`openai/…`), unchanged, to the configured base with the configured key: then a
-        direct transport may make the call instead (`agent.transport: auto`)."""
-        return (
-            model.startswith("openai/")
-            and self.own_endpoint(model)
-            and passes_through(model, params)
-        )
 
 
 @cache
@@ -309,22 +302,3 @@ def _kind_of_other(exc: BaseException) -> ProviderErrorKind:
     if isinstance(exc, (ConnectionError, OSError)):
         return "unavailable"
     return "bad_request"
-
-
-def passes_through(model: str, params: Mapping[str, Any]) -> bool:
-    """Whether litellm would send `params` to the OpenAI-compatible `model` unchanged.
-
-    `model` is an `openai/…` id. False where litellm translates them (reasoning models get
-    `max_completion_tokens` and lose `temperature`), and if the check itself fails.
-    """
-    litellm = _litellm()
-    try:
-        mapped = litellm.OpenAIConfig().map_openai_params(
-            non_default_params=dict(params),
-            optional_params={},
-            model=model.removeprefix("openai/"),
-            drop_params=True,
-        )
-    except Exception:  # noqa: BLE001 - when in doubt, litellm knows best
-        return False
-    return bool(mapped == dict(params))

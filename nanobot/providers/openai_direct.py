@@ -6,8 +6,9 @@ costs a small fraction of litellm's CPU per call, and its import does not load l
 parameters are sent as given, with none of litellm's per-vendor translation. Retries,
 fallbacks, token counting, the context window, vision and prices are the provider's.
 
-`agent.transport: auto` (the default, when `api_base` is set) uses it only for the calls
-litellm would make unchanged, and litellm for every other (`provider.Routes`).
+`agent.transport: auto` (the default) uses it only for the calls litellm would make
+unchanged, and litellm for every other (`routes.Routes`): to `agent.api_base`, or without
+one to OpenAI's API where litellm would send them (`openai_api_base`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,18 @@ from nanobot.providers.base import Call, Completion, DeltaHandler
 from nanobot.proxies import env_proxy
 
 _DETAIL_LIMIT = 500  # characters of the server's error message kept in ours
+OPENAI_API = "https://api.openai.com/v1"
+# The headers litellm's OpenAI client adds from the environment, and their variables.
+_ENV_HEADERS = (
+    ("OpenAI-Organization", ("OPENAI_ORGANIZATION", "OPENAI_ORG_ID")),
+    ("OpenAI-Project", ("OPENAI_PROJECT_ID",)),
+)
+
+
+def openai_api_base() -> str:
+    """Where litellm sends an OpenAI model's calls when given no `api_base`: the
+    environment's OPENAI_BASE_URL, else OPENAI_API_BASE, else OpenAI's API."""
+    return os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE") or OPENAI_API
 
 
 class DirectTransport:
@@ -34,7 +47,10 @@ class DirectTransport:
     Every model it is given is sent to that endpoint, without a leading `openai/`, through
     the proxy the environment names for it when built (as litellm's httpx would), with
     `api_key` as a bearer token, else (`key_from_env`, as litellm would take it)
-    OPENAI_API_KEY's. One aiohttp session, opened on the first call in the running loop;
+    OPENAI_API_KEY's, with the organization and project headers litellm's client would take
+    from the environment too. `needs_key`, for a server that takes no call without a key
+    (OpenAI's), says where to set one: `missing_key` then tells when there is none, and a
+    call fails at once. One aiohttp session, opened on the first call in the running loop;
     `aclose()` closes it, and a later call opens a new one (so use one event loop at a time,
     and close the transport before its loop ends).
 
@@ -48,6 +64,7 @@ class DirectTransport:
         *,
         api_key: str | None = None,
         key_from_env: bool = False,
+        needs_key: str | None = None,
         request_timeout: float = 120.0,
     ) -> None:
         if not api_base:
@@ -61,11 +78,23 @@ class DirectTransport:
         self._headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
         if self._key:
             self._headers["Authorization"] = f"Bearer {self._key}"
+        for header, names in _ENV_HEADERS if key_from_env else ():
+            value = next((os.environ[n] for n in names if os.environ.get(n)), None)
+            if value is not None:
+                self._headers[header] = value
+        self._needs_key = needs_key
         self._proxy = env_proxy(self._url)
         self._session: aiohttp.ClientSession | None = None
 
     def prepare(self) -> None:
         """Nothing to load: the session opens in the loop of the first call."""
+
+    def missing_key(self, model: str) -> str | None:
+        """Why no call can be made for want of an API key ("no API key for openai: set
+        agent.api_key or OPENAI_API_KEY"), or None: always None without `needs_key`."""
+        if self._key or self._needs_key is None:
+            return None
+        return f"no API key for openai: set {self._needs_key}"
 
     async def aclose(self) -> None:
         """Close the HTTP session; calls still streaming fail as "unavailable"."""
@@ -86,8 +115,11 @@ class DirectTransport:
         return self._session
 
     async def stream(self, call: Call, on_delta: DeltaHandler | None) -> Completion:
-        """See `Transport.stream`. Cancellation closes the HTTP response."""
+        """See `Transport.stream`. Cancellation closes the HTTP response. Without the key it
+        needs, fails at once (`auth`), without a request."""
         model = call.model
+        if (problem := self.missing_key(model)) is not None:
+            raise ProviderError("auth", f"{model}: {problem}", model=model)
         body: dict[str, Any] = {
             "model": model.removeprefix("openai/"),
             "messages": list(call.messages),

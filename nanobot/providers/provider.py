@@ -2,8 +2,8 @@
 
 It keeps in one place what does not depend on how a call is made: retries, fallbacks, token
 counting (tiktoken), the context window, vision and prices (litellm's model list, read
-without importing litellm). A *transport* per model makes each call (`Routes`): litellm, or
-the direct OpenAI-compatible one.
+without importing litellm). A *transport* per model makes each call (`routes.Routes`):
+litellm, or the direct OpenAI-compatible one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from loguru import logger
 
@@ -29,10 +29,8 @@ from nanobot.providers.base import (
     Usage,
 )
 from nanobot.providers.catalog import Catalog
+from nanobot.providers.routes import Routes
 from nanobot.providers.tokens import TokenCounter
-
-if TYPE_CHECKING:
-    from nanobot.providers.litellm_provider import LiteLLMTransport
 
 _RETRYABLE: frozenset[ProviderErrorKind] = frozenset({"rate_limited", "unavailable", "timeout"})
 # A fallback model may be another vendor with other credentials, so auth failures move on too.
@@ -60,52 +58,6 @@ class RetryPolicy:
             return retry_after
         backoff = min(self.max_delay, self.base_delay * 2**attempt)
         return float(backoff * random.uniform(0.5, 1.0))  # jitter, not cryptography
-
-
-class Routes:
-    """Which transport makes the calls to each model (`agent.transport`).
-
-    `Routes(t)`: `t` for every model. `Routes.auto(litellm, direct, ...)`: `direct` for the
-    models litellm would send the very same request to (decided once per model, and logged),
-    litellm for the others.
-    """
-
-    def __init__(self, transport: Transport) -> None:
-        self._default = transport
-        self._litellm: LiteLLMTransport | None = None
-        self._direct: Transport | None = None
-        self._params: dict[str, Any] = {}
-        self._chosen: dict[str, Transport] = {}
-
-    @classmethod
-    def auto(
-        cls, litellm: LiteLLMTransport, direct: Transport, *, max_tokens: int, temperature: float
-    ) -> Routes:
-        routes = cls(litellm)
-        routes._litellm, routes._direct = litellm, direct
-        routes._params = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "stream_options": {"include_usage": True},
-        }
-        return routes
-
-    def transport(self, model: str) -> Transport:
-        """The transport of `model`'s calls. With `auto`, the first time for a model this
-        imports litellm to ask it (seconds): `Provider.prepare` does it for the primary."""
-        if self._litellm is None or self._direct is None:
-            return self._default
-        chosen = self._chosen.get(model)
-        if chosen is None:
-            direct = self._litellm.sends_unchanged(model, self._params)
-            chosen = self._chosen[model] = self._direct if direct else self._litellm
-            how = "directly" if direct else "through litellm"
-            logger.info("model {}: calls go {} (agent.transport: auto)", model, how)
-        return chosen
-
-    async def aclose(self) -> None:
-        for transport in {id(t): t for t in (self._default, self._direct) if t}.values():
-            await transport.aclose()
 
 
 class Provider:
@@ -224,37 +176,43 @@ class Provider:
 
     def prepare(self, *, require_key: bool = True) -> None:
         """Load now what the first turn would otherwise load: the tokenizer, the model's
-        entry in litellm's list, the route of every model (fallbacks too) and what their
-        transports need (litellm, for the litellm transport or to decide `auto`: seconds to
-        import).
+        entry in litellm's list, its route and what its transport needs (litellm, where the
+        model's calls go through it: seconds to import; nothing for the direct transport).
 
         Blocking, so run it in a thread: done lazily, on the event loop in the middle of the
-        first turn (or of the first fallback), it would stall every chat for as long.
-        Idempotent. A fallback without an API key is warned about; so is the primary model
-        without one when `require_key` is False (a gateway still starts, so that the owner
-        can set it up; every call then fails at once as unauthorised).
+        first turn, it would stall every chat for as long. Idempotent. Without an API key
+        for the model, a warning when `require_key` is False (a gateway still starts, so
+        that the owner can set it up; every call then fails at once as unauthorised).
+        The fallbacks are `prepare_fallbacks`'s.
 
         Raises:
-            ConfigError: the primary model's provider has no API key (every call would fail)
-                and `require_key` is True.
+            ConfigError: the model's provider has no API key (every call would fail) and
+                `require_key` is True.
         """
         self._tokens.load()
         self.context_window()
         self.supports_vision()
-        models = (self._model, *self._fallbacks)
-        transports = [self._routes.transport(m) for m in models]
-        for transport in {id(t): t for t in transports}.values():
-            transport.prepare()
-        for model, transport in zip(models, transports, strict=True):
-            if not isinstance(transport, _KeyChecked):
-                continue
-            problem = transport.missing_key(model)
-            if problem is not None and model == self._model and require_key:
-                raise ConfigError(problem)
-            if problem is not None and model == self._model:
-                logger.warning("{}: every reply fails until it is set", problem)
-            elif problem is not None:
+        problem = self._prepared(self._model)
+        if problem is not None and require_key:
+            raise ConfigError(problem)
+        if problem is not None:
+            logger.warning("{}: every reply fails until it is set", problem)
+
+    def prepare_fallbacks(self) -> None:
+        """`prepare` for the fallback models: their transports loaded (litellm imported if
+        one goes through it), and each without an API key warned about. Blocking and
+        idempotent; a gateway runs it in a thread once it takes messages, so that a
+        fallback's litellm delays no direct reply (a fallback called before it is done
+        loads what it needs off the event loop itself)."""
+        for model in self._fallbacks:
+            if (problem := self._prepared(model)) is not None:
                 logger.warning("fallback {} will fail: {}", model, problem)
+
+    def _prepared(self, model: str) -> str | None:
+        """Prepare `model`'s transport; why it has no API key to send, if it has none."""
+        transport = self._routes.transport(model)
+        transport.prepare()
+        return transport.missing_key(model) if isinstance(transport, _KeyChecked) else None
 
     async def aclose(self) -> None:
         """Release the transports' connections."""
