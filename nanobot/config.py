@@ -268,7 +268,8 @@ def _split_listen(listen: str) -> tuple[str, int]:
     """`host:port` (`[v6 address]:port` for IPv6) as host and port; ValueError if it is not."""
     host, colon, port = listen.strip().rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    # Port 0: one the system picks, said in the log (for tests; a proxy needs a fixed one).
+    if not colon or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(
             f"{listen!r} is not host:port, e.g. 127.0.0.1:8443 (where the reverse proxy "
             "forwards Telegram's requests to), or 0.0.0.0:8443 to listen on every address"

@@ -72,13 +72,14 @@ def reachable() -> bool:
 def skip_unreachable(items: list[pytest.Item]) -> None:
     """Mark the PostgreSQL cases among `items` skipped when no server answers: the summary
     then folds them into one line per file, with one reason."""
-    cases = [item for item in items if _on_postgres(item)]
+    cases = [item for item in items if on_postgres(item)]
     if cases and not reachable():
         for item in cases:
             item.add_marker(pytest.mark.skip(reason=UNREACHABLE))
 
 
-def _on_postgres(item: pytest.Item) -> bool:
+def on_postgres(item: pytest.Item) -> bool:
+    """Whether `item` runs on the PostgreSQL server (by the fixtures it takes)."""
     callspec = getattr(item, "callspec", None)
     if callspec is not None and callspec.params.get("store_target") == "postgres":
         return True

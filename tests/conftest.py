@@ -15,10 +15,10 @@ from loguru import logger
 
 from nanobot.log import route_libraries
 from nanobot.store import Database
-from tests import _stores
+from tests import _layers, _stores
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
-from tests.gateway_process import audit_logs
+from tests.gateway_process import TEST_TRANSPORT, audit_logs
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -97,7 +97,18 @@ async def fake_telegram() -> AsyncIterator[FakeTelegram]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    _layers.mark(items, _stores.on_postgres)
     _stores.skip_unreachable(items)
+
+
+@pytest.fixture(autouse=True)
+def _in_its_layer(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test not marked `process` that starts nanobot as a process fails (`_layers`)."""
+    if request.node.get_closest_marker(_layers.PROCESS) is not None:
+        yield
+        return
+    with _layers.guard_processes(request.node.nodeid):
+        yield
 
 
 @pytest.fixture(params=_stores.BACKENDS)
@@ -137,7 +148,8 @@ class Home:
 
 @pytest.fixture
 def home(tmp_path: Path, fake_llm: FakeLLM) -> Home:
-    """Config pointing at `fake_llm`; `env` is what a nanobot subprocess should get."""
+    """Config pointing at `fake_llm` on `TEST_TRANSPORT`; `env` is what a nanobot subprocess
+    should get."""
     data_dir = tmp_path / "data"
     config = tmp_path / "config.yaml"
     config.write_text(
@@ -145,6 +157,7 @@ def home(tmp_path: Path, fake_llm: FakeLLM) -> Home:
         "agent:\n"
         "  model: openai/fake-model\n"
         f"  api_base: {fake_llm.base_url}\n"
+        f"  transport: {TEST_TRANSPORT}\n"
         "  api_key: sk-test-secret-key-123456\n",
         encoding="utf-8",
     )

@@ -20,14 +20,20 @@ import yaml
 # Config keys and environment variable suffixes that hold secrets (as nanobot.log sees them).
 SECRET_KEYS = ("api_key", "token", "secret", "password")
 SECRET_ENV_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET", "_SECRET_KEY", "_PASSWORD")
+# The transport of every nanobot process a test starts with an `agent.api_base` and no
+# transport of its own: the tests about routes and litellm name theirs (`auto`, `litellm`).
+TEST_TRANSPORT = "direct"
+WEBHOOK_LISTENING = "telegram webhook: taking updates on "
 _created: list[GatewayProcess] = []
 
 
 class GatewayProcess:
-    """Starts, watches and stops one gateway process; collects its log lines."""
+    """Starts, watches and stops one gateway process; collects its log lines. Its model
+    calls go by `TEST_TRANSPORT` unless `config` names a transport."""
 
     def __init__(self, root: Path, config: dict[str, object], env: dict[str, str]) -> None:
         self.root = root
+        config = with_test_transport(config)
         self.config_path = root / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         self.env = {k: v for k, v in env.items() if not k.startswith("NANOBOT_")}
@@ -91,6 +97,14 @@ class GatewayProcess:
                 f"no {text!r} logged in {seconds} s; the last lines:\n{tail}"
             ) from None
 
+    def webhook_port(self) -> int:
+        """The port the Telegram webhook listens on, as its last start logged it (the one
+        the system picked for `listen: host:0`)."""
+        for line in reversed(self.lines):
+            if WEBHOOK_LISTENING in line:
+                return int(line.split(WEBHOOK_LISTENING, 1)[1].split()[0].rsplit(":", 1)[1])
+        raise AssertionError(f"no {WEBHOOK_LISTENING!r} logged:\n{self.log()}")
+
     async def stop(self, sig: int = signal.SIGTERM, *, seconds: float = 30) -> int:
         """Send `sig` and wait for the exit code."""
         assert self.process is not None
@@ -142,6 +156,15 @@ class GatewayProcess:
                 if names:
                     found.append(f"{source}:{number}: {', '.join(sorted(names))}: {shown}")
         return found
+
+
+def with_test_transport(config: dict[str, object]) -> dict[str, object]:
+    """`config` with `agent.transport: TEST_TRANSPORT` where it has an `agent.api_base`
+    and no transport (a copy; `config` itself is left as it is)."""
+    agent = config.get("agent")
+    if not isinstance(agent, dict) or not agent.get("api_base") or "transport" in agent:
+        return config
+    return {**config, "agent": {**agent, "transport": TEST_TRANSPORT}}
 
 
 def _config_secrets(config: object, path: str = "") -> Iterator[tuple[str, str]]:

@@ -104,6 +104,7 @@ def test_the_file_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert len(reads) == 1
 
 
+@pytest.mark.process
 def test_found_and_read_without_importing_litellm() -> None:
     probe = (
         "import sys\n"

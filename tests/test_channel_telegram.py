@@ -1069,6 +1069,7 @@ async def test_a_press_does_not_wait_behind_its_chats_slow_message(
         await fake.wait_for(lambda: not fake.pending_updates)
 
 
+@pytest.mark.process
 def test_the_raw_send_does_not_warn_outside_tests() -> None:
     # pytest resets warning filters for every test, so the module's filter is checked in a
     # fresh interpreter, where every other warning would be an error.

@@ -11,12 +11,16 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from nanobot.store import Access, Database, Journal
 from nanobot.store.access import MAX_PENDING
 from tests.conftest import Home
 from tests.fakes.llm import AuthError, FakeLLM, ServerError, Text
 from tests.test_store_sqlite import filled, overwrite, skip_index
 from tests.test_terminal import piped
+
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
 
 SECRET = "sk-test-secret-key-123456"
 
@@ -149,7 +153,7 @@ async def test_status_shows_figures_and_no_secrets(home: Home, fake_llm: FakeLLM
     assert result.code == 0, result.stderr
     assert str(home.config) in result.stdout
     assert "openai/fake-model via http://127.0.0.1:" in result.stdout
-    assert "(auto)" in result.stdout  # the transport
+    assert "(direct)" in result.stdout  # the transport
     assert "enabled, 2 allowed" in result.stdout
     assert "1 (1 live), 2 entries" in result.stdout
     for secret in (SECRET, "tg-secret"):
@@ -279,7 +283,7 @@ async def test_an_error_quoting_the_key_is_printed_without_it(
 ) -> None:
     # Some providers echo the key they refused; the one-line reason must not.
     # (litellm's transport quotes the server's message.)
-    text = home.config.read_text().replace("  api_key:", "  transport: litellm\n  api_key:")
+    text = home.config.read_text().replace("  transport: direct", "  transport: litellm")
     home.write_config(text)
     fake_llm.script(AuthError())
     result = await nanobot(home, "agent", "-m", "hi")

@@ -9,6 +9,8 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from nanobot.bus.events import InboundMessage, TurnOutcome
 from nanobot.cron.jobs import Jobs, ScheduleSpec
 from nanobot.cron.service import CronService
@@ -17,6 +19,8 @@ from nanobot.store import Database
 from nanobot.store.cron import CronStore
 from tests.conftest import Home
 from tests.test_cli import nanobot
+
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
 
 TELEGRAM_ON = "channels:\n  telegram: {enabled: true, token: '123:tg-secret', allow_from: [1]}\n"
 

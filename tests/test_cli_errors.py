@@ -24,6 +24,8 @@ from tests.test_cli import Result, nanobot
 from tests.test_gateway_discord import config as both_platforms
 from tests.test_gateway_telegram import gateway_config
 
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
+
 
 @pytest.fixture
 async def telegram() -> AsyncIterator[FakeTelegram]:

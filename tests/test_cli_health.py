@@ -24,6 +24,8 @@ from tests.gateway_process import GatewayProcess
 from tests.test_cli import nanobot
 from tests.test_gateway_telegram import gateway_config
 
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
+
 BERLIN = "timezone: Europe/Berlin\n"
 
 

@@ -17,6 +17,8 @@ from tests.conftest import Home
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.test_cli import Result, nanobot
 
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
+
 
 def _can_drop_sys_admin() -> bool:
     if shutil.which("setpriv") is None:

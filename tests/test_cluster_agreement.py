@@ -24,6 +24,8 @@ from tests.gateway_process import GatewayProcess
 from tests.test_cluster_gateways import READY, member_config
 from tests.test_telegram_webhook import PUBLIC
 
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
+
 
 @pytest.fixture
 async def telegram() -> AsyncIterator[FakeTelegram]:

@@ -27,7 +27,9 @@ from tests.fakes.llm import FakeLLM, Hang
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import GatewayProcess
 from tests.test_gateway_telegram import gateway_config
-from tests.test_telegram_webhook import PUBLIC, SECRET, free_port
+from tests.test_telegram_webhook import PUBLIC, SECRET
+
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
 
 READY = "gateway started"
 LEASE_WAIT = 30  # seconds: a role held by a killed member moves within its lease (10 s)
@@ -44,7 +46,6 @@ async def telegram() -> AsyncIterator[FakeTelegram]:
 def member_config(
     root: Path, llm: FakeLLM, telegram: FakeTelegram, store: str, workspace: Path
 ) -> dict[str, Any]:
-    port = free_port()
     config = gateway_config(root, llm, telegram, queue_mode="follow_up")
     config["store"] = {"url": store}
     config["workspace"] = str(workspace)
@@ -53,23 +54,36 @@ def member_config(
     telegram_section["stream"] = False
     telegram_section["webhook"] = {
         "url": PUBLIC,
-        "listen": f"127.0.0.1:{port}",
+        "listen": "127.0.0.1:0",  # a port the system picks: `Cluster` routes to it
         "secret_token": SECRET,
     }
-    config["port"] = port  # not nanobot's: where this member listens, for the route
     return config
 
 
 @dataclass
 class Cluster:
     members: list[GatewayProcess]
-    ports: list[int]  # where each member takes the webhook's posts
     telegram: FakeTelegram
+    balanced: GatewayProcess | None = None
 
     def balance_to(self, member: GatewayProcess) -> None:
-        """The load balancer sends every update to `member` (the others get none)."""
-        port = self.ports[self.members.index(member)]
-        self.telegram.route_webhook(PUBLIC, f"http://127.0.0.1:{port}")
+        """The load balancer sends every update to `member` (the others get none), at the
+        port it listens on since its last start."""
+        self.balanced = member
+        self.telegram.route_webhook(PUBLIC, f"http://127.0.0.1:{member.webhook_port()}")
+
+    async def start(self, *, migrated: bool = False) -> None:
+        """Start every member, the first alone unless the schema is `migrated` already (it
+        migrates it); then the updates go to the member they went to before (the first, at
+        the first start), if it takes them by webhook. Meanwhile they go nowhere and
+        Telegram keeps them: setWebhook only checks that PUBLIC's host resolves."""
+        self.telegram.route_webhook(PUBLIC, "http://127.0.0.1:9")
+        first = 0 if migrated else 1
+        await asyncio.gather(*(m.start(ready=READY) for m in self.members[:first]))
+        await asyncio.gather(*(m.start(ready=READY) for m in self.members[first:]))
+        target = self.balanced or self.members[0]
+        if target.config["channels"]["telegram"].get("webhook"):  # type: ignore[index]
+            self.balance_to(target)
 
 
 @pytest.fixture
@@ -77,17 +91,14 @@ async def cluster(
     tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, postgres_url: str
 ) -> AsyncIterator[Cluster]:
     workspace = tmp_path / "shared-workspace"
-    members, ports = [], []
+    members = []
     for n in range(3):
         root = tmp_path / f"member{n}"
         root.mkdir()
         config = member_config(root, fake_llm, telegram, postgres_url, workspace)
-        ports.append(config.pop("port"))
         members.append(GatewayProcess(root, config, dict(os.environ)))
-    cluster = Cluster(members, ports, telegram)
-    cluster.balance_to(members[0])
-    await members[0].start(ready=READY)  # the first one migrates the schema
-    await asyncio.gather(*(m.start(ready=READY) for m in members[1:]))
+    cluster = Cluster(members, telegram)
+    await cluster.start()
     yield cluster
     for member in members:
         if member.process is not None and member.process.returncode is None:
@@ -174,8 +185,7 @@ async def test_a_restart_of_every_member_loses_and_doubles_nothing(
         await member.kill()
     for chat in chats:  # sent while the whole cluster is down: Telegram keeps them
         telegram.user_message(chat, f"during from {chat}", user_id=chat)
-    await cluster.members[0].start(ready=READY)
-    await asyncio.gather(*(m.start(ready=READY) for m in cluster.members[1:]))
+    await cluster.start()
     await telegram.wait_for(
         lambda: all(len(telegram.sent(chat)) >= 2 for chat in chats) and bool(telegram.sent(2100)),
         seconds=120,
@@ -305,7 +315,6 @@ async def test_discord_in_a_cluster_one_member_connects_and_another_takes_over_a
             config = member_config(
                 root, fake_llm, telegram, postgres_url, tmp_path / "shared-workspace"
             )
-            config.pop("port")
             config["channels"]["discord"] = {
                 "enabled": True,
                 "token": "discord-bot-token-secret",

@@ -28,9 +28,11 @@ from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
-from tests.test_cluster_gateways import READY, Cluster, holder_pid, member_config, texts
+from tests.test_cluster_gateways import Cluster, holder_pid, member_config, texts
 from tests.test_gateway_approvals import card, execs, press, request_id, said, until
 from tests.test_gateway_telegram import ALICE, BOB, GROUP, nanobot_cli
+
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
 
 LEASE = 2  # seconds: cluster.lease_seconds, short so that takeovers come quickly
 CUT_OFF = "may have run in part or in whole"  # what a resumed turn tells the model
@@ -58,22 +60,20 @@ async def launch(
         members: int = 3, change: Callable[[dict[str, Any]], None] | None = None
     ) -> Cluster:
         workspace = tmp_path / "shared-workspace"
-        processes, ports = [], []
+        processes = []
         for n in range(members):
             root = tmp_path / f"member{n}"
             root.mkdir()
             config = member_config(root, fake_llm, telegram, postgres_url, workspace)
-            ports.append(config.pop("port"))
             config["cluster"] = {"lease_seconds": LEASE}
             if change is not None:
                 change(config)
             processes.append(GatewayProcess(root, config, dict(os.environ)))
         started.extend(processes)
-        cluster = Cluster(processes, ports, telegram)
-        cluster.balance_to(processes[0])
+        cluster = Cluster(processes, telegram)
         async with await Database.open(postgres_url):  # the schema, so all start at once
             pass
-        await asyncio.gather(*(m.start(ready=READY) for m in processes))
+        await cluster.start(migrated=True)
         return cluster
 
     yield start

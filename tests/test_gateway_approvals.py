@@ -20,6 +20,8 @@ from tests.gateway_process import GatewayProcess
 from tests.local_http import serving
 from tests.test_gateway_telegram import ALICE, BOB, GROUP, gateway_config, nanobot_cli, replies
 
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
+
 _started: list[GatewayProcess] = []
 
 

@@ -25,6 +25,8 @@ from tests.gateway_process import GatewayProcess
 from tests.test_gateway_approvals import until
 from tests.test_gateway_telegram import ALICE, BOB, gateway_config, nanobot_cli, replies
 
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
+
 BLOCKED = "Forbidden: bot was blocked by the user"
 
 

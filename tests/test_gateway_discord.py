@@ -25,6 +25,8 @@ from tests.test_gateway_telegram import (
     unanswered,
 )
 
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
+
 ADA = 424242
 BEA = 434343
 

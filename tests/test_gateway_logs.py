@@ -23,6 +23,8 @@ from tests.fakes.llm import AuthError, FakeLLM, Text
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram, Garbled
 from tests.gateway_process import GatewayProcess
 
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
+
 ALICE = 1001
 ADA = 424242
 DISCORD_TOKEN = "MTA4NzY1NDMyMTA5ODc2NTQzMg.GaBcDe.discord-secret-part-0123456789abc"

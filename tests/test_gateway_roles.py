@@ -27,6 +27,8 @@ from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import GatewayProcess
 from tests.test_gateway_telegram import ALICE, BOB, gateway_config, replies
 
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
+
 LEASE = 2  # seconds: cluster.lease_seconds, short for the takeover
 STANDBY = "another gateway plays the role intake:telegram"
 

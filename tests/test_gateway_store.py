@@ -7,11 +7,15 @@ import asyncio
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.fakes.llm import FakeLLM, Text
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import GatewayProcess
 from tests.test_gateway_telegram import ALICE, gateway_config, replies
 from tests.test_store_sqlite import filled, overwrite
+
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
 
 
 async def test_a_damaged_database_stops_the_start_before_anything_is_acknowledged(

@@ -23,6 +23,8 @@ from tests.fakes.telegram import DEFAULT_TOKEN, ApiError, FakeTelegram, RateLimi
 from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
 
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
+
 ALICE = 1001
 BOB = 1002
 STRANGER = 6666

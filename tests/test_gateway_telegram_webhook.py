@@ -19,7 +19,9 @@ from tests.fakes.llm import FakeLLM, Text
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import GatewayProcess
 from tests.test_gateway_telegram import ALICE, gateway_config, replies
-from tests.test_telegram_webhook import PUBLIC, SECRET, forged, free_port
+from tests.test_telegram_webhook import PUBLIC, SECRET, forged
+
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
 
 READY = "telegram webhook set"
 
@@ -31,16 +33,24 @@ async def telegram() -> AsyncIterator[FakeTelegram]:
 
 
 def webhook_config(root: Path, llm: FakeLLM, telegram: FakeTelegram) -> dict[str, Any]:
-    """The gateway's config in webhook mode, its listen port routed from PUBLIC."""
-    port = free_port()
-    telegram.route_webhook(PUBLIC, f"http://127.0.0.1:{port}")
+    """The gateway's config in webhook mode, on a port the system picks (`start` routes
+    PUBLIC to it)."""
     config = gateway_config(root, llm, telegram)
     config["channels"]["telegram"]["webhook"] = {
         "url": PUBLIC,
-        "listen": f"127.0.0.1:{port}",
+        "listen": "127.0.0.1:0",
         "secret_token": SECRET,
     }
     return config
+
+
+async def start(process: GatewayProcess, telegram: FakeTelegram) -> None:
+    """Start a gateway in webhook mode, the fake's "reverse proxy" routing PUBLIC to the
+    port it listens on. (Until it says, PUBLIC's host is routed nowhere: setWebhook only
+    checks that it resolves, and nothing is posted before the test sends a message.)"""
+    telegram.route_webhook(PUBLIC, "http://127.0.0.1:9")
+    await process.start(ready=READY)
+    telegram.route_webhook(PUBLIC, f"http://127.0.0.1:{process.webhook_port()}")
 
 
 @pytest.fixture
@@ -49,7 +59,7 @@ async def gateway(
 ) -> AsyncIterator[GatewayProcess]:
     config = webhook_config(tmp_path, fake_llm, telegram)
     process = GatewayProcess(tmp_path, config, dict(os.environ))
-    await process.start(ready=READY)
+    await start(process, telegram)
     yield process
     await process.stop(signal.SIGKILL)
 
@@ -134,7 +144,7 @@ async def test_switching_to_polling_deletes_the_webhook(
 ) -> None:
     config = webhook_config(tmp_path, fake_llm, telegram)
     process = GatewayProcess(tmp_path, config, dict(os.environ))
-    await process.start(ready=READY)
+    await start(process, telegram)
     try:
         assert await process.stop(signal.SIGTERM) == 0
         # Kept at a clean stop: other gateways of a cluster may still take updates.

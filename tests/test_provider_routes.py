@@ -27,7 +27,7 @@ from nanobot.providers.routes import Routes, litellm_translates
 from tests.conftest import Home
 from tests.fakes.llm import AuthError, FakeLLM, ServerError, Text
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
-from tests.gateway_process import GatewayProcess
+from tests.gateway_process import TEST_TRANSPORT, GatewayProcess
 from tests.local_http import serving
 from tests.test_gateway_telegram import ALICE, gateway_config, replies
 from tests.test_provider import FAST, MESSAGES
@@ -312,6 +312,12 @@ async def probe(home: Home, *args: str, env: dict[str, str] | None = None) -> tu
     return stdout.decode(), json.loads(stderr.decode().strip().splitlines()[-1])
 
 
+def on_auto(home: Home) -> None:
+    """`home`'s config on the default transport, `auto`."""
+    text = home.config.read_text(encoding="utf-8")
+    home.write_config(text.replace(f"  transport: {TEST_TRANSPORT}\n", ""))
+
+
 def on_openai_itself(home: Home, fake_llm: FakeLLM) -> dict[str, str]:
     """`home` on the default config (openai/gpt-4o-mini, a key, no api_base), OpenAI's API
     being `fake_llm` by the environment variable litellm and the direct transport read."""
@@ -322,8 +328,8 @@ def on_openai_itself(home: Home, fake_llm: FakeLLM) -> dict[str, str]:
 @pytest.mark.parametrize("setup", ["direct", "auto with api_base", "auto on OpenAI"])
 async def test_agent_message_imports_no_litellm(home: Home, fake_llm: FakeLLM, setup: str) -> None:
     env = home.env
-    if setup == "direct":
-        home.write_config(home.config.read_text(encoding="utf-8") + "  transport: direct\n")
+    if setup == "auto with api_base":
+        on_auto(home)
     elif setup == "auto on OpenAI":
         env = on_openai_itself(home, fake_llm)
     fake_llm.script(Text("Hello without litellm."))
@@ -364,6 +370,7 @@ async def test_a_gateway_answers_without_importing_litellm(
 
 @pytest.mark.parametrize("setup", ["auto with api_base", "auto on OpenAI"])
 async def test_status_imports_no_litellm(home: Home, fake_llm: FakeLLM, setup: str) -> None:
+    on_auto(home)
     env = on_openai_itself(home, fake_llm) if setup == "auto on OpenAI" else home.env
     printed, loaded = await probe(home, "status", env=env)
     assert "(auto)" in printed
@@ -374,6 +381,7 @@ async def test_a_model_only_litellm_can_serve_still_answers_through_it(
     home: Home, fake_llm: FakeLLM
 ) -> None:
     # A reasoning model: litellm sends max_completion_tokens and no temperature.
+    on_auto(home)
     text = home.config.read_text(encoding="utf-8").replace("fake-model", "o3-mini")
     home.write_config(text)
     fake_llm.script(Text("Reasoned."))

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from loguru import logger
 from pydantic import SecretStr
 
 from nanobot.bus.events import InboundMessage
@@ -20,6 +21,7 @@ from nanobot.channels.telegram import TelegramChannel
 from nanobot.config import TelegramConfig, TelegramWebhookConfig, load
 from nanobot.errors import ConfigError, StoreError
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
+from tests.gateway_process import WEBHOOK_LISTENING
 from tests.test_channel_telegram import FAST, USER, Recorder, make_channel, running
 
 PUBLIC = "https://bot.example.test/telegram"
@@ -29,12 +31,6 @@ OTHER = 43
 pytestmark = pytest.mark.filterwarnings("ignore::telegram.warnings.PTBDeprecationWarning")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram(webhook_retry=0.05) as fake:
@@ -42,11 +38,28 @@ async def fake() -> AsyncIterator[FakeTelegram]:
 
 
 @pytest.fixture
-def port(fake: FakeTelegram) -> int:
-    """Where the channel listens; the fake's "reverse proxy" sends PUBLIC's posts there."""
-    port = free_port()
-    fake.route_webhook(PUBLIC, f"http://127.0.0.1:{port}")
-    return port
+def route(fake: FakeTelegram) -> Iterator[Callable[[], int]]:
+    """The channels of a test listen on ports the system picks (`listen: 127.0.0.1:0`);
+    `route()` sends PUBLIC's posts (the fake's "reverse proxy") to the one the last of them
+    said it listens on, and returns it. Until then PUBLIC is routed nowhere: setWebhook only
+    checks that its host resolves."""
+    ports: list[int] = []
+
+    def heard(message: Any) -> None:
+        text = message.record["message"]
+        if WEBHOOK_LISTENING in text:
+            ports.append(int(text.split(WEBHOOK_LISTENING, 1)[1].split()[0].rsplit(":", 1)[1]))
+
+    sink = logger.add(heard, level="INFO", format="{message}")
+    fake.route_webhook(PUBLIC, "http://127.0.0.1:9")
+
+    def routed() -> int:
+        assert ports, "no webhook said where it listens"
+        fake.route_webhook(PUBLIC, f"http://127.0.0.1:{ports[-1]}")
+        return ports[-1]
+
+    yield routed
+    logger.remove(sink)
 
 
 @pytest.fixture
@@ -60,7 +73,7 @@ def inbox(tmp_path: Path) -> InboxPolicy:
 
 
 def webhook_channel(
-    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, port: int, **webhook: Any
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, port: int = 0, **webhook: Any
 ) -> TelegramChannel:
     settings = {"url": PUBLIC, "listen": f"127.0.0.1:{port}", "secret_token": SECRET}
     config = TelegramConfig(
@@ -74,10 +87,11 @@ def webhook_channel(
 
 @pytest.fixture
 async def channel(
-    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, port: int
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, route: Callable[[], int]
 ) -> AsyncIterator[TelegramChannel]:
-    channel = webhook_channel(fake, intake, inbox, port)
+    channel = webhook_channel(fake, intake, inbox)
     async with running(channel):
+        route()
         yield channel
 
 
@@ -95,9 +109,9 @@ def forged(update_id: int = 1, text: str = "hello", chat: int = USER) -> dict[st
 
 
 async def test_start_sets_the_webhook_as_configured(
-    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, port: int
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, route: Callable[[], int]
 ) -> None:
-    channel = webhook_channel(fake, intake, inbox, port, max_connections=5)
+    channel = webhook_channel(fake, intake, inbox, max_connections=5)
     async with running(channel):
         [call] = fake.calls("setWebhook")
         assert call.params["url"] == PUBLIC
@@ -240,12 +254,13 @@ async def test_a_held_chat_does_not_hold_another(
 
 
 async def test_a_url_telegram_refuses_stops_the_channel_with_one_line(
-    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, route: Callable[[], int]
 ) -> None:
-    port = free_port()  # no route: the host does not resolve for Telegram
-    channel = webhook_channel(fake, intake, inbox, port, url="https://nowhere.example.test/x")
+    # No route: the host does not resolve for Telegram.
+    channel = webhook_channel(fake, intake, inbox, url="https://nowhere.example.test/x")
     with pytest.raises(ChannelRefused) as refused:
         await channel.run(lambda: None)
+    port = route()
     text = str(refused.value)
     assert text.startswith("Telegram refused the webhook https://nowhere.example.test/x (")
     assert "failed to resolve host" in text and "channels.telegram.webhook.url" in text
@@ -254,11 +269,12 @@ async def test_a_url_telegram_refuses_stops_the_channel_with_one_line(
 
 
 async def test_an_address_in_use_stops_the_channel_with_one_line(
-    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, port: int
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
 ) -> None:
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", port))
+        taken.bind(("127.0.0.1", 0))
         taken.listen()
+        port = int(taken.getsockname()[1])
         channel = webhook_channel(fake, intake, inbox, port)
         with pytest.raises(ChannelRefused, match=rf"cannot listen on 127\.0\.0\.1:{port}"):
             await channel.run(lambda: None)
@@ -266,10 +282,10 @@ async def test_an_address_in_use_stops_the_channel_with_one_line(
 
 
 async def test_a_stop_keeps_the_webhook_and_polling_deletes_it(
-    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, port: int
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, route: Callable[[], int]
 ) -> None:
-    async with running(webhook_channel(fake, intake, inbox, port)):
-        pass
+    async with running(webhook_channel(fake, intake, inbox)):
+        route()
     # Other gateways of a cluster may still serve it; Telegram keeps what comes meanwhile.
     assert fake.webhook_url == PUBLIC and fake.calls("deleteWebhook") == []
     fake.user_message(USER, "sent while nobody served the webhook", user_id=USER)

@@ -9,8 +9,12 @@ import pty
 import sys
 import termios
 
+import pytest
+
 from tests.conftest import Home
 from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
+
+pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
 
 
 class Terminal:

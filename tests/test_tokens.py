@@ -77,6 +77,7 @@ def test_without_the_files_it_estimates_and_stays_offline(
     assert counter.count([{"role": "user", "content": "x" * 400}]) == 3 + 3 + 1 + 100
 
 
+@pytest.mark.process
 def test_counts_offline_and_without_importing_litellm(tmp_path: Path) -> None:
     probe = (
         "import socket, sys\n"

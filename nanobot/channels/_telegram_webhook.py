@@ -116,6 +116,8 @@ class Webhook:
                 f"channels.telegram.webhook.listen: cannot listen on {host}:{port} ({exc}); "
                 "choose a free port (each gateway on one host needs its own)"
             ) from None
+        if port == 0:  # the system picked one: say which
+            port = next((a[1] for a in runner.addresses if isinstance(a, tuple)), port)
         logger.info("telegram webhook: taking updates on {}:{} at {}", host, port, path)
 
     async def _register(self) -> None:
