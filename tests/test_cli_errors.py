@@ -64,7 +64,7 @@ async def test_a_key_set_twice_in_the_file_exits_2_naming_file_line_and_key(home
     home.write_config(home.config.read_text() + "agent:\n  max_tokens: 100\n")
     result = await nanobot(home, "status")
     assert result.code == 2
-    assert one_line(result).startswith(f"nanobot: {home.config}: line 6: key 'agent' is set twice")
+    assert one_line(result).startswith(f"nanobot: {home.config}: line 7: key 'agent' is set twice")
 
 
 async def test_a_username_in_allow_from_is_refused_with_where_to_find_ids(home: Home) -> None:

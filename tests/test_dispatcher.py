@@ -123,8 +123,10 @@ async def test_a_message_is_answered_through_the_outbox(
 async def test_a_channel_that_shows_replies_whole_asks_the_model_for_them_whole(
     tmp_path: Path, fake_llm: FakeLLM, db: Database, streamed: bool
 ) -> None:
+    # litellm's transport: it asks for an answer whole when nobody watches it written (the
+    # direct one always streams: it costs it nothing).
     harness = Harness(
-        await make_parts(tmp_path, fake_llm, db),
+        await make_parts(tmp_path, fake_llm, db, transport="litellm"),
         db,
         whole_replies=() if streamed else ("telegram",),
     )

@@ -108,9 +108,10 @@ async def test_answers_a_private_message(
 async def test_start_up_loads_the_model_before_taking_messages(
     tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, event_loop: str
 ) -> None:
-    # litellm takes seconds to import: loaded lazily, it would stall the first turn and
-    # every chat with it. The heap start-up built is then left out of garbage collection.
-    config = gateway_config(tmp_path, fake_llm, telegram) | {
+    # What the model needs (its route, on `auto`; litellm, where it goes through it: seconds
+    # to import) is loaded before the first message, not lazily in the first turn, stalling
+    # every chat. The heap start-up built is then left out of garbage collection.
+    config = gateway_config(tmp_path, fake_llm, telegram, transport="auto") | {
         "log": {"level": "DEBUG"},
         "gateway": {"event_loop": event_loop},
     }

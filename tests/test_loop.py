@@ -27,6 +27,7 @@ from tests.fakes.llm import (
     ToolCalls,
 )
 from tests.fakes.tools import BlockTool, EchoTool
+from tests.gateway_process import TEST_TRANSPORT
 from tests.test_provider_servers import OVERFLOWS, TRANSPORTS, provider_on
 
 
@@ -54,11 +55,11 @@ async def make_parts(
     *,
     context_window: int | None = None,
     vision: bool = False,
-    transport: str = "litellm",
+    transport: str = TEST_TRANSPORT,
     **settings: Any,
 ) -> Parts:
-    """The loop's parts, its model calls going through `transport` (close `provider` after
-    a test on the direct one)."""
+    """The loop's parts, its model calls going through `transport` (the provider is closed
+    when `fake` stops)."""
     workspace = tmp_path / "workspace"
     copy_template(workspace)
     provider = provider_on(

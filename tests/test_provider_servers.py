@@ -95,11 +95,12 @@ def provider_on(
     transport: str, fake: FakeLLM, model: str = "openai/fake-model", **options: Any
 ) -> Provider:
     """A provider of `model` at `fake` whose calls go through `transport`, without retries
-    unless `options` say otherwise. Close it (`aclose`) after use."""
+    unless `options` say otherwise; closed when `fake` stops."""
     options = {"retry": NO_RETRY, **options}
     if transport == "litellm":
-        return on_litellm(model, api_key="sk-test", api_base=fake.base_url, **options)
-    return Provider(model, Routes(DirectTransport(fake.base_url, api_key="sk-test")), **options)
+        return fake.owns(on_litellm(model, api_key="sk-test", api_base=fake.base_url, **options))
+    direct = Routes(DirectTransport(fake.base_url, api_key="sk-test"))
+    return fake.owns(Provider(model, direct, **options))
 
 
 Providers = Callable[..., Provider]

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Protocol, Self, TypeVar
 
 import msgspec
 import orjson
@@ -300,6 +300,13 @@ def _stream_deltas(content: str, calls: list[JSON]) -> list[JSON]:
     return deltas
 
 
+class _Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Closable)
+
+
 class FakeLLM:
     """An OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1.
 
@@ -339,6 +346,7 @@ class FakeLLM:
         self._runner: web.AppRunner | None = None
         self._stopping = asyncio.Event()
         self._arrived = asyncio.Condition()
+        self._clients: list[_Closable] = []
 
     def script(self, *replies: Reply) -> None:
         """Append replies to the shared queue, consumed in order, one per request."""
@@ -397,8 +405,18 @@ class FakeLLM:
         await web.TCPSite(self._runner, self.host, self.port).start()
         self.port = int(self._runner.addresses[0][1])
 
+    def owns(self, client: _C) -> _C:
+        """`client` (a provider, a transport: anything with `aclose()`), closed when this
+        server stops, before it does: a test's client of it needs no teardown of its own."""
+        self._clients.append(client)
+        return client
+
     async def stop(self) -> None:
-        """Release pending requests, drop their connections, close the socket. Idempotent."""
+        """Close the clients it `owns`, release pending requests, drop their connections,
+        close the socket. Idempotent."""
+        clients, self._clients = self._clients, []
+        for client in clients:
+            await client.aclose()
         if self._runner is None:
             return
         self._stopping.set()
