@@ -267,6 +267,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "python_executable": sys.executable,
         "platform": platform.platform(),
+        "load_average": os.getloadavg(),  # 1, 5, 15 min, as the results were written
         "packages": versions,
     }
 

@@ -226,9 +226,9 @@ class Child:
             async with asyncio.timeout(seconds):
                 raw = await self.process.stdout.readline()
         except TimeoutError:
-            raise BenchError(f"{self.name}: no answer in {seconds:g} s{self._tail()}") from None
+            raise BenchError(f"{self.name}: no answer in {seconds:g} s{self.tail()}") from None
         if not raw:
-            raise BenchError(f"{self.name} exited (code {self.process.returncode}){self._tail()}")
+            raise BenchError(f"{self.name} exited (code {self.process.returncode}){self.tail()}")
         return raw.decode().strip()
 
     async def ask(self, command: JSON, seconds: float) -> JSON:
@@ -256,7 +256,8 @@ class Child:
                     self.process.kill()
                 await self.process.wait()
 
-    def _tail(self) -> str:
+    def tail(self) -> str:
+        """The end of its stderr, as a paragraph of an error message ('' if none)."""
         with contextlib.suppress(OSError):
             text = self.log.read_text(encoding="utf-8", errors="replace")[-2000:]
             return f"\nstderr (tail):\n{text}" if text else ""
@@ -278,6 +279,33 @@ def rss_kib(pid: int) -> int:
 def hwm_kib(pid: int) -> int:
     """The process's peak resident set so far (VmHWM)."""
     return _status_kib(pid, "VmHWM")
+
+
+def descendants(pid: int) -> list[int]:
+    """The process's children, their children and so on, now (parents read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                text = (entry / "stat").read_text(encoding="utf-8")
+                parent = int(text[text.rindex(")") + 2 :].split()[1])  # after "pid (comm) S"
+                children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        kids = children.get(stack.pop(), [])
+        found += kids
+        stack += kids
+    return found
+
+
+def tree_rss_kib(pid: int) -> int:
+    """VmRSS summed over the process and its descendants (one that ends meanwhile: 0)."""
+    total = rss_kib(pid)
+    for child in descendants(pid):
+        with contextlib.suppress(OSError, BenchError):
+            total += rss_kib(child)
+    return total
 
 
 def cpu_seconds(pid: int) -> float:

@@ -1,7 +1,10 @@
 """Issue 2, CLI start-up: ``nanobot --help`` and ``nanobot agent -m hi`` against a 0 ms model.
 
-``agent -m`` runs twice per round: with the default ``agent.transport: auto`` and with
-``direct`` (issue 14: the direct transport imports no litellm at all).
+``agent -m`` runs on the default config plus ``agent.api_base`` (the fake) and an api key,
+three times per round: with the default ``agent.transport: auto``, with ``direct`` (issue 14:
+the direct transport imports no litellm at all), and the original nanobot (PyPI
+``nanobot-ai`` 0.3.5, bench/_original.py) with the same model and ``providers.openai.apiBase``
+(issue 24: ``auto`` should take at most 0.7 s and 120 MiB; ratios per interleaved pair).
 
 Every command runs as a real subprocess of the installed package, in an isolated
 environment (a temporary HOME and config, no NANOBOT_*/PYTHON* variables). Baselines are
@@ -15,6 +18,7 @@ arrival of the first request is known on the same monotonic clock as the CLI's s
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import _original
 from bench._common import (
     BIN_DIR,
     BenchError,
@@ -38,7 +43,8 @@ from tests.fakes.llm import FakeLLM
 NAME = "cli_startup"
 HELP_TARGET_S = 0.3
 CHEAP_WARMUPS, CHEAP_RUNS = 2, 15  # python -c pass, --help, import nanobot.app
-HEAVY_WARMUPS, HEAVY_RUNS = 1, 7  # anything importing litellm (~4-5 s each)
+HEAVY_WARMUPS, HEAVY_RUNS = 1, 7  # anything importing litellm (~4-5 s each), the original
+AGENT_TARGET_S, AGENT_RSS_TARGET_MIB = 0.7, 120.0  # issue 24, agent.transport: auto
 MESSAGE = "hi"
 TOP_IMPORTS = 10
 
@@ -100,6 +106,8 @@ class Measurements:
     agent: list[AgentRun]
     direct: list[AgentRun]  # agent.transport: direct
     imports: list[ImportTime]
+    original: list[AgentRun]  # nanobot-ai 0.3.5; empty when skipped
+    original_info: dict[str, Any]  # bench._original.describe
 
 
 def _progress(text: str) -> None:
@@ -108,12 +116,12 @@ def _progress(text: str) -> None:
 
 
 def _write_config(home: Path, fake: FakeLLM, transport: str = "auto") -> dict[str, str]:
-    """A config for ``fake`` under ``home``; returns the environment that selects it."""
+    """The default config plus ``fake`` as ``agent.api_base`` (and a key) under ``home``;
+    returns the environment that selects it. The model is the default, openai/gpt-4o-mini."""
     config = home / "config.yaml"
     config.write_text(
         f"data_dir: {home / 'data'}\n"
         "agent:\n"
-        "  model: openai/fake-model\n"
         f"  api_base: {fake.base_url}\n"
         "  api_key: sk-bench\n"
         f"  transport: {transport}\n",
@@ -151,6 +159,23 @@ async def _agent_once(fake: FakeLLM, transport: str = "auto") -> AgentRun:
     if len(requests) != 1:
         raise BenchError(f"expected one model request per turn, got {len(requests)}")
     return AgentRun(run, requests[0].received_at, replied_at)
+
+
+async def _original_once(fake: FakeLLM, original: _original.Original) -> AgentRun:
+    """The original's ``nanobot agent -m hi`` in a fresh HOME (it makes its workspace)."""
+    with tempfile.TemporaryDirectory(prefix="nanobot-bench-original-") as tmp:
+        home = Path(tmp)
+        before = len(fake.requests)
+        argv = [original.nanobot, "agent", "-m", MESSAGE]
+        run = await run_measured(argv, original.agent_env(home, fake.base_url), cwd=home)
+    run.check()
+    # It prints a banner, then the reply (padded to the terminal's width).
+    if f"echo: {MESSAGE}" not in run.stdout or run.first_stdout_at is None:
+        raise BenchError(f"unexpected reply from the original's agent -m: {run.stdout!r}")
+    requests = fake.requests[before:]
+    if len(requests) != 1:
+        raise BenchError(f"expected one model request from the original, got {len(requests)}")
+    return AgentRun(run, requests[0].received_at, run.exited_at)
 
 
 def _check_reply(run: Run) -> float:
@@ -193,10 +218,16 @@ async def measure() -> Measurements:
     both: list[ImportRun] = []
     agent: list[AgentRun] = []
     direct: list[AgentRun] = []
+    original_runs: list[AgentRun] = []
+    original = await asyncio.to_thread(_original.install)
+    if isinstance(original, str):
+        _progress(f"  the original nanobot is skipped: {original}")
     async with FakeLLM() as fake:  # Echo, no delay: the model answers in 0 ms
         _progress(f"  agent -m {MESSAGE}: preflight")  # fail in seconds, not minutes
         await _agent_once(fake)
         await _agent_once(fake, "direct")
+        if isinstance(original, _original.Original):
+            await _original_once(fake, original)
         with tempfile.TemporaryDirectory(prefix="nanobot-bench-home-") as tmp:
             home = Path(tmp)
             env = isolated_env(home)
@@ -216,7 +247,7 @@ async def measure() -> Measurements:
                     app.append(runs[2])
             _progress(
                 f"  import litellm, import nanobot.app+litellm, "
-                f"agent -m {MESSAGE} (auto, direct): "
+                f"agent -m {MESSAGE} (auto, direct, original): "
                 f"{HEAVY_WARMUPS} warm-up + {HEAVY_RUNS} measured rounds"
             )
             for index in range(HEAVY_WARMUPS + HEAVY_RUNS):
@@ -226,13 +257,28 @@ async def measure() -> Measurements:
                     await _agent_once(fake),
                     await _agent_once(fake, "direct"),
                 )
+                if isinstance(original, _original.Original):
+                    theirs = await _original_once(fake, original)
+                    if index >= HEAVY_WARMUPS:
+                        original_runs.append(theirs)
                 if index >= HEAVY_WARMUPS:
                     lit.append(heavy[0])
                     both.append(heavy[1])
                     agent.append(heavy[2])
                     direct.append(heavy[3])
         imports = await _importtime_profile(fake)
-    return Measurements(floor, help_, app, lit, both, agent, direct, imports)
+    return Measurements(
+        floor,
+        help_,
+        app,
+        lit,
+        both,
+        agent,
+        direct,
+        imports,
+        original_runs,
+        _original.describe(original),
+    )
 
 
 def metrics_of(m: Measurements) -> list[Metric]:
@@ -243,7 +289,7 @@ def metrics_of(m: Measurements) -> list[Metric]:
         return [r.peak_rss_mib for r in runs]
 
     agent = f"agent -m {MESSAGE}"
-    return [
+    metrics = [
         Metric("python -c pass (floor)", "s", walls(m.floor)),
         Metric("nanobot --help", "s", walls(m.help), target=HELP_TARGET_S),
         Metric(
@@ -259,7 +305,7 @@ def metrics_of(m: Measurements) -> list[Metric]:
         Metric("import litellm: imported -> exit", "s", [i.exit_s for i in m.litellm]),
         Metric("import nanobot.app, litellm: wall", "s", walls([i.run for i in m.both])),
         Metric("import nanobot.app, litellm: -> imported", "s", [i.import_s for i in m.both]),
-        Metric(f"{agent}: total", "s", [a.run.wall for a in m.agent]),
+        Metric(f"{agent}: total", "s", [a.run.wall for a in m.agent], target=AGENT_TARGET_S),
         Metric(f"{agent}: spawn -> 1st request", "s", [a.to_request_s for a in m.agent]),
         Metric(f"{agent}: 1st request -> reply", "s", [a.request_to_reply_s for a in m.agent]),
         Metric(f"{agent}: reply -> exit", "s", [a.reply_to_exit_s for a in m.agent]),
@@ -269,8 +315,43 @@ def metrics_of(m: Measurements) -> list[Metric]:
         Metric("peak RSS: nanobot --help", "MiB", rss(m.help)),
         Metric("peak RSS: import nanobot.app", "MiB", rss([i.run for i in m.app])),
         Metric("peak RSS: import litellm", "MiB", rss([i.run for i in m.litellm])),
-        Metric(f"peak RSS: {agent}", "MiB", rss([a.run for a in m.agent])),
+        Metric(
+            f"peak RSS: {agent}",
+            "MiB",
+            rss([a.run for a in m.agent]),
+            target=AGENT_RSS_TARGET_MIB,
+        ),
         Metric(f"peak RSS: {agent} (direct)", "MiB", rss([a.run for a in m.direct])),
+        *_pairs(f"{agent}: auto / direct", m.agent, m.direct),
+    ]
+    if m.original:
+        theirs = [a.run for a in m.original]
+        metrics += [
+            Metric(f"{agent} (original {_original.VERSION}): total", "s", walls(theirs)),
+            Metric(
+                f"{agent} (original): spawn -> 1st request",
+                "s",
+                [a.to_request_s for a in m.original],
+            ),
+            Metric(f"peak RSS: {agent} (original)", "MiB", rss(theirs)),
+            *_pairs(f"{agent}: auto / original", m.agent, m.original),
+            *_pairs(f"{agent}: direct / original", m.direct, m.original),
+        ]
+    return metrics
+
+
+def _pairs(name: str, ours: Sequence[AgentRun], theirs: Sequence[AgentRun]) -> list[Metric]:
+    """Wall time and peak RSS of ``ours`` over ``theirs``, per interleaved pair."""
+    pairs = list(zip(ours, theirs, strict=True))
+    note = "per interleaved pair"
+    return [
+        Metric(f"{name}: total", "x", [a.run.wall / b.run.wall for a, b in pairs], note=note),
+        Metric(
+            f"{name}: peak RSS",
+            "x",
+            [a.run.peak_rss_kib / b.run.peak_rss_kib for a, b in pairs],
+            note=note,
+        ),
     ]
 
 
@@ -311,6 +392,8 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
     lazy_s = sum(i.cumulative_s for i in after)
 
     print(format_table(metrics))
+    if "skipped" in m.original_info:
+        print(f"The original nanobot was skipped: {m.original_info['skipped']}")
     print(f"\nWhere the median `agent -m {MESSAGE}` time goes ({total:.3f} s):")
     width = max(len(label) for label, _ in rows)
     for label, seconds in rows:
@@ -338,6 +421,7 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
             "after_litellm_s": lazy_s,
             "top": [vars(item) for item in top],
         },
+        "original": m.original_info,
         "runs": {
             "cheap": {"warmups": CHEAP_WARMUPS, "runs": CHEAP_RUNS},
             "heavy": {"warmups": HEAVY_WARMUPS, "runs": HEAVY_RUNS},
@@ -347,8 +431,9 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
 
 
 def main() -> None:
+    load = os.getloadavg()
     m = asyncio.run(measure())
     metrics = metrics_of(m)
-    payload = report(m, metrics)
+    payload = report(m, metrics) | {"load_average_at_start": load}
     path = write_results(NAME, payload)
     print(f"\nResults: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
