@@ -241,6 +241,27 @@ async def test_history_beyond_the_window_is_compacted_once(
         assert any("Summary of the earlier part" in str(m.get("content")) for m in last_turn)
 
 
+@pytest.mark.parametrize(("window", "loaded"), [(32_000, False), (6_000, True)])
+async def test_the_tokenizer_is_loaded_only_when_the_bounds_call_the_window_full(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database, window: int, loaded: bool
+) -> None:
+    # The system prompt is about 1,100 tokens and 4,500 bytes (its bound). In 6,000 tokens
+    # the bounds leave under 300 for the history, which one 400-byte message fills: the
+    # exact count is taken, and two such turns fit without trimming or compacting anything.
+    parts = await make_parts(tmp_path, fake_llm, db, context_window=window)
+    fake_llm.script(Text("noted"), Text("noted again"))
+    message = " ".join(["a plain english sentence of words"] * 12)
+    for n in (1, 2):
+        reply = await parts.loop.handle(TurnRequest("t:1", f"{n}: {message}"))
+        assert reply is not None and (reply.text or "").startswith("noted")
+    assert fake_llm.request_count == 2  # no summary asked for
+    users = [m["content"] for m in fake_llm.requests[1].messages if m["role"] == "user"]
+    assert [user.endswith(f"{n}: {message}") for n, user in enumerate(users, 1)] == [True] * 2
+    status = await parts.loop.status("t:1")
+    assert ("Context: at most " in status) is not loaded
+    assert parts.provider.load_tokenizer() is not loaded  # True: it was not loaded until now
+
+
 async def test_overflow_compacts_and_retries(
     tmp_path: Path, fake_llm: FakeLLM, db: Database
 ) -> None:

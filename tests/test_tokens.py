@@ -36,8 +36,39 @@ CONVERSATION: list[Message] = [
 @pytest.mark.parametrize("model", ["gpt-4o-mini", "gpt-4", "gpt-3.5-turbo"])
 def test_counts_as_litellm_does(model: str) -> None:
     theirs = _litellm().token_counter(model=model, messages=CONVERSATION)
-    ours = TokenCounter(f"openai/{model}").count(CONVERSATION)
+    counter = TokenCounter(f"openai/{model}")
+    bound = counter.count(CONVERSATION)
+    assert counter.load() and counter.exact
+    ours = counter.count(CONVERSATION)
     assert abs(ours - theirs) <= 2  # chunk boundaries may split a token differently
+    assert bound >= ours
+
+
+# Texts with many tokens to a byte: digits, CJK, emoji, whitespace, code, invalid surrogates.
+HARD = [
+    "0123456789" * 50,
+    "日本語のテキストとその翻訳。" * 20,
+    "👩‍👩‍👧‍👦🏳️‍🌈" * 30,
+    " \n\t " * 100,
+    "def f(x):\n    return {'a': [x, x**2]}\n" * 20,
+    "broken \ud800 surrogate",
+    "",
+]
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-4o-mini", "openai/fake-model"])
+def test_before_the_encoding_is_loaded_a_count_is_never_below_the_exact_one(model: str) -> None:
+    # What the bound is for: a window it calls fitting does fit, without the encoding's
+    # 40-75 MiB in memory.
+    counter = TokenCounter(model)
+    messages = [[{"role": "user", "content": text}] for text in HARD]
+    messages.append(CONVERSATION)
+    bounds = [counter.count(m) for m in messages]
+    assert not counter.exact
+    counter.load()
+    assert counter.exact and not counter.load()  # loaded once
+    for bound, exact in zip(bounds, (counter.count(m) for m in messages), strict=True):
+        assert bound >= exact
 
 
 def test_images_count_as_litellm_counts_them_at_auto_detail() -> None:
@@ -46,6 +77,7 @@ def test_images_count_as_litellm_counts_them_at_auto_detail() -> None:
     text = {"role": "user", "content": [part]}
     with_image = {"role": "user", "content": [part, image]}
     counter = TokenCounter("openai/gpt-4o-mini")
+    counter.load()
     assert counter.count([with_image]) - counter.count([text]) == 85
 
 
@@ -74,6 +106,7 @@ def test_without_the_files_it_estimates_and_stays_offline(
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(socket.socket, "connect", refuse)
     counter = TokenCounter("openai/gpt-4o-mini", tokenizers=tmp_path)
+    counter.load()
     assert counter.count([{"role": "user", "content": "x" * 400}]) == 3 + 3 + 1 + 100
 
 
@@ -85,7 +118,9 @@ def test_counts_offline_and_without_importing_litellm(tmp_path: Path) -> None:
         "socket.getaddrinfo = refuse\n"
         "from nanobot.providers.tokens import TokenCounter\n"
         "for model in ('openai/gpt-4o', 'openai/fake-model'):\n"
-        "    assert TokenCounter(model).count([{'role': 'user', 'content': 'hi'}]) == 8\n"
+        "    counter = TokenCounter(model)\n"
+        "    counter.load()\n"
+        "    assert counter.count([{'role': 'user', 'content': 'hi'}]) == 8\n"
         "assert 'litellm' not in sys.modules\n"
     )
     env = {"PATH": "", "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}  # no tiktoken cache

@@ -62,6 +62,9 @@ class Recorder:
     def count_tokens(self, messages: Sequence[Message]) -> int:
         return self.inner.count_tokens(messages)
 
+    def load_tokenizer(self) -> bool:
+        return self.inner.load_tokenizer()
+
 
 def _echo(messages: Sequence[Message], model: str) -> Completion:
     last = next(m for m in reversed(messages) if m.get("role") == "user")

@@ -61,6 +61,10 @@ class Compactor:
         if paused:
             self._paused[session_id] = paused - 1
             return False
+        return self.full(window, budget)
+
+    def full(self, window: Window, budget: int) -> bool:
+        """Whether `window` is full enough to compact, by its count (without the pause)."""
         return window.beyond > 0 or window.tokens >= budget * self._full_at
 
     async def compact(self, session_id: int, window: Window, budget: int) -> bool:

@@ -60,6 +60,11 @@ class History:
         self._tokens: OrderedDict[int, int] = OrderedDict()
         self._windows: OrderedDict[int, tuple[Window, int, int]] = OrderedDict()
 
+    def forget(self) -> None:
+        """Drop every count and window remembered (the counts changed: made exact)."""
+        self._tokens.clear()
+        self._windows.clear()
+
     def tokens(self, entry: Entry) -> int:
         cached = self._tokens.get(entry.id)
         if cached is None:

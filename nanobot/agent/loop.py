@@ -10,6 +10,7 @@ happens.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -144,6 +145,8 @@ class AgentLoop:
         self._lanes: Lanes[str] = Lanes(limit=self._settings.max_concurrent_turns, name="turn")
         self._queued: dict[str, _Queued] = {}  # sessions whose turn runs or waits
         self._prompt_tokens: tuple[str, int] = ("", 0)
+        # Counts are upper bounds until a window the bounds call full needs exact ones.
+        self._exact_counts = False
         self._usage = usage
         self._fill: OrderedDict[str, int] = OrderedDict()  # session key -> input tokens
 
@@ -244,6 +247,9 @@ class AgentLoop:
         system = self._context.system_prompt(self._now())
         budget = self._history_budget(system)
         window = await self._history.load(session_id, budget)
+        if self._compactor.full(window, budget) and await self._counting_exactly():
+            budget = self._history_budget(system)  # the bounds said full: count exactly
+            window = await self._history.load(session_id, budget)
         head: list[Message] = [{"role": "system", "content": system}]
         if window.summary:
             head.append(summary_message(window.summary))
@@ -304,7 +310,9 @@ class AgentLoop:
         window = self._provider.context_window()
         fill = self._fill.get(session_key)
         if fill is not None:
-            lines.append(f"Context: {fill:,} of {window:,} tokens ({100 * fill / window:.0f}%)")
+            most = "" if self._exact_counts else "at most "
+            share = f"{100 * fill / window:.0f}%"
+            lines.append(f"Context: {most}{fill:,} of {window:,} tokens ({share})")
         else:
             lines.append(f"Context window: {window:,} tokens")
         lines.append("State: working on a reply" if self.busy(session_key) else "State: idle")
@@ -377,6 +385,17 @@ class AgentLoop:
             listener=listener,
             live=request.live,
         )
+
+    async def _counting_exactly(self) -> bool:
+        """Load the tokenizer (in a thread); whether the counts were bounds until now, and
+        every one remembered is dropped."""
+        loaded = await asyncio.to_thread(self._provider.load_tokenizer)
+        self._exact_counts = True
+        if not loaded:
+            return False
+        self._history.forget()
+        self._prompt_tokens = ("", 0)
+        return True
 
     def _history_budget(self, system: str) -> int:
         if self._prompt_tokens[0] != system:

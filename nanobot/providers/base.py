@@ -146,7 +146,14 @@ class LLMProvider(Protocol):
         ...
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
-        """Tokens `messages` take for the primary model (exact where a tokenizer is known)."""
+        """Tokens `messages` take for the primary model: exact where a tokenizer is known
+        and loaded (`load_tokenizer`), else an upper bound."""
+        ...
+
+    def load_tokenizer(self) -> bool:
+        """Make `count_tokens` exact from now on; whether it was not (the counts it gave
+        until now were upper bounds). Blocking (it may take a few hundred ms): run it in a
+        thread. Idempotent."""
         ...
 
     def supports_vision(self) -> bool:

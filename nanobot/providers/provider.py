@@ -174,10 +174,14 @@ class Provider:
     def count_tokens(self, messages: Sequence[Message]) -> int:
         return self._tokens.count(messages)
 
+    def load_tokenizer(self) -> bool:
+        return self._tokens.load()
+
     def prepare(self, *, require_key: bool = True) -> None:
-        """Load now what the first turn would otherwise load: the tokenizer, the model's
-        entry in litellm's list, its route and what its transport needs (litellm, where the
-        model's calls go through it: seconds to import; nothing for the direct transport).
+        """Load now what the first turn would otherwise load: the model's entry in litellm's
+        list, its route and what its transport needs (litellm, where the model's calls go
+        through it: seconds to import; nothing for the direct transport). Not the tokenizer:
+        it is loaded where a count must be exact (`load_tokenizer`).
 
         Blocking, so run it in a thread: done lazily, on the event loop in the middle of the
         first turn, it would stall every chat for as long. Idempotent. Without an API key
@@ -189,7 +193,6 @@ class Provider:
             ConfigError: the model's provider has no API key (every call would fail) and
                 `require_key` is True.
         """
-        self._tokens.load()
         self.context_window()
         self.supports_vision()
         problem = self._prepared(self._model)

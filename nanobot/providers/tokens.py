@@ -6,6 +6,11 @@ detail, 3 to prime the reply), so a window holds what it held when litellm count
 encoding is the model's where tiktoken knows it (o200k_base for gpt-4o, …), else
 cl100k_base: other vendors' tokenizers differ, and the window keeps a margin for that.
 
+An encoding costs 40–75 MiB of memory and a few hundred ms to load, and most windows are
+far below their budget: until a count must be exact (`load`), `count` answers an upper bound
+instead, the text's UTF-8 bytes (a token is at least one byte), which decides "it fits" as
+well as the exact count would.
+
 tiktoken downloads an encoding the first time it is asked for one. It must not here: the
 files come from litellm's package, which ships them for the same reason (and points
 TIKTOKEN_CACHE_DIR at them when imported; this module does the same, without importing
@@ -41,8 +46,8 @@ Count = Callable[[str], int]
 
 
 class TokenCounter:
-    """Counts tokens of messages for one model. The encoding is loaded on the first count
-    (a few hundred ms: call `load` off the event loop); thread-safe."""
+    """Counts tokens of messages for one model: exactly once `load` has loaded the encoding
+    (a few hundred ms: call it off the event loop), an upper bound before. Thread-safe."""
 
     def __init__(self, model: str, tokenizers: Path | None = None) -> None:
         """`tokenizers`: where the encoding files are; litellm's package by default."""
@@ -51,17 +56,23 @@ class TokenCounter:
         self._count: Count | None = None
         self._lock = threading.Lock()
 
-    def load(self) -> None:
-        """Load the encoding now. Blocking; idempotent."""
+    def load(self) -> bool:
+        """Load the encoding now, so that counts are exact from now on; whether it was not
+        loaded before (the counts made until now were bounds). Blocking; idempotent."""
         with self._lock:
-            if self._count is None:
-                self._count = _counter(self._model, self._tokenizers)
+            if self._count is not None:
+                return False
+            self._count = _counter(self._model, self._tokenizers)
+            return True
+
+    @property
+    def exact(self) -> bool:
+        """Whether counts are exact (the encoding is loaded), not bounds."""
+        return self._count is not None
 
     def count(self, messages: Sequence[Message]) -> int:
-        if self._count is None:
-            self.load()
-        assert self._count is not None
-        count = self._count
+        """The tokens `messages` take: exactly once loaded, else at least as many."""
+        count = self._count or _bound
         total = REPLY_PRIMING
         for message in messages:
             total += PER_MESSAGE
@@ -128,6 +139,10 @@ def _counter(model: str, tokenizers: Path | None) -> Count:
         return sum(len(encode(text[i : i + CHUNK])) for i in range(0, len(text), CHUNK))
 
     return count
+
+
+def _bound(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _estimate(text: str) -> int:

@@ -207,6 +207,9 @@ class ScriptedProvider:
     def count_tokens(self, messages: Sequence[Message]) -> int:
         return len(json.dumps(list(messages))) // 4
 
+    def load_tokenizer(self) -> bool:
+        return False  # its counts are exact already, by its own measure
+
     def supports_vision(self) -> bool:
         return self._vision
 
