@@ -344,6 +344,7 @@ async def test_agent_message_imports_no_litellm(home: Home, fake_llm: FakeLLM, s
     assert request.headers["Authorization"] == "Bearer sk-test-secret-key-123456"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("setup", ["auto with api_base", "auto on OpenAI"])
 async def test_a_gateway_answers_without_importing_litellm(
     tmp_path: Path, fake_llm: FakeLLM, setup: str

@@ -183,6 +183,7 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
+@pytest.mark.process
 async def test_processes_opening_a_new_database_at_once_migrate_it_once(postgres_url: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
@@ -374,6 +375,7 @@ async def nanobot(tmp_path: Path, *args: str, store_url: str) -> tuple[int, str,
     return proc.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.process
 async def test_status_shows_the_store_in_use_without_its_password(
     postgres_url: str, tmp_path: Path
 ) -> None:
@@ -385,6 +387,7 @@ async def test_status_shows_the_store_in_use_without_its_password(
     assert "not checked here: the check is SQLite's" in out
 
 
+@pytest.mark.process
 async def test_a_store_that_cannot_be_used_stops_a_command_with_the_reason(
     tmp_path: Path, postgres_url: str
 ) -> None:

@@ -286,6 +286,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
 
 
+@pytest.mark.process
 async def test_processes_appending_at_once_lose_nothing(tmp_path: Path) -> None:
     path = tmp_path / "state.db"  # fresh: the writers also race to create and migrate it
     writers, count = ("a", "b", "c"), 200

@@ -256,7 +256,9 @@ def test_a_directory_swapped_during_reads_never_lets_the_secret_through(tree: Tr
     workspace = Workspace(tree.ws)
     outcomes: set[str] = set()
     with swapping(tree, "box"):
-        for _ in range(2000):
+        # Until the race was really run (both sides seen): on a loaded machine the swapping
+        # thread may get no turn for many reads.
+        for tries in range(200_000):
             try:
                 data = workspace.read_bytes("box/secret.txt")
             except (OutsideWorkspace, NotADirectoryError) as exc:
@@ -264,7 +266,9 @@ def test_a_directory_swapped_during_reads_never_lets_the_secret_through(tree: Tr
                 continue
             assert data == b"mine\n"
             outcomes.add("read")
-    assert "OutsideWorkspace" in outcomes  # the race was really run
+            if tries >= 2000 and {"OutsideWorkspace", "read"} <= outcomes:
+                break
+    assert {"OutsideWorkspace", "read"} <= outcomes
 
 
 def test_a_directory_swapped_during_writes_never_writes_outside(tree: Tree) -> None:

@@ -342,8 +342,15 @@ class _Run:
             return None
         verdict = await self.hooks.approve(call)
         if isinstance(verdict, Asking):
-            self._move(RunState.AWAITING_HUMAN)
-            verdict = await self._race(verdict.decision)
+            decision = asyncio.ensure_future(verdict.decision)
+            try:
+                self._move(RunState.AWAITING_HUMAN)
+            except RuntimeError:  # the wait is never begun: it must not be left behind
+                decision.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await decision
+                raise
+            verdict = await self._race(decision)
             self._move(RunState.TOOL_RUNNING)
         return None if verdict is None else ToolResult(verdict, is_error=True)
 
