@@ -37,13 +37,14 @@ RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin nanobot \
 
 WORKDIR /app
 
-# Dependencies in their own layer, from pyproject.toml alone (the project's and its build
-# backend's): a change to the code does not reinstall them.
-COPY pyproject.toml ./
+# Dependencies in their own layer (the project's and its build backend's, named in
+# pyproject.toml), each at the version requirements.lock pins: what the tests ran with. A
+# change to the code does not reinstall them.
+COPY pyproject.toml requirements.lock ./
 RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
 print("\n".join(p["project"]["dependencies"] + p["build-system"]["requires"]))' \
         > /tmp/requirements.txt \
-    && python -m pip install -r /tmp/requirements.txt \
+    && python -m pip install -r /tmp/requirements.txt -c requirements.lock \
     && rm /tmp/requirements.txt
 
 # The code: only nanobot itself is built and installed here, offline.

@@ -21,8 +21,7 @@ import yaml
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import GatewayProcess
-from tests.test_cluster_gateways import READY, member_config
-from tests.test_telegram_webhook import PUBLIC
+from tests.test_cluster_gateways import READY, Cluster, member_config
 
 pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
 
@@ -41,9 +40,8 @@ async def first(
     root.mkdir()
     config = member_config(root, fake_llm, telegram, postgres_url, tmp_path / "shared")
     # The load balancer sends every update to the first gateway.
-    telegram.route_webhook(PUBLIC, f"http://127.0.0.1:{config.pop('port')}")
     process = GatewayProcess(root, config, dict(os.environ))
-    await process.start(ready=READY)
+    await Cluster([process], telegram).start()
     yield process
     await process.stop(signal.SIGKILL)
 
@@ -54,7 +52,6 @@ def member(
     root = tmp_path / name
     root.mkdir()
     config = member_config(root, llm, telegram, url, workspace)
-    config.pop("port")
     return GatewayProcess(root, config, dict(os.environ))
 
 

@@ -25,7 +25,7 @@ import pytest
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.llm import FakeLLM, Hang
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
-from tests.gateway_process import GatewayProcess
+from tests.gateway_process import WEBHOOK_LISTENING, GatewayProcess
 from tests.test_gateway_telegram import gateway_config
 from tests.test_telegram_webhook import PUBLIC, SECRET
 
@@ -83,6 +83,7 @@ class Cluster:
         await asyncio.gather(*(m.start(ready=READY) for m in self.members[first:]))
         target = self.balanced or self.members[0]
         if target.config["channels"]["telegram"].get("webhook"):  # type: ignore[index]
+            await target.wait_log(WEBHOOK_LISTENING, seconds=60)
             self.balance_to(target)
 
 

@@ -62,7 +62,9 @@ def on_litellm(
     answer_timeout: float = 600.0,
     **options: Any,
 ) -> Provider:
-    """A provider whose every call goes through litellm, as `agent.transport: litellm`."""
+    """A provider whose every call goes through litellm, as `agent.transport: litellm`,
+    litellm imported (as a gateway does before it takes messages: a test's waits are not
+    spent on the import)."""
     transport = LiteLLMTransport(
         model,
         api_key=api_key,
@@ -70,6 +72,7 @@ def on_litellm(
         request_timeout=request_timeout,
         answer_timeout=answer_timeout,
     )
+    transport.prepare()
     return Provider(model, Routes(transport), **options)
 
 
