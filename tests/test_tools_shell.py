@@ -1,5 +1,10 @@
 """The exec tool: output and exit code, the minimal environment, and stopping everything a
-command started, in the real bubblewrap sandbox and without one (`tools.exec.sandbox: none`)."""
+command started, in the real bubblewrap sandbox and without one (`tools.exec.sandbox: none`).
+
+When exec stops a command (timeout, cancellation) the tests look right after the call: it
+returns, or raises, only once every process of the command is gone. When the command ends by
+itself, bubblewrap exits first and the kernel ends the rest of its namespace just after.
+"""
 
 from __future__ import annotations
 
@@ -46,9 +51,10 @@ def marker() -> str:
     return f"{1000 + os.getpid() % 1000}.{next(_serial)}{time.monotonic_ns() % 10_000}"
 
 
-def sleepers(mark: str) -> list[int]:
-    """Host pids of live (not zombie) processes whose command line is `sleep <mark>`."""
-    found = []
+def alive(mark: str) -> dict[int, list[bytes]]:
+    """The command lines of live processes (not zombies) that mention `mark`, by host pid:
+    the sleeper, the shells around it, a child forked but not yet exec'd, bwrap itself."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -57,9 +63,14 @@ def sleepers(mark: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if cmdline[:2] == [b"sleep", mark.encode()] and state not in ("Z", "X"):
-            found.append(int(entry.name))
+        if any(mark.encode() in arg for arg in cmdline) and state not in ("Z", "X"):
+            found[int(entry.name)] = cmdline
     return found
+
+
+def sleepers(mark: str) -> list[int]:
+    """Host pids of live processes whose command line is `sleep <mark>`."""
+    return [pid for pid, cmdline in alive(mark).items() if cmdline[:2] == [b"sleep", mark.encode()]]
 
 
 async def started(mark: str, count: int = 1, within: float = 5.0) -> None:
@@ -70,8 +81,9 @@ async def started(mark: str, count: int = 1, within: float = 5.0) -> None:
 
 
 async def gone(mark: str, within: float = 3.0) -> bool:
+    """Whether every process mentioning `mark` is gone by `within` seconds from now."""
     deadline = time.monotonic() + within
-    while sleepers(mark):
+    while alive(mark):
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.02)
@@ -138,7 +150,7 @@ async def test_timeout_kills_the_command_with_its_grandchild(
     assert result.is_error
     assert "timed out after 0.5 s" in result.content
     assert "before" in result.content
-    assert await gone(mark)
+    assert alive(mark) == {}
 
 
 async def test_requested_timeout_is_capped_at_the_configured_one(
@@ -157,7 +169,7 @@ async def test_a_process_ignoring_sigterm_is_killed(tmp_path: Path, sandbox: San
     command = f"trap '' TERM; sleep {mark}; sleep 5"
     result = await registry(tmp_path, sandbox).execute("exec", {"command": command, "timeout": 0.3})
     assert result.is_error
-    assert await gone(mark)
+    assert alive(mark) == {}
 
 
 async def test_background_children_are_stopped_when_the_command_ends(
@@ -183,7 +195,30 @@ async def test_cancellation_kills_the_command_and_its_children(
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    assert await gone(mark)
+    assert alive(mark) == {}
+
+
+async def test_cancellation_while_the_command_starts_kills_what_it_started(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    # The loop tells the protocol the command runs (connection_made) before its start
+    # returns: a cancellation then lands inside the loop's own start.
+    mark = marker()
+    tool = ExecTool(tmp_path, sandbox=sandbox)
+    call = asyncio.create_task(tool.run(ExecParams(command=f"sh -c 'sleep {mark} & wait'")))
+
+    def connection_made(protocol: asyncio.BaseProtocol, transport: asyncio.BaseTransport) -> None:
+        deadline = time.monotonic() + 5
+        while not sleepers(mark):  # blocking: the start must not complete meanwhile
+            assert time.monotonic() < deadline, f"sleep {mark} never started"
+            time.sleep(0.01)
+        call.cancel()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shell._Shell, "connection_made", connection_made)
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    assert alive(mark) == {}
 
 
 # What leaves the process group: only the sandbox's PID namespace contains these.
@@ -226,7 +261,7 @@ async def test_escaped_processes_die_on_timeout_and_on_stop(
     else:
         with pytest.raises(ToolError, match="timed out"):
             await call
-    assert await gone(mark)
+    assert alive(mark) == {}
 
 
 async def test_without_a_working_sandbox_exec_is_refused(tmp_path: Path) -> None:
@@ -244,6 +279,7 @@ async def test_without_a_working_sandbox_exec_is_refused(tmp_path: Path) -> None
         test_a_process_ignoring_sigterm_is_killed,
         test_background_children_are_stopped_when_the_command_ends,
         test_cancellation_kills_the_command_and_its_children,
+        test_cancellation_while_the_command_starts_kills_what_it_started,
     ],
 )
 @pytest.mark.parametrize("kind", ["bwrap", "none"])

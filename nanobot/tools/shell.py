@@ -7,7 +7,11 @@ of nanobot's API keys or tokens), and a deadline. The sandbox (or, unsandboxed, 
 started in its own process group; when the command ends, times out or the call is cancelled,
 that group is stopped (SIGTERM, a short grace, SIGKILL). Inside bubblewrap that ends every
 process the command started, also those that left the group with `setsid` or a double fork:
-they live in the sandbox's PID namespace, which dies with it.
+they live in the sandbox's PID namespace, which dies with it. The call returns, or raises
+(cancellation included), only once the group is empty and, when exec stopped a running
+sandbox (timeout, cancellation), its namespace is too; after KILL_WAIT it gives up with a
+warning (a process stuck in the kernel). When the command ends by itself, bubblewrap exits
+first and the kernel ends what is left of its namespace just after.
 
 The deny patterns are a speed bump against an obviously destructive command typed by a
 confused model, not a security boundary: a shell offers endless ways to spell the same thing.
@@ -25,6 +29,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from loguru import logger
 from pydantic import Field
 
 from nanobot.tools.base import Tool, ToolError, ToolParams
@@ -44,8 +49,10 @@ DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
 
 MAX_OUTPUT_BYTES = 64 * 1024
 TERM_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
+KILL_WAIT = 2.0  # seconds for SIGKILLed processes to be gone
 EXIT_GRACE = 0.5  # seconds to wait for output after the shell itself has exited
 _GROUP_POLL = 0.05
+_ENDED = ("Z", "X")  # /proc states: zombie (exited, not yet reaped), dead
 
 
 class ExecParams(ToolParams):
@@ -99,18 +106,9 @@ class ExecTool(Tool[ExecParams]):
                     f"{pattern.pattern!r}). If it is really needed, ask the user to run it."
                 )
         timeout = min(args.timeout or self.timeout, self.timeout)
-        loop = asyncio.get_running_loop()
+        env = _minimal_env(self.workspace, self.sandbox.path)
         try:
-            transport, shell = await loop.subprocess_exec(
-                lambda: _Shell(self.max_output_bytes),
-                *argv,
-                cwd=self.workspace,
-                env=_minimal_env(self.workspace, self.sandbox.path),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            transport, shell = await _start(argv, self.workspace, env, self.max_output_bytes)
         except OSError as exc:
             raise ToolError(f"could not start the command: {exc}") from None
         try:
@@ -158,6 +156,45 @@ class _Shell(asyncio.SubprocessProtocol):
         return text or "(no output)"
 
 
+async def _start(
+    argv: Sequence[str], cwd: Path, env: dict[str, str], limit: int
+) -> tuple[asyncio.SubprocessTransport, _Shell]:
+    """Start `argv` in a new session, its output going to a `_Shell`.
+
+    Raises OSError when it cannot start. A cancellation meanwhile waits for the start to
+    complete, stops the command (`_stop_group`), then propagates.
+    """
+    loop = asyncio.get_running_loop()
+    # Shielded: a start cancelled half-way is cleaned up by the loop (asyncio's and uvloop's
+    # alike) by killing the shell alone, by pid, and what it had forked already runs on.
+    starting = loop.create_task(
+        loop.subprocess_exec(
+            lambda: _Shell(limit),
+            *argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        ),
+        name="exec start",
+    )
+    try:
+        return await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        while not starting.done():
+            with contextlib.suppress(asyncio.CancelledError):  # a second one as well
+                await asyncio.wait([starting])
+        if not starting.cancelled() and starting.exception() is None:
+            transport, shell = starting.result()
+            try:
+                await _stop_group(transport.get_pid(), shell)
+            finally:
+                transport.close()
+        raise
+
+
 async def _supervise(pgid: int, shell: _Shell, seconds: float) -> bool:
     """Wait up to `seconds` for the shell to exit, then stop its group; True on timeout.
 
@@ -178,21 +215,81 @@ async def _supervise(pgid: int, shell: _Shell, seconds: float) -> bool:
 
 
 async def _stop_group(pgid: int, shell: _Shell) -> None:
-    """SIGTERM the process group, give it TERM_GRACE to go, SIGKILL it, wait for the shell.
+    """SIGTERM the process group, give it TERM_GRACE to go, SIGKILL it; return once the
+    shell has exited and no process of the group is running, nor of the sandbox's PID
+    namespace if the sandbox was still running; or after KILL_WAIT more, with a warning.
 
-    Safe to cancel: SIGKILL is sent synchronously whatever happens, and asyncio's child
-    watcher reaps the shell even if nobody waits for it.
+    Safe to cancel: SIGKILL is sent synchronously whatever happens, and the loop's child
+    watcher reaps the shell even if nobody waits for it; only the wait is cut short.
     """
     loop = asyncio.get_running_loop()
+    # Only while bwrap runs can its namespace's init be found: then it is bwrap's child.
+    inits = () if shell.exited.is_set() else _namespace_inits(pgid)
     try:
         if _signal_group(pgid, signal.SIGTERM):
-            deadline = loop.time() + TERM_GRACE
-            # Grandchildren are not our children: there is nothing to wait on but polling.
-            while _signal_group(pgid, 0) and loop.time() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(_GROUP_POLL)
+            await _ended(pgid, inits, loop.time() + TERM_GRACE)
     finally:
         _signal_group(pgid, signal.SIGKILL)
     await shell.exited.wait()
+    if not await _ended(pgid, inits, loop.time() + KILL_WAIT):
+        logger.warning("exec: processes of command {} outlived SIGKILL by {} s", pgid, KILL_WAIT)
+
+
+async def _ended(pgid: int, inits: Sequence[int], deadline: float) -> bool:
+    """Wait until `_running(pgid, inits)` is false, by `deadline` (loop time)."""
+    loop = asyncio.get_running_loop()
+    # Grandchildren are not our children: there is nothing to wait on but polling.
+    while _running(pgid, inits):
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(_GROUP_POLL)
+    return True
+
+
+def _running(pgid: int, inits: Sequence[int]) -> bool:
+    """Whether a process of the group, or one of `inits` (whose namespace ends before they
+    do), still runs. A zombie does not: it has ended, and an orphan waits for the host's
+    init to reap it, which can take seconds. Without /proc (not Linux), whatever signal 0
+    reaches counts as running."""
+    if any(_state(pid)[0] not in _ENDED for pid in inits):
+        return True
+    if not _signal_group(pgid, 0):
+        return False
+    try:
+        pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    except OSError:
+        return True
+    return any(state not in _ENDED and group == pgid for state, group in map(_state, pids))
+
+
+def _state(pid: int) -> tuple[str, int]:
+    """(state, process group) of `pid`, from /proc; ("X", 0) when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return "X", 0
+
+
+def _namespace_inits(pid: int) -> tuple[int, ...]:
+    """The children of `pid` that are PID 1 of a namespace of their own: bubblewrap's
+    sandbox, whose init the kernel lets exit only once every other process in it is gone.
+    Empty where /proc does not tell (not Linux)."""
+    inits: list[int] = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return ()
+    for child in children:
+        try:
+            status = Path(f"/proc/{child}/status").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        for line in status.splitlines():
+            fields = line.split()  # "NSpid: <pid here> ... <pid in its own namespace>"
+            if fields[:1] == ["NSpid:"] and len(fields) > 2 and fields[-1] == "1":
+                inits.append(int(child))
+    return tuple(inits)
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
