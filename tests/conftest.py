@@ -113,8 +113,9 @@ def _in_its_layer(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(params=_stores.BACKENDS)
 async def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Path | str]:
-    """A fresh state on each backend in turn (see `tests._stores`): a SQLite file's path, or
-    a new PostgreSQL database's URL (skipped where no PostgreSQL answers)."""
+    """A fresh state on each backend in turn (see `tests._stores`): a SQLite file's path (no
+    file yet), or a new PostgreSQL database's URL, already migrated (skipped where no
+    PostgreSQL answers)."""
     async with _stores.target(request.param, tmp_path) as target:
         yield target
 
@@ -127,9 +128,26 @@ async def db(store_target: Path | str) -> AsyncIterator[Database]:
 
 
 @pytest.fixture
+async def postgres_server() -> None:
+    """Only that the PostgreSQL server answers (else the test is skipped, like the other
+    PostgreSQL cases); no database is made."""
+    conn = await _stores.admin()
+    await conn.close()
+
+
+@pytest.fixture
 async def postgres_url() -> AsyncIterator[str]:
-    """A new PostgreSQL database's URL, dropped after the test (skipped where none answers)."""
+    """A new PostgreSQL database's URL, already at this code's schema (a copy of a migrated
+    template), dropped after the test (skipped where none answers)."""
     async with _stores.fresh_database() as url:
+        yield url
+
+
+@pytest.fixture
+async def empty_postgres_url() -> AsyncIterator[str]:
+    """A new, empty PostgreSQL database's URL (never migrated), dropped after the test
+    (skipped where none answers)."""
+    async with _stores.fresh_database(migrated=False) as url:
         yield url
 
 

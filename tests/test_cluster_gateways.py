@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import subprocess
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from tests._pgserver import PgServer, throwaway_server
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.llm import FakeLLM, Hang
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
@@ -87,23 +87,42 @@ class Cluster:
             self.balance_to(target)
 
 
-@pytest.fixture
-async def cluster(
-    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, postgres_url: str
+@asynccontextmanager
+async def running_cluster(
+    tmp_path: Path, llm: FakeLLM, telegram: FakeTelegram, store: str
 ) -> AsyncIterator[Cluster]:
+    """Three members on the database at `store`, the webhook balanced to the first, for the
+    block; every member still running after it is killed, however it ends."""
     workspace = tmp_path / "shared-workspace"
     members = []
     for n in range(3):
         root = tmp_path / f"member{n}"
         root.mkdir()
-        config = member_config(root, fake_llm, telegram, postgres_url, workspace)
+        config = member_config(root, llm, telegram, store, workspace)
         members.append(GatewayProcess(root, config, dict(os.environ)))
     cluster = Cluster(members, telegram)
-    await cluster.start()
-    yield cluster
-    for member in members:
-        if member.process is not None and member.process.returncode is None:
-            await member.stop(signal.SIGKILL)
+    try:
+        await cluster.start()  # the first alone: an empty database (own_server's) it migrates
+        yield cluster
+    finally:
+        for member in members:
+            if member.process is not None and member.process.returncode is None:
+                await member.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+async def cluster(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, postgres_url: str
+) -> AsyncIterator[Cluster]:
+    async with running_cluster(tmp_path, fake_llm, telegram, postgres_url) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def own_server() -> AsyncIterator[PgServer]:
+    """A PostgreSQL server of the test's own, which it may restart (`tests._pgserver`)."""
+    async with throwaway_server() as server:
+        yield server
 
 
 async def holders(url: str) -> dict[str, int]:
@@ -197,41 +216,28 @@ async def test_a_restart_of_every_member_loses_and_doubles_nothing(
     assert texts(telegram, 2100) == ["cut off"]
 
 
-def restartable_server() -> tuple[str, str] | None:
-    """The local PostgreSQL cluster on port 5432 (version, name), where this process may
-    restart it (Debian's pg_ctlcluster, as root); None elsewhere."""
-    if os.geteuid() != 0 or shutil.which("pg_lsclusters") is None:
-        return None
-    listed = subprocess.run(
-        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=False
-    )
-    for line in listed.stdout.splitlines():
-        version, name, port, status, *_ = [*line.split(), "", "", "", ""]
-        if port == "5432" and status == "online":
-            return version, name
-    return None
-
-
 async def test_the_database_restarted_under_a_running_cluster_loses_and_doubles_nothing(
-    cluster: Cluster, telegram: FakeTelegram
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, own_server: PgServer
 ) -> None:
     """The server itself restarted (a fast shutdown: every session ended, connections
     refused until it is back) while messages come in and turns run: each is answered
     once, after the members reconnect, and every member lives through it (the schedule's
-    holder too, whose watcher meets the outage)."""
-    server = restartable_server()
-    if server is None:
-        pytest.skip("restarting the database needs root and the local server's pg_ctlcluster")
+    holder too, whose watcher meets the outage). The server is the test's own: a restart of
+    the shared one would break every test running beside it."""
+    async with running_cluster(tmp_path, fake_llm, telegram, own_server.url()) as cluster:
+        await _answered_through_a_restart(cluster, telegram, own_server)
+
+
+async def _answered_through_a_restart(
+    cluster: Cluster, telegram: FakeTelegram, server: PgServer
+) -> None:
     chats = range(4000, 4060)
     for chat in chats[:20]:
         telegram.user_message(chat, f"one from {chat}", user_id=chat)
     await telegram.wait_for(lambda: all(telegram.sent(chat) for chat in chats[:20]), seconds=60)
     for chat in chats[20:40]:  # taken in and answered while the server goes down
         telegram.user_message(chat, f"one from {chat}", user_id=chat)
-    restart = await asyncio.create_subprocess_exec(
-        "pg_ctlcluster", *server, "restart", "-m", "fast"
-    )
-    assert await restart.wait() == 0
+    await server.restart()
     since = len(telegram.deliveries)
     for chat in chats[40:]:
         telegram.user_message(chat, f"one from {chat}", user_id=chat)

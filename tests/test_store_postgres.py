@@ -1,9 +1,9 @@
 """What only the PostgreSQL store does: several connections (as several processes would)
 racing on one compare-and-set or one lock, migrating at once, a newer schema refused
 untouched, the reasons a database cannot be used (its password never shown), and a pool
-that outlives its connections. Each test has a database of its own (`postgres_url`);
-without a reachable server they are skipped with one line. The pure parts (placeholders,
-URLs) need no server."""
+that outlives its connections. Each test has a database of its own (`postgres_url`, already
+migrated; `empty_postgres_url` where the migrations are the subject); without a reachable
+server they are skipped with one line. The pure parts (placeholders, URLs) need no server."""
 
 from __future__ import annotations
 
@@ -184,14 +184,16 @@ asyncio.run(main(sys.argv[1]))
 
 
 @pytest.mark.process
-async def test_processes_opening_a_new_database_at_once_migrate_it_once(postgres_url: str) -> None:
+async def test_processes_opening_a_new_database_at_once_migrate_it_once(
+    empty_postgres_url: str,
+) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
             OPENER,
-            postgres_url,
+            empty_postgres_url,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -209,11 +211,42 @@ async def test_processes_opening_a_new_database_at_once_migrate_it_once(postgres
     for proc, (stdout, stderr) in zip(procs, outputs, strict=True):
         assert (proc.returncode, stderr.decode()) == (0, "")
         assert stdout.decode().strip() == str(len(migrations.MIGRATIONS))
-    async with await Database.open(postgres_url) as db:
+    async with await Database.open(empty_postgres_url) as db:
         # Migration 4 inserts cron_state's one row: run twice, it would have failed.
         assert [tuple(r) for r in await db.fetchall("SELECT id, version FROM cron_state")] == [
             (1, 0)
         ]
+
+
+async def test_a_copy_of_the_template_holds_what_migrating_makes(
+    postgres_url: str, empty_postgres_url: str
+) -> None:
+    """The tests' databases are copies of a template migrated once (`tests._stores`): the
+    same schema as migrating a new one now, or the template's name missed a change."""
+    async with await Database.open(empty_postgres_url):
+        pass
+    copied, migrated = await _schema(postgres_url), await _schema(empty_postgres_url)
+    assert copied == migrated
+    assert (len(migrations.MIGRATIONS),) in copied
+
+
+async def _schema(url: str) -> list[tuple[object, ...]]:
+    """The columns, the indexes, the version and the rows of `cron_state`."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT table_name, column_name, data_type, column_default, is_nullable, is_identity"
+            " FROM information_schema.columns WHERE table_schema = 'public'"
+            " ORDER BY table_name, column_name"
+        )
+        rows += await conn.fetch(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY indexdef"
+        )
+        rows += await conn.fetch("SELECT version FROM schema_version")
+        rows += await conn.fetch("SELECT id, version FROM cron_state")
+    finally:
+        await conn.close()
+    return [tuple(r) for r in rows]
 
 
 async def test_a_database_from_a_newer_version_is_refused_untouched(postgres_url: str) -> None:
@@ -271,8 +304,7 @@ async def test_the_schema_holds_what_sqlite_holds(postgres_url: str) -> None:
 # --- what makes a database unusable -----------------------------------------------------------
 
 
-async def test_unusable_databases_say_why_without_the_password(postgres_url: str) -> None:
-    # `postgres_url`: a server answers (else skipped, like the rest); it is not used.
+async def test_unusable_databases_say_why_without_the_password(postgres_server: None) -> None:
     host = f"{_stores.HOST}:{_stores.PORT}"
     # None of them names a database that exists: a mistake here must not migrate one.
     cases = {
@@ -389,7 +421,7 @@ async def test_status_shows_the_store_in_use_without_its_password(
 
 @pytest.mark.process
 async def test_a_store_that_cannot_be_used_stops_a_command_with_the_reason(
-    tmp_path: Path, postgres_url: str
+    tmp_path: Path, postgres_server: None
 ) -> None:
     unreachable = "postgresql://bot:hunter2@127.0.0.1:1/nanobot_none"
     code, out, err = await nanobot(tmp_path, "cron", "list", store_url=unreachable)
