@@ -60,6 +60,24 @@ def member_config(
     return config
 
 
+async def fetch(url: str, query: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+async def replies_confirmed(url: str, seconds: float = 30) -> None:
+    """Until no reply waits in the outbox: each one the fake has is recorded as delivered.
+    (A kill before that record may send a reply again: the Bot API has no idempotency key,
+    and the README says so; the tests that are not about that window wait it out.)"""
+    async with asyncio.timeout(seconds):
+        # The record is made in another process, which says nothing of it: look again.
+        while await fetch(url, "SELECT 1 FROM outbox WHERE state = 'pending' LIMIT 1"):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
 @dataclass
 class Cluster:
     members: list[GatewayProcess]
@@ -344,6 +362,7 @@ async def test_discord_in_a_cluster_one_member_connects_and_another_takes_over_a
             for user in users[:10]:
                 discord.user_message(dms[user], f"one from {user}", user_id=user)
             await discord.wait_until(lambda: answered(users[:10]), 60, "the first ten answered")
+            await replies_confirmed(postgres_url)  # a kill before it may send one again
             [leader] = [m for m in members if "discord connected as" in m.log()]
             await leader.kill()
             for user in users[10:]:  # nobody holds the connection: no event carries these

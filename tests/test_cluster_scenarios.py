@@ -19,7 +19,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 
 from nanobot.store import Database
@@ -28,7 +27,14 @@ from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
-from tests.test_cluster_gateways import Cluster, holder_pid, member_config, texts
+from tests.test_cluster_gateways import (
+    Cluster,
+    fetch,
+    holder_pid,
+    member_config,
+    replies_confirmed,
+    texts,
+)
 from tests.test_gateway_approvals import card, execs, press, request_id, said, until
 from tests.test_gateway_telegram import ALICE, BOB, GROUP, nanobot_cli
 
@@ -80,24 +86,6 @@ async def launch(
     for member in started:
         if member.process is not None and member.process.returncode is None:
             await member.stop(signal.SIGKILL)
-
-
-async def fetch(url: str, query: str, *args: object) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(url)
-    try:
-        return list(await conn.fetch(query, *args))
-    finally:
-        await conn.close()
-
-
-async def replies_confirmed(url: str, seconds: float = 30) -> None:
-    """Until no reply waits in the outbox: each one the fake has is recorded as delivered.
-    (A kill before that record may send a reply again: the Bot API has no idempotency key,
-    and the README says so; the tests that are not about that window wait it out.)"""
-    async with asyncio.timeout(seconds):
-        # The record is made in another process, which says nothing of it: look again.
-        while await fetch(url, "SELECT 1 FROM outbox WHERE state = 'pending' LIMIT 1"):  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
 
 
 def by_pid(cluster: Cluster, pid: int) -> GatewayProcess:
