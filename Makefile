@@ -46,11 +46,11 @@ run: $(STAMP)
 
 # Everything: in-process tests, nanobot's own processes, PostgreSQL (CI runs this).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The inner loop: every test that starts no nanobot process and needs no PostgreSQL.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not process and not postgres" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not process and not postgres" $(PYTEST_ARGS)
 
 check: $(STAMP)
 	$(BIN)/ruff format --check .

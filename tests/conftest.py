@@ -18,7 +18,7 @@ from nanobot.store import Database
 from tests import _layers, _stores
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
-from tests.gateway_process import TEST_TRANSPORT, audit_logs
+from tests.gateway_process import TEST_TRANSPORT, audit_logs, kill_leftovers
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -94,6 +94,12 @@ async def fake_telegram() -> AsyncIterator[FakeTelegram]:
     """The fake Bot API; it takes the first well-formed token it sees as the bot's."""
     async with FakeTelegram() as fake:
         yield fake
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """No gateway outlives the run, whatever its test did (`kill_leftovers`)."""
+    if killed := kill_leftovers():
+        sys.stderr.write(f"\nkilled {len(killed)} gateway process(es) left running: {killed}\n")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

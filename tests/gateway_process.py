@@ -8,6 +8,7 @@ its data dir, as written or URL-encoded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ SECRET_ENV_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET", "_SECRET_KEY", "_PASSWOR
 TEST_TRANSPORT = "direct"
 WEBHOOK_LISTENING = "telegram webhook: taking updates on "
 _created: list[GatewayProcess] = []
+_started: list[int] = []  # the pid of every gateway process started in this test session
 
 
 class GatewayProcess:
@@ -63,6 +65,7 @@ class GatewayProcess:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
+        _started.append(self.process.pid)
         self._reader = asyncio.create_task(self._read())
         await self.wait_log(ready, seconds=90)
 
@@ -187,6 +190,28 @@ def _forms(secret: str) -> set[str]:
     if colon and bot_id.isdigit() and len(rest) >= 20:
         forms.add(rest)
     return forms
+
+
+def kill_leftovers() -> list[int]:
+    """SIGKILL every gateway process this session started that still runs (a test that
+    failed before its own clean-up); returns their pids. conftest runs it at the end."""
+    killed = []
+    for pid in _started:
+        if _still_ours(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
+def _still_ours(pid: int) -> bool:
+    """Whether `pid` is still a nanobot child of this process (not a pid used again)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False
+    return stat[0] != "Z" and int(stat[1]) == os.getpid() and b"nanobot" in command
 
 
 def audit_logs() -> None:

@@ -41,9 +41,11 @@ async def first(
     config = member_config(root, fake_llm, telegram, postgres_url, tmp_path / "shared")
     # The load balancer sends every update to the first gateway.
     process = GatewayProcess(root, config, dict(os.environ))
-    await Cluster([process], telegram).start()
-    yield process
-    await process.stop(signal.SIGKILL)
+    try:
+        await Cluster([process], telegram).start()
+        yield process
+    finally:
+        await process.stop(signal.SIGKILL)
 
 
 def member(
