@@ -359,19 +359,26 @@ def breakdown(m: Measurements) -> list[tuple[str, float]]:
     """Where the median ``agent -m`` time goes, from medians; the rows add up to the total.
 
     litellm and nanobot.app share dependencies (pydantic, httpx, ...), so litellm is
-    charged only what it adds on top of nanobot.app.
+    charged only what it adds on top of nanobot.app, and only if `agent -m` imported it
+    (by its import profile).
     """
     med = statistics.median
     floor = med([r.wall for r in m.floor])
     app = med([i.import_s for i in m.app])
-    both = med([i.import_s for i in m.both])
+    imported = any(i.module == "litellm" for i in m.imports)
+    both = med([i.import_s for i in m.both]) if imported else app
     to_request = med([a.to_request_s for a in m.agent])
     to_reply = med([a.replied_at - a.run.launched_at for a in m.agent])
     total = med([a.run.wall for a in m.agent])
     return [
         ("interpreter start-up (python -c pass)", floor),
         ("nanobot.app and its dependencies (import nanobot.app - floor)", app - floor),
-        ("litellm on top of that (import both - import nanobot.app)", both - app),
+        (
+            "litellm on top of that (import both - import nanobot.app)"
+            if imported
+            else "litellm (not imported)",
+            both - app,
+        ),
         ("the rest until the request: CLI, config, store, 1st-call set-up", to_request - both),
         ("request -> reply printed (the model answers in 0 ms)", to_reply - to_request),
         ("reply printed -> exit (interpreter shutdown)", total - to_reply),

@@ -88,8 +88,8 @@ def _timezone(config: Config) -> tzinfo | None:
 
 def build_provider(config: Config) -> Provider:
     """The model provider, its calls made by the transports `agent.transport` names; the
-    caller closes it (`aclose`). Imports neither litellm nor aiohttp's client until a call
-    or `prepare` needs one."""
+    caller closes it (`aclose`). Imports no litellm: a call or `prepare` does, for a model
+    whose calls go through it."""
     agent = config.agent
     api_key = agent.api_key.get_secret_value() if agent.api_key else None
     routes: Routes

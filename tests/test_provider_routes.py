@@ -369,6 +369,29 @@ async def test_a_gateway_answers_without_importing_litellm(
     assert request.model == ("gpt-4o-mini" if setup == "auto on OpenAI" else "fake-model")
 
 
+@pytest.mark.process
+async def test_a_fallback_through_litellm_is_prepared_once_the_gateway_answers(
+    tmp_path: Path, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The primary is called directly: the gateway takes messages before litellm, which
+    # only the fallback needs, is imported (in a thread), and says then what it lacks.
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    fallback = "anthropic/claude-3-5-haiku-20241022"
+    async with FakeTelegram(token=DEFAULT_TOKEN) as telegram:
+        config = gateway_config(tmp_path, fake_llm, telegram, transport="auto")
+        config["agent"]["fallbacks"] = [fallback]
+        gateway = GatewayProcess(tmp_path, config, dict(os.environ))
+        await gateway.start(ready="telegram connected")
+        started = await gateway.wait_log("gateway started", seconds=1)
+        warned = await gateway.wait_log(f"fallback {fallback} will fail", seconds=60)
+        assert started < warned
+        assert "no API key for anthropic: set ANTHROPIC_API_KEY" in gateway.lines[warned]
+        fake_llm.script(Text("Direct, with a fallback in reserve."))
+        telegram.user_message(ALICE, "hi", user_id=ALICE)
+        assert await replies(telegram, ALICE, 1) == ["Direct, with a fallback in reserve."]
+        assert await gateway.stop() == 0
+
+
 @pytest.mark.parametrize("setup", ["auto with api_base", "auto on OpenAI"])
 async def test_status_imports_no_litellm(home: Home, fake_llm: FakeLLM, setup: str) -> None:
     on_auto(home)

@@ -20,15 +20,29 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import cache
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
-import httpx
 from pydantic import Field
 
 from nanobot.tools._html_text import html_to_text
 from nanobot.tools._untrusted import defuse
 from nanobot.tools.base import Tool, ToolError, ToolParams, untrusted
 from nanobot.tools.registry import MAX_RESULT_CHARS
+
+if TYPE_CHECKING:
+    import httpx
+
+
+@cache
+def _httpx() -> ModuleType:
+    # Imported at the first request: with the CLI libraries installed, httpx imports its
+    # own command line (rich) too, some 80 ms that a start-up need not pay.
+    import httpx
+
+    return httpx
+
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
@@ -124,20 +138,22 @@ class WebSearchTool(Tool[WebSearchParams]):
         self._api_key = api_key
         self.base_url = base_url
         self.timeout = timeout
-        self._ssl = httpx.create_ssl_context()
+        self._ssl: ssl.SSLContext | None = None
 
     async def run(self, args: WebSearchParams) -> str:
         if not self._api_key:
             raise ToolError("web search is not configured: set tools.web.search_api_key")
         headers = {"Accept": "application/json", "X-Subscription-Token": self._api_key}
         try:
-            async with httpx.AsyncClient(timeout=self.timeout, verify=self._ssl) as client:
+            http = _httpx()
+            verify = self._ssl = self._ssl or http.create_ssl_context()
+            async with http.AsyncClient(timeout=self.timeout, verify=verify) as client:
                 response = await client.get(
                     self.base_url, params={"q": args.query, "count": args.count}, headers=headers
                 )
-        except httpx.TimeoutException:
+        except _httpx().TimeoutException:
             raise ToolError("web search timed out; try again later") from None
-        except httpx.HTTPError as exc:
+        except _httpx().HTTPError as exc:
             raise ToolError(
                 f"web search failed: the search API cannot be reached ({exc})"
             ) from None
@@ -229,12 +245,12 @@ class WebFetchTool(Tool[WebFetchParams]):
         self.max_redirects = max_redirects
         self._allow_hosts = frozenset(_host_key(h) for h in allow_hosts)
         self._resolve = resolver
-        self._ssl = ssl_context or httpx.create_ssl_context()
+        self._ssl = ssl_context  # httpx's by default, made at the first fetch
 
     async def run(self, args: WebFetchParams) -> str:
         try:
-            url = httpx.URL(args.url.strip())
-        except httpx.InvalidURL as exc:
+            url = _httpx().URL(args.url.strip())
+        except _httpx().InvalidURL as exc:
             raise ToolError(f"{args.url!r} is not a valid URL: {exc}") from None
         try:
             async with asyncio.timeout(self.timeout):
@@ -243,7 +259,7 @@ class WebFetchTool(Tool[WebFetchParams]):
             raise ToolError(
                 f"fetching {url} took longer than {self.timeout:g} s; gave up"
             ) from None
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        except (_httpx().HTTPError, _httpx().InvalidURL) as exc:
             raise ToolError(f"could not fetch {url}: {type(exc).__name__}: {exc}") from None
         text = page.text[: args.max_chars]
         # The server chose the URL it redirected to and its content type: no marker in them.
@@ -256,7 +272,9 @@ class WebFetchTool(Tool[WebFetchParams]):
         return f"{header}\n{untrusted(str(page.url), text)}"
 
     async def _fetch(self, url: httpx.URL) -> _Page:
-        async with httpx.AsyncClient(
+        http = _httpx()
+        self._ssl = self._ssl or http.create_ssl_context()
+        async with http.AsyncClient(
             verify=self._ssl,
             trust_env=False,
             follow_redirects=False,
@@ -292,7 +310,7 @@ class WebFetchTool(Tool[WebFetchParams]):
         # One address may be unreachable (IPv6 on a server without it); then try the next.
         *others, last = await self._checked_addresses(url, host)
         for address in others:
-            with contextlib.suppress(httpx.ConnectError):
+            with contextlib.suppress(_httpx().ConnectError):
                 return await client.send(_request_to(client, url, address), stream=True)
         return await client.send(_request_to(client, url, last), stream=True)
 
