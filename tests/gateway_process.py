@@ -104,8 +104,8 @@ class GatewayProcess:
         """The port the Telegram webhook listens on, as its last start logged it (the one
         the system picked for `listen: host:0`)."""
         for line in reversed(self.lines):
-            if WEBHOOK_LISTENING in line:
-                return int(line.split(WEBHOOK_LISTENING, 1)[1].split()[0].rsplit(":", 1)[1])
+            if (port := webhook_port_in(line)) is not None:
+                return port
         raise AssertionError(f"no {WEBHOOK_LISTENING!r} logged:\n{self.log()}")
 
     async def stop(self, sig: int = signal.SIGTERM, *, seconds: float = 30) -> int:
@@ -159,6 +159,14 @@ class GatewayProcess:
                 if names:
                     found.append(f"{source}:{number}: {', '.join(sorted(names))}: {shown}")
         return found
+
+
+def webhook_port_in(line: str) -> int | None:
+    """The port a log line says the Telegram webhook listens on, if it says so."""
+    if WEBHOOK_LISTENING not in line:
+        return None
+    address = line.split(WEBHOOK_LISTENING, 1)[1].split(maxsplit=1)[0]
+    return int(address.rsplit(":", 1)[1])
 
 
 def with_test_transport(config: dict[str, object]) -> dict[str, object]:

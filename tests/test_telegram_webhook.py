@@ -21,7 +21,7 @@ from nanobot.channels.telegram import TelegramChannel
 from nanobot.config import TelegramConfig, TelegramWebhookConfig, load
 from nanobot.errors import ConfigError, StoreError
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
-from tests.gateway_process import WEBHOOK_LISTENING
+from tests.gateway_process import webhook_port_in
 from tests.test_channel_telegram import FAST, USER, Recorder, make_channel, running
 
 PUBLIC = "https://bot.example.test/telegram"
@@ -46,9 +46,8 @@ def route(fake: FakeTelegram) -> Iterator[Callable[[], int]]:
     ports: list[int] = []
 
     def heard(message: Any) -> None:
-        text = message.record["message"]
-        if WEBHOOK_LISTENING in text:
-            ports.append(int(text.split(WEBHOOK_LISTENING, 1)[1].split()[0].rsplit(":", 1)[1]))
+        if (port := webhook_port_in(message.record["message"])) is not None:
+            ports.append(port)
 
     sink = logger.add(heard, level="INFO", format="{message}")
     fake.route_webhook(PUBLIC, "http://127.0.0.1:9")
