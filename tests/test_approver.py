@@ -15,6 +15,7 @@ from pydantic import Field
 
 from nanobot.agent.approvals import DEFAULT_POLICIES, ApprovalPolicy, Policy, new_request, subject
 from nanobot.agent.approver import Approver
+from nanobot.agent.code_pins import Pinned, pin
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings
 from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, Typing
@@ -87,6 +88,13 @@ class Rig:
         private = not chat.chat_id.startswith("-")
         message = InboundMessage(chat, user, data, press, is_private=private, press=press)
         await self.harness.gate(message)
+
+
+def pinned(command: str, workspace: Path) -> str:
+    """The fingerprint a rule saved now for `command` holds."""
+    pins = pin(command, workspace)
+    assert isinstance(pins, Pinned), pins
+    return pins.text
 
 
 @pytest.fixture
@@ -495,6 +503,8 @@ async def test_a_background_task_started_after_a_fetched_page_asks_despite_a_sav
             reason="exec asks first",
             deciders=["1"],
             places=[Place("telegram", "@1")],
+            owner="1",
+            fingerprint=pinned("rm old.log", tmp_path / "workspace"),
         ),
         expires_in=timedelta(minutes=1),
     )

@@ -422,7 +422,11 @@ def _caller(message: InboundMessage) -> Caller:
         user = private_user(chat)
         return Caller(message.session_key, chat, user, user is not None, unattended=True)
     return Caller(
-        message.session_key, chat, message.sender_id, message.is_private, untrusted=tuple(untrusted)
+        message.session_key,
+        chat,
+        message.sender_id or None,  # a background task's report whose starter is not known
+        message.is_private,
+        untrusted=tuple(untrusted),
     )
 
 

@@ -11,6 +11,12 @@ nothing and says which. A rule or grant is made only by such an answer, in its t
 bound to the request's rule key: nothing else adds one, so "always" can be refused once and for
 all by leaving it out of a request's scopes (the policy does, for inline code).
 
+A rule belongs to whose turn it was saved in, and where: a request from someone's private turn
+(`owner`) saves a rule for that person's private turns on that channel; one from a group saves
+it for that group's session (only an approver can decide there). It keeps the request's
+`fingerprint` (the code the call would run, `nanobot.agent.code_pins`): `match` returns it,
+and the caller decides whether it still holds.
+
 Times are UTC ISO 8601 strings of fixed width, so they compare as text.
 """
 
@@ -70,7 +76,9 @@ class NewRequest:
     """What a request asks, to store (and, stored, its `ApprovalRequest.asked`). `arguments`
     is what the card shows (canonical JSON), `rule_key` what a rule made from it binds to,
     `scopes` the approvals it may get besides a denial, `deciders` the platform user ids who
-    may decide and `places` the chats it is asked in."""
+    may decide and `places` the chats it is asked in (all on one channel). `owner` is the
+    person whose private turn asks (None: a group's turn); a rule made from it binds to them,
+    else to the session. `fingerprint` pins the code the call would run ('' for none)."""
 
     session_key: str
     run_id: str
@@ -83,6 +91,12 @@ class NewRequest:
     reason: str
     deciders: tuple[str, ...]
     places: tuple[Place, ...]
+    owner: str | None = None
+    fingerprint: str = ""
+
+    @property
+    def channel(self) -> str:
+        return self.places[0].channel if self.places else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +132,9 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class SavedRule:
     """An "always allow" for one tool and rule key, made when `created_by` approved
-    `request_id`."""
+    `request_id`: for the private turns of `user_id` on `channel`, or for the session
+    `session_key` (a group); neither (saved before rules were bound) applies nowhere.
+    `fingerprint` is the code it approved ('' unknown)."""
 
     id: str
     tool: str
@@ -127,14 +143,30 @@ class SavedRule:
     created_at: datetime
     created_by: str | None
     request_id: str | None
+    channel: str = ""
+    user_id: str | None = None
+    session_key: str | None = None
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """Why a call needs no card: a saved rule (`rule_id`) or this chat's approval."""
+    """Why a call may need no card: a saved rule (`rule_id`) or this chat's approval, with
+    the fingerprint of the code it approved ('' unknown)."""
 
     scope: Literal["chat", "always"]
     rule_id: str | None = None
+    fingerprint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """Whose turn a call is made in, for matching rules: its session and channel, and the
+    person when it is their private turn (None in a group, or when nobody is known)."""
+
+    session_key: str
+    channel: str
+    user_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +199,8 @@ class ApprovalStore:
         """Store a pending request that expires `expires_in` from now, with a fresh id."""
         if not new.places or not new.deciders:
             raise ValueError("a request needs a chat to be asked in and someone to decide it")
+        if len({place.channel for place in new.places}) != 1:
+            raise ValueError("a request is asked on one channel")
         if not set(new.scopes) <= _SCOPES:
             raise ValueError(f"unknown scopes {new.scopes!r}")
         now = self._clock()
@@ -176,7 +210,8 @@ class ApprovalStore:
                 row = await self._db.fetchone(
                     "INSERT INTO approval_requests (id, session_key, run_id, tool_call_id, tool,"
                     " arguments, args_hash, rule_key, scopes, reason, deciders, created_at,"
-                    " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " expires_at, owner, fingerprint)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (id) DO NOTHING RETURNING *",
                     (
                         request_id,
@@ -192,6 +227,8 @@ class ApprovalStore:
                         json.dumps(list(new.deciders)),
                         to_text(now),
                         to_text(now + expires_in),
+                        new.owner or "",
+                        new.fingerprint,
                     ),
                 )
                 if row is not None:
@@ -270,10 +307,22 @@ class ApprovalStore:
             request = (await self._with_places([row]))[0]
             if scope == "chat":
                 asked = request.asked
+                # A grant made again pins the code as it is now.
                 await self._db.execute(
                     "INSERT INTO approval_grants (session_key, tool, rule_key, created_at,"
-                    " created_by, request_id) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    (asked.session_key, asked.tool, asked.rule_key, now, by, request.id),
+                    " created_by, request_id, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (session_key, tool, rule_key) DO UPDATE SET"
+                    " fingerprint = excluded.fingerprint, created_at = excluded.created_at,"
+                    " created_by = excluded.created_by, request_id = excluded.request_id",
+                    (
+                        asked.session_key,
+                        asked.tool,
+                        asked.rule_key,
+                        now,
+                        by,
+                        request.id,
+                        asked.fingerprint,
+                    ),
                 )
             elif scope == "always":
                 await self._save_rule(request, by, now)
@@ -322,23 +371,40 @@ class ApprovalStore:
 
     # -- rules and grants --------------------------------------------------------------------
 
-    async def match(self, tool: str, rule_key: str, session_key: str) -> Grant | None:
-        """The grant that lets this call run without a card: this chat's, else a saved rule;
-        None if neither exists."""
-        row = await self._db.fetchone(
-            "SELECT 0 AS rank, 'chat' AS scope, NULL AS id FROM approval_grants"
+    async def match(self, tool: str, rule_key: str, turn: Turn) -> list[Grant]:
+        """The grants that may let this call in `turn` run without a card, this chat's first:
+        its session's chat grant, a rule for its person's private turns on its channel, a
+        rule for its session (a group's). Empty if none; whether their fingerprints still
+        hold is the caller's to check."""
+        rows = await self._db.fetchall(
+            "SELECT 0 AS rank, 'chat' AS scope, NULL AS id, fingerprint FROM approval_grants"
             " WHERE session_key = ? AND tool = ? AND rule_key = ?"
-            " UNION ALL SELECT 1, 'always', id FROM approval_rules WHERE tool = ? AND rule_key = ?"
-            " ORDER BY rank LIMIT 1",
-            (session_key, tool, rule_key, tool, rule_key),
+            " UNION ALL SELECT 1, 'always', id, fingerprint FROM approval_rules"
+            " WHERE tool = ? AND rule_key = ? AND channel = ?"
+            " AND ((user_id <> '' AND user_id = ?) OR (session_key <> '' AND session_key = ?))"
+            " ORDER BY rank, id",
+            (
+                turn.session_key,
+                tool,
+                rule_key,
+                tool,
+                rule_key,
+                turn.channel,
+                turn.user_id or "",
+                turn.session_key,
+            ),
         )
-        if row is None:
-            return None
-        return Grant(cast(Literal["chat", "always"], row["scope"]), row["id"])
+        return [
+            Grant(cast(Literal["chat", "always"], row["scope"]), row["id"], row["fingerprint"])
+            for row in rows
+        ]
 
-    async def rules(self) -> list[SavedRule]:
-        """Every saved rule, oldest first."""
-        rows = await self._db.fetchall("SELECT * FROM approval_rules ORDER BY created_at, id")
+    async def rules(self, *, channel: str | None = None) -> list[SavedRule]:
+        """Every saved rule (only those of `channel` when given), oldest first."""
+        where, params = ("", ()) if channel is None else (" WHERE channel = ?", (channel,))
+        rows = await self._db.fetchall(
+            f"SELECT * FROM approval_rules{where} ORDER BY created_at, id", params
+        )
         return [_rule(row) for row in rows]
 
     async def revoke(self, rule_id: str, *, by: str | None = None) -> SavedRule | None:
@@ -434,11 +500,23 @@ class ApprovalStore:
 
     async def _save_rule(self, request: ApprovalRequest, by: str, now: str) -> None:
         asked = request.asked
+        user_id, session_key = (asked.owner, "") if asked.owner else ("", asked.session_key)
+        bound = (asked.tool, asked.rule_key, asked.channel, user_id, session_key)
+        where = "tool = ? AND rule_key = ? AND channel = ? AND user_id = ? AND session_key = ?"
         for _ in range(_ID_ATTEMPTS):
+            # The same command saved before for the same person and place: one rule is
+            # enough, pinned to the code as it is now.
+            again = await self._db.fetchone(
+                "UPDATE approval_rules SET fingerprint = ?, arguments = ?, created_at = ?,"
+                f" created_by = ?, request_id = ? WHERE {where} RETURNING id",
+                (asked.fingerprint, asked.arguments, now, by, request.id, *bound),
+            )
+            if again is not None:
+                return
             row = await self._db.fetchone(
                 "INSERT INTO approval_rules (id, tool, rule_key, arguments, created_at,"
-                " created_by, request_id) VALUES (?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT DO NOTHING RETURNING id",
+                " created_by, request_id, channel, user_id, session_key, fingerprint)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
                 (
                     secrets.token_hex(4),
                     asked.tool,
@@ -447,15 +525,13 @@ class ApprovalStore:
                     now,
                     by,
                     request.id,
+                    asked.channel,
+                    user_id,
+                    session_key,
+                    asked.fingerprint,
                 ),
             )
             if row is not None:
-                return
-            exists = await self._db.fetchone(
-                "SELECT 1 FROM approval_rules WHERE tool = ? AND rule_key = ?",
-                (asked.tool, asked.rule_key),
-            )
-            if exists is not None:  # the same command was saved before: one rule is enough
                 return
         raise StoreError(f"{self._db.name}: could not find a free approval rule id")
 
@@ -536,6 +612,8 @@ def _request(row: Row, places: tuple[Place, ...]) -> ApprovalRequest:
         reason=row["reason"],
         deciders=tuple(str(d) for d in json.loads(row["deciders"])),
         places=places,
+        owner=row["owner"] or None,
+        fingerprint=row["fingerprint"],
     )
     return ApprovalRequest(
         id=row["id"],
@@ -559,6 +637,10 @@ def _rule(row: Row) -> SavedRule:
         created_at=from_text(row["created_at"]),
         created_by=row["created_by"],
         request_id=row["request_id"],
+        channel=row["channel"],
+        user_id=row["user_id"] or None,
+        session_key=row["session_key"] or None,
+        fingerprint=row["fingerprint"],
     )
 
 
