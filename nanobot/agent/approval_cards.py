@@ -1,5 +1,6 @@
 """What an approval card says: the whole call, with every invisible or direction-changing
-character shown as what it is, so a person decides on what will run.
+character shown as what it is, so a person decides on what will run; and what `/approvals`
+lists.
 
 Pure. A card holds the call whole, however long (the channel splits it across messages, its
 buttons under the last part), up to `MAX_SHOWN` characters; a longer call cannot be shown
@@ -11,18 +12,20 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections.abc import Sequence
 from datetime import UTC
 from pathlib import Path
 from typing import Final
 
 from nanobot.bus.events import Button
-from nanobot.store.approvals import ApprovalRequest
+from nanobot.store.approvals import ApprovalRequest, SavedRule
 
 __all__ = [
     "MAX_SHOWN",
     "buttons",
     "card_text",
     "decided_text",
+    "listing",
     "shown",
     "too_long",
     "visible",
@@ -149,3 +152,40 @@ def _longest_backticks(text: str) -> int:
         current = current + 1 if char == "`" else 0
         longest = max(longest, current)
     return longest
+
+
+def listing(
+    pending: Sequence[ApprovalRequest], rules: Sequence[SavedRule], *, me: str, private: bool
+) -> str:
+    """`/approvals` for `me`, given what they may see: the requests and the rules, each on
+    one line (the first ten of each). In a group (not `private`) only how many: the calls
+    are not for everyone there."""
+    if not private:
+        return (
+            f"Waiting for a decision: {len(pending)}; saved rules: {len(rules)}. Send"
+            " /approvals in your private chat with me to see them: calls are not shown in"
+            " a group."
+        )
+    lines = [f"Waiting for a decision: {len(pending)}"]
+    for request in pending[:10]:
+        asked = request.asked
+        lines.append(f"- {request.id}: {asked.tool} {_short(asked.arguments, 80)}")
+    lines.append(f"Saved rules (always allowed): {len(rules)}")
+    for rule in rules[:10]:
+        where = _rule_place(rule, me)
+        lines.append(f"- {rule.id}: {rule.tool} {_short(rule.rule_key, 80)} ({where})")
+    lines.append("Revoke a rule with `nanobot approvals revoke ID`.")
+    return "\n".join(lines)
+
+
+def _rule_place(rule: SavedRule, me: str) -> str:
+    if rule.user_id is not None:
+        return "your private chats" if rule.user_id == me else f"user {rule.user_id}"
+    if rule.session_key is not None:
+        return f"chat {rule.session_key}"
+    return "nowhere: saved before rules were bound to a chat; revoke it"
+
+
+def _short(text: str, limit: int) -> str:
+    flat = " ".join(visible(text)[0].split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -31,7 +31,8 @@ from weakref import WeakValueDictionary
 
 from loguru import logger
 
-from nanobot.agent.approval_cards import buttons, card_text, decided_text, too_long, visible
+from nanobot.agent._grants import holding, pinned
+from nanobot.agent.approval_cards import buttons, card_text, decided_text, listing, too_long
 from nanobot.agent.approvals import (
     ApprovalPolicy,
     AskApprovers,
@@ -48,9 +49,7 @@ from nanobot.agent.approvals import (
     not_run,
     route,
     subject,
-    voided,
 )
-from nanobot.agent.code_pins import Unpinned, changed, pin
 from nanobot.agent.run import Approval, Asking, RunEvent
 from nanobot.bus.events import Button, ChatRef, InboundMessage, OutboundMessage
 from nanobot.bus.queue import MessageBus
@@ -58,7 +57,7 @@ from nanobot.bus.records import outbound_record
 from nanobot.log import printable
 from nanobot.providers.base import ToolCall
 from nanobot.store import ApprovalRequest, ApprovalStore, Journal
-from nanobot.store.approvals import Grant, LogOutcome, Place, SavedRule, Turn, Verdict
+from nanobot.store.approvals import LogOutcome, Place, Turn, Verdict
 
 RESTARTED = "nanobot restarted before it was approved"
 STOPPED = "the turn was stopped"
@@ -171,8 +170,8 @@ class Approver:
         what, fingerprint = subject(call.name, arguments), ""
         grant, void = None, None
         if need == "ask":
-            what, fingerprint = await self._pinned(what, arguments)
-            grant, void = await self._grant(run, what, fingerprint)
+            what, fingerprint = await pinned(what, arguments, self._workspace)
+            grant, void = await holding(self._store, what, _turn(run.caller), fingerprint)
         check = self._policy.check(call.name, arguments, grant=grant, taint=run.taint)
         if check.action == "allow":
             await self._record(what, run, "allowed", check.reason)
@@ -210,33 +209,6 @@ class Approver:
         host = egress(tool, arguments)
         if host is not None:
             run.hosts.add(host)
-
-    async def _pinned(self, what: Subject, arguments: Mapping[str, object]) -> tuple[Subject, str]:
-        """`what` with the fingerprint of the code it runs (exec that may be saved), or made
-        once-only when that code cannot be pinned."""
-        command = arguments.get("command")
-        if what.tool != "exec" or what.scopes == ("once",) or not isinstance(command, str):
-            return what, ""
-        pins = await asyncio.to_thread(pin, command, self._workspace)
-        if isinstance(pins, Unpinned):
-            reason = f"what it runs cannot be pinned, {pins.reason}"
-            return replace(what, scopes=("once",), once_only=reason), ""
-        return what, pins.text
-
-    async def _grant(
-        self, run: RunApproval, what: Subject, fingerprint: str
-    ) -> tuple[Grant | None, str | None]:
-        """The grant of this person or place that still holds for `what`, or None and why
-        the first one found does not (its code changed)."""
-        void = None
-        for grant in await self._store.match(what.tool, what.rule_key, _turn(run.caller)):
-            if what.tool != "exec":
-                return grant, None
-            why = what.once_only if not fingerprint else changed(grant.fingerprint, fingerprint)
-            if why is None:
-                return grant, None
-            void = void or voided(grant, why)
-        return None, void
 
     async def _ask(
         self,
@@ -419,22 +391,7 @@ class Approver:
             or rule.session_key == message.session_key
             or (approver and rule.session_key is not None)
         ]
-        if not message.is_private:
-            return (
-                f"Waiting for a decision: {len(pending)}; saved rules: {len(rules)}. Send"
-                " /approvals in your private chat with me to see them: calls are not shown in"
-                " a group."
-            )
-        lines = [f"Waiting for a decision: {len(pending)}"]
-        for request in pending[:10]:
-            asked = request.asked
-            lines.append(f"- {request.id}: {asked.tool} {_short(asked.arguments, 80)}")
-        lines.append(f"Saved rules (always allowed): {len(rules)}")
-        for rule in rules[:10]:
-            where = _rule_place(rule, me)
-            lines.append(f"- {rule.id}: {rule.tool} {_short(rule.rule_key, 80)} ({where})")
-        lines.append("Revoke a rule with `nanobot approvals revoke ID`.")
-        return "\n".join(lines)
+        return listing(pending, rules, me=me, private=message.is_private)
 
     async def new_session(self, session_key: str) -> None:
         """`/new`: what was allowed for this chat is not any more."""
@@ -516,16 +473,3 @@ async def _fetched_once(run: RunApproval, host: str, decision: Awaitable[str | N
     if result is None:
         run.hosts.add(host)
     return result
-
-
-def _rule_place(rule: SavedRule, me: str) -> str:
-    if rule.user_id is not None:
-        return "your private chats" if rule.user_id == me else f"user {rule.user_id}"
-    if rule.session_key is not None:
-        return f"chat {rule.session_key}"
-    return "nowhere: saved before rules were bound to a chat; revoke it"
-
-
-def _short(text: str, limit: int) -> str:
-    flat = " ".join(visible(text)[0].split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
