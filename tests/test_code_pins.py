@@ -66,6 +66,7 @@ def test_absent_configuration_is_pinned_as_absent(ws: Path) -> None:
         ("pytest -q", "pytest finds and runs code"),
         ("cargo run", "cargo finds and runs code"),
         ("echo 'unclosed", "could not be parsed"),
+        (".venv/bin/python tool.py", "an interpreter from the workspace"),
     ],
 )
 def test_what_cannot_be_pinned_says_why(command: str, words: str, ws: Path) -> None:
@@ -115,3 +116,13 @@ def test_a_rule_from_before_fingerprints_never_matches(ws: Path) -> None:
     )
     assert changed('{"x":"1"}', '{"x":"1"}') is None
     assert changed('{"x":"1"}', "{}") == "x was removed"
+
+
+def test_a_git_worktree_pointer_pins_the_folder_it_names(ws: Path) -> None:
+    (ws / "real-git" / "hooks").mkdir(parents=True)
+    (ws / ".git").write_text("gitdir: real-git\n")
+    before = pinned("git status", ws).text
+    (ws / "real-git" / "config").write_text("[core]\n\tfsmonitor = touch PROOF\n")
+    assert changed(before, pinned("git status", ws).text) == "real-git/config was created"
+    (ws / ".git").write_text("not a pointer\n")
+    assert isinstance(pin("git status", ws), Unpinned)

@@ -23,7 +23,10 @@ folder of each call, the rest of the system is read-only there). What is pinned:
   `.yarnrc.yml`, `.pnpmfile.cjs`), `make` (`Makefile`, `makefile`, `GNUmakefile`), and
   Python's packaging tools (`pyproject.toml`, `setup.cfg`, `setup.py`, `tox.ini`);
 - tools that find and run code in the folder by themselves (`pytest`, `tox`, `nox`, `cargo`,
-  `go`, test runners) cannot be pinned.
+  `go`, test runners), and interpreters run from the workspace (`.venv/bin/python`: their
+  installed packages are the agent's to change) cannot be pinned. Not followed: what a
+  Makefile recipe or an npm script runs, and modules a Node script loads from
+  `node_modules`.
 
 Blocking (it reads files): call it in a thread.
 """
@@ -159,6 +162,12 @@ def _paths(words: list[str], root: Path) -> Iterator[Path]:
     for name in names:
         if name in _FINDERS:
             raise _CannotPin(f"{name} finds and runs code in the folder by itself")
+    program = words[start] if start < len(words) else ""
+    if "/" in program and _SCRIPT_RUNNERS.fullmatch(names[0]) and _inside(root / program, root):
+        raise _CannotPin(
+            f"it runs an interpreter from the workspace ({program}), whose installed packages"
+            " can change"
+        )
     for index, word in enumerate(words):
         value = _value(word)
         code = (index == start and "/" in word) or _runs_script(words, start, index)
@@ -213,11 +222,24 @@ def _config(tool: str, root: Path) -> Iterator[Path]:
     for name in _CONFIG[tool]:
         yield root / name
     if tool == "git":
-        hooks = root / ".git" / "hooks"
-        if (root / ".git").is_file():
-            yield root / ".git"
+        git = root / ".git"
+        if git.is_file():  # a worktree's or submodule's pointer: its own folder counts too
+            yield git
+            git = _git_dir(git, root)
+            yield from (git / name for name in ("config", "config.worktree", "commondir"))
+        hooks = git / "hooks"
         if hooks.is_dir():
             yield from sorted(p for p in hooks.iterdir() if not p.is_dir())
+
+
+def _git_dir(pointer: Path, root: Path) -> Path:
+    """The folder a `.git` file points to (`gitdir: …`); one outside the workspace is the
+    user's, not the agent's to write, but counts the same."""
+    text = pointer.read_text(errors="replace").strip()
+    if not text.startswith("gitdir:"):
+        raise _CannotPin(".git is a file that names no git folder")
+    target = Path(text[len("gitdir:") :].strip())
+    return target if target.is_absolute() else root / target
 
 
 def _python(args: list[str], root: Path) -> Iterator[Path]:
