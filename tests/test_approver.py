@@ -754,3 +754,14 @@ async def test_always_for_a_host_is_a_rule_of_that_persons_turns(
         await rig.wait("cards", 2)  # not in Bob's
         assert rig.cards()[1].chat == ChatRef.direct("telegram", "2")
     await rig.close()
+
+
+async def test_a_report_journaled_before_reports_named_their_starter_is_refused_not_left_waiting(
+    rig: Rig, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(echo("rm report.txt"), Text("Could not."))
+    old = InboundMessage(ALICE, "task", "[system: …]", "task:old", source="task", mode="next_turn")
+    await rig.harness.gate(old)
+    await rig.wait("texts")
+    assert rig.cards() == []  # no card to a chat named "@task", no ten minutes of waiting
+    assert "nobody can approve it here" in fake_llm.requests[-1].messages[-1]["content"]
