@@ -98,6 +98,9 @@ def test_git_configuration_and_hooks_change_the_pin(ws: Path) -> None:
     hook = ws / ".git" / "hooks" / "pre-commit"
     hook.write_text("#!/bin/sh\ntouch PROOF\n")
     assert changed(again, pinned("git status", ws).text) == ".git/hooks/pre-commit was created"
+    third = pinned("git status", ws).text
+    (ws / ".gitconfig").write_text("[core]\n\tfsmonitor = touch PROOF\n")  # HOME's, if ws
+    assert changed(third, pinned("git status", ws).text) == ".gitconfig was created"
 
 
 def test_a_symbolic_link_pins_its_target(ws: Path, tmp_path: Path) -> None:

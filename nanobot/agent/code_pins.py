@@ -18,7 +18,9 @@ folder of each call, the rest of the system is read-only there). What is pinned:
   anywhere in the workspace;
 - the configuration a tool reads from the working directory, present or not (a file created
   later voids the rule): `git` (`.git/config`, `.git/config.worktree`, every file in
-  `.git/hooks/`, `.git/info/attributes`, `.gitattributes`, `.gitmodules`, a `.git` file),
+  `.git/hooks/`, `.git/info/attributes`, `.gitattributes`, `.gitmodules`, a `.git` file and
+  the folder it names, and `.gitconfig`, `.config/git/config` and `.config/git/attributes`
+  in case HOME is the workspace),
   `npm`/`npx`/`yarn`/`pnpm`/`node`/`bun` (`package.json`, `.npmrc`, `.yarnrc`,
   `.yarnrc.yml`, `.pnpmfile.cjs`), `make` (`Makefile`, `makefile`, `GNUmakefile`), and
   Python's packaging tools (`pyproject.toml`, `setup.cfg`, `setup.py`, `tox.ini`);
@@ -70,6 +72,11 @@ _CONFIG: Final[Mapping[str, tuple[str, ...]]] = {
         ".git/info/attributes",
         ".gitattributes",
         ".gitmodules",
+        # Read from HOME; counted in case HOME is the workspace (as it was before HOME in
+        # the sandbox became a folder of each call's own).
+        ".gitconfig",
+        ".config/git/config",
+        ".config/git/attributes",
     ),
     "npm": ("package.json", ".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs"),
     "make": ("Makefile", "makefile", "GNUmakefile"),
