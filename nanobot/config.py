@@ -38,6 +38,7 @@ from pydantic_settings import (
 
 from nanobot.durations import parse_duration
 from nanobot.errors import ConfigError
+from nanobot.sizes import parse_size
 
 ENV_PREFIX = "NANOBOT_"
 ENV_CONFIG_PATH = "NANOBOT_CONFIG"
@@ -292,6 +293,48 @@ class ChannelsConfig(Section):
     discord: DiscordConfig = Field(default_factory=DiscordConfig)
 
 
+class ExecLimitsConfig(Section):
+    """What one sandboxed command may take (`nanobot.tools.limits`); null lifts a limit.
+    Sizes as `nanobot.sizes` reads them (`512MB`, `1GB`), durations as `nanobot.durations`
+    (`90s`, `5m`; a plain number is seconds)."""
+
+    processes: int | None = Field(256, gt=0)
+    memory: int | None = Field(1024**3, gt=0)
+    cpu_time: timedelta | None = timedelta(minutes=5)
+    open_files: int | None = Field(1024, gt=0)
+    file_size: int | None = Field(1024**3, gt=0)
+    tmp_size: int | None = Field(256 * 1024**2, gt=0)
+    disk_reserve: int | None = Field(200 * 1024**2, gt=0)
+
+    @field_validator("memory", "file_size", "tmp_size", "disk_reserve", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        if isinstance(value, int | float):  # bool too: it is an int
+            raise ValueError(f"{value!r} has no unit: write a size with one, e.g. '512MB' or '1GB'")
+        return parse_size(value) if isinstance(value, str) else value
+
+    @field_validator("cpu_time", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        return _duration(value)
+
+    @field_validator("cpu_time")
+    @classmethod
+    def _whole_seconds(cls, value: timedelta | None) -> timedelta | None:
+        # The kernel counts CPU time limits in whole seconds.
+        if value is not None and value.total_seconds() < 1:
+            raise ValueError(f"must be at least 1 second, not {value.total_seconds():g} s")
+        return value
+
+    @field_validator("open_files")
+    @classmethod
+    def _enough_files(cls, value: int | None) -> int | None:
+        # Below a few dozen, the shell and the dynamic loader themselves fail to start.
+        if value is not None and value < 32:
+            raise ValueError(f"must be at least 32 (a shell needs a few), not {value}")
+        return value
+
+
 class ExecConfig(Section):
     enabled: bool = True
     timeout: float = Field(60, gt=0)
@@ -300,6 +343,7 @@ class ExecConfig(Section):
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     network: bool = True  # whether sandboxed commands reach the network
     deny_patterns: list[str] | None = None
+    limits: ExecLimitsConfig = Field(default_factory=ExecLimitsConfig)
 
     @field_validator("deny_patterns")
     @classmethod
