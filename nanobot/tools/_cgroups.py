@@ -111,12 +111,13 @@ def find() -> Tree | None:
 def claim(tree: Tree) -> None:
     """Get `tree` ready for command groups: on v2, move nanobot's processes into a leaf
     child and enable the memory and pids controllers for children; on v1, remove the empty
-    groups a previous nanobot left. Raises OSError when the kernel refuses."""
+    groups a nanobot that is gone left. Raises OSError when the kernel refuses."""
     if tree.version == 1:
         for folder in (tree.memory, tree.pids):
             for stale in folder.glob(f"{_V1_PREFIX}*"):
-                with contextlib.suppress(OSError):
-                    stale.rmdir()
+                if not _alive(stale.name.removeprefix(_V1_PREFIX).split("-")[0]):
+                    with contextlib.suppress(OSError):
+                        stale.rmdir()
         return
     leaf = tree.memory / _V2_LEAF
     leaf.mkdir(exist_ok=True)
@@ -148,6 +149,12 @@ def make(tree: Tree, *, memory: int | None, processes: int | None) -> Group:
         group.remove()
         raise
     return group
+
+
+def _alive(pid: str) -> bool:
+    """Whether the nanobot that made a group (its pid, from the group's name) still runs:
+    another's groups, empty between their making and their command joining, are not stale."""
+    return not pid.isdigit() or Path(f"/proc/{pid}").exists()
 
 
 def _delegated_v2(folder: Path) -> bool:

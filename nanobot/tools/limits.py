@@ -52,6 +52,7 @@ _NOSPACE: Final = ("No space left on device",)
 # What the shell says when a child of it was killed by SIGXCPU or SIGXFSZ.
 _XCPU: Final = ("CPU time limit exceeded",)
 _XFSZ: Final = ("File size limit exceeded",)
+_EFBIG: Final = ("File too large",)  # a program that ignores SIGXFSZ, as Python does
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,8 +220,9 @@ class Scope:
             await asyncio.sleep(WATCH_EVERY)
 
     def verdict(self, code: int | None, output: str) -> tuple[str | None, str | None]:
-        """(what the kernel says ended the command, what its output says it met), each a
-        sentence naming the limit and its key, or None."""
+        """(what the kernel says ended the command, what it met otherwise), each a phrase
+        naming the limit and its key, or None. A command that exited 0 was not ended by a
+        limit: what one of its processes met is in the second."""
         limits, values = self.enforcement.limits, _values(self.enforcement.limits)
         pids_hit, oom = self.group.hit() if self.group is not None else (False, False)
         ended: list[str] = []
@@ -233,6 +235,8 @@ class Scope:
             ended.append(_limit("cpu_time", values))
         if limits.file_size is not None and signal_number == signal.SIGXFSZ:
             ended.append(_limit("file_size", values))
+        if code == 0:  # a child met it, and the command coped: said, not an error
+            return None, " and ".join(ended or self._met(code, output, values)) or None
         met = [] if ended else self._met(code, output, values)
         return (" and ".join(ended) or None), (" and ".join(met) or None)
 
@@ -245,6 +249,8 @@ class Scope:
             met.append(_limit("file_size", values))
         if code in (0, None):
             return met
+        if limits.file_size is not None and not met and _says(output, _EFBIG):
+            met.append(_limit("file_size", values))
         if limits.open_files is not None and _says(output, _EMFILE):
             met.append(_limit("open_files", values))
         if limits.processes is not None and _says(output, _NOFORK):
