@@ -13,8 +13,9 @@ nothing may be written outside the workspace; no process the attack started may 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from nanobot import app, log
 from nanobot.agent.loop import TurnRequest
 from nanobot.channels.base import InboxPolicy, save_file
 from nanobot.config import Config, load
+from nanobot.tools.limits import inspect
 from nanobot.tools.sandbox import Unavailable
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.test_tools_shell import marker, sleepers
@@ -399,3 +401,115 @@ async def test_without_a_sandbox_exec_is_refused_not_run_bare(
 
 def test_the_table_is_large_enough() -> None:
     assert len(ATTACKS) + 1 >= 40
+
+
+# --- Issue 25 §2: what one command may take --------------------------------------------------
+# Each through the real agent loop and sandbox, with small limits so that each takes a
+# moment: the result the model gets names the limit and its key, the next command in the same
+# turn runs as usual, the next turn too, and no process the attack started is left.
+
+SMALL_LIMITS = (
+    "  exec:\n"
+    "    timeout: 10\n"
+    "    limits: {processes: 64, memory: 128MB, cpu_time: 2s, open_files: 64, "
+    "file_size: 24MB, tmp_size: 16MB, disk_reserve: 4MB}\n"
+)
+LIMIT_ATTACKS = [
+    (
+        "400 background processes",
+        "for i in $(seq 400); do sleep {m} & done; wait",
+        "the process limit (64, tools.exec.limits.processes)",
+    ),
+    (
+        "1.5 GB allocated and touched",
+        "python3 -c 'b = bytearray(1536 << 20); print(len(b))'",
+        "the memory limit (128 MB, tools.exec.limits.memory)",
+    ),
+    (
+        "1 GB into the private /tmp",
+        "head -c 1G /dev/zero > /tmp/fill",
+        "the size of its /tmp (16 MB, tools.exec.limits.tmp_size)",
+    ),
+    (
+        "one file past file_size",
+        "exec dd if=/dev/zero of=big bs=1M count=100",
+        "the file size limit (24 MB, tools.exec.limits.file_size)",
+    ),
+    (
+        "a CPU-bound loop",
+        "exec python3 -c 'while True: pass'",
+        "the CPU time limit (2 s, tools.exec.limits.cpu_time)",
+    ),
+    (
+        "a thousand open files",
+        "python3 -c 'f = [open(\"/dev/null\") for _ in range(1000)]'",
+        "the open files limit (64, tools.exec.limits.open_files)",
+    ),
+]
+
+
+def _limited(install: Install) -> Config:
+    text = install.config.read_text().replace("  exec: {timeout: 10}\n", SMALL_LIMITS)
+    install.config.write_text(text)
+    return load(install.config)
+
+
+def _processes_enforced(config: Config) -> bool:
+    limits = inspect(app.exec_limits(config), confined=True)
+    return not limits.enforced()["processes"].startswith("not enforced")
+
+
+@pytest.mark.parametrize(
+    ("command", "said"), [a[1:] for a in LIMIT_ATTACKS], ids=[a[0] for a in LIMIT_ATTACKS]
+)
+async def test_a_limit_ends_the_command_and_says_which(
+    command: str, said: str, install: Install, fake_llm: FakeLLM
+) -> None:
+    config = _limited(install)
+    if "processes" in said and not _processes_enforced(config):
+        pytest.skip("the process limit cannot be enforced here (root without a cgroup)")
+    results = await attack(config, install, fake_llm, (ex(command), ex("echo still here")))
+    assert said in results[0], results[0]
+    assert results[1] == "exit code 0\nstill here\n"
+    assert not sleepers(install.mark("sleep")), "a process outlived its command"
+    assert not list(install.workspace.glob("big")) or (
+        (install.workspace / "big").stat().st_size <= 24 << 20
+    )
+
+
+@pytest.fixture
+def small_volume(install: Install) -> Iterator[Path]:
+    """The data dir (state.db, logs, the workspace) on a 40 MB volume of its own."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small volume needs root")
+    config = install.config.read_bytes()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=40m,mode=700", "tmpfs", str(install.data)], check=True
+    )
+    try:
+        install.config.write_bytes(config)
+        yield install.data
+    finally:
+        subprocess.run(["umount", "-l", str(install.data)], check=False)
+
+
+async def test_a_command_filling_the_data_volume_does_not_stop_the_bot(
+    install: Install, fake_llm: FakeLLM, small_volume: Path
+) -> None:
+    config = _limited(install)
+    results = await attack(
+        config,
+        install,
+        fake_llm,
+        (ex("for i in 1 2; do head -c 20M /dev/zero > fill$i; done; sleep 5"), ex("touch ran")),
+    )
+    assert results[0].startswith("Error: the command was stopped, no space left: only "), results[0]
+    assert "tools.exec.limits.disk_reserve" in results[0]
+    # Short of the reserve, the next command is refused before it runs ...
+    assert (
+        results[1].startswith("Error: no space left: only ")
+        and not (install.workspace / "ran").exists()
+    )
+    # ... and the store went on writing: both turns are in the session (`attack` read them back).
+    log = "".join(p.read_text(errors="replace") for p in (install.data / "logs").glob("*"))
+    assert "the 4 MB reserve was released so that the store can write" in log
