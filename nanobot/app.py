@@ -214,10 +214,18 @@ def describe_limits(config: Config) -> str:
     line = inspect(exec_limits(config), confined=confined).describe()
     reserve = build_reserve(config)
     if reserve is not None:
-        line += f"; disk_reserve {format_size(reserve.size)}: " + (
-            f"kept ({reserve.ballast})" if reserve.in_place else "not kept now (no room)"
-        )
+        line += f"; disk_reserve {format_size(reserve.size)} ({_reserve_state(reserve)})"
     return line
+
+
+def _reserve_state(reserve: DiskReserve) -> str:
+    if reserve.in_place:
+        return f"kept at {reserve.ballast}"
+    try:
+        free = format_size(reserve.free())
+    except OSError:  # no data dir yet
+        return "made at the first start"
+    return f"not in place: {free} free, made once there is twice the reserve"
 
 
 def build_reserve(config: Config) -> DiskReserve | None:

@@ -292,3 +292,23 @@ def test_no_room_for_the_reserve_is_said_once(volume: Path, warnings: list[str])
     assert len(said) == 1 and "tools.exec.limits.disk_reserve (12 MB)" in said[0]
     short = reserve.short()
     assert short is None  # 20 MB free: more than the 12 MB that must stay free
+
+
+def test_status_shows_the_limits_in_force(tmp_path: Path) -> None:
+    from nanobot.app import describe_limits
+    from nanobot.config import load
+
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(
+        f"data_dir: {tmp_path / 'data'}\n"
+        "tools:\n  exec:\n    limits: {memory: 512MB, cpu_time: 90s, open_files: null}\n"
+    )
+    config = load(config_file)
+    line = describe_limits(config)
+    assert "memory 512 MB" in line and "cpu_time 90 s" in line and "open_files" not in line
+    assert "disk_reserve 200 MB (made at the first start)" in line
+    (tmp_path / "data").mkdir()
+    assert DiskReserve(config.state_db_path, 200 * MB).restore()
+    assert f"disk_reserve 200 MB (kept at {tmp_path / 'data' / 'state.db.reserve'})" in (
+        describe_limits(config)
+    )
