@@ -381,6 +381,8 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
             yield Parts(db, loop, jobs, runner, tools, sessions, bus, journal, approver, provider)
     finally:
         await provider.aclose()
+        if limits is not None:
+            await asyncio.to_thread(limits.close)
 
 
 def build_approver(config: Config, db: Database, journal: Journal, bus: MessageBus) -> Approver:

@@ -64,7 +64,9 @@ async def run(tool: ExecTool, command: str) -> tuple[bool, str]:
         return True, str(exc)
 
 
-def no_groups_left() -> bool:
+def no_groups_left(tool: ExecTool) -> bool:
+    """Whether, once `tool`'s limits are closed (at shutdown), none of its groups is left."""
+    tool.limits.close()
     tree = _cgroups.find()
     if tree is None:
         return True
@@ -139,7 +141,7 @@ async def test_400_background_processes_stop_at_the_process_limit(tmp_path: Path
     # Nothing else is affected: the host forks, and the next command runs as usual.
     assert await (await asyncio.create_subprocess_exec("true")).wait() == 0
     assert await run(tool, "echo next") == (False, "exit code 0\nnext\n")
-    assert no_groups_left()
+    assert no_groups_left(tool)
 
 
 @IN_A_CGROUP
@@ -153,7 +155,7 @@ async def test_a_fork_bomb_is_held_at_the_process_limit(tmp_path: Path) -> None:
     _, said = await run(tool, "b() { b | b & wait; }; b")  # past the deny pattern
     # However the bomb collapses (shells that cannot fork give up), the limit is named.
     assert "the process limit (64, tools.exec.limits.processes)" in said, said
-    assert no_groups_left()
+    assert no_groups_left(tool)
 
 
 async def test_memory_beyond_the_limit_ends_the_command(tmp_path: Path) -> None:

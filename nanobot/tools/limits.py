@@ -42,8 +42,10 @@ from nanobot.tools import _cgroups
 
 KEY: Final = "tools.exec.limits"
 WATCH_EVERY: Final = 0.1  # seconds between looks at the disks while a command runs
-_REMOVE_TRIES: Final = 40  # a group is removable once the kernel has reaped its last process
-_REMOVE_WAIT: Final = 0.05
+# A group is empty once the kernel has reaped its last process: looked at for about 2 s.
+_REMOVE_TRIES: Final = 30
+_REMOVE_FIRST_WAIT: Final = 0.001
+_REMOVE_MAX_WAIT: Final = 0.1
 # Output that says the command met a limit only its own error messages can show.
 _EMFILE: Final = ("Too many open files",)
 _NOFORK: Final = ("Cannot fork", "fork: Resource temporarily unavailable", "can't fork")
@@ -79,6 +81,20 @@ class Enforcement:
     prlimit: str | None
     confined: bool
     root: bool
+    groups: _cgroups.Groups | None = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        groups = None
+        if self.tree is not None:
+            limits = self.limits
+            groups = _cgroups.Groups(self.tree, memory=limits.memory, processes=limits.processes)
+        object.__setattr__(self, "groups", groups)
+
+    def close(self) -> None:
+        """Remove the command groups kept for reuse. Blocking: call it at shutdown, in a
+        thread."""
+        if self.groups is not None:
+            self.groups.close()
 
     def enforced(self) -> dict[str, str]:
         """Each limit (by its key) -> how it is enforced, or why it is not ("not enforced
@@ -174,6 +190,7 @@ class Scope:
     group: _cgroups.Group | None
     reserve: DiskReserve | None
     workspace: Path | None = None
+    events: tuple[int, int] = (0, 0)  # the group's event counters when the command started
     tmp_full: bool = False
     shortage: Shortage | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -224,7 +241,10 @@ class Scope:
         naming the limit and its key, or None. A command that exited 0 was not ended by a
         limit: what one of its processes met is in the second."""
         limits, values = self.enforcement.limits, _values(self.enforcement.limits)
-        pids_hit, oom = self.group.hit() if self.group is not None else (False, False)
+        pids_hit, oom = False, False
+        if self.group is not None:
+            (pids, kills), (pids_before, kills_before) = self.group.events(), self.events
+            pids_hit, oom = pids > pids_before, kills > kills_before
         ended: list[str] = []
         if oom:
             ended.append(_limit("memory", values))
@@ -271,29 +291,34 @@ NO_LIMITS: Final = Enforcement(Limits(None, None, None, None, None, None), None,
 async def open_scope(
     enforcement: Enforcement, reserve: DiskReserve | None, workspace: Path | None = None
 ) -> Scope:
-    """A scope for one command in `workspace`: its group made (in a thread), the disk
-    reserve restored where there is room. Raises OSError when the group cannot be made."""
-    group = None
-    tree, limits = enforcement.tree, enforcement.limits
-    if tree is not None:
-        group = await asyncio.to_thread(
-            _cgroups.make, tree, memory=limits.memory, processes=limits.processes
-        )
+    """A scope for one command in `workspace`: a group of its own (reused, or made in a
+    thread), the disk reserve restored where there is room. Raises OSError when no group
+    can be made."""
+    group, events = None, (0, 0)
+    if enforcement.groups is not None:
+        group = await enforcement.groups.take()
+        events = group.events()
     if reserve is not None and not reserve.in_place:
         await asyncio.to_thread(reserve.restore)
-    return Scope(enforcement, group, reserve, workspace)
+    return Scope(enforcement, group, reserve, workspace, events)
 
 
 async def close_scope(scope: Scope) -> None:
-    """Remove the command's group once the kernel has reaped its last process (at most
-    about two seconds; then it is left, with a warning). Safe to cancel: the group stays."""
-    if scope.group is None:
+    """Give the command's group back for reuse once the kernel has reaped its last process
+    (usually within a millisecond of the command's end); after about two seconds, remove it
+    instead, or leave it with a warning. Safe to cancel: the group is then not reused."""
+    group, groups = scope.group, scope.enforcement.groups
+    if group is None or groups is None:
         return
+    wait = _REMOVE_FIRST_WAIT
     for _ in range(_REMOVE_TRIES):
-        if scope.group.remove():
+        if group.empty():
+            groups.give_back(group)
             return
-        await asyncio.sleep(_REMOVE_WAIT)
-    logger.warning("exec limits: could not remove {}: still busy", scope.group.memory)
+        await asyncio.sleep(wait)
+        wait = min(2 * wait, _REMOVE_MAX_WAIT)
+    if not group.remove():
+        logger.warning("exec limits: {} still holds processes; it is left", group.memory)
 
 
 def _values(limits: Limits) -> dict[str, str]:
