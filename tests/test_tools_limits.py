@@ -25,7 +25,7 @@ from nanobot.reserve import DiskReserve
 from nanobot.store.sqlite import SqliteDatabase
 from nanobot.tools import _cgroups
 from nanobot.tools.base import ToolError
-from nanobot.tools.limits import Enforcement, Limits, Scope, enforce
+from nanobot.tools.limits import Enforcement, Limits, Scope, enforce, log_enforcement
 from nanobot.tools.sandbox import Confinement, probe
 from nanobot.tools.shell import ExecParams, ExecTool
 from tests.test_tools_shell import marker, sleepers
@@ -314,3 +314,14 @@ def test_status_shows_the_limits_in_force(tmp_path: Path) -> None:
     assert f"disk_reserve 200 MB (kept at {tmp_path / 'data' / 'state.db.reserve'})" in (
         describe_limits(config)
     )
+
+
+def test_start_up_says_once_what_is_not_enforced(warnings: list[str]) -> None:
+    log_enforcement(Enforcement(SMALL, None, "/usr/bin/prlimit", True, True))
+    assert len(warnings) == 1
+    assert "processes 256 (not enforced (no cgroup to use, and root is exempt" in warnings[0]
+    assert (
+        "memory 128 MB, cpu_time 1 s, open_files 64, file_size 8 MB (rlimit, per process)"
+        in (warnings[0])
+    )
+    assert "Delegate=" in warnings[0]

@@ -175,8 +175,8 @@ def log_enforcement(enforcement: Enforcement) -> None:
         return
     logger.warning(
         "exec limits: {}. For the process and memory limits to hold for a command as a "
-        "whole, run nanobot with a delegated cgroup v2 subtree (contrib/nanobot.service has "
-        "Delegate=yes) or as root on a cgroup v1 host",
+        "whole, run nanobot with a delegated cgroup v2 subtree (systemd's Delegate=, as in "
+        "contrib/nanobot.service) or as root on a cgroup v1 host",
         line,
     )
 
