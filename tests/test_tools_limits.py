@@ -325,3 +325,27 @@ def test_start_up_says_once_what_is_not_enforced(warnings: list[str]) -> None:
         in (warnings[0])
     )
     assert "Delegate=" in warnings[0]
+
+
+async def test_a_transaction_rolled_back_by_the_full_disk_succeeds_when_run_again(
+    volume: Path, store: tuple[SqliteDatabase, DiskReserve]
+) -> None:
+    db, reserve = store
+    filler = volume / "fill"
+    with filler.open("wb") as out, pytest.raises(OSError, match="No space left"):
+        while True:
+            out.write(bytes(256 << 10))
+
+    async def write() -> None:
+        async with db.transaction():
+            for _ in range(3):
+                await db.execute("INSERT INTO notes VALUES (?)", (os.urandom(MB),))
+
+    # SQLite rolls the whole transaction back: the block fails, clearly, and frees the room
+    # its next attempt (the outage policy's) has.
+    with pytest.raises(StoreError, match="disk full while writing"):
+        await write()
+    assert not reserve.in_place
+    await write()
+    rows = await db.fetchall("SELECT length(body) FROM notes")
+    assert [tuple(r) for r in rows] == [(MB,)] * 3
