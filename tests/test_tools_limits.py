@@ -349,3 +349,87 @@ async def test_a_transaction_rolled_back_by_the_full_disk_succeeds_when_run_agai
     await write()
     rows = await db.fetchall("SELECT length(body) FROM notes")
     assert [tuple(r) for r in rows] == [(MB,)] * 3
+
+
+# --- finding a cgroup tree (on files laid out as the kernel shows them) ---------------------
+
+
+def kernel_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cgroup: str, mountinfo: str
+) -> None:
+    (tmp_path / "cgroup").write_text(cgroup)
+    (tmp_path / "mountinfo").write_text(mountinfo)
+    monkeypatch.setattr(_cgroups, "_PROC_CGROUP", tmp_path / "cgroup")
+    monkeypatch.setattr(_cgroups, "_MOUNTINFO", tmp_path / "mountinfo")
+
+
+def test_a_delegated_cgroup_v2_subtree_is_claimed_and_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mount = tmp_path / "fs"
+    own = mount / "system.slice" / "nanobot.service"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (own / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    (own / "cgroup.subtree_control").write_text("")
+    kernel_view(
+        tmp_path,
+        monkeypatch,
+        "0::/system.slice/nanobot.service\n",
+        f"41 31 0:38 / {mount} rw,relatime - cgroup2 cgroup2 rw,nsdelegate\n",
+    )
+    tree = _cgroups.find()
+    assert tree == _cgroups.Tree(2, own, own)
+    _cgroups.claim(tree)
+    # No internal processes: nanobot moved into a leaf, then the controllers were enabled.
+    assert (own / "gateway" / "cgroup.procs").read_text() == str(os.getpid())
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
+    group = _cgroups.make(tree, memory=64 * MB, processes=32)
+    assert group.memory == group.pids and group.memory.parent == own
+    assert (group.memory / "memory.max").read_text() == str(64 * MB)
+    assert (group.memory / "memory.swap.max").read_text() == "0"
+    assert (group.memory / "pids.max").read_text() == "32"
+    assert group.joins == (group.memory / "cgroup.procs",)
+    (group.memory / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (group.memory / "pids.events").write_text("max 0\n")
+    assert group.events() == (0, 1)
+
+
+def test_without_controllers_v2_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mount = tmp_path / "fs"
+    (mount / "user.slice").mkdir(parents=True)
+    (mount / "user.slice" / "cgroup.controllers").write_text("cpu io\n")
+    kernel_view(
+        tmp_path,
+        monkeypatch,
+        "0::/user.slice\n",
+        f"41 31 0:38 / {mount} rw,relatime - cgroup2 cgroup2 rw\n",
+    )
+    assert _cgroups.find() is None
+
+
+@pytest.mark.parametrize(
+    ("root", "own", "found"),
+    [("/", "/a/b", "a/b"), ("/docker/c1", "/docker/c1", ""), ("/docker/c1", "/elsewhere", None)],
+)
+def test_a_v1_hierarchy_mounted_from_a_subfolder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root: str, own: str, found: str | None
+) -> None:
+    memory, pids = tmp_path / "memory", tmp_path / "pids"
+    kernel_view(
+        tmp_path,
+        monkeypatch,
+        f"8:pids:{own}\n4:memory:{own}\n0::/\n",
+        f"35 31 0:32 {root} {memory} rw - cgroup cgroup rw,memory\n"
+        f"39 31 0:36 {root} {pids} rw - cgroup cgroup rw,pids\n",
+    )
+    if found is not None:
+        (memory / found).mkdir(parents=True, exist_ok=True)
+        (pids / found).mkdir(parents=True, exist_ok=True)
+    tree = _cgroups.find()
+    if found is None:
+        assert tree is None
+    else:
+        assert tree == _cgroups.Tree(1, memory / found, pids / found)

@@ -138,19 +138,30 @@ class Groups:
 def find() -> Tree | None:
     """The cgroup tree nanobot may make command groups in, or None. Changes nothing."""
     own = _own_groups()
-    mounts = dict(_mounts())
-    v2 = mounts.get("cgroup2")
-    if v2 is not None and "" in own:
-        folder = v2 / own[""].lstrip("/")
-        if _delegated_v2(folder):
-            return Tree(2, folder, folder)
-    memory, pids = mounts.get("memory"), mounts.get("pids")
-    if memory is None or pids is None or "memory" not in own or "pids" not in own:
+    mounts = {kind: (point, root) for kind, point, root in _mounts()}
+    v2 = _folder(mounts.get("cgroup2"), own.get(""))
+    if v2 is not None and _delegated_v2(v2):
+        return Tree(2, v2, v2)
+    memory = _folder(mounts.get("memory"), own.get("memory"))
+    pids = _folder(mounts.get("pids"), own.get("pids"))
+    if memory is None or pids is None:
         return None
-    memory_dir, pids_dir = memory / own["memory"].lstrip("/"), pids / own["pids"].lstrip("/")
-    if all(os.access(d, os.W_OK | os.X_OK) for d in (memory_dir, pids_dir)):
-        return Tree(1, memory_dir, pids_dir)
+    if all(os.access(d, os.W_OK | os.X_OK) for d in (memory, pids)):
+        return Tree(1, memory, pids)
     return None
+
+
+def _folder(mount: tuple[Path, str] | None, own: str | None) -> Path | None:
+    """Where nanobot's group `own` (a path in the hierarchy) is in the file system, given
+    the hierarchy's mount (its mount point, and which of its folders is mounted there, as a
+    container mounts only its own part); None when it is not mounted or not visible."""
+    if mount is None or own is None:
+        return None
+    point, root = mount
+    inside = Path(own)
+    if not inside.is_relative_to(root):
+        return None
+    return point / inside.relative_to(root)
 
 
 def claim(tree: Tree) -> None:
@@ -234,27 +245,28 @@ def _own_groups() -> dict[str, str]:
     return groups
 
 
-def _mounts() -> Iterator[tuple[str, Path]]:
-    """("cgroup2", mount point) for the v2 mount, (controller, mount point) for v1 ones."""
+def _mounts() -> Iterator[tuple[str, Path, str]]:
+    """("cgroup2", mount point, mounted root) for the v2 mount, (controller, mount point,
+    mounted root) for the v1 ones of memory and pids."""
     try:
         lines = _MOUNTINFO.read_text().splitlines()
     except OSError:
         return
     for line in lines:
-        fields = line.split()
         if " - " not in line:
             continue
-        after = line.split(" - ", 1)[1].split()
-        if len(after) < 3 or len(fields) < 5:
+        before, after = line.split(" - ", 1)
+        fields, described = before.split(), after.split()
+        if len(described) < 3 or len(fields) < 5:
             continue
-        fstype, options = after[0], after[2].split(",")
-        point = Path(fields[4])
+        fstype, options = described[0], described[2].split(",")
+        root, point = fields[3], Path(fields[4])
         if fstype == "cgroup2":
-            yield "cgroup2", point
+            yield "cgroup2", point, root
         elif fstype == "cgroup":
             for controller in ("memory", "pids"):
                 if controller in options:
-                    yield controller, point
+                    yield controller, point, root
 
 
 def _write(file: Path, value: int, *, optional: bool = False) -> None:

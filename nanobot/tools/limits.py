@@ -311,12 +311,16 @@ async def close_scope(scope: Scope) -> None:
     if group is None or groups is None:
         return
     wait = _REMOVE_FIRST_WAIT
-    for _ in range(_REMOVE_TRIES):
-        if group.empty():
-            groups.give_back(group)
-            return
-        await asyncio.sleep(wait)
-        wait = min(2 * wait, _REMOVE_MAX_WAIT)
+    try:
+        for _ in range(_REMOVE_TRIES):
+            if group.empty():
+                groups.give_back(group)
+                return
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, _REMOVE_MAX_WAIT)
+    except asyncio.CancelledError:
+        group.remove()  # where it is empty by now; else it is left until a later start
+        raise
     if not group.remove():
         logger.warning("exec limits: {} still holds processes; it is left", group.memory)
 
