@@ -389,7 +389,7 @@ def test_a_delegated_cgroup_v2_subtree_is_claimed_and_used(
     assert (group.memory / "memory.max").read_text() == str(64 * MB)
     assert (group.memory / "memory.swap.max").read_text() == "0"
     assert (group.memory / "pids.max").read_text() == "32"
-    assert group.joins == (group.memory / "cgroup.procs",)
+    assert group.joins == (group.memory / "cgroup.procs",)  # v2 moves processes only
     (group.memory / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     (group.memory / "pids.events").write_text("max 0\n")
     assert group.events() == (0, 1)

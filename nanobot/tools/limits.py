@@ -14,10 +14,11 @@ Enforcement, decided once at start-up (`enforce`):
   and not bubblewrap, and RLIMIT_NPROC counts inside the sandbox's user namespace;
 - the sandbox's `/tmp`: the size of its tmpfs (`Confinement.tmp_size`, bubblewrap's --size).
 
-A command joins its group before it runs anything: its argv starts with `/bin/sh -c 'echo $$
-> .../cgroup.procs && exec "$@"'`, which then becomes the sandbox. `verdict()` reads what the
-kernel counted (the group's events, the exit status) and, for what only the command's own
-output can tell (too many open files, a refused fork, a full /tmp), its output.
+A command joins its group before it runs anything: its argv starts with `/bin/sh -c 'echo 0
+> .../tasks && exec "$@"'` (see `_cgroups.Group.joins`), which then becomes the sandbox.
+`verdict()` reads what the kernel counted (the group's events, the exit status) and, for
+what only the command's own output can tell (too many open files, a refused fork, a full
+/tmp), its output.
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ class Scope:
         """`argv` (the sandbox's) made to join the command's group before it starts."""
         if self.group is None:
             return list(argv)
-        joins = " && ".join(f"echo $$ > {shlex.quote(str(f))}" for f in self.group.joins)
+        joins = " && ".join(f"echo 0 > {shlex.quote(str(f))}" for f in self.group.joins)
         return ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *argv]
 
     async def watch(self, sandbox_tmp: Callable[[], Path | None]) -> None:
