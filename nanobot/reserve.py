@@ -37,11 +37,13 @@ _CHUNK: Final = 1024**2
 
 @dataclass(frozen=True, slots=True)
 class Shortage:
-    """Free space on the data volume fell below what must stay free there."""
+    """Free space on the data volume (`free` bytes) fell below what must stay free there
+    (`needed`: the reserve, or all but a margin while the reserve file holds it)."""
 
     volume: Path
     free: int
     needed: int
+    reserve: int
 
 
 class DiskReserve:
@@ -130,7 +132,7 @@ class DiskReserve:
             free = self.free()
         except OSError:
             return None
-        return Shortage(self.folder, free, needed) if free < needed else None
+        return Shortage(self.folder, free, needed, self.size) if free < needed else None
 
 
 def _allocate(path: Path, size: int) -> None:

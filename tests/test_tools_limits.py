@@ -252,7 +252,9 @@ async def test_a_command_filling_the_data_volume_is_stopped_and_the_store_writes
     tool = exec_tool(ws, replace(SMALL, file_size=None), reserve)
     failed, said = await run(tool, "head -c 100M /dev/zero > fill; sleep 5")
     assert failed
-    assert "no space left" in said and "tools.exec.limits.disk_reserve" in said, said
+    assert said.startswith("the command was stopped, no space left: only "), said
+    assert f"free on the volume of nanobot's data ({volume}), where 4 MB is kept for " in said
+    assert "nanobot's store (tools.exec.limits.disk_reserve)" in said
     assert reserve.in_place  # the command met a full disk; the reserve was still there
     # The store meets the full disk, releases the reserve and writes.
     await db.execute("INSERT INTO notes VALUES (?)", (os.urandom(512 * 1024),))

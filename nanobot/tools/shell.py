@@ -168,7 +168,7 @@ def _shortage(short: Shortage) -> str:
     """Why a command may not take more of the data volume, for the model and the person."""
     return (
         f"only {format_size(short.free)} is free on the volume of nanobot's data "
-        f"({short.volume}), which keeps {format_size(short.needed)} for nanobot's store "
+        f"({short.volume}), where {format_size(short.reserve)} is kept for nanobot's store "
         f"({KEY}.disk_reserve). Free some space there (in the workspace, say)"
     )
 
