@@ -207,8 +207,8 @@ async def test_too_many_open_files_is_said(tmp_path: Path) -> None:
     assert "Too many open files" in said
 
 
-async def test_within_the_limits_nothing_changes(tmp_path: Path) -> None:
-    tool = exec_tool(tmp_path)
+async def test_node_python_git_and_pip_run_under_the_defaults(tmp_path: Path) -> None:
+    tool = exec_tool(tmp_path, Limits())
     tools = "git --version && pip --version && python3 -c 'import ssl'"
     failed, said = await run(tool, f"node -e 'console.log(6*7)' && ({tools}) >/dev/null && echo ok")
     assert (failed, said) == (False, "exit code 0\n42\nok\n")
@@ -435,3 +435,11 @@ def test_a_v1_hierarchy_mounted_from_a_subfolder(
         assert tree is None
     else:
         assert tree == _cgroups.Tree(1, memory / found, pids / found)
+
+
+async def test_without_a_cgroup_memory_is_bounded_per_process(tmp_path: Path) -> None:
+    tool = exec_tool(tmp_path)
+    tool.limits = replace(tool.limits, tree=None)  # as where no cgroup can be used
+    failed, said = await run(tool, "python3 -c 'b = bytearray(1536 * 1024 * 1024)'")
+    assert not failed and "MemoryError" in said
+    assert said.startswith("exit code 1 (it reports having met the memory limit (128 MB, ")
