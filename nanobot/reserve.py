@@ -64,39 +64,34 @@ class DiskReserve:
 
     @property
     def in_place(self) -> bool:
-        """Whether the ballast holds the reserve now."""
+        """Whether the ballast holds the reserve now (in blocks, not a sparse file's size)."""
         try:
-            return self.ballast.stat().st_size >= self.size
+            return self.ballast.stat().st_blocks * 512 >= self.size
         except OSError:
             return False
 
     def restore(self) -> bool:
         """Make the ballast if it is missing and the volume has room for twice the reserve
-        (the ballast, and as much left free to work in). Says once, as a warning, when there
-        is no room; says when it is made again after a release. Returns whether it is in
-        place. Never raises for a full disk: an allocation that fails leaves no file."""
+        (the ballast, and as much left free to work in); cut one larger than the reserve (a
+        smaller `disk_reserve` configured) down to it. Says once, as a warning, why it cannot
+        be made; says when it is made again after that. Returns whether it is in place.
+        Never raises: an allocation that fails leaves no file."""
         with self._lock:
-            if self.in_place:
-                return True
-            free = self.free()
-            if free < 2 * self.size:
-                if not self._said_no_room:
-                    self._said_no_room = True
-                    logger.warning(
-                        "disk reserve: {} free on the data volume ({}), less than twice "
-                        "tools.exec.limits.disk_reserve ({}): the reserve file is made once "
-                        "there is room; until then commands are stopped when less than {} "
-                        "is free",
-                        format_size(free),
-                        self.folder,
-                        format_size(self.size),
-                        format_size(self.size),
-                    )
-                return False
             try:
+                if self.in_place:
+                    if self.ballast.stat().st_size > self.size:
+                        os.truncate(self.ballast, self.size)
+                    return True
+                free = self.free()
+                if free < 2 * self.size:
+                    self._warn_once(
+                        f"{format_size(free)} free on the data volume ({self.folder}), less "
+                        f"than twice tools.exec.limits.disk_reserve ({format_size(self.size)})"
+                    )
+                    return False
                 _allocate(self.ballast, self.size)
             except OSError as exc:
-                logger.warning("disk reserve: cannot make {}: {}", self.ballast, exc)
+                self._warn_once(f"cannot make {self.ballast}: {exc}")
                 return False
             if self._said_no_room:
                 logger.info(
@@ -104,6 +99,16 @@ class DiskReserve:
                 )
             self._said_no_room = False
             return True
+
+    def _warn_once(self, why: str) -> None:
+        if not self._said_no_room:
+            self._said_no_room = True
+            logger.warning(
+                "disk reserve: {}: the reserve file is made once there is room; until then "
+                "commands are stopped when less than {} is free",
+                why,
+                format_size(self.size),
+            )
 
     def release(self) -> bool:
         """Delete the ballast so that the store can write into its space; True when there
@@ -145,7 +150,7 @@ def _allocate(path: Path, size: int) -> None:
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate there
                 raise
-            _write_zeros(fd, size)
+            _write_blocks(fd, size)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -156,8 +161,9 @@ def _allocate(path: Path, size: int) -> None:
     partial.replace(path)
 
 
-def _write_zeros(fd: int, size: int) -> None:
-    zeros = bytes(_CHUNK)
+def _write_blocks(fd: int, size: int) -> None:
+    # Not zeros: a compressing file system (ZFS, btrfs) would store zeros as nothing.
+    chunk = os.urandom(_CHUNK)
     written = 0
     while written < size:
-        written += os.write(fd, zeros[: min(_CHUNK, size - written)])
+        written += os.write(fd, chunk[: min(_CHUNK, size - written)])

@@ -443,3 +443,17 @@ async def test_without_a_cgroup_memory_is_bounded_per_process(tmp_path: Path) ->
     failed, said = await run(tool, "python3 -c 'b = bytearray(1536 * 1024 * 1024)'")
     assert not failed and "MemoryError" in said
     assert said.startswith("exit code 1 (it reports having met the memory limit (128 MB, ")
+
+
+def test_a_smaller_reserve_cuts_the_file_down(tmp_path: Path) -> None:
+    assert DiskReserve(tmp_path / "state.db", 8 * MB).restore()
+    smaller = DiskReserve(tmp_path / "state.db", 2 * MB)
+    assert smaller.restore() and smaller.in_place
+    assert smaller.ballast.stat().st_size == 2 * MB
+
+
+def test_a_reserve_that_cannot_be_made_is_said_once(tmp_path: Path, warnings: list[str]) -> None:
+    reserve = DiskReserve(tmp_path / "missing" / "state.db", MB)
+    assert not reserve.restore() and not reserve.restore()
+    said = [w for w in warnings if "disk reserve" in w]
+    assert len(said) == 1 and "No such file or directory" in said[0], said
