@@ -51,6 +51,7 @@ from tests.fakes.telegram import (
     Garbled,
     Origin,
     RateLimited,
+    Refusal200,
     ServerError,
     Slow,
 )
@@ -548,6 +549,59 @@ async def test_a_send_answered_with_no_message_is_a_clear_delivery_error(
             await channel.deliver(OutboundMessage(CHAT, "hello"))
     await channel.deliver(OutboundMessage(CHAT, "hello again"))
     assert [m.visible for m in fake.sent(USER)] == ["hello again"]
+
+
+async def test_a_200_that_says_ok_false_is_the_refusal_it_reports(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    # PTB reads any 200 as a success and looks up its `result`: a KeyError nobody caught.
+    empty = {"ok": False, "error_code": 400, "description": "Bad Request: message text is empty"}
+    fake.fail_next("sendMessage", Refusal200(empty))
+    with pytest.raises(Undeliverable, match="Message text is empty") as raised:
+        await channel.deliver(OutboundMessage(CHAT, "hello"))
+    assert raised.value.chat_closed is False
+    blocked = {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked"}
+    fake.fail_next("sendMessage", Refusal200(blocked))
+    with pytest.raises(Undeliverable) as raised:
+        await channel.deliver(OutboundMessage(CHAT, "hello"))
+    assert raised.value.chat_closed is True
+    assert len(fake.calls("sendMessage")) == 2  # neither retried
+    assert fake.sent(USER) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"ok": False}, {"ok": False, "error_code": "x"}, "<html>502 Bad Gateway</html>", ""],
+    ids=["no-fields", "bad-code", "html", "empty"],
+)
+async def test_a_200_that_says_nothing_useful_is_a_passing_failure(
+    channel: TelegramChannel, fake: FakeTelegram, body: object
+) -> None:
+    fake.fail_next("sendMessage", Refusal200(body))
+    await channel.deliver(OutboundMessage(CHAT, "made it"))  # retried at once, like a 502
+    assert [m.visible for m in fake.sent(USER)] == ["made it"]
+    fake.fail_next("sendMessage", Refusal200(body), times=4)
+    with pytest.raises(DeliveryError) as raised:
+        await channel.deliver(OutboundMessage(CHAT, "kept for later"))
+    assert not isinstance(raised.value, Undeliverable)  # the outbox tries it again later
+    assert "Bad Gateway" in str(raised.value)
+
+
+async def test_a_200_with_ok_false_is_recorded_and_retried_in_order(
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    fake.fail_next("sendMessage", Refusal200({"ok": False}), times=4)  # one delivery's tries
+    outbox = MemoryOutbox()
+    async with delivering(make_channel(fake, intake, inbox, outbox=outbox), outbox) as bus:
+        await bus.publish(OutboundMessage(CHAT, "first", outbox_id=1))
+        await bus.publish(OutboundMessage(CHAT, "second", outbox_id=2))
+        sent = await fake.wait_for_sent(2, chat_id=USER)
+        assert [m.visible for m in sent] == ["first", "second"]
+        async with asyncio.timeout(10):
+            while outbox.confirmed != [1, 2]:  # noqa: ASYNC110 - confirmed after the send
+                await asyncio.sleep(0.01)
+    [(row, error)] = outbox.failed  # the failed attempt is counted, with Telegram's word
+    assert row == 1 and "Bad Gateway" in error
 
 
 async def test_a_retried_delivery_resumes_after_the_sent_chunks(
