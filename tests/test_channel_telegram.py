@@ -287,6 +287,42 @@ async def test_oversize_files_are_refused_with_a_notice(
     assert fake.calls("getFile") == [] and not inbox.directory.exists()
 
 
+async def test_an_inbox_that_is_a_symlink_is_moved_aside_and_the_file_kept(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    outside = inbox.directory.parent.parent
+    inbox.directory.symlink_to(outside)  # as `exec` or write_file could leave it
+    fake.user_document(USER, filename="a.txt", content=b"kept", caption="one", user_id=USER)
+    [message] = await intake.wait(1)
+    [doc] = message.attachments
+    assert doc.path == inbox.directory / "a.txt" and doc.path.read_bytes() == b"kept"
+    assert message.text == "one"
+    assert (inbox.directory.parent / "inbox.not-a-folder").is_symlink()
+    assert not (outside / "a.txt").exists()
+
+
+async def test_a_file_that_cannot_be_kept_is_said_and_the_channel_goes_on(
+    fake: FakeTelegram, intake: Recorder, tmp_path: Path
+) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "people").symlink_to(tmp_path / "elsewhere")  # on the way to the inbox
+    inbox = InboxPolicy(tmp_path / "people" / "42" / "inbox", max_bytes=1000, workspace=tmp_path)
+    async with running(make_channel(fake, intake, inbox)) as task:
+        fake.user_document(USER, filename="a.txt", content=b"a", caption="see", user_id=USER)
+        fake.user_photo(USER, content=b"p", user_id=USER)
+        fake.user_message(USER, "still there?", user_id=USER)
+        notices = await fake.wait_for_sent(2, chat_id=USER)
+        first, text = await intake.wait(2)  # a message that was only a file is not handed over
+        assert not task.done()  # never failed, never restarted
+    said = "I could not keep a.txt: the inbox folder has a symbolic link on its way ('people')"
+    assert first.text.startswith(f"see\n\n({said}") and first.attachments == ()
+    assert text.text == "still there?"
+    assert notices[0].visible.startswith(said) and "Please send it again" in notices[0].visible
+    assert "could not keep photo_" in notices[1].visible
+    assert not fake.pending_updates  # each acknowledged once
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
 async def test_files_of_refused_messages_are_not_kept(
     fake: FakeTelegram, inbox: InboxPolicy
 ) -> None:
