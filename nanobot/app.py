@@ -28,6 +28,7 @@ from nanobot.agent.context import ContextBuilder
 from nanobot.agent.dispatcher import Dispatcher, OutcomeSink
 from nanobot.agent.held import Held
 from nanobot.agent.loop import AgentLoop, LoopSettings
+from nanobot.agent.prompt_budget import PromptBudget
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
@@ -287,7 +288,8 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
         follow_up_delivery=agent.follow_up_delivery,
         timezone=_timezone(config),
     )
-    context = ContextBuilder(config.workspace_path, timezone=settings.timezone)
+    budget = PromptBudget(config.agent.prompt_file_chars, config.agent.prompt_total_chars)
+    context = ContextBuilder(config.workspace_path, timezone=settings.timezone, budget=budget)
     sandbox = None
     if config.tools.exec.enabled:
         sandbox = await asyncio.to_thread(build_sandbox, config)

@@ -76,6 +76,9 @@ class AgentConfig(Section):
     subagent_exec: bool = False  # background tasks may use exec (when tools.exec.enabled)
     steering_delivery: Literal["one", "all"] = "one"
     follow_up_delivery: Literal["one", "all"] = "one"
+    # Characters of each prompt file or memory file in the system prompt, and of all together.
+    prompt_file_chars: int = Field(20_000, ge=1000)
+    prompt_total_chars: int = Field(60_000, ge=1000)
 
     @field_validator("model")
     @classmethod

@@ -3,11 +3,9 @@ stands in the inbox folder's place is moved aside, and a file that cannot be kep
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loguru import logger
 
 from nanobot.channels.base import InboxError, InboxPolicy, save_file
 
@@ -17,14 +15,6 @@ def ws(tmp_path: Path) -> Path:
     (tmp_path / "ws").mkdir()
     (tmp_path / "elsewhere").mkdir()
     return tmp_path / "ws"
-
-
-@pytest.fixture
-def warnings() -> Iterator[list[str]]:
-    lines: list[str] = []
-    handler = logger.add(lambda m: lines.append(m.record["message"]), level="WARNING")
-    yield lines
-    logger.remove(handler)
 
 
 def policy(ws: Path) -> InboxPolicy:

@@ -101,6 +101,11 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         ("nonsense: 1\n", "nonsense", "unknown key"),
         ("agent: {max_tokens: many}\n", "agent.max_tokens", "valid integer"),
         ("agent: {temperature: 7}\n", "agent.temperature", "less than or equal to 2"),
+        (
+            "agent: {prompt_file_chars: 10}\n",
+            "agent.prompt_file_chars",
+            "greater than or equal to 1000",
+        ),
         ("channels: {telegram: {enabled: maybe}}\n", "channels.telegram.enabled", "boolean"),
         ("log: {level: LOUD}\n", "log.level", "Input should be"),
         ("timezone: Mars/Olympus\n", "timezone", "unknown IANA time zone"),
