@@ -41,7 +41,7 @@ from nanobot.channels.manager import ChannelManager
 from nanobot.channels.terminal import TerminalChannel
 from nanobot.cluster import SCHEDULE, Cluster
 from nanobot.cluster import intake as intake_role
-from nanobot.config import Config
+from nanobot.config import Config, exposed
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.service import CronService
 from nanobot.distribution import Distributor
@@ -270,6 +270,8 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
     """Everything a turn needs, built from `config`. `require_key` False lets a gateway
     start without the model's API key (warned about; replies fail until it is set)."""
     private_dir(config.data_dir)
+    if (exposure := exposed(config)) is not None:
+        logger.warning(exposure)
     copy_template(config.workspace_path)
     agent = config.agent
     settings = LoopSettings(
