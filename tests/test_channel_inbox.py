@@ -104,3 +104,18 @@ async def test_an_existing_file_is_never_replaced(ws: Path) -> None:
     saved = await save_file(policy(ws), "notes.txt", b"theirs")
     assert saved.name == "notes-1.txt"
     assert (ws / "inbox" / "notes.txt").read_bytes() == b"mine"
+
+
+async def test_with_no_name_left_to_move_it_aside_to_the_file_is_refused_and_nothing_lost(
+    ws: Path,
+) -> None:
+    (ws / "inbox").write_text("in the way")
+    for counter in range(100):
+        (ws / ("inbox.not-a-folder" + (f"-{counter}" if counter else ""))).write_text("")
+    with pytest.raises(InboxError) as raised:
+        await save_file(policy(ws), "a.txt", b"data")
+    assert raised.value.line() == (
+        "I could not keep a.txt: saving it failed (no free name to move it aside to). "
+        "Please send it again later."
+    )
+    assert (ws / "inbox").read_text() == "in the way"

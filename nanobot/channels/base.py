@@ -267,7 +267,8 @@ def safe_filename(name: str | None, fallback: str) -> str:
 
 class InboxError(OSError):
     """A received file could not be kept. `reason` says why, in words for its sender
-    ("the inbox folder has a symbolic link on its way"; "no space left on the disk")."""
+    ("the inbox folder has a symbolic link on its way …"; "saving it failed (no space left
+    on device)")."""
 
     def __init__(self, name: str, reason: str) -> None:
         super().__init__(reason)
@@ -280,6 +281,7 @@ class InboxError(OSError):
 
 
 MOVED_ASIDE = ".not-a-folder"  # what is found in the inbox's place is renamed `inbox.not-a-folder`
+MAX_ASIDE = 100  # names tried for it: `inbox.not-a-folder`, then `-1` … `-99`
 
 
 async def save_file(policy: InboxPolicy, name: str, data: bytes) -> Path:
@@ -345,9 +347,6 @@ def _put_right(workspace: Workspace, inbox: Path) -> None:
         raise FileExistsError(errno.EEXIST, "no free name to move it aside to", str(inbox))
     finally:
         os.close(parent)
-
-
-MAX_ASIDE = 100
 
 
 def discard_files(paths: Iterable[Path]) -> None:
