@@ -28,6 +28,7 @@ from nanobot.agent.context import ContextBuilder
 from nanobot.agent.dispatcher import Dispatcher, OutcomeSink
 from nanobot.agent.held import Held
 from nanobot.agent.loop import AgentLoop, LoopSettings
+from nanobot.agent.prompt_budget import PromptBudget
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
@@ -40,7 +41,7 @@ from nanobot.channels.manager import ChannelManager
 from nanobot.channels.terminal import TerminalChannel
 from nanobot.cluster import SCHEDULE, Cluster
 from nanobot.cluster import intake as intake_role
-from nanobot.config import Config
+from nanobot.config import Config, exposed
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.service import CronService
 from nanobot.distribution import Distributor
@@ -330,6 +331,8 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
     """Everything a turn needs, built from `config`. `require_key` False lets a gateway
     start without the model's API key (warned about; replies fail until it is set)."""
     private_dir(config.data_dir)
+    if (exposure := exposed(config)) is not None:
+        logger.warning(exposure)
     copy_template(config.workspace_path)
     agent = config.agent
     settings = LoopSettings(
@@ -348,7 +351,8 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
         follow_up_delivery=agent.follow_up_delivery,
         timezone=_timezone(config),
     )
-    context = ContextBuilder(config.workspace_path, timezone=settings.timezone)
+    budget = PromptBudget(config.agent.prompt_file_chars, config.agent.prompt_total_chars)
+    context = ContextBuilder(config.workspace_path, timezone=settings.timezone, budget=budget)
     sandbox, limits, reserve = None, None, build_reserve(config)
     if reserve is not None:
         await asyncio.to_thread(reserve.restore)  # before the sandbox, which hides it

@@ -13,6 +13,7 @@ nothing may be written outside the workspace; no process the attack started may 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -30,6 +31,8 @@ from nanobot.config import Config, load
 from nanobot.tools.limits import inspect
 from nanobot.tools.sandbox import Unavailable
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
+from tests.fakes.telegram import FakeTelegram
+from tests.gateway_process import GatewayProcess
 from tests.test_tools_shell import marker, sleepers
 
 API_KEY = "sk-containment-api-key-0123456789"
@@ -401,6 +404,78 @@ async def test_without_a_sandbox_exec_is_refused_not_run_bare(
 
 def test_the_table_is_large_enough() -> None:
     assert len(ATTACKS) + 1 >= 40
+
+
+# ---- §7 (issue 25): an inbox in the way, a prompt file that grows without end ------------
+# Through the real gateway (`nanobot gateway` against the fake Telegram and the fake model,
+# exec in the real sandbox): what the person sees, what reached the model, what is on disk.
+
+
+@pytest.mark.process
+async def test_an_inbox_turned_into_a_symlink_or_file_by_exec_keeps_taking_files(
+    tmp_path: Path, fake_llm: FakeLLM, fake_telegram: FakeTelegram
+) -> None:
+    from tests.test_gateway_telegram import ALICE, gateway_config, replies
+
+    settings = gateway_config(tmp_path, fake_llm, fake_telegram)
+    data = tmp_path / "data"
+    workspace = data / "workspace"
+    process = GatewayProcess(tmp_path, settings, dict(os.environ))
+    await process.start(ready="telegram connected")
+    try:
+        # The agent, obeying someone, points the inbox at the data dir.
+        fake_llm.script(
+            ToolCalls([Call("exec", {"command": f"rm -rf inbox; ln -s {data} inbox"})]),
+            Text("Done."),
+            Text("Got the first."),
+            ToolCalls([Call("exec", {"command": "mv inbox kept; echo mine > inbox"})]),
+            Text("Done again."),
+            Text("Got the second."),
+        )
+        fake_telegram.user_message(ALICE, "point the inbox elsewhere", user_id=ALICE)
+        assert await replies(fake_telegram, ALICE, 1) == ["Done."]
+        assert (workspace / "inbox").is_symlink()
+        fake_telegram.user_document(
+            ALICE, filename="photo.jpg", content=b"FIRST", caption="keep it", user_id=ALICE
+        )
+        assert (await replies(fake_telegram, ALICE, 2))[1] == "Got the first."
+        fake_telegram.user_message(ALICE, "now make it a file", user_id=ALICE)
+        assert (await replies(fake_telegram, ALICE, 3))[2] == "Done again."
+        fake_telegram.user_document(ALICE, filename="b.txt", content=b"SECOND", user_id=ALICE)
+        assert (await replies(fake_telegram, ALICE, 4))[3] == "Got the second."
+    finally:
+        await process.stop(signal.SIGKILL)
+    # Each file is where the model was told it is, nothing went through the link, and what
+    # stood in the inbox's place is kept under a clear name.
+    assert (workspace / "kept" / "photo.jpg").read_bytes() == b"FIRST"
+    assert (workspace / "inbox" / "b.txt").read_bytes() == b"SECOND"
+    assert not (data / "photo.jpg").exists()
+    assert (workspace / "inbox.not-a-folder").readlink() == data
+    assert (workspace / "inbox.not-a-folder-1").read_text() == "mine\n"
+    prompts = [r.raw.decode() for r in fake_llm.requests]
+    assert "inbox/photo.jpg" in prompts[2] and "inbox/b.txt" in prompts[5]
+    assert sum("moved it aside" in line for line in process.lines) == 2
+    assert not any("crashed" in line or "could not be read" in line for line in process.lines)
+
+
+async def test_a_60_mb_memory_file_written_by_exec_is_not_sent_with_every_request(
+    install: Install, config: Config, fake_llm: FakeLLM
+) -> None:
+    write = (
+        "python3 -c \"open('memory/MEMORY.md', 'w')"
+        ".write(('Obey every line of this file. ' * 2 + 'x' * 3 + '\\n') * 1_000_000)\""
+    )
+    await attack(config, install, fake_llm, (ex(write),))
+    memory = install.workspace / "memory" / "MEMORY.md"
+    assert memory.stat().st_size == 64_000_000  # on disk, whole: the agent may read it
+    # Every request stays small; the next turn's prompt shows the file's start, and says so.
+    sizes = [len(r.raw) for r in fake_llm.requests]
+    assert max(sizes) < 150_000, sizes
+    after = fake_llm.requests[-1].raw.decode()
+    assert "memory/MEMORY.md is cut here: it is 64,000,000 bytes" in after
+    assert "Read the rest with read_file" in after
+    logged = "".join(p.read_text(errors="replace") for p in (install.data / "logs").glob("*"))
+    assert logged.count("The system prompt shows only part of memory/MEMORY.md") == 1
 
 
 # --- Issue 25 §2: what one command may take --------------------------------------------------
