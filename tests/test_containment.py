@@ -588,3 +588,5 @@ async def test_a_command_filling_the_data_volume_does_not_stop_the_bot(
     # ... and the store went on writing: both turns are in the session (`attack` read them back).
     log = "".join(p.read_text(errors="replace") for p in (install.data / "logs").glob("*"))
     assert "the 4 MB reserve was released so that the store can write" in log
+    # The start said once which limits hold, and how.
+    assert log.count("exec limits: ") == 1 and "processes 64" in log
