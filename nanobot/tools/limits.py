@@ -42,7 +42,9 @@ from nanobot.sizes import format_size
 from nanobot.tools import _cgroups
 
 KEY: Final = "tools.exec.limits"
-WATCH_EVERY: Final = 0.1  # seconds between looks at the disks while a command runs
+# Seconds between looks at the disks while a command runs: the kernel tells no one when free
+# space falls, so there is nothing to wait on but polling (statvfs costs microseconds).
+WATCH_EVERY: Final = 0.1
 # A group is empty once the kernel has reaped its last process: looked at for about 2 s.
 _REMOVE_TRIES: Final = 30
 _REMOVE_FIRST_WAIT: Final = 0.001
