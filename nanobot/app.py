@@ -28,6 +28,7 @@ from nanobot.agent.context import ContextBuilder
 from nanobot.agent.dispatcher import Dispatcher, OutcomeSink
 from nanobot.agent.held import Held
 from nanobot.agent.loop import AgentLoop, LoopSettings
+from nanobot.agent.prompt_budget import PromptBudget
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
@@ -40,7 +41,7 @@ from nanobot.channels.manager import ChannelManager
 from nanobot.channels.terminal import TerminalChannel
 from nanobot.cluster import SCHEDULE, Cluster
 from nanobot.cluster import intake as intake_role
-from nanobot.config import Config
+from nanobot.config import Config, exposed
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.service import CronService
 from nanobot.distribution import Distributor
@@ -52,6 +53,8 @@ from nanobot.membership import Membership
 from nanobot.providers.catalog import Catalog
 from nanobot.providers.provider import Provider, RetryPolicy
 from nanobot.providers.routes import Routes
+from nanobot.reserve import DiskReserve
+from nanobot.sizes import format_size
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore, UsageLedger
 from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
@@ -60,6 +63,7 @@ from nanobot.store.members import BEAT_INTERVAL, Members
 from nanobot.store.wakeups import APPROVAL, CRON_CHANGED, PostgresWakeups
 from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
+from nanobot.tools.limits import NO_LIMITS, Enforcement, Limits, enforce, inspect, log_enforcement
 from nanobot.tools.message import MessageTool
 from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.sandbox import (
@@ -160,8 +164,13 @@ def build_sandbox(config: Config) -> Sandbox:
     hidden = [config.data_dir, config.state_db_path, config.log_dir]
     if config.source is not None:
         hidden.append(config.source)
+    if (reserve := build_reserve(config)) is not None:
+        hidden.append(reserve.ballast)
     confinement = Confinement(
-        config.workspace_path, tuple(hidden), network=config.tools.exec.network
+        config.workspace_path,
+        tuple(hidden),
+        network=config.tools.exec.network,
+        tmp_size=config.tools.exec.limits.tmp_size,
     )
     try:
         return probe(config.tools.exec.sandbox, confinement)
@@ -185,6 +194,50 @@ def describe_sandbox(config: Config) -> str:
             return str(exc)
 
 
+def exec_limits(config: Config) -> Limits:
+    """`tools.exec.limits` as the exec tool takes them."""
+    limits = config.tools.exec.limits
+    return Limits(
+        processes=limits.processes,
+        memory=limits.memory,
+        cpu_time=limits.cpu_time,
+        open_files=limits.open_files,
+        file_size=limits.file_size,
+        tmp_size=limits.tmp_size,
+    )
+
+
+def describe_limits(config: Config) -> str:
+    """The limits each command runs under and how they are enforced (`nanobot status`)."""
+    if not config.tools.exec.enabled:
+        return "exec is off (tools.exec.enabled: false)"
+    confined = config.tools.exec.sandbox != "none"
+    line = inspect(exec_limits(config), confined=confined).describe()
+    reserve = build_reserve(config)
+    if reserve is not None:
+        line += f"; disk_reserve {format_size(reserve.size)} ({_reserve_state(reserve)})"
+    return line
+
+
+def _reserve_state(reserve: DiskReserve) -> str:
+    if reserve.in_place:
+        return f"kept at {reserve.ballast}"
+    try:
+        free = format_size(reserve.free())
+    except OSError:  # no data dir yet
+        return "made at the first start"
+    return f"not in place: {free} free, made once there is twice the reserve"
+
+
+def build_reserve(config: Config) -> DiskReserve | None:
+    """The disk reserve for a SQLite store (`tools.exec.limits.disk_reserve`); None for
+    PostgreSQL, whose disk is not nanobot's to guard, or when it is null."""
+    size = config.tools.exec.limits.disk_reserve
+    if size is None or config.shared_store:
+        return None
+    return DiskReserve(config.state_db_path, size)
+
+
 def log_sandbox(sandbox: Sandbox) -> None:
     """Say at start-up which sandbox exec uses, loudly when it is none."""
     if not sandbox.confined:
@@ -200,11 +253,18 @@ def log_sandbox(sandbox: Sandbox) -> None:
 
 
 def build_tools(
-    config: Config, jobs: Jobs | None = None, sandbox: Sandbox | None = None
+    config: Config,
+    jobs: Jobs | None = None,
+    sandbox: Sandbox | None = None,
+    *,
+    limits: Enforcement | None = None,
+    reserve: DiskReserve | None = None,
 ) -> ToolRegistry:
     """The built-in tools, configured from `config.tools` (and `cron` when `jobs` is given).
 
-    exec is registered when it is enabled and `sandbox` is given (see `build_sandbox`)."""
+    exec is registered when it is enabled and `sandbox` is given (see `build_sandbox`); its
+    commands run under `limits` (`enforce`; none when not given) and stop when the data
+    volume's free space falls short of `reserve`."""
     tools, workspace = config.tools, config.workspace_path
     restrict = tools.restrict_to_workspace
     registry = ToolRegistry(
@@ -230,6 +290,8 @@ def build_tools(
                 sandbox=sandbox,
                 timeout=tools.exec.timeout,
                 deny_patterns=DEFAULT_DENY_PATTERNS if deny is None else deny,
+                limits=limits or NO_LIMITS,
+                reserve=reserve,
             )
         )
     if jobs is not None and config.cron.enabled:
@@ -269,6 +331,8 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
     """Everything a turn needs, built from `config`. `require_key` False lets a gateway
     start without the model's API key (warned about; replies fail until it is set)."""
     private_dir(config.data_dir)
+    if (exposure := exposed(config)) is not None:
+        logger.warning(exposure)
     copy_template(config.workspace_path)
     agent = config.agent
     settings = LoopSettings(
@@ -287,17 +351,24 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
         follow_up_delivery=agent.follow_up_delivery,
         timezone=_timezone(config),
     )
-    context = ContextBuilder(config.workspace_path, timezone=settings.timezone)
-    sandbox = None
+    budget = PromptBudget(config.agent.prompt_file_chars, config.agent.prompt_total_chars)
+    context = ContextBuilder(config.workspace_path, timezone=settings.timezone, budget=budget)
+    sandbox, limits, reserve = None, None, build_reserve(config)
+    if reserve is not None:
+        await asyncio.to_thread(reserve.restore)  # before the sandbox, which hides it
     if config.tools.exec.enabled:
         sandbox = await asyncio.to_thread(build_sandbox, config)
         log_sandbox(sandbox)
+        limits = await asyncio.to_thread(
+            partial(enforce, exec_limits(config), confined=sandbox.confined)
+        )
+        log_enforcement(limits)
     provider = build_provider(config)
     try:
         await asyncio.to_thread(partial(provider.prepare, require_key=require_key))
-        async with await Database.open(config.store_target) as db:
+        async with await Database.open(config.store_target, reserve=reserve) as db:
             jobs = Jobs(CronStore(db), config.timezone)
-            tools = build_tools(config, jobs, sandbox)
+            tools = build_tools(config, jobs, sandbox, limits=limits, reserve=reserve)
             runner = Runner(provider, tools)
             sessions = SessionStore(db)
             bus, journal = MessageBus(), Journal(db)
@@ -314,6 +385,8 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
             yield Parts(db, loop, jobs, runner, tools, sessions, bus, journal, approver, provider)
     finally:
         await provider.aclose()
+        if limits is not None:
+            await asyncio.to_thread(limits.close)
 
 
 def build_approver(config: Config, db: Database, journal: Journal, bus: MessageBus) -> Approver:

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import itertools
+import stat
 from pathlib import Path
 
 import pytest
 import yaml
 
-from nanobot.config import Config, config_path, load
+from nanobot.config import Config, config_path, exposed, load
 from nanobot.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.yaml"
@@ -101,6 +102,11 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         ("nonsense: 1\n", "nonsense", "unknown key"),
         ("agent: {max_tokens: many}\n", "agent.max_tokens", "valid integer"),
         ("agent: {temperature: 7}\n", "agent.temperature", "less than or equal to 2"),
+        (
+            "agent: {prompt_file_chars: 10}\n",
+            "agent.prompt_file_chars",
+            "greater than or equal to 1000",
+        ),
         ("channels: {telegram: {enabled: maybe}}\n", "channels.telegram.enabled", "boolean"),
         ("log: {level: LOUD}\n", "log.level", "Input should be"),
         ("timezone: Mars/Olympus\n", "timezone", "unknown IANA time zone"),
@@ -193,6 +199,60 @@ def test_secrets_are_hidden(tmp_path: Path) -> None:
     dumped = repr(config) + str(config.model_dump())
     assert "sk-verysecret" not in dumped
     assert "discord-secret" not in dumped
+
+
+SECRETS = (
+    "agent: {api_key: sk-verysecret}\n"
+    "channels: {telegram: {token: '7000000001:AAfile'}, discord: {enabled: false}}\n"
+    "store: {url: 'sqlite:///tmp/state.db'}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        (0o644, "can be read by its group and anyone (mode 0644)"),
+        (0o640, "can be read by its group (mode 0640)"),
+        (0o606, "can be read and changed by anyone (mode 0606)"),
+        (0o620, "can be changed by its group (mode 0620)"),
+    ],
+)
+def test_a_config_holding_secrets_that_others_may_read_is_warned_about(
+    tmp_path: Path, mode: int, said: str
+) -> None:
+    path = write(tmp_path, SECRETS)
+    path.chmod(mode)
+    warning = exposed(load(path))
+    assert warning == (
+        f"{path} holds secrets (agent.api_key, channels.telegram.token) and {said}: "
+        f"run `chmod 600 {path}`"
+    )
+    assert "sk-verysecret" not in warning and "AAfile" not in warning
+    assert stat.S_IMODE(path.stat().st_mode) == mode  # the user's file: left as it is
+
+
+def test_a_private_config_or_one_without_secrets_is_not_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, SECRETS)
+    path.chmod(0o600)
+    assert exposed(load(path)) is None
+    open_but_harmless = write(
+        tmp_path, "agent: {model: openai/gpt-4o}\nstore: {url: 'sqlite:///x.db'}\n"
+    )
+    open_but_harmless.chmod(0o644)
+    monkeypatch.setenv("NANOBOT_AGENT__API_KEY", "sk-from-the-environment")
+    assert exposed(load(open_but_harmless)) is None  # the secret is not in the file
+    assert exposed(Config()) is None
+
+
+def test_no_dotenv_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # So there is no second file of secrets whose mode to check: only the YAML and the
+    # process environment.
+    (tmp_path / ".env").write_text("NANOBOT_AGENT__API_KEY=sk-from-dotenv\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    config = load(write(tmp_path, "agent: {model: openai/gpt-4o}\n"))
+    assert config.agent.api_key is None
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,9 @@ class Confinement:
     workspace: Path
     hidden: tuple[Path, ...] = ()
     network: bool = True
+    # The size of each of the private /tmp and /dev/shm, in bytes (tools.exec.limits.tmp_size);
+    # None: unbounded (they are RAM-backed).
+    tmp_size: int | None = None
 
 
 class Sandbox(ABC):
@@ -236,7 +239,12 @@ def _bwrap_args(confinement: Confinement, path_env: str) -> tuple[list[str], lis
     args += _unreadable_masks(Path("/etc"))
     args += _etc_link_targets(bound)
     # Before the binds below, which may lie inside /tmp.
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    # tools.exec.limits.tmp_size bounds each RAM-backed tmpfs; --size applies to the next one.
+    for tmpfs in ("/dev/shm", "/tmp"):
+        if confinement.tmp_size is not None:
+            args += ["--size", str(confinement.tmp_size)]
+        args += ["--tmpfs", tmpfs]
     visible, prefixes = _path_prefixes(path_env, hidden, workspace)
     for prefix in prefixes:
         args += ["--ro-bind", str(prefix), str(prefix)]

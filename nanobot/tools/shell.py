@@ -27,12 +27,17 @@ import re
 import signal
 import subprocess
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from loguru import logger
 from pydantic import Field
 
+from nanobot.reserve import DiskReserve, Shortage
+from nanobot.sizes import format_size
 from nanobot.tools.base import Tool, ToolError, ToolParams
+from nanobot.tools.limits import KEY, NO_LIMITS, Enforcement, Scope, close_scope, open_scope
 from nanobot.tools.sandbox import Sandbox
 
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
@@ -85,11 +90,15 @@ class ExecTool(Tool[ExecParams]):
         timeout: float = 60,
         deny_patterns: Sequence[str] = DEFAULT_DENY_PATTERNS,
         max_output_bytes: int = MAX_OUTPUT_BYTES,
+        limits: Enforcement = NO_LIMITS,
+        reserve: DiskReserve | None = None,
     ) -> None:
         self.workspace = workspace
         self.sandbox = sandbox
         self.timeout = timeout
         self.max_output_bytes = max_output_bytes
+        self.limits = limits
+        self.reserve = reserve
         self._deny: list[re.Pattern[str]] = []
         for pattern in deny_patterns:
             try:
@@ -98,29 +107,77 @@ class ExecTool(Tool[ExecParams]):
                 raise ValueError(f"invalid exec deny pattern {pattern!r}: {exc}") from None
 
     async def run(self, args: ExecParams) -> str:
-        argv = self.sandbox.command(["/bin/sh", "-c", args.command])
+        self.sandbox.command(["/bin/sh", "-c", args.command])  # refused here if no sandbox
         for pattern in self._deny:
             if pattern.search(args.command):
                 raise ToolError(
                     "command refused as dangerous (it matches the deny pattern "
                     f"{pattern.pattern!r}). If it is really needed, ask the user to run it."
                 )
+        if self.reserve is not None and (short := self.reserve.short()) is not None:
+            raise ToolError(f"no space left: {_shortage(short)}; the command was not run.")
+        try:
+            scope = await open_scope(self.limits, self.reserve, self.workspace)
+        except OSError as exc:
+            raise ToolError(f"could not set up the command's limits: {exc}") from None
+        try:
+            return await self._run(args, scope)
+        finally:
+            await close_scope(scope)
+
+    async def _run(self, args: ExecParams, scope: Scope) -> str:
+        argv = scope.outer(self.sandbox.command(scope.inner(["/bin/sh", "-c", args.command])))
         timeout = min(args.timeout or self.timeout, self.timeout)
         env = _minimal_env(self.workspace, self.sandbox.path)
         try:
             transport, shell = await _start(argv, self.workspace, env, self.max_output_bytes)
         except OSError as exc:
             raise ToolError(f"could not start the command: {exc}") from None
+        pid = transport.get_pid()
+        watch = asyncio.create_task(scope.watch(partial(_sandbox_tmp, pid)), name="exec watch")
         try:
-            timed_out = await _supervise(transport.get_pid(), shell, timeout)
+            outcome = await _supervise(pid, shell, timeout, scope.stop)
         finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
             transport.close()
-        if timed_out:
+        code = transport.get_returncode()
+        ended, met = scope.verdict(code, shell.text())
+        if outcome == "timeout":
+            reached = f"; it had reached {ended}" if ended else ""
             raise ToolError(
-                f"the command timed out after {timeout:g} s and was stopped. Output before "
-                f"that:\n{shell.text()}"
+                f"the command timed out after {timeout:g} s and was stopped{reached}. Output "
+                f"before that:\n{shell.text()}"
             )
-        return f"{_describe_exit(transport.get_returncode())}\n{shell.text()}"
+        if outcome == "stopped" and scope.shortage is not None:
+            raise ToolError(
+                f"the command was stopped, no space left: {_shortage(scope.shortage)}. "
+                f"Output before that:\n{shell.text()}"
+            )
+        if ended:
+            raise ToolError(
+                f"the command was ended at {ended} ({_describe_exit(code)}). Output:\n"
+                f"{shell.text()}"
+            )
+        said = f" (it reports having met {met})" if met else ""
+        return f"{_describe_exit(code)}{said}\n{shell.text()}"
+
+
+def _shortage(short: Shortage) -> str:
+    """Why a command may not take more of the data volume, for the model and the person."""
+    return (
+        f"only {format_size(short.free)} is free on the volume of nanobot's data "
+        f"({short.volume}), where {format_size(short.reserve)} is kept for nanobot's store "
+        f"({KEY}.disk_reserve). Free some space there (in the workspace, say)"
+    )
+
+
+def _sandbox_tmp(pid: int) -> Path | None:
+    """The sandbox's /tmp as seen from outside, through its init's root; None until the
+    sandbox is up (or without one)."""
+    inits = _namespace_inits(pid)
+    return Path(f"/proc/{inits[0]}/root/tmp") if inits else None
 
 
 class _Shell(asyncio.SubprocessProtocol):
@@ -195,23 +252,38 @@ async def _start(
         raise
 
 
-async def _supervise(pgid: int, shell: _Shell, seconds: float) -> bool:
-    """Wait up to `seconds` for the shell to exit, then stop its group; True on timeout.
+async def _supervise(
+    pgid: int, shell: _Shell, seconds: float, stop: asyncio.Event
+) -> Literal["exited", "timeout", "stopped"]:
+    """Wait up to `seconds` for the shell to exit, or for `stop` (a limit's watch), then stop
+    its group; say which came first.
 
     The group is stopped on cancellation too, before CancelledError propagates.
     """
     try:
         async with asyncio.timeout(seconds):
-            await shell.exited.wait()
+            await _first(shell.exited, stop)
+            if not shell.exited.is_set():
+                return "stopped"
             # A background child may hold the pipe open after the shell exits; what it wrote
             # so far is kept, and stopping the group ends it.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(shell.closed.wait(), EXIT_GRACE)
     except TimeoutError:
-        return True
+        return "timeout"
     finally:
         await _stop_group(pgid, shell)
-    return False
+    return "exited"
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until one of `events` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 async def _stop_group(pgid: int, shell: _Shell) -> None:
