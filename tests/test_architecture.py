@@ -22,7 +22,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nanobot"
 # Lowest first. A new module belongs in one of these, or the test fails until it does.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # The foundation (with the two layers after it): anything may use them.
-    ("nanobot", "nanobot.errors", "nanobot.durations", "nanobot.proxies", "nanobot.workspace"),
+    (
+        "nanobot",
+        "nanobot.errors",
+        "nanobot.durations",
+        "nanobot.proxies",
+        "nanobot.workspace",
+        "nanobot.allowed_hosts",  # tools.exec.allow_hosts entries: the config and the proxy
+    ),
     ("nanobot.tasks",),
     ("nanobot.lanes",),  # per-key lanes on the owned task set (issue 14 item 3)
     ("nanobot.config",),

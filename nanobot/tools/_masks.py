@@ -1,0 +1,188 @@
+"""What only its owner may read under the folders the sandbox binds, kept current.
+
+The sandbox runs as nanobot's own user, so file modes alone would not keep out `/etc/shadow`,
+an SSH host key or a credentials file created after start under `/opt` or an interpreter's
+prefix: each must be masked, at each call. Walking those trees per call would cost tens of
+milliseconds (some 13,000 folders under a pyenv), so the walk is done once and inotify says
+which folders changed since (a file created, moved in or chmod-ed: IN_ATTRIB on a folder
+covers its entries); only those are walked again, when the next call asks. Where inotify is
+unavailable (its watch limit reached) every call walks everything: slower, never stale.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+import struct
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from loguru import logger
+
+_IN_EVENTS = (
+    0x00000004  # IN_ATTRIB
+    | 0x00000040  # IN_MOVED_FROM
+    | 0x00000080  # IN_MOVED_TO
+    | 0x00000100  # IN_CREATE
+    | 0x00000200  # IN_DELETE
+    | 0x00000400  # IN_DELETE_SELF
+    | 0x00000800  # IN_MOVE_SELF
+    | 0x01000000  # IN_ONLYDIR
+    | 0x02000000  # IN_DONT_FOLLOW
+)
+_IN_NONBLOCK_CLOEXEC = os.O_NONBLOCK | os.O_CLOEXEC
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name)
+
+
+class OwnerOnlyMasks:
+    """bubblewrap arguments that hide, under each root, what others may not read.
+
+    `roots`: the folders to watch, and whether to look below their first level. Folders
+    under `skip` (the workspace) are not looked into. Not thread-safe: one caller (the event
+    loop's exec calls) at a time.
+    """
+
+    def __init__(self, roots: Sequence[tuple[Path, bool]], skip: Sequence[Path] = ()) -> None:
+        self._roots = list(roots)
+        self._skip = tuple(skip)
+        self._masks: dict[Path, list[str]] = {}  # folder -> masks of its own entries
+        self._watches: dict[int, Path] = {}
+        self._fd = _inotify()
+        self._stale = False
+        self._lock = threading.Lock()
+        for root, recursive in self._roots:
+            self._walk(root, recursive=recursive)
+        self._args = self._flat()
+
+    @classmethod
+    def shared(
+        cls, roots: Sequence[tuple[Path, bool]], skip: Sequence[Path] = ()
+    ) -> OwnerOnlyMasks:
+        """One instance per set of roots in the process (the first walk of a big prefix
+        takes a second); it lives as long as the process."""
+        relevant = tuple(p for p in skip if any(p.is_relative_to(r) for r, _ in roots))
+        key = (tuple(roots), relevant)
+        with _SHARED_LOCK:
+            if key not in _SHARED:
+                _SHARED[key] = cls(roots, relevant)
+            return _SHARED[key]
+
+    def args(self) -> list[str]:
+        """The masks as they are now (rescanning what changed since the last call)."""
+        with self._lock:
+            if self._fd is None:
+                self._masks.clear()
+                for root, recursive in self._roots:
+                    self._walk(root, recursive=recursive)
+                self._args = self._flat()
+            elif changed := self._changed():
+                for folder in changed:
+                    self._forget(folder)
+                    self._walk(folder, recursive=self._recursive(folder))
+                self._args = self._flat()
+            elif self._stale:
+                self._stale = False
+                self._args = self._flat()
+            return self._args
+
+    def _flat(self) -> list[str]:
+        return [arg for masks in self._masks.values() for arg in masks]
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _recursive(self, folder: Path) -> bool:
+        return any(
+            folder == root or (recursive and folder.is_relative_to(root))
+            for root, recursive in self._roots
+        )
+
+    def _changed(self) -> set[Path]:
+        assert self._fd is not None
+        changed: set[Path] = set()
+        while True:
+            try:
+                data = os.read(self._fd, 64 * 1024)
+            except BlockingIOError:
+                return changed
+            offset = 0
+            while offset < len(data):
+                wd, mask, _, size = _EVENT.unpack_from(data, offset)
+                offset += _EVENT.size + size
+                if mask & 0x4000:  # IN_Q_OVERFLOW: events were lost
+                    self._stale = True
+                elif (folder := self._watches.get(wd)) is not None:
+                    changed.add(folder)
+            if self._stale:  # walk everything again; `args` then flattens it
+                self._masks.clear()
+                for root, recursive in self._roots:
+                    self._walk(root, recursive=recursive)
+                return set()
+
+    def _forget(self, folder: Path) -> None:
+        for known in [p for p in self._masks if p.is_relative_to(folder)]:
+            del self._masks[known]
+
+    def _walk(self, folder: Path, *, recursive: bool) -> None:
+        if any(folder.is_relative_to(s) for s in self._skip):
+            return
+        self._watch(folder)
+        masks: list[str] = []
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            entries = []
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            directory = stat.S_ISDIR(info.st_mode)
+            readable = info.st_mode & stat.S_IROTH and (
+                not directory or info.st_mode & stat.S_IXOTH
+            )
+            if not readable:
+                masks += mask(Path(entry.path), directory=directory)
+            elif recursive and directory:
+                self._walk(Path(entry.path), recursive=True)
+        self._masks[folder] = masks
+
+    def _watch(self, folder: Path) -> None:
+        if self._fd is None:
+            return
+        wd = _LIBC.inotify_add_watch(self._fd, os.fsencode(folder), _IN_EVENTS)
+        if wd >= 0:
+            self._watches[wd] = folder
+            return
+        if ctypes.get_errno() == 28:  # ENOSPC: the watch limit
+            logger.warning(
+                "exec sandbox: inotify's watch limit is reached (fs.inotify.max_user_watches); "
+                "each command now rescans {} for private files, which is slower",
+                ", ".join(str(root) for root, _ in self._roots),
+            )
+            self.close()
+
+
+def mask(path: Path, *, directory: bool) -> list[str]:
+    """bubblewrap arguments that hide `path` (an empty read-only folder, or /dev/null)."""
+    if directory:
+        return ["--tmpfs", str(path), "--remount-ro", str(path)]
+    return ["--ro-bind", "/dev/null", str(path)]
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_SHARED: dict[tuple[tuple[tuple[Path, bool], ...], tuple[Path, ...]], OwnerOnlyMasks] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _inotify() -> int | None:
+    if not hasattr(_LIBC, "inotify_init1"):  # not Linux
+        return None
+    fd = int(_LIBC.inotify_init1(_IN_NONBLOCK_CLOEXEC))
+    return fd if fd >= 0 else None
