@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from nanobot.tools.sandbox import (
     probe,
 )
 from tests.local_http import serving
-from tests.sandbox_network import public_network
+from tests.sandbox_network import Far, far_hosts_made, public_network
 
 
 def run(sandbox: Bubblewrap, command: str) -> subprocess.CompletedProcess[str]:
@@ -453,3 +453,107 @@ def test_the_holder_goes_with_its_namespace(tmp_path: Path) -> None:
     namespace.close()
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
     namespace.close()  # idempotent
+
+
+# --- What the sandbox can see (issue 25 §3) ----------------------------------------------
+
+
+def test_owner_only_files_made_after_start_are_not_visible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = tmp_path / "tool"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "share").mkdir()
+    monkeypatch.setenv("PATH", f"{prefix / 'bin'}:/usr/bin:/bin")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    sandbox = bubblewrap(workspace)
+    tag = f"{os.getpid()}-{id(sandbox)}"
+    made = [
+        Path(f"/etc/nanobot-test-{tag}"),
+        Path(f"/opt/nanobot-test-{tag}/deep/secret"),
+        prefix / "share" / "deep" / "token",
+        prefix / "readable-now",
+    ]
+    try:
+        for path in made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"OWNER-ONLY {path.name}")
+            path.chmod(0o644 if path.name == "readable-now" else 0o600)
+        (prefix / "share" / "deep").chmod(0o700)  # a private folder, its files 0600 or not
+        seen = run(sandbox, "cat " + " ".join(map(str, made)) + " 2>&1")
+        assert seen.stdout.count("OWNER-ONLY") == 1, seen.stdout  # only readable-now
+        made[3].chmod(0o600)  # made private after the sandbox saw it
+        again = run(sandbox, f"cat {made[3]} 2>&1; cat {made[0]} 2>&1")
+        assert "OWNER-ONLY" not in again.stdout, again.stdout
+    finally:
+        made[0].unlink(missing_ok=True)
+        for path in (made[1], made[1].parent):
+            path.unlink() if path.is_file() else path.rmdir()
+        made[1].parent.parent.rmdir()
+
+
+_KEYCTL = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for ring in (-4, -3):  # the user's keyring, the session's
+    found = libc.syscall(250, 10, ctypes.c_int(ring), b"user", sys.argv[1].encode(), 0)
+    print(ring, found, ctypes.get_errno())
+print("add", libc.syscall(248, b"user", b"planted", b"x", 1, ctypes.c_int(-4)), ctypes.get_errno())
+"""
+
+
+@pytest.mark.skipif(
+    os.uname().machine != "x86_64", reason="the keyring test's syscall numbers are x86_64's"
+)
+def test_the_hosts_keyring_is_out_of_reach(tmp_path: Path) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    name = f"nanobot-test-{os.getpid()}"
+    key = libc.syscall(248, b"user", name.encode(), b"KEYRING-SECRET", 14, ctypes.c_int(-4))
+    assert key > 0, "could not add a key on the host"
+    try:
+        (tmp_path / "keyctl.py").write_text(_KEYCTL)
+        done = run(bubblewrap(tmp_path), f"python3 keyctl.py {name}")
+        # EPERM (1) for every keyring call: the key is neither found nor read, none is added.
+        assert done.stdout.split() == ["-4", "-1", "1", "-3", "-1", "1", "add", "-1", "1"], (
+            done.stdout + done.stderr
+        )
+        assert "KEYRING-SECRET" not in done.stdout
+    finally:
+        libc.syscall(250, 21, key)  # KEYCTL_INVALIDATE
+
+
+@pytest.fixture
+def far_hosts(tmp_path: Path) -> Iterator[Far]:
+    with far_hosts_made(tmp_path) as far:
+        yield far
+
+
+async def test_a_lan_and_a_metadata_host_are_refused_through_the_sandbox(
+    tmp_path: Path, far_hosts: Far
+) -> None:
+    urls = [f"http://{host}:{far_hosts.port}/" for host in (far_hosts.lan, far_hosts.metadata)]
+    for url in urls:  # the set-up works: the host itself reaches both
+        reached = await asyncio.create_subprocess_exec(
+            "curl", "-sS", "-m", "5", "--noproxy", "*", url, stdout=asyncio.subprocess.PIPE
+        )
+        assert Far.SECRET in (await reached.communicate())[0].decode()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    async with public_network() as network:
+        sandbox = bubblewrap(workspace, network="public", via=network)
+        targets = " ".join(
+            f"{host}:{far_hosts.port}" for host in (far_hosts.lan, far_hosts.metadata)
+        )
+        out, call = await sandboxed(
+            sandbox,
+            " ".join(f"curl -sS -m 5 {url}; echo;" for url in urls)
+            + f" python3 direct.py {targets}; python3 connect.py {targets}",
+        )
+    assert Far.SECRET not in out, out
+    assert f"nanobot: {far_hosts.lan} is a private address" in out
+    assert "nanobot: 169.254.169.254 is a cloud metadata address" in out
+    assert out.count("unreachable") == 2 and out.count("403 Forbidden") == 2
+    assert call.egress is not None and not call.egress.used

@@ -77,7 +77,7 @@ class NetworkNamespace:
         self.listener = listener
         self.port: int = listener.getsockname()[1]
         ns = Path(f"/proc/{holder.pid}/ns")
-        nsenter = shutil.which("nsenter") or "nsenter"
+        nsenter = _nsenter() or "nsenter"
         self.enter: list[str] = [nsenter, f"--net={ns / 'net'}"]
         if os.geteuid() != 0:
             user = [f"--user={ns / 'user'}", "--preserve-credentials"]
@@ -91,7 +91,7 @@ class NetworkNamespace:
             NamespaceError: nsenter is missing, or the holder could not make the namespace
                 (no user namespaces here, say), with its reason.
         """
-        if shutil.which("nsenter") is None:
+        if _nsenter() is None:
             raise NamespaceError("nsenter (util-linux) is not installed")
         ours, theirs = socket.socketpair()
         main = threading.current_thread() is threading.main_thread()
@@ -133,6 +133,10 @@ class NetworkNamespace:
         listener. Blocking for at most STOP_TIMEOUT. Idempotent."""
         self.listener.close()
         _stop(self._holder)
+
+
+def _nsenter() -> str | None:
+    return shutil.which("nsenter") or shutil.which("nsenter", path="/usr/sbin:/usr/bin:/sbin:/bin")
 
 
 def _stop(holder: subprocess.Popen[bytes]) -> None:
