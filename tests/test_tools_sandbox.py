@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -557,3 +559,76 @@ async def test_a_lan_and_a_metadata_host_are_refused_through_the_sandbox(
     assert "nanobot: 169.254.169.254 is a cloud metadata address" in out
     assert out.count("unreachable") == 2 and out.count("403 Forbidden") == 2
     assert call.egress is not None and not call.egress.used
+
+
+_AS_ANOTHER_USER = """
+import os, subprocess, sys, tempfile
+from pathlib import Path
+sys.path[:0] = sys.argv[1:]
+from nanobot.tools.netns import NetworkNamespace
+from nanobot.tools.sandbox import Confinement, Network, probe
+namespace = NetworkNamespace.create()
+sandbox = probe("bwrap", Confinement(Path(tempfile.mkdtemp()), network="public"),
+                network=Network(tuple(namespace.enter)))
+code = f"import socket; socket.create_connection(('127.0.0.1', {namespace.port})); print('in')"
+with sandbox.call() as call:
+    done = subprocess.run(sandbox.command(["python3", "-c", code], call=call), text=True,
+                          capture_output=True, pass_fds=call.pass_fds,
+                          env={"PATH": sandbox.path, **call.env})
+print(os.geteuid(), "--user=" in " ".join(namespace.enter), done.stdout.strip(), done.stderr)
+namespace.close()
+"""
+
+
+def test_public_works_for_a_user_who_is_not_root() -> None:
+    # The holder then makes a user namespace too, which commands join before the network.
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root (to become another user) and setpriv")
+    python = next((p for p in ("/usr/bin/python3", sys.executable) if _runs_as_nobody(p)), None)
+    if python is None:
+        pytest.skip("no python of this version that another user may run")
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    root = str(Path(__file__).resolve().parent.parent)
+    with tempfile.TemporaryDirectory() as spare:  # pytest's own tmp is root's alone
+        Path(spare).chmod(0o755)
+        script = Path(spare) / "as_another_user.py"
+        script.write_text(_AS_ANOTHER_USER)
+        done = _as_nobody(python, script, root, site)
+    assert done.stdout.split()[:3] == ["65534", "True", "in"], done.stdout + done.stderr
+
+
+def _as_nobody(python: str, script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            python,
+            str(script),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+    )
+
+
+def _runs_as_nobody(python: str) -> bool:
+    probe_run = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            python,
+            "-c",
+            "import sys; print(sys.version_info[:2])",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return probe_run.stdout.strip() == str(sys.version_info[:2])

@@ -427,7 +427,7 @@ def _path_prefixes(
     visible: list[str] = []
     prefixes: list[Path] = []
     for entry in path_env.split(os.pathsep):
-        if not entry or not Path(entry).is_absolute() or not Path(entry).is_dir():
+        if not entry or not Path(entry).is_absolute() or not _is_dir(Path(entry)):
             continue
         real = Path(entry).resolve()
         if any(real.is_relative_to(root) for root in _SYSTEM_PREFIXES):
@@ -442,6 +442,13 @@ def _path_prefixes(
         if not any(prefix.is_relative_to(p) for p in prefixes):
             prefixes = [p for p in prefixes if not p.is_relative_to(prefix)] + [prefix]
     return visible, prefixes
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a folder nanobot's user may not enter (pathlib raises EACCES)
+        return False
 
 
 def _etc_link_targets(bound: Iterable[Path]) -> list[str]:
