@@ -188,7 +188,7 @@ def _no_namespace(config: Config, exc: NamespaceError) -> Sandbox:
         "for commands) or host (the host's network, loopback services included)"
     )
     if config.tools.exec.sandbox == "bwrap":
-        raise ConfigError(reason)
+        raise ConfigError(f"tools.exec.sandbox is bwrap, but {reason}. {SANDBOX_ERROR_HINT}")
     return Unavailable(reason)
 
 

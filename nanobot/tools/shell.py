@@ -74,9 +74,10 @@ class ExecTool(Tool[ExecParams]):
         "Run a shell command (/bin/sh -c) in the workspace directory and return its exit code "
         "and combined stdout/stderr. It runs in a sandbox: only the workspace is writable, "
         "files outside it are not visible, HOME is a fresh empty folder each call (nothing "
-        "written there is kept), network access goes through a proxy to the public internet "
-        "only, and background processes are stopped when the command ends. No credentials or "
-        "API keys are in its environment."
+        "written there is kept; make a venv in the workspace for packages), the network (by "
+        "default) is the public internet only, through a proxy curl, pip, git and npm use by "
+        "themselves, and background processes are stopped when the command ends. No "
+        "credentials or API keys are in its environment."
     )
     params = ExecParams
 
