@@ -18,7 +18,7 @@ from aiohttp import web
 
 from nanobot.allowed_hosts import AllowedHost
 from nanobot.tools.addresses import IPAddress
-from nanobot.tools.egress import EgressProxy, EgressRecord, Streams
+from nanobot.tools.egress import MAX_CONTACTS, Contact, EgressProxy, EgressRecord, Streams
 from tests.local_http import serving
 
 NAMES = {
@@ -296,3 +296,12 @@ def test_allow_host_entries_parse_and_match() -> None:
     for bad in ("", ":80", "host:0", "host:x", "http://host", "[::1]x"):
         with pytest.raises(ValueError, match=r"expected|the port must be"):
             AllowedHost.parse(bad)
+
+
+def test_a_record_keeps_the_first_contacts_and_counts_the_rest() -> None:
+    record = EgressRecord("t")
+    for n in range(MAX_CONTACTS + 5):
+        record.add(Contact("10.0.0.5", n + 1, "refused"))
+    record.add(Contact("example.com", 443))
+    assert len(record.contacts) == MAX_CONTACTS and record.more == 6
+    assert record.used  # the connection it made is past the kept ones, and still counts

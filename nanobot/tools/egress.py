@@ -42,6 +42,7 @@ from nanobot.tools.addresses import (
 HEAD_LIMIT = 64 * 1024
 HEAD_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
+MAX_CONTACTS = 1000  # per call; a loop of requests must not grow the gateway's memory
 _CHUNK = 64 * 1024
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 Connector = Callable[[IPAddress, int], Awaitable[Streams]]
@@ -68,16 +69,27 @@ class Contact:
 
 @dataclass(slots=True, eq=False)
 class EgressRecord:
-    """What one exec call asked of the network. Filled while the command runs; read after."""
+    """What one exec call asked of the network. Filled while the command runs (on the
+    event loop); read after. `contacts` keeps the first MAX_CONTACTS, `more` counts the rest
+    (and `used` stays true once a connection was made, whether kept or counted)."""
 
     token: str
     contacts: list[Contact] = field(default_factory=list)
+    more: int = 0
+    _connected: bool = False
     _tunnels: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def add(self, contact: Contact) -> None:
+        self._connected = self._connected or contact.refused is None
+        if len(self.contacts) < MAX_CONTACTS:
+            self.contacts.append(contact)
+        else:
+            self.more += 1
 
     @property
     def used(self) -> bool:
         """Whether the command reached anything outside (a connection was made)."""
-        return any(c.refused is None for c in self.contacts)
+        return self._connected
 
     @property
     def hosts(self) -> frozenset[str]:
@@ -222,9 +234,9 @@ class EgressProxy:
         try:
             addresses = await self._checked(host, port)
         except Refused as exc:
-            record.contacts.append(Contact(host, port, str(exc)))
+            record.add(Contact(host, port, str(exc)))
             raise
-        record.contacts.append(Contact(host, port))
+        record.add(Contact(host, port))
         failure: OSError | TimeoutError | None = None
         for address in addresses:
             try:

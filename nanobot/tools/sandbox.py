@@ -30,15 +30,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import stat
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from nanobot.tools._masks import OwnerOnlyMasks, mask
+from nanobot.tools._bwrap_layout import layout as bwrap_layout
+from nanobot.tools._masks import OwnerOnlyMasks
 from nanobot.tools._seccomp import keyring_filter
 from nanobot.tools.base import ToolError
 from nanobot.tools.egress import EgressProxy, EgressRecord
@@ -49,15 +49,6 @@ HOME = Path("/home/nanobot")
 _SPARE_HOME = Path("/run/nanobot-home")  # when the workspace or a hidden path is in HOME
 
 
-# Read-only system roots, when they exist (as a directory, or as the symlink merged-/usr
-# systems have: `/bin -> usr/bin`).
-SYSTEM_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-# A PATH entry in one of these needs no bind of its own.
-_SYSTEM_PREFIXES = tuple(Path(p) for p in SYSTEM_ROOTS)
-# Searched for what only its owner may read, at each call (the other roots hold none).
-_MASKED_ROOTS = (Path("/etc"), Path("/opt"))
-# Made fresh inside the sandbox (`/etc/mtab -> ../proc/self/mounts` works as it is).
-_KERNEL_FILESYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
 PROBE_TIMEOUT = 10.0
 SANDBOX_ERROR_HINT = (
     "Make user namespaces available (see the README's 'Sandbox' section; in a container: "
@@ -158,7 +149,13 @@ class Bubblewrap(Sandbox):
         self.confinement = confinement
         self._network = network if confinement.network == "public" else None
         self.home = str(_home(confinement))
-        layout = _layout(confinement, os.environ.get("PATH", ""), Path(self.home))
+        layout = bwrap_layout(
+            confinement.workspace,
+            confinement.hidden,
+            network=confinement.network != "none",
+            path_env=os.environ.get("PATH", ""),
+            home=Path(self.home),
+        )
         self.path = os.pathsep.join(layout.visible) or "/usr/local/bin:/usr/bin:/bin"
         self._head, self._tail = layout.head, layout.tail
         self._masks = OwnerOnlyMasks.shared(layout.watched, skip=layout.unwatched)
@@ -356,130 +353,3 @@ def _run(argv: list[str], what: str, *, pass_fds: Sequence[int] = ()) -> str:
         said = " ".join(done.stderr.split())[:300] or f"exit code {done.returncode}"
         raise SandboxUnavailable(f"{what} failed: {said}")
     return done.stdout
-
-
-@dataclass(frozen=True, slots=True)
-class _Layout:
-    """bubblewrap's arguments before and after the per-call masks, the folders whose private
-    files those masks hide (and whether below their first level), the folders not to look
-    into, and the PATH entries visible inside."""
-
-    head: list[str]
-    tail: list[str]
-    watched: list[tuple[Path, bool]]
-    unwatched: list[Path]
-    visible: list[str]
-
-
-def _layout(confinement: Confinement, path_env: str, home: Path) -> _Layout:
-    workspace = confinement.workspace.resolve()
-    hidden = [p.resolve() for p in confinement.hidden]
-    head = [
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--die-with-parent",
-        "--new-session",
-        # Root outside stays uid 0 inside; without capabilities it cannot undo a mount.
-        "--cap-drop",
-        "ALL",
-    ]
-    if confinement.network == "none":
-        head.append("--unshare-net")
-    bound: list[Path] = []
-    for root in _SYSTEM_PREFIXES:
-        if root.is_symlink():
-            head += ["--symlink", str(root.readlink()), str(root)]
-        elif root.is_dir():
-            head += ["--ro-bind", str(root), str(root)]
-            bound.append(root)
-    head += _etc_link_targets(bound)
-    # Before the binds below, which may lie inside /tmp.
-    head += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]
-    visible, prefixes = _path_prefixes(path_env, hidden, workspace)
-    for prefix in prefixes:
-        head += ["--ro-bind", str(prefix), str(prefix)]
-    watched = [(root, True) for root in bound if root in _MASKED_ROOTS]
-    watched += [(prefix, True) for prefix in prefixes]
-    bound += prefixes
-    # The masks come between: after what they lie in, before the workspace, which may lie
-    # inside a bound folder and keeps its own files.
-    tail = ["--perms", "0700", "--tmpfs", str(home)]
-    tail += ["--bind", str(workspace), str(workspace)]
-    bound.append(workspace)
-    tail += _hidden_masks(hidden, bound)
-    tail += ["--chdir", str(workspace)]
-    return _Layout(head, tail, watched, [workspace, *hidden], visible)
-
-
-def _path_prefixes(
-    path_env: str, hidden: Sequence[Path], workspace: Path
-) -> tuple[list[str], list[Path]]:
-    """PATH entries the command will see, and the install prefixes to bind for them.
-
-    An entry under a system root needs nothing. Another (`~/.pyenv/shims`, `/nix/.../bin`)
-    brings its prefix (the parent of a `bin`, `sbin` or `shims` folder) read-only, so the
-    interpreter finds its libraries; never a prefix that is or holds the user's home, the
-    workspace or a hidden path. An entry that cannot be bound is left out of PATH.
-    """
-    holders_forbidden = [*hidden, workspace, Path.home().resolve()]
-    visible: list[str] = []
-    prefixes: list[Path] = []
-    for entry in path_env.split(os.pathsep):
-        if not entry or not Path(entry).is_absolute() or not _is_dir(Path(entry)):
-            continue
-        real = Path(entry).resolve()
-        if any(real.is_relative_to(root) for root in _SYSTEM_PREFIXES):
-            visible.append(entry)
-            continue
-        prefix = real.parent if real.name in ("bin", "sbin", "shims") else real
-        if any(p.is_relative_to(prefix) for p in holders_forbidden) or any(
-            prefix.is_relative_to(p) for p in hidden
-        ):
-            continue
-        visible.append(entry)
-        if not any(prefix.is_relative_to(p) for p in prefixes):
-            prefixes = [p for p in prefixes if not p.is_relative_to(prefix)] + [prefix]
-    return visible, prefixes
-
-
-def _is_dir(path: Path) -> bool:
-    try:
-        return path.is_dir()
-    except OSError:  # a folder nanobot's user may not enter (pathlib raises EACCES)
-        return False
-
-
-def _etc_link_targets(bound: Iterable[Path]) -> list[str]:
-    """Bind the targets of /etc's symlinks that lead out of what is bound (`resolv.conf ->
-    /run/systemd/resolve/stub-resolv.conf`), read-only, when everyone may read them."""
-    args: list[str] = []
-    roots = list(bound)
-    try:
-        entries = list(os.scandir("/etc"))
-    except OSError:
-        return args
-    for entry in entries:
-        if not entry.is_symlink():
-            continue
-        target = Path(entry.path).resolve()
-        if any(target.is_relative_to(root) for root in [*roots, *_KERNEL_FILESYSTEMS]):
-            continue
-        try:
-            info = target.stat()
-        except OSError:
-            continue
-        if stat.S_ISREG(info.st_mode) and info.st_mode & stat.S_IROTH:
-            args += ["--ro-bind", str(target), str(target)]
-    return args
-
-
-def _hidden_masks(hidden: Iterable[Path], bound: Sequence[Path]) -> list[str]:
-    """Mask each hidden path that lies under something bound (a data dir in /opt, a config
-    file in /etc)."""
-    args: list[str] = []
-    for path in hidden:
-        if path.exists() and any(path.is_relative_to(root) for root in bound):
-            args.extend(mask(path, directory=path.is_dir()))
-    return args
