@@ -186,20 +186,41 @@ class Bubblewrap(Sandbox):
 
     @contextlib.contextmanager
     def call(self) -> Iterator[SandboxCall]:
-        env: dict[str, str] = {"HOME": self.home}
         egress = self._network.egress if self._network is not None else None
-        record = egress.open_call() if egress is not None else None
-        if egress is not None and record is not None:
-            env.update(_proxy_env(egress.url(record), egress.direct))
-        # A description of its own per call: bubblewrap reads the filter to its end.
-        fds = () if self._seccomp is None else (os.open(f"/proc/self/fd/{self._seccomp}", 0),)
+        if egress is None:
+            with self._filter() as fds:
+                yield SandboxCall({"HOME": self.home}, fds)
+            return
+        record = egress.open_call()
+        env = {"HOME": self.home, **_proxy_env(egress.url(record), egress.direct)}
         try:
-            yield SandboxCall(env, fds, record)
+            with self._filter() as fds:
+                yield SandboxCall(env, fds, record)
         finally:
-            for fd in fds:
-                os.close(fd)
-            if egress is not None and record is not None:
-                egress.end_call(record)
+            egress.end_call(record)
+
+    @contextlib.contextmanager
+    def _filter(self) -> Iterator[tuple[int, ...]]:
+        """The seccomp filter for one command, as a descriptor of its own (bubblewrap reads
+        it to its end, so a shared one would be empty for the next)."""
+        if self._seccomp is None:
+            yield ()
+            return
+        fd = os.open(f"/proc/self/fd/{self._seccomp}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            yield (fd,)
+        finally:
+            os.close(fd)
+
+    def check(self) -> None:
+        """Run `true` in the sandbox, off the event loop (the proxy is not involved).
+
+        Raises:
+            SandboxUnavailable: it did not run, with bubblewrap's reason.
+        """
+        with self._filter() as fds:
+            argv = self.command(["/bin/sh", "-c", "true"], call=SandboxCall({}, fds))
+            _run(argv, "a test command in the sandbox", pass_fds=fds)
 
     def close(self) -> None:
         if self._seccomp is not None:
@@ -327,9 +348,7 @@ def _working_bubblewrap(confinement: Confinement, network: Network | None) -> Bu
     version = _run([str(binary), "--version"], "bubblewrap --version").strip()
     sandbox = Bubblewrap(binary, confinement, version=version, network=network)
     try:
-        with sandbox.call() as call:
-            argv = sandbox.command(["/bin/sh", "-c", "true"], call=call)
-            _run(argv, "a test command in the sandbox", pass_fds=call.pass_fds)
+        sandbox.check()
     except SandboxUnavailable:
         sandbox.close()
         raise
