@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
 import zipfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -398,9 +400,9 @@ def _served_repo(tmp_path: Path) -> Path:
     return repo
 
 
-async def test_pip_git_and_npm_use_the_proxy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _package_site(tmp_path: Path) -> tuple[web.Application, str]:
+    """A package index, a git repository (dumb HTTP) and an npm registry in one app; and the
+    wheel's name."""
     (tmp_path / "index").mkdir()
     wheel, repo = _wheel(tmp_path / "index"), _served_repo(tmp_path)
     app = web.Application()
@@ -420,22 +422,81 @@ async def test_pip_git_and_npm_use_the_proxy(
     app.router.add_get("/npm/hello", packument)
     app.router.add_static("/files/", wheel.parent)
     app.router.add_static("/git/", repo.parent)
+    return app, wheel.name
+
+
+@asynccontextmanager
+async def _served(app: web.Application, tls: ssl.SSLContext | None) -> AsyncIterator[str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls).start()
+    try:
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def _certificate(folder: Path) -> tuple[Path, ssl.SSLContext]:
+    """A self-signed certificate for localhost and 127.0.0.1 (in `folder`, where the sandbox
+    sees it)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return cert, context
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_curl_pip_git_and_npm_use_the_proxy(tmp_path: Path, scheme: str) -> None:
+    app, wheel = _package_site(tmp_path)
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    async with serving(app) as url, public_network([url.removeprefix("http://")]) as network:
-        sandbox = bubblewrap(workspace, network="public", via=network)
-        out, call = await sandboxed(
-            sandbox,
-            f"python3 -m pip download -q --no-deps -d dl --index-url {url}/simple/ hello "
-            "2>&1 | grep -v -i notice; ls dl; "
-            f"git clone -q {url}/git/repo.git clone 2>&1 && cat clone/README; "
-            f"npm view hello description --registry {url}/npm/ 2>&1",
-        )
-    assert wheel.name in out, out
+    tls, trust = None, ""
+    if scheme == "https":  # through CONNECT, TLS end to end
+        cert, tls = _certificate(workspace)
+        trust = f"SSL_CERT_FILE={cert} GIT_SSL_CAINFO={cert} npm_config_cafile={cert} "
+    async with _served(app, tls) as served:
+        # npm checks no IP address against a certificate: over TLS, a name.
+        url = served.replace("127.0.0.1", "localhost") if tls else served
+        async with public_network([url.split("//")[1]]) as network:
+            sandbox = bubblewrap(workspace, network="public", via=network)
+            out, call = await sandboxed(
+                sandbox,
+                f"export {trust}PIP_CERT={workspace / 'cert.pem'}; "
+                f"curl -sS -m 5 {url}/simple/hello/; echo; "
+                f"python3 -m pip download -q --no-deps --disable-pip-version-check -d dl "
+                f"--index-url {url}/simple/ hello 2>&1 | grep -v -i notice; ls dl; "
+                f"git clone -q {url}/git/repo.git clone 2>&1 && cat clone/README; "
+                f"npm view hello description --registry {url}/npm/ 2>&1",
+            )
+    assert f'<a href="/files/{wheel}">' in out, out
+    assert f"\n{wheel}\n" in out, out
     assert "cloned through the proxy" in out
-    assert call.egress is not None
     assert out.strip().splitlines()[-1] == "npm via the proxy", out
-    assert call.egress.hosts == {url.removeprefix("http://")}
+    assert call.egress is not None and call.egress.hosts == {url.split("//")[1]}
 
 
 async def test_none_has_no_network_and_host_is_the_hosts(
