@@ -521,6 +521,23 @@ def test_the_holder_goes_with_its_namespace(tmp_path: Path) -> None:
 # --- What the sandbox can see (issue 25 §3) ----------------------------------------------
 
 
+def test_a_prefix_only_its_owner_may_enter_is_not_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    private, shared = tmp_path / "private-tool", tmp_path / "shared-tool"
+    for prefix in (private, shared):
+        (prefix / "bin").mkdir(parents=True)
+        (prefix / "notes").write_text(f"PREFIX-NOTES {prefix.name}")
+    private.chmod(0o700)
+    monkeypatch.setenv("PATH", f"{private / 'bin'}:{shared / 'bin'}:/usr/bin:/bin")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    sandbox = bubblewrap(workspace)
+    assert sandbox.path == f"{shared / 'bin'}:/usr/bin:/bin"
+    done = run(sandbox, f"cat {private}/notes {shared}/notes 2>&1")
+    assert done.stdout.count("PREFIX-NOTES") == 1 and "shared-tool" in done.stdout
+
+
 def test_owner_only_files_made_after_start_are_not_visible(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -88,7 +88,8 @@ def _path_prefixes(
     An entry under a system root needs nothing. Another (`~/.pyenv/shims`, `/nix/.../bin`)
     brings its prefix (the parent of a `bin`, `sbin` or `shims` folder) read-only, so the
     interpreter finds its libraries; never a prefix that is or holds the user's home, the
-    workspace or a hidden path. An entry that cannot be bound is left out of PATH.
+    workspace or a hidden path, nor one only its owner may enter (what it holds is private).
+    An entry that cannot be bound is left out of PATH.
     """
     holders_forbidden = [*hidden, workspace, Path.home().resolve()]
     visible: list[str] = []
@@ -101,14 +102,24 @@ def _path_prefixes(
             visible.append(entry)
             continue
         prefix = real.parent if real.name in ("bin", "sbin", "shims") else real
-        if any(p.is_relative_to(prefix) for p in holders_forbidden) or any(
-            prefix.is_relative_to(p) for p in hidden
+        if (
+            any(p.is_relative_to(prefix) for p in holders_forbidden)
+            or any(prefix.is_relative_to(p) for p in hidden)
+            or not _open_to_all(prefix)
         ):
             continue
         visible.append(entry)
         if not any(prefix.is_relative_to(p) for p in prefixes):
             prefixes = [p for p in prefixes if not p.is_relative_to(prefix)] + [prefix]
     return visible, prefixes
+
+
+def _open_to_all(folder: Path) -> bool:
+    try:
+        mode = folder.stat().st_mode
+    except OSError:
+        return False
+    return bool(mode & stat.S_IROTH and mode & stat.S_IXOTH)
 
 
 def _is_dir(path: Path) -> bool:
