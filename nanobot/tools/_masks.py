@@ -78,9 +78,8 @@ class OwnerOnlyMasks:
                     self._walk(root, recursive=recursive)
                 self._args = self._flat()
             elif changed := self._changed():
-                for folder in changed:
-                    self._forget(folder)
-                    self._walk(folder, recursive=self._recursive(folder))
+                for folder in sorted(changed):
+                    self._rescan(folder)
                 self._args = self._flat()
             elif self._stale:
                 self._stale = False
@@ -124,34 +123,43 @@ class OwnerOnlyMasks:
                 return set()
 
     def _forget(self, folder: Path) -> None:
-        for known in [p for p in self._masks if p.is_relative_to(folder)]:
+        """Drop what is known of `folder` and everything under it."""
+        inside = str(folder) + os.sep
+        for known in [p for p in self._masks if p == folder or str(p).startswith(inside)]:
             del self._masks[known]
 
     def _walk(self, folder: Path, *, recursive: bool) -> None:
         if any(folder.is_relative_to(s) for s in self._skip):
             return
         self._watch(folder)
-        masks: list[str] = []
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            entries = []
-        for entry in entries:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISLNK(info.st_mode):
-                continue
-            directory = stat.S_ISDIR(info.st_mode)
-            readable = info.st_mode & stat.S_IROTH and (
-                not directory or info.st_mode & stat.S_IXOTH
-            )
-            if not readable:
-                masks += mask(Path(entry.path), directory=directory)
-            elif recursive and directory:
-                self._walk(Path(entry.path), recursive=True)
+        masks, subfolders = _scan(folder)
         self._masks[folder] = masks
+        if recursive:
+            for sub in subfolders:
+                self._walk(sub, recursive=True)
+
+    def _rescan(self, folder: Path) -> None:
+        """`folder`'s own entries changed: look at them again, walk the folders new in it
+        and forget those gone (or made private), without walking again what is known."""
+        if folder not in self._masks:
+            return  # under a folder that went, or was made private, meanwhile
+        try:
+            still = folder.is_dir()
+        except OSError:
+            still = False
+        if not still:
+            self._forget(folder)
+            return
+        masks, subfolders = _scan(folder)
+        self._masks[folder] = masks
+        if not self._recursive(folder):
+            return
+        present = set(subfolders)
+        for gone in [p for p in self._masks if p.parent == folder and p not in present]:
+            self._forget(gone)
+        for sub in subfolders:
+            if sub not in self._masks:
+                self._walk(sub, recursive=True)
 
     def _watch(self, folder: Path) -> None:
         if self._fd is None:
@@ -174,6 +182,30 @@ def mask(path: Path, *, directory: bool) -> list[str]:
     if directory:
         return ["--tmpfs", str(path), "--remount-ro", str(path)]
     return ["--ro-bind", "/dev/null", str(path)]
+
+
+def _scan(folder: Path) -> tuple[list[str], list[Path]]:
+    """(masks for `folder`'s entries that others may not read, its folders others may)."""
+    masks: list[str] = []
+    subfolders: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return masks, subfolders
+    for entry in entries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            continue
+        directory = stat.S_ISDIR(info.st_mode)
+        readable = info.st_mode & stat.S_IROTH and (not directory or info.st_mode & stat.S_IXOTH)
+        if not readable:
+            masks += mask(Path(entry.path), directory=directory)
+        elif directory:
+            subfolders.append(Path(entry.path))
+    return masks, subfolders
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
