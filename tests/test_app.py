@@ -72,10 +72,11 @@ async def test_public_runs_a_namespace_and_a_proxy_for_as_long_as_the_sandbox_is
             assert call.egress is not None
             proxy_url = call.env["HTTP_PROXY"]
             argv = sandbox.command(["true"], call=call)
-        holder = int(argv[1].split("/")[2])  # --net=/proc/<holder>/ns/net
+        joined = next(a for a in argv if a.startswith("--net="))  # --net=/proc/<us>/fd/<n>
+        namespace = str(Path(joined.split("=", 1)[1]).readlink())
         port = int(proxy_url.rsplit(":", 1)[1])
-        assert Path(f"/proc/{holder}/ns/net").exists()
-    assert not Path(f"/proc/{holder}").exists()
+        assert namespace.startswith("net:[") and _in(namespace)
+    assert not _in(namespace)  # its holder is gone, and with it the namespace
     with pytest.raises(OSError):  # the proxy's socket is gone with its namespace
         socket.create_connection(("127.0.0.1", port), timeout=1)
     started = [m for m in infos if m.startswith("exec sandbox:")]
@@ -84,6 +85,17 @@ async def test_public_runs_a_namespace_and_a_proxy_for_as_long_as_the_sandbox_is
         "network: public (a namespace of its own; out only through the egress proxy" in (started[0])
     )
     assert "and 127.0.0.1:11434" in started[0]
+
+
+def _in(namespace: str) -> bool:
+    """Whether any process is in `namespace` ("net:[inode]")."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str((entry / "ns" / "net").readlink()) == namespace:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 @pytest.mark.parametrize(("given", "means"), [("true", "public"), ("false", "none")])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -509,12 +510,21 @@ async def test_none_has_no_network_and_host_is_the_hosts(
     assert host.count("CONNECTED") == 2, host  # what public and none keep out
 
 
-def test_the_holder_goes_with_its_namespace(tmp_path: Path) -> None:
+def test_the_namespace_outlives_its_holder_and_is_never_found_by_its_pid(
+    tmp_path: Path, host_services: HostServices
+) -> None:
     namespace = NetworkNamespace.create()
     pid = namespace.pid
-    assert Path(f"/proc/{pid}/ns/net").exists()
+    assert all(f"/proc/{pid}/" not in arg for arg in namespace.enter)
+    os.kill(pid, signal.SIGKILL)  # its pid may now go to any process, in any network
+    sandbox = bubblewrap(tmp_path, network="public", via=Network(tuple(namespace.enter)))
+    (tmp_path / "direct.py").write_text(_DIRECT)
+    done = run(
+        sandbox, f"python3 direct.py 127.0.0.1:{host_services.banner} 127.0.0.1:{namespace.port}"
+    )
     namespace.close()
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    assert f"127.0.0.1:{host_services.banner} unreachable" in done.stdout, done.stdout
+    assert f"127.0.0.1:{namespace.port} unreachable TimeoutError" in done.stdout  # listening
     namespace.close()  # idempotent
 
 

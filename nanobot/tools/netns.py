@@ -24,7 +24,6 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 READY_TIMEOUT = 10.0
 STOP_TIMEOUT = 2.0
@@ -68,20 +67,28 @@ class NamespaceError(Exception):
 class NetworkNamespace:
     """A network namespace held by a child process, and the egress listener inside it.
 
-    `enter` is the argv prefix that runs a command in the namespace. `close()` ends the
-    holder (the namespace goes with its last process).
+    `enter` is the argv prefix that runs a command in the namespace. It names the namespace
+    by a descriptor the gateway holds (`/proc/<gateway>/fd/<n>`), not by the holder's pid:
+    a pid the kernel gave to another process after the holder's end would lead a command
+    into that process's network, the host's. The descriptors also keep the namespace alive
+    should the holder die. `close()` ends the holder and closes them.
     """
 
     def __init__(self, holder: subprocess.Popen[bytes], listener: socket.socket) -> None:
         self._holder = holder
         self.listener = listener
         self.port: int = listener.getsockname()[1]
-        ns = Path(f"/proc/{holder.pid}/ns")
-        nsenter = _nsenter() or "nsenter"
-        self.enter: list[str] = [nsenter, f"--net={ns / 'net'}"]
-        if os.geteuid() != 0:
-            user = [f"--user={ns / 'user'}", "--preserve-credentials"]
-            self.enter = [nsenter, *user, f"--net={ns / 'net'}"]
+        # Opened while the holder is our unreaped child: its pid is still its own.
+        kinds = ("net",) if os.geteuid() == 0 else ("user", "net")
+        self._fds = {
+            kind: os.open(f"/proc/{holder.pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+            for kind in kinds
+        }
+        ours = f"/proc/{os.getpid()}/fd"
+        self.enter: list[str] = [_nsenter() or "nsenter"]
+        if "user" in self._fds:
+            self.enter += [f"--user={ours}/{self._fds['user']}", "--preserve-credentials"]
+        self.enter.append(f"--net={ours}/{self._fds['net']}")
 
     @classmethod
     def create(cls) -> NetworkNamespace:
@@ -130,8 +137,12 @@ class NetworkNamespace:
 
     def close(self) -> None:
         """End the holder (EOF on its pipe; SIGKILL after STOP_TIMEOUT) and close the
-        listener. Blocking for at most STOP_TIMEOUT. Idempotent."""
+        listener and the namespace's descriptors. Blocking for at most STOP_TIMEOUT.
+        Idempotent."""
         self.listener.close()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
         _stop(self._holder)
 
 
