@@ -43,8 +43,13 @@ class Far:
     lan: str
     metadata: str
     port: int
+    log: Path  # the server's request log
 
     SECRET = "FAR-HOST-SECRET"
+
+    def requests(self) -> int:
+        """How many requests reached the far hosts so far."""
+        return self.log.read_text().count('"GET ')
 
 
 def _ip(*args: str) -> None:
@@ -66,6 +71,7 @@ def far_hosts_made(tmp_path: Path) -> Iterator[Far]:
     (tmp_path / "far").mkdir()
     (tmp_path / "far" / "index.html").write_text(Far.SECRET)
     server: subprocess.Popen[str] | None = None
+    log = (tmp_path / "far.log").open("w")
     try:
         _ip("netns", "add", ns)
         _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
@@ -94,18 +100,20 @@ def far_hosts_made(tmp_path: Path) -> Iterator[Far]:
                 str(tmp_path / "far"),
             ],
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=log,
             text=True,
         )
         assert server.stdout is not None
         ready = server.stdout.readline()  # "Serving HTTP on 0.0.0.0 port N ..."
-        yield Far(f"{subnet}.5", "169.254.169.254", int(ready.split(" port ")[1].split()[0]))
+        port = int(ready.split(" port ")[1].split()[0])
+        yield Far(f"{subnet}.5", "169.254.169.254", port, tmp_path / "far.log")
     finally:
         if server is not None:
             server.kill()
             server.wait()
             assert server.stdout is not None
             server.stdout.close()
+        log.close()
         for args in (
             ("route", "del", "169.254.169.254/32", "via", f"{subnet}.5"),
             ("link", "del", outer),

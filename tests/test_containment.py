@@ -560,6 +560,7 @@ async def test_a_lan_and_a_metadata_host_are_refused_from_exec(
     )
     out = results[1]
     assert Far.SECRET not in out, out
+    assert far_hosts.requests() == 0  # nothing reached the LAN or the metadata host
     assert f"nanobot: {far_hosts.lan} is a private address" in out
     assert "nanobot: 169.254.169.254 is a cloud metadata address" in out
     assert out.count("unreachable") == 2

@@ -643,6 +643,7 @@ async def test_a_lan_and_a_metadata_host_are_refused_through_the_sandbox(
             + f" python3 direct.py {targets}; python3 connect.py {targets}",
         )
     assert Far.SECRET not in out, out
+    assert far_hosts.requests() == 2  # the host's own two, none from the sandbox
     assert f"nanobot: {far_hosts.lan} is a private address" in out
     assert "nanobot: 169.254.169.254 is a cloud metadata address" in out
     assert out.count("unreachable") == 2 and out.count("403 Forbidden") == 2
