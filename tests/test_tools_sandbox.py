@@ -13,6 +13,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -721,3 +722,42 @@ def _runs_as_nobody(python: str) -> bool:
         check=False,
     )
     return probe_run.stdout.strip() == str(sys.version_info[:2])
+
+
+_GATEWAY_STAND_IN = """
+import sys, time
+sys.path[:0] = sys.argv[1:]
+from nanobot.tools.netns import NetworkNamespace
+print(NetworkNamespace.create().pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.process  # a process standing for the gateway, which holds the namespace
+def test_the_holder_dies_with_a_gateway_killed_with_sigkill(tmp_path: Path) -> None:
+    script = tmp_path / "stand_in.py"
+    script.write_text(_GATEWAY_STAND_IN)
+    root = str(Path(__file__).resolve().parent.parent)
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    with subprocess.Popen(
+        [sys.executable, str(script), root, site], stdout=subprocess.PIPE, text=True
+    ) as gateway:
+        assert gateway.stdout is not None
+        holder = int(gateway.stdout.readline())
+        assert Path(f"/proc/{holder}/ns/net").exists()
+        gateway.kill()
+        gateway.wait()
+    # The holder is the stand-in's child: once orphaned and gone, init reaps it.
+    for _ in range(200):
+        if not _alive(holder):
+            break
+        time.sleep(0.025)
+    assert not _alive(holder)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
