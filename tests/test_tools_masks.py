@@ -69,3 +69,13 @@ def test_without_inotify_every_call_walks_again(tmp_path: Path) -> None:
     masks.close()  # as when the watch limit is reached
     made = private(tmp_path / "after" / "key")
     assert hidden(masks) == {str(made)}
+
+
+def test_a_first_walk_in_the_background_is_waited_for(tmp_path: Path) -> None:
+    keys = [private(tmp_path / f"d{n}" / "e" / "key") for n in range(50)]
+    masks = OwnerOnlyMasks([(tmp_path, True)], background=True)
+    masks.wait()
+    assert masks.ready
+    assert hidden(masks) == {str(k) for k in keys}
+    late = OwnerOnlyMasks([(tmp_path, True)], background=True)
+    assert hidden(late) == {str(k) for k in keys}  # args waits by itself

@@ -5,8 +5,12 @@ an SSH host key or a credentials file created after start under `/opt` or an int
 prefix: each must be masked, at each call. Walking those trees per call would cost tens of
 milliseconds (some 13,000 folders under a pyenv), so the walk is done once and inotify says
 which folders changed since (a file created, moved in or chmod-ed: IN_ATTRIB on a folder
-covers its entries); only those are walked again, when the next call asks. Where inotify is
-unavailable (its watch limit reached) every call walks everything: slower, never stale.
+covers its entries); only those are looked at again, when the next call asks.
+
+The first walk (a second for a big prefix) runs in a thread of its own from start-up; the
+first call that needs the masks waits for it. Where inotify is missing every call walks
+everything again (slower, never stale). Where its watch limit is reached part way, the
+folders left unwatched keep the masks of the first walk, and a warning says so.
 """
 
 from __future__ import annotations
@@ -40,21 +44,39 @@ class OwnerOnlyMasks:
     """bubblewrap arguments that hide, under each root, what others may not read.
 
     `roots`: the folders to watch, and whether to look below their first level. Folders
-    under `skip` (the workspace) are not looked into. Not thread-safe: one caller (the event
-    loop's exec calls) at a time.
+    under `skip` (the workspace) are not looked into. `background`: make the first walk in
+    a thread of its own (`args` waits for it). Calls may come from any thread.
     """
 
-    def __init__(self, roots: Sequence[tuple[Path, bool]], skip: Sequence[Path] = ()) -> None:
+    def __init__(
+        self,
+        roots: Sequence[tuple[Path, bool]],
+        skip: Sequence[Path] = (),
+        *,
+        background: bool = False,
+    ) -> None:
         self._roots = list(roots)
         self._skip = tuple(skip)
         self._masks: dict[Path, list[str]] = {}  # folder -> masks of its own entries
         self._watches: dict[int, Path] = {}
         self._fd = _inotify()
+        self._watching = self._fd is not None  # False once the watch limit was reached
         self._stale = False
         self._lock = threading.Lock()
-        for root, recursive in self._roots:
-            self._walk(root, recursive=recursive)
-        self._args = self._flat()
+        self._args: list[str] = []
+        self._ready = threading.Event()
+        if background:
+            # A daemon: a walk cut short by the process's exit leaves nothing behind.
+            threading.Thread(target=self._first_walk, name="sandbox masks", daemon=True).start()
+        else:
+            self._first_walk()
+
+    def _first_walk(self) -> None:
+        with self._lock:
+            for root, recursive in self._roots:
+                self._walk(root, recursive=recursive)
+            self._args = self._flat()
+        self._ready.set()
 
     @classmethod
     def shared(
@@ -66,11 +88,22 @@ class OwnerOnlyMasks:
         key = (tuple(roots), relevant)
         with _SHARED_LOCK:
             if key not in _SHARED:
-                _SHARED[key] = cls(roots, relevant)
+                _SHARED[key] = cls(roots, relevant, background=True)
             return _SHARED[key]
 
+    @property
+    def ready(self) -> bool:
+        """Whether the first walk is done (`args` would not wait)."""
+        return self._ready.is_set()
+
+    def wait(self) -> None:
+        """Block until the first walk is done."""
+        self._ready.wait()
+
     def args(self) -> list[str]:
-        """The masks as they are now (rescanning what changed since the last call)."""
+        """The masks as they are now (rescanning what changed since the last call). Blocks
+        until the first walk is done."""
+        self._ready.wait()
         with self._lock:
             if self._fd is None:
                 self._masks.clear()
@@ -162,7 +195,7 @@ class OwnerOnlyMasks:
                 self._walk(sub, recursive=True)
 
     def _watch(self, folder: Path) -> None:
-        if self._fd is None:
+        if self._fd is None or not self._watching:
             return
         wd = _LIBC.inotify_add_watch(self._fd, os.fsencode(folder), _IN_EVENTS)
         if wd >= 0:
@@ -170,11 +203,13 @@ class OwnerOnlyMasks:
             return
         if ctypes.get_errno() == 28:  # ENOSPC: the watch limit
             logger.warning(
-                "exec sandbox: inotify's watch limit is reached (fs.inotify.max_user_watches); "
-                "each command now rescans {} for private files, which is slower",
+                "exec sandbox: inotify's watch limit (fs.inotify.max_user_watches) is reached "
+                "after {} folders: files made private after start in the other folders of "
+                "{} stay visible to commands until nanobot restarts; raise the limit",
+                len(self._watches),
                 ", ".join(str(root) for root, _ in self._roots),
             )
-            self.close()
+            self._watching = False
 
 
 def mask(path: Path, *, directory: bool) -> list[str]:

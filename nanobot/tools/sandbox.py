@@ -128,6 +128,15 @@ class Sandbox(ABC):
         """Release what the sandbox holds (descriptors). Idempotent."""
 
     @property
+    def ready(self) -> bool:
+        """Whether `command` can build an argv at once; else `wait_ready` first (off the
+        event loop: it may take a second after start)."""
+        return True
+
+    def wait_ready(self) -> None:  # noqa: B027 - most sandboxes are ready at once
+        """Block until `ready`."""
+
+    @property
     def confined(self) -> bool:
         return True
 
@@ -171,18 +180,21 @@ class Bubblewrap(Sandbox):
         )
 
     def command(self, argv: Sequence[str], *, call: SandboxCall | None = None) -> list[str]:
+        return self._argv(argv, call, self._masks.args())
+
+    @property
+    def ready(self) -> bool:
+        return self._masks.ready
+
+    def wait_ready(self) -> None:
+        self._masks.wait()
+
+    def _argv(
+        self, argv: Sequence[str], call: SandboxCall | None, masks: Sequence[str]
+    ) -> list[str]:
         enter = list(self._network.enter) if self._network is not None else []
         seccomp = ["--seccomp", str(call.pass_fds[0])] if call and call.pass_fds else []
-        return [
-            *enter,
-            str(self.binary),
-            *self._head,
-            *self._masks.args(),
-            *self._tail,
-            *seccomp,
-            "--",
-            *argv,
-        ]
+        return [*enter, str(self.binary), *self._head, *masks, *self._tail, *seccomp, "--", *argv]
 
     @contextlib.contextmanager
     def call(self) -> Iterator[SandboxCall]:
@@ -219,7 +231,9 @@ class Bubblewrap(Sandbox):
             SandboxUnavailable: it did not run, with bubblewrap's reason.
         """
         with self._filter() as fds:
-            argv = self.command(["/bin/sh", "-c", "true"], call=SandboxCall({}, fds))
+            # Without the owner-only masks, whose first walk may still run: they are binds
+            # like the hidden paths' masks, which are in.
+            argv = self._argv(["/bin/sh", "-c", "true"], SandboxCall({}, fds), ())
             _run(argv, "a test command in the sandbox", pass_fds=fds)
 
     def close(self) -> None:

@@ -102,6 +102,8 @@ class ExecTool(Tool[ExecParams]):
                 raise ValueError(f"invalid exec deny pattern {pattern!r}: {exc}") from None
 
     async def run(self, args: ExecParams) -> str:
+        if not self.sandbox.ready:  # the masks' first walk, in the seconds after start
+            await asyncio.to_thread(self.sandbox.wait_ready)
         with self.sandbox.call() as call:
             return await self._run(args, call)
 
