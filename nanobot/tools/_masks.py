@@ -7,9 +7,10 @@ milliseconds (some 13,000 folders under a pyenv), so the walk is done once and i
 which folders changed since (a file created, moved in or chmod-ed: IN_ATTRIB on a folder
 covers its entries); only those are looked at again, when the next call asks.
 
-The first walk (a second for a big prefix) runs in a thread of its own from start-up; the
-first call that needs the masks waits for it. Where inotify is missing every call walks
-everything again (slower, never stale). Where its watch limit is reached part way, the
+The first walk (a second of CPU for a big prefix) runs in a thread of its own when the
+masks are first needed (the first exec call, which waits for it off the event loop), not at
+start-up: a start that runs no command pays nothing for it. Where inotify is missing every
+call walks everything again (slower, never stale). Where its watch limit is reached part way, the
 folders left unwatched keep the masks of the first walk, and a warning says so.
 """
 
@@ -45,7 +46,8 @@ class OwnerOnlyMasks:
 
     `roots`: the folders to watch, and whether to look below their first level. Folders
     under `skip` (the workspace) are not looked into. `background`: make the first walk in
-    a thread of its own (`args` waits for it). Calls may come from any thread.
+    a thread of its own, when first asked for (`args` waits for it). Calls may come from any
+    thread.
     """
 
     def __init__(
@@ -65,11 +67,17 @@ class OwnerOnlyMasks:
         self._lock = threading.Lock()
         self._args: list[str] = []
         self._ready = threading.Event()
-        if background:
-            # A daemon: a walk cut short by the process's exit leaves nothing behind.
-            threading.Thread(target=self._first_walk, name="sandbox masks", daemon=True).start()
-        else:
+        self._started = not background
+        if not background:
             self._first_walk()
+
+    def _begin(self) -> None:
+        with _SHARED_LOCK:
+            if self._started:
+                return
+            self._started = True
+        # A daemon: a walk cut short by the process's exit leaves nothing behind.
+        threading.Thread(target=self._first_walk, name="sandbox masks", daemon=True).start()
 
     def _first_walk(self) -> None:
         with self._lock:
@@ -93,17 +101,19 @@ class OwnerOnlyMasks:
 
     @property
     def ready(self) -> bool:
-        """Whether the first walk is done (`args` would not wait)."""
+        """Whether the first walk is done (`args` would not wait); starts it if need be."""
+        self._begin()
         return self._ready.is_set()
 
     def wait(self) -> None:
-        """Block until the first walk is done."""
+        """Block until the first walk is done (starting it if need be)."""
+        self._begin()
         self._ready.wait()
 
     def args(self) -> list[str]:
         """The masks as they are now (rescanning what changed since the last call). Blocks
         until the first walk is done."""
-        self._ready.wait()
+        self.wait()
         with self._lock:
             if self._fd is None:
                 self._masks.clear()
