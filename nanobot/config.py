@@ -310,12 +310,15 @@ class ExecConfig(Section):
     @model_validator(mode="wrap")
     @classmethod
     def _legacy(cls, data: Any, handler: Any) -> ExecConfig:
-        legacy = data.get("network") if isinstance(data, dict) else None
-        if isinstance(legacy, bool):
+        given = data.get("network") if isinstance(data, dict) else None
+        # YAML gives a bool; an environment variable (NANOBOT_TOOLS__EXEC__NETWORK) a string.
+        legacy = (
+            {"true": True, "false": False}.get(str(given).lower()) if given is not None else None
+        )
+        if legacy is not None:
             data = {**data, "network": "public" if legacy else "none"}
         config: ExecConfig = handler(data)
-        if isinstance(legacy, bool):
-            config._legacy_network = legacy
+        config._legacy_network = legacy
         return config
 
     @field_validator("allow_hosts")

@@ -444,6 +444,15 @@ def test_the_old_boolean_network_still_loads_as_a_mode(
     assert load(write(tmp_path, "")).tools.exec.legacy_network is None
 
 
+def test_the_old_boolean_from_the_environment_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NANOBOT_TOOLS__EXEC__NETWORK", "false")
+    assert load(write(tmp_path, "")).tools.exec.network == "none"
+    monkeypatch.setenv("NANOBOT_TOOLS__EXEC__NETWORK", "host")
+    assert load(write(tmp_path, "")).tools.exec.network == "host"
+
+
 def test_allow_hosts_are_checked_and_normalised(tmp_path: Path) -> None:
     text = "tools:\n  exec: {allow_hosts: ['127.0.0.1:11434', 'LocalHost.', '[::1]:80', '::1']}\n"
     config = load(write(tmp_path, text))

@@ -102,7 +102,7 @@ class ExecTool(Tool[ExecParams]):
                 raise ValueError(f"invalid exec deny pattern {pattern!r}: {exc}") from None
 
     async def run(self, args: ExecParams) -> str:
-        if not self.sandbox.ready:  # the masks' first walk, in the seconds after start
+        if not self.sandbox.ready:  # the masks' first walk, at the first call
             await asyncio.to_thread(self.sandbox.wait_ready)
         with self.sandbox.call() as call:
             return await self._run(args, call)
