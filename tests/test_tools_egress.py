@@ -18,7 +18,15 @@ from aiohttp import web
 
 from nanobot.allowed_hosts import AllowedHost
 from nanobot.tools.addresses import IPAddress
-from nanobot.tools.egress import MAX_CONTACTS, Contact, EgressProxy, EgressRecord, Streams
+from nanobot.tools.egress import (
+    MAX_CONNECTIONS,
+    MAX_CONTACTS,
+    MAX_TUNNELS_PER_CALL,
+    Contact,
+    EgressProxy,
+    EgressRecord,
+    Streams,
+)
 from tests.local_http import serving
 
 NAMES = {
@@ -305,3 +313,33 @@ def test_a_record_keeps_the_first_contacts_and_counts_the_rest() -> None:
     record.add(Contact("example.com", 443))
     assert len(record.contacts) == MAX_CONTACTS and record.more == 6
     assert record.used  # the connection it made is past the kept ones, and still counts
+
+
+async def test_connections_are_bounded_per_call_and_in_all() -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proxy = await start_proxy(f"127.0.0.1:{port}")
+    call = proxy.open_call()
+    mine = []
+    for _ in range(MAX_TUNNELS_PER_CALL):
+        head, _, writer = await ask(proxy, call, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n")
+        assert head.startswith("HTTP/1.1 200")
+        mine.append(writer)
+    head, reader, writer = await ask(proxy, call, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n")
+    assert head.startswith("HTTP/1.1 429")
+    assert "may hold 64 connections at once" in await body_of(head, reader)
+    mine.append(writer)
+    # Silent connections (no head) count too, up to the proxy's limit; past it, closed at once.
+    idle = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(MAX_CONNECTIONS)]
+    extra_reader, extra = await asyncio.open_connection("127.0.0.1", proxy.port)
+    assert await extra_reader.read() == b""
+    await proxy.close()
+    for writer in (*mine, *(w for _, w in idle), extra, *held):
+        writer.close()
+    server.close()
+    await server.wait_closed()

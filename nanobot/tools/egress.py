@@ -40,7 +40,11 @@ from nanobot.tools.addresses import (
 )
 
 HEAD_LIMIT = 64 * 1024
-HEAD_TIMEOUT = 30.0
+HEAD_TIMEOUT = 10.0
+# Connections the proxy holds at once, all calls together, and tunnels one call may hold:
+# each is a descriptor of the gateway's, which a command must not exhaust.
+MAX_CONNECTIONS = 256
+MAX_TUNNELS_PER_CALL = 64
 CONNECT_TIMEOUT = 10.0
 MAX_CONTACTS = 1000  # per call; a loop of requests must not grow the gateway's memory
 _CHUNK = 64 * 1024
@@ -158,6 +162,9 @@ class EgressProxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._handlers) >= MAX_CONNECTIONS:
+            writer.close()  # before reading anything: the gateway's descriptors come first
+            return
         self._handlers.add(task)
         record: EgressRecord | None = None
         try:
@@ -165,6 +172,10 @@ class EgressProxy:
                 head = await reader.readuntil(b"\r\n\r\n")
             request = _parse_head(head)
             record = self._call_of(request.headers)
+            if len(record._tunnels) >= MAX_TUNNELS_PER_CALL:
+                raise Refused(
+                    429, f"nanobot: a command may hold {MAX_TUNNELS_PER_CALL} connections at once"
+                )
             record._tunnels.add(task)
             await self._serve(request, record, reader, writer)
         except Refused as exc:
@@ -318,7 +329,12 @@ def _authority(text: str, *, default_port: int | None) -> tuple[str, int]:
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, message: str) -> None:
-    reason = {400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required"}
+    reason = {
+        400: "Bad Request",
+        403: "Forbidden",
+        407: "Proxy Authentication Required",
+        429: "Too Many Requests",
+    }
     body = (message + "\n").encode()
     extra = 'Proxy-Authenticate: Basic realm="nanobot"\r\n' if status == 407 else ""
     writer.write(
