@@ -348,6 +348,7 @@ class Parts:
     journal: Journal
     approver: Approver
     provider: Provider
+    sandbox: Sandbox | None = None  # exec's, when exec is on
 
 
 def private_dir(path: Path) -> None:
@@ -405,7 +406,17 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
                     approver=approver,
                 )
                 yield Parts(
-                    db, loop, jobs, runner, tools, sessions, bus, journal, approver, provider
+                    db,
+                    loop,
+                    jobs,
+                    runner,
+                    tools,
+                    sessions,
+                    bus,
+                    journal,
+                    approver,
+                    provider,
+                    sandbox,
                 )
     finally:
         await provider.aclose()

@@ -28,7 +28,11 @@ _serial = itertools.count(1)
 
 
 def make_sandbox(kind: str, ws: Path) -> Sandbox:
-    return Unconfined() if kind == "none" else probe("bwrap", Confinement(ws, network="none"))
+    if kind == "none":
+        return Unconfined()
+    sandbox = probe("bwrap", Confinement(ws, network="none"))
+    sandbox.wait_ready()  # the masks' first walk, once per process: not a command's time
+    return sandbox
 
 
 @pytest.fixture(params=["bwrap", "none"])

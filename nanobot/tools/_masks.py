@@ -8,8 +8,9 @@ which folders changed since (a file created, moved in or chmod-ed: IN_ATTRIB on 
 covers its entries); only those are looked at again, when the next call asks.
 
 The first walk (a second of CPU for a big prefix) runs in a thread of its own when the
-masks are first needed (the first exec call, which waits for it off the event loop), not at
-start-up: a start that runs no command pays nothing for it. Where inotify is missing every
+masks are first needed (the first exec call, which waits for it off the event loop) or, in
+the gateway, just after start-up (`begin`): a one-shot start that runs no command pays
+nothing for it. Where inotify is missing every
 call walks everything again (slower, never stale). Where its watch limit is reached part way, the
 folders left unwatched keep the masks of the first walk, and a warning says so.
 """
@@ -71,7 +72,8 @@ class OwnerOnlyMasks:
         if not background:
             self._first_walk()
 
-    def _begin(self) -> None:
+    def begin(self) -> None:
+        """Start the first walk in the background, if not started yet."""
         with _SHARED_LOCK:
             if self._started:
                 return
@@ -102,12 +104,12 @@ class OwnerOnlyMasks:
     @property
     def ready(self) -> bool:
         """Whether the first walk is done (`args` would not wait); starts it if need be."""
-        self._begin()
+        self.begin()
         return self._ready.is_set()
 
     def wait(self) -> None:
         """Block until the first walk is done (starting it if need be)."""
-        self._begin()
+        self.begin()
         self._ready.wait()
 
     def args(self) -> list[str]:

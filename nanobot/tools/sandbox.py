@@ -136,6 +136,10 @@ class Sandbox(ABC):
     def wait_ready(self) -> None:  # noqa: B027 - most sandboxes are ready at once
         """Block until `ready`."""
 
+    def prepare(self) -> None:  # noqa: B027 - most sandboxes have nothing to prepare
+        """Start, in the background, what the first command would otherwise wait for (a
+        long-running gateway calls it; a one-shot `agent -m` need not). Returns at once."""
+
     @property
     def confined(self) -> bool:
         return True
@@ -188,6 +192,9 @@ class Bubblewrap(Sandbox):
 
     def wait_ready(self) -> None:
         self._masks.wait()
+
+    def prepare(self) -> None:
+        self._masks.begin()
 
     def _argv(
         self, argv: Sequence[str], call: SandboxCall | None, masks: Sequence[str]
