@@ -48,11 +48,13 @@ async def measure(workspace: Path) -> tuple[list[Metric], str]:
     tools = {
         "bubblewrap with limits": ExecTool(
             workspace,
-            sandbox=probe("bwrap", Confinement(workspace, hidden, tmp_size=limits.tmp_size)),
+            sandbox=probe(
+                "bwrap", Confinement(workspace, hidden, network="host", tmp_size=limits.tmp_size)
+            ),
             limits=enforcement,
         ),
         "bubblewrap without limits": ExecTool(
-            workspace, sandbox=probe("bwrap", Confinement(workspace, hidden))
+            workspace, sandbox=probe("bwrap", Confinement(workspace, hidden, network="host"))
         ),
         "no sandbox": ExecTool(workspace, sandbox=Unconfined()),
     }

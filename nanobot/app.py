@@ -62,13 +62,16 @@ from nanobot.store.leases import Leases
 from nanobot.store.members import BEAT_INTERVAL, Members
 from nanobot.store.wakeups import APPROVAL, CRON_CHANGED, PostgresWakeups
 from nanobot.tools.cron import CronTool
+from nanobot.tools.egress import EgressProxy
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from nanobot.tools.limits import NO_LIMITS, Enforcement, Limits, enforce, inspect, log_enforcement
 from nanobot.tools.message import MessageTool
+from nanobot.tools.netns import NamespaceError, NetworkNamespace
 from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.sandbox import (
     SANDBOX_ERROR_HINT,
     Confinement,
+    Network,
     Sandbox,
     SandboxUnavailable,
     Unavailable,
@@ -154,9 +157,10 @@ def _litellm_transport(config: Config, api_key: str | None) -> LiteLLMTransport:
     )
 
 
-def build_sandbox(config: Config) -> Sandbox:
+def build_sandbox(config: Config, network: Network | None = None) -> Sandbox:
     """The sandbox exec runs commands in, as `tools.exec.sandbox` says. Blocking (it tries
-    bubblewrap once): call it off the event loop.
+    bubblewrap once): call it off the event loop. `network`: how `network: public` commands
+    join their namespace and reach the proxy (see `open_sandbox`); required then.
 
     Raises:
         ConfigError: `sandbox: bwrap` and bubblewrap cannot run here.
@@ -173,12 +177,72 @@ def build_sandbox(config: Config) -> Sandbox:
         tmp_size=config.tools.exec.limits.tmp_size,
     )
     try:
-        return probe(config.tools.exec.sandbox, confinement)
+        return probe(config.tools.exec.sandbox, confinement, network=network)
     except SandboxUnavailable as exc:
         raise ConfigError(
             f"tools.exec.sandbox is bwrap, but bubblewrap cannot run here: {exc}. "
             f"{SANDBOX_ERROR_HINT}"
         ) from None
+
+
+def _public(config: Config) -> bool:
+    return config.tools.exec.network == "public" and config.tools.exec.sandbox != "none"
+
+
+def _no_namespace(config: Config, exc: NamespaceError) -> Sandbox:
+    """What exec gets where `network: public` cannot have its namespace: refused under
+    `sandbox: auto`, like a sandbox that cannot run; a start-up error under `bwrap`."""
+    reason = (
+        f"tools.exec.network is public, but {exc}. Set tools.exec.network: none (no network "
+        "for commands) or host (the host's network, loopback services included)"
+    )
+    if config.tools.exec.sandbox == "bwrap":
+        raise ConfigError(f"tools.exec.sandbox is bwrap, but {reason}. {SANDBOX_ERROR_HINT}")
+    return Unavailable(reason)
+
+
+@asynccontextmanager
+async def open_sandbox(config: Config) -> AsyncIterator[Sandbox | None]:
+    """The sandbox exec runs commands in (None when exec is off), said in the log, with, for
+    `network: public`, its network namespace and egress proxy running. On exit the proxy
+    stops, its tunnels in flight are closed and the namespace's holder ends.
+
+    Raises:
+        ConfigError: `sandbox: bwrap` and bubblewrap (or, for `public`, the namespace)
+            cannot work here.
+    """
+    if not config.tools.exec.enabled:
+        yield None
+        return
+    log_network(config)
+    namespace: NetworkNamespace | None = None
+    proxy: EgressProxy | None = None
+    try:
+        sandbox: Sandbox | None = None
+        if _public(config):
+            try:
+                # On the loop's thread: the holder's PDEATHSIG follows the thread that made it.
+                namespace = NetworkNamespace.create()
+            except NamespaceError as exc:
+                sandbox = _no_namespace(config, exc)
+            else:
+                proxy = EgressProxy(
+                    namespace.listener, allow_hosts=config.tools.exec.allowed_hosts()
+                )
+                await proxy.start()
+        if sandbox is None:
+            network = None if namespace is None else Network(tuple(namespace.enter), proxy)
+            sandbox = await asyncio.to_thread(build_sandbox, config, network)
+        log_sandbox(sandbox)
+        try:
+            yield sandbox
+        finally:
+            sandbox.close()
+    finally:
+        if proxy is not None:
+            await proxy.close()
+        if namespace is not None:
+            await asyncio.to_thread(namespace.close)
 
 
 def describe_sandbox(config: Config) -> str:
@@ -188,10 +252,42 @@ def describe_sandbox(config: Config) -> str:
     with tempfile.TemporaryDirectory(prefix="nanobot-status-") as spare:
         if not config.workspace_path.exists():  # not created before the first start
             config = config.model_copy(update={"workspace": Path(spare)})
+        namespace = None
         try:
-            return build_sandbox(config).description
+            if _public(config):
+                try:
+                    namespace = NetworkNamespace.create()
+                except NamespaceError as exc:
+                    return _no_namespace(config, exc).description
+            network = None if namespace is None else Network(tuple(namespace.enter))
+            sandbox = build_sandbox(config, network)
+            sandbox.close()
+            return sandbox.description
         except ConfigError as exc:
             return str(exc)
+        finally:
+            if namespace is not None:
+                namespace.close()
+
+
+def log_network(config: Config) -> None:
+    """Say once at start what an old `network: true/false` now means, and warn at every
+    start when commands share the host's network."""
+    exec_ = config.tools.exec
+    if exec_.legacy_network is not None:
+        logger.info(
+            "tools.exec.network: {} is the old form; it now means {} (public: a network of "
+            "its own, out only through nanobot's proxy to public addresses; none; host)",
+            str(exec_.legacy_network).lower(),
+            exec_.network,
+        )
+    if exec_.network == "host" and exec_.sandbox != "none":
+        logger.warning(
+            "tools.exec.network is host: sandboxed commands share this machine's network, "
+            "so they reach its loopback services (databases, Redis, nanobot's webhook port), "
+            "the LAN and cloud metadata addresses. The default, public, reaches only the "
+            "public internet."
+        )
 
 
 def exec_limits(config: Config) -> Limits:
@@ -314,6 +410,7 @@ class Parts:
     journal: Journal
     approver: Approver
     provider: Provider
+    sandbox: Sandbox | None = None  # exec's, when exec is on
 
 
 def private_dir(path: Path) -> None:
@@ -353,36 +450,47 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
     )
     budget = PromptBudget(config.agent.prompt_file_chars, config.agent.prompt_total_chars)
     context = ContextBuilder(config.workspace_path, timezone=settings.timezone, budget=budget)
-    sandbox, limits, reserve = None, None, build_reserve(config)
+    limits, reserve = None, build_reserve(config)
     if reserve is not None:
         await asyncio.to_thread(reserve.restore)  # before the sandbox, which hides it
-    if config.tools.exec.enabled:
-        sandbox = await asyncio.to_thread(build_sandbox, config)
-        log_sandbox(sandbox)
-        limits = await asyncio.to_thread(
-            partial(enforce, exec_limits(config), confined=sandbox.confined)
-        )
-        log_enforcement(limits)
     provider = build_provider(config)
     try:
-        await asyncio.to_thread(partial(provider.prepare, require_key=require_key))
-        async with await Database.open(config.store_target, reserve=reserve) as db:
-            jobs = Jobs(CronStore(db), config.timezone)
-            tools = build_tools(config, jobs, sandbox, limits=limits, reserve=reserve)
-            runner = Runner(provider, tools)
-            sessions = SessionStore(db)
-            bus, journal = MessageBus(), Journal(db)
-            approver = build_approver(config, db, journal, bus)
-            loop = AgentLoop(
-                provider,
-                runner,
-                sessions,
-                context,
-                settings,
-                usage=UsageLedger(db),
-                approver=approver,
-            )
-            yield Parts(db, loop, jobs, runner, tools, sessions, bus, journal, approver, provider)
+        async with open_sandbox(config) as sandbox:
+            if sandbox is not None:
+                limits = await asyncio.to_thread(
+                    partial(enforce, exec_limits(config), confined=sandbox.confined)
+                )
+                log_enforcement(limits)
+            await asyncio.to_thread(partial(provider.prepare, require_key=require_key))
+            async with await Database.open(config.store_target, reserve=reserve) as db:
+                jobs = Jobs(CronStore(db), config.timezone)
+                tools = build_tools(config, jobs, sandbox, limits=limits, reserve=reserve)
+                runner = Runner(provider, tools)
+                sessions = SessionStore(db)
+                bus, journal = MessageBus(), Journal(db)
+                approver = build_approver(config, db, journal, bus)
+                loop = AgentLoop(
+                    provider,
+                    runner,
+                    sessions,
+                    context,
+                    settings,
+                    usage=UsageLedger(db),
+                    approver=approver,
+                )
+                yield Parts(
+                    db,
+                    loop,
+                    jobs,
+                    runner,
+                    tools,
+                    sessions,
+                    bus,
+                    journal,
+                    approver,
+                    provider,
+                    sandbox,
+                )
     finally:
         await provider.aclose()
         if limits is not None:

@@ -37,6 +37,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from nanobot.allowed_hosts import AllowedHost
 from nanobot.durations import parse_duration
 from nanobot.errors import ConfigError
 from nanobot.sizes import parse_size
@@ -345,9 +346,41 @@ class ExecConfig(Section):
     # auto: bubblewrap where it works, else exec is refused (never run bare); bwrap: it must
     # work or start-up fails; none: no sandbox, commands run with nanobot's own rights.
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
-    network: bool = True  # whether sandboxed commands reach the network
+    # public: a network of its own, out only through nanobot's proxy to public addresses;
+    # none: no network; host: the host's own (its loopback services too).
+    network: Literal["public", "none", "host"] = "public"
+    allow_hosts: list[str] = Field(default_factory=list)  # host[:port] public may reach
     deny_patterns: list[str] | None = None
     limits: ExecLimitsConfig = Field(default_factory=ExecLimitsConfig)
+    # Set when the file said `network: true/false` (the old form): said once at start.
+    _legacy_network: bool | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _legacy(cls, data: Any, handler: Any) -> ExecConfig:
+        given = data.get("network") if isinstance(data, dict) else None
+        # YAML gives a bool; an environment variable (NANOBOT_TOOLS__EXEC__NETWORK) a string.
+        legacy = (
+            {"true": True, "false": False}.get(str(given).lower()) if given is not None else None
+        )
+        if legacy is not None:
+            data = {**data, "network": "public" if legacy else "none"}
+        config: ExecConfig = handler(data)
+        config._legacy_network = legacy
+        return config
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _hosts(cls, entries: list[str]) -> list[str]:
+        return [AllowedHost.parse(entry).text for entry in entries]
+
+    def allowed_hosts(self) -> tuple[AllowedHost, ...]:
+        return tuple(AllowedHost.parse(entry) for entry in self.allow_hosts)
+
+    @property
+    def legacy_network(self) -> bool | None:
+        """The old boolean the config gave for `network`, if it did."""
+        return self._legacy_network
 
     @field_validator("deny_patterns")
     @classmethod

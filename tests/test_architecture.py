@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "nanobot.proxies",
         "nanobot.workspace",
         "nanobot.sizes",
+        "nanobot.allowed_hosts",  # tools.exec.allow_hosts entries: the config and the proxy
     ),
     ("nanobot.tasks",),
     ("nanobot.lanes",),  # per-key lanes on the owned task set (issue 14 item 3)

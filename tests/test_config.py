@@ -268,9 +268,9 @@ def test_a_bad_duration_names_the_key(tmp_path: Path) -> None:
         load(write(tmp_path, "cron: {catch_up_window: soon}\n"))
 
 
-def test_exec_runs_sandboxed_with_network_by_default(tmp_path: Path) -> None:
+def test_exec_runs_sandboxed_with_the_public_network_by_default(tmp_path: Path) -> None:
     config = load(write(tmp_path, ""))
-    assert (config.tools.exec.sandbox, config.tools.exec.network) == ("auto", True)
+    assert (config.tools.exec.sandbox, config.tools.exec.network) == ("auto", "public")
     assert config.source == tmp_path / "config.yaml"
     with pytest.raises(ConfigError, match=r"tools.exec.sandbox: Input should be 'auto'"):
         load(write(tmp_path, "tools:\n  exec: {sandbox: docker}\n"))
@@ -492,3 +492,41 @@ def test_a_store_url_of_no_known_backend_names_the_key_not_the_secret(
     with pytest.raises(ConfigError, match=r"store\.url: unsupported store URL") as raised:
         load(write(tmp_path, f"store: {{url: '{url}'}}\n"))
     assert "hunter2" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("given", "mode"), [("true", "public"), ("false", "none")])
+def test_the_old_boolean_network_still_loads_as_a_mode(
+    tmp_path: Path, given: str, mode: str
+) -> None:
+    config = load(write(tmp_path, f"tools:\n  exec: {{network: {given}}}\n"))
+    assert config.tools.exec.network == mode
+    assert config.tools.exec.legacy_network is (given == "true")
+    assert load(write(tmp_path, "")).tools.exec.legacy_network is None
+
+
+def test_the_old_boolean_from_the_environment_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NANOBOT_TOOLS__EXEC__NETWORK", "false")
+    assert load(write(tmp_path, "")).tools.exec.network == "none"
+    monkeypatch.setenv("NANOBOT_TOOLS__EXEC__NETWORK", "host")
+    assert load(write(tmp_path, "")).tools.exec.network == "host"
+
+
+def test_allow_hosts_are_checked_and_normalised(tmp_path: Path) -> None:
+    text = "tools:\n  exec: {allow_hosts: ['127.0.0.1:11434', 'LocalHost.', '[::1]:80', '::1']}\n"
+    config = load(write(tmp_path, text))
+    assert config.tools.exec.allow_hosts == ["127.0.0.1:11434", "localhost", "[::1]:80", "[::1]"]
+    assert [(a.host, a.port) for a in config.tools.exec.allowed_hosts()][:2] == [
+        ("127.0.0.1", 11434),
+        ("localhost", None),
+    ]
+    for bad, said in (
+        ("'db:0'", "port must be a number from 1 to 65535"),
+        ("'http://db:5432'", "not a URL"),
+        ("':80'", "expected host"),
+    ):
+        with pytest.raises(ConfigError, match=rf"tools.exec.allow_hosts: .*{said}"):
+            load(write(tmp_path, f"tools:\n  exec: {{allow_hosts: [{bad}]}}\n"))
+    with pytest.raises(ConfigError, match=r"tools.exec.network: Input should be 'public'"):
+        load(write(tmp_path, "tools:\n  exec: {network: yes-please}\n"))

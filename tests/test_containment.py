@@ -12,6 +12,8 @@ nothing may be written outside the workspace; no process the attack started may 
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
 import os
 import signal
 import subprocess
@@ -33,6 +35,7 @@ from nanobot.tools.sandbox import Unavailable
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.fakes.telegram import FakeTelegram
 from tests.gateway_process import GatewayProcess
+from tests.sandbox_network import Far, far_hosts_made
 from tests.test_tools_shell import marker, sleepers
 
 API_KEY = "sk-containment-api-key-0123456789"
@@ -670,3 +673,211 @@ async def test_a_tainted_turn_cannot_fetch_a_new_host_without_a_card(
         finally:
             if process.process is not None and process.process.returncode is None:
                 await process.kill()
+
+
+# --- Issue 25 §1 and §3: the sandbox's own network, and what it can see ------------------
+# Through the real agent loop and the real sandbox, as `app.open_parts` builds them with the
+# default `tools.exec.network: public`.
+
+_PROBE = """
+import base64, os, socket, sys, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ.get("HTTP_PROXY", "http://none:none@127.0.0.1:9"))
+for target in sys.argv[1:]:
+    try:
+        if target.startswith("@"):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(3)
+            s.connect("\\0" + target[1:])
+        else:
+            host, port = target.rsplit(":", 1)
+            s = socket.create_connection((host, int(port)), timeout=3)
+        s.settimeout(3)
+        print("DIRECT", target, "CONNECTED", s.recv(100))
+    except OSError as exc:
+        print("DIRECT", target, "unreachable", type(exc).__name__)
+    if target.startswith("@"):
+        continue
+    s = socket.create_connection((proxy.hostname, proxy.port), timeout=5)
+    cred = base64.b64encode(f"{proxy.username}:{proxy.password}".encode()).decode()
+    auth = f"Proxy-Authorization: Basic {cred}"
+    s.sendall(f"CONNECT {target} HTTP/1.1\\r\\n{auth}\\r\\n\\r\\n".encode())
+    print("PROXY", target, s.recv(300).decode(errors="replace").split("\\r\\n")[0])
+"""
+
+
+def _write_probe() -> Step:
+    # The harness fills {templates} in every argument: the braces of the code stay braces.
+    return tool("write_file", path="probe.py", content=_PROBE.replace("{", "{{").replace("}", "}}"))
+
+
+@dataclass
+class Listeners:
+    """What listens on the host's own loopback, and what reached it."""
+
+    http: int
+    banner: int
+    abstract: str
+    reached: list[str] = field(default_factory=list)
+
+    SECRET = "LOOPBACK-SERVICE-SECRET"
+
+    def targets(self) -> str:
+        return f"127.0.0.1:{self.http} 127.0.0.1:{self.banner} {self.abstract}"
+
+
+@pytest.fixture
+async def listeners() -> AsyncIterator[Listeners]:
+    found = Listeners(0, 0, f"@nanobot-containment-{os.getpid()}-{id(object())}")
+
+    async def http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        found.reached.append("http")
+        await reader.readuntil(b"\r\n\r\n")
+        body = Listeners.SECRET.encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    async def banner(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        found.reached.append("banner")
+        writer.write(Listeners.SECRET.encode() + b"\n")
+        await writer.drain()
+        writer.close()
+
+    servers = [
+        await asyncio.start_server(http, "127.0.0.1", 0),
+        await asyncio.start_server(banner, "127.0.0.1", 0),
+        await asyncio.start_unix_server(banner, "\0" + found.abstract[1:]),
+    ]
+    found.http = servers[0].sockets[0].getsockname()[1]
+    found.banner = servers[1].sockets[0].getsockname()[1]
+    yield found
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.fixture
+def far_hosts(tmp_path: Path) -> Iterator[Far]:
+    with far_hosts_made(tmp_path) as far:
+        yield far
+
+
+def _with_exec(install: Install, settings: str) -> Config:
+    text = install.config.read_text().replace("  exec: {timeout: 10}\n", f"  exec: {settings}\n")
+    install.config.write_text(text)
+    return load(install.config)
+
+
+async def test_nothing_on_the_hosts_loopback_is_reachable_from_exec(
+    install: Install, config: Config, fake_llm: FakeLLM, listeners: Listeners
+) -> None:
+    # The test's listeners, and this machine's PostgreSQL, Redis and MariaDB where they run.
+    targets = f"{listeners.targets()} 127.0.0.1:5432 127.0.0.1:6379 127.0.0.1:3306"
+    results = await attack(
+        config,
+        install,
+        fake_llm,
+        (
+            _write_probe(),
+            ex(
+                f"python3 probe.py {targets}; curl -sS -m 5 --noproxy '' "
+                f"http://127.0.0.1:{listeners.http}/ 2>&1"
+            ),
+        ),
+    )
+    out = results[1]
+    assert listeners.reached == [], out  # nothing got to them, by any road
+    assert Listeners.SECRET not in out and "CONNECTED" not in out, out
+    assert out.count("unreachable") == 6
+    assert out.count("HTTP/1.1 403 Forbidden") == 5
+    assert "nanobot: 127.0.0.1 is a loopback address" in out
+
+
+async def test_a_loopback_service_named_in_allow_hosts_is_reachable(
+    install: Install, fake_llm: FakeLLM, listeners: Listeners
+) -> None:
+    config = _with_exec(install, f"{{timeout: 10, allow_hosts: ['127.0.0.1:{listeners.http}']}}")
+    results = await attack(
+        config,
+        install,
+        fake_llm,
+        (
+            ex(
+                f"curl -sS -m 5 http://127.0.0.1:{listeners.http}/model; echo; "
+                f"curl -sS -m 5 http://127.0.0.1:{listeners.banner}/ 2>&1"
+            ),
+        ),
+    )
+    assert results[0].startswith("exit code 0\n" + Listeners.SECRET), results[0]
+    assert listeners.reached == ["http"]  # the other port stays out
+    assert "127.0.0.1 is a loopback address" in results[0]
+
+
+async def test_a_lan_and_a_metadata_host_are_refused_from_exec(
+    install: Install, config: Config, fake_llm: FakeLLM, far_hosts: Far
+) -> None:
+    urls = " ".join(f"http://{h}:{far_hosts.port}/" for h in (far_hosts.lan, far_hosts.metadata))
+    results = await attack(
+        config,
+        install,
+        fake_llm,
+        (
+            _write_probe(),
+            ex(
+                f"for u in {urls}; do curl -sS -m 5 $u; echo; done; python3 probe.py "
+                f"{far_hosts.lan}:{far_hosts.port} {far_hosts.metadata}:{far_hosts.port}"
+            ),
+        ),
+    )
+    out = results[1]
+    assert Far.SECRET not in out, out
+    assert far_hosts.requests() == 0  # nothing reached the LAN or the metadata host
+    assert f"nanobot: {far_hosts.lan} is a private address" in out
+    assert "nanobot: 169.254.169.254 is a cloud metadata address" in out
+    assert out.count("unreachable") == 2
+
+
+async def test_home_is_not_a_place_to_plant_what_later_commands_run(
+    install: Install, config: Config, fake_llm: FakeLLM
+) -> None:
+    planted = install.workspace / "FSMONITOR-RAN"
+    results = await attack(
+        config,
+        install,
+        fake_llm,
+        (
+            ex(
+                f"git config --global core.fsmonitor 'touch {planted}'; "
+                "mkdir -p ~/.local/lib/python3/site-packages; echo 'import os' > ~/.bashrc; "
+                "ls -A ~"
+            ),
+            ex("git init -q repo && cd repo && git status --short; ls -A ~; echo home=$HOME"),
+        ),
+    )
+    assert not planted.exists(), results
+    assert results[1].rstrip().endswith("home=/home/nanobot"), results[1]
+    assert ".gitconfig" not in results[1] and ".bashrc" not in results[1]
+    assert not (install.workspace / ".gitconfig").exists()
+    assert not (install.home / ".gitconfig").exists()
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64 syscall numbers")
+async def test_a_key_in_the_hosts_keyring_is_not_readable_from_exec(
+    install: Install, config: Config, fake_llm: FakeLLM
+) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    name, value = f"nanobot-containment-{os.getpid()}", b"KEYRING-CONTAINMENT-SECRET"
+    key = libc.syscall(248, b"user", name.encode(), value, len(value), ctypes.c_int(-4))
+    assert key > 0
+    code = (
+        "import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+        "b = ctypes.create_string_buffer(64); "
+        f"k = l.syscall(250, 10, ctypes.c_int(-4), b'user', b'{name}', 0); "
+        "print('found', k, ctypes.get_errno(), l.syscall(250, 11, k, b, 64), b.value)"
+    )
+    try:
+        results = await attack(config, install, fake_llm, (ex(f'python3 -c "{code}"'),))
+    finally:
+        libc.syscall(250, 21, key)  # KEYCTL_INVALIDATE
+    assert "KEYRING-CONTAINMENT-SECRET" not in results[0]
+    assert "found -1 1 " in results[0], results[0]  # EPERM

@@ -46,7 +46,7 @@ IN_A_CGROUP = pytest.mark.skipif(
 
 
 def exec_tool(ws: Path, limits: Limits = SMALL, reserve: DiskReserve | None = None) -> ExecTool:
-    sandbox = probe("bwrap", Confinement(ws, tmp_size=limits.tmp_size))
+    sandbox = probe("bwrap", Confinement(ws, network="none", tmp_size=limits.tmp_size))
     return ExecTool(
         ws,
         sandbox=sandbox,
@@ -148,7 +148,7 @@ async def test_400_background_processes_stop_at_the_process_limit(tmp_path: Path
 async def test_a_fork_bomb_is_held_at_the_process_limit(tmp_path: Path) -> None:
     tool = ExecTool(
         tmp_path,
-        sandbox=probe("bwrap", Confinement(tmp_path)),
+        sandbox=probe("bwrap", Confinement(tmp_path, network="none")),
         timeout=3,
         limits=enforce(replace(SMALL, processes=64), confined=True),
     )

@@ -2,8 +2,9 @@
 
 The contract is: `/bin/sh -c command` inside the sandbox exec was given (see `sandbox.py`:
 bubblewrap, with only the workspace writable and nothing of nanobot's data visible), working
-directory the workspace, a minimal environment (PATH, HOME=the workspace, LANG, TERM=dumb; none
-of nanobot's API keys or tokens), and a deadline. The sandbox (or, unsandboxed, the shell) is
+directory the workspace, a minimal environment (PATH, LANG, TERM=dumb, and what the sandbox
+adds: HOME, a fresh empty folder per call, and the egress proxy's variables; none of
+nanobot's API keys or tokens), and a deadline. The sandbox (or, unsandboxed, the shell) is
 started in its own process group; when the command ends, times out or the call is cancelled,
 that group is stopped (SIGTERM, a short grace, SIGKILL). Inside bubblewrap that ends every
 process the command started, also those that left the group with `setsid` or a double fork:
@@ -26,7 +27,7 @@ import os
 import re
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -38,7 +39,7 @@ from nanobot.reserve import DiskReserve, Shortage
 from nanobot.sizes import format_size
 from nanobot.tools.base import Tool, ToolError, ToolParams
 from nanobot.tools.limits import KEY, NO_LIMITS, Enforcement, Scope, close_scope, open_scope
-from nanobot.tools.sandbox import Sandbox
+from nanobot.tools.sandbox import Sandbox, SandboxCall
 
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
     # rm with a recursive flag aimed at /, /*, ~ or $HOME
@@ -76,9 +77,12 @@ class ExecTool(Tool[ExecParams]):
     name = "exec"
     description = (
         "Run a shell command (/bin/sh -c) in the workspace directory and return its exit code "
-        "and combined stdout/stderr. It runs in a sandbox: only the workspace is writable "
-        "(and is HOME), files outside it are not visible, and background processes are "
-        "stopped when the command ends. No credentials or API keys are in its environment."
+        "and combined stdout/stderr. It runs in a sandbox: only the workspace is writable, "
+        "files outside it are not visible, HOME is a fresh empty folder each call (nothing "
+        "written there is kept; make a venv in the workspace for packages), the network (by "
+        "default) is the public internet only, through a proxy curl, pip, git and npm use by "
+        "themselves, and background processes are stopped when the command ends. No "
+        "credentials or API keys are in its environment."
     )
     params = ExecParams
 
@@ -107,7 +111,14 @@ class ExecTool(Tool[ExecParams]):
                 raise ValueError(f"invalid exec deny pattern {pattern!r}: {exc}") from None
 
     async def run(self, args: ExecParams) -> str:
-        self.sandbox.command(["/bin/sh", "-c", args.command])  # refused here if no sandbox
+        if not self.sandbox.ready:  # the masks' first walk, at the first call
+            await asyncio.to_thread(self.sandbox.wait_ready)
+        with self.sandbox.call() as call:
+            return await self._limited(args, call)
+
+    async def _limited(self, args: ExecParams, call: SandboxCall) -> str:
+        """`args.command` in the sandbox call `call`, within the command limits."""
+        self.sandbox.command(["/bin/sh", "-c", args.command], call=call)  # refused if none
         for pattern in self._deny:
             if pattern.search(args.command):
                 raise ToolError(
@@ -121,16 +132,19 @@ class ExecTool(Tool[ExecParams]):
         except OSError as exc:
             raise ToolError(f"could not set up the command's limits: {exc}") from None
         try:
-            return await self._run(args, scope)
+            return await self._run(args, call, scope)
         finally:
             await close_scope(scope)
 
-    async def _run(self, args: ExecParams, scope: Scope) -> str:
-        argv = scope.outer(self.sandbox.command(scope.inner(["/bin/sh", "-c", args.command])))
+    async def _run(self, args: ExecParams, call: SandboxCall, scope: Scope) -> str:
+        inner = scope.inner(["/bin/sh", "-c", args.command])
+        argv = scope.outer(self.sandbox.command(inner, call=call))
         timeout = min(args.timeout or self.timeout, self.timeout)
-        env = _minimal_env(self.workspace, self.sandbox.path)
+        env = _minimal_env(self.workspace, self.sandbox.path, call.env)
         try:
-            transport, shell = await _start(argv, self.workspace, env, self.max_output_bytes)
+            transport, shell = await _start(
+                argv, self.workspace, env, self.max_output_bytes, call.pass_fds
+            )
         except OSError as exc:
             raise ToolError(f"could not start the command: {exc}") from None
         pid = transport.get_pid()
@@ -214,7 +228,7 @@ class _Shell(asyncio.SubprocessProtocol):
 
 
 async def _start(
-    argv: Sequence[str], cwd: Path, env: dict[str, str], limit: int
+    argv: Sequence[str], cwd: Path, env: dict[str, str], limit: int, pass_fds: Sequence[int] = ()
 ) -> tuple[asyncio.SubprocessTransport, _Shell]:
     """Start `argv` in a new session, its output going to a `_Shell`.
 
@@ -234,6 +248,7 @@ async def _start(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=pass_fds,
         ),
         name="exec start",
     )
@@ -375,13 +390,16 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-def _minimal_env(workspace: Path, path: str) -> dict[str, str]:
-    """The whole environment a command sees: nothing of nanobot's secrets."""
+def _minimal_env(workspace: Path, path: str, sandbox: Mapping[str, str]) -> dict[str, str]:
+    """The whole environment a command sees: nothing of nanobot's secrets. `sandbox`: what
+    the sandbox adds for this call (HOME, the proxy variables); HOME is the workspace where
+    it gives none."""
     return {
         "PATH": path,
         "HOME": str(workspace),
         "LANG": os.environ.get("LANG") or "C.UTF-8",
         "TERM": "dumb",  # no colour codes or pagers in output meant for a model
+        **sandbox,
     }
 
 
