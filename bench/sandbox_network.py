@@ -4,7 +4,8 @@
    the process-group stop) with no sandbox (`sh -c true` bare), in bubblewrap on the host's
    network (`network: host`, today's behaviour before this issue), and in bubblewrap with a
    network of its own (`network: public`: nsenter into the shared namespace, the per-call
-   proxy credentials, the seccomp filter, the per-call masks, HOME's tmpfs). Target: public
+   proxy credentials, the seccomp filter, the per-call masks, HOME's tmpfs), and the last
+   with the default `tools.exec.limits` too (the default a user gets). Target: that default
    adds at most 10 ms per call to bare.
 2. `curl` of a loopback stand-in for a public server (an HTTP server on 127.0.0.1, named in
    allow_hosts), through the egress proxy from `public`, against curl of it directly from
@@ -27,6 +28,7 @@ from aiohttp import web
 from bench._common import Metric, format_table, write_results
 from nanobot.allowed_hosts import AllowedHost
 from nanobot.tools.egress import EgressProxy
+from nanobot.tools.limits import Limits, enforce
 from nanobot.tools.netns import NetworkNamespace
 from nanobot.tools.sandbox import Confinement, Network, Sandbox, Unconfined, probe
 from nanobot.tools.shell import ExecParams, ExecTool
@@ -70,6 +72,8 @@ async def measure(workspace: Path) -> list[Metric]:
     namespace = NetworkNamespace.create()
     proxy = EgressProxy(namespace.listener, allow_hosts=[AllowedHost("127.0.0.1", port)])
     await proxy.start()
+    limits = Limits()
+    enforcement = enforce(limits, confined=True)
     try:
         sandboxes: dict[str, Sandbox] = {
             "bare": Unconfined(workspace),
@@ -81,6 +85,16 @@ async def measure(workspace: Path) -> list[Metric]:
             ),
         }
         tools = {name: ExecTool(workspace, sandbox=s) for name, s in sandboxes.items()}
+        # The default: its own network and the default limits (tools.exec.limits).
+        tools["public with limits"] = ExecTool(
+            workspace,
+            sandbox=probe(
+                "bwrap",
+                Confinement(workspace, hidden, network="public", tmp_size=limits.tmp_size),
+                network=Network(tuple(namespace.enter), proxy),
+            ),
+            limits=enforcement,
+        )
         metrics = _exec_metrics(await _alternating(tools, "true"))
         curl = f"curl -sS -o /dev/null http://127.0.0.1:{port}/"
         fetched = await _alternating({k: tools[k] for k in ("host", "public")}, curl)
@@ -92,6 +106,7 @@ async def measure(workspace: Path) -> list[Metric]:
         metrics.append(Metric("added by the proxy to a curl", "ms", extra))
         return metrics
     finally:
+        enforcement.close()
         await proxy.close()
         namespace.close()
         await runner.cleanup()
@@ -99,14 +114,14 @@ async def measure(workspace: Path) -> list[Metric]:
 
 def _exec_metrics(times: dict[str, list[float]]) -> list[Metric]:
     metrics = [Metric(f"exec true, {name}", "ms", values) for name, values in times.items()]
-    for name in ("host", "public"):
+    for name in ("host", "public", "public with limits"):
         extra = [s - b for s, b in zip(times[name], times["bare"], strict=True)]
         metrics.append(
             Metric(
                 f"added by the sandbox, network {name}",
                 "ms",
                 extra,
-                target=TARGET_MS if name == "public" else None,
+                target=TARGET_MS if name == "public with limits" else None,
             )
         )
     extra = [p - h for p, h in zip(times["public"], times["host"], strict=True)]
