@@ -31,6 +31,7 @@ from nanobot.agent.loop import AgentLoop, LoopSettings
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
+from nanobot.agent.taint import Ledger
 from nanobot.agreement import agreement
 from nanobot.bus.events import ChatRef, Source
 from nanobot.bus.intake import EventIntake
@@ -57,6 +58,7 @@ from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
 from nanobot.store.leases import Leases
 from nanobot.store.members import BEAT_INTERVAL, Members
+from nanobot.store.taint import TaintStore
 from nanobot.store.wakeups import APPROVAL, CRON_CHANGED, PostgresWakeups
 from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
@@ -72,6 +74,7 @@ from nanobot.tools.sandbox import (
 )
 from nanobot.tools.shell import DEFAULT_DENY_PATTERNS, ExecTool
 from nanobot.tools.spawn import SpawnTool
+from nanobot.tools.taint import TaintLedger
 from nanobot.tools.web import WebFetchTool, WebSearchTool
 from nanobot.workspace import copy_template
 
@@ -200,18 +203,22 @@ def log_sandbox(sandbox: Sandbox) -> None:
 
 
 def build_tools(
-    config: Config, jobs: Jobs | None = None, sandbox: Sandbox | None = None
+    config: Config,
+    jobs: Jobs | None = None,
+    sandbox: Sandbox | None = None,
+    ledger: TaintLedger | None = None,
 ) -> ToolRegistry:
     """The built-in tools, configured from `config.tools` (and `cron` when `jobs` is given).
 
-    exec is registered when it is enabled and `sandbox` is given (see `build_sandbox`)."""
+    exec is registered when it is enabled and `sandbox` is given (see `build_sandbox`). The
+    file tools and exec follow taint through `ledger` when it is given."""
     tools, workspace = config.tools, config.workspace_path
     restrict = tools.restrict_to_workspace
     registry = ToolRegistry(
         [
-            ReadFileTool(workspace, restrict=restrict),
-            WriteFileTool(workspace, restrict=restrict),
-            EditFileTool(workspace, restrict=restrict),
+            ReadFileTool(workspace, restrict=restrict, ledger=ledger),
+            WriteFileTool(workspace, restrict=restrict, ledger=ledger),
+            EditFileTool(workspace, restrict=restrict, ledger=ledger),
             ListDirTool(workspace, restrict=restrict),
             WebSearchTool(tools.web.search_api_key.get_secret_value() or None),
             WebFetchTool(
@@ -230,6 +237,7 @@ def build_tools(
                 sandbox=sandbox,
                 timeout=tools.exec.timeout,
                 deny_patterns=DEFAULT_DENY_PATTERNS if deny is None else deny,
+                ledger=ledger,
             )
         )
     if jobs is not None and config.cron.enabled:
@@ -297,7 +305,8 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
         await asyncio.to_thread(partial(provider.prepare, require_key=require_key))
         async with await Database.open(config.store_target) as db:
             jobs = Jobs(CronStore(db), config.timezone)
-            tools = build_tools(config, jobs, sandbox)
+            ledger = Ledger(TaintStore(db), config.workspace_path)
+            tools = build_tools(config, jobs, sandbox, ledger)
             runner = Runner(provider, tools)
             sessions = SessionStore(db)
             bus, journal = MessageBus(), Journal(db)
@@ -310,6 +319,7 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
                 settings,
                 usage=UsageLedger(db),
                 approver=approver,
+                ledger=ledger,
             )
             yield Parts(db, loop, jobs, runner, tools, sessions, bus, journal, approver, provider)
     finally:

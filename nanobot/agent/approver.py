@@ -85,6 +85,8 @@ class RunApproval:
     def observe(self, event: RunEvent) -> None:
         if event.kind == "tool_end" and event.tool_call is not None:
             self.taint = self.taint.after(event.tool_call.name)
+            for source in event.taint:  # what the result says it carries (a tainted file)
+                self.taint = self.taint.with_source(source)
 
 
 class Approver:

@@ -7,12 +7,14 @@ exist), never on the time. The time travels in a short envelope on each user mes
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, tzinfo
 from pathlib import Path
 
 from nanobot.agent._files import same, text_cache
 from nanobot.agent.memory import Memory
 from nanobot.agent.skills import Skills
+from nanobot.agent.taint import as_data
 from nanobot.providers.base import Message
 from nanobot.workspace import Workspace
 
@@ -54,6 +56,7 @@ class ContextBuilder:
         self._paths = tuple(workspace / name for name in PROMPT_FILES)
         self._identity = _identity(workspace)
         self._parts: tuple[str | None, ...] = ()
+        self._tainted: Mapping[str, str] = {}
         self._prompt = ""
 
     @property
@@ -69,37 +72,46 @@ class ContextBuilder:
     def skills(self) -> Skills:
         return self._skills
 
-    def system_prompt(self, now: datetime | None = None) -> str:
+    def prompt_paths(self, now: datetime | None = None) -> tuple[Path, ...]:
+        """The workspace files `system_prompt(now)` shows: the prompt files and memory."""
+        return (*self._paths, *self._memory.paths(self._memory.today(now)))
+
+    def system_prompt(
+        self, now: datetime | None = None, tainted: Mapping[str, str] | None = None
+    ) -> str:
         """The system prompt for a model call at `now` (default: the current time).
 
         Layout: who nanobot is and how its workspace works; AGENTS.md, SOUL.md, USER.md and
         TOOLS.md; memory (long-term, today's and yesterday's notes); the skills list; the
         bodies of `always` skills. Empty or missing files are left out. `now` only selects
-        the daily notes; the prompt never contains the time.
+        the daily notes; the prompt never contains the time. `tainted`: the files among
+        `prompt_paths` that hold content from outside (workspace-relative path → where it
+        came from), each shown as data inside the untrusted-content markers.
         """
+        tainted = tainted or {}
         summary, inlined = self._skills.prompt_parts()
         parts = (
             *(self._files.get(path) for path in self._paths),
-            self._memory.prompt(self._memory.today(now)),
+            self._memory.prompt(self._memory.today(now), tainted),
             summary,
             inlined,
         )
-        if same(parts, self._parts):
+        if same(parts, self._parts) and tainted == self._tainted:
             return self._prompt
-        prompt = self._render(parts)
-        self._parts = parts
+        prompt = self._render(parts, tainted)
+        self._parts, self._tainted = parts, dict(tainted)
         # A file saved without changes gives an equal prompt: keep the old object so callers
         # comparing by identity see no change.
         if prompt != self._prompt:
             self._prompt = prompt
         return self._prompt
 
-    def _render(self, parts: tuple[str | None, ...]) -> str:
+    def _render(self, parts: tuple[str | None, ...], tainted: Mapping[str, str]) -> str:
         *files, memory, summary, inlined = parts
         sections = [self._identity]
         for name, text in zip(PROMPT_FILES, files, strict=True):
             if text is not None and text.strip():
-                sections.append(f"## {name}\n\n{text.strip()}")
+                sections.append(f"## {name}\n\n{as_data(name, text.strip(), tainted)}")
         if memory:
             sections.append(memory)
         if summary:

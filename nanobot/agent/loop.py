@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Literal
@@ -33,11 +33,13 @@ from nanobot.agent.run import (
     listeners,
 )
 from nanobot.agent.runner import Runner
+from nanobot.agent.taint import Ledger, in_prompt
 from nanobot.bus.events import QueueMode
 from nanobot.lanes import Lanes
 from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import NewEntry, SessionStore, UsageLedger
 from nanobot.tools.base import SendText, ToolContext, current_context
+from nanobot.tools.taint import TurnTaint
 from nanobot.workspace import Workspace
 
 Delivery = Literal["one", "all"]
@@ -64,6 +66,7 @@ class TurnRequest:
     on_start: Callable[[], None] | None = None  # called once its turn has a slot and starts
     thread_id: str | None = None  # the thread or topic of the chat, where there is one
     caller: Caller | None = None  # who asks for approvals; None: no call is asked about
+    files: tuple[Path, ...] = ()  # files sent with it, saved under the inbox (for the ledger)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +136,12 @@ class AgentLoop:
         *,
         usage: UsageLedger | None = None,
         approver: Approver | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
+        """`ledger`: the taint ledger; with it, files sent in a chat are recorded with their
+        sender, and prompt files it marks are shown as data and taint every turn."""
         self._provider = provider
+        self._ledger = ledger
         self.approver = approver
         self._runner = runner
         self._sessions = sessions
@@ -177,6 +184,9 @@ class AgentLoop:
             StoreError: the session could not be read or the user's message not stored.
         """
         key = request.session_key
+        if request.files and self._ledger is not None:
+            where = f"{request.channel} chat {request.chat_id}"
+            await self._ledger.received(request.files, where, request.sender_id or "?", key)
         lane = self._queued.setdefault(key, _Queued())
         message = user_message(request.text, self._now())
         if request.images and self._provider.supports_vision():
@@ -244,7 +254,12 @@ class AgentLoop:
             if finished is not None:
                 return self._reply(lane, finished, finished.final_text)
             await self._record_interrupted(session_id)
-        system = self._context.system_prompt(self._now())
+        now = self._now()
+        tainted = {}
+        if self._ledger is not None:
+            tainted = await self._ledger.prompt_taint(self._context.prompt_paths(now))
+        system = self._context.system_prompt(now, tainted)
+        untrusted = (*(request.caller.untrusted if request.caller else ()), *in_prompt(tainted))
         budget = self._history_budget(system)
         window = await self._history.load(session_id, budget)
         if self._compactor.full(window, budget) and await self._counting_exactly():
@@ -269,11 +284,13 @@ class AgentLoop:
             request.send,
             thread_id=request.thread_id,
             private=request.caller.private if request.caller else True,
+            taint=TurnTaint(untrusted),
         )
+        caller = replace(request.caller, untrusted=untrusted) if request.caller else None
         token = current_context.set(context)
         try:
             result = await self._runner.run(
-                run, self._hooks(lane, request, session_id, run, window)
+                run, self._hooks(lane, replace(request, caller=caller), session_id, run, window)
             )
         finally:
             current_context.reset(token)

@@ -6,11 +6,13 @@ only knows where they are and shows the current ones to the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, tzinfo
 from pathlib import Path
 
 from nanobot.agent._files import same, text_cache
+from nanobot.agent.taint import as_data
 
 MEMORY_DIR = "memory"
 LONG_TERM_FILE = f"{MEMORY_DIR}/MEMORY.md"
@@ -23,6 +25,7 @@ class Note:
 
     title: str
     text: str
+    file: str = field(default="", compare=False)  # workspace-relative path (what `title` names)
 
 
 class Memory:
@@ -41,6 +44,7 @@ class Memory:
         self._day_paths: tuple[Path, Path] = (self._long_term, self._long_term)
         self._prompt_day: date | None = None
         self._texts: tuple[str | None, ...] = ()
+        self._tainted: Mapping[str, str] = {}
         self._prompt = ""
 
     def daily_path(self, day: date) -> Path:
@@ -57,6 +61,10 @@ class Memory:
             return now.date()
         return now.astimezone(self._timezone).date()
 
+    def paths(self, day: date) -> tuple[Path, ...]:
+        """The files `prompt(day)` shows: long-term memory, `day`'s and the day before's."""
+        return (self._long_term, *self._paths(day))
+
     def notes(self, day: date) -> tuple[Note, ...]:
         """Long-term memory, then `day`'s and the previous day's notes: only the files that
         exist and hold more than whitespace."""
@@ -70,25 +78,31 @@ class Memory:
         for title, path in files:
             text = self._files.get(path)
             if text is not None and text.strip():
-                notes.append(Note(title, text.strip()))
+                notes.append(Note(title, text.strip(), self._relative(path)))
         return tuple(notes)
 
-    def prompt(self, day: date) -> str:
+    def prompt(self, day: date, tainted: Mapping[str, str] | None = None) -> str:
         """The notes of `notes(day)` as prompt sections, each headed by its title; "" when
-        there are none. Returns the same object while no file changed and `day` is the same.
+        there are none. A note whose file `tainted` names (workspace-relative path → where
+        its content came from) is shown as data (`taint.as_data`). Returns the same object
+        while no file changed and `day` and `tainted` are the same.
         """
+        tainted = tainted or {}
         today, yesterday = self._paths(day)
         texts = (
             self._files.get(self._long_term),
             self._files.get(today),
             self._files.get(yesterday),
         )
-        if day == self._prompt_day and same(texts, self._texts):
+        if day == self._prompt_day and same(texts, self._texts) and tainted == self._tainted:
             return self._prompt
         # `notes` reads the same cached objects, so this costs three more stat() calls, and
         # only when something changed.
-        rendered = "\n\n".join(f"## {note.title}\n\n{note.text}" for note in self.notes(day))
-        self._prompt_day, self._texts = day, texts
+        rendered = "\n\n".join(
+            f"## {note.title}\n\n{as_data(note.file, note.text, tainted)}"
+            for note in self.notes(day)
+        )
+        self._prompt_day, self._texts, self._tainted = day, texts, dict(tainted)
         if rendered != self._prompt:
             self._prompt = rendered
         return self._prompt

@@ -326,6 +326,16 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX inbound_unclaimed ON inbound (id) WHERE state = 'pending' AND claimed_by IS NULL;
     """,
+    # 18: the taint ledger (`store.taint`): workspace files holding content from outside,
+    # with where it came from, so it stays untrusted when read back in any later turn.
+    """
+    CREATE TABLE taint (
+        path TEXT PRIMARY KEY,  -- relative to the workspace (absolute outside it)
+        source TEXT NOT NULL,
+        session_key TEXT NOT NULL,  -- the session whose turn wrote or received it
+        marked_at TEXT NOT NULL
+    );
+    """,
 )
 
 

@@ -32,8 +32,10 @@ from pathlib import Path
 from loguru import logger
 from pydantic import Field
 
-from nanobot.tools.base import Tool, ToolError, ToolParams
+from nanobot.tools._exec_taint import ExecTaint
+from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult
 from nanobot.tools.sandbox import Sandbox
+from nanobot.tools.taint import Egress, TaintLedger
 
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
     # rm with a recursive flag aimed at /, /*, ~ or $HOME
@@ -85,8 +87,13 @@ class ExecTool(Tool[ExecParams]):
         timeout: float = 60,
         deny_patterns: Sequence[str] = DEFAULT_DENY_PATTERNS,
         max_output_bytes: int = MAX_OUTPUT_BYTES,
+        ledger: TaintLedger | None = None,
+        egress: Egress | None = None,
     ) -> None:
+        """`ledger` and `egress`: how the command's taint is followed (see `_exec_taint`)."""
         self.workspace = workspace
+        self.ledger = ledger
+        self.egress = egress
         self.sandbox = sandbox
         self.timeout = timeout
         self.max_output_bytes = max_output_bytes
@@ -97,7 +104,7 @@ class ExecTool(Tool[ExecParams]):
             except re.error as exc:
                 raise ValueError(f"invalid exec deny pattern {pattern!r}: {exc}") from None
 
-    async def run(self, args: ExecParams) -> str:
+    async def run(self, args: ExecParams) -> str | ToolResult:
         argv = self.sandbox.command(["/bin/sh", "-c", args.command])
         for pattern in self._deny:
             if pattern.search(args.command):
@@ -106,7 +113,8 @@ class ExecTool(Tool[ExecParams]):
                     f"{pattern.pattern!r}). If it is really needed, ask the user to run it."
                 )
         timeout = min(args.timeout or self.timeout, self.timeout)
-        env = _minimal_env(self.workspace, self.sandbox.path)
+        taint = await ExecTaint.before(args.command, self.workspace, self.ledger, self.egress)
+        env = {**_minimal_env(self.workspace, self.sandbox.path), **taint.env}
         try:
             transport, shell = await _start(argv, self.workspace, env, self.max_output_bytes)
         except OSError as exc:
@@ -115,12 +123,17 @@ class ExecTool(Tool[ExecParams]):
             timed_out = await _supervise(transport.get_pid(), shell, timeout)
         finally:
             transport.close()
+        output, sources = await taint.after(shell.text())
         if timed_out:
-            raise ToolError(
+            error = (
                 f"the command timed out after {timeout:g} s and was stopped. Output before "
-                f"that:\n{shell.text()}"
+                f"that:\n{output}"
             )
-        return f"{_describe_exit(transport.get_returncode())}\n{shell.text()}"
+            if not sources:
+                raise ToolError(error)
+            return ToolResult(f"Error: {error}", is_error=True, taint=sources)
+        text = f"{_describe_exit(transport.get_returncode())}\n{output}"
+        return ToolResult(text, taint=sources) if sources else text
 
 
 class _Shell(asyncio.SubprocessProtocol):
