@@ -25,6 +25,8 @@ from weakref import WeakValueDictionary
 from loguru import logger
 
 from nanobot.agent.approvals import (
+    DEFAULT_POLICIES,
+    UNTRUSTED_TOOLS,
     ApprovalPolicy,
     AskApprovers,
     AskHere,
@@ -84,8 +86,11 @@ class RunApproval:
 
     def observe(self, event: RunEvent) -> None:
         if event.kind == "tool_end" and event.tool_call is not None:
-            self.taint = self.taint.after(event.tool_call.name)
-            for source in event.taint:  # what the result says it carries (a tainted file)
+            name = event.tool_call.name
+            if name in UNTRUSTED_TOOLS or name not in DEFAULT_POLICIES:
+                self.taint = self.taint.after(name)
+                return
+            for source in event.taint:  # what its result carries: a marked file, a fetch
                 self.taint = self.taint.with_source(source)
 
 
