@@ -85,3 +85,19 @@ def test_a_tainted_memory_file_is_shown_as_data_for_everyone(workspace: Path) ->
     assert both.count("</untrusted_content>") == 2  # USER.md's own marker is defused
     assert context.system_prompt(NOW, tainted) == prompt  # the marks are part of its key
     assert context.system_prompt(NOW) == clean
+
+
+async def test_one_marked_skill_shows_every_skill_as_data(ledger: Ledger, workspace: Path) -> None:
+    skill = workspace / "skills" / "zzz" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text(f"---\ndescription: Newest.\nalways: true\n---\n{INJECTION}\n")
+    context = ContextBuilder(workspace, skills=Skills(workspace, env={"PATH": ""}))
+    await ledger.mark(["skills/zzz/SKILL.md"], "written by a turn that had read X", replace=True)
+    tainted = await ledger.prompt_taint(context.prompt_paths(NOW), under=[context.skills_dir])
+    assert tainted == {"skills/zzz/SKILL.md": "written by a turn that had read X"}
+    prompt = context.system_prompt(NOW, tainted)
+    source = "skills, skills/zzz/SKILL.md, written by a turn that had read X"
+    label = f'<untrusted_content source="{source}">'
+    assert prompt.count(label) == 2  # the list of skills, and the body loaded always
+    at = prompt.index(INJECTION)
+    assert prompt.rindex(label, 0, at) > prompt.rindex("</untrusted_content>", 0, at)

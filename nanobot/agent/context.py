@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nanobot.agent._files import same, text_cache
 from nanobot.agent.memory import Memory
-from nanobot.agent.skills import Skills
+from nanobot.agent.skills import SKILLS_DIR, Skills
 from nanobot.agent.taint import as_data
 from nanobot.providers.base import Message
 from nanobot.workspace import Workspace
@@ -73,8 +73,13 @@ class ContextBuilder:
         return self._skills
 
     def prompt_paths(self, now: datetime | None = None) -> tuple[Path, ...]:
-        """The workspace files `system_prompt(now)` shows: the prompt files and memory."""
+        """The workspace files `system_prompt(now)` shows: the prompt files and memory (and
+        the skills, under `skills_dir`)."""
         return (*self._paths, *self._memory.paths(self._memory.today(now)))
+
+    @property
+    def skills_dir(self) -> Path:
+        return self._skills.directory
 
     def system_prompt(
         self, now: datetime | None = None, tainted: Mapping[str, str] | None = None
@@ -85,8 +90,9 @@ class ContextBuilder:
         TOOLS.md; memory (long-term, today's and yesterday's notes); the skills list; the
         bodies of `always` skills. Empty or missing files are left out. `now` only selects
         the daily notes; the prompt never contains the time. `tainted`: the files among
-        `prompt_paths` that hold content from outside (workspace-relative path → where it
-        came from), each shown as data inside the untrusted-content markers.
+        `prompt_paths` and under `skills_dir` that hold content from outside
+        (workspace-relative path → where it came from), each shown as data inside the
+        untrusted-content markers (the skills all together, when one of them is).
         """
         tainted = tainted or {}
         summary, inlined = self._skills.prompt_parts()
@@ -114,10 +120,14 @@ class ContextBuilder:
                 sections.append(f"## {name}\n\n{as_data(name, text.strip(), tainted)}")
         if memory:
             sections.append(memory)
+        # Skills are many files: one marked among them shows all of them as data.
+        marked = {k: v for k, v in tainted.items() if k.startswith(f"{SKILLS_DIR}/")}
+        skills = {SKILLS_DIR: "; ".join(f"{k}, {v}" for k, v in marked.items())} if marked else {}
         if summary:
-            sections.append(f"## Skills\n\n{_SKILLS_PREAMBLE}\n\n{summary}")
+            listed = as_data(SKILLS_DIR, summary, skills)
+            sections.append(f"## Skills\n\n{_SKILLS_PREAMBLE}\n\n{listed}")
         if inlined:
-            sections.append(inlined)
+            sections.append(as_data(SKILLS_DIR, inlined, skills))
         return "\n\n".join(sections) + "\n"
 
 

@@ -257,7 +257,9 @@ class AgentLoop:
         now = self._now()
         tainted = {}
         if self._ledger is not None:
-            tainted = await self._ledger.prompt_taint(self._context.prompt_paths(now))
+            tainted = await self._ledger.prompt_taint(
+                self._context.prompt_paths(now), under=[self._context.skills_dir]
+            )
         system = self._context.system_prompt(now, tainted)
         untrusted = (*(request.caller.untrusted if request.caller else ()), *in_prompt(tainted))
         budget = self._history_budget(system)

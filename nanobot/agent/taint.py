@@ -71,11 +71,15 @@ class Ledger:
         source = f"{RECEIVED} ({where}, from {sender_id})"
         await self._store.mark(keys, cut(source), replace=True, session_key=session_key)
 
-    async def prompt_taint(self, paths: Sequence[Path]) -> dict[str, str]:
-        """Which of the prompt and memory files at `paths` (absolute) hold content from
-        outside: their keys (workspace-relative paths) and where it came from."""
+    async def prompt_taint(
+        self, paths: Sequence[Path], *, under: Sequence[Path] = ()
+    ) -> dict[str, str]:
+        """Which of the prompt and memory files at `paths`, and the files below the folders
+        `under` (the skills), hold content from outside: their keys (workspace-relative
+        paths) and where it came from. One lookup."""
         keys = [key(self._workspace, p) for p in paths]
-        return {m.path: m.source for m in await self.marks(keys)}
+        folders = [key(self._workspace, p) for p in under]
+        return {m.path: m.source for m in await self.marks(keys, under=folders)}
 
     def _in_inbox(self, path: str) -> bool:
         return path == self._inbox or path.startswith(self._inbox + "/")
