@@ -199,3 +199,58 @@ async def test_a_tainted_turns_command_marks_what_it_changed_and_clears_what_it_
     assert "d/b.txt" in marks
     await tool.run(ExecParams(command="rm notes.md"))
     assert "notes.md" not in {m.path for m in await store.all()}
+
+
+class RecordedWatch:
+    """An egress path's view of one command, as the proxy will give it."""
+
+    def __init__(self, hosts: tuple[str, ...]) -> None:
+        self.env = {"EGRESS_TAG": "cmd-1"}
+        self._hosts = hosts
+        self.closed = False
+
+    def hosts(self) -> tuple[str, ...]:
+        return self._hosts
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class RecordedEgress:
+    def __init__(self, hosts: tuple[str, ...]) -> None:
+        self.watches: list[RecordedWatch] = []
+        self._hosts = hosts
+
+    def watch(self) -> RecordedWatch:
+        self.watches.append(RecordedWatch(self._hosts))
+        return self.watches[-1]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "command", "taint"),
+    [
+        (
+            ("example.com",),
+            "echo $EGRESS_TAG",
+            ("the output of a command that reached example.com",),
+        ),
+        ((), "echo $EGRESS_TAG; echo curl https://example.com", ()),  # its word beats the fallback
+    ],
+)
+@pytest.mark.usefixtures("clean_turn")
+async def test_what_the_egress_path_saw_decides_whether_exec_fetched(
+    ws: Path,
+    store: TaintStore,
+    hosts: tuple[str, ...],
+    command: str,
+    taint: tuple[str, ...],
+) -> None:
+    egress = RecordedEgress(hosts)
+    tool = ExecTool(
+        ws, sandbox=probe("bwrap", Confinement(ws)), ledger=Ledger(store, ws), egress=egress
+    )
+    result = await tool.run(ExecParams(command=command))
+    text = result.content if isinstance(result, ToolResult) else result
+    assert "cmd-1" in text  # the command had the watch's variables
+    assert (result.taint if isinstance(result, ToolResult) else ()) == taint
+    assert [w.closed for w in egress.watches] == [True]

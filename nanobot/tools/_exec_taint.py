@@ -39,7 +39,8 @@ _OUTPUT_BUDGET = MAX_RESULT_CHARS - 1500
 
 @dataclass
 class ExecTaint:
-    """One call's taint bookkeeping: make it with `before`, finish it with `after`."""
+    """One call's taint bookkeeping: make it with `before`, run the command inside `with`
+    (which ends the egress watch), and finish with `after` once the command has ended."""
 
     command: str
     workspace: Path
@@ -67,6 +68,13 @@ class ExecTaint:
             command, workspace, ledger, current_context.get(), named, keys, watch, scan_start()
         )
 
+    def __enter__(self) -> ExecTaint:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.watch is not None:
+            self.watch.close()
+
     @property
     def env(self) -> Mapping[str, str]:
         """What the command's environment gains (the egress path's variables)."""
@@ -86,8 +94,6 @@ class ExecTaint:
         Raises:
             StoreError: the ledger could not be written (the command has run).
         """
-        if self.watch is not None:
-            self.watch.close()
         fetched = self.fetched()
         sources = (*self.named, *([fetched] if fetched else ()))
         turn = self.context.taint if self.context is not None else TurnTaint()

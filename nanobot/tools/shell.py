@@ -115,15 +115,16 @@ class ExecTool(Tool[ExecParams]):
         timeout = min(args.timeout or self.timeout, self.timeout)
         taint = await ExecTaint.before(args.command, self.workspace, self.ledger, self.egress)
         env = {**_minimal_env(self.workspace, self.sandbox.path), **taint.env}
-        try:
-            transport, shell = await _start(argv, self.workspace, env, self.max_output_bytes)
-        except OSError as exc:
-            raise ToolError(f"could not start the command: {exc}") from None
-        try:
-            timed_out = await _supervise(transport.get_pid(), shell, timeout)
-        finally:
-            transport.close()
-        output, sources = await taint.after(shell.text())
+        with taint:  # the egress watch ends with the command, however it ends
+            try:
+                transport, shell = await _start(argv, self.workspace, env, self.max_output_bytes)
+            except OSError as exc:
+                raise ToolError(f"could not start the command: {exc}") from None
+            try:
+                timed_out = await _supervise(transport.get_pid(), shell, timeout)
+            finally:
+                transport.close()
+            output, sources = await taint.after(shell.text())
         if timed_out:
             error = (
                 f"the command timed out after {timeout:g} s and was stopped. Output before "
