@@ -259,29 +259,29 @@ def scan_start() -> int:
 
 def changed_since(root: Path, since_ns: int, *, limit: int = SCAN_LIMIT) -> tuple[list[str], bool]:
     """Keys of the files under `root` whose inode changed at or after `since_ns` (ctime:
-    content, rename, links, mode; a command cannot set it back as it can the mtime), and
-    whether all of `root` was looked at (False past `limit` entries). Blocking: run it in a
-    thread. Symlinks are not followed; what one points to is its own entry if inside."""
+    content, rename, links, mode, times set back; a command cannot set it back as it can the
+    mtime), and whether all of `root` was looked at (False past `limit` entries). Blocking:
+    run it in a thread. Symlinks are not followed; what one points to is its own entry."""
+    top = os.path.realpath(root)
+    cut_at = len(top) + 1
     found: list[str] = []
     seen = 0
-    stack = [Path(os.path.realpath(root))]
-    top = stack[0]
+    stack = [top]
     while stack:
-        folder = stack.pop()
         try:
-            entries = list(os.scandir(folder))
+            scan = os.scandir(stack.pop())
         except OSError:
             continue
-        for entry in entries:
-            seen += 1
-            if seen > limit:
-                return found, False
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(Path(entry.path))
-            elif info.st_ctime_ns >= since_ns:
-                found.append(Path(entry.path).relative_to(top).as_posix())
+        with scan:
+            for entry in scan:
+                seen += 1
+                if seen > limit:
+                    return found, False
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.stat(follow_symlinks=False).st_ctime_ns >= since_ns:
+                        found.append(entry.path[cut_at:])
+                except OSError:
+                    continue
     return found, True
