@@ -254,14 +254,7 @@ class AgentLoop:
             if finished is not None:
                 return self._reply(lane, finished, finished.final_text)
             await self._record_interrupted(session_id)
-        now = self._now()
-        tainted = {}
-        if self._ledger is not None:
-            tainted = await self._ledger.prompt_taint(
-                self._context.prompt_paths(now), under=[self._context.skills_dir]
-            )
-        system = self._context.system_prompt(now, tainted)
-        untrusted = (*(request.caller.untrusted if request.caller else ()), *in_prompt(tainted))
+        system, untrusted = await self._system_prompt(request)
         budget = self._history_budget(system)
         window = await self._history.load(session_id, budget)
         if self._compactor.full(window, budget) and await self._counting_exactly():
@@ -301,6 +294,23 @@ class AgentLoop:
             await self._compactor.compact(session_id, window, budget)
         already_sent = result.status == "completed" and result.final_text in context.sent
         return self._reply(lane, result, None if already_sent else result.final_text)
+
+    async def _system_prompt(self, request: TurnRequest) -> tuple[str, tuple[str, ...]]:
+        """The system prompt, and what the turn starts out having read from outside: what
+        its caller brought (a file sent with the message) and the prompt, memory and skill
+        files the ledger marks (one lookup).
+
+        Raises:
+            StoreError: the ledger could not be read.
+        """
+        now = self._now()
+        tainted: dict[str, str] = {}
+        if self._ledger is not None:
+            tainted = await self._ledger.prompt_taint(
+                self._context.prompt_paths(now), under=[self._context.skills_dir]
+            )
+        brought = request.caller.untrusted if request.caller else ()
+        return self._context.system_prompt(now, tainted), (*brought, *in_prompt(tainted))
 
     async def _account(self, session_key: str, result: RunResult, window_tokens: int) -> None:
         self._fill[session_key] = window_tokens + self._prompt_tokens[1]
