@@ -477,6 +477,7 @@ async def build_gateway(
             beat.interval_minutes * 60,
             way_in.gate,
             ChatRef(target.channel, target.chat_id) if target else None,
+            ledger=Ledger(TaintStore(parts.db), config.workspace_path),
         )
         scheduled.append(("heartbeat", heartbeat.run))
         outcomes["heartbeat"] = heartbeat

@@ -20,6 +20,7 @@ from nanobot.workspace import Workspace
 
 PROMPT_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md")
 """Workspace files shown in the system prompt, in this order, each under its own heading."""
+HEARTBEAT_FILE = "HEARTBEAT.md"
 
 # Fixed English names: strftime("%a") follows the process locale, and the envelope must not.
 _WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -80,6 +81,11 @@ class ContextBuilder:
     @property
     def skills_dir(self) -> Path:
         return self._skills.directory
+
+    @property
+    def heartbeat_file(self) -> Path:
+        """HEARTBEAT.md: not in the prompt; the heartbeat hands it to its turns."""
+        return self._workspace / HEARTBEAT_FILE
 
     def system_prompt(
         self, now: datetime | None = None, tainted: Mapping[str, str] | None = None

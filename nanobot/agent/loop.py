@@ -20,7 +20,7 @@ from typing import Literal
 
 from nanobot.agent.approver import Approver, Caller
 from nanobot.agent.compaction import Compactor, shrink_tool_results
-from nanobot.agent.context import ContextBuilder, user_message
+from nanobot.agent.context import HEARTBEAT_FILE, ContextBuilder, user_message
 from nanobot.agent.history import History, Window, repair, summary_message
 from nanobot.agent.images import has_images, inline_images, with_images, without_images
 from nanobot.agent.run import (
@@ -39,7 +39,7 @@ from nanobot.lanes import Lanes
 from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import NewEntry, SessionStore, UsageLedger
 from nanobot.tools.base import SendText, ToolContext, current_context
-from nanobot.tools.taint import TurnTaint
+from nanobot.tools.taint import TurnTaint, cut
 from nanobot.workspace import Workspace
 
 Delivery = Literal["one", "all"]
@@ -307,9 +307,15 @@ class AgentLoop:
         tainted: dict[str, str] = {}
         if self._ledger is not None:
             tainted = await self._ledger.prompt_taint(
-                self._context.prompt_paths(now), under=[self._context.skills_dir]
+                (*self._context.prompt_paths(now), self._context.heartbeat_file),
+                under=[self._context.skills_dir],
             )
-        brought = request.caller.untrusted if request.caller else ()
+        brought = list(request.caller.untrusted if request.caller else ())
+        # HEARTBEAT.md is no part of the prompt: an unattended turn (the heartbeat's, or a
+        # cron job's, which cannot be told apart here) may have been handed it.
+        beat = tainted.pop(HEARTBEAT_FILE, None)
+        if beat is not None and request.caller is not None and request.caller.unattended:
+            brought.append(cut(f"{HEARTBEAT_FILE}, {beat}"))
         return self._context.system_prompt(now, tainted), (*brought, *in_prompt(tainted))
 
     async def _account(self, session_key: str, result: RunResult, window_tokens: int) -> None:

@@ -88,6 +88,12 @@ class Ledger:
         folders = [key(self._workspace, p) for p in under]
         return {m.path: m.source for m in await self.marks(keys, under=folders)}
 
+    async def file_taint(self, path: Path) -> str | None:
+        """Where the content of the file at `path` (absolute) came from, if the ledger marks
+        it; None when it holds nothing from outside."""
+        found = await self.marks([key(self._workspace, path)])
+        return found[0].source if found else None
+
     def _in_inbox(self, path: str) -> bool:
         return path == self._inbox or path.startswith(self._inbox + "/")
 
