@@ -16,6 +16,7 @@ them (`nanobot.agent.taint`).
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shlex
@@ -158,8 +159,6 @@ def _expanded(word: str, root: Path) -> list[str]:
     target = str(root / word)  # an absolute `word` stays itself
     if not _GLOB.search(word):
         return [target]
-    import glob  # only commands with wildcards pay for it
-
     matches: list[str] = []
     for match in glob.iglob(target):  # noqa: PTH207 - a pattern that may be absolute
         matches.append(match)
