@@ -37,7 +37,9 @@ async def _time(tool: ExecTool, command: str) -> float:
 
 async def measure(workspace: Path) -> list[Metric]:
     sandboxes: dict[str, Sandbox] = {
-        "bwrap": probe("bwrap", Confinement(workspace, (workspace.parent / "data",))),
+        "bwrap": probe(
+            "bwrap", Confinement(workspace, (workspace.parent / "data",), network="none")
+        ),
         "none": Unconfined(),
     }
     tools = {name: ExecTool(workspace, sandbox=s) for name, s in sandboxes.items()}

@@ -36,8 +36,8 @@ def agreement(config: Config) -> dict[str, str]:
     - telegram, discord: whether enabled; if so the token, allow_from, approvers,
       group_policy and api_base; Telegram's webhook url and secret_token (or polling),
       Discord's gateway_url
-    - tools: tools.restrict_to_workspace and whether exec runs, in which sandbox, with the
-      network or not
+    - tools: tools.restrict_to_workspace and whether exec runs, in which sandbox, with which
+      network and allowed hosts
     - approvals: every policy of tools.approval, its timeout and `unattended`
     - schedule: the time zone, whether cron runs, the heartbeat (on or off, its interval and
       where it delivers)
@@ -53,6 +53,7 @@ def agreement(config: Config) -> dict[str, str]:
             tools.exec.enabled,
             tools.exec.sandbox,
             tools.exec.network,
+            tools.exec.allow_hosts,
         ],
         "approvals": [
             tools.approval.policies(),

@@ -28,6 +28,7 @@ from nanobot.agent.context import ContextBuilder
 from nanobot.agent.dispatcher import Dispatcher, OutcomeSink
 from nanobot.agent.held import Held
 from nanobot.agent.loop import AgentLoop, LoopSettings
+from nanobot.agent.prompt_budget import PromptBudget
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
@@ -41,7 +42,7 @@ from nanobot.channels.manager import ChannelManager
 from nanobot.channels.terminal import TerminalChannel
 from nanobot.cluster import SCHEDULE, Cluster
 from nanobot.cluster import intake as intake_role
-from nanobot.config import Config
+from nanobot.config import Config, exposed
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.service import CronService
 from nanobot.distribution import Distributor
@@ -53,6 +54,8 @@ from nanobot.membership import Membership
 from nanobot.providers.catalog import Catalog
 from nanobot.providers.provider import Provider, RetryPolicy
 from nanobot.providers.routes import Routes
+from nanobot.reserve import DiskReserve
+from nanobot.sizes import format_size
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore, UsageLedger
 from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
@@ -61,12 +64,16 @@ from nanobot.store.members import BEAT_INTERVAL, Members
 from nanobot.store.taint import TaintStore
 from nanobot.store.wakeups import APPROVAL, CRON_CHANGED, PostgresWakeups
 from nanobot.tools.cron import CronTool
+from nanobot.tools.egress import EgressProxy
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
+from nanobot.tools.limits import NO_LIMITS, Enforcement, Limits, enforce, inspect, log_enforcement
 from nanobot.tools.message import MessageTool
+from nanobot.tools.netns import NamespaceError, NetworkNamespace
 from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.sandbox import (
     SANDBOX_ERROR_HINT,
     Confinement,
+    Network,
     Sandbox,
     SandboxUnavailable,
     Unavailable,
@@ -153,9 +160,10 @@ def _litellm_transport(config: Config, api_key: str | None) -> LiteLLMTransport:
     )
 
 
-def build_sandbox(config: Config) -> Sandbox:
+def build_sandbox(config: Config, network: Network | None = None) -> Sandbox:
     """The sandbox exec runs commands in, as `tools.exec.sandbox` says. Blocking (it tries
-    bubblewrap once): call it off the event loop.
+    bubblewrap once): call it off the event loop. `network`: how `network: public` commands
+    join their namespace and reach the proxy (see `open_sandbox`); required then.
 
     Raises:
         ConfigError: `sandbox: bwrap` and bubblewrap cannot run here.
@@ -163,16 +171,81 @@ def build_sandbox(config: Config) -> Sandbox:
     hidden = [config.data_dir, config.state_db_path, config.log_dir]
     if config.source is not None:
         hidden.append(config.source)
+    if (reserve := build_reserve(config)) is not None:
+        hidden.append(reserve.ballast)
     confinement = Confinement(
-        config.workspace_path, tuple(hidden), network=config.tools.exec.network
+        config.workspace_path,
+        tuple(hidden),
+        network=config.tools.exec.network,
+        tmp_size=config.tools.exec.limits.tmp_size,
     )
     try:
-        return probe(config.tools.exec.sandbox, confinement)
+        return probe(config.tools.exec.sandbox, confinement, network=network)
     except SandboxUnavailable as exc:
         raise ConfigError(
             f"tools.exec.sandbox is bwrap, but bubblewrap cannot run here: {exc}. "
             f"{SANDBOX_ERROR_HINT}"
         ) from None
+
+
+def _public(config: Config) -> bool:
+    return config.tools.exec.network == "public" and config.tools.exec.sandbox != "none"
+
+
+def _no_namespace(config: Config, exc: NamespaceError) -> Sandbox:
+    """What exec gets where `network: public` cannot have its namespace: refused under
+    `sandbox: auto`, like a sandbox that cannot run; a start-up error under `bwrap`."""
+    reason = (
+        f"tools.exec.network is public, but {exc}. Set tools.exec.network: none (no network "
+        "for commands) or host (the host's network, loopback services included)"
+    )
+    if config.tools.exec.sandbox == "bwrap":
+        raise ConfigError(f"tools.exec.sandbox is bwrap, but {reason}. {SANDBOX_ERROR_HINT}")
+    return Unavailable(reason)
+
+
+@asynccontextmanager
+async def open_sandbox(config: Config) -> AsyncIterator[Sandbox | None]:
+    """The sandbox exec runs commands in (None when exec is off), said in the log, with, for
+    `network: public`, its network namespace and egress proxy running. On exit the proxy
+    stops, its tunnels in flight are closed and the namespace's holder ends.
+
+    Raises:
+        ConfigError: `sandbox: bwrap` and bubblewrap (or, for `public`, the namespace)
+            cannot work here.
+    """
+    if not config.tools.exec.enabled:
+        yield None
+        return
+    log_network(config)
+    namespace: NetworkNamespace | None = None
+    proxy: EgressProxy | None = None
+    try:
+        sandbox: Sandbox | None = None
+        if _public(config):
+            try:
+                # On the loop's thread: the holder's PDEATHSIG follows the thread that made it.
+                namespace = NetworkNamespace.create()
+            except NamespaceError as exc:
+                sandbox = _no_namespace(config, exc)
+            else:
+                proxy = EgressProxy(
+                    namespace.listener, allow_hosts=config.tools.exec.allowed_hosts()
+                )
+                await proxy.start()
+        if sandbox is None:
+            network = None if namespace is None else Network(tuple(namespace.enter), proxy)
+            sandbox = await asyncio.to_thread(build_sandbox, config, network)
+        log_sandbox(sandbox)
+        try:
+            yield sandbox
+        finally:
+            sandbox.close()
+    finally:
+        if proxy is not None:
+            await proxy.close()
+        if namespace is not None:
+            await asyncio.to_thread(namespace.close)
 
 
 def describe_sandbox(config: Config) -> str:
@@ -182,10 +255,86 @@ def describe_sandbox(config: Config) -> str:
     with tempfile.TemporaryDirectory(prefix="nanobot-status-") as spare:
         if not config.workspace_path.exists():  # not created before the first start
             config = config.model_copy(update={"workspace": Path(spare)})
+        namespace = None
         try:
-            return build_sandbox(config).description
+            if _public(config):
+                try:
+                    namespace = NetworkNamespace.create()
+                except NamespaceError as exc:
+                    return _no_namespace(config, exc).description
+            network = None if namespace is None else Network(tuple(namespace.enter))
+            sandbox = build_sandbox(config, network)
+            sandbox.close()
+            return sandbox.description
         except ConfigError as exc:
             return str(exc)
+        finally:
+            if namespace is not None:
+                namespace.close()
+
+
+def log_network(config: Config) -> None:
+    """Say once at start what an old `network: true/false` now means, and warn at every
+    start when commands share the host's network."""
+    exec_ = config.tools.exec
+    if exec_.legacy_network is not None:
+        logger.info(
+            "tools.exec.network: {} is the old form; it now means {} (public: a network of "
+            "its own, out only through nanobot's proxy to public addresses; none; host)",
+            str(exec_.legacy_network).lower(),
+            exec_.network,
+        )
+    if exec_.network == "host" and exec_.sandbox != "none":
+        logger.warning(
+            "tools.exec.network is host: sandboxed commands share this machine's network, "
+            "so they reach its loopback services (databases, Redis, nanobot's webhook port), "
+            "the LAN and cloud metadata addresses. The default, public, reaches only the "
+            "public internet."
+        )
+
+
+def exec_limits(config: Config) -> Limits:
+    """`tools.exec.limits` as the exec tool takes them."""
+    limits = config.tools.exec.limits
+    return Limits(
+        processes=limits.processes,
+        memory=limits.memory,
+        cpu_time=limits.cpu_time,
+        open_files=limits.open_files,
+        file_size=limits.file_size,
+        tmp_size=limits.tmp_size,
+    )
+
+
+def describe_limits(config: Config) -> str:
+    """The limits each command runs under and how they are enforced (`nanobot status`)."""
+    if not config.tools.exec.enabled:
+        return "exec is off (tools.exec.enabled: false)"
+    confined = config.tools.exec.sandbox != "none"
+    line = inspect(exec_limits(config), confined=confined).describe()
+    reserve = build_reserve(config)
+    if reserve is not None:
+        line += f"; disk_reserve {format_size(reserve.size)} ({_reserve_state(reserve)})"
+    return line
+
+
+def _reserve_state(reserve: DiskReserve) -> str:
+    if reserve.in_place:
+        return f"kept at {reserve.ballast}"
+    try:
+        free = format_size(reserve.free())
+    except OSError:  # no data dir yet
+        return "made at the first start"
+    return f"not in place: {free} free, made once there is twice the reserve"
+
+
+def build_reserve(config: Config) -> DiskReserve | None:
+    """The disk reserve for a SQLite store (`tools.exec.limits.disk_reserve`); None for
+    PostgreSQL, whose disk is not nanobot's to guard, or when it is null."""
+    size = config.tools.exec.limits.disk_reserve
+    if size is None or config.shared_store:
+        return None
+    return DiskReserve(config.state_db_path, size)
 
 
 def log_sandbox(sandbox: Sandbox) -> None:
@@ -206,12 +355,17 @@ def build_tools(
     config: Config,
     jobs: Jobs | None = None,
     sandbox: Sandbox | None = None,
+    *,
+    limits: Enforcement | None = None,
+    reserve: DiskReserve | None = None,
     ledger: TaintLedger | None = None,
 ) -> ToolRegistry:
     """The built-in tools, configured from `config.tools` (and `cron` when `jobs` is given).
 
-    exec is registered when it is enabled and `sandbox` is given (see `build_sandbox`). The
-    file tools and exec follow taint through `ledger` when it is given."""
+    exec is registered when it is enabled and `sandbox` is given (see `build_sandbox`); its
+    commands run under `limits` (`enforce`; none when not given) and stop when the data
+    volume's free space falls short of `reserve`. The file tools and exec follow taint
+    through `ledger` when it is given."""
     tools, workspace = config.tools, config.workspace_path
     restrict = tools.restrict_to_workspace
     registry = ToolRegistry(
@@ -237,6 +391,8 @@ def build_tools(
                 sandbox=sandbox,
                 timeout=tools.exec.timeout,
                 deny_patterns=DEFAULT_DENY_PATTERNS if deny is None else deny,
+                limits=limits or NO_LIMITS,
+                reserve=reserve,
                 ledger=ledger,
             )
         )
@@ -260,6 +416,7 @@ class Parts:
     journal: Journal
     approver: Approver
     provider: Provider
+    sandbox: Sandbox | None = None  # exec's, when exec is on
 
 
 def private_dir(path: Path) -> None:
@@ -277,6 +434,8 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
     """Everything a turn needs, built from `config`. `require_key` False lets a gateway
     start without the model's API key (warned about; replies fail until it is set)."""
     private_dir(config.data_dir)
+    if (exposure := exposed(config)) is not None:
+        logger.warning(exposure)
     copy_template(config.workspace_path)
     agent = config.agent
     settings = LoopSettings(
@@ -295,35 +454,57 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
         follow_up_delivery=agent.follow_up_delivery,
         timezone=_timezone(config),
     )
-    context = ContextBuilder(config.workspace_path, timezone=settings.timezone)
-    sandbox = None
-    if config.tools.exec.enabled:
-        sandbox = await asyncio.to_thread(build_sandbox, config)
-        log_sandbox(sandbox)
+    budget = PromptBudget(config.agent.prompt_file_chars, config.agent.prompt_total_chars)
+    context = ContextBuilder(config.workspace_path, timezone=settings.timezone, budget=budget)
+    limits, reserve = None, build_reserve(config)
+    if reserve is not None:
+        await asyncio.to_thread(reserve.restore)  # before the sandbox, which hides it
     provider = build_provider(config)
     try:
-        await asyncio.to_thread(partial(provider.prepare, require_key=require_key))
-        async with await Database.open(config.store_target) as db:
-            jobs = Jobs(CronStore(db), config.timezone)
-            ledger = Ledger(TaintStore(db), config.workspace_path)
-            tools = build_tools(config, jobs, sandbox, ledger)
-            runner = Runner(provider, tools)
-            sessions = SessionStore(db)
-            bus, journal = MessageBus(), Journal(db)
-            approver = build_approver(config, db, journal, bus)
-            loop = AgentLoop(
-                provider,
-                runner,
-                sessions,
-                context,
-                settings,
-                usage=UsageLedger(db),
-                approver=approver,
-                ledger=ledger,
-            )
-            yield Parts(db, loop, jobs, runner, tools, sessions, bus, journal, approver, provider)
+        async with open_sandbox(config) as sandbox:
+            if sandbox is not None:
+                limits = await asyncio.to_thread(
+                    partial(enforce, exec_limits(config), confined=sandbox.confined)
+                )
+                log_enforcement(limits)
+            await asyncio.to_thread(partial(provider.prepare, require_key=require_key))
+            async with await Database.open(config.store_target, reserve=reserve) as db:
+                jobs = Jobs(CronStore(db), config.timezone)
+                ledger = Ledger(TaintStore(db), config.workspace_path)
+                tools = build_tools(
+                    config, jobs, sandbox, limits=limits, reserve=reserve, ledger=ledger
+                )
+                runner = Runner(provider, tools)
+                sessions = SessionStore(db)
+                bus, journal = MessageBus(), Journal(db)
+                approver = build_approver(config, db, journal, bus)
+                loop = AgentLoop(
+                    provider,
+                    runner,
+                    sessions,
+                    context,
+                    settings,
+                    usage=UsageLedger(db),
+                    approver=approver,
+                    ledger=ledger,
+                )
+                yield Parts(
+                    db,
+                    loop,
+                    jobs,
+                    runner,
+                    tools,
+                    sessions,
+                    bus,
+                    journal,
+                    approver,
+                    provider,
+                    sandbox,
+                )
     finally:
         await provider.aclose()
+        if limits is not None:
+            await asyncio.to_thread(limits.close)
 
 
 def build_approver(config: Config, db: Database, journal: Journal, bus: MessageBus) -> Approver:

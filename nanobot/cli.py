@@ -144,13 +144,14 @@ def status(
             _fail(str(exc))
         typer.echo(line)
         raise typer.Exit(0 if alive else 1)
-    from nanobot.app import describe_sandbox
+    from nanobot.app import describe_limits, describe_sandbox
 
     try:
         rows = manage.status(config, config_path(ctx.obj), check_db=check_db)
     except StoreError as exc:
         _fail(str(exc))
     rows.append(("sandbox", describe_sandbox(config)))
+    rows.append(("limits", describe_limits(config)))
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
         typer.echo(f"{label:<{width}}  {value}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import types
 import zoneinfo
 from collections.abc import Mapping
@@ -36,8 +37,10 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from nanobot.allowed_hosts import AllowedHost
 from nanobot.durations import parse_duration
 from nanobot.errors import ConfigError
+from nanobot.sizes import parse_size
 
 ENV_PREFIX = "NANOBOT_"
 ENV_CONFIG_PATH = "NANOBOT_CONFIG"
@@ -76,6 +79,9 @@ class AgentConfig(Section):
     subagent_exec: bool = False  # background tasks may use exec (when tools.exec.enabled)
     steering_delivery: Literal["one", "all"] = "one"
     follow_up_delivery: Literal["one", "all"] = "one"
+    # Characters of each prompt file or memory file in the system prompt, and of all together.
+    prompt_file_chars: int = Field(20_000, ge=1000)
+    prompt_total_chars: int = Field(60_000, ge=1000)
 
     @field_validator("model")
     @classmethod
@@ -292,14 +298,89 @@ class ChannelsConfig(Section):
     discord: DiscordConfig = Field(default_factory=DiscordConfig)
 
 
+class ExecLimitsConfig(Section):
+    """What one sandboxed command may take (`nanobot.tools.limits`); null lifts a limit.
+    Sizes as `nanobot.sizes` reads them (`512MB`, `1GB`), durations as `nanobot.durations`
+    (`90s`, `5m`; a plain number is seconds)."""
+
+    processes: int | None = Field(256, gt=0)
+    memory: int | None = Field(1024**3, gt=0)
+    cpu_time: timedelta | None = timedelta(minutes=5)
+    open_files: int | None = Field(1024, gt=0)
+    file_size: int | None = Field(1024**3, gt=0)
+    tmp_size: int | None = Field(256 * 1024**2, gt=0)
+    disk_reserve: int | None = Field(200 * 1024**2, gt=0)
+
+    @field_validator("memory", "file_size", "tmp_size", "disk_reserve", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        if isinstance(value, int | float):  # bool too: it is an int
+            raise ValueError(f"{value!r} has no unit: write a size with one, e.g. '512MB' or '1GB'")
+        return parse_size(value) if isinstance(value, str) else value
+
+    @field_validator("cpu_time", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        return _duration(value)
+
+    @field_validator("cpu_time")
+    @classmethod
+    def _whole_seconds(cls, value: timedelta | None) -> timedelta | None:
+        # The kernel counts CPU time limits in whole seconds.
+        if value is not None and value.total_seconds() < 1:
+            raise ValueError(f"must be at least 1 second, not {value.total_seconds():g} s")
+        return value
+
+    @field_validator("open_files")
+    @classmethod
+    def _enough_files(cls, value: int | None) -> int | None:
+        # Below a few dozen, the shell and the dynamic loader themselves fail to start.
+        if value is not None and value < 32:
+            raise ValueError(f"must be at least 32 (a shell needs a few), not {value}")
+        return value
+
+
 class ExecConfig(Section):
     enabled: bool = True
     timeout: float = Field(60, gt=0)
     # auto: bubblewrap where it works, else exec is refused (never run bare); bwrap: it must
     # work or start-up fails; none: no sandbox, commands run with nanobot's own rights.
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
-    network: bool = True  # whether sandboxed commands reach the network
+    # public: a network of its own, out only through nanobot's proxy to public addresses;
+    # none: no network; host: the host's own (its loopback services too).
+    network: Literal["public", "none", "host"] = "public"
+    allow_hosts: list[str] = Field(default_factory=list)  # host[:port] public may reach
     deny_patterns: list[str] | None = None
+    limits: ExecLimitsConfig = Field(default_factory=ExecLimitsConfig)
+    # Set when the file said `network: true/false` (the old form): said once at start.
+    _legacy_network: bool | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _legacy(cls, data: Any, handler: Any) -> ExecConfig:
+        given = data.get("network") if isinstance(data, dict) else None
+        # YAML gives a bool; an environment variable (NANOBOT_TOOLS__EXEC__NETWORK) a string.
+        legacy = (
+            {"true": True, "false": False}.get(str(given).lower()) if given is not None else None
+        )
+        if legacy is not None:
+            data = {**data, "network": "public" if legacy else "none"}
+        config: ExecConfig = handler(data)
+        config._legacy_network = legacy
+        return config
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _hosts(cls, entries: list[str]) -> list[str]:
+        return [AllowedHost.parse(entry).text for entry in entries]
+
+    def allowed_hosts(self) -> tuple[AllowedHost, ...]:
+        return tuple(AllowedHost.parse(entry) for entry in self.allow_hosts)
+
+    @property
+    def legacy_network(self) -> bool | None:
+        """The old boolean the config gave for `network`, if it did."""
+        return self._legacy_network
 
     @field_validator("deny_patterns")
     @classmethod
@@ -512,6 +593,8 @@ class Config(BaseSettings):
     # The file this was loaded from (None when built directly): a secret to keep out of
     # the sandbox like the data dir.
     _source: Path | None = PrivateAttr(default=None)
+    # The keys of the secrets the file itself sets (not the environment): `exposed` says so.
+    _file_secrets: tuple[str, ...] = PrivateAttr(default=())
 
     @classmethod
     def settings_customise_sources(
@@ -605,7 +688,65 @@ def load(path: Path | None = None) -> Config:
         raise ConfigError(f"environment: {exc}") from None
     _check_workspace(config, file)
     config._source = file
+    config._file_secrets = _secrets_in(config, data)
     return config
+
+
+def exposed(config: Config) -> str | None:
+    """The start-up warning for a config file that sets a secret and that others than its
+    owner may read or write: one line naming the file, its mode, the keys and the fix
+    (`chmod 600 FILE`). None when it is private, sets no secret, or was not read from a file.
+
+    nanobot warns and leaves the mode alone: the file is the user's, who may share it with a
+    group on purpose, manage it with a tool that would set it back, or mount it read-only (as
+    Docker and Kubernetes secrets are). The files nanobot writes itself are created private
+    (`nanobot onboard`'s config 0600; the data dir 0700, tightened at every start).
+    """
+    file = config.source
+    if file is None or not config._file_secrets:
+        return None
+    try:
+        mode = stat.S_IMODE(file.stat().st_mode)
+    except OSError:
+        return None
+    if not mode & 0o066:
+        return None
+    access = " and ".join(
+        word for bits, word in ((0o044, "read"), (0o022, "changed")) if mode & bits
+    )
+    who = " and ".join(
+        word for bits, word in ((0o060, "its group"), (0o006, "anyone")) if mode & bits
+    )
+    return (
+        f"{file} holds secrets ({', '.join(config._file_secrets)}) and can be {access} by "
+        f"{who} (mode {mode:04o}): run `chmod 600 {file}`"
+    )
+
+
+def _is_secret(text: str) -> bool:
+    """Whether a secret's value gives anything away: a URL without a password (a SQLite
+    store's path) does not."""
+    if "://" in text:
+        try:
+            return urlsplit(text).password is not None
+        except ValueError:
+            return True
+    return bool(text)
+
+
+def _secrets_in(model: BaseModel, data: Mapping[str, Any], prefix: str = "") -> tuple[str, ...]:
+    """The key paths of the secrets in `model` that `data` (the file's mapping) sets."""
+    found: list[str] = []
+    for name in type(model).model_fields:
+        given = data.get(name)
+        if given is None:
+            continue
+        value = getattr(model, name)
+        if isinstance(value, SecretStr) and _is_secret(value.get_secret_value()):
+            found.append(f"{prefix}{name}")
+        elif isinstance(value, BaseModel) and isinstance(given, Mapping):
+            found += _secrets_in(value, given, f"{prefix}{name}.")
+    return tuple(found)
 
 
 def _check_workspace(config: Config, file: Path) -> None:

@@ -26,7 +26,7 @@ from nanobot.cron.models import DELIVERY_WORDS, Job, JobRun
 from nanobot.cron.schedule import describe, format_time, zone_of
 from nanobot.errors import NanobotError
 from nanobot.roster import ago, moment, roster
-from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore
+from nanobot.store import Access, ApprovalStore, Database, Journal, SavedRule, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore
 from nanobot.store.database import Check
@@ -121,13 +121,25 @@ async def _rules(store: ApprovalStore, zone: ZoneInfo | None) -> tuple[list[str]
     rules = await store.rules()
     if not rules:
         return ['No saved rules. "Always allow" on an approval card saves one.'], True
-    rows = [("ID", "TOOL", "SAVED", "BY", "CALL")]
+    rows = [("ID", "TOOL", "SAVED", "BY", "FOR", "CALL")]
     for rule in rules:
         saved = _when(rule.created_at, zone)
-        rows.append(
-            (rule.id, rule.tool, saved, rule.created_by or "-", _call(rule.tool, rule.arguments))
-        )
+        by = rule.created_by or "-"
+        rows.append((rule.id, rule.tool, saved, by, _bound(rule), _call(rule.tool, rule.arguments)))
     return _table(rows), True
+
+
+def _bound(rule: SavedRule) -> str:
+    """Whose turns and where a saved rule applies, for `nanobot approvals rules`."""
+    if rule.tool == "web_fetch" and rule.rule_key.startswith("host:"):
+        what = f"fetches from {rule.rule_key[5:]}, "
+    else:
+        what = ""
+    if rule.user_id is not None:
+        return f"{what}{rule.channel} user {rule.user_id}'s own turns"
+    if rule.session_key is not None:
+        return f"{what}chat {rule.session_key} only"
+    return "nowhere (saved before rules were bound to a chat: revoke it)"
 
 
 async def _revoke_rule(

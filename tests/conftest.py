@@ -185,6 +185,7 @@ def home(tmp_path: Path, fake_llm: FakeLLM) -> Home:
         "  api_key: sk-test-secret-key-123456\n",
         encoding="utf-8",
     )
+    config.chmod(0o600)  # it holds a secret: as `nanobot onboard` writes it
     env = {k: v for k, v in os.environ.items() if not k.startswith("NANOBOT_")}
     env.update(
         HOME=str(tmp_path),

@@ -38,6 +38,7 @@ class GatewayProcess:
         config = with_test_transport(config)
         self.config_path = root / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.config_path.chmod(0o600)  # it holds secrets: as `nanobot onboard` writes it
         self.env = {k: v for k, v in env.items() if not k.startswith("NANOBOT_")}
         self.env.update(
             NANOBOT_CONFIG=str(self.config_path),

@@ -24,11 +24,15 @@ from nanobot.agent.approvals import (
     answer_text,
     command_key,
     decision_text,
+    egress,
+    egress_reason,
+    egress_subject,
     inline_code,
     new_request,
     not_run,
     route,
     subject,
+    voided,
 )
 from nanobot.config import Config
 from nanobot.store.approvals import (
@@ -570,3 +574,41 @@ def test_the_words_for_decisions_and_answers() -> None:
     assert not_run(refused="no approver in this group") == "Not run: no approver in this group."
     with pytest.raises(ValueError):
         not_run(approved)
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "host"),
+    [
+        ("web_fetch", {"url": "https://Example.COM./a?q=1"}, "example.com"),
+        ("web_fetch", {"url": "http://127.0.0.1:8080/x"}, "127.0.0.1"),
+        ("web_fetch", {"url": "http://[::1]:80/"}, "::1"),
+        ("web_fetch", {"url": "not a url"}, "an unreadable URL (not a url)"),
+        ("web_search", {"query": "my PIN is 1234"}, None),  # to the search provider only
+        ("exec", {"command": "curl https://x.test"}, None),  # the sandbox's network decides
+    ],
+)
+def test_egress_names_the_host_a_fetch_goes_to(
+    tool: str, arguments: dict[str, object], host: str | None
+) -> None:
+    assert egress(tool, arguments) == host
+
+
+def test_a_fetch_from_a_tainted_turn_is_ruled_by_its_host() -> None:
+    arguments = {"url": "https://x.test/c?d=secret"}
+    what = egress_subject("web_fetch", arguments, "x.test")
+    assert (what.rule_key, what.scopes) == ("host:x.test", ("once", "always"))
+    assert what.args_hash == subject("web_fetch", arguments).args_hash
+    unreadable = egress_subject("web_fetch", {"url": "::"}, "an unreadable URL (::)")
+    assert unreadable.scopes == ("once",) and unreadable.once_only == "its host cannot be told"
+    why = egress_reason("x.test", Taint(("a web_fetch result",)))
+    assert why.startswith("this turn has read content from outside (a web_fetch result)")
+    assert "x.test, which this turn has not fetched from yet" in why
+
+
+def test_a_voided_grant_says_what_changed() -> None:
+    assert voided(Grant("always", "1a2b3c4d"), "tool.py changed") == (
+        "saved rule 1a2b3c4d no longer applies: tool.py changed"
+    )
+    assert voided(Grant("chat"), ".git/config was created") == (
+        "this chat's approval no longer applies: .git/config was created"
+    )

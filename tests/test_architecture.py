@@ -22,9 +22,18 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nanobot"
 # Lowest first. A new module belongs in one of these, or the test fails until it does.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # The foundation (with the two layers after it): anything may use them.
-    ("nanobot", "nanobot.errors", "nanobot.durations", "nanobot.proxies", "nanobot.workspace"),
+    (
+        "nanobot",
+        "nanobot.errors",
+        "nanobot.durations",
+        "nanobot.proxies",
+        "nanobot.workspace",
+        "nanobot.sizes",
+        "nanobot.allowed_hosts",  # tools.exec.allow_hosts entries: the config and the proxy
+    ),
     ("nanobot.tasks",),
     ("nanobot.lanes",),  # per-key lanes on the owned task set (issue 14 item 3)
+    ("nanobot.reserve",),  # the disk reserve, kept by the store and watched by exec
     ("nanobot.config",),
     ("nanobot.log",),  # reads secrets out of the config tree
     ("nanobot.agreement",),  # digests of the config parts a cluster's members must share

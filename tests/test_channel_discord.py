@@ -345,6 +345,32 @@ async def test_attachments_saved_and_oversize_refused(
     assert notice.content == "I can't take huge.bin (4.88 KB): files may be at most 1000 bytes."
 
 
+async def test_an_inbox_in_the_way_is_moved_aside_or_the_file_said_not_kept(
+    fake: FakeDiscord, world: World, intake: Recorder, tmp_path: Path
+) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "inbox").write_text("not a folder")  # as `exec` could leave it
+    (tmp_path / "people").symlink_to(tmp_path / "elsewhere")
+    kept = InboxPolicy(tmp_path / "inbox", max_bytes=1000, workspace=tmp_path)
+    async with running(make_channel(fake, intake, kept)) as task:
+        files = [AttachmentFile("a.txt", b"data")]
+        fake.user_message(world.dm, "one", user_id=world.ada, attachments=files)
+        [message] = await intake.wait()
+        assert [a.path.read_bytes() for a in message.attachments] == [b"data"]
+        assert (tmp_path / "inbox.not-a-folder").read_text() == "not a folder"
+        assert not task.done()
+    lost = InboxPolicy(tmp_path / "people" / "ada" / "inbox", max_bytes=1000, workspace=tmp_path)
+    async with running(make_channel(fake, intake, lost)) as task:
+        fake.user_message(world.dm, "two", user_id=world.ada, attachments=files)
+        [_, message] = await intake.wait(2)
+        [notice] = await fake.wait_for_sent(1, world.dm)
+        assert not task.done()
+    said = "I could not keep a.txt: the inbox folder has a symbolic link on its way ('people')"
+    assert message.attachments == () and message.text.startswith(f"two\n\n({said}")
+    assert notice.content.startswith(said)
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
 async def test_a_strangers_files_are_never_downloaded_yet_they_get_a_pairing_code(
     fake: FakeDiscord, world: World, inbox: InboxPolicy, tmp_path: Path
 ) -> None:

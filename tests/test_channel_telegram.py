@@ -51,6 +51,7 @@ from tests.fakes.telegram import (
     Garbled,
     Origin,
     RateLimited,
+    Refusal200,
     ServerError,
     Slow,
 )
@@ -284,6 +285,42 @@ async def test_oversize_files_are_refused_with_a_notice(
     assert message.attachments == ()
     await fake.wait_for_sent(2, chat_id=USER)
     assert fake.calls("getFile") == [] and not inbox.directory.exists()
+
+
+async def test_an_inbox_that_is_a_symlink_is_moved_aside_and_the_file_kept(
+    channel: TelegramChannel, fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    outside = inbox.directory.parent.parent
+    inbox.directory.symlink_to(outside)  # as `exec` or write_file could leave it
+    fake.user_document(USER, filename="a.txt", content=b"kept", caption="one", user_id=USER)
+    [message] = await intake.wait(1)
+    [doc] = message.attachments
+    assert doc.path == inbox.directory / "a.txt" and doc.path.read_bytes() == b"kept"
+    assert message.text == "one"
+    assert (inbox.directory.parent / "inbox.not-a-folder").is_symlink()
+    assert not (outside / "a.txt").exists()
+
+
+async def test_a_file_that_cannot_be_kept_is_said_and_the_channel_goes_on(
+    fake: FakeTelegram, intake: Recorder, tmp_path: Path
+) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "people").symlink_to(tmp_path / "elsewhere")  # on the way to the inbox
+    inbox = InboxPolicy(tmp_path / "people" / "42" / "inbox", max_bytes=1000, workspace=tmp_path)
+    async with running(make_channel(fake, intake, inbox)) as task:
+        fake.user_document(USER, filename="a.txt", content=b"a", caption="see", user_id=USER)
+        fake.user_photo(USER, content=b"p", user_id=USER)
+        fake.user_message(USER, "still there?", user_id=USER)
+        notices = await fake.wait_for_sent(2, chat_id=USER)
+        first, text = await intake.wait(2)  # a message that was only a file is not handed over
+        assert not task.done()  # never failed, never restarted
+    said = "I could not keep a.txt: the inbox folder has a symbolic link on its way ('people')"
+    assert first.text.startswith(f"see\n\n({said}") and first.attachments == ()
+    assert text.text == "still there?"
+    assert notices[0].visible.startswith(said) and "Please send it again" in notices[0].visible
+    assert "could not keep photo_" in notices[1].visible
+    assert not fake.pending_updates  # each acknowledged once
+    assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
 async def test_files_of_refused_messages_are_not_kept(
@@ -548,6 +585,59 @@ async def test_a_send_answered_with_no_message_is_a_clear_delivery_error(
             await channel.deliver(OutboundMessage(CHAT, "hello"))
     await channel.deliver(OutboundMessage(CHAT, "hello again"))
     assert [m.visible for m in fake.sent(USER)] == ["hello again"]
+
+
+async def test_a_200_that_says_ok_false_is_the_refusal_it_reports(
+    channel: TelegramChannel, fake: FakeTelegram
+) -> None:
+    # PTB reads any 200 as a success and looks up its `result`: a KeyError nobody caught.
+    empty = {"ok": False, "error_code": 400, "description": "Bad Request: message text is empty"}
+    fake.fail_next("sendMessage", Refusal200(empty))
+    with pytest.raises(Undeliverable, match="Message text is empty") as raised:
+        await channel.deliver(OutboundMessage(CHAT, "hello"))
+    assert raised.value.chat_closed is False
+    blocked = {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked"}
+    fake.fail_next("sendMessage", Refusal200(blocked))
+    with pytest.raises(Undeliverable) as raised:
+        await channel.deliver(OutboundMessage(CHAT, "hello"))
+    assert raised.value.chat_closed is True
+    assert len(fake.calls("sendMessage")) == 2  # neither retried
+    assert fake.sent(USER) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"ok": False}, {"ok": False, "error_code": "x"}, "<html>502 Bad Gateway</html>", ""],
+    ids=["no-fields", "bad-code", "html", "empty"],
+)
+async def test_a_200_that_says_nothing_useful_is_a_passing_failure(
+    channel: TelegramChannel, fake: FakeTelegram, body: object
+) -> None:
+    fake.fail_next("sendMessage", Refusal200(body))
+    await channel.deliver(OutboundMessage(CHAT, "made it"))  # retried at once, like a 502
+    assert [m.visible for m in fake.sent(USER)] == ["made it"]
+    fake.fail_next("sendMessage", Refusal200(body), times=4)
+    with pytest.raises(DeliveryError) as raised:
+        await channel.deliver(OutboundMessage(CHAT, "kept for later"))
+    assert not isinstance(raised.value, Undeliverable)  # the outbox tries it again later
+    assert "Bad Gateway" in str(raised.value)
+
+
+async def test_a_200_with_ok_false_is_recorded_and_retried_in_order(
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy
+) -> None:
+    fake.fail_next("sendMessage", Refusal200({"ok": False}), times=4)  # one delivery's tries
+    outbox = MemoryOutbox()
+    async with delivering(make_channel(fake, intake, inbox, outbox=outbox), outbox) as bus:
+        await bus.publish(OutboundMessage(CHAT, "first", outbox_id=1))
+        await bus.publish(OutboundMessage(CHAT, "second", outbox_id=2))
+        sent = await fake.wait_for_sent(2, chat_id=USER)
+        assert [m.visible for m in sent] == ["first", "second"]
+        async with asyncio.timeout(10):
+            while outbox.confirmed != [1, 2]:  # noqa: ASYNC110 - confirmed after the send
+                await asyncio.sleep(0.01)
+    [(row, error)] = outbox.failed  # the failed attempt is counted, with Telegram's word
+    assert row == 1 and "Bad Gateway" in error
 
 
 async def test_a_retried_delivery_resumes_after_the_sent_chunks(

@@ -311,6 +311,7 @@ async def _approval(db: Database, command: str, verdict: str | None) -> str:
         reason="exec asks first",
         deciders=["42"],
         places=[Place("telegram", "42")],
+        owner="42",
     )
     request = await store.create(new, expires_in=timedelta(minutes=10))
     if verdict is not None:
@@ -344,9 +345,10 @@ async def test_approvals_rules_revoke_pending_and_log(home: Home) -> None:
     listing = await nanobot(home, "approvals", "rules")
     assert listing.code == 0, listing.stderr
     lines = listing.stdout.splitlines()
-    assert lines[0].split() == ["ID", "TOOL", "SAVED", "BY", "CALL"]
+    assert lines[0].split() == ["ID", "TOOL", "SAVED", "BY", "FOR", "CALL"]
     assert len(lines) == 3  # the heading and two rules, each on one line
     assert any(git_rule.id in line and "git   status" in line for line in lines)
+    assert all("telegram user 42's own turns" in line for line in lines[1:])
     assert "\x1b" not in listing.stdout and "ls\\x1b[2J\\nRevoked rule 00000000" in listing.stdout
 
     pending = await nanobot(home, "approvals", "pending")

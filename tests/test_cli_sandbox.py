@@ -45,7 +45,7 @@ async def test_status_names_the_sandbox(home: Home) -> None:
     assert result.code == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("sandbox"))
     assert "bubblewrap 0." in line
-    assert "network on" in line
+    assert "network: public (a namespace of its own" in line
 
 
 async def test_sandbox_none_warns_at_start_up(home: Home, fake_llm: FakeLLM) -> None:
@@ -70,8 +70,10 @@ async def test_sandbox_bwrap_that_cannot_run_stops_start_up_with_exit_2(home: Ho
     home.write_config(home.config.read_text() + "tools:\n  exec: {sandbox: bwrap}\n")
     result = await without_namespaces(home, "gateway")
     assert result.code == 2, result.stderr
-    assert "tools.exec.sandbox is bwrap, but bubblewrap cannot run here" in result.stderr
+    # The network namespace is what is made first, and fails first.
+    assert "tools.exec.sandbox is bwrap, but tools.exec.network is public" in result.stderr
     assert "Operation not permitted" in result.stderr
+    assert "tools.exec.network: none" in result.stderr
     assert "tools.exec.sandbox: none" in result.stderr  # says how to accept the risk
 
 

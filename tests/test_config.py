@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import itertools
+import stat
 from pathlib import Path
 
 import pytest
 import yaml
 
-from nanobot.config import Config, config_path, load
+from nanobot.config import Config, config_path, exposed, load
 from nanobot.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.yaml"
@@ -101,6 +102,11 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         ("nonsense: 1\n", "nonsense", "unknown key"),
         ("agent: {max_tokens: many}\n", "agent.max_tokens", "valid integer"),
         ("agent: {temperature: 7}\n", "agent.temperature", "less than or equal to 2"),
+        (
+            "agent: {prompt_file_chars: 10}\n",
+            "agent.prompt_file_chars",
+            "greater than or equal to 1000",
+        ),
         ("channels: {telegram: {enabled: maybe}}\n", "channels.telegram.enabled", "boolean"),
         ("log: {level: LOUD}\n", "log.level", "Input should be"),
         ("timezone: Mars/Olympus\n", "timezone", "unknown IANA time zone"),
@@ -195,6 +201,60 @@ def test_secrets_are_hidden(tmp_path: Path) -> None:
     assert "discord-secret" not in dumped
 
 
+SECRETS = (
+    "agent: {api_key: sk-verysecret}\n"
+    "channels: {telegram: {token: '7000000001:AAfile'}, discord: {enabled: false}}\n"
+    "store: {url: 'sqlite:///tmp/state.db'}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        (0o644, "can be read by its group and anyone (mode 0644)"),
+        (0o640, "can be read by its group (mode 0640)"),
+        (0o606, "can be read and changed by anyone (mode 0606)"),
+        (0o620, "can be changed by its group (mode 0620)"),
+    ],
+)
+def test_a_config_holding_secrets_that_others_may_read_is_warned_about(
+    tmp_path: Path, mode: int, said: str
+) -> None:
+    path = write(tmp_path, SECRETS)
+    path.chmod(mode)
+    warning = exposed(load(path))
+    assert warning == (
+        f"{path} holds secrets (agent.api_key, channels.telegram.token) and {said}: "
+        f"run `chmod 600 {path}`"
+    )
+    assert "sk-verysecret" not in warning and "AAfile" not in warning
+    assert stat.S_IMODE(path.stat().st_mode) == mode  # the user's file: left as it is
+
+
+def test_a_private_config_or_one_without_secrets_is_not_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, SECRETS)
+    path.chmod(0o600)
+    assert exposed(load(path)) is None
+    open_but_harmless = write(
+        tmp_path, "agent: {model: openai/gpt-4o}\nstore: {url: 'sqlite:///x.db'}\n"
+    )
+    open_but_harmless.chmod(0o644)
+    monkeypatch.setenv("NANOBOT_AGENT__API_KEY", "sk-from-the-environment")
+    assert exposed(load(open_but_harmless)) is None  # the secret is not in the file
+    assert exposed(Config()) is None
+
+
+def test_no_dotenv_file_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # So there is no second file of secrets whose mode to check: only the YAML and the
+    # process environment.
+    (tmp_path / ".env").write_text("NANOBOT_AGENT__API_KEY=sk-from-dotenv\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    config = load(write(tmp_path, "agent: {model: openai/gpt-4o}\n"))
+    assert config.agent.api_key is None
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"), [("1h", 3600), ("30m", 1800), ("1h30m", 5400), ("90", 90), ("0", 0)]
 )
@@ -208,9 +268,9 @@ def test_a_bad_duration_names_the_key(tmp_path: Path) -> None:
         load(write(tmp_path, "cron: {catch_up_window: soon}\n"))
 
 
-def test_exec_runs_sandboxed_with_network_by_default(tmp_path: Path) -> None:
+def test_exec_runs_sandboxed_with_the_public_network_by_default(tmp_path: Path) -> None:
     config = load(write(tmp_path, ""))
-    assert (config.tools.exec.sandbox, config.tools.exec.network) == ("auto", True)
+    assert (config.tools.exec.sandbox, config.tools.exec.network) == ("auto", "public")
     assert config.source == tmp_path / "config.yaml"
     with pytest.raises(ConfigError, match=r"tools.exec.sandbox: Input should be 'auto'"):
         load(write(tmp_path, "tools:\n  exec: {sandbox: docker}\n"))
@@ -432,3 +492,41 @@ def test_a_store_url_of_no_known_backend_names_the_key_not_the_secret(
     with pytest.raises(ConfigError, match=r"store\.url: unsupported store URL") as raised:
         load(write(tmp_path, f"store: {{url: '{url}'}}\n"))
     assert "hunter2" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("given", "mode"), [("true", "public"), ("false", "none")])
+def test_the_old_boolean_network_still_loads_as_a_mode(
+    tmp_path: Path, given: str, mode: str
+) -> None:
+    config = load(write(tmp_path, f"tools:\n  exec: {{network: {given}}}\n"))
+    assert config.tools.exec.network == mode
+    assert config.tools.exec.legacy_network is (given == "true")
+    assert load(write(tmp_path, "")).tools.exec.legacy_network is None
+
+
+def test_the_old_boolean_from_the_environment_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NANOBOT_TOOLS__EXEC__NETWORK", "false")
+    assert load(write(tmp_path, "")).tools.exec.network == "none"
+    monkeypatch.setenv("NANOBOT_TOOLS__EXEC__NETWORK", "host")
+    assert load(write(tmp_path, "")).tools.exec.network == "host"
+
+
+def test_allow_hosts_are_checked_and_normalised(tmp_path: Path) -> None:
+    text = "tools:\n  exec: {allow_hosts: ['127.0.0.1:11434', 'LocalHost.', '[::1]:80', '::1']}\n"
+    config = load(write(tmp_path, text))
+    assert config.tools.exec.allow_hosts == ["127.0.0.1:11434", "localhost", "[::1]:80", "[::1]"]
+    assert [(a.host, a.port) for a in config.tools.exec.allowed_hosts()][:2] == [
+        ("127.0.0.1", 11434),
+        ("localhost", None),
+    ]
+    for bad, said in (
+        ("'db:0'", "port must be a number from 1 to 65535"),
+        ("'http://db:5432'", "not a URL"),
+        ("':80'", "expected host"),
+    ):
+        with pytest.raises(ConfigError, match=rf"tools.exec.allow_hosts: .*{said}"):
+            load(write(tmp_path, f"tools:\n  exec: {{allow_hosts: [{bad}]}}\n"))
+    with pytest.raises(ConfigError, match=r"tools.exec.network: Input should be 'public'"):
+        load(write(tmp_path, "tools:\n  exec: {network: yes-please}\n"))

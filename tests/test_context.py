@@ -11,8 +11,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from nanobot.agent._files import text_cache
 from nanobot.agent.context import ContextBuilder, user_message
 from nanobot.agent.memory import Memory
+from nanobot.agent.prompt_budget import PromptBudget
 from nanobot.agent.skills import Skills
 from nanobot.workspace import Workspace, copy_template
 
@@ -60,13 +62,13 @@ def test_unchanged_workspace_is_not_read_again(
 ) -> None:
     context = builder(workspace, timezone=UTC)
     reads: list[str | PurePath] = []
-    original = Workspace.read_bytes
+    original = Workspace.open_file
 
-    def counting(self: Workspace, path: str | PurePath) -> bytes:
+    def counting(self: Workspace, path: str | PurePath) -> tuple[int, os.stat_result]:
         reads.append(path)
         return original(self, path)
 
-    monkeypatch.setattr(Workspace, "read_bytes", counting)
+    monkeypatch.setattr(Workspace, "open_file", counting)
     context.system_prompt(NOW)
     assert workspace / "AGENTS.md" in reads  # every file is read through the confinement
     reads.clear()
@@ -255,3 +257,77 @@ def test_a_prompt_file_linked_inside_is_shown_and_followed_as_it_changes(linked:
     notes.write_text("Name: Grace\n", encoding="utf-8")
     bump(notes)  # only the target changed; the link itself did not
     assert "## USER.md\n\nName: Grace" in context.system_prompt(NOW)
+
+
+# ---- how much of the files the prompt holds ---------------------------------------------
+
+
+def lines(count: int, width: int = 60) -> str:
+    return "".join(f"{n:06d} " + "x" * (width - 8) + "\n" for n in range(1, count + 1))
+
+
+def test_a_huge_memory_file_is_cut_with_a_note_and_one_warning(
+    tmp_path: Path, warnings: list[str]
+) -> None:
+    memory = write(tmp_path, "memory/MEMORY.md", lines(140_000))  # 8.4 MB, as exec wrote it
+    write(tmp_path, "USER.md", "Name: Ada\n")
+    context = builder(tmp_path, timezone=UTC, budget=PromptBudget(20_000, 60_000))
+    prompt = context.system_prompt(NOW)
+    assert len(prompt) < 24_000  # not 8.4 MB with every request
+    section = prompt.split("## memory/MEMORY.md\n\n", 1)[1]
+    shown, note = section.split("\n\n[", 1)
+    assert len(shown) <= 20_000 and lines(140_000).startswith(shown)
+    last = len(shown.splitlines())
+    assert note.startswith(
+        f"memory/MEMORY.md is cut here: it is {memory.stat().st_size:,} bytes, and the prompt "
+        f"shows its first {len(shown):,} characters (lines 1-{last}; read on with start_line "
+        f"{last + 1}). Read the rest with read_file"
+    )
+    assert "Name: Ada" in prompt
+    # Turn after turn, and after an edit of another file: said once.
+    assert context.system_prompt(NOW) is prompt
+    write(tmp_path, "USER.md", "Name: Ada Lovelace\n")
+    assert "Ada Lovelace" in context.system_prompt(NOW)
+    [warning] = [w for w in warnings if "MEMORY.md" in w]
+    assert f"memory/MEMORY.md ({memory.stat().st_size:,} bytes): the first" in warning
+    assert "agent.prompt_file_chars" in warning
+    # A new version of the file (it grew) is said again, once.
+    with memory.open("a") as file:
+        file.write(lines(10))
+    context.system_prompt(NOW)
+    context.system_prompt(NOW)
+    assert len([w for w in warnings if "MEMORY.md" in w]) == 2
+
+
+def test_only_the_start_of_a_huge_file_is_read(tmp_path: Path) -> None:
+    path = write(tmp_path, "AGENTS.md", "é" * 1_000_000)  # 2 MB
+    budget = PromptBudget(5_000, 60_000)
+    text = text_cache(tmp_path, max_bytes=budget.read_bytes()).get(path)
+    assert text is not None and text.startswith("é" * 5_000)
+    assert len(text.encode()) <= budget.read_bytes()  # not the whole file
+    assert len(text) > budget.file_chars  # enough to see that it is longer
+
+
+def test_the_total_budget_cuts_the_later_files_and_says_what_is_left_out(
+    tmp_path: Path, warnings: list[str]
+) -> None:
+    write(tmp_path, "AGENTS.md", "a" * 4_000)
+    write(tmp_path, "SOUL.md", "s" * 3_000)
+    write(tmp_path, "USER.md", lines(100))  # 6,000 characters: 1,000 of them fit
+    write(tmp_path, "TOOLS.md", "t" * 500)
+    write(tmp_path, "memory/MEMORY.md", "- a fact\n" * 20)
+    prompt = builder(tmp_path, timezone=UTC, budget=PromptBudget(5_000, 8_000)).system_prompt(NOW)
+    assert "a" * 4_000 in prompt and "s" * 3_000 in prompt
+    user = prompt.split("## USER.md\n\n", 1)[1].split("\n\n[", 1)[0]
+    assert lines(100).startswith(user) and 500 <= len(user) <= 1_000
+    assert "[TOOLS.md (500 bytes) is left out" in prompt and "t" * 500 not in prompt
+    assert "[memory/MEMORY.md (180 bytes) is left out" in prompt and "a fact" not in prompt
+    [warning] = warnings
+    assert "TOOLS.md (500 bytes): left out" in warning and "USER.md (6,000 bytes)" in warning
+
+
+def test_one_endless_line_is_cut_inside(tmp_path: Path) -> None:
+    write(tmp_path, "SOUL.md", "y" * 50_000)
+    prompt = builder(tmp_path, timezone=UTC, budget=PromptBudget(2_000, 60_000)).system_prompt(NOW)
+    assert "y" * 2_000 in prompt and "y" * 2_001 not in prompt
+    assert "(up to part of line 1; read it with start_line 1)" in prompt

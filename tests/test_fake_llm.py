@@ -19,6 +19,7 @@ from tests.fakes.llm import (
     AuthError,
     Call,
     ContextLengthError,
+    Cut,
     Disconnect,
     ErrorBody,
     FakeLLM,
@@ -333,6 +334,27 @@ async def test_disconnect_breaks_the_stream_mid_way() -> None:
         assert (await _post(fake.base_url, _request())).status_code == 200
     assert received and "partial" in received[0]
     assert "[DONE]" not in "".join(received)
+
+
+async def test_cut_ends_the_stream_cleanly_without_a_finish_reason_or_done() -> None:
+    async with FakeLLM(Cut("one two three four", chunks=2), Cut("one two")) as fake:
+        async with (
+            httpx.AsyncClient(trust_env=False) as client,
+            client.stream(
+                "POST", f"{fake.base_url}/chat/completions", json=_request(stream=True)
+            ) as response,
+        ):
+            events = [line async for line in response.aiter_lines() if line]
+        whole = await _post(fake.base_url, _request())
+    chunks = [json.loads(line.removeprefix("data: ")) for line in events]
+    assert [c["choices"][0]["delta"] for c in chunks] == [
+        {"role": "assistant", "content": ""},
+        {"content": "one "},
+    ]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert whole.status_code == 200
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(whole.content)  # half a body, ended cleanly
 
 
 async def test_delays_apply_before_the_first_byte() -> None:

@@ -29,6 +29,7 @@ from telegram.error import (
     InvalidToken,
     NetworkError,
     RetryAfter,
+    TelegramError,
     TimedOut,
 )
 from telegram.ext import (
@@ -48,6 +49,7 @@ from tests.fakes.telegram import (
     Garbled,
     Hang,
     RateLimited,
+    Refusal200,
     ServerError,
     Slow,
 )
@@ -224,6 +226,18 @@ async def test_slow_answer_times_out_after_sending(bot: Bot, fake: FakeTelegram)
 async def test_garbled_answer_is_ok_but_not_performed(bot: Bot, fake: FakeTelegram) -> None:
     fake.fail_next("sendMessage", Garbled({"odd": 1}))
     assert await bot.do_api_request("sendMessage", {"chat_id": CHAT, "text": "x"}) == {"odd": 1}
+    assert fake.sent() == []
+
+
+async def test_a_200_saying_ok_false_breaks_ptbs_own_request(bot: Bot, fake: FakeTelegram) -> None:
+    # PTB takes any 2xx for a success and reads its "result": what the channel's own request
+    # (`_telegram_http`) turns into the error the body reports.
+    fake.fail_next("sendMessage", Refusal200({"ok": False, "error_code": 400}))
+    with pytest.raises(KeyError, match="result"):
+        await bot.do_api_request("sendMessage", {"chat_id": CHAT, "text": "x"})
+    fake.fail_next("sendMessage", Refusal200("<html>bad gateway</html>"))
+    with pytest.raises(TelegramError, match="Invalid server response"):
+        await bot.do_api_request("sendMessage", {"chat_id": CHAT, "text": "x"})
     assert fake.sent() == []
 
 

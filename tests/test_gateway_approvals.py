@@ -662,3 +662,138 @@ async def test_a_subagent_that_fetched_a_page_is_asked_despite_a_saved_rule(
         await said(telegram, ALICE, "Your background task is done.")
         assert runs(tmp_path, "sub-tainted.txt") == 1
         assert await process.stop() == 0
+
+
+# -- bound to the person, the place and the code (issue 25, §4) ------------------------------
+
+
+async def test_alices_always_is_not_bobs_nor_a_groups_where_nobody_may_approve(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = await start(tmp_path, fake_llm, telegram)
+    command = "echo ran >> bound.txt"
+    fake_llm.script(execs(command, "a1"), Text("Saved."))
+    telegram.user_message(ALICE, "run it", user_id=ALICE)
+    assert await press(telegram, await card(telegram), "Always allow") == "Decided."
+    await said(telegram, ALICE, "Saved.")
+    # Bob's private chat: the same words ask him; nothing ran without his decision.
+    fake_llm.script(execs(command, "b1"), Text("Bob's turn."))
+    telegram.user_message(BOB, "run it", user_id=BOB)
+    bobs = await card(telegram, BOB)
+    assert runs(tmp_path, "bound.txt") == 1
+    assert await press(telegram, bobs, "Deny", user=BOB) == "Decided."
+    await said(telegram, BOB, "Bob's turn.")
+    # A group with no approver: refused at once, Alice's rule notwithstanding.
+    fake_llm.script(execs(command, "g1"), Text("Refused in the group."))
+    telegram.user_message(GROUP, "@nanobot_test_bot run it", user_id=ALICE, chat_type="supergroup")
+    await said(telegram, GROUP, "Refused in the group.")
+    assert runs(tmp_path, "bound.txt") == 1
+    assert "only an approver can allow this in a group" in tool_results(fake_llm)[-1]
+    listed = await nanobot_cli(process, "approvals", "rules")
+    assert f"telegram user {ALICE}'s own turns" in listed
+    assert await process.stop() == 0
+
+
+async def test_an_approvers_rule_for_a_group_applies_there_and_approvals_shows_own_only(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = await start(tmp_path, fake_llm, telegram, approvers=[ALICE])
+    command = "echo ran >> group.txt"
+    fake_llm.script(execs(command, "g1"), Text("Group ran."))
+    telegram.user_message(GROUP, "@nanobot_test_bot run it", user_id=BOB, chat_type="supergroup")
+    assert await press(telegram, await card(telegram, ALICE), "Always allow") == "Decided."
+    await said(telegram, GROUP, "Group ran.")
+    fake_llm.script(execs(command, "g2"), Text("Group ran again."))
+    telegram.user_message(GROUP, "@nanobot_test_bot again", user_id=BOB, chat_type="supergroup")
+    await said(telegram, GROUP, "Group ran again.")
+    assert runs(tmp_path, "group.txt") == 2 and len(cards(telegram, ALICE)) == 1
+    # Bob's own private call waits for Alice; /approvals shows it to Bob and to Alice only.
+    fake_llm.script(execs("cat bobs-diary.txt", "b1"))
+    telegram.user_message(BOB, "read my diary", user_id=BOB)
+    await card(telegram, ALICE, 2)
+    telegram.user_message(BOB, "/approvals", user_id=BOB)
+    own = await said(telegram, BOB, "Waiting for a decision: 1", exact=False)
+    assert "bobs-diary" in own.visible
+    telegram.user_message(GROUP, "/approvals", user_id=BOB, chat_type="supergroup")
+    counted = await said(telegram, GROUP, "calls are not shown in a group", exact=False)
+    assert "bobs-diary" not in counted.visible
+    assert await process.stop() == 0
+
+
+async def test_a_rewritten_script_or_a_written_git_config_voids_the_rule(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = await start(tmp_path, fake_llm, telegram)
+    workspace = marker(tmp_path, "")
+    (workspace / "tool.py").write_text("open('tool-ran.txt', 'a').write('v1\\n')\n")
+    fake_llm.script(execs("python3 tool.py", "t1"), Text("Tool ran."))
+    telegram.user_message(ALICE, "run the tool", user_id=ALICE)
+    assert await press(telegram, await card(telegram), "Always allow") == "Decided."
+    await said(telegram, ALICE, "Tool ran.")
+    # The agent rewrites tool.py (here: anything writing the workspace): the rule is void.
+    (workspace / "tool.py").write_text("open('PROOF', 'w')\n")
+    fake_llm.script(execs("python3 tool.py", "t2"), Text("Asked again."))
+    telegram.user_message(ALICE, "run it again", user_id=ALICE)
+    again = await card(telegram, number=2)
+    assert "no longer applies: tool.py changed" in again.visible
+    assert not marker(tmp_path, "PROOF").exists()
+    assert await press(telegram, again, "Deny") == "Decided."
+    await said(telegram, ALICE, "Asked again.")
+    # git: `git status` always allowed, then a .git/config with an fsmonitor command.
+    (workspace / ".git").mkdir()
+    fake_llm.script(execs("git status", "s1"), Text("Status."))
+    telegram.user_message(ALICE, "status", user_id=ALICE)
+    assert await press(telegram, await card(telegram, number=3), "Always allow") == "Decided."
+    await said(telegram, ALICE, "Status.")
+    (workspace / ".git" / "config").write_text("[core]\n\tfsmonitor = touch PROOF-git\n")
+    fake_llm.script(execs("git status", "s2"), Text("Asked about git."))
+    telegram.user_message(ALICE, "status again", user_id=ALICE)
+    git_card = await card(telegram, number=4)
+    assert "no longer applies: .git/config was created" in git_card.visible
+    assert not marker(tmp_path, "PROOF-git").exists()
+    assert await process.stop() == 0
+
+
+async def test_a_long_command_is_shown_whole_and_hidden_characters_are_made_visible(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = await start(tmp_path, fake_llm, telegram)
+    long = "echo start; " + "true; " * 1200 + "touch PROOF-hidden-tail"
+    fake_llm.script(execs(long, "l1"), Text("Long one denied."))
+    telegram.user_message(ALICE, "run the long one", user_id=ALICE)
+    await telegram.wait_for(lambda: any(m.buttons for m in telegram.sent(ALICE)), seconds=30)
+    parts = telegram.sent(ALICE)
+    assert len(parts) >= 2 and "Approval needed" in parts[0].visible
+    assert "".join(m.visible for m in parts).count("true;") == 1200
+    shown = parts[-1]  # the buttons are under the last part, with the tail
+    assert shown.buttons and "touch PROOF-hidden-tail" in shown.visible
+    assert await press(telegram, shown, "Deny") == "Decided."
+    await said(telegram, ALICE, "Long one denied.")
+    sneaky = "echo done #\u202e; rm -rf x"
+    fake_llm.script(execs(sneaky, "r1"), Text("Sneaky one denied."))
+    telegram.user_message(ALICE, "run the other", user_id=ALICE)
+    flagged = await card(telegram, number=2)  # a card of one message
+    assert "\u202e" not in flagged.visible and "#<U+202E>; rm -rf x" in flagged.visible
+    assert "Careful: it holds 1 invisible or direction-changing character" in flagged.visible
+    assert not marker(tmp_path, "PROOF-hidden-tail").exists()
+    assert await process.stop() == 0
+
+
+async def test_a_call_in_a_background_tasks_report_is_asked_of_the_person_who_started_it(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = await start(tmp_path, fake_llm, telegram)
+    fake_llm.script(
+        ToolCalls([Call("spawn", {"task": "find the file", "label": "find"}, id="s1")]),
+        Text("Started."),  # the starting turn's reply and the subagent's answer, either order
+        Text("Started."),
+        execs("touch reported", "r1"),  # the turn that reports the result
+        Text("The task is done and I made the file."),
+    )
+    telegram.user_message(BOB, "find it in the background", user_id=BOB)
+    reported = await card(telegram, BOB)  # in Bob's chat, not in a chat named "@task"
+    assert "touch reported" in reported.visible and "a subagent's result" in reported.visible
+    assert await press(telegram, reported, "Allow once", user=BOB) == "Decided."
+    await said(telegram, BOB, "The task is done and I made the file.")
+    assert marker(tmp_path, "reported").exists()
+    assert await process.stop() == 0

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.llm import FakeLLM, Text
-from tests.fakes.telegram import DEFAULT_TOKEN, ApiError, FakeTelegram, ServerError
+from tests.fakes.telegram import DEFAULT_TOKEN, ApiError, FakeTelegram, Refusal200, ServerError
 from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
 from tests.test_gateway_approvals import until
@@ -106,6 +106,29 @@ async def test_a_reply_refused_after_a_restart_is_given_up_and_holds_back_nothin
         assert len(telegram.calls("sendMessage")) == 3
     finally:
         await process.stop(signal.SIGKILL)
+
+
+def attempts(process: GatewayProcess) -> list[int]:
+    """Every outbox row's count of failed delivery attempts, oldest first."""
+    with closing(sqlite3.connect(process.data_dir / "state.db")) as db:
+        return [int(n) for (n,) in db.execute("SELECT attempts FROM outbox ORDER BY id")]
+
+
+async def test_a_200_that_says_ok_false_is_retried_and_the_replies_keep_their_order(
+    gateway: GatewayProcess, telegram: FakeTelegram, fake_llm: FakeLLM
+) -> None:
+    # Telegram (or a proxy before it) answers HTTP 200 {"ok": false}: once a KeyError left
+    # the reply pending, with 0 attempts, until a restart sent it after later replies.
+    fake_llm.script(Text("The first answer."), Text("The second answer."))
+    telegram.fail_next("sendMessage", Refusal200({"ok": False}), times=None, chat_id=ALICE)
+    telegram.user_message(ALICE, "one", user_id=ALICE)
+    await until(lambda: attempts(gateway)[:1] == [1])
+    assert outbox(gateway)[0][0] == "pending" and "Bad Gateway" in str(outbox(gateway)[0][1])
+    telegram.user_message(ALICE, "two", user_id=ALICE)
+    await until(lambda: len(attempts(gateway)) == 2)  # the second answer waits behind
+    telegram.clear_faults(ALICE)
+    assert await replies(telegram, ALICE, 2) == ["The first answer.", "The second answer."]
+    await until(lambda: [state for state, _ in outbox(gateway)] == ["delivered"] * 2)
 
 
 def cron_runs(process: GatewayProcess) -> list[tuple[str, str | None, str | None]]:

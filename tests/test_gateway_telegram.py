@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import sqlite3
+import stat
 import sys
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import closing
@@ -406,3 +407,31 @@ async def test_messages_sent_while_the_gateway_is_stopped_are_answered_once_afte
     assert shown()[ALICE][0] == "Before the stop."
     assert not turns(fake_llm.requests[before:], ["before the stop"])  # not again
     assert unanswered(process.data_dir) == (0, 0)
+
+
+async def test_a_config_others_may_read_is_warned_about_at_every_start_and_left_as_it_is(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    config = process.config_path
+    said = (
+        f"{config} holds secrets (agent.api_key, channels.telegram.token) and can be read by "
+        f"its group and anyone (mode 0644): run `chmod 600 {config}`"
+    )
+    await process.start(ready="telegram connected")
+    try:
+        assert not any("holds secrets" in line for line in process.lines)  # 0600: nothing
+        await process.stop()
+        config.chmod(0o644)
+        for _ in range(2):
+            await process.start(ready="telegram connected")
+            assert [line for line in process.lines if "holds secrets" in line] == [
+                line for line in process.lines if said in line
+            ]
+            assert len([line for line in process.lines if said in line]) == 1
+            assert await process.stop() == 0
+        assert stat.S_IMODE(config.stat().st_mode) == 0o644  # the user's file, not ours
+    finally:
+        await process.stop(signal.SIGKILL)

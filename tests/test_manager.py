@@ -45,7 +45,7 @@ class ScriptedChannel(Channel):
         self.runs = 0
         self.slow = slow
         self.failures = failures
-        self.refusing: dict[str, DeliveryError] = {}
+        self.refusing: dict[str, Exception] = {}
         self.tried: list[Outbound] = []
         self.delivered: list[Outbound] = []
         self.arrived = asyncio.Event()  # set as each item is delivered
@@ -153,6 +153,19 @@ async def test_undeliverable_messages_stay_unconfirmed() -> None:
     assert ledger.confirmed == []
     assert len(ledger.failed) == 3  # every attempt recorded; the row stays pending
     assert channel.delivered == [Typing(ChatRef("tg", "1"), active=True)]
+    await stop(task)
+
+
+async def test_a_delivery_bug_is_recorded_as_a_failed_attempt() -> None:
+    bus, ledger = MessageBus(), MemoryOutbox()
+    channel = ScriptedChannel("tg")
+    channel.refusing["1"] = KeyError("result")  # what PTB raised on a 200 without a result
+    manager = ChannelManager([channel], bus, ledger)
+    task = await run_manager(manager, channel)
+    await bus.publish(reply("tg", 4))
+    await asyncio.wait_for(manager.drain(), 5)
+    assert ledger.failed == [(4, "KeyError: 'result'")]  # not left pending with 0 attempts
+    assert ledger.confirmed == []
     await stop(task)
 
 

@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from nanobot.agent.memory import Memory, Note
+from nanobot.agent.prompt_budget import Cut, PromptBudget
 
 DAY = date(2026, 3, 1)
 
@@ -83,6 +84,22 @@ def test_prompt_is_cached_and_follows_edits(tmp_path: Path) -> None:
     info = path.stat()
     os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
     assert memory.prompt(DAY) == "## memory/MEMORY.md\n\nLikes tee."
+
+
+def test_each_file_and_all_of_them_fit_the_budget(tmp_path: Path) -> None:
+    long_term = write(tmp_path, "memory/MEMORY.md", "- fact\n" * 500)  # 3,500 characters
+    write(tmp_path, "memory/2026-03-01.md", "- today\n" * 100)  # 800
+    memory = Memory(tmp_path, UTC, budget=PromptBudget(file_chars=2_000, total_chars=4_000))
+    prompt, [cut] = memory.prompt_within(DAY, 4_000)
+    assert cut == Cut("memory/MEMORY.md", len("- fact\n" * 285) - 1, long_term.stat().st_size)
+    assert "[memory/MEMORY.md is cut here" in prompt and "start_line 286" in prompt
+    assert "- today\n" * 99 + "- today" in prompt  # the rest of the room
+    assert memory.prompt_within(DAY, 4_000) == (prompt, (cut,))
+    assert memory.prompt_within(DAY, 4_000)[0] is prompt
+    squeezed, cuts = memory.prompt_within(DAY, 2_100)  # 106 left after MEMORY.md
+    assert [c.title for c in cuts] == ["memory/MEMORY.md", "memory/2026-03-01.md"]
+    assert "[memory/2026-03-01.md (800 bytes) is left out" in squeezed
+    assert memory.prompt(DAY) == prompt  # all of the budget's room
 
 
 def test_prompt_follows_the_day(tmp_path: Path) -> None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from aiohttp import web
@@ -27,6 +28,7 @@ from tests.fakes.llm import (
     AuthError,
     Call,
     ContextLengthError,
+    Cut,
     Disconnect,
     FakeLLM,
     Hang,
@@ -152,6 +154,64 @@ async def test_dropped_connection_is_retried(fake_llm: FakeLLM) -> None:
     fake_llm.script(Disconnect(), Text("whole answer"))
     completion = await provider(fake_llm).complete(MESSAGES)
     assert completion.content == "whole answer"
+
+
+@pytest.fixture(params=["litellm", "direct"])
+async def either(request: pytest.FixtureRequest, fake_llm: FakeLLM) -> AsyncIterator[Make]:
+    """Builds providers of the fake server's model on each transport in turn (closed after
+    the test)."""
+    built: list[Provider] = []
+
+    def build(**options: Any) -> Provider:
+        options = {"retry": FAST, **options}
+        if request.param == "litellm":
+            built.append(provider(fake_llm, **options))
+        else:
+            direct = DirectTransport(fake_llm.base_url, api_key="sk-test")
+            built.append(Provider("openai/fake-model", Routes(direct), **options))
+        return built[-1]
+
+    yield build
+    for made in built:
+        await made.aclose()
+
+
+class Make(Protocol):
+    def __call__(self, **options: Any) -> Provider: ...
+
+
+async def test_a_stream_cut_short_is_no_answer_on_either_transport(
+    fake_llm: FakeLLM, either: Make
+) -> None:
+    # Two chunks, then the end: no finish_reason, no [DONE]. litellm's wrapper adds a
+    # finish reason of its own there; what was written so far is not the answer.
+    fake_llm.script(Cut("The whole answer would have been longer.", chunks=2))
+    deltas: list[Delta] = []
+    with pytest.raises(ProviderError) as info:
+        await either(retry=RetryPolicy(attempts=0)).complete(MESSAGES, on_delta=deltas.append)
+    assert info.value.kind == "unavailable"
+    assert "the stream ended before the answer did" in str(info.value)
+    assert "".join(d.text for d in deltas if isinstance(d, TextDelta)) == "The "
+
+
+async def test_a_stream_cut_short_is_retried_on_either_transport(
+    fake_llm: FakeLLM, either: Make
+) -> None:
+    fake_llm.script(Cut(chunks=1), Cut(chunks=3), Text("The whole answer."))
+    deltas: list[Delta] = []
+    completion = await either().complete(MESSAGES, on_delta=deltas.append)
+    assert completion.content == "The whole answer."
+    assert completion.finish_reason == "stop"
+    assert fake_llm.request_count == 3
+
+
+async def test_a_whole_answer_cut_short_is_retried_on_either_transport(
+    fake_llm: FakeLLM, either: Make
+) -> None:
+    fake_llm.script(Cut(), Text("The whole answer."))
+    completion = await either().complete(MESSAGES)
+    assert completion.content == "The whole answer."
+    assert fake_llm.request_count == 2
 
 
 async def test_retries_are_bounded(fake_llm: FakeLLM) -> None:

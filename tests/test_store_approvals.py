@@ -20,6 +20,7 @@ from nanobot.store.approvals import (
     TIMED_OUT,
     NewRequest,
     Place,
+    Turn,
     Verdict,
 )
 from nanobot.store.claims import Claims
@@ -260,9 +261,12 @@ async def test_a_cluster_member_starting_spares_the_requests_live_members_wait_f
     assert await answer(store, waiting.id) == "decided"
 
 
-async def test_always_saves_one_rule_bound_to_the_key_until_revoked(store: ApprovalStore) -> None:
-    assert await store.match("exec", "ls -la", "telegram:100") is None
-    request = await store.create(new(), expires_in=TIMEOUT)
+MINE = Turn("telegram:100", "telegram", "100")
+
+
+async def test_always_saves_one_rule_for_its_person_until_revoked(store: ApprovalStore) -> None:
+    assert await store.match("exec", "ls -la", MINE) == []
+    request = await store.create(new(owner="100", fingerprint="{}"), expires_in=TIMEOUT)
     assert await answer(store, request.id, "always") == "decided"
     [rule] = await store.rules()
     assert (rule.tool, rule.rule_key, rule.created_by, rule.request_id) == (
@@ -271,19 +275,46 @@ async def test_always_saves_one_rule_bound_to_the_key_until_revoked(store: Appro
         "100",
         request.id,
     )
-    # Any chat, any session: a saved rule is for good; other commands and tools are not.
-    assert await store.match("exec", "ls -la", "discord:5") == Grant("always", rule.id)
-    assert await store.match("exec", "ls -l", "telegram:100") is None
-    assert await store.match("write_file", "ls -la", "telegram:100") is None
-    # The same command approved "always" again keeps one rule.
-    again = await store.create(new(), expires_in=TIMEOUT)
+    assert (rule.channel, rule.user_id, rule.session_key) == ("telegram", "100", None)
+    grant = Grant("always", rule.id, "{}")
+    # Their own turns on that channel: their chat, their cron job's session.
+    assert await store.match("exec", "ls -la", MINE) == [grant]
+    assert await store.match("exec", "ls -la", Turn("cron:j1", "telegram", "100")) == [grant]
+    # Nobody else's turn, no group, no other platform, no other command or tool.
+    assert await store.match("exec", "ls -la", Turn("telegram:200", "telegram", "200")) == []
+    assert await store.match("exec", "ls -la", Turn("telegram:-5", "telegram", None)) == []
+    assert await store.match("exec", "ls -la", Turn("discord:5", "discord", "100")) == []
+    assert await store.match("exec", "ls -l", MINE) == []
+    assert await store.match("write_file", "ls -la", MINE) == []
+    # The same command approved "always" again keeps one rule, pinned to the code as it is.
+    again = await store.create(new(owner="100", fingerprint='{"a":"1"}'), expires_in=TIMEOUT)
     assert await answer(store, again.id, "always") == "decided"
-    assert [r.id for r in await store.rules()] == [rule.id]
+    [kept] = await store.rules()
+    assert (kept.id, kept.fingerprint, kept.request_id) == (rule.id, '{"a":"1"}', again.id)
     revoked = await store.revoke(f" {rule.id.upper()} ", by="cli")
-    assert revoked == rule
+    assert revoked == kept
     assert await store.revoke(rule.id) is None
-    assert await store.match("exec", "ls -la", "telegram:100") is None
+    assert await store.match("exec", "ls -la", MINE) == []
     assert [e.outcome for e in await store.log()] == ["approved", "approved", "revoked"]
+
+
+async def test_a_groups_rule_is_for_that_group_not_for_the_approver(store: ApprovalStore) -> None:
+    group = Place("telegram", "-5")
+    asked = new(session_key="telegram:-5", deciders=("9",), places=(Place("telegram", "@9"), group))
+    request = await store.create(asked, expires_in=TIMEOUT)
+    assert await answer(store, request.id, "always", by="9", place=Place("telegram", "@9"))
+    [rule] = await store.rules()
+    assert (rule.channel, rule.user_id, rule.session_key) == ("telegram", None, "telegram:-5")
+    assert await store.match("exec", "ls -la", Turn("telegram:-5", "telegram", None)) == [
+        Grant("always", rule.id)
+    ]
+    assert await store.match("exec", "ls -la", Turn("telegram:-6", "telegram", None)) == []
+    assert await store.match("exec", "ls -la", Turn("telegram:9", "telegram", "9")) == []
+    # The same command for a person's turns is a rule of its own.
+    mine = await store.create(new(owner="100"), expires_in=TIMEOUT)
+    assert await answer(store, mine.id, "always") == "decided"
+    assert len(await store.rules()) == 2
+    assert [r.id for r in await store.rules(channel="discord")] == []
 
 
 async def test_always_is_refused_where_the_request_does_not_offer_it(store: ApprovalStore) -> None:
@@ -291,30 +322,34 @@ async def test_always_is_refused_where_the_request_does_not_offer_it(store: Appr
     assert await answer(store, inline.id, "always") == "not_offered"
     assert await store.rules() == []
     assert await answer(store, inline.id, "once") == "decided"
-    assert await store.match("exec", "sh -c 'ls'", "telegram:100") is None
+    assert await store.match("exec", "sh -c 'ls'", MINE) == []
 
 
 async def test_chat_scope_holds_for_its_session_until_cleared(store: ApprovalStore) -> None:
-    request = await store.create(new(), expires_in=TIMEOUT)
+    request = await store.create(new(fingerprint='{"a":"1"}'), expires_in=TIMEOUT)
     assert await answer(store, request.id, "chat") == "decided"
-    assert await store.match("exec", "ls -la", "telegram:100") == Grant("chat")
-    assert await store.match("exec", "ls -la", "telegram:101") is None
+    assert await store.match("exec", "ls -la", MINE) == [Grant("chat", None, '{"a":"1"}')]
+    assert await store.match("exec", "ls -la", Turn("telegram:101", "telegram", "100")) == []
     assert await store.rules() == []
+    # Granted again, it pins the code as it is now.
+    again = await store.create(new(fingerprint='{"a":"2"}'), expires_in=TIMEOUT)
+    assert await answer(store, again.id, "chat") == "decided"
+    assert await store.match("exec", "ls -la", MINE) == [Grant("chat", None, '{"a":"2"}')]
     assert await store.clear_chat_scope("telegram:100") == 1
-    assert await store.match("exec", "ls -la", "telegram:100") is None
+    assert await store.match("exec", "ls -la", MINE) == []
     assert await store.clear_chat_scope("telegram:100") == 0
 
 
-async def test_with_both_a_chat_grant_and_a_rule_the_chat_grant_is_named(
+async def test_with_both_a_chat_grant_and_a_rule_the_chat_grant_comes_first(
     store: ApprovalStore,
 ) -> None:
     for verdict in ("always", "chat"):
-        request = await store.create(new(), expires_in=TIMEOUT)
+        request = await store.create(new(owner="100"), expires_in=TIMEOUT)
         assert await answer(store, request.id, verdict) == "decided"
     [rule] = await store.rules()
-    assert await store.match("exec", "ls -la", "telegram:100") == Grant("chat")
+    assert await store.match("exec", "ls -la", MINE) == [Grant("chat"), Grant("always", rule.id)]
     await store.clear_chat_scope("telegram:100")
-    assert await store.match("exec", "ls -la", "telegram:100") == Grant("always", rule.id)
+    assert await store.match("exec", "ls -la", MINE) == [Grant("always", rule.id)]
 
 
 async def test_the_log_keeps_every_decision_in_order(store: ApprovalStore, clock: Clock) -> None:
@@ -382,3 +417,44 @@ async def test_a_database_from_schema_6_is_upgraded_with_its_data(tmp_path: Path
         request = await store.create(new(), expires_in=TIMEOUT)
         assert await answer(store, request.id, "always") == "decided"
         assert len(await store.rules()) == 1
+
+
+async def test_rules_saved_before_they_were_bound_keep_to_the_chat_they_were_saved_for(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    with closing(sqlite3.connect(path)) as conn:
+        for version, script in enumerate(migrations.MIGRATIONS[:17], start=1):
+            conn.executescript(script)
+            conn.execute(f"PRAGMA user_version = {version}")
+        conn.execute(
+            "INSERT INTO approval_requests (id, session_key, run_id, tool_call_id, tool,"
+            " arguments, args_hash, rule_key, scopes, reason, deciders, state, scope,"
+            " created_at, expires_at, decided_by, decided_at) VALUES ('R1', 'telegram:100',"
+            " 'run', 'call', 'exec', '{}', 'h', 'ls', 'once chat always', 'why', '[\"100\"]',"
+            " 'approved', 'always', '2026-01-01', '2026-01-01', '100', '2026-01-01')"
+        )
+        conn.execute(
+            "INSERT INTO approval_places (request_id, channel, chat_id) VALUES"
+            " ('R1', 'telegram', '@100')"
+        )
+        conn.execute(
+            "INSERT INTO approval_rules (id, tool, rule_key, arguments, created_at, created_by,"
+            " request_id) VALUES ('aaaa0001', 'exec', 'ls', '{}', '2026-01-01', '100', 'R1'),"
+            " ('aaaa0002', 'exec', 'pwd', '{}', '2026-01-02', '100', NULL)"
+        )
+        conn.commit()
+    async with await Database.open(path) as db:
+        store = ApprovalStore(db)
+        bound, lost = await store.rules()
+        assert (bound.channel, bound.user_id, bound.session_key) == (
+            "telegram",
+            None,
+            "telegram:100",
+        )
+        assert (lost.channel, lost.user_id, lost.session_key) == ("", None, None)
+        assert bound.fingerprint == lost.fingerprint == ""
+        # In its own chat only (with no fingerprint: an exec rule asks once more there).
+        assert await store.match("exec", "ls", MINE) == [Grant("always", "aaaa0001")]
+        assert await store.match("exec", "ls", Turn("telegram:200", "telegram", "200")) == []
+        assert await store.match("exec", "ls", Turn("telegram:-5", "telegram", None)) == []

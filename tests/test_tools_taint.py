@@ -13,7 +13,9 @@ import pytest
 from nanobot.agent.taint import Ledger
 from nanobot.store import Database
 from nanobot.store.taint import TaintStore
+from nanobot.tools._exec_taint import ExecTaint
 from nanobot.tools.base import ToolContext, ToolResult, current_context
+from nanobot.tools.egress import Contact, EgressRecord
 from nanobot.tools.sandbox import Confinement, probe
 from nanobot.tools.shell import ExecParams, ExecTool
 from nanobot.tools.taint import (
@@ -24,6 +26,7 @@ from nanobot.tools.taint import (
     named_paths,
     scan_start,
 )
+from tests.test_tools_shell import make_sandbox
 
 
 @pytest.fixture
@@ -140,7 +143,19 @@ def test_turn_taint_grows_once_per_source() -> None:
 
 
 def exec_tool(ws: Path, store: TaintStore) -> ExecTool:
-    return ExecTool(ws, sandbox=probe("bwrap", Confinement(ws)), ledger=Ledger(store, ws))
+    # network: host, where no proxy watches: exec goes by what a command reads like.
+    sandbox = probe("bwrap", Confinement(ws, network="host"))
+    sandbox.wait_ready()
+    return ExecTool(ws, sandbox=sandbox, ledger=Ledger(store, ws))
+
+
+async def test_a_command_without_network_fetched_nothing(
+    ws: Path, store: TaintStore, clean_turn: ToolContext
+) -> None:
+    tool = ExecTool(ws, sandbox=make_sandbox("bwrap", ws), ledger=Ledger(store, ws))  # none
+    assert await tool.run(ExecParams(command="echo curl https://x.example/")) == (
+        "exit code 0\ncurl https://x.example/\n"
+    )
 
 
 async def test_exec_naming_a_marked_file_is_untrusted(
@@ -181,9 +196,9 @@ async def test_a_command_that_fetches_marks_what_it_wrote(
     assert result.taint == ("a command that fetched https://evil.example/x",)
     assert "<untrusted_content" in result.content
     assert "fetched.txt" in result.content  # the model is told what now counts as outside
-    [mark] = await store.all()
-    assert mark.path == "fetched.txt"
-    assert "https://evil.example/x" in mark.source
+    # (Files the fixture made just before may count too: the scan allows the clock's slack.)
+    marks = {m.path: m.source for m in await store.all()}
+    assert "https://evil.example/x" in marks["fetched.txt"]
     assert clean_turn.taint.sources == ()  # the registry adds it, not the tool
 
 
@@ -201,56 +216,27 @@ async def test_a_tainted_turns_command_marks_what_it_changed_and_clears_what_it_
     assert "notes.md" not in {m.path for m in await store.all()}
 
 
-class RecordedWatch:
-    """An egress path's view of one command, as the proxy will give it."""
-
-    def __init__(self, hosts: tuple[str, ...]) -> None:
-        self.env = {"EGRESS_TAG": "cmd-1"}
-        self._hosts = hosts
-        self.closed = False
-
-    def hosts(self) -> tuple[str, ...]:
-        return self._hosts
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class RecordedEgress:
-    def __init__(self, hosts: tuple[str, ...]) -> None:
-        self.watches: list[RecordedWatch] = []
-        self._hosts = hosts
-
-    def watch(self) -> RecordedWatch:
-        self.watches.append(RecordedWatch(self._hosts))
-        return self.watches[-1]
-
-
 @pytest.mark.parametrize(
-    ("hosts", "command", "taint"),
+    ("contacts", "taint"),
     [
-        (
-            ("example.com",),
-            "echo $EGRESS_TAG",
-            ("the output of a command that reached example.com",),
-        ),
-        ((), "echo $EGRESS_TAG; echo curl https://example.com", ()),  # its word beats the fallback
+        ([Contact("example.com", 443)], ("the output of a command that reached example.com:443",)),
+        ([Contact("10.0.0.5", 80, refused="a private address")], ()),  # the proxy's own 403
+        ([], ()),
     ],
 )
 @pytest.mark.usefixtures("clean_turn")
-async def test_what_the_egress_path_saw_decides_whether_exec_fetched(
-    ws: Path,
-    store: TaintStore,
-    hosts: tuple[str, ...],
-    command: str,
-    taint: tuple[str, ...],
+async def test_what_the_egress_proxy_recorded_decides_whether_exec_fetched(
+    ws: Path, store: TaintStore, contacts: list[Contact], taint: tuple[str, ...]
 ) -> None:
-    egress = RecordedEgress(hosts)
-    tool = ExecTool(
-        ws, sandbox=probe("bwrap", Confinement(ws)), ledger=Ledger(store, ws), egress=egress
+    record = EgressRecord("token")
+    for contact in contacts:
+        record.add(contact)
+    # The command mentions curl: the proxy's record, not the words, decides.
+    watched = await ExecTaint.before("curl -s https://example.com/", ws, Ledger(store, ws))
+    output, sources = await watched.after("page text", record)
+    assert sources == taint
+    assert ("<untrusted_content" in output) == bool(taint)
+    unwatched = await ExecTaint.before("curl -s https://example.com/", ws, Ledger(store, ws))
+    assert (await unwatched.after("page text", None))[1] == (
+        "a command that fetched https://example.com/",
     )
-    result = await tool.run(ExecParams(command=command))
-    text = result.content if isinstance(result, ToolResult) else result
-    assert "cmd-1" in text  # the command had the watch's variables
-    assert (result.taint if isinstance(result, ToolResult) else ()) == taint
-    assert [w.closed for w in egress.watches] == [True]

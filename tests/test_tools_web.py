@@ -21,14 +21,9 @@ import pytest
 from aiohttp import web
 
 from nanobot.tools._html_text import html_to_text
+from nanobot.tools.addresses import IPAddress, address_kind, system_resolver
 from nanobot.tools.registry import ToolRegistry
-from nanobot.tools.web import (
-    IPAddress,
-    WebFetchTool,
-    WebSearchTool,
-    address_kind,
-    system_resolver,
-)
+from nanobot.tools.web import WebFetchTool, WebSearchTool
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

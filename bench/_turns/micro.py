@@ -17,6 +17,7 @@ from nanobot import app
 from nanobot.agent.context import ContextBuilder, time_envelope
 from nanobot.providers.base import Completion, Usage
 from nanobot.store import Database, NewEntry, SessionStore
+from nanobot.tools.sandbox import Unconfined
 
 
 def _median_us(fn: Callable[[], object], runs: int = MICRO_RUNS) -> float:
@@ -52,7 +53,8 @@ async def measure_micro(b: Bench, profile: pstats.Stats, turns: int) -> list[Mic
     """nanobot's per-turn operations, priced one by one (no profiler); calls per plain turn
     from the profile."""
     config = b.stack.config
-    registry = app.build_tools(config, sandbox=app.build_sandbox(config))
+    # Only the tools' schemas are priced here: which sandbox exec would use does not matter.
+    registry = app.build_tools(config, sandbox=Unconfined(config.workspace_path))
     context = ContextBuilder(config.workspace_path)
     context.system_prompt()
     provider = b.stack.provider.inner

@@ -60,6 +60,7 @@ _WRAPPERS: Final = frozenset(
 _RUN_VIA_SHELL: Final = frozenset({"su", "runuser", "script", "flock"})
 _ALWAYS_SHELL: Final = frozenset({"watch", "eval"})
 _REDIRECTS: Final = frozenset({"<", ">", ">>", "<>", ">|", "<&", ">&", "&>", "&>>"})
+_OUTPUTS: Final = frozenset({">", ">>", ">|", "&>", "&>>"})
 _FEEDS: Final = frozenset({"<<", "<<-", "<<<"})
 _ASSIGNMENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 _PIPE: Final = re.compile(r"(?<!\|)\|(?!\|)")
@@ -77,6 +78,22 @@ def command_key(command: str) -> str:
     if any(mark in command for mark in _VERBATIM) or _tokens(command) is None:
         return command
     return _collapse(command)
+
+
+def simple_commands(command: str) -> list[list[str]] | None:
+    """The words of each simple command in `command` (quotes removed, operators and
+    redirections dropped, and the file an output redirection writes; the file an input
+    redirection reads kept), or None if it does not parse."""
+    tokens = _tokens(command)
+    if tokens is None:
+        return None
+    kept: list[str] = []
+    for index, token in enumerate(tokens):
+        # What a command writes to is its output, not code it runs.
+        if index and tokens[index - 1] in _OUTPUTS:
+            continue
+        kept.append(token)
+    return [simple.words for simple in _simple_commands(kept) if simple.words]
 
 
 def inline_code(command: str) -> str | None:

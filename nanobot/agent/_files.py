@@ -13,6 +13,7 @@ size) can at most keep showing the file's earlier, confined text.
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,12 +55,16 @@ class FileCache(Generic[T]):
     cheaply by identity (see `same`).
     """
 
-    def __init__(self, parse: Callable[[Path, str], T], workspace: Path) -> None:
+    def __init__(
+        self, parse: Callable[[Path, str], T], workspace: Path, *, max_bytes: int | None = None
+    ) -> None:
         """`parse(path, text)` turns a file's text into the cached value. It runs once per
         version of a file; it should not raise (a file's problems belong in its value). Files
-        are read confined to `workspace` (see `Workspace`)."""
+        are read confined to `workspace` (see `Workspace`); with `max_bytes`, only their first
+        `max_bytes` bytes are read (the text of a longer file is its start)."""
         self._parse = parse
         self._workspace = Workspace(workspace)
+        self._max_bytes = max_bytes
         self._entries: dict[Path, tuple[Version, T | None]] = {}
 
     def get(self, path: Path) -> T | None:
@@ -79,7 +84,7 @@ class FileCache(Generic[T]):
 
     def _load(self, path: Path) -> T | None:
         try:
-            data = self._workspace.read_bytes(path)
+            data = self._read(path)
         except FileNotFoundError:  # a dangling symlink, or removed since the lstat
             return None
         except ConfinementError as exc:
@@ -92,14 +97,29 @@ class FileCache(Generic[T]):
         # As text-mode reading does: "\r\n" and "\r" end lines too.
         return self._parse(path, text.replace("\r\n", "\n").replace("\r", "\n"))
 
+    def _read(self, path: Path) -> bytes:
+        if self._max_bytes is None:
+            return self._workspace.read_bytes(path)
+        fd, _ = self._workspace.open_file(path)
+        with os.fdopen(fd, "rb") as file:
+            return file.read(self._max_bytes)
+
 
 def _keep(_path: Path, text: str) -> str:
     return text
 
 
-def text_cache(workspace: Path) -> FileCache[str]:
-    """A cache of the plain text of files in `workspace`."""
-    return FileCache(_keep, workspace)
+def text_cache(workspace: Path, *, max_bytes: int | None = None) -> FileCache[str]:
+    """A cache of the plain text of files in `workspace` (of their first `max_bytes`)."""
+    return FileCache(_keep, workspace, max_bytes=max_bytes)
+
+
+def size(path: Path) -> int:
+    """The size of `path` in bytes (of a symlink's target); 0 when it cannot be found."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def same(a: Sequence[object], b: Sequence[object]) -> bool:

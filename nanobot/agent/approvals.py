@@ -6,11 +6,14 @@ log; the loop asks, waits and runs. A call goes through three steps:
 
 1. `ApprovalPolicy.requirement(tool, arguments)`: `allow` runs it, `deny` refuses it, `ask`
    goes on (cheap, so plainly allowed tools never touch the store);
-2. the store's `match(subject.tool, subject.rule_key, session_key)`: a grant, or None;
+2. the store's `match(subject.tool, subject.rule_key, turn)`: the grants saved for this
+   person or place; one holds only while the code it approved is unchanged (for exec, the
+   approver compares fingerprints, `nanobot.agent.code_pins`; `voided` says why not);
 3. `ApprovalPolicy.check(…, grant=…, taint=…)`: run it, or ask with the reason the card shows.
    Once a turn has taken in content from outside (`Taint`), every call that would ask asks
    even when a saved rule or a chat grant would allow it; a tool configured `allow` stays
-   allowed.
+   allowed, except a fetch that could carry what the turn read out to a host it has not
+   fetched from yet (`egress`): that asks, and "always" then means "for this host".
 
 Then `route(origin, approvers, …)` says where the card goes and who may decide, or that the call
 is refused at once; `new_request` makes the row for the store.
@@ -21,10 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from types import MappingProxyType
 from typing import Final, Literal
+from urllib.parse import urlsplit
 
 from nanobot.agent._commands import command_key, inline_code
 from nanobot.store.approvals import (
@@ -56,11 +60,15 @@ __all__ = [
     "answer_text",
     "command_key",
     "decision_text",
+    "egress",
+    "egress_reason",
+    "egress_subject",
     "inline_code",
     "new_request",
     "not_run",
     "route",
     "subject",
+    "voided",
 ]
 
 Policy = Literal["allow", "ask", "deny"]
@@ -126,6 +134,37 @@ def subject(tool: str, arguments: Mapping[str, object]) -> Subject:
     reason = inline_code(command)
     scopes: tuple[Scope, ...] = _ALL_SCOPES if reason is None else ("once",)
     return Subject(tool, canonical, digest, command_key(command), scopes, reason)
+
+
+def egress(tool: str, arguments: Mapping[str, object]) -> str | None:
+    """The host a call sends a request of the agent's choosing to (web_fetch's URL's host,
+    lowercase), or None for any other call. A web_search query goes only to the configured
+    search provider, never to a host the model picks: it is not one."""
+    url = arguments.get("url") if tool == "web_fetch" else None
+    if not isinstance(url, str):
+        return None
+    try:
+        host = urlsplit(url.strip()).hostname
+    except ValueError:
+        host = None
+    return host.rstrip(".") if host else f"an unreadable URL ({url[:80]})"
+
+
+def egress_subject(tool: str, arguments: Mapping[str, object], host: str) -> Subject:
+    """The `Subject` of a fetch from a tainted turn to `host`: a saved rule for it is "always
+    for this host" (rule key `host:<host>`); a chat-wide grant is not offered."""
+    plain = subject(tool, arguments)
+    if host.startswith("an unreadable URL"):
+        return replace(plain, scopes=("once",), once_only="its host cannot be told")
+    return replace(plain, rule_key=f"host:{host}", scopes=("once", "always"))
+
+
+def egress_reason(host: str, taint: Taint) -> str:
+    """Why a fetch from a tainted turn asks, for the card."""
+    return (
+        f"{taint.reason}, and a request to {host}, which this turn has not fetched from yet,"
+        " could carry what it read out in its address"
+    )
 
 
 def canonical_json(arguments: Mapping[str, object]) -> str:
@@ -213,6 +252,12 @@ class ApprovalPolicy:
 
 def _granted(grant: Grant) -> str:
     return f"saved rule {grant.rule_id}" if grant.scope == "always" else "this chat's approval"
+
+
+def voided(grant: Grant, why: str) -> str:
+    """Why a grant the store matched does not apply (the code it approved changed), for the
+    card: "saved rule 1a2b3c4d no longer applies: tool.py changed"."""
+    return f"{_granted(grant)} no longer applies: {why}"
 
 
 def _why_it_asks(tool: str, key: str) -> str:
@@ -318,9 +363,12 @@ def new_request(
     reason: str,
     deciders: Collection[str],
     places: Collection[Place],
+    owner: str | None = None,
+    fingerprint: str = "",
 ) -> NewRequest:
     """The store row for asking about `call`; its scopes come from the subject, so inline
-    code can never be saved."""
+    code can never be saved. `owner` is the person whose private turn it is (a rule binds to
+    them; None: to the session), `fingerprint` the code a rule would approve."""
     return NewRequest(
         session_key=session_key,
         run_id=run_id,
@@ -333,6 +381,8 @@ def new_request(
         reason=reason,
         deciders=tuple(deciders),
         places=tuple(places),
+        owner=owner,
+        fingerprint=fingerprint,
     )
 
 
@@ -347,7 +397,7 @@ _ANSWERS: Final[Mapping[Outcome, str]] = MappingProxyType(
         "not_approver": "Only an approver can decide this.",
         "expired": "Too late: this request expired, and the call did not run.",
         "changed": "The call changed since this was asked; nothing was decided.",
-        "not_offered": "That is not offered here: code given inline can only be allowed once.",
+        "not_offered": "That is not offered here: this call can only be allowed once.",
     }
 )
 _SCOPE_WORDS: Final[Mapping[Scope, str]] = MappingProxyType(

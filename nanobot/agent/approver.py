@@ -7,14 +7,21 @@ group), and the run waits in `awaiting_human` until someone who may decide does,
 expires, or the run is stopped. A decision comes back as a chat command (`/approve ID once`,
 a button press is one) through the gate and the dispatcher to `command`; the first answer
 wins in the store, and the waiting run is woken. Cards are outbound records: durable, and
-edited to say what became of them. After a restart, requests still pending are expired and
-their cards edited (`recover`); the turn resumes and its call gets "not run".
+edited to say what became of them.
+
+A saved rule or chat grant is matched for the person and place of the turn (`Turn`), and for
+exec holds only while the files the command runs are as they were when it was saved (their
+fingerprint, `code_pins`, computed in a thread); a command whose code cannot be pinned is
+offered "once" only. After content from outside, a web_fetch to a host the turn has not
+fetched from asks even though web_fetch is allowed (`egress`).
+
+After a restart, requests still pending are expired and their cards edited (`recover`); the
+turn resumes and its call gets "not run".
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -24,6 +31,8 @@ from weakref import WeakValueDictionary
 
 from loguru import logger
 
+from nanobot.agent._grants import holding, pinned
+from nanobot.agent.approval_cards import buttons, card_text, decided_text, listing, too_long
 from nanobot.agent.approvals import (
     DEFAULT_POLICIES,
     UNTRUSTED_TOOLS,
@@ -35,6 +44,9 @@ from nanobot.agent.approvals import (
     Taint,
     answer_text,
     decision_text,
+    egress,
+    egress_reason,
+    egress_subject,
     new_request,
     not_run,
     route,
@@ -47,9 +59,8 @@ from nanobot.bus.records import outbound_record
 from nanobot.log import printable
 from nanobot.providers.base import ToolCall
 from nanobot.store import ApprovalRequest, ApprovalStore, Journal
-from nanobot.store.approvals import LogOutcome, Place, Verdict
+from nanobot.store.approvals import LogOutcome, Place, Turn, Verdict
 
-SHOWN_CHARS = 1500  # of a call's arguments on its card; the rest is cut, with a note
 RESTARTED = "nanobot restarted before it was approved"
 STOPPED = "the turn was stopped"
 ASK_HELP = (
@@ -80,6 +91,7 @@ class RunApproval:
     caller: Caller
     run_id: str
     taint: Taint = field(default_factory=Taint)
+    hosts: set[str] = field(default_factory=set)  # fetched from (or approved) in this turn
 
     async def approve(self, call: ToolCall) -> Approval:
         return await self.approver.check(self, call)
@@ -152,7 +164,8 @@ class Approver:
 
     async def check(self, run: RunApproval, call: ToolCall) -> Approval:
         """Run `call` (None), refuse it now (the result text), or ask (`Asking`)."""
-        if self._policy.tools.get(call.name, self._policy.other) == "allow":
+        configured = self._policy.tools.get(call.name, self._policy.other)
+        if configured == "allow" and call.name != "web_fetch":
             return None  # most calls: no need to parse their arguments twice
         try:
             arguments = call.parsed_arguments()
@@ -160,21 +173,64 @@ class Approver:
             return None  # the runner answers bad arguments itself; nothing would run
         need = self._policy.requirement(call.name, arguments)
         if need == "allow":
-            return None
-        what = subject(call.name, arguments)
-        grant = None
+            return await self._egress(run, call, arguments)
+        what, fingerprint = subject(call.name, arguments), ""
+        grant, void = None, None
         if need == "ask":
-            grant = await self._store.match(what.tool, what.rule_key, run.caller.session_key)
+            what, fingerprint = await pinned(what, arguments, self._workspace)
+            grant, void = await holding(self._store, what, _turn(run.caller), fingerprint)
         check = self._policy.check(call.name, arguments, grant=grant, taint=run.taint)
         if check.action == "allow":
             await self._record(what, run, "allowed", check.reason)
+            self._fetched(run, call.name, arguments)
             return None
         if check.action == "deny":
             return await self._refuse(what, run, check.reason)
-        return await self._ask(run, call, what, check.reason)
+        why = check.reason if void is None else f"{void}; {check.reason}"
+        return await self._ask(run, call, what, why, fingerprint=fingerprint)
 
-    async def _ask(self, run: RunApproval, call: ToolCall, what: Subject, why: str) -> Approval:
+    async def _egress(
+        self, run: RunApproval, call: ToolCall, arguments: Mapping[str, object]
+    ) -> Approval:
+        """A call its tool's policy allows: it runs, unless it is a fetch from a tainted turn
+        to a host the turn has not fetched from, with no rule of this person's for it."""
+        host = egress(call.name, arguments)
+        if host is None:
+            return None
+        if run.taint.reason is None or host in run.hosts:
+            run.hosts.add(host)
+            return None
+        what = egress_subject(call.name, arguments, host)
+        if "always" in what.scopes:
+            grants = await self._store.match(what.tool, what.rule_key, _turn(run.caller))
+            if grants:
+                await self._record(what, run, "allowed", f"saved rule {grants[0].rule_id}")
+                run.hosts.add(host)
+                return None
+        asking = await self._ask(run, call, what, egress_reason(host, run.taint), host=host)
+        if not isinstance(asking, Asking):
+            return asking
+        return Asking(_fetched_once(run, host, asking.decision))
+
+    def _fetched(self, run: RunApproval, tool: str, arguments: Mapping[str, object]) -> None:
+        host = egress(tool, arguments)
+        if host is not None:
+            run.hosts.add(host)
+
+    async def _ask(
+        self,
+        run: RunApproval,
+        call: ToolCall,
+        what: Subject,
+        why: str,
+        *,
+        fingerprint: str = "",
+        host: str | None = None,
+    ) -> Approval:
         caller = run.caller
+        long = too_long(what.tool, what.arguments)
+        if long is not None:
+            return await self._refuse(what, run, f"it cannot be shown whole to approve it: {long}")
         origin = None
         if caller.chat is not None:
             chat = caller.chat
@@ -211,6 +267,8 @@ class Approver:
                 reason=why,
                 deciders=deciders,
                 places=places,
+                owner=caller.user_id if caller.private else None,
+                fingerprint=fingerprint,
             ),
             expires_in=self._policy.timeout,
         )
@@ -222,9 +280,13 @@ class Approver:
             ", ".join(deciders),
             why,
         )
+        always = None if host is None else f"for this host: {host}, in your turns, without asking"
+        text = card_text(
+            request, workspace=self._workspace, once_only=what.once_only, always=always
+        )
+        keys = buttons(request, always_label="Always allow" if host is None else "Always for host")
         for place, card_chat in zip(places, cards, strict=False):
-            text = self._card(request, what)
-            await self._post(request, place, card_chat, text, buttons(request))
+            await self._post(request, place, card_chat, text, keys)
         if group is not None:
             note = f"Waiting for an approver to decide on running {call.name} ({request.id})."
             await self._post(request, places[-1], group, note, ())
@@ -264,7 +326,7 @@ class Approver:
         words = message.text.split()
         name = words[0][1:].split("@", 1)[0].lower()
         if name == "approvals":
-            return await self.describe()
+            return await self.describe(message)
         verdict: Verdict
         if name == "deny" and len(words) in (2, 3):
             verdict, args_hash = "deny", (words[2] if len(words) == 3 else None)
@@ -317,19 +379,26 @@ class Approver:
                 exc,
             )
 
-    async def describe(self) -> str:
-        """The pending requests and the saved rules, for `/approvals`."""
-        pending = await self._store.pending()
-        rules = await self._store.rules()
-        lines = [f"Waiting for a decision: {len(pending)}"]
-        for request in pending[:10]:
-            asked = request.asked
-            lines.append(f"- {request.id}: {asked.tool} {_short(asked.arguments, 80)}")
-        lines.append(f"Saved rules (always allowed): {len(rules)}")
-        for rule in rules[:10]:
-            lines.append(f"- {rule.id}: {rule.tool} {_short(rule.rule_key, 80)}")
-        lines.append("Revoke a rule with `nanobot approvals revoke ID`.")
-        return "\n".join(lines)
+    async def describe(self, message: InboundMessage) -> str:
+        """`/approvals` for its sender: the pending requests of their own turns and those
+        they may decide, and the saved rules that apply to their turns (an approver's: also
+        the groups'). In a group only how many: the calls are not for everyone there."""
+        channel, me = message.chat.channel, message.sender_id
+        approver = me in self._approvers.get(channel, ())
+        pending = [
+            request
+            for request in await self._store.pending()
+            if request.asked.channel == channel
+            and (me in request.asked.deciders or request.asked.owner == me)
+        ]
+        rules = [
+            rule
+            for rule in await self._store.rules(channel=channel)
+            if rule.user_id == me
+            or rule.session_key == message.session_key
+            or (approver and rule.session_key is not None)
+        ]
+        return listing(pending, rules, me=me, private=message.is_private)
 
     async def new_session(self, session_key: str) -> None:
         """`/new`: what was allowed for this chat is not any more."""
@@ -351,20 +420,6 @@ class Approver:
 
     # -- cards ---------------------------------------------------------------------------
 
-    def _card(self, request: ApprovalRequest, what: Subject) -> str:
-        expires = request.expires_at.astimezone(UTC)
-        asked = request.asked
-        lines = [
-            f"**Approval needed** ({request.id}): the agent wants to run **{asked.tool}**",
-            _block(_shown(asked.tool, asked.arguments)),
-            f"Working directory: `{self._workspace}`",
-            f"Why it asks: {asked.reason}",
-            f"Expires at {expires:%H:%M} UTC if nobody decides.",
-        ]
-        if what.once_only:
-            lines.append(f"Only once: {what.once_only}.")
-        return "\n".join(lines)
-
     async def _post(
         self,
         request: ApprovalRequest,
@@ -381,9 +436,7 @@ class Approver:
     async def _show(self, request: ApprovalRequest) -> None:
         """Edit every card of `request` to say what became of it, without buttons."""
         asked = request.asked
-        text = f"Approval {request.id} for **{asked.tool}**: {decision_text(request)}.\n" + _block(
-            _shown(asked.tool, asked.arguments)
-        )
+        text = decided_text(request, decision_text(request))
         for place in asked.places:
             if place.message_id is None or not place.message_id.isdigit():
                 continue
@@ -415,47 +468,15 @@ class Approver:
         )
 
 
-def buttons(request: ApprovalRequest) -> tuple[Button, ...]:
-    """The buttons of a request's card; each sends back the command it stands for."""
-    labels = {"once": "Allow once", "chat": "Allow for this chat", "always": "Always allow"}
-    args_hash = request.asked.args_hash
-    keys = [
-        Button(labels[scope], f"/approve {request.id} {scope} {args_hash}")
-        for scope in request.asked.scopes
-    ]
-    return (*keys, Button("Deny", f"/deny {request.id} {args_hash}"))
+def _turn(caller: Caller) -> Turn:
+    """Whose turn it is, for matching saved rules: a person only in their private turn."""
+    channel = caller.chat.channel if caller.chat is not None else ""
+    return Turn(caller.session_key, channel, caller.user_id if caller.private else None)
 
 
-def _shown(tool: str, arguments: str) -> str:
-    """A call's arguments as a person reads them: exec's command as it is, others as JSON."""
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        parsed = None
-    if tool == "exec" and isinstance(parsed, dict) and isinstance(parsed.get("command"), str):
-        text = str(parsed["command"])
-    else:
-        text = json.dumps(parsed, indent=2, ensure_ascii=False) if parsed else arguments
-    if len(text) > SHOWN_CHARS:
-        cut = len(text) - SHOWN_CHARS
-        text = f"{text[:SHOWN_CHARS]}\n… ({cut} more characters: `nanobot approvals pending`)"
-    return text
-
-
-def _block(text: str) -> str:
-    """`text` as a code block no backticks inside can close."""
-    fence = "`" * max(3, _longest_backticks(text) + 1)
-    return f"{fence}\n{text}\n{fence}"
-
-
-def _longest_backticks(text: str) -> int:
-    longest = current = 0
-    for char in text:
-        current = current + 1 if char == "`" else 0
-        longest = max(longest, current)
-    return longest
-
-
-def _short(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+async def _fetched_once(run: RunApproval, host: str, decision: Awaitable[str | None]) -> str | None:
+    """`decision`; once it allows the fetch, `host` does not ask again in this turn."""
+    result = await decision
+    if result is None:
+        run.hosts.add(host)
+    return result

@@ -11,8 +11,11 @@ from collections.abc import Mapping
 from datetime import datetime, tzinfo
 from pathlib import Path
 
-from nanobot.agent._files import same, text_cache
+from loguru import logger
+
+from nanobot.agent._files import same, size, text_cache
 from nanobot.agent.memory import Memory
+from nanobot.agent.prompt_budget import Cut, PromptBudget, warning
 from nanobot.agent.skills import SKILLS_DIR, Skills
 from nanobot.agent.taint import as_data
 from nanobot.providers.base import Message
@@ -46,19 +49,28 @@ class ContextBuilder:
         timezone: tzinfo | None = None,
         skills: Skills | None = None,
         memory: Memory | None = None,
+        budget: PromptBudget | None = None,
     ) -> None:
         """`timezone` decides when "today" begins for the daily notes (default: the machine's
-        local zone); it is ignored when `memory` is given, which carries its own."""
+        local zone); it is ignored when `memory` is given, which carries its own. `budget`
+        bounds how much of the prompt files and memory the prompt holds (`memory`'s own
+        budget bounds each of its files)."""
         self._workspace = workspace
         self._confined = Workspace(workspace)
-        self._memory = memory if memory is not None else Memory(workspace, timezone)
+        self._budget = budget if budget is not None else PromptBudget()
+        if memory is None:
+            memory = Memory(workspace, timezone, budget=self._budget)
+        self._memory = memory
         self._skills = skills if skills is not None else Skills(workspace)
-        self._files = text_cache(workspace)
+        self._files = text_cache(workspace, max_bytes=self._budget.read_bytes())
         self._paths = tuple(workspace / name for name in PROMPT_FILES)
         self._identity = _identity(workspace)
         self._parts: tuple[str | None, ...] = ()
         self._tainted: Mapping[str, str] = {}
         self._prompt = ""
+        self._texts: tuple[str | None, ...] = ()
+        self._fitted: tuple[tuple[str | None, ...], int, tuple[Cut, ...]] = ((), 0, ())
+        self._warned: frozenset[Cut] = frozenset()
 
     @property
     def files(self) -> Workspace:
@@ -102,14 +114,12 @@ class ContextBuilder:
         """
         tainted = tainted or {}
         summary, inlined = self._skills.prompt_parts()
-        parts = (
-            *(self._files.get(path) for path in self._paths),
-            self._memory.prompt(self._memory.today(now), tainted),
-            summary,
-            inlined,
-        )
+        files, room, cuts = self._fit(tuple(self._files.get(path) for path in self._paths))
+        memory, memory_cuts = self._memory.prompt_within(self._memory.today(now), room, tainted)
+        parts = (*files, memory, summary, inlined)
         if same(parts, self._parts) and tainted == self._tainted:
             return self._prompt
+        self._warn((*cuts, *memory_cuts))
         prompt = self._render(parts, tainted)
         self._parts, self._tainted = parts, dict(tainted)
         # A file saved without changes gives an equal prompt: keep the old object so callers
@@ -117,6 +127,33 @@ class ContextBuilder:
         if prompt != self._prompt:
             self._prompt = prompt
         return self._prompt
+
+    def _fit(
+        self, texts: tuple[str | None, ...]
+    ) -> tuple[tuple[str | None, ...], int, tuple[Cut, ...]]:
+        """The prompt files as the prompt shows them (within the budget), the room they
+        leave for memory, and what they cut; the same objects while no file changed."""
+        if not same(texts, self._texts):
+            room = self._budget.total_chars
+            shown: list[str | None] = []
+            cuts: list[Cut] = []
+            for name, text in zip(PROMPT_FILES, texts, strict=True):
+                whole = (text or "").strip()
+                if not whole:
+                    shown.append(None)
+                    continue
+                body, cut = self._budget.fit(name, whole, room, size(self._workspace / name))
+                room = max(0, room - (len(whole) if cut is None else cut.shown))
+                shown.append(body)
+                cuts += [cut] if cut is not None else []
+            self._texts, self._fitted = texts, (tuple(shown), room, tuple(cuts))
+        return self._fitted
+
+    def _warn(self, cuts: tuple[Cut, ...]) -> None:
+        """Say once in the log which files the prompt cuts, each time a cut is new."""
+        if not set(cuts) <= self._warned and (line := warning(cuts, self._budget)):
+            logger.warning(line)
+        self._warned = frozenset(cuts)
 
     def _render(self, parts: tuple[str | None, ...], tainted: Mapping[str, str]) -> str:
         *files, memory, summary, inlined = parts

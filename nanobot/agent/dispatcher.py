@@ -422,9 +422,11 @@ def _caller(message: InboundMessage) -> Caller:
         # Nobody is talking: the chat it delivers to decides, where that is someone's own.
         user = private_user(chat)
         return Caller(message.session_key, chat, user, user is not None, unattended=True)
-    return Caller(
-        message.session_key, chat, message.sender_id, message.is_private, untrusted=tuple(untrusted)
-    )
+    # A background task's report whose starter is not known (journaled before reports
+    # carried it, as "task"): nobody's private chat; only configured approvers can decide.
+    unknown = message.source == "task" and message.sender_id in ("", "task")
+    talker = None if unknown else message.sender_id
+    return Caller(message.session_key, chat, talker, message.is_private, untrusted=tuple(untrusted))
 
 
 def private_user(chat: ChatRef | None) -> str | None:

@@ -7,11 +7,12 @@ only knows where they are and shows the current ones to the model.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 from pathlib import Path
 
-from nanobot.agent._files import same, text_cache
+from nanobot.agent._files import same, size, text_cache
+from nanobot.agent.prompt_budget import Cut, PromptBudget
 from nanobot.agent.taint import as_data
 
 MEMORY_DIR = "memory"
@@ -25,7 +26,6 @@ class Note:
 
     title: str
     text: str
-    file: str = field(default="", compare=False)  # workspace-relative path (what `title` names)
 
 
 class Memory:
@@ -35,17 +35,26 @@ class Memory:
     rolls over at midnight where the user lives.
     """
 
-    def __init__(self, workspace: Path, timezone: tzinfo | None = None) -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        timezone: tzinfo | None = None,
+        *,
+        budget: PromptBudget | None = None,
+    ) -> None:
+        """`budget` bounds what of the files the prompt shows (see `prompt_within`)."""
         self._workspace = workspace
         self._timezone = timezone
-        self._files = text_cache(workspace)
+        self._budget = budget if budget is not None else PromptBudget()
+        self._files = text_cache(workspace, max_bytes=self._budget.read_bytes())
         self._long_term = workspace / LONG_TERM_FILE
         self._day: date | None = None
         self._day_paths: tuple[Path, Path] = (self._long_term, self._long_term)
-        self._prompt_day: date | None = None
+        self._prompt_key: tuple[date, int] | None = None
         self._texts: tuple[str | None, ...] = ()
         self._tainted: Mapping[str, str] = {}
         self._prompt = ""
+        self._cuts: tuple[Cut, ...] = ()
 
     def daily_path(self, day: date) -> Path:
         return self._workspace / MEMORY_DIR / f"{day.isoformat()}.md"
@@ -67,7 +76,10 @@ class Memory:
 
     def notes(self, day: date) -> tuple[Note, ...]:
         """Long-term memory, then `day`'s and the previous day's notes: only the files that
-        exist and hold more than whitespace."""
+        exist and hold more than whitespace (of a long file, its start: see `PromptBudget`)."""
+        return tuple(note for note, _ in self._notes(day))
+
+    def _notes(self, day: date) -> list[tuple[Note, Path]]:
         today, yesterday = self._paths(day)
         files = (
             (LONG_TERM_FILE, self._long_term),
@@ -78,8 +90,8 @@ class Memory:
         for title, path in files:
             text = self._files.get(path)
             if text is not None and text.strip():
-                notes.append(Note(title, text.strip(), self._relative(path)))
-        return tuple(notes)
+                notes.append((Note(title, text.strip()), path))
+        return notes
 
     def prompt(self, day: date, tainted: Mapping[str, str] | None = None) -> str:
         """The notes of `notes(day)` as prompt sections, each headed by its title; "" when
@@ -87,6 +99,14 @@ class Memory:
         its content came from) is shown as data (`taint.as_data`). Returns the same object
         while no file changed and `day` and `tainted` are the same.
         """
+        return self.prompt_within(day, self._budget.total_chars, tainted)[0]
+
+    def prompt_within(
+        self, day: date, room: int, tainted: Mapping[str, str] | None = None
+    ) -> tuple[str, tuple[Cut, ...]]:
+        """`prompt(day)` with at most `room` characters of the files (and each within the
+        budget's `file_chars`), and the files it cut. The same objects while no file, nor
+        `day`, nor `room`, nor `tainted` changed."""
         tainted = tainted or {}
         today, yesterday = self._paths(day)
         texts = (
@@ -94,18 +114,27 @@ class Memory:
             self._files.get(today),
             self._files.get(yesterday),
         )
-        if day == self._prompt_day and same(texts, self._texts) and tainted == self._tainted:
-            return self._prompt
-        # `notes` reads the same cached objects, so this costs three more stat() calls, and
+        if (
+            (day, room) == self._prompt_key
+            and same(texts, self._texts)
+            and tainted == self._tainted
+        ):
+            return self._prompt, self._cuts
+        # `_notes` reads the same cached objects, so this costs three more stat() calls, and
         # only when something changed.
-        rendered = "\n\n".join(
-            f"## {note.title}\n\n{as_data(note.file, note.text, tainted)}"
-            for note in self.notes(day)
-        )
-        self._prompt_day, self._texts, self._tainted = day, texts, dict(tainted)
+        key, sections, cuts = (day, room), [], []
+        for note, path in self._notes(day):
+            text, cut = self._budget.fit(self._relative(path), note.text, room, size(path))
+            room = max(0, room - (len(note.text) if cut is None else cut.shown))
+            shown = as_data(self._relative(path), text, tainted)
+            sections.append(f"## {note.title}\n\n{shown}")
+            cuts += [cut] if cut is not None else []
+        rendered = "\n\n".join(sections)
+        self._prompt_key, self._texts, self._cuts = key, texts, tuple(cuts)
+        self._tainted = dict(tainted)
         if rendered != self._prompt:
             self._prompt = rendered
-        return self._prompt
+        return self._prompt, self._cuts
 
     def _paths(self, day: date) -> tuple[Path, Path]:
         if day != self._day:

@@ -459,13 +459,16 @@ class Subagents:
 
 def follow_up_event(info: SubagentInfo) -> InboundMessage:
     """The event that makes the agent tell the user about `info`, which has ended (its note
-    is in the origin session): a turn of its own there, after any running one."""
+    is in the origin session): a turn of its own there, after any running one, as the turn
+    of the person who started the task (its calls that ask go to them, in that chat; "" when
+    not known: then only configured approvers can decide)."""
     origin = info.origin
     return InboundMessage(
         origin.chat,
-        "task",
+        origin.sender_id or "",
         FOLLOW_UP,
         f"task:{info.id}",  # one follow-up per subagent, even when a restart repeats it
+        is_private=origin.private,
         source="task",
         session=origin.session_key,
         mode="next_turn",

@@ -21,7 +21,13 @@ from loguru import logger
 
 from nanobot.bus.events import Attachment, ChatRef, InboundMessage
 from nanobot.channels._discord_send import QUIET
-from nanobot.channels.base import InboxPolicy, discard_files, safe_filename, save_file
+from nanobot.channels.base import (
+    InboxError,
+    InboxPolicy,
+    discard_files,
+    safe_filename,
+    save_file,
+)
 from nanobot.channels.render import split_discord
 
 CHANNEL = "discord"
@@ -153,7 +159,12 @@ async def fetch_files(
             if len(data) > limit:  # it was announced smaller
                 refusals.append(too_large(remote, limit))
                 continue
-            path = await save_file(inbox, name, data)
+            try:
+                path = await save_file(inbox, name, data)
+            except InboxError as exc:
+                logger.warning("discord: could not keep {}: {}", name, exc.reason)
+                refusals.append(exc.line())
+                continue
             saved.append(Attachment(file_kind(remote), path, remote.content_type, len(data)))
     except BaseException:  # a file could not be saved, or the take was cancelled
         discard_files(a.path for a in saved)

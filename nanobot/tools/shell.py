@@ -2,8 +2,9 @@
 
 The contract is: `/bin/sh -c command` inside the sandbox exec was given (see `sandbox.py`:
 bubblewrap, with only the workspace writable and nothing of nanobot's data visible), working
-directory the workspace, a minimal environment (PATH, HOME=the workspace, LANG, TERM=dumb; none
-of nanobot's API keys or tokens), and a deadline. The sandbox (or, unsandboxed, the shell) is
+directory the workspace, a minimal environment (PATH, LANG, TERM=dumb, and what the sandbox
+adds: HOME, a fresh empty folder per call, and the egress proxy's variables; none of
+nanobot's API keys or tokens), and a deadline. The sandbox (or, unsandboxed, the shell) is
 started in its own process group; when the command ends, times out or the call is cancelled,
 that group is stopped (SIGTERM, a short grace, SIGKILL). Inside bubblewrap that ends every
 process the command started, also those that left the group with `setsid` or a double fork:
@@ -26,16 +27,21 @@ import os
 import re
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from loguru import logger
 from pydantic import Field
 
+from nanobot.reserve import DiskReserve, Shortage
+from nanobot.sizes import format_size
 from nanobot.tools._exec_taint import ExecTaint
 from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult
-from nanobot.tools.sandbox import Sandbox
-from nanobot.tools.taint import Egress, TaintLedger
+from nanobot.tools.limits import KEY, NO_LIMITS, Enforcement, Scope, close_scope, open_scope
+from nanobot.tools.sandbox import Bubblewrap, Sandbox, SandboxCall
+from nanobot.tools.taint import TaintLedger
 
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
     # rm with a recursive flag aimed at /, /*, ~ or $HOME
@@ -73,9 +79,12 @@ class ExecTool(Tool[ExecParams]):
     name = "exec"
     description = (
         "Run a shell command (/bin/sh -c) in the workspace directory and return its exit code "
-        "and combined stdout/stderr. It runs in a sandbox: only the workspace is writable "
-        "(and is HOME), files outside it are not visible, and background processes are "
-        "stopped when the command ends. No credentials or API keys are in its environment."
+        "and combined stdout/stderr. It runs in a sandbox: only the workspace is writable, "
+        "files outside it are not visible, HOME is a fresh empty folder each call (nothing "
+        "written there is kept; make a venv in the workspace for packages), the network (by "
+        "default) is the public internet only, through a proxy curl, pip, git and npm use by "
+        "themselves, and background processes are stopped when the command ends. No "
+        "credentials or API keys are in its environment."
     )
     params = ExecParams
 
@@ -87,16 +96,18 @@ class ExecTool(Tool[ExecParams]):
         timeout: float = 60,
         deny_patterns: Sequence[str] = DEFAULT_DENY_PATTERNS,
         max_output_bytes: int = MAX_OUTPUT_BYTES,
+        limits: Enforcement = NO_LIMITS,
+        reserve: DiskReserve | None = None,
         ledger: TaintLedger | None = None,
-        egress: Egress | None = None,
     ) -> None:
-        """`ledger` and `egress`: how the command's taint is followed (see `_exec_taint`)."""
+        """`ledger`: how the command's taint is followed (see `_exec_taint`)."""
         self.workspace = workspace
         self.ledger = ledger
-        self.egress = egress
         self.sandbox = sandbox
         self.timeout = timeout
         self.max_output_bytes = max_output_bytes
+        self.limits = limits
+        self.reserve = reserve
         self._deny: list[re.Pattern[str]] = []
         for pattern in deny_patterns:
             try:
@@ -105,36 +116,110 @@ class ExecTool(Tool[ExecParams]):
                 raise ValueError(f"invalid exec deny pattern {pattern!r}: {exc}") from None
 
     async def run(self, args: ExecParams) -> str | ToolResult:
-        argv = self.sandbox.command(["/bin/sh", "-c", args.command])
+        if not self.sandbox.ready:  # the masks' first walk, at the first call
+            await asyncio.to_thread(self.sandbox.wait_ready)
+        with self.sandbox.call() as call:
+            return await self._limited(args, call)
+
+    async def _limited(self, args: ExecParams, call: SandboxCall) -> str | ToolResult:
+        """`args.command` in the sandbox call `call`, within the command limits."""
+        self.sandbox.command(["/bin/sh", "-c", args.command], call=call)  # refused if none
         for pattern in self._deny:
             if pattern.search(args.command):
                 raise ToolError(
                     "command refused as dangerous (it matches the deny pattern "
                     f"{pattern.pattern!r}). If it is really needed, ask the user to run it."
                 )
+        if self.reserve is not None and (short := self.reserve.short()) is not None:
+            raise ToolError(f"no space left: {_shortage(short)}; the command was not run.")
+        try:
+            scope = await open_scope(self.limits, self.reserve, self.workspace)
+        except OSError as exc:
+            raise ToolError(f"could not set up the command's limits: {exc}") from None
+        try:
+            return await self._run(args, call, scope)
+        finally:
+            await close_scope(scope)
+
+    @property
+    def _offline(self) -> bool:
+        """Whether commands have no network at all (`network: none`): nothing they print
+        came from it."""
+        return isinstance(self.sandbox, Bubblewrap) and self.sandbox.confinement.network == "none"
+
+    async def _run(self, args: ExecParams, call: SandboxCall, scope: Scope) -> str | ToolResult:
+        taint = await ExecTaint.before(args.command, self.workspace, self.ledger)
+        inner = scope.inner(["/bin/sh", "-c", args.command])
+        argv = scope.outer(self.sandbox.command(inner, call=call))
         timeout = min(args.timeout or self.timeout, self.timeout)
-        taint = await ExecTaint.before(args.command, self.workspace, self.ledger, self.egress)
-        env = {**_minimal_env(self.workspace, self.sandbox.path), **taint.env}
-        with taint:  # the egress watch ends with the command, however it ends
-            try:
-                transport, shell = await _start(argv, self.workspace, env, self.max_output_bytes)
-            except OSError as exc:
-                raise ToolError(f"could not start the command: {exc}") from None
-            try:
-                timed_out = await _supervise(transport.get_pid(), shell, timeout)
-            finally:
-                transport.close()
-            output, sources = await taint.after(shell.text())
-        if timed_out:
-            error = (
-                f"the command timed out after {timeout:g} s and was stopped. Output before "
-                f"that:\n{output}"
+        env = _minimal_env(self.workspace, self.sandbox.path, call.env)
+        try:
+            transport, shell = await _start(
+                argv, self.workspace, env, self.max_output_bytes, call.pass_fds
             )
-            if not sources:
-                raise ToolError(error)
-            return ToolResult(f"Error: {error}", is_error=True, taint=sources)
-        text = f"{_describe_exit(transport.get_returncode())}\n{output}"
+        except OSError as exc:
+            raise ToolError(f"could not start the command: {exc}") from None
+        pid = transport.get_pid()
+        watch = asyncio.create_task(scope.watch(partial(_sandbox_tmp, pid)), name="exec watch")
+        try:
+            outcome = await _supervise(pid, shell, timeout, scope.stop)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            transport.close()
+        code = transport.get_returncode()
+        ended, met = scope.verdict(code, shell.text())
+        output, sources = await taint.after(shell.text(), call.egress, offline=self._offline)
+        if outcome == "timeout":
+            reached = f"; it had reached {ended}" if ended else ""
+            return _failed(
+                f"the command timed out after {timeout:g} s and was stopped{reached}. Output "
+                f"before that:\n{output}",
+                sources,
+            )
+        if outcome == "stopped" and scope.shortage is not None:
+            return _failed(
+                f"the command was stopped, no space left: {_shortage(scope.shortage)}. "
+                f"Output before that:\n{output}",
+                sources,
+            )
+        if ended:
+            return _failed(
+                f"the command was ended at {ended} ({_describe_exit(code)}). Output:\n{output}",
+                sources,
+            )
+        said = f" (it reports having met {met})" if met else ""
+        text = f"{_describe_exit(code)}{said}\n{output}"
         return ToolResult(text, taint=sources) if sources else text
+
+
+def _failed(error: str, sources: tuple[str, ...]) -> ToolResult:
+    """A command that did not end well: an error for the model, its output inside untrusted
+    markers when it carries content from outside (`sources`).
+
+    Raises:
+        ToolError: it carries none (the registry makes the same error of it).
+    """
+    if not sources:
+        raise ToolError(error)
+    return ToolResult(f"Error: {error}", is_error=True, taint=sources)
+
+
+def _shortage(short: Shortage) -> str:
+    """Why a command may not take more of the data volume, for the model and the person."""
+    return (
+        f"only {format_size(short.free)} is free on the volume of nanobot's data "
+        f"({short.volume}), where {format_size(short.reserve)} is kept for nanobot's store "
+        f"({KEY}.disk_reserve). Free some space there (in the workspace, say)"
+    )
+
+
+def _sandbox_tmp(pid: int) -> Path | None:
+    """The sandbox's /tmp as seen from outside, through its init's root; None until the
+    sandbox is up (or without one)."""
+    inits = _namespace_inits(pid)
+    return Path(f"/proc/{inits[0]}/root/tmp") if inits else None
 
 
 class _Shell(asyncio.SubprocessProtocol):
@@ -171,7 +256,7 @@ class _Shell(asyncio.SubprocessProtocol):
 
 
 async def _start(
-    argv: Sequence[str], cwd: Path, env: dict[str, str], limit: int
+    argv: Sequence[str], cwd: Path, env: dict[str, str], limit: int, pass_fds: Sequence[int] = ()
 ) -> tuple[asyncio.SubprocessTransport, _Shell]:
     """Start `argv` in a new session, its output going to a `_Shell`.
 
@@ -191,6 +276,7 @@ async def _start(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            pass_fds=pass_fds,
         ),
         name="exec start",
     )
@@ -209,23 +295,38 @@ async def _start(
         raise
 
 
-async def _supervise(pgid: int, shell: _Shell, seconds: float) -> bool:
-    """Wait up to `seconds` for the shell to exit, then stop its group; True on timeout.
+async def _supervise(
+    pgid: int, shell: _Shell, seconds: float, stop: asyncio.Event
+) -> Literal["exited", "timeout", "stopped"]:
+    """Wait up to `seconds` for the shell to exit, or for `stop` (a limit's watch), then stop
+    its group; say which came first.
 
     The group is stopped on cancellation too, before CancelledError propagates.
     """
     try:
         async with asyncio.timeout(seconds):
-            await shell.exited.wait()
+            await _first(shell.exited, stop)
+            if not shell.exited.is_set():
+                return "stopped"
             # A background child may hold the pipe open after the shell exits; what it wrote
             # so far is kept, and stopping the group ends it.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(shell.closed.wait(), EXIT_GRACE)
     except TimeoutError:
-        return True
+        return "timeout"
     finally:
         await _stop_group(pgid, shell)
-    return False
+    return "exited"
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until one of `events` is set."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 async def _stop_group(pgid: int, shell: _Shell) -> None:
@@ -317,13 +418,16 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-def _minimal_env(workspace: Path, path: str) -> dict[str, str]:
-    """The whole environment a command sees: nothing of nanobot's secrets."""
+def _minimal_env(workspace: Path, path: str, sandbox: Mapping[str, str]) -> dict[str, str]:
+    """The whole environment a command sees: nothing of nanobot's secrets. `sandbox`: what
+    the sandbox adds for this call (HOME, the proxy variables); HOME is the workspace where
+    it gives none."""
     return {
         "PATH": path,
         "HOME": str(workspace),
         "LANG": os.environ.get("LANG") or "C.UTF-8",
         "TERM": "dumb",  # no colour codes or pagers in output meant for a model
+        **sandbox,
     }
 
 

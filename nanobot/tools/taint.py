@@ -21,7 +21,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -210,7 +210,7 @@ _NETWORK_CODE = re.compile(
 
 def may_fetch(command: str) -> str | None:
     """Why `command` may bring in content from the network, when nothing watched it (no
-    egress path to ask, see `Egress`): a URL, a program known to fetch, or code that opens
+    egress proxy: `network: host`): a URL, a program known to fetch, or code that opens
     connections; None when it shows none of these. A fallback, not a boundary."""
     url = _URL.search(command)
     if url is not None:
@@ -222,30 +222,6 @@ def may_fetch(command: str) -> str | None:
     if _NETWORK_CODE.search(command):
         return "the output of a command that may have fetched (network code)"
     return None
-
-
-class Egress(Protocol):
-    """What the sandbox's network path (its egress proxy) saw one command reach. exec opens a
-    watch per command with `watch()`, puts `env` into the command's environment (the proxy's
-    variables, tagging this command's connections) and, after the command, reads `hosts`.
-    Until the proxy offers this, exec has none and falls back on `may_fetch`."""
-
-    def watch(self) -> EgressWatch: ...
-
-
-class EgressWatch(Protocol):
-    """One command's view of the egress path (see `Egress`)."""
-
-    @property
-    def env(self) -> Mapping[str, str]: ...
-
-    def hosts(self) -> tuple[str, ...]:
-        """The hosts the command connected to (or tried to) so far; () when none."""
-        ...
-
-    def close(self) -> None:
-        """The command is over: stop tagging its connections."""
-        ...
 
 
 # -- what a command changed --------------------------------------------------------------------

@@ -16,9 +16,8 @@ import contextlib
 import html
 import ipaddress
 import re
-import socket
 import ssl
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
@@ -28,6 +27,14 @@ from pydantic import Field
 
 from nanobot.tools._html_text import html_to_text
 from nanobot.tools._untrusted import defuse
+from nanobot.tools.addresses import (
+    METADATA_HOSTS,
+    IPAddress,
+    Resolver,
+    address_kind,
+    host_key,
+    system_resolver,
+)
 from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult, untrusted
 from nanobot.tools.registry import MAX_RESULT_CHARS
 from nanobot.tools.taint import cut
@@ -45,80 +52,12 @@ def _httpx() -> ModuleType:
     return httpx
 
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
-"""Maps (host name, port) to the addresses a connection could go to."""
-
 BRAVE_SEARCH_URL = "https://api.search.brave.com/res/v1/web/search"
 USER_AGENT = "Mozilla/5.0 (compatible; nanobot; +https://github.com/HKUDS/nanobot)"
 FETCH_MAX_BYTES = 2_000_000
 FETCH_TIMEOUT = 20.0
 FETCH_MAX_REDIRECTS = 5
 FETCH_MAX_CHARS = MAX_RESULT_CHARS - 2000  # leaves room for the header and the wrapper
-
-# First match wins, so the specific entries come before the ranges that contain them.
-_NOT_PUBLIC: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str], ...] = tuple(
-    (ipaddress.ip_network(net), kind)
-    for net, kind in (
-        ("0.0.0.0/8", "unspecified ('this network')"),
-        ("10.0.0.0/8", "private"),
-        ("100.64.0.0/10", "carrier-grade NAT (shared)"),
-        ("127.0.0.0/8", "loopback"),
-        ("169.254.169.254/32", "cloud metadata"),
-        ("169.254.0.0/16", "link-local"),
-        ("172.16.0.0/12", "private"),
-        ("192.0.0.0/24", "IETF protocol assignment"),
-        ("192.0.2.0/24", "documentation"),
-        ("192.88.99.0/24", "6to4 relay"),
-        ("192.168.0.0/16", "private"),
-        ("198.18.0.0/15", "benchmarking"),
-        ("198.51.100.0/24", "documentation"),
-        ("203.0.113.0/24", "documentation"),
-        ("224.0.0.0/4", "multicast"),
-        ("240.0.0.0/4", "reserved"),  # includes the broadcast address
-        ("::/128", "unspecified"),
-        ("::1/128", "loopback"),
-        ("fd00:ec2::254/128", "cloud metadata"),
-        ("fc00::/7", "private (unique local)"),
-        ("fe80::/10", "link-local"),
-        ("fec0::/10", "site-local"),
-        ("ff00::/8", "multicast"),
-        ("2001::/23", "IETF protocol assignment"),  # includes Teredo
-        ("2001:db8::/32", "documentation"),
-        ("3fff::/20", "documentation"),
-        ("5f00::/16", "segment routing"),
-    )
-)
-_GLOBAL_UNICAST_V6 = ipaddress.IPv6Network("2000::/3")
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-_METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata.goog", "metadata"})
-
-
-def address_kind(ip: IPAddress) -> str | None:
-    """Why `ip` is not a public internet address ("loopback", "private", ...), or None.
-
-    IPv6 addresses that carry an IPv4 address (mapped ::ffff:a.b.c.d, 6to4, NAT64) are judged
-    by the IPv4 address; other IPv6 addresses must be global unicast (2000::/3).
-    """
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = ip.ipv4_mapped or ip.sixtofour
-        if embedded is None and ip in _NAT64:
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if embedded is not None:
-            kind = address_kind(embedded)
-            return None if kind is None else f"{kind}, inside an IPv6 address"
-    for network, kind in _NOT_PUBLIC:
-        if network.version == ip.version and ip in network:
-            return kind
-    if isinstance(ip, ipaddress.IPv6Address) and ip not in _GLOBAL_UNICAST_V6:
-        return "reserved"
-    return None
-
-
-async def system_resolver(host: str, port: int) -> list[IPAddress]:
-    """Resolve `host` with the system resolver, off the event loop."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0])) for info in infos))
 
 
 class WebSearchParams(ToolParams):
@@ -245,7 +184,7 @@ class WebFetchTool(Tool[WebFetchParams]):
         self.max_bytes = max_bytes
         self.timeout = timeout
         self.max_redirects = max_redirects
-        self._allow_hosts = frozenset(_host_key(h) for h in allow_hosts)
+        self._allow_hosts = frozenset(host_key(h) for h in allow_hosts)
         self._resolve = resolver
         self._ssl = ssl_context  # httpx's by default, made at the first fetch
 
@@ -306,10 +245,10 @@ class WebFetchTool(Tool[WebFetchParams]):
                 f"refused {url}: only http and https URLs can be fetched "
                 "(include the scheme, e.g. https://example.com)"
             )
-        host = _host_key(url.host)
+        host = host_key(url.host)
         if not host:
             raise ToolError(f"refused {url}: it has no host name")
-        if host in _METADATA_HOSTS:
+        if host in METADATA_HOSTS:
             raise ToolError(f"refused {url}: {url.host} is a cloud metadata service")
         # One address may be unreachable (IPv6 on a server without it); then try the next.
         *others, last = await self._checked_addresses(url, host)
@@ -381,10 +320,6 @@ def _request_to(client: httpx.AsyncClient, url: httpx.URL, address: IPAddress) -
         headers={"Host": url.netloc.decode("ascii")},
         extensions=sni,
     )
-
-
-def _host_key(host: str) -> str:
-    return host.strip().rstrip(".").lower().strip("[]")
 
 
 def _content_kind(content_type: str) -> Literal["html", "text", "unknown"] | None:

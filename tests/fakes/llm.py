@@ -158,6 +158,17 @@ class Disconnect(Reply):
     content: str = "partial"
 
 
+@dataclass(frozen=True)
+class Cut(Reply):
+    """A stream that ends early but cleanly: the first ``chunks`` chunks of ``content``
+    (its role chunk counts), then the end of the response, with no ``finish_reason`` and
+    no ``data: [DONE]`` (as a proxy that lost its upstream may send it). A request for a
+    whole answer gets its JSON body cut the same way: half of it, and the end."""
+
+    content: str = "The whole answer would have been much longer than this."
+    chunks: int = 2
+
+
 _KINDS: dict[str, type[Reply]] = {
     k.__name__: k
     for k in (Text, Echo, ToolCalls, RateLimit, ServerError, ContextLengthError, AuthError, Hang)
@@ -165,6 +176,7 @@ _KINDS: dict[str, type[Reply]] = {
 _KINDS |= {"ErrorBody": ErrorBody, "StreamError": StreamError}
 _KINDS["ToolThenText"] = ToolThenText
 _KINDS["Disconnect"] = Disconnect
+_KINDS["Cut"] = Cut
 
 
 def reply_from_json(obj: Mapping[str, Any]) -> Reply:
@@ -470,7 +482,7 @@ class FakeLLM:
     async def _succeed(
         self, request: web.Request, asked: _Head, reply: Reply, size: int
     ) -> web.StreamResponse:
-        """Answer with ``reply`` (Text, Echo, ToolCalls, ToolThenText, Disconnect or
+        """Answer with ``reply`` (Text, Echo, ToolCalls, ToolThenText, Disconnect, Cut or
         StreamError), streamed
         if asked. ``size``: the request body's length in bytes; a quarter of it is the prompt's
         token count (not re-encoding the messages keeps long requests cheap to serve)."""
@@ -505,6 +517,8 @@ class FakeLLM:
         stream = bool(asked.stream)
         if isinstance(reply, Disconnect):
             return await self._disconnect(request, base, reply.content, stream)
+        if isinstance(reply, Cut):
+            return await self._cut(request, base, reply, stream)
         if isinstance(reply, StreamError):
             return await self._fail_midway(request, base, reply, stream)
         if not stream:
@@ -545,6 +559,28 @@ class FakeLLM:
         response = await self._start(request, stream, len(payload))
         await response.write(payload[: len(payload) * 3 // 4].encode())
         return self._abort(request, response)
+
+    async def _cut(
+        self, request: web.Request, base: JSON, reply: Cut, stream: bool
+    ) -> web.StreamResponse:
+        """Send the first chunks of ``reply`` (or half a JSON body) and end the response."""
+        head: JSON = {**base, "object": "chat.completion.chunk"}
+        if not stream:
+            message = {"role": "assistant", "content": reply.content}
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            body = json.dumps({**base, "object": "chat.completion", "choices": [choice]})
+            cut = body[: len(body) // 2].encode()
+            response = await self._start(request, False, len(cut))
+            await response.write(cut)
+            await response.write_eof()
+            return response
+        response = await self._start(request)
+        for delta in _stream_deltas(reply.content, [])[: reply.chunks]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            await response.write(b"data: " + json.dumps({**head, "choices": [choice]}).encode())
+            await response.write(b"\n\n")
+        await response.write_eof()
+        return response
 
     async def _fail_midway(
         self, request: web.Request, base: JSON, reply: StreamError, stream: bool

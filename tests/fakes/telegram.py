@@ -181,8 +181,19 @@ class Garbled(Fault):
     result: Any = True
 
 
+@dataclass(frozen=True)
+class Refusal200(Fault):
+    """Answer HTTP 200 without performing the method, with ``body`` as it is: a dict or list
+    as JSON (``{"ok": false, "error_code": 400, "description": ...}``, or ``{"ok": false}``
+    with no fields), a string as raw bytes (a body that is not JSON). Seen from proxies and
+    from Telegram itself under load."""
+
+    body: Any = field(default_factory=lambda: {"ok": False})
+
+
 _FAULTS: dict[str, type[Fault]] = {
-    k.__name__: k for k in (RateLimited, ServerError, ApiError, Hang, Disconnect, Slow, Garbled)
+    k.__name__: k
+    for k in (RateLimited, ServerError, ApiError, Hang, Disconnect, Slow, Garbled, Refusal200)
 }
 
 
@@ -384,6 +395,14 @@ def _error(status: int, description: str, parameters: JSON | None = None) -> web
     return web.json_response(
         body | ({"parameters": parameters} if parameters else {}), status=status
     )
+
+
+def _answer_200(body: Any) -> web.Response:
+    """HTTP 200 with `body`: a string as it is (as a proxy's page comes), anything else as
+    JSON."""
+    if isinstance(body, str):
+        return web.Response(text=body, content_type="text/html")
+    return web.json_response(body)
 
 
 def _user_entities(text: str) -> list[JSON]:
@@ -1032,6 +1051,8 @@ class FakeTelegram:
                 return _error(status, description, parameters)
             case Garbled(result=result):
                 return web.json_response({"ok": True, "result": result})
+            case Refusal200(body=body):
+                return _answer_200(body)
             case Hang():
                 await self._stopping.wait()
         return self._abort(request) if isinstance(fault, Hang | Disconnect) else None

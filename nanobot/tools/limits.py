@@ -1,0 +1,365 @@
+"""Limits on what one exec command may take (`tools.exec.limits`), how they are enforced
+here, and which of them ended a command.
+
+Enforcement, decided once at start-up (`enforce`):
+
+- processes and memory: per command, for the command and everything it starts together, in
+  a control group of its own (`_cgroups`: cgroup v2 with delegation, else cgroup v1 where it
+  is writable, i.e. as root). Without one, rlimits stand in: RLIMIT_DATA bounds each
+  process's memory (not their sum); RLIMIT_NPROC bounds the processes of the sandbox's user
+  namespace, which the kernel does not apply to root;
+- CPU time (RLIMIT_CPU, per process: SIGXCPU, then SIGKILL a second later), open files
+  (RLIMIT_NOFILE), the size of any one file written (RLIMIT_FSIZE: SIGXFSZ): rlimits set by
+  util-linux's `prlimit` inside the sandbox, in front of the shell, so they bind the command
+  and not bubblewrap, and RLIMIT_NPROC counts inside the sandbox's user namespace;
+- the sandbox's `/tmp`: the size of its tmpfs (`Confinement.tmp_size`, bubblewrap's --size).
+
+A command joins its group before it runs anything: its argv starts with `/bin/sh -c 'echo 0
+> .../tasks && exec "$@"'` (see `_cgroups.Group.joins`), which then becomes the sandbox.
+`verdict()` reads what the kernel counted (the group's events, the exit status) and, for
+what only the command's own output can tell (too many open files, a refused fork, a full
+/tmp), its output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Final
+
+from loguru import logger
+
+from nanobot.reserve import DiskReserve, Shortage
+from nanobot.sizes import format_size
+from nanobot.tools import _cgroups
+
+KEY: Final = "tools.exec.limits"
+# Seconds between looks at the disks while a command runs: the kernel tells no one when free
+# space falls, so there is nothing to wait on but polling (statvfs costs microseconds).
+WATCH_EVERY: Final = 0.1
+# A group is empty once the kernel has reaped its last process: looked at for about 2 s.
+_REMOVE_TRIES: Final = 30
+_REMOVE_FIRST_WAIT: Final = 0.001
+_REMOVE_MAX_WAIT: Final = 0.1
+# Output that says the command met a limit only its own error messages can show.
+_EMFILE: Final = ("Too many open files",)
+_NOFORK: Final = ("Cannot fork", "fork: Resource temporarily unavailable", "can't fork")
+_NOMEM: Final = ("MemoryError", "Cannot allocate memory", "out of memory", "bad_alloc")
+_NOSPACE: Final = ("No space left on device",)
+# What the shell says when a child of it was killed by SIGXCPU or SIGXFSZ.
+_XCPU: Final = ("CPU time limit exceeded",)
+_XFSZ: Final = ("File size limit exceeded",)
+_EFBIG: Final = ("File too large",)  # a program that ignores SIGXFSZ, as Python does
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one command may take; None: not limited."""
+
+    processes: int | None = 256
+    memory: int | None = 1024**3
+    cpu_time: timedelta | None = timedelta(minutes=5)
+    open_files: int | None = 1024
+    file_size: int | None = 1024**3
+    tmp_size: int | None = 256 * 1024**2
+
+
+@dataclass(frozen=True, slots=True)
+class Enforcement:
+    """How `limits` are enforced here: `tree` for processes and memory where there is one,
+    `prlimit` (its path) for the rest; `confined` whether commands run in bubblewrap (which
+    bounds /tmp and gives RLIMIT_NPROC a user namespace to count in); `root` whether nanobot
+    runs as root (which RLIMIT_NPROC ignores)."""
+
+    limits: Limits
+    tree: _cgroups.Tree | None
+    prlimit: str | None
+    confined: bool
+    root: bool
+    groups: _cgroups.Groups | None = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        groups = None
+        if self.tree is not None:
+            limits = self.limits
+            groups = _cgroups.Groups(self.tree, memory=limits.memory, processes=limits.processes)
+        object.__setattr__(self, "groups", groups)
+
+    def close(self) -> None:
+        """Remove the command groups kept for reuse. Blocking: call it at shutdown, in a
+        thread."""
+        if self.groups is not None:
+            self.groups.close()
+
+    def enforced(self) -> dict[str, str]:
+        """Each limit (by its key) -> how it is enforced, or why it is not ("not enforced
+        (...)"). Limits set to null are left out."""
+        said: dict[str, str] = {}
+        limits, tree = self.limits, self.tree
+        rlimit = "rlimit, per process" if self.prlimit else _NO_PRLIMIT
+        whole = f"{tree.description}, for the whole command" if tree is not None else ""
+        if limits.processes is not None:
+            if whole:
+                said["processes"] = whole
+            elif self.prlimit and self.confined and not self.root:
+                said["processes"] = "rlimit, in the sandbox's user namespace"
+            else:
+                why = "root is exempt from RLIMIT_NPROC" if self.root else "no sandbox"
+                said["processes"] = f"not enforced (no cgroup to use, and {why})"
+        if limits.memory is not None:
+            said["memory"] = whole or rlimit
+        for key in ("cpu_time", "open_files", "file_size"):
+            if getattr(limits, key) is not None:
+                said[key] = rlimit
+        if limits.tmp_size is not None:
+            said["tmp_size"] = "tmpfs size" if self.confined else "not enforced (no sandbox)"
+        return said
+
+    def describe(self) -> str:
+        """One line for the start-up log and `nanobot status`: the limits grouped by how
+        they are enforced."""
+        values = _values(self.limits)
+        groups: dict[str, list[str]] = {}
+        for key, how in self.enforced().items():
+            groups.setdefault(how, []).append(f"{key} {values[key]}")
+        parts = [f"{', '.join(keys)} ({how})" for how, keys in groups.items()]
+        return "; ".join(parts) if parts else "none (all set to null)"
+
+    @property
+    def incomplete(self) -> bool:
+        """Whether a limit is not enforced, or processes and memory only per process."""
+        partial = self.tree is None and (
+            self.limits.processes is not None or self.limits.memory is not None
+        )
+        return partial or any(h.startswith("not enforced") for h in self.enforced().values())
+
+
+_NO_PRLIMIT: Final = "not enforced (util-linux prlimit is missing)"
+
+
+def enforce(limits: Limits, *, confined: bool) -> Enforcement:
+    """How `limits` can be enforced on this machine; takes the cgroup tree it will use
+    (`_cgroups.claim`: on cgroup v2 nanobot moves into a leaf child). Blocking: call it at
+    start-up, off the event loop."""
+    tree = _cgroups.find() if limits.processes is not None or limits.memory is not None else None
+    if tree is not None:
+        try:
+            _cgroups.claim(tree)
+        except OSError as exc:
+            logger.warning("exec limits: cannot use {}: {}", tree.description, exc)
+            tree = None
+    return _enforcement(limits, tree, confined=confined)
+
+
+def inspect(limits: Limits, *, confined: bool) -> Enforcement:
+    """What `enforce` would decide, changing nothing (for `nanobot status`)."""
+    tree = _cgroups.find() if limits.processes is not None or limits.memory is not None else None
+    return _enforcement(limits, tree, confined=confined)
+
+
+def _enforcement(limits: Limits, tree: _cgroups.Tree | None, *, confined: bool) -> Enforcement:
+    return Enforcement(limits, tree, shutil.which("prlimit"), confined, os.geteuid() == 0)
+
+
+def log_enforcement(enforcement: Enforcement) -> None:
+    """Say once at start-up which limits hold and how; a warning, with how to get the rest,
+    when some are not enforced or only per process."""
+    line = enforcement.describe()
+    if not enforcement.incomplete:
+        logger.info("exec limits: {}", line)
+        return
+    logger.warning(
+        "exec limits: {}. For the process and memory limits to hold for a command as a "
+        "whole, run nanobot with a delegated cgroup v2 subtree (systemd's Delegate=, as in "
+        "contrib/nanobot.service) or as root on a cgroup v1 host",
+        line,
+    )
+
+
+@dataclass
+class Scope:
+    """One command under the limits: its group (if any), what the watch saw, and the argv
+    wrappers. Made by `open_scope`, closed by `close_scope`."""
+
+    enforcement: Enforcement
+    group: _cgroups.Group | None
+    reserve: DiskReserve | None
+    workspace: Path | None = None
+    events: tuple[int, int] = (0, 0)  # the group's event counters when the command started
+    tmp_full: bool = False
+    shortage: Shortage | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def inner(self, argv: Sequence[str]) -> list[str]:
+        """`argv` with the rlimits set in front: what to run inside the sandbox."""
+        prlimit, limits = self.enforcement.prlimit, self.enforcement.limits
+        if prlimit is None:
+            return list(argv)
+        flags: list[str] = []
+        if limits.cpu_time is not None:
+            seconds = max(1, int(limits.cpu_time.total_seconds()))
+            flags.append(f"--cpu={seconds}:{seconds + 1}")
+        if limits.open_files is not None:
+            flags.append(f"--nofile={limits.open_files}")
+        if limits.file_size is not None:
+            flags.append(f"--fsize={limits.file_size}")
+        if limits.memory is not None and self.group is None:
+            flags.append(f"--data={limits.memory}")
+        if limits.processes is not None and self.group is None and self.enforcement.confined:
+            flags.append(f"--nproc={limits.processes}")
+        return [prlimit, *flags, "--", *argv] if flags else list(argv)
+
+    def outer(self, argv: Sequence[str]) -> list[str]:
+        """`argv` (the sandbox's) made to join the command's group before it starts."""
+        if self.group is None:
+            return list(argv)
+        joins = " && ".join(f"echo 0 > {shlex.quote(str(f))}" for f in self.group.joins)
+        return ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *argv]
+
+    async def watch(self, sandbox_tmp: Callable[[], Path | None]) -> None:
+        """Until cancelled, look at the data volume and the sandbox's /tmp every
+        WATCH_EVERY: set `stop` when free space on the data volume is short (see
+        `DiskReserve.short`), note when /tmp is full. Never raises but CancelledError."""
+        tmp: Path | None = None
+        while True:
+            if self.reserve is not None and (short := self.reserve.short()) is not None:
+                self.shortage = short
+                self.stop.set()
+                return
+            tmp = tmp or sandbox_tmp()
+            if tmp is not None and not self.tmp_full:
+                self.tmp_full = _full(tmp)
+            await asyncio.sleep(WATCH_EVERY)
+
+    def verdict(self, code: int | None, output: str) -> tuple[str | None, str | None]:
+        """(what the kernel says ended the command, what it met otherwise), each a phrase
+        naming the limit and its key, or None. A command that exited 0 was not ended by a
+        limit: what one of its processes met is in the second."""
+        limits, values = self.enforcement.limits, _values(self.enforcement.limits)
+        pids_hit, oom = False, False
+        if self.group is not None:
+            (pids, kills), (pids_before, kills_before) = self.group.events(), self.events
+            pids_hit, oom = pids > pids_before, kills > kills_before
+        ended: list[str] = []
+        if oom:
+            ended.append(_limit("memory", values))
+        if pids_hit:
+            ended.append(_limit("processes", values))
+        signal_number = -code if code is not None and code < 0 else (code or 0) - 128
+        if limits.cpu_time is not None and signal_number == signal.SIGXCPU:
+            ended.append(_limit("cpu_time", values))
+        if limits.file_size is not None and signal_number == signal.SIGXFSZ:
+            ended.append(_limit("file_size", values))
+        if code == 0:  # a child met it, and the command coped: said, not an error
+            return None, " and ".join(ended or self._met(code, output, values)) or None
+        met = [] if ended else self._met(code, output, values)
+        return (" and ".join(ended) or None), (" and ".join(met) or None)
+
+    def _met(self, code: int | None, output: str, values: dict[str, str]) -> list[str]:
+        limits, met = self.enforcement.limits, []
+        # Only a shell says these, of a child it ran: a command that went on after it.
+        if limits.cpu_time is not None and _says(output, _XCPU):
+            met.append(_limit("cpu_time", values))
+        if limits.file_size is not None and _says(output, _XFSZ):
+            met.append(_limit("file_size", values))
+        if code in (0, None):
+            return met
+        if limits.file_size is not None and not met and _says(output, _EFBIG):
+            met.append(_limit("file_size", values))
+        if limits.open_files is not None and _says(output, _EMFILE):
+            met.append(_limit("open_files", values))
+        if limits.processes is not None and _says(output, _NOFORK):
+            met.append(_limit("processes", values))
+        if limits.memory is not None and self.group is None and _says(output, _NOMEM):
+            met.append(_limit("memory", values))
+        # A full disk where the workspace is has its own message; else it was /tmp's tmpfs.
+        tmp = self.tmp_full or (self.workspace is not None and not _full(self.workspace))
+        if limits.tmp_size is not None and tmp and _says(output, _NOSPACE):
+            met.append(f"the size of its /tmp ({values['tmp_size']}, {KEY}.tmp_size)")
+        return met
+
+
+NO_LIMITS: Final = Enforcement(Limits(None, None, None, None, None, None), None, None, False, False)
+"""Nothing limited (a tool built without limits, as in some tests)."""
+
+
+async def open_scope(
+    enforcement: Enforcement, reserve: DiskReserve | None, workspace: Path | None = None
+) -> Scope:
+    """A scope for one command in `workspace`: a group of its own (reused, or made in a
+    thread), the disk reserve restored where there is room. Raises OSError when no group
+    can be made."""
+    group, events = None, (0, 0)
+    if enforcement.groups is not None:
+        group = await enforcement.groups.take()
+        events = group.events()
+    if reserve is not None and not reserve.in_place:
+        await asyncio.to_thread(reserve.restore)
+    return Scope(enforcement, group, reserve, workspace, events)
+
+
+async def close_scope(scope: Scope) -> None:
+    """Give the command's group back for reuse once the kernel has reaped its last process
+    (usually within a millisecond of the command's end); after about two seconds, remove it
+    instead, or leave it with a warning. Safe to cancel: the group is then not reused."""
+    group, groups = scope.group, scope.enforcement.groups
+    if group is None or groups is None:
+        return
+    wait = _REMOVE_FIRST_WAIT
+    try:
+        for _ in range(_REMOVE_TRIES):
+            if group.empty():
+                groups.give_back(group)
+                return
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, _REMOVE_MAX_WAIT)
+    except asyncio.CancelledError:
+        group.remove()  # where it is empty by now; else it is left until a later start
+        raise
+    if not group.remove():
+        logger.warning("exec limits: {} still holds processes; it is left", group.memory)
+
+
+def _values(limits: Limits) -> dict[str, str]:
+    cpu = limits.cpu_time
+    return {
+        "processes": str(limits.processes),
+        "memory": format_size(limits.memory) if limits.memory else "",
+        "cpu_time": f"{int(cpu.total_seconds())} s" if cpu else "",
+        "open_files": str(limits.open_files),
+        "file_size": format_size(limits.file_size) if limits.file_size else "",
+        "tmp_size": format_size(limits.tmp_size) if limits.tmp_size else "",
+    }
+
+
+_NAMES: Final = {
+    "processes": "the process limit",
+    "memory": "the memory limit",
+    "cpu_time": "the CPU time limit",
+    "open_files": "the open files limit",
+    "file_size": "the file size limit",
+}
+
+
+def _limit(key: str, values: dict[str, str]) -> str:
+    return f"{_NAMES[key]} ({values[key]}, {KEY}.{key})"
+
+
+def _says(output: str, phrases: Sequence[str]) -> bool:
+    return any(phrase in output for phrase in phrases)
+
+
+def _full(folder: Path) -> bool:
+    """Whether the file system at `folder` has no block left (False when it cannot tell)."""
+    with contextlib.suppress(OSError):
+        info = os.statvfs(folder)
+        return info.f_bavail * info.f_frsize < 64 * 1024
+    return False
