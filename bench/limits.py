@@ -32,8 +32,9 @@ async def _time(tool: ExecTool) -> tuple[float, float]:
     """(wall time, CPU time of the processes it started), in ms."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    out = await tool.run(ExecParams(command="true"))
+    result = await tool.run(ExecParams(command="true"))
     elapsed = time.perf_counter() - started
+    out = result if isinstance(result, str) else result.content
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if not out.startswith("exit code 0"):
         raise RuntimeError(f"true failed: {out}")

@@ -28,6 +28,7 @@ COMMANDS = {"true": "true", "python3 -c pass": "python3 -c pass"}
 async def _time(tool: ExecTool, command: str) -> float:
     started = time.perf_counter()
     out = await tool.run(ExecParams(command=command))
+    assert isinstance(out, str)  # a clean command: plain text
     elapsed = time.perf_counter() - started
     if not out.startswith("exit code 0"):
         raise RuntimeError(f"{command!r} failed: {out}")

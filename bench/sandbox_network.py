@@ -40,8 +40,9 @@ TARGET_MS = 10.0
 
 async def _time(tool: ExecTool, command: str) -> float:
     started = time.perf_counter()
-    out = await tool.run(ExecParams(command=command))
+    result = await tool.run(ExecParams(command=command))
     elapsed = time.perf_counter() - started
+    out = result if isinstance(result, str) else result.content  # a fetch: wrapped, tainted
     if not out.startswith("exit code 0"):
         raise RuntimeError(f"{command!r} failed: {out}")
     return elapsed * 1000

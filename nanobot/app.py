@@ -32,6 +32,7 @@ from nanobot.agent.prompt_budget import PromptBudget
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
+from nanobot.agent.taint import Ledger
 from nanobot.agreement import agreement
 from nanobot.bus.events import ChatRef, Source
 from nanobot.bus.intake import EventIntake
@@ -60,6 +61,7 @@ from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
 from nanobot.store.leases import Leases
 from nanobot.store.members import BEAT_INTERVAL, Members
+from nanobot.store.taint import TaintStore
 from nanobot.store.wakeups import APPROVAL, CRON_CHANGED, PostgresWakeups
 from nanobot.tools.cron import CronTool
 from nanobot.tools.egress import EgressProxy
@@ -79,6 +81,7 @@ from nanobot.tools.sandbox import (
 )
 from nanobot.tools.shell import DEFAULT_DENY_PATTERNS, ExecTool
 from nanobot.tools.spawn import SpawnTool
+from nanobot.tools.taint import TaintLedger
 from nanobot.tools.web import WebFetchTool, WebSearchTool
 from nanobot.workspace import copy_template
 
@@ -355,19 +358,21 @@ def build_tools(
     *,
     limits: Enforcement | None = None,
     reserve: DiskReserve | None = None,
+    ledger: TaintLedger | None = None,
 ) -> ToolRegistry:
     """The built-in tools, configured from `config.tools` (and `cron` when `jobs` is given).
 
     exec is registered when it is enabled and `sandbox` is given (see `build_sandbox`); its
     commands run under `limits` (`enforce`; none when not given) and stop when the data
-    volume's free space falls short of `reserve`."""
+    volume's free space falls short of `reserve`. The file tools and exec follow taint
+    through `ledger` when it is given."""
     tools, workspace = config.tools, config.workspace_path
     restrict = tools.restrict_to_workspace
     registry = ToolRegistry(
         [
-            ReadFileTool(workspace, restrict=restrict),
-            WriteFileTool(workspace, restrict=restrict),
-            EditFileTool(workspace, restrict=restrict),
+            ReadFileTool(workspace, restrict=restrict, ledger=ledger),
+            WriteFileTool(workspace, restrict=restrict, ledger=ledger),
+            EditFileTool(workspace, restrict=restrict, ledger=ledger),
             ListDirTool(workspace, restrict=restrict),
             WebSearchTool(tools.web.search_api_key.get_secret_value() or None),
             WebFetchTool(
@@ -388,6 +393,7 @@ def build_tools(
                 deny_patterns=DEFAULT_DENY_PATTERNS if deny is None else deny,
                 limits=limits or NO_LIMITS,
                 reserve=reserve,
+                ledger=ledger,
             )
         )
     if jobs is not None and config.cron.enabled:
@@ -464,7 +470,10 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
             await asyncio.to_thread(partial(provider.prepare, require_key=require_key))
             async with await Database.open(config.store_target, reserve=reserve) as db:
                 jobs = Jobs(CronStore(db), config.timezone)
-                tools = build_tools(config, jobs, sandbox, limits=limits, reserve=reserve)
+                ledger = Ledger(TaintStore(db), config.workspace_path)
+                tools = build_tools(
+                    config, jobs, sandbox, limits=limits, reserve=reserve, ledger=ledger
+                )
                 runner = Runner(provider, tools)
                 sessions = SessionStore(db)
                 bus, journal = MessageBus(), Journal(db)
@@ -477,6 +486,7 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
                     settings,
                     usage=UsageLedger(db),
                     approver=approver,
+                    ledger=ledger,
                 )
                 yield Parts(
                     db,
@@ -648,6 +658,7 @@ async def build_gateway(
             beat.interval_minutes * 60,
             way_in.gate,
             ChatRef(target.channel, target.chat_id) if target else None,
+            ledger=Ledger(TaintStore(parts.db), config.workspace_path),
         )
         scheduled.append(("heartbeat", heartbeat.run))
         outcomes["heartbeat"] = heartbeat

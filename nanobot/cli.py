@@ -304,6 +304,28 @@ def approvals_log(
     _approvals(ctx, "log", str(limit))
 
 
+taint_app = typer.Typer(
+    help="Workspace files holding content from outside (fetched, sent in a chat, written after).",
+    no_args_is_help=True,
+)
+app.add_typer(taint_app, name="taint")
+
+
+@taint_app.command("list")
+def taint_list(ctx: typer.Context) -> None:
+    """The files the taint ledger marks: path, when, by which session's turn, where from."""
+    _manage(ctx, "taint", "list")
+
+
+@taint_app.command("clear")
+def taint_clear(
+    ctx: typer.Context,
+    paths: Annotated[list[str], typer.Argument(help="Paths as `nanobot taint list` shows them.")],
+) -> None:
+    """Vouch for files: what they hold now counts as yours (shown as instructions again)."""
+    _manage(ctx, "taint", "clear", *paths)
+
+
 cron_app = typer.Typer(
     help="Scheduled jobs: each run is an agent turn; its answer can go to a chat.",
     no_args_is_help=True,

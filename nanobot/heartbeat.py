@@ -7,6 +7,10 @@ the file, no growing history), journaled like a chat message. A reply of HEARTBE
 "nothing to report" and is delivered nowhere; anything else goes to the configured chat, and
 nowhere if none is configured (never to a guessed chat). A beat that finds intake paused (the
 state database failing) waits for it, as a cron run does.
+
+A HEARTBEAT.md that the taint ledger marks (a turn that had read content from outside wrote
+it) is handed over as data inside the untrusted-content markers, never as tasks to do; the
+loop counts the beat's turn as having read it (its calls that would ask, ask).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from nanobot.agent.taint import Ledger, as_data
 from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
 from nanobot.bus.intake import EventIntake, once_taken
 from nanobot.workspace import ConfinementError, Workspace
@@ -53,8 +58,11 @@ class Heartbeat:
         interval: float,
         intake: EventIntake,
         deliver_to: ChatRef | None,
+        *,
+        ledger: Ledger | None = None,
     ) -> None:
         self._file = file
+        self._ledger = ledger
         self._folder = Workspace(file.parent)  # the workspace: the file is read confined to it
         self._interval = interval
         self._intake = intake
@@ -87,7 +95,12 @@ class Heartbeat:
         if not actionable(text):
             logger.debug("heartbeat: nothing to do")
             return None
-        return await self._intake.submit(self.event(PROMPT.format(tasks=text.strip())))
+        tasks = text.strip()
+        if self._ledger is not None:
+            marked = await self._ledger.file_taint(self._file)
+            if marked is not None:
+                tasks = as_data(self._file.name, tasks, {self._file.name: marked})
+        return await self._intake.submit(self.event(PROMPT.format(tasks=tasks)))
 
     def event(self, prompt: str) -> InboundMessage:
         """The inbound event of one beat asking `prompt`."""

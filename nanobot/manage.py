@@ -32,6 +32,7 @@ from nanobot.store.cron import CronStore
 from nanobot.store.database import Check
 from nanobot.store.journal import FailedReplies
 from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Members
+from nanobot.store.taint import TaintStore
 from nanobot.workspace import bundled, copy_template
 
 
@@ -541,3 +542,28 @@ def run_lines(job: Job, runs: list[JobRun], zone: str) -> list[str]:
             )
         )
     return _table(rows)
+
+
+def taint(config: Config, action: str, *paths: str) -> tuple[list[str], bool]:
+    """Run a `nanobot taint` action: `list` the files the taint ledger marks, or `clear`
+    PATH… (workspace-relative, as listed: you vouch for what they hold now). Returns the
+    lines to print and whether it succeeded."""
+    log.configure(config, quiet=True)
+    zone = ZoneInfo(config.timezone) if config.timezone else None
+
+    async def work(db: Database) -> tuple[list[str], bool]:
+        store = TaintStore(db)
+        if action == "clear":
+            await store.clear(paths)
+            return [f"Cleared {len(paths)} path(s): their content counts as yours now."], True
+        marks = await store.all()
+        if not marks:
+            return ["No file is marked as holding content from outside."], True
+        rows = [("PATH", "MARKED", "SESSION", "WHERE FROM")]
+        for mark in marks:
+            when = _when(mark.marked_at, zone)
+            source = log.printable(mark.source)
+            rows.append((log.printable(mark.path), when, mark.session_key or "-", source))
+        return _table(rows), True
+
+    return _on_store(config, work)

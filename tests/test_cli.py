@@ -421,3 +421,27 @@ async def test_status_checks_the_state_database_and_check_db_runs_the_full_check
     assert result.code == 1
     assert "table entries: database disk image is malformed" in result.stderr
     assert path.read_bytes() == before
+
+
+async def test_taint_list_and_clear(home: Home) -> None:
+    from nanobot.store.taint import TaintStore
+
+    empty = await nanobot(home, "taint", "list")
+    assert (empty.code, empty.stdout) == (0, "No file is marked as holding content from outside.\n")
+    async with await Database.open(home.data_dir / "state.db") as db:
+        store = TaintStore(db)
+        await store.mark(
+            ["memory/MEMORY.md"], "written by a turn that had read https://x/", replace=True
+        )
+        await store.mark(["notes\x1b[2J.md"], "received in a chat", replace=True)
+    listing = await nanobot(home, "taint", "list")
+    assert listing.code == 0, listing.stderr
+    header, *rows = listing.stdout.splitlines()
+    assert header.split() == ["PATH", "MARKED", "SESSION", "WHERE", "FROM"]
+    assert rows[0].startswith("memory/MEMORY.md ")
+    assert rows[0].endswith("written by a turn that had read https://x/")
+    assert "\x1b" not in listing.stdout  # a forged name cannot move the cursor
+    cleared = await nanobot(home, "taint", "clear", "memory/MEMORY.md")
+    assert cleared.code == 0, cleared.stderr
+    async with await Database.open(home.data_dir / "state.db") as db:
+        assert [m.path for m in await TaintStore(db).all()] == ["notes\x1b[2J.md"]

@@ -10,7 +10,9 @@ import pytest
 
 from nanobot.agent.dispatcher import STREAM_INTERVAL, Dispatcher, _streamer
 from nanobot.agent.run import RunEvent
+from nanobot.agent.taint import Ledger
 from nanobot.bus.events import (
+    Attachment,
     ChatRef,
     InboundMessage,
     Outbound,
@@ -21,6 +23,7 @@ from nanobot.bus.events import (
 from nanobot.bus.queue import MessageBus
 from nanobot.gate import ChannelRules, Gate
 from nanobot.store import Access, Database, Journal
+from nanobot.store.taint import TaintStore
 from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
 from tests.test_loop import Parts, make_parts
 
@@ -271,3 +274,33 @@ async def test_answers_to_messages_that_waited_are_each_a_message_of_their_own(
     said = [m["content"] for m in fake_llm.requests[-1].messages if m["role"] == "assistant"]
     assert said == ["First answer."]  # the history says what the chat shows
     assert await harness.journal.pending_inbound() == []
+
+
+async def test_files_sent_in_a_chat_are_recorded_with_their_sender(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    ledger = Ledger(TaintStore(db), tmp_path / "workspace")
+    harness = Harness(await make_parts(tmp_path, fake_llm, db, ledger=ledger), db)
+    await harness.start()
+    try:
+        saved = tmp_path / "workspace" / "inbox" / "cv.txt"
+        saved.parent.mkdir(parents=True)
+        saved.write_text("hire me")
+        fake_llm.script(Text("Got it."))
+        message = InboundMessage(
+            ChatRef("telegram", "7"),
+            "7",
+            "my cv",
+            "m1",
+            attachments=(Attachment("document", saved, "text/plain", 7),),
+        )
+        await harness.gate(message)
+        await harness.wait_replies(1)
+    finally:
+        await harness.stop()
+    [mark] = await TaintStore(db).all()
+    assert (mark.path, mark.source) == (
+        "inbox/cv.txt",
+        "received in a chat (telegram chat 7, from 7)",
+    )
+    assert mark.session_key == "telegram:7"

@@ -13,6 +13,7 @@ from nanobot.agent.context import ContextBuilder
 from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
 from nanobot.agent.run import ToolPolicy
 from nanobot.agent.runner import SKIPPED, Runner
+from nanobot.agent.taint import Ledger
 from nanobot.providers.provider import Provider, RetryPolicy
 from nanobot.store import Database, SessionStore, UsageLedger
 from nanobot.tools.registry import ToolRegistry
@@ -56,6 +57,7 @@ async def make_parts(
     context_window: int | None = None,
     vision: bool = False,
     transport: str = TEST_TRANSPORT,
+    ledger: Ledger | None = None,
     **settings: Any,
 ) -> Parts:
     """The loop's parts, its model calls going through `transport` (the provider is closed
@@ -79,6 +81,7 @@ async def make_parts(
         ContextBuilder(workspace),
         LoopSettings(max_tokens=200, **settings),
         usage=UsageLedger(db),
+        ledger=ledger,
     )
     return Parts(loop, sessions, echo, blocker, provider)
 

@@ -59,9 +59,12 @@ def exec_tool(ws: Path, limits: Limits = SMALL, reserve: DiskReserve | None = No
 async def run(tool: ExecTool, command: str) -> tuple[bool, str]:
     """(whether the call failed, what it said)."""
     try:
-        return False, await tool.run(ExecParams(command=command))
+        result = await tool.run(ExecParams(command=command))
     except ToolError as exc:
         return True, str(exc)
+    if not isinstance(result, str):  # output carrying taint (a command that fetched)
+        return result.is_error, result.content
+    return False, result
 
 
 def no_groups_left(tool: ExecTool) -> bool:

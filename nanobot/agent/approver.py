@@ -34,6 +34,8 @@ from loguru import logger
 from nanobot.agent._grants import holding, pinned
 from nanobot.agent.approval_cards import buttons, card_text, decided_text, listing, too_long
 from nanobot.agent.approvals import (
+    DEFAULT_POLICIES,
+    UNTRUSTED_TOOLS,
     ApprovalPolicy,
     AskApprovers,
     AskHere,
@@ -96,7 +98,12 @@ class RunApproval:
 
     def observe(self, event: RunEvent) -> None:
         if event.kind == "tool_end" and event.tool_call is not None:
-            self.taint = self.taint.after(event.tool_call.name)
+            name = event.tool_call.name
+            if name in UNTRUSTED_TOOLS or name not in DEFAULT_POLICIES:
+                self.taint = self.taint.after(name)
+                return
+            for source in event.taint:  # what its result carries: a marked file, a fetch
+                self.taint = self.taint.with_source(source)
 
 
 class Approver:

@@ -7,6 +7,7 @@ exist), never on the time. The time travels in a short envelope on each user mes
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, tzinfo
 from pathlib import Path
 
@@ -15,12 +16,14 @@ from loguru import logger
 from nanobot.agent._files import same, size, text_cache
 from nanobot.agent.memory import Memory
 from nanobot.agent.prompt_budget import Cut, PromptBudget, warning
-from nanobot.agent.skills import Skills
+from nanobot.agent.skills import SKILLS_DIR, Skills
+from nanobot.agent.taint import as_data
 from nanobot.providers.base import Message
 from nanobot.workspace import Workspace
 
 PROMPT_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md")
 """Workspace files shown in the system prompt, in this order, each under its own heading."""
+HEARTBEAT_FILE = "HEARTBEAT.md"
 
 # Fixed English names: strftime("%a") follows the process locale, and the envelope must not.
 _WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -63,6 +66,7 @@ class ContextBuilder:
         self._paths = tuple(workspace / name for name in PROMPT_FILES)
         self._identity = _identity(workspace)
         self._parts: tuple[str | None, ...] = ()
+        self._tainted: Mapping[str, str] = {}
         self._prompt = ""
         self._texts: tuple[str | None, ...] = ()
         self._fitted: tuple[tuple[str | None, ...], int, tuple[Cut, ...]] = ((), 0, ())
@@ -81,23 +85,43 @@ class ContextBuilder:
     def skills(self) -> Skills:
         return self._skills
 
-    def system_prompt(self, now: datetime | None = None) -> str:
+    def prompt_paths(self, now: datetime | None = None) -> tuple[Path, ...]:
+        """The workspace files `system_prompt(now)` shows: the prompt files and memory (and
+        the skills, under `skills_dir`)."""
+        return (*self._paths, *self._memory.paths(self._memory.today(now)))
+
+    @property
+    def skills_dir(self) -> Path:
+        return self._skills.directory
+
+    @property
+    def heartbeat_file(self) -> Path:
+        """HEARTBEAT.md: not in the prompt; the heartbeat hands it to its turns."""
+        return self._workspace / HEARTBEAT_FILE
+
+    def system_prompt(
+        self, now: datetime | None = None, tainted: Mapping[str, str] | None = None
+    ) -> str:
         """The system prompt for a model call at `now` (default: the current time).
 
         Layout: who nanobot is and how its workspace works; AGENTS.md, SOUL.md, USER.md and
         TOOLS.md; memory (long-term, today's and yesterday's notes); the skills list; the
         bodies of `always` skills. Empty or missing files are left out. `now` only selects
-        the daily notes; the prompt never contains the time.
+        the daily notes; the prompt never contains the time. `tainted`: the files among
+        `prompt_paths` and under `skills_dir` that hold content from outside
+        (workspace-relative path → where it came from), each shown as data inside the
+        untrusted-content markers (the skills all together, when one of them is).
         """
+        tainted = tainted or {}
         summary, inlined = self._skills.prompt_parts()
         files, room, cuts = self._fit(tuple(self._files.get(path) for path in self._paths))
-        memory, memory_cuts = self._memory.prompt_within(self._memory.today(now), room)
+        memory, memory_cuts = self._memory.prompt_within(self._memory.today(now), room, tainted)
         parts = (*files, memory, summary, inlined)
-        if same(parts, self._parts):
+        if same(parts, self._parts) and tainted == self._tainted:
             return self._prompt
         self._warn((*cuts, *memory_cuts))
-        prompt = self._render(parts)
-        self._parts = parts
+        prompt = self._render(parts, tainted)
+        self._parts, self._tainted = parts, dict(tainted)
         # A file saved without changes gives an equal prompt: keep the old object so callers
         # comparing by identity see no change.
         if prompt != self._prompt:
@@ -131,18 +155,22 @@ class ContextBuilder:
             logger.warning(line)
         self._warned = frozenset(cuts)
 
-    def _render(self, parts: tuple[str | None, ...]) -> str:
+    def _render(self, parts: tuple[str | None, ...], tainted: Mapping[str, str]) -> str:
         *files, memory, summary, inlined = parts
         sections = [self._identity]
         for name, text in zip(PROMPT_FILES, files, strict=True):
             if text is not None and text.strip():
-                sections.append(f"## {name}\n\n{text.strip()}")
+                sections.append(f"## {name}\n\n{as_data(name, text.strip(), tainted)}")
         if memory:
             sections.append(memory)
+        # Skills are many files: one marked among them shows all of them as data.
+        marked = {k: v for k, v in tainted.items() if k.startswith(f"{SKILLS_DIR}/")}
+        skills = {SKILLS_DIR: "; ".join(f"{k}, {v}" for k, v in marked.items())} if marked else {}
         if summary:
-            sections.append(f"## Skills\n\n{_SKILLS_PREAMBLE}\n\n{summary}")
+            listed = as_data(SKILLS_DIR, summary, skills)
+            sections.append(f"## Skills\n\n{_SKILLS_PREAMBLE}\n\n{listed}")
         if inlined:
-            sections.append(inlined)
+            sections.append(as_data(SKILLS_DIR, inlined, skills))
         return "\n\n".join(sections) + "\n"
 
 

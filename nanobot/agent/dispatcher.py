@@ -301,6 +301,7 @@ class Dispatcher:
             caller=_caller(message),
             on_reply=deliver,
             images=tuple(a.path for a in message.attachments if a.kind == "photo"),
+            files=tuple(a.path for a in message.attachments),
             # Typing shows once the turn has a slot: chats waiting for one do not keep a
             # typing indicator (and its API calls) going.
             on_start=typing.start if shown else None,

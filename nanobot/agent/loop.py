@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Literal
 
 from nanobot.agent.approver import Approver, Caller
 from nanobot.agent.compaction import Compactor, shrink_tool_results
-from nanobot.agent.context import ContextBuilder, user_message
+from nanobot.agent.context import HEARTBEAT_FILE, ContextBuilder, user_message
 from nanobot.agent.history import History, Window, repair, summary_message
 from nanobot.agent.images import has_images, inline_images, with_images, without_images
 from nanobot.agent.run import (
@@ -33,11 +33,13 @@ from nanobot.agent.run import (
     listeners,
 )
 from nanobot.agent.runner import Runner
+from nanobot.agent.taint import Ledger, in_prompt
 from nanobot.bus.events import QueueMode
 from nanobot.lanes import Lanes
 from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import NewEntry, SessionStore, UsageLedger
 from nanobot.tools.base import SendText, ToolContext, current_context
+from nanobot.tools.taint import TurnTaint, cut
 from nanobot.workspace import Workspace
 
 Delivery = Literal["one", "all"]
@@ -64,6 +66,7 @@ class TurnRequest:
     on_start: Callable[[], None] | None = None  # called once its turn has a slot and starts
     thread_id: str | None = None  # the thread or topic of the chat, where there is one
     caller: Caller | None = None  # who asks for approvals; None: no call is asked about
+    files: tuple[Path, ...] = ()  # files sent with it, saved under the inbox (for the ledger)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +136,12 @@ class AgentLoop:
         *,
         usage: UsageLedger | None = None,
         approver: Approver | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
+        """`ledger`: the taint ledger; with it, files sent in a chat are recorded with their
+        sender, and prompt files it marks are shown as data and taint every turn."""
         self._provider = provider
+        self._ledger = ledger
         self.approver = approver
         self._runner = runner
         self._sessions = sessions
@@ -177,6 +184,9 @@ class AgentLoop:
             StoreError: the session could not be read or the user's message not stored.
         """
         key = request.session_key
+        if request.files and self._ledger is not None:
+            where = f"{request.channel} chat {request.chat_id}"
+            await self._ledger.received(request.files, where, request.sender_id or "?", key)
         lane = self._queued.setdefault(key, _Queued())
         message = user_message(request.text, self._now())
         if request.images and self._provider.supports_vision():
@@ -244,7 +254,7 @@ class AgentLoop:
             if finished is not None:
                 return self._reply(lane, finished, finished.final_text)
             await self._record_interrupted(session_id)
-        system = self._context.system_prompt(self._now())
+        system, untrusted = await self._system_prompt(request)
         budget = self._history_budget(system)
         window = await self._history.load(session_id, budget)
         if self._compactor.full(window, budget) and await self._counting_exactly():
@@ -269,11 +279,13 @@ class AgentLoop:
             request.send,
             thread_id=request.thread_id,
             private=request.caller.private if request.caller else True,
+            taint=TurnTaint(untrusted),
         )
+        caller = replace(request.caller, untrusted=untrusted) if request.caller else None
         token = current_context.set(context)
         try:
             result = await self._runner.run(
-                run, self._hooks(lane, request, session_id, run, window)
+                run, self._hooks(lane, replace(request, caller=caller), session_id, run, window)
             )
         finally:
             current_context.reset(token)
@@ -282,6 +294,29 @@ class AgentLoop:
             await self._compactor.compact(session_id, window, budget)
         already_sent = result.status == "completed" and result.final_text in context.sent
         return self._reply(lane, result, None if already_sent else result.final_text)
+
+    async def _system_prompt(self, request: TurnRequest) -> tuple[str, tuple[str, ...]]:
+        """The system prompt, and what the turn starts out having read from outside: what
+        its caller brought (a file sent with the message) and the prompt, memory and skill
+        files the ledger marks (one lookup).
+
+        Raises:
+            StoreError: the ledger could not be read.
+        """
+        now = self._now()
+        tainted: dict[str, str] = {}
+        if self._ledger is not None:
+            tainted = await self._ledger.prompt_taint(
+                (*self._context.prompt_paths(now), self._context.heartbeat_file),
+                under=[self._context.skills_dir],
+            )
+        brought = list(request.caller.untrusted if request.caller else ())
+        # HEARTBEAT.md is no part of the prompt: an unattended turn (the heartbeat's, or a
+        # cron job's, which cannot be told apart here) may have been handed it.
+        beat = tainted.pop(HEARTBEAT_FILE, None)
+        if beat is not None and request.caller is not None and request.caller.unattended:
+            brought.append(cut(f"{HEARTBEAT_FILE}, {beat}"))
+        return self._context.system_prompt(now, tainted), (*brought, *in_prompt(tainted))
 
     async def _account(self, session_key: str, result: RunResult, window_tokens: int) -> None:
         self._fill[session_key] = window_tokens + self._prompt_tokens[1]

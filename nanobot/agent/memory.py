@@ -6,12 +6,14 @@ only knows where they are and shows the current ones to the model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 from pathlib import Path
 
 from nanobot.agent._files import same, size, text_cache
 from nanobot.agent.prompt_budget import Cut, PromptBudget
+from nanobot.agent.taint import as_data
 
 MEMORY_DIR = "memory"
 LONG_TERM_FILE = f"{MEMORY_DIR}/MEMORY.md"
@@ -50,6 +52,7 @@ class Memory:
         self._day_paths: tuple[Path, Path] = (self._long_term, self._long_term)
         self._prompt_key: tuple[date, int] | None = None
         self._texts: tuple[str | None, ...] = ()
+        self._tainted: Mapping[str, str] = {}
         self._prompt = ""
         self._cuts: tuple[Cut, ...] = ()
 
@@ -66,6 +69,10 @@ class Memory:
         if now.tzinfo is None:
             return now.date()
         return now.astimezone(self._timezone).date()
+
+    def paths(self, day: date) -> tuple[Path, ...]:
+        """The files `prompt(day)` shows: long-term memory, `day`'s and the day before's."""
+        return (self._long_term, *self._paths(day))
 
     def notes(self, day: date) -> tuple[Note, ...]:
         """Long-term memory, then `day`'s and the previous day's notes: only the files that
@@ -86,23 +93,32 @@ class Memory:
                 notes.append((Note(title, text.strip()), path))
         return notes
 
-    def prompt(self, day: date) -> str:
+    def prompt(self, day: date, tainted: Mapping[str, str] | None = None) -> str:
         """The notes of `notes(day)` as prompt sections, each headed by its title; "" when
-        there are none. Returns the same object while no file changed and `day` is the same.
+        there are none. A note whose file `tainted` names (workspace-relative path → where
+        its content came from) is shown as data (`taint.as_data`). Returns the same object
+        while no file changed and `day` and `tainted` are the same.
         """
-        return self.prompt_within(day, self._budget.total_chars)[0]
+        return self.prompt_within(day, self._budget.total_chars, tainted)[0]
 
-    def prompt_within(self, day: date, room: int) -> tuple[str, tuple[Cut, ...]]:
+    def prompt_within(
+        self, day: date, room: int, tainted: Mapping[str, str] | None = None
+    ) -> tuple[str, tuple[Cut, ...]]:
         """`prompt(day)` with at most `room` characters of the files (and each within the
         budget's `file_chars`), and the files it cut. The same objects while no file, nor
-        `day`, nor `room` changed."""
+        `day`, nor `room`, nor `tainted` changed."""
+        tainted = tainted or {}
         today, yesterday = self._paths(day)
         texts = (
             self._files.get(self._long_term),
             self._files.get(today),
             self._files.get(yesterday),
         )
-        if (day, room) == self._prompt_key and same(texts, self._texts):
+        if (
+            (day, room) == self._prompt_key
+            and same(texts, self._texts)
+            and tainted == self._tainted
+        ):
             return self._prompt, self._cuts
         # `_notes` reads the same cached objects, so this costs three more stat() calls, and
         # only when something changed.
@@ -110,10 +126,12 @@ class Memory:
         for note, path in self._notes(day):
             text, cut = self._budget.fit(self._relative(path), note.text, room, size(path))
             room = max(0, room - (len(note.text) if cut is None else cut.shown))
-            sections.append(f"## {note.title}\n\n{text}")
+            shown = as_data(self._relative(path), text, tainted)
+            sections.append(f"## {note.title}\n\n{shown}")
             cuts += [cut] if cut is not None else []
         rendered = "\n\n".join(sections)
         self._prompt_key, self._texts, self._cuts = key, texts, tuple(cuts)
+        self._tainted = dict(tainted)
         if rendered != self._prompt:
             self._prompt = rendered
         return self._prompt, self._cuts

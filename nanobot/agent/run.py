@@ -106,6 +106,7 @@ class RunEvent:
 
     `call_index` counts model calls in the run; `seq` orders deltas within one call. A delta
     is identified by (run_id, call_index, seq); the runner emits each at most once.
+    `taint` on a `tool_end`: the content from outside its result carries (`ToolResult.taint`).
     """
 
     kind: EventKind
@@ -118,6 +119,7 @@ class RunEvent:
     tool_call: ToolCall | None = None
     is_error: bool = False
     message: Message | None = None
+    taint: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -364,7 +364,13 @@ class _Run:
         else:
             result = await self._with_timeout(call, self.tools.execute(call.name, arguments))
         self.tools_used.append(call.name)
-        self._emit("tool_end", tool_call=call, text=result.content, is_error=result.is_error)
+        self._emit(
+            "tool_end",
+            tool_call=call,
+            text=result.content,
+            is_error=result.is_error,
+            taint=result.taint,
+        )
         return result
 
     async def _with_timeout(self, call: ToolCall, work: Awaitable[ToolResult]) -> ToolResult:

@@ -37,6 +37,7 @@ from nanobot.providers.base import Message
 from nanobot.store import NewEntry, SessionInfo, SessionStore, UsageLedger
 from nanobot.tasks import TaskSet
 from nanobot.tools.base import ToolContext, current_context, untrusted
+from nanobot.tools.taint import TurnTaint
 
 SubagentState = Literal["running", "completed", "failed", "timed_out", "cancelled", "interrupted"]
 Event = Literal["started", "ended", "noted", "reported"]
@@ -342,7 +343,14 @@ class Subagents:
             await self._sessions.append(session_id, [NewEntry("message", message, run.run_id)])
 
         origin = info.origin
-        context = ToolContext(origin.channel, origin.chat_id, info.session_key, run.run_id)
+        untrusted = tuple(f"{s} in the turn that started this task" for s in info.untrusted)
+        context = ToolContext(
+            origin.channel,
+            origin.chat_id,
+            info.session_key,
+            run.run_id,
+            taint=TurnTaint(untrusted),  # what it writes is marked as its starter's would be
+        )
         hooks = RunHooks(persist=persist)
         if self._approver is not None:  # its calls are asked about in the chat it came from
             caller = Caller(
@@ -350,7 +358,7 @@ class Subagents:
                 origin.chat,
                 origin.sender_id,
                 origin.private,
-                untrusted=tuple(f"{s} in the turn that started this task" for s in info.untrusted),
+                untrusted=untrusted,
             )
             approval = self._approver.for_run(caller, run.run_id)
             hooks = RunHooks(persist=persist, approve=approval.approve, listener=approval.observe)

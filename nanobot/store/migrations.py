@@ -352,6 +352,16 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX approval_rules_bound
         ON approval_rules (tool, rule_key, channel, user_id, session_key);
     """,
+    # 19: the taint ledger (`store.taint`): workspace files holding content from outside,
+    # with where it came from, so it stays untrusted when read back in any later turn.
+    """
+    CREATE TABLE taint (
+        path TEXT PRIMARY KEY,  -- relative to the workspace (absolute outside it)
+        source TEXT NOT NULL,
+        session_key TEXT NOT NULL,  -- the session whose turn wrote or received it
+        marked_at TEXT NOT NULL
+    );
+    """,
 )
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from nanobot.errors import NanobotError
 from nanobot.tools._untrusted import defuse
+from nanobot.tools.taint import TurnTaint
 
 Params = TypeVar("Params", bound=BaseModel)
 SendText = Callable[[str], Awaitable[None]]
@@ -40,10 +41,13 @@ class ToolError(NanobotError):
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """What a tool call produced, as the model will see it."""
+    """What a tool call produced, as the model will see it. `taint` names the content from
+    outside it carries (a fetched page's address, "notes.md, written by …"), each already
+    wrapped by `untrusted()` in `content`: it taints the turn that takes it in."""
 
     content: str
     is_error: bool = False
+    taint: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +55,8 @@ class ToolContext:
     """Who a tool call is working for. Set per turn by the agent loop.
 
     `send` delivers text to the chat now (progress updates); `sent` records what was sent
-    that way during the turn, so the loop does not repeat it as the final reply.
+    that way during the turn, so the loop does not repeat it as the final reply. `taint` is
+    what the turn has taken in from outside so far (the registry adds each result's).
     """
 
     channel: str
@@ -63,6 +68,7 @@ class ToolContext:
     sent: list[str] = field(default_factory=list)
     thread_id: str | None = None  # the thread or topic within the chat, where there is one
     private: bool = True  # a one-to-one chat (else a group)
+    taint: TurnTaint = field(default_factory=TurnTaint)
 
 
 current_context: ContextVar[ToolContext | None] = ContextVar("nanobot_tool_context", default=None)

@@ -9,7 +9,7 @@ from typing import Any
 from loguru import logger
 from pydantic import ValidationError
 
-from nanobot.tools.base import Tool, ToolError, ToolResult
+from nanobot.tools.base import Tool, ToolError, ToolResult, current_context
 
 MAX_RESULT_CHARS = 16_000
 
@@ -48,8 +48,10 @@ class ToolRegistry:
 
         Never raises for a tool's failure: unknown tools, invalid arguments, `ToolError` and
         unexpected exceptions all become `ToolResult(is_error=True)` with a clear message.
-        Results are cut to MAX_RESULT_CHARS with a note of how much was cut. Cancellation
-        propagates (the caller decides what an aborted call records).
+        Results are cut to MAX_RESULT_CHARS with a note of how much was cut. A result's
+        `taint` is added to the turn's (`ToolContext.taint`) before it is returned, so the
+        next call of the turn knows it. Cancellation propagates (the caller decides what an
+        aborted call records).
         """
         tool = self._tools.get(name)
         if tool is None:
@@ -71,6 +73,9 @@ class ToolRegistry:
             return ToolResult(f"Error: {name} failed unexpectedly: {detail}", True)
         if isinstance(result, str):
             result = ToolResult(result)
+        context = current_context.get()
+        if result.taint and context is not None:
+            context.taint.add(result.taint)
         return truncate(result)
 
 
@@ -80,7 +85,7 @@ def truncate(result: ToolResult, limit: int = MAX_RESULT_CHARS) -> ToolResult:
         return result
     cut = len(result.content) - limit
     note = f"\n\n[... {cut} more characters cut; the result was {len(result.content)} long]"
-    return ToolResult(result.content[:limit] + note, result.is_error)
+    return ToolResult(result.content[:limit] + note, result.is_error, result.taint)
 
 
 def _describe(exc: ValidationError) -> str:

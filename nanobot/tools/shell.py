@@ -37,9 +37,11 @@ from pydantic import Field
 
 from nanobot.reserve import DiskReserve, Shortage
 from nanobot.sizes import format_size
-from nanobot.tools.base import Tool, ToolError, ToolParams
+from nanobot.tools._exec_taint import ExecTaint
+from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult
 from nanobot.tools.limits import KEY, NO_LIMITS, Enforcement, Scope, close_scope, open_scope
-from nanobot.tools.sandbox import Sandbox, SandboxCall
+from nanobot.tools.sandbox import Bubblewrap, Sandbox, SandboxCall
+from nanobot.tools.taint import TaintLedger
 
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
     # rm with a recursive flag aimed at /, /*, ~ or $HOME
@@ -96,8 +98,11 @@ class ExecTool(Tool[ExecParams]):
         max_output_bytes: int = MAX_OUTPUT_BYTES,
         limits: Enforcement = NO_LIMITS,
         reserve: DiskReserve | None = None,
+        ledger: TaintLedger | None = None,
     ) -> None:
+        """`ledger`: how the command's taint is followed (see `_exec_taint`)."""
         self.workspace = workspace
+        self.ledger = ledger
         self.sandbox = sandbox
         self.timeout = timeout
         self.max_output_bytes = max_output_bytes
@@ -110,13 +115,13 @@ class ExecTool(Tool[ExecParams]):
             except re.error as exc:
                 raise ValueError(f"invalid exec deny pattern {pattern!r}: {exc}") from None
 
-    async def run(self, args: ExecParams) -> str:
+    async def run(self, args: ExecParams) -> str | ToolResult:
         if not self.sandbox.ready:  # the masks' first walk, at the first call
             await asyncio.to_thread(self.sandbox.wait_ready)
         with self.sandbox.call() as call:
             return await self._limited(args, call)
 
-    async def _limited(self, args: ExecParams, call: SandboxCall) -> str:
+    async def _limited(self, args: ExecParams, call: SandboxCall) -> str | ToolResult:
         """`args.command` in the sandbox call `call`, within the command limits."""
         self.sandbox.command(["/bin/sh", "-c", args.command], call=call)  # refused if none
         for pattern in self._deny:
@@ -136,7 +141,14 @@ class ExecTool(Tool[ExecParams]):
         finally:
             await close_scope(scope)
 
-    async def _run(self, args: ExecParams, call: SandboxCall, scope: Scope) -> str:
+    @property
+    def _offline(self) -> bool:
+        """Whether commands have no network at all (`network: none`): nothing they print
+        came from it."""
+        return isinstance(self.sandbox, Bubblewrap) and self.sandbox.confinement.network == "none"
+
+    async def _run(self, args: ExecParams, call: SandboxCall, scope: Scope) -> str | ToolResult:
+        taint = await ExecTaint.before(args.command, self.workspace, self.ledger)
         inner = scope.inner(["/bin/sh", "-c", args.command])
         argv = scope.outer(self.sandbox.command(inner, call=call))
         timeout = min(args.timeout or self.timeout, self.timeout)
@@ -158,24 +170,40 @@ class ExecTool(Tool[ExecParams]):
             transport.close()
         code = transport.get_returncode()
         ended, met = scope.verdict(code, shell.text())
+        output, sources = await taint.after(shell.text(), call.egress, offline=self._offline)
         if outcome == "timeout":
             reached = f"; it had reached {ended}" if ended else ""
-            raise ToolError(
+            return _failed(
                 f"the command timed out after {timeout:g} s and was stopped{reached}. Output "
-                f"before that:\n{shell.text()}"
+                f"before that:\n{output}",
+                sources,
             )
         if outcome == "stopped" and scope.shortage is not None:
-            raise ToolError(
+            return _failed(
                 f"the command was stopped, no space left: {_shortage(scope.shortage)}. "
-                f"Output before that:\n{shell.text()}"
+                f"Output before that:\n{output}",
+                sources,
             )
         if ended:
-            raise ToolError(
-                f"the command was ended at {ended} ({_describe_exit(code)}). Output:\n"
-                f"{shell.text()}"
+            return _failed(
+                f"the command was ended at {ended} ({_describe_exit(code)}). Output:\n{output}",
+                sources,
             )
         said = f" (it reports having met {met})" if met else ""
-        return f"{_describe_exit(code)}{said}\n{shell.text()}"
+        text = f"{_describe_exit(code)}{said}\n{output}"
+        return ToolResult(text, taint=sources) if sources else text
+
+
+def _failed(error: str, sources: tuple[str, ...]) -> ToolResult:
+    """A command that did not end well: an error for the model, its output inside untrusted
+    markers when it carries content from outside (`sources`).
+
+    Raises:
+        ToolError: it carries none (the registry makes the same error of it).
+    """
+    if not sources:
+        raise ToolError(error)
+    return ToolResult(f"Error: {error}", is_error=True, taint=sources)
 
 
 def _shortage(short: Shortage) -> str:

@@ -35,8 +35,9 @@ from nanobot.tools.addresses import (
     host_key,
     system_resolver,
 )
-from nanobot.tools.base import Tool, ToolError, ToolParams, untrusted
+from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult, untrusted
 from nanobot.tools.registry import MAX_RESULT_CHARS
+from nanobot.tools.taint import cut
 
 if TYPE_CHECKING:
     import httpx
@@ -79,7 +80,7 @@ class WebSearchTool(Tool[WebSearchParams]):
         self.timeout = timeout
         self._ssl: ssl.SSLContext | None = None
 
-    async def run(self, args: WebSearchParams) -> str:
+    async def run(self, args: WebSearchParams) -> str | ToolResult:
         if not self._api_key:
             raise ToolError("web search is not configured: set tools.web.search_api_key")
         headers = {"Accept": "application/json", "X-Subscription-Token": self._api_key}
@@ -113,7 +114,8 @@ class WebSearchTool(Tool[WebSearchParams]):
         lines = []
         for number, (title, url, snippet) in enumerate(results[: args.count], 1):
             lines.append(f"{number}. {title}\n   {url}" + (f"\n   {snippet}" if snippet else ""))
-        return f"Results for {args.query!r}:\n" + untrusted("web_search", "\n".join(lines))
+        text = f"Results for {args.query!r}:\n" + untrusted("web_search", "\n".join(lines))
+        return ToolResult(text, taint=(cut(f"web search results for {args.query!r}"),))
 
 
 def _brave_results(response: httpx.Response) -> list[tuple[str, str, str]]:
@@ -186,7 +188,7 @@ class WebFetchTool(Tool[WebFetchParams]):
         self._resolve = resolver
         self._ssl = ssl_context  # httpx's by default, made at the first fetch
 
-    async def run(self, args: WebFetchParams) -> str:
+    async def run(self, args: WebFetchParams) -> str | ToolResult:
         try:
             url = _httpx().URL(args.url.strip())
         except _httpx().InvalidURL as exc:
@@ -208,7 +210,9 @@ class WebFetchTool(Tool[WebFetchParams]):
             header += f" (stopped reading at {self.max_bytes} bytes)"
         if len(text) < len(page.text):
             header += f"\nShowing the first {len(text)} of {len(page.text)} characters."
-        return f"{header}\n{untrusted(str(page.url), text)}"
+        return ToolResult(
+            f"{header}\n{untrusted(str(page.url), text)}", taint=(cut(str(page.url)),)
+        )
 
     async def _fetch(self, url: httpx.URL) -> _Page:
         http = _httpx()
