@@ -12,12 +12,15 @@ from collections.abc import Sequence
 from loguru import logger
 
 from nanobot.agent.history import History, Window, render
+from nanobot.agent.taint import earlier, message_texts
 from nanobot.errors import ProviderError
 from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import Entry, NewEntry, SessionStore
+from nanobot.tools.base import untrusted
 
 SUMMARY_MAX_TOKENS = 1024
 PAUSE_AFTER_FAILURE = 5  # turns of a session without compaction after a failed one
+SUMMARY_OF = "a summary of messages that held "  # the source of a summary of outside content
 RESULT_PREVIEW = 400  # characters of each tool result shown to the summariser
 INSTRUCTIONS = (
     "You maintain the memory of a long conversation between a user and their assistant. "
@@ -134,6 +137,12 @@ class Compactor:
         summary = (completion.content or "").strip()[: SUMMARY_MAX_TOKENS * 6]
         if not summary:
             return False
+        # A summary of content from outside is the model's retelling of it, instructions
+        # included: it stays data, and a turn given it counts as having read from outside.
+        read = (previous or "", *message_texts(render(entry) for entry in entries))
+        if (source := earlier(read)) is not None:
+            # What an earlier summary retold is named as itself, not as a summary of one.
+            summary = untrusted(SUMMARY_OF + source.replace(SUMMARY_OF, ""), summary)
         through = max(e.id for e in entries)
         data = {"summary": summary, "through_id": through, "entries": len(entries)}
         await self._sessions.append(session_id, [NewEntry("compaction", data)])

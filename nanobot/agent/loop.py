@@ -33,7 +33,7 @@ from nanobot.agent.run import (
     listeners,
 )
 from nanobot.agent.runner import Runner
-from nanobot.agent.taint import Ledger, in_prompt
+from nanobot.agent.taint import Ledger, earlier, in_prompt, message_texts
 from nanobot.bus.events import QueueMode
 from nanobot.lanes import Lanes
 from nanobot.providers.base import LLMProvider, Message
@@ -260,6 +260,9 @@ class AgentLoop:
         if self._compactor.full(window, budget) and await self._counting_exactly():
             budget = self._history_budget(system)  # the bounds said full: count exactly
             window = await self._history.load(session_id, budget)
+        history = earlier((window.summary or "", *message_texts(window.messages)))
+        if history is not None:
+            untrusted = (*untrusted, cut(f"earlier in this conversation: {history}"))
         head: list[Message] = [{"role": "system", "content": system}]
         if window.summary:
             head.append(summary_message(window.summary))

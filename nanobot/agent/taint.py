@@ -22,12 +22,13 @@ calls that ask.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanobot.providers.base import Message
 from nanobot.store.taint import TaintStore
-from nanobot.tools.base import current_context, untrusted
+from nanobot.tools.base import current_context, untrusted, wrapped_sources
 from nanobot.tools.taint import Marked, cut, key
 
 AS_DATA = (
@@ -109,3 +110,32 @@ def as_data(name: str, text: str, tainted: Mapping[str, str]) -> str:
     if source is None:
         return text
     return f"{AS_DATA}\n{untrusted(f'{name}, {source}', text)}"
+
+
+def earlier(texts: Iterable[str]) -> str | None:
+    """The sources of the content from outside that `texts` (a turn's history: its summary
+    and messages) still hold inside untrusted wrappers, named for a card ("https://…, a
+    web_search result and 2 more"); None when they hold none.
+
+    Such content read in an earlier turn is read again by the model in each turn given it,
+    so instructions in it could steer that turn as well as the one that fetched it: the
+    turn counts as having read from outside."""
+    found: dict[str, None] = {}
+    for text in texts:
+        found.update(dict.fromkeys(wrapped_sources(text)))
+    if not found:
+        return None
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return cut(", ".join(list(found)[:3]) + more)
+
+
+def message_texts(messages: Iterable[Message]) -> Iterator[str]:
+    """The text of each message's content (a string, or its text parts)."""
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            yield content
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    yield part["text"]

@@ -118,6 +118,15 @@ class Tool(ABC, Generic[Params]):
         }
 
 
+_OPENING = re.compile(r'<untrusted_content source="([^"]*)">\n')
+
+
+def wrapped_sources(text: str) -> tuple[str, ...]:
+    """The sources of the untrusted wrappers `untrusted()` made in `text`, in order, each
+    once. Look-alikes inside wrapped content are defused, so they are not found."""
+    return tuple(dict.fromkeys(_OPENING.findall(text)))
+
+
 def untrusted(source: str, text: str) -> str:
     """Wrap content of outside origin so the model treats it as data, not instructions.
 
