@@ -331,3 +331,21 @@ def test_one_endless_line_is_cut_inside(tmp_path: Path) -> None:
     prompt = builder(tmp_path, timezone=UTC, budget=PromptBudget(2_000, 60_000)).system_prompt(NOW)
     assert "y" * 2_000 in prompt and "y" * 2_001 not in prompt
     assert "(up to part of line 1; read it with start_line 1)" in prompt
+
+
+def test_a_huge_always_skill_is_cut_like_a_prompt_file(tmp_path: Path, warnings: list[str]) -> None:
+    # A skill the agent wrote with `always: true` is in every prompt, as memory is.
+    body = lines(100_000)
+    skill = write(tmp_path, "skills/notes/SKILL.md", f"---\nalways: true\n---\n{body}")
+    context = builder(tmp_path, timezone=UTC, budget=PromptBudget(20_000, 60_000))
+    prompt = context.system_prompt(NOW)
+    assert len(prompt) < 26_000
+    section = prompt.split("## Skill notes (skills/notes/SKILL.md)\n\n", 1)[1]
+    shown, note = section.split("\n\n[", 1)
+    assert len(shown) <= 20_000 and body.startswith(shown)
+    assert note.startswith(
+        f"skills/notes/SKILL.md is cut here: it is {skill.stat().st_size:,} bytes"
+    )
+    assert context.system_prompt(NOW) is prompt
+    [warning] = [w for w in warnings if "SKILL.md" in w]
+    assert f"skills/notes/SKILL.md ({skill.stat().st_size:,} bytes): the first" in warning

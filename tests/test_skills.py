@@ -6,11 +6,13 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path, PurePath
+from typing import Any
 
 import pytest
 
+from nanobot.agent._files import FileCache
 from nanobot.agent.skills import Skill, Skills
-from nanobot.workspace import Workspace, bundled
+from nanobot.workspace import bundled
 
 
 def write_skill(workspace: Path, folder: str, text: str) -> Path:
@@ -32,15 +34,15 @@ def by_name(skills: Skills) -> dict[str, Skill]:
 
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str | PurePath]:
-    """Every file read through the workspace confinement, in order."""
+    """Every skill file read (through the workspace confinement), in order."""
     seen: list[str | PurePath] = []
-    original = Workspace.read_bytes
+    original = FileCache._read
 
-    def counting(self: Workspace, path: str | PurePath) -> bytes:
+    def counting(self: FileCache[Any], path: Path) -> bytes:
         seen.append(path)
         return original(self, path)
 
-    monkeypatch.setattr(Workspace, "read_bytes", counting)
+    monkeypatch.setattr(FileCache, "_read", counting)
     return seen
 
 

@@ -61,7 +61,7 @@ class ContextBuilder:
         if memory is None:
             memory = Memory(workspace, timezone, budget=self._budget)
         self._memory = memory
-        self._skills = skills if skills is not None else Skills(workspace)
+        self._skills = skills if skills is not None else Skills(workspace, budget=self._budget)
         self._files = text_cache(workspace, max_bytes=self._budget.read_bytes())
         self._paths = tuple(workspace / name for name in PROMPT_FILES)
         self._identity = _identity(workspace)

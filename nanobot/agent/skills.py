@@ -27,7 +27,8 @@ from pathlib import Path
 import yaml
 from loguru import logger
 
-from nanobot.agent._files import FileCache, Version, same, version
+from nanobot.agent._files import FileCache, Version, same, size, version
+from nanobot.agent.prompt_budget import Cut, PromptBudget, warning
 from nanobot.workspace import ConfinementError, Workspace
 
 SKILLS_DIR = "skills"
@@ -87,12 +88,24 @@ class Skills:
     Lookups of binaries are cached until `PATH` changes.
     """
 
-    def __init__(self, workspace: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        budget: PromptBudget | None = None,
+    ) -> None:
+        """`budget` bounds each `always` skill's body in the prompt (`file_chars`), as it
+        does the prompt files: only as much of each SKILL.md is read as it could show."""
         self._workspace = workspace
         self._dir = workspace / SKILLS_DIR
         self._env: Mapping[str, str] = os.environ if env is None else env
         self._confined = Workspace(workspace)
-        self._files: FileCache[_Definition] = FileCache(_parse, workspace)
+        self._budget = budget if budget is not None else PromptBudget()
+        self._files: FileCache[_Definition] = FileCache(
+            _parse, workspace, max_bytes=self._budget.read_bytes()
+        )
+        self._warned: frozenset[Cut] = frozenset()
         self._dir_version: Version | None = None
         self._skill_files: tuple[Path, ...] = ()
         self._which_path: str | None = None
@@ -141,12 +154,21 @@ class Skills:
         skills = self.all()
         if skills is not self._rendered_of:
             summary = "\n".join(self._summary_line(skill) for skill in skills)
-            inlined = "\n\n".join(
-                f"## Skill {skill.name} ({self._relative(skill.path)})\n\n{skill.body}"
-                for skill in skills
-                if skill.always and skill.available and skill.body
-            )
-            self._rendered_of, self._rendered = skills, (summary, inlined)
+            bodies: list[str] = []
+            cuts: list[Cut] = []
+            for skill in skills:
+                if skill.always and skill.available and skill.body:
+                    where = self._relative(skill.path)
+                    # A skill the agent wrote can grow as a memory file can: same bound.
+                    body, cut = self._budget.fit(
+                        where, skill.body, self._budget.file_chars, size(skill.path)
+                    )
+                    bodies.append(f"## Skill {skill.name} ({where})\n\n{body}")
+                    cuts += [cut] if cut is not None else []
+            if not set(cuts) <= self._warned and (line := warning(cuts, self._budget)):
+                logger.warning(line)
+            self._warned = frozenset(cuts)
+            self._rendered_of, self._rendered = skills, (summary, "\n\n".join(bodies))
         return self._rendered
 
     def _list(self) -> tuple[Path, ...]:
