@@ -38,7 +38,7 @@ from nanobot.bus.events import QueueMode
 from nanobot.lanes import Lanes
 from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import NewEntry, SessionStore, UsageLedger
-from nanobot.tools.base import SendText, ToolContext, current_context
+from nanobot.tools.base import SendText, ToolContext, current_context, wrapped_sources
 from nanobot.tools.taint import TurnTaint, cut
 from nanobot.workspace import Workspace
 
@@ -260,8 +260,12 @@ class AgentLoop:
         if self._compactor.full(window, budget) and await self._counting_exactly():
             budget = self._history_budget(system)  # the bounds said full: count exactly
             window = await self._history.load(session_id, budget)
-        history = earlier((window.summary or "", *message_texts(window.messages)))
-        if history is not None:
+        # What this turn's own messages bring wrapped (a task's report waiting in the queue)
+        # is named as itself; what the rest of the history still holds, as earlier.
+        brought = [s for text in message_texts(inputs) for s in wrapped_sources(text)]
+        untrusted = (*untrusted, *(cut(s) for s in dict.fromkeys(brought)))
+        texts = (window.summary or "", *message_texts(window.messages))
+        if (history := earlier(texts, besides=brought)) is not None:
             untrusted = (*untrusted, cut(f"earlier in this conversation: {history}"))
         head: list[Message] = [{"role": "system", "content": system}]
         if window.summary:

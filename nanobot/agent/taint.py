@@ -112,17 +112,17 @@ def as_data(name: str, text: str, tainted: Mapping[str, str]) -> str:
     return f"{AS_DATA}\n{untrusted(f'{name}, {source}', text)}"
 
 
-def earlier(texts: Iterable[str]) -> str | None:
+def earlier(texts: Iterable[str], *, besides: Collection[str] = ()) -> str | None:
     """The sources of the content from outside that `texts` (a turn's history: its summary
     and messages) still hold inside untrusted wrappers, named for a card ("https://…, a
     web_search result and 2 more"); None when they hold none.
 
     Such content read in an earlier turn is read again by the model in each turn given it,
     so instructions in it could steer that turn as well as the one that fetched it: the
-    turn counts as having read from outside."""
+    turn counts as having read from outside. Sources in `besides` are left out."""
     found: dict[str, None] = {}
     for text in texts:
-        found.update(dict.fromkeys(wrapped_sources(text)))
+        found.update(dict.fromkeys(s for s in wrapped_sources(text) if s not in besides))
     if not found:
         return None
     more = f" and {len(found) - 3} more" if len(found) > 3 else ""
