@@ -11,12 +11,14 @@ import asyncio
 import base64
 import ipaddress
 import socket
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from aiohttp import web
 
 from nanobot.allowed_hosts import AllowedHost
+from nanobot.tools import addresses
 from nanobot.tools.addresses import IPAddress
 from nanobot.tools.egress import (
     MAX_CONNECTIONS,
@@ -343,3 +345,38 @@ async def test_connections_are_bounded_per_call_and_in_all() -> None:
         writer.close()
     server.close()
     await server.wait_closed()
+
+
+async def test_a_public_address_of_this_machine_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On a server with a public address, that address reaches every service bound to
+    # 0.0.0.0 there (an unauthenticated Redis, the webhook port) as loopback would.
+    own = ipaddress.ip_address("93.184.216.34")
+    monkeypatch.setattr(addresses, "_own", [(time.monotonic(), frozenset({own}))])
+    proxy = await start_proxy()
+    for target in ("93.184.216.34:6379", "public.example:443"):
+        head, reader, writer = await ask(
+            proxy, proxy.open_call(), f"CONNECT {target} HTTP/1.1\r\n\r\n"
+        )
+        assert head.startswith("HTTP/1.1 403"), target
+        assert "a local (this machine's own) address" in await body_of(head, reader)
+        writer.close()
+    await proxy.close()
+
+
+def test_this_machines_addresses_come_from_the_kernels_tables() -> None:
+    trie = (
+        "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 0.0.0.0\n        /0 universe UNICAST\n"
+        "Local:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 127.0.0.0\n        /8 host LOCAL\n"
+        "     |-- 127.0.0.1\n        /32 host LOCAL\n     |-- 192.0.2.255\n"
+        "        /32 link BROADCAST\n     |-- 203.0.113.7\n        /32 host LOCAL\n"
+    )
+    inet6 = (
+        "fd000000000000000000000000000002 04 40 00 82     eth0\n"
+        "00000000000000000000000000000001 01 80 10 80       lo\n"
+    )
+    assert addresses.local_addresses(trie, inet6) == {
+        ipaddress.ip_address(a) for a in ("127.0.0.1", "203.0.113.7", "fd00::2", "::1")
+    }
+    assert ipaddress.ip_address("127.0.0.1") in addresses.own_addresses()  # this machine

@@ -4,9 +4,12 @@ egress proxy both check every resolved address against, and the system resolver 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
@@ -68,7 +71,56 @@ def address_kind(ip: IPAddress) -> str | None:
             return kind
     if isinstance(ip, ipaddress.IPv6Address) and ip not in _GLOBAL_UNICAST_V6:
         return "reserved"
+    if ip in own_addresses():
+        # A public address of this machine's own reaches every service bound to 0.0.0.0
+        # here (a Redis, a database, a model server) as surely as loopback does.
+        return "local (this machine's own)"
     return None
+
+
+OWN_TTL = 10.0  # seconds an interface address read stays current (addresses change rarely)
+# The last read: [when (monotonic), what]; one list, updated in place.
+_own: list[tuple[float, frozenset[IPAddress]]] = [(-OWN_TTL, frozenset())]
+
+
+def own_addresses() -> frozenset[IPAddress]:
+    """The addresses of this machine's interfaces (Linux: /proc/net/fib_trie's local
+    entries, /proc/net/if_inet6), read at most every OWN_TTL seconds; empty where /proc does
+    not tell. A read of two small kernel tables: cheap enough for the event loop."""
+    now = time.monotonic()
+    read_at, addresses = _own[0]
+    if now - read_at < OWN_TTL:
+        return addresses
+    try:
+        trie = Path("/proc/net/fib_trie").read_text()
+    except OSError:
+        trie = ""
+    try:
+        inet6 = Path("/proc/net/if_inet6").read_text()
+    except OSError:
+        inet6 = ""
+    _own[0] = (now, local_addresses(trie, inet6))
+    return _own[0][1]
+
+
+def local_addresses(fib_trie: str, if_inet6: str) -> frozenset[IPAddress]:
+    """The interface addresses the kernel's tables list: each IPv4 address the FIB marks
+    `/32 host LOCAL`, each IPv6 address of if_inet6 (32 hex digits first on a line)."""
+    found: set[IPAddress] = set()
+    last: str | None = None
+    for line in fib_trie.splitlines():
+        text = line.strip()
+        if text.startswith(("|--", "+--")):
+            last = text[3:].split()[0]
+        elif text.startswith("/32 host LOCAL") and last is not None:
+            with contextlib.suppress(ValueError):
+                found.add(ipaddress.IPv4Address(last))
+    for line in if_inet6.splitlines():
+        digits = line.split()[:1]
+        if digits and len(digits[0]) == 32:
+            with contextlib.suppress(ValueError):
+                found.add(ipaddress.IPv6Address(int(digits[0], 16)))
+    return frozenset(found)
 
 
 async def system_resolver(host: str, port: int) -> list[IPAddress]:
