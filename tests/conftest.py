@@ -24,6 +24,21 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 @pytest.fixture(autouse=True)
+def _no_reserve_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each gateway a test starts keeps a disk reserve of 200 MB beside its state.db
+    (tools.exec.limits.disk_reserve): some 30 GB over a suite, and more with the runs pytest
+    keeps. Delete them when the test ends; only the tests that are running hold one."""
+    # Taken now: at teardown the fixture may be gone. Only for tests that use it anyway.
+    root: Path | None = None
+    if "tmp_path" in request.fixturenames:
+        root = request.getfixturevalue("tmp_path")
+    yield
+    if root is not None:
+        for ballast in root.rglob("state.db.reserve"):
+            ballast.unlink(missing_ok=True)
+
+
+@pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No NANOBOT_* variable of the developer's leaks into a test."""
     for name in list(os.environ):
