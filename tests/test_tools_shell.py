@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from nanobot.tools import shell
+from nanobot.tools import _process
 from nanobot.tools.base import ToolError
 from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.sandbox import Confinement, Sandbox, Unavailable, Unconfined, probe
@@ -96,7 +96,7 @@ async def gone(mark: str, within: float = 3.0) -> bool:
 
 @pytest.fixture(autouse=True)
 def short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shell, "TERM_GRACE", 0.3)
+    monkeypatch.setattr(_process, "TERM_GRACE", 0.3)
 
 
 async def test_output_and_exit_code(tmp_path: Path, sandbox: Sandbox) -> None:
@@ -207,8 +207,8 @@ async def test_cancellation_kills_the_command_and_its_children(
 async def test_cancellation_while_the_command_starts_kills_what_it_started(
     tmp_path: Path, sandbox: Sandbox
 ) -> None:
-    # The loop tells the protocol the command runs (connection_made) before its start
-    # returns: a cancellation then lands inside the loop's own start.
+    # The loop tells the output's protocol its pipe is connected (connection_made) before
+    # the start returns: a cancellation then lands while the start watches the command.
     mark = marker()
     tool = ExecTool(tmp_path, sandbox=sandbox)
     call = asyncio.create_task(tool.run(ExecParams(command=f"sh -c 'sleep {mark} & wait'")))
@@ -221,7 +221,7 @@ async def test_cancellation_while_the_command_starts_kills_what_it_started(
         call.cancel()
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(shell._Shell, "connection_made", connection_made)
+        patch.setattr(_process.Output, "connection_made", connection_made)
         with pytest.raises(asyncio.CancelledError):
             await call
     assert alive(mark) == {}

@@ -26,18 +26,17 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from loguru import logger
 from pydantic import Field
 
 from nanobot.reserve import DiskReserve, Shortage
 from nanobot.sizes import format_size
 from nanobot.tools._exec_taint import ExecTaint
+from nanobot.tools._process import Process, namespace_inits, start, stop_group
 from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult
 from nanobot.tools.limits import KEY, NO_LIMITS, Enforcement, Scope, close_scope, open_scope
 from nanobot.tools.sandbox import Bubblewrap, Sandbox, SandboxCall
@@ -56,11 +55,7 @@ DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
 )
 
 MAX_OUTPUT_BYTES = 64 * 1024
-TERM_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
-KILL_WAIT = 2.0  # seconds for SIGKILLed processes to be gone
 EXIT_GRACE = 0.5  # seconds to wait for output after the shell itself has exited
-_GROUP_POLL = 0.05
-_ENDED = ("Z", "X")  # /proc states: zombie (exited, not yet reaped), dead
 
 
 class ExecParams(ToolParams):
@@ -154,23 +149,21 @@ class ExecTool(Tool[ExecParams]):
         timeout = min(args.timeout or self.timeout, self.timeout)
         env = _minimal_env(self.workspace, self.sandbox.path, call.env)
         try:
-            transport, shell = await _start(
-                argv, self.workspace, env, self.max_output_bytes, call.pass_fds
-            )
+            process = await start(argv, self.workspace, env, self.max_output_bytes, call.pass_fds)
         except OSError as exc:
             raise ToolError(f"could not start the command: {exc}") from None
-        pid = transport.get_pid()
+        pid = process.pid
         watch = asyncio.create_task(scope.watch(partial(_sandbox_tmp, pid)), name="exec watch")
         try:
-            outcome = await _supervise(pid, shell, timeout, scope.stop)
+            outcome = await _supervise(process, timeout, scope.stop)
         finally:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
-            transport.close()
-        code = transport.get_returncode()
-        ended, met = scope.verdict(code, shell.text())
-        output, sources = await taint.after(shell.text(), call.egress, offline=self._offline)
+            process.close()
+        code, text = process.returncode, process.output.text()
+        ended, met = scope.verdict(code, text)
+        output, sources = await taint.after(text, call.egress, offline=self._offline)
         if outcome == "timeout":
             reached = f"; it had reached {ended}" if ended else ""
             return _failed(
@@ -218,85 +211,12 @@ def _shortage(short: Shortage) -> str:
 def _sandbox_tmp(pid: int) -> Path | None:
     """The sandbox's /tmp as seen from outside, through its init's root; None until the
     sandbox is up (or without one)."""
-    inits = _namespace_inits(pid)
+    inits = namespace_inits(pid)
     return Path(f"/proc/{inits[0]}/root/tmp") if inits else None
 
 
-class _Shell(asyncio.SubprocessProtocol):
-    """One running command: its combined output (first `limit` bytes kept) and its exit.
-
-    A protocol rather than `asyncio.subprocess.Process`, whose `wait()` also waits for the
-    pipe to close, which a background child holding it open delays indefinitely.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.kept = bytearray()
-        self.dropped = 0
-        self.exited = asyncio.Event()  # the shell itself has exited
-        self.closed = asyncio.Event()  # ... and every holder of the pipe is gone
-
-    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        # Always read, also past the limit: a child blocked on a full pipe never finishes.
-        room = max(0, self.limit - len(self.kept))
-        self.kept += data[:room] if isinstance(data, bytes) else data[:room].encode()
-        self.dropped += max(0, len(data) - room)
-
-    def process_exited(self) -> None:
-        self.exited.set()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed.set()
-
-    def text(self) -> str:
-        text = self.kept.decode("utf-8", errors="replace")
-        if self.dropped:
-            text += f"\n[... {self.dropped} more bytes of output not shown]"
-        return text or "(no output)"
-
-
-async def _start(
-    argv: Sequence[str], cwd: Path, env: dict[str, str], limit: int, pass_fds: Sequence[int] = ()
-) -> tuple[asyncio.SubprocessTransport, _Shell]:
-    """Start `argv` in a new session, its output going to a `_Shell`.
-
-    Raises OSError when it cannot start. A cancellation meanwhile waits for the start to
-    complete, stops the command (`_stop_group`), then propagates.
-    """
-    loop = asyncio.get_running_loop()
-    # Shielded: a start cancelled half-way is cleaned up by the loop (asyncio's and uvloop's
-    # alike) by killing the shell alone, by pid, and what it had forked already runs on.
-    starting = loop.create_task(
-        loop.subprocess_exec(
-            lambda: _Shell(limit),
-            *argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            pass_fds=pass_fds,
-        ),
-        name="exec start",
-    )
-    try:
-        return await asyncio.shield(starting)
-    except asyncio.CancelledError:
-        while not starting.done():
-            with contextlib.suppress(asyncio.CancelledError):  # a second one as well
-                await asyncio.wait([starting])
-        if not starting.cancelled() and starting.exception() is None:
-            transport, shell = starting.result()
-            try:
-                await _stop_group(transport.get_pid(), shell)
-            finally:
-                transport.close()
-        raise
-
-
 async def _supervise(
-    pgid: int, shell: _Shell, seconds: float, stop: asyncio.Event
+    process: Process, seconds: float, stop: asyncio.Event
 ) -> Literal["exited", "timeout", "stopped"]:
     """Wait up to `seconds` for the shell to exit, or for `stop` (a limit's watch), then stop
     its group; say which came first.
@@ -305,17 +225,17 @@ async def _supervise(
     """
     try:
         async with asyncio.timeout(seconds):
-            await _first(shell.exited, stop)
-            if not shell.exited.is_set():
+            await _first(process.exited, stop)
+            if not process.exited.is_set():
                 return "stopped"
             # A background child may hold the pipe open after the shell exits; what it wrote
             # so far is kept, and stopping the group ends it.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(shell.closed.wait(), EXIT_GRACE)
+                await asyncio.wait_for(process.output.closed.wait(), EXIT_GRACE)
     except TimeoutError:
         return "timeout"
     finally:
-        await _stop_group(pgid, shell)
+        await stop_group(process.pid, process)
     return "exited"
 
 
@@ -327,95 +247,6 @@ async def _first(*events: asyncio.Event) -> None:
     finally:
         for wait in waits:
             wait.cancel()
-
-
-async def _stop_group(pgid: int, shell: _Shell) -> None:
-    """SIGTERM the process group, give it TERM_GRACE to go, SIGKILL it; return once the
-    shell has exited and no process of the group is running, nor of the sandbox's PID
-    namespace if the sandbox was still running; or after KILL_WAIT more, with a warning.
-
-    Safe to cancel: SIGKILL is sent synchronously whatever happens, and the loop's child
-    watcher reaps the shell even if nobody waits for it; only the wait is cut short.
-    """
-    loop = asyncio.get_running_loop()
-    # Only while bwrap runs can its namespace's init be found: then it is bwrap's child.
-    inits = () if shell.exited.is_set() else _namespace_inits(pgid)
-    try:
-        if _signal_group(pgid, signal.SIGTERM):
-            await _ended(pgid, inits, loop.time() + TERM_GRACE)
-    finally:
-        _signal_group(pgid, signal.SIGKILL)
-    await shell.exited.wait()
-    if not await _ended(pgid, inits, loop.time() + KILL_WAIT):
-        logger.warning("exec: processes of command {} outlived SIGKILL by {} s", pgid, KILL_WAIT)
-
-
-async def _ended(pgid: int, inits: Sequence[int], deadline: float) -> bool:
-    """Wait until `_running(pgid, inits)` is false, by `deadline` (loop time)."""
-    loop = asyncio.get_running_loop()
-    # Grandchildren are not our children: there is nothing to wait on but polling.
-    while _running(pgid, inits):
-        if loop.time() >= deadline:
-            return False
-        await asyncio.sleep(_GROUP_POLL)
-    return True
-
-
-def _running(pgid: int, inits: Sequence[int]) -> bool:
-    """Whether a process of the group, or one of `inits` (whose namespace ends before they
-    do), still runs. A zombie does not: it has ended, and an orphan waits for the host's
-    init to reap it, which can take seconds. Without /proc (not Linux), whatever signal 0
-    reaches counts as running."""
-    if any(_state(pid)[0] not in _ENDED for pid in inits):
-        return True
-    if not _signal_group(pgid, 0):
-        return False
-    try:
-        pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-    except OSError:
-        return True
-    return any(state not in _ENDED and group == pgid for state, group in map(_state, pids))
-
-
-def _state(pid: int) -> tuple[str, int]:
-    """(state, process group) of `pid`, from /proc; ("X", 0) when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[2])
-    except (OSError, IndexError, ValueError):
-        return "X", 0
-
-
-def _namespace_inits(pid: int) -> tuple[int, ...]:
-    """The children of `pid` that are PID 1 of a namespace of their own: bubblewrap's
-    sandbox, whose init the kernel lets exit only once every other process in it is gone.
-    Empty where /proc does not tell (not Linux)."""
-    inits: list[int] = []
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return ()
-    for child in children:
-        try:
-            status = Path(f"/proc/{child}/status").read_text()
-        except OSError:  # exited meanwhile
-            continue
-        for line in status.splitlines():
-            fields = line.split()  # "NSpid: <pid here> ... <pid in its own namespace>"
-            if fields[:1] == ["NSpid:"] and len(fields) > 2 and fields[-1] == "1":
-                inits.append(int(child))
-    return tuple(inits)
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send `sig` to the group; False when no process is left in it."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # only zombies left (seen on macOS)
-        return False
-    return True
 
 
 def _minimal_env(workspace: Path, path: str, sandbox: Mapping[str, str]) -> dict[str, str]:
