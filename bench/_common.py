@@ -12,12 +12,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -77,6 +79,16 @@ class Run:
                 f"stdout: {self.stdout!r}\nstderr (tail): {self.stderr[-2000:]}"
             )
         return self
+
+
+def gateway_loop_run(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` on the event loop the gateway runs by default (uvloop where installed,
+    `gateway.event_loop`), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def isolated_env(home: Path, **extra: str) -> dict[str, str]:

@@ -234,7 +234,7 @@ async def open_sandbox(config: Config) -> AsyncIterator[Sandbox | None]:
                 )
                 await proxy.start()
         if sandbox is None:
-            network = None if namespace is None else Network(tuple(namespace.enter), proxy)
+            network = None if namespace is None else Network.of(namespace, proxy)
             sandbox = await asyncio.to_thread(build_sandbox, config, network)
         log_sandbox(sandbox)
         try:
@@ -262,7 +262,7 @@ def describe_sandbox(config: Config) -> str:
                     namespace = NetworkNamespace.create()
                 except NamespaceError as exc:
                     return _no_namespace(config, exc).description
-            network = None if namespace is None else Network(tuple(namespace.enter))
+            network = None if namespace is None else Network.of(namespace)
             sandbox = build_sandbox(config, network)
             sandbox.close()
             return sandbox.description

@@ -30,7 +30,7 @@ async def public_network(allow_hosts: Sequence[str] = ()) -> AsyncIterator[Netwo
     proxy = EgressProxy(namespace.listener, allow_hosts=[AllowedHost.parse(h) for h in allow_hosts])
     await proxy.start()
     try:
-        yield Network(tuple(namespace.enter), proxy)
+        yield Network.of(namespace, proxy)
     finally:
         await proxy.close()
         namespace.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -90,7 +91,9 @@ V1 = _cgroups.Tree(1, Path("/sys/fs/cgroup/memory/x"), Path("/sys/fs/cgroup/pids
         (None, "/usr/bin/prlimit", True, False, "user namespace", "rlimit, per process"),
         (None, "/usr/bin/prlimit", True, True, "root is exempt", "rlimit, per process"),
         (None, "/usr/bin/prlimit", False, False, "no sandbox", "rlimit, per process"),
-        (None, None, True, False, "not enforced", "prlimit is missing"),
+        # In bubblewrap the gateway sets the rlimits itself; without it, prlimit does.
+        (None, None, True, False, "user namespace", "rlimit, per process"),
+        (None, None, False, False, "not enforced", "prlimit is missing"),
     ],
 )
 def test_what_is_enforced_and_how(
@@ -114,10 +117,17 @@ def test_what_is_enforced_and_how(
 def test_a_null_limit_is_neither_set_nor_described() -> None:
     limits = replace(SMALL, cpu_time=None, open_files=None)
     scope = Scope(Enforcement(limits, None, "/usr/bin/prlimit", True, False), None, None)
+    assert {kind for kind, _, _ in scope.rlimits()} == {
+        resource.RLIMIT_FSIZE,
+        resource.RLIMIT_DATA,
+        resource.RLIMIT_NPROC,
+    }
     argv = scope.inner(["/bin/sh", "-c", "true"])
     assert argv[:1] == ["/usr/bin/prlimit"] and argv[-3:] == ["/bin/sh", "-c", "true"]
     assert not any(a.startswith(("--cpu", "--nofile")) for a in argv)
-    assert {"--fsize=8388608", f"--data={128 * MB}", "--nproc=256"} <= set(argv)
+    assert {"--fsize=8388608:8388608", f"--data={128 * MB}:{128 * MB}", "--nproc=256:256"} <= set(
+        argv
+    )
     assert "cpu_time" not in scope.enforcement.describe()
 
 
@@ -208,6 +218,31 @@ async def test_too_many_open_files_is_said(tmp_path: Path) -> None:
     assert not failed
     assert said.startswith("exit code 1 (it reports having met the open files limit (64, ")
     assert "Too many open files" in said
+
+
+async def test_the_sandbox_is_held_until_its_limits_are_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No prlimit on the machine, no shell in front: the gateway sets the rlimits on the
+    # sandbox's init at its gate, and the command sees them from its first instruction.
+    monkeypatch.setattr("shutil.which", lambda name, **_: None)
+    tool = exec_tool(tmp_path)
+    failed, said = await run(tool, "ulimit -n; ulimit -t; ulimit -f")
+    assert not failed, said
+    assert said.splitlines()[1:] == ["64", "1", str(8 * MB // 512)], said
+
+
+async def test_a_limit_that_cannot_be_set_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(self: Scope, pid: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(Scope, "hold", refused)
+    failed, said = await run(exec_tool(tmp_path), "touch ran")
+    assert failed
+    assert said.startswith("could not set up the command's limits: "), said
+    assert not (tmp_path / "ran").exists()
 
 
 async def test_node_python_git_and_pip_run_under_the_defaults(tmp_path: Path) -> None:

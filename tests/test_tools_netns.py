@@ -24,6 +24,7 @@ from aiohttp import web
 
 from nanobot.tools.netns import NetworkNamespace
 from nanobot.tools.sandbox import Bubblewrap, Network, SandboxCall
+from nanobot.tools.shell import ExecParams, ExecTool
 from tests.local_http import serving
 from tests.sandbox_network import Far, far_hosts_made, public_network
 from tests.test_tools_sandbox import _wheel, bubblewrap, run
@@ -133,6 +134,32 @@ async def test_public_reaches_nothing_on_the_hosts_loopback_directly_or_through_
     assert "nanobot: 127.0.0.1 is a loopback address" in out
     assert call.egress is not None and not call.egress.used
     assert len(call.egress.contacts) == 5  # four CONNECTs and curl's GET, all refused
+
+
+async def test_exec_starts_its_commands_inside_the_namespace(
+    tmp_path: Path, host_services: HostServices
+) -> None:
+    # As root no nsenter is in front: the launcher's thread, inside the namespace, starts
+    # them. The argv for anyone else still carries its own way in.
+    async with public_network() as network:
+        sandbox = bubblewrap(tmp_path, network="public", via=network)
+        (tmp_path / "direct.py").write_text(_DIRECT)
+        with sandbox.call() as call:
+            own = sandbox.command(["true"], call=call)
+            launched = sandbox.command(["true"], call=call, launched=True)
+        assert "nsenter" in own[0]
+        assert ("nsenter" in launched[0]) == (os.geteuid() != 0)
+        tool = ExecTool(tmp_path, sandbox=sandbox, timeout=30)
+        targets = " ".join(host_services.targets())
+        said = await tool.run(ExecParams(command=f"python3 direct.py {targets}"))
+        if network.launcher is not None:  # the gateway's other threads stay on the host
+            tasks, ours = Path("/proc/self/task"), str(network.launcher.thread_id)
+            host = Path("/proc/self/ns/net").readlink()
+            others = [t for t in tasks.iterdir() if t.name != ours]
+            assert all((task / "ns/net").readlink() == host for task in others)
+            assert (tasks / ours / "ns/net").readlink() != host
+    text = said if isinstance(said, str) else said.content
+    assert "CONNECTED" not in text and text.count("unreachable") == 4, text
 
 
 async def test_a_loopback_server_in_allow_hosts_is_reached_through_the_proxy(
@@ -286,7 +313,7 @@ def test_the_namespace_outlives_its_holder_and_is_never_found_by_its_pid(
     pid = namespace.pid
     assert all(f"/proc/{pid}/" not in arg for arg in namespace.enter)
     os.kill(pid, signal.SIGKILL)  # its pid may now go to any process, in any network
-    sandbox = bubblewrap(tmp_path, network="public", via=Network(tuple(namespace.enter)))
+    sandbox = bubblewrap(tmp_path, network="public", via=Network.of(namespace))
     (tmp_path / "direct.py").write_text(_DIRECT)
     done = run(
         sandbox, f"python3 direct.py 127.0.0.1:{host_services.banner} 127.0.0.1:{namespace.port}"
@@ -340,7 +367,7 @@ from nanobot.tools.netns import NetworkNamespace
 from nanobot.tools.sandbox import Confinement, Network, probe
 namespace = NetworkNamespace.create()
 sandbox = probe("bwrap", Confinement(Path(tempfile.mkdtemp()), network="public"),
-                network=Network(tuple(namespace.enter)))
+                network=Network.of(namespace))
 code = f"import socket; socket.create_connection(('127.0.0.1', {namespace.port})); print('in')"
 with sandbox.call() as call:
     done = subprocess.run(sandbox.command(["python3", "-c", code], call=call), text=True,

@@ -48,6 +48,11 @@ class Tree:
     pids: Path
 
     @property
+    def threads_home(self) -> tuple[Path, ...]:
+        """The files a thread writes `0` into to go back to nanobot's own groups (v1)."""
+        return (self.memory / "tasks", self.pids / "tasks")
+
+    @property
     def description(self) -> str:
         if self.version == 2:
             return f"cgroup v2 ({self.memory})"
@@ -73,6 +78,12 @@ class Group:
         if self.tree.version == 2:
             return (self.memory / "cgroup.procs",)
         return (self.memory / "tasks", self.pids / "tasks")
+
+    @property
+    def by_thread(self) -> bool:
+        """Whether one thread can join the group alone (v1's `tasks`), so that what it forks
+        starts inside; v2 moves whole processes."""
+        return self.tree.version == 1
 
     def events(self) -> tuple[int, int]:
         """(forks refused at pids.max, processes the OOM killer ended at the memory limit)

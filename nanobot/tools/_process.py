@@ -2,13 +2,12 @@
 whole process group stopped.
 
 Started with `subprocess.Popen` (vfork and exec, about a millisecond, whatever the size of
-the gateway) rather than the event loop's `subprocess_exec`: uvloop's forks the whole
-gateway and closes every descriptor up to the open-files limit one by one in the child,
-several milliseconds per command (more as the gateway grows), and asyncio's own starts a
-thread per command to wait for it. The output pipe is read on the loop, the exit is seen
-through a pidfd (Linux 5.3+; elsewhere one thread waits), so nothing blocks the loop but the
-start itself, as with `subprocess_exec`. The loop's child watchers wait for their own
-children by pid, never for this one.
+the gateway) on the sandbox's launcher thread (`_launcher`), rather than the event loop's
+`subprocess_exec`: uvloop's forks the whole gateway and closes every descriptor up to the
+open-files limit one by one in the child, several milliseconds per command (more as the
+gateway grows), and asyncio's own starts a thread per command to wait for it. The output
+pipe is read on the loop, the exit is seen through a pidfd (Linux 5.3+; elsewhere one thread
+waits). The loop's child watchers wait for their own children by pid, never for this one.
 
 `stop_group` is the contract of exec's end: the group SIGTERMed, a grace, SIGKILL, and the
 return only once no process of the group (nor of the sandbox's PID namespace) runs.
@@ -26,6 +25,9 @@ from pathlib import Path
 from typing import Final
 
 from loguru import logger
+
+from nanobot.tools._cgroups import Group
+from nanobot.tools._launcher import Launcher, abandon
 
 TERM_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
 KILL_WAIT = 2.0  # seconds for SIGKILLed processes to be gone
@@ -123,17 +125,21 @@ async def start(
     env: Mapping[str, str],
     limit: int,
     pass_fds: Sequence[int] = (),
+    *,
+    launcher: Launcher,
+    group: Group | None = None,
 ) -> Process:
-    """Start `argv` in a new session (its pid is its process group's), stdin from /dev/null,
-    stdout and stderr into one pipe kept by an `Output` of `limit` bytes.
+    """Start `argv` from `launcher` (inside `group` where a thread can join it) in a new
+    session (its pid is its process group's), stdin from /dev/null, stdout and stderr into
+    one pipe kept by an `Output` of `limit` bytes.
 
-    Raises OSError when it cannot start. The start itself is synchronous (vfork and exec),
-    so a cancellation never finds it half done.
+    Raises OSError when it cannot start. Cancelled, it kills and reaps what it started
+    before CancelledError propagates.
     """
     loop = asyncio.get_running_loop()
-    # As synchronous as the loop's own subprocess_exec, which calls Popen too.
-    popen = subprocess.Popen(  # noqa: ASYNC220
+    popen = await launcher.popen(
         list(argv),
+        group,
         cwd=cwd,
         env=dict(env),
         stdin=subprocess.DEVNULL,
@@ -151,7 +157,7 @@ async def start(
             with contextlib.suppress(asyncio.CancelledError):  # a second one as well
                 await asyncio.wait([watching])
         if watching.cancelled() or watching.exception() is not None:
-            await _abandon(popen)
+            await abandon(popen)
         else:
             try:
                 await stop_group(process.pid, process)
@@ -159,17 +165,9 @@ async def start(
                 process.close()
         raise
     except BaseException:
-        await _abandon(popen)
+        await abandon(popen)
         raise
     return process
-
-
-async def _abandon(popen: subprocess.Popen[bytes]) -> None:
-    """Kill a command whose output or exit could not be watched, and reap it."""
-    _signal_group(popen.pid, signal.SIGKILL)
-    if popen.stdout is not None:
-        popen.stdout.close()
-    await asyncio.to_thread(popen.wait)
 
 
 async def stop_group(pgid: int, process: Process) -> None:

@@ -9,13 +9,14 @@ Enforcement, decided once at start-up (`enforce`):
   process's memory (not their sum); RLIMIT_NPROC bounds the processes of the sandbox's user
   namespace, which the kernel does not apply to root;
 - CPU time (RLIMIT_CPU, per process: SIGXCPU, then SIGKILL a second later), open files
-  (RLIMIT_NOFILE), the size of any one file written (RLIMIT_FSIZE: SIGXFSZ): rlimits set by
-  util-linux's `prlimit` inside the sandbox, in front of the shell, so they bind the command
-  and not bubblewrap, and RLIMIT_NPROC counts inside the sandbox's user namespace;
+  (RLIMIT_NOFILE), the size of any one file written (RLIMIT_FSIZE: SIGXFSZ): rlimits;
 - the sandbox's `/tmp`: the size of its tmpfs (`Confinement.tmp_size`, bubblewrap's --size).
 
-A command joins its group before it runs anything: its argv starts with `/bin/sh -c 'echo 0
-> .../tasks && exec "$@"'` (see `_cgroups.Group.joins`), which then becomes the sandbox.
+In bubblewrap the gateway puts the sandbox's init under the limits while it waits at its gate
+(`_bwrap_gate`, `Scope.hold`): into the command's group, the rlimits set on it (so they bind
+the command and not bubblewrap, and RLIMIT_NPROC counts in the sandbox's user namespace);
+the command and everything it starts inherit both. Without a sandbox, a shell in front joins
+the group (`Scope.outer`) and util-linux's `prlimit` sets the rlimits (`Scope.inner`).
 `verdict()` reads what the kernel counted (the group's events, the exit status) and, for
 what only the command's own output can tell (too many open files, a refused fork, a full
 /tmp), its output.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -75,9 +77,10 @@ class Limits:
 @dataclass(frozen=True, slots=True)
 class Enforcement:
     """How `limits` are enforced here: `tree` for processes and memory where there is one,
-    `prlimit` (its path) for the rest; `confined` whether commands run in bubblewrap (which
-    bounds /tmp and gives RLIMIT_NPROC a user namespace to count in); `root` whether nanobot
-    runs as root (which RLIMIT_NPROC ignores)."""
+    rlimits for the rest; `confined` whether commands run in bubblewrap (which bounds /tmp,
+    gives RLIMIT_NPROC a user namespace to count in, and is held for the gateway to set the
+    rlimits); `prlimit` the path of util-linux's, which sets them without a sandbox; `root`
+    whether nanobot runs as root (which RLIMIT_NPROC ignores)."""
 
     limits: Limits
     tree: _cgroups.Tree | None
@@ -104,12 +107,12 @@ class Enforcement:
         (...)"). Limits set to null are left out."""
         said: dict[str, str] = {}
         limits, tree = self.limits, self.tree
-        rlimit = "rlimit, per process" if self.prlimit else _NO_PRLIMIT
+        rlimit = "rlimit, per process" if self.confined or self.prlimit else _NO_PRLIMIT
         whole = f"{tree.description}, for the whole command" if tree is not None else ""
         if limits.processes is not None:
             if whole:
                 said["processes"] = whole
-            elif self.prlimit and self.confined and not self.root:
+            elif self.confined and not self.root:
                 said["processes"] = "rlimit, in the sandbox's user namespace"
             else:
                 why = "root is exempt from RLIMIT_NPROC" if self.root else "no sandbox"
@@ -143,6 +146,13 @@ class Enforcement:
 
 
 _NO_PRLIMIT: Final = "not enforced (util-linux prlimit is missing)"
+_PRLIMIT_FLAGS: Final = {
+    resource.RLIMIT_CPU: "cpu",
+    resource.RLIMIT_NOFILE: "nofile",
+    resource.RLIMIT_FSIZE: "fsize",
+    resource.RLIMIT_DATA: "data",
+    resource.RLIMIT_NPROC: "nproc",
+}
 
 
 def enforce(limits: Limits, *, confined: bool) -> Enforcement:
@@ -198,28 +208,63 @@ class Scope:
     shortage: Shortage | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def inner(self, argv: Sequence[str]) -> list[str]:
-        """`argv` with the rlimits set in front: what to run inside the sandbox."""
-        prlimit, limits = self.enforcement.prlimit, self.enforcement.limits
-        if prlimit is None:
-            return list(argv)
-        flags: list[str] = []
+    def rlimits(self) -> list[tuple[int, int, int]]:
+        """(resource, soft, hard) to set on the command's first process: what the group
+        does not hold."""
+        limits, wanted = self.enforcement.limits, []
         if limits.cpu_time is not None:
             seconds = max(1, int(limits.cpu_time.total_seconds()))
-            flags.append(f"--cpu={seconds}:{seconds + 1}")
+            wanted.append((resource.RLIMIT_CPU, seconds, seconds + 1))  # SIGXCPU, then KILL
         if limits.open_files is not None:
-            flags.append(f"--nofile={limits.open_files}")
+            wanted.append((resource.RLIMIT_NOFILE, limits.open_files, limits.open_files))
         if limits.file_size is not None:
-            flags.append(f"--fsize={limits.file_size}")
+            wanted.append((resource.RLIMIT_FSIZE, limits.file_size, limits.file_size))
         if limits.memory is not None and self.group is None:
-            flags.append(f"--data={limits.memory}")
+            wanted.append((resource.RLIMIT_DATA, limits.memory, limits.memory))
         if limits.processes is not None and self.group is None and self.enforcement.confined:
-            flags.append(f"--nproc={limits.processes}")
-        return [prlimit, *flags, "--", *argv] if flags else list(argv)
+            wanted.append((resource.RLIMIT_NPROC, limits.processes, limits.processes))
+        return wanted
+
+    @property
+    def _joined_outside(self) -> bool:
+        """Whether the command's first process must be moved into the group (v2), not
+        started inside it by the launcher's thread (v1, `_launcher`)."""
+        return self.group is not None and not self.group.by_thread
+
+    @property
+    def held(self) -> bool:
+        """Whether the command's first process must be put under anything (`hold`)."""
+        return self._joined_outside or bool(self.rlimits())
+
+    def hold(self, pid: int) -> None:
+        """Put process `pid` under the limits before it starts the command (a sandbox's init
+        held at its gate): into the group, the rlimits set (never above a hard limit already
+        in force, which only a privileged process could raise). What it forks inherits both.
+
+        Raises:
+            OSError: the process is gone, or a limit cannot be set.
+        """
+        if self.group is not None and self._joined_outside:
+            for joins in self.group.joins:
+                joins.write_text(f"{pid}\n")
+        for kind, soft, hard in self.rlimits():
+            _, ceiling = resource.prlimit(pid, kind)
+            if ceiling == resource.RLIM_INFINITY:
+                ceiling = hard
+            resource.prlimit(pid, kind, (min(soft, ceiling), min(hard, ceiling)))
+
+    def inner(self, argv: Sequence[str]) -> list[str]:
+        """Without a sandbox to hold: `argv` with `prlimit` setting the rlimits in front."""
+        prlimit, wanted = self.enforcement.prlimit, self.rlimits()
+        if prlimit is None or not wanted:
+            return list(argv)
+        flags = [f"--{_PRLIMIT_FLAGS[kind]}={soft}:{hard}" for kind, soft, hard in wanted]
+        return [prlimit, *flags, "--", *argv]
 
     def outer(self, argv: Sequence[str]) -> list[str]:
-        """`argv` (the sandbox's) made to join the command's group before it starts."""
-        if self.group is None:
+        """Without a sandbox to hold: `argv` made to join the command's group before it
+        starts, by a shell in front."""
+        if self.group is None or not self._joined_outside:
             return list(argv)
         joins = " && ".join(f"echo 0 > {shlex.quote(str(f))}" for f in self.group.joins)
         return ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *argv]
@@ -230,6 +275,9 @@ class Scope:
         `DiskReserve.short`), note when /tmp is full. Never raises but CancelledError."""
         tmp: Path | None = None
         while True:
+            # First after a while: the reserve was looked at just before the start, and a
+            # command of less than WATCH_EVERY (most) costs the watch nothing.
+            await asyncio.sleep(WATCH_EVERY)
             if self.reserve is not None and (short := self.reserve.short()) is not None:
                 self.shortage = short
                 self.stop.set()
@@ -237,7 +285,6 @@ class Scope:
             tmp = tmp or sandbox_tmp()
             if tmp is not None and not self.tmp_full:
                 self.tmp_full = _full(tmp)
-            await asyncio.sleep(WATCH_EVERY)
 
     def verdict(self, code: int | None, output: str) -> tuple[str | None, str | None]:
         """(what the kernel says ended the command, what it met otherwise), each a phrase

@@ -1,8 +1,9 @@
 """The network namespace sandboxed commands share with `tools.exec.network: public`.
 
 One namespace, made once at start by a small long-lived holder process, joined by every
-command (`nsenter` in front of bubblewrap): making a namespace per command would cost more
-than the whole rest of the sandbox. Inside there is only loopback, so nothing on the host's
+command (as root, started from a thread of the gateway inside it, `_launcher`; otherwise
+`nsenter` in front of bubblewrap): making a namespace per command would cost more than the
+whole rest of the sandbox. Inside there is only loopback, so nothing on the host's
 own 127.0.0.1 (the store, the webhook port, Redis, abstract unix sockets: those belong to a
 network namespace) can be reached. The holder creates a listening socket at 127.0.0.1:<port>
 inside it and hands it to the gateway over a socketpair (SCM_RIGHTS): the egress proxy serves
@@ -24,6 +25,8 @@ import socket
 import subprocess
 import sys
 import threading
+
+from nanobot.tools._launcher import Launcher
 
 READY_TIMEOUT = 10.0
 STOP_TIMEOUT = 2.0
@@ -67,6 +70,7 @@ class NamespaceError(Exception):
 class NetworkNamespace:
     """A network namespace held by a child process, and the egress listener inside it.
 
+    `launcher`, as root, starts commands inside the namespace (see `_launcher`); otherwise
     `enter` is the argv prefix that runs a command in the namespace. It names the namespace
     by a descriptor the gateway holds (`/proc/<gateway>/fd/<n>`), not by the holder's pid:
     a pid the kernel gave to another process after the holder's end would lead a command
@@ -84,6 +88,8 @@ class NetworkNamespace:
             kind: os.open(f"/proc/{holder.pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
             for kind in kinds
         }
+        # As root a thread of ours joins the namespace and starts the commands (no nsenter).
+        self.launcher = Launcher(self._fds["net"]) if "user" not in self._fds else None
         ours = f"/proc/{os.getpid()}/fd"
         self.enter: list[str] = [_nsenter() or "nsenter"]
         if "user" in self._fds:
@@ -140,6 +146,8 @@ class NetworkNamespace:
         listener and the namespace's descriptors. Blocking for at most STOP_TIMEOUT.
         Idempotent."""
         self.listener.close()
+        if self.launcher is not None:
+            self.launcher.close()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

@@ -37,11 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from nanobot.tools._bwrap_gate import Gate
 from nanobot.tools._bwrap_layout import layout as bwrap_layout
+from nanobot.tools._launcher import Launcher
+from nanobot.tools._launcher import default as default_launcher
 from nanobot.tools._masks import OwnerOnlyMasks
 from nanobot.tools._seccomp import keyring_filter
 from nanobot.tools.base import ToolError
 from nanobot.tools.egress import EgressProxy, EgressRecord
+from nanobot.tools.netns import NetworkNamespace
 
 SandboxSetting = Literal["auto", "bwrap", "none"]
 NetworkMode = Literal["public", "none", "host"]
@@ -77,12 +81,20 @@ class Confinement:
 
 @dataclass(frozen=True, slots=True)
 class Network:
-    """How `network: public` gets out: the argv prefix that joins the shared namespace
-    (`NetworkNamespace.enter`), and the egress proxy serving it (None in a probe that only
-    checks that commands start there)."""
+    """How `network: public` gets out: how commands get into the shared namespace (the argv
+    prefix `enter`; a `launcher` whose thread is inside, as root, for the commands it starts),
+    and the egress proxy serving it (None in a probe that only checks that commands start
+    there). Made by `of`."""
 
     enter: tuple[str, ...]
     egress: EgressProxy | None = None
+    launcher: Launcher | None = None
+
+    @classmethod
+    def of(cls, namespace: NetworkNamespace, egress: EgressProxy | None = None) -> Network:
+        launcher = namespace.launcher
+        inside = launcher if launcher is not None and launcher.in_namespace else None
+        return cls(tuple(namespace.enter), egress, inside)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +123,23 @@ class Sandbox(ABC):
     description: str
     path: str
     home: str = ""
+    gated = False
+    """Whether `command` takes a `Gate` (holds the sandbox before its command starts)."""
 
     @abstractmethod
-    def command(self, argv: Sequence[str], *, call: SandboxCall | None = None) -> list[str]:
+    def command(
+        self,
+        argv: Sequence[str],
+        *,
+        call: SandboxCall | None = None,
+        gate: Gate | None = None,
+        launched: bool = False,
+    ) -> list[str]:
         """The argv that runs `argv` in this sandbox, for `call` (None: a bare check that
-        the sandbox starts, without the per-call parts).
+        the sandbox starts, without the per-call parts), held at `gate` where it is `gated`
+        (its `pass_fds` must then reach the started process too). `launched`: the caller
+        starts it with `launcher`, which may do part of the confinement (the network's, as
+        root); otherwise the argv does it all, whoever starts it.
 
         Raises:
             ToolError: no sandbox can run it (see `Unavailable`).
@@ -147,6 +171,11 @@ class Sandbox(ABC):
     def confined(self) -> bool:
         return True
 
+    @property
+    def launcher(self) -> Launcher:
+        """What starts this sandbox's commands (their argv from `command`)."""
+        return default_launcher()
+
 
 class Bubblewrap(Sandbox):
     """Commands run inside bubblewrap, as described in the module docstring."""
@@ -164,6 +193,7 @@ class Bubblewrap(Sandbox):
         self.binary = binary
         self.confinement = confinement
         self._network = network if confinement.network == "public" else None
+        self._launcher = self._network.launcher if self._network is not None else None
         self.home = str(_home(confinement))
         layout = bwrap_layout(
             confinement.workspace,
@@ -187,8 +217,21 @@ class Bubblewrap(Sandbox):
             f"{keyring}"
         )
 
-    def command(self, argv: Sequence[str], *, call: SandboxCall | None = None) -> list[str]:
-        return self._argv(argv, call, self._masks.args())
+    gated = True
+
+    @property
+    def launcher(self) -> Launcher:
+        return self._launcher or default_launcher()
+
+    def command(
+        self,
+        argv: Sequence[str],
+        *,
+        call: SandboxCall | None = None,
+        gate: Gate | None = None,
+        launched: bool = False,
+    ) -> list[str]:
+        return self._argv(argv, call, self._masks.args(), gate, launched=launched)
 
     @property
     def ready(self) -> bool:
@@ -201,11 +244,30 @@ class Bubblewrap(Sandbox):
         self._masks.begin()
 
     def _argv(
-        self, argv: Sequence[str], call: SandboxCall | None, masks: Sequence[str]
+        self,
+        argv: Sequence[str],
+        call: SandboxCall | None,
+        masks: Sequence[str],
+        gate: Gate | None = None,
+        *,
+        launched: bool = False,
     ) -> list[str]:
-        enter = list(self._network.enter) if self._network is not None else []
+        enter: list[str] = []
+        if self._network is not None and not (launched and self._launcher is not None):
+            enter = list(self._network.enter)
         seccomp = ["--seccomp", str(call.pass_fds[0])] if call and call.pass_fds else []
-        return [*enter, str(self.binary), *self._head, *masks, *self._tail, *seccomp, "--", *argv]
+        held = gate.args() if gate is not None else []
+        return [
+            *enter,
+            str(self.binary),
+            *self._head,
+            *masks,
+            *self._tail,
+            *seccomp,
+            *held,
+            "--",
+            *argv,
+        ]
 
     @contextlib.contextmanager
     def call(self) -> Iterator[SandboxCall]:
@@ -293,7 +355,14 @@ class Unconfined(Sandbox):
         self.path = os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin"
         self.home = str(workspace) if workspace is not None else ""
 
-    def command(self, argv: Sequence[str], *, call: SandboxCall | None = None) -> list[str]:
+    def command(
+        self,
+        argv: Sequence[str],
+        *,
+        call: SandboxCall | None = None,
+        gate: Gate | None = None,
+        launched: bool = False,
+    ) -> list[str]:
         return list(argv)
 
     @property
@@ -310,7 +379,14 @@ class Unavailable(Sandbox):
         self.reason = reason
         self.description = f"unavailable, exec is refused: {reason}"
 
-    def command(self, argv: Sequence[str], *, call: SandboxCall | None = None) -> list[str]:
+    def command(
+        self,
+        argv: Sequence[str],
+        *,
+        call: SandboxCall | None = None,
+        gate: Gate | None = None,
+        launched: bool = False,
+    ) -> list[str]:
         raise ToolError(
             "the shell is disabled on this machine: no sandbox can run here "
             f"({self.reason}). Use the file tools instead, or ask the owner to fix the "

@@ -26,15 +26,16 @@ import contextlib
 import os
 import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from nanobot.reserve import DiskReserve, Shortage
 from nanobot.sizes import format_size
+from nanobot.tools._bwrap_gate import Gate
 from nanobot.tools._exec_taint import ExecTaint
 from nanobot.tools._process import Process, namespace_inits, start, stop_group
 from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult
@@ -144,23 +145,45 @@ class ExecTool(Tool[ExecParams]):
 
     async def _run(self, args: ExecParams, call: SandboxCall, scope: Scope) -> str | ToolResult:
         taint = await ExecTaint.before(args.command, self.workspace, self.ledger)
-        inner = scope.inner(["/bin/sh", "-c", args.command])
-        argv = scope.outer(self.sandbox.command(inner, call=call))
+        command = ["/bin/sh", "-c", args.command]
+        gate = Gate() if self.sandbox.gated and scope.held else None
+        if gate is not None:
+            argv = self.sandbox.command(command, call=call, gate=gate, launched=True)
+            fds = gate.pass_fds
+        else:
+            inner = self.sandbox.command(scope.inner(command), call=call, launched=True)
+            argv, fds = scope.outer(inner), ()
         timeout = min(args.timeout or self.timeout, self.timeout)
         env = _minimal_env(self.workspace, self.sandbox.path, call.env)
         try:
-            process = await start(argv, self.workspace, env, self.max_output_bytes, call.pass_fds)
-        except OSError as exc:
-            raise ToolError(f"could not start the command: {exc}") from None
-        pid = process.pid
-        watch = asyncio.create_task(scope.watch(partial(_sandbox_tmp, pid)), name="exec watch")
-        try:
-            outcome = await _supervise(process, timeout, scope.stop)
+            try:
+                process = await start(
+                    argv,
+                    self.workspace,
+                    env,
+                    self.max_output_bytes,
+                    (*call.pass_fds, *fds),
+                    launcher=self.sandbox.launcher,
+                    group=scope.group,
+                )
+            except OSError as exc:
+                raise ToolError(f"could not start the command: {exc}") from None
+            if gate is not None:
+                gate.started()
+            watch = asyncio.create_task(
+                scope.watch(partial(_sandbox_tmp, process.pid)), name="exec watch"
+            )
+            try:
+                held = _open(gate, scope) if gate is not None else None
+                outcome = await _supervise(process, timeout, scope.stop, held)
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+                process.close()
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-            process.close()
+            if gate is not None:
+                gate.close()  # the sandbox is stopped by now
         code, text = process.returncode, process.output.text()
         ended, met = scope.verdict(code, text)
         output, sources = await taint.after(text, call.egress, offline=self._offline)
@@ -215,16 +238,39 @@ def _sandbox_tmp(pid: int) -> Path | None:
     return Path(f"/proc/{inits[0]}/root/tmp") if inits else None
 
 
-async def _supervise(
-    process: Process, seconds: float, stop: asyncio.Event
-) -> Literal["exited", "timeout", "stopped"]:
-    """Wait up to `seconds` for the shell to exit, or for `stop` (a limit's watch), then stop
-    its group; say which came first.
+async def _open(gate: Gate, scope: Scope) -> None:
+    """Put the sandbox held at `gate` under `scope`'s limits, then let its command start.
+    When bubblewrap ended without making its sandbox, nothing is opened: its output says why.
 
-    The group is stopped on cancellation too, before CancelledError propagates.
+    Raises:
+        ToolError: a limit could not be set (the sandbox is then to be stopped, not let go).
+    """
+    init = await gate.init()
+    if init is None:
+        return
+    try:
+        scope.hold(init)
+    except OSError as exc:
+        raise ToolError(f"could not set up the command's limits: {exc}") from None
+    gate.release()
+
+
+async def _supervise(
+    process: Process,
+    seconds: float,
+    stop: asyncio.Event,
+    held: Coroutine[Any, Any, None] | None = None,
+) -> Literal["exited", "timeout", "stopped"]:
+    """Await `held` (the sandbox's gate opened), then wait up to `seconds` in all for the
+    shell to exit, or for `stop` (a limit's watch); then stop its group; say which came
+    first.
+
+    The group is stopped on cancellation and on an error of `held` too, before it propagates.
     """
     try:
         async with asyncio.timeout(seconds):
+            if held is not None:
+                await held
             await _first(process.exited, stop)
             if not process.exited.is_set():
                 return "stopped"
