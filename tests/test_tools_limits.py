@@ -27,7 +27,7 @@ from nanobot.store.sqlite import SqliteDatabase
 from nanobot.tools import _cgroups
 from nanobot.tools.base import ToolError
 from nanobot.tools.limits import Enforcement, Limits, Scope, enforce, log_enforcement
-from nanobot.tools.sandbox import Confinement, probe
+from nanobot.tools.sandbox import Confinement, Unconfined, probe
 from nanobot.tools.shell import ExecParams, ExecTool
 from tests.test_tools_shell import marker, sleepers
 
@@ -243,6 +243,35 @@ async def test_a_limit_that_cannot_be_set_runs_nothing(
     assert failed
     assert said.startswith("could not set up the command's limits: "), said
     assert not (tmp_path / "ran").exists()
+
+
+def test_on_cgroup_v2_the_held_sandbox_is_moved_into_its_group(tmp_path: Path) -> None:
+    # v2 moves whole processes, so no thread of the gateway may join: the sandbox's init
+    # is written into the group at its gate. On v1 the launcher's thread starts it inside.
+    v2 = _cgroups.Group(_cgroups.Tree(2, tmp_path, tmp_path), tmp_path / "g", tmp_path / "g")
+    v1 = _cgroups.Group(V1, tmp_path / "m", tmp_path / "p")
+    (tmp_path / "g").mkdir()
+    limits = replace(SMALL, cpu_time=None, open_files=None, file_size=None)
+    only_groups = Enforcement(limits, None, None, True, False)
+    held = Scope(only_groups, v2, None)
+    assert held.held and not Scope(only_groups, v1, None).held
+    held.hold(os.getpid())
+    assert (tmp_path / "g" / "cgroup.procs").read_text() == f"{os.getpid()}\n"
+    assert v2.by_thread is False and v1.by_thread is True
+
+
+@IN_A_CGROUP
+async def test_without_a_sandbox_the_command_starts_in_its_group(tmp_path: Path) -> None:
+    tool = ExecTool(tmp_path, sandbox=Unconfined(tmp_path), limits=enforce(SMALL, confined=False))
+    failed, said = await run(tool, "cat /proc/self/cgroup")
+    assert not failed, said
+    tree = _cgroups.find()
+    assert tree is not None
+    if tree.version == 1:  # started inside by the launcher's thread
+        lines = [line for line in said.splitlines() if ":memory:" in line or ":pids:" in line]
+        assert len(lines) == 2 and all("/nanobot-exec-" in line for line in lines), said
+    else:  # joined by a shell in front
+        assert "/exec-" in said.splitlines()[0], said
 
 
 async def test_node_python_git_and_pip_run_under_the_defaults(tmp_path: Path) -> None:
