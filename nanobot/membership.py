@@ -88,11 +88,11 @@ class Membership:
         return self
 
     def _alive_other(self, member: Member, now: datetime) -> bool:
-        me = self.member
-        # The same pid on the same host is an earlier process (a restarted container keeps
-        # its host name, and often its pid); so is the one this data dir's lock names.
-        earlier = member.id == self._succeeds or (member.host, member.pid) == (me.host, me.pid)
-        return member.id != me.id and not earlier and not member.stale(now)
+        # The one this data dir's lock names is gone, and so is one whose process on this
+        # host has ended (a kill -9 a moment ago, or before the last restart): only the
+        # living have a config to agree with.
+        earlier = member.id == self._succeeds
+        return member.id != self.member.id and not earlier and not member.gone(now)
 
     async def _compare(self, others: list[Member]) -> None:
         """Refuse to join members whose config disagrees; warn of another workspace."""

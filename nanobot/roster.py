@@ -45,7 +45,7 @@ async def roster(db: Database, zone: ZoneInfo | None, agreement: Mapping[str, st
     ]
     # Held by a process without a row (removed by hand): it lapses unless renewed.
     rows += [("roles", f"{', '.join(r)} held by {who}, not listed") for who, r in roles.items()]
-    live = [m for m in found if not m.stale(now)]
+    live = [m for m in found if not m.gone(now)]
     return (rows or [("gateway", "none running")]) + warnings(live, agreement)
 
 
@@ -68,6 +68,8 @@ def member_line(
         where += f", workspace {member.workspace}"
     if member.stale(now):
         return f"{where}; GONE: no beat since {moment(member.beat_at, zone)}"
+    if member.ended_here():
+        return f"{where}; GONE: its process has ended (last beat {ago(now - member.beat_at)} ago)"
     return f"{where}; last beat {ago(now - member.beat_at)} ago"
 
 

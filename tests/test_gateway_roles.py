@@ -96,6 +96,28 @@ async def test_a_restart_after_a_kill_9_takes_its_roles_back_at_once(
     assert await process.stop() == 0
 
 
+async def test_a_restart_after_a_kill_9_with_a_changed_config_starts_at_once(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    # The dead gateway's member row still looks alive; on SQLite the data dir's lock says
+    # no other gateway can be running, so its config is nobody's to agree with.
+    process = GatewayProcess(tmp_path, gateway_config(tmp_path, fake_llm, telegram), {**os.environ})
+    await process.start(ready="telegram connected")
+    await process.kill()
+    process.config["tools"]["approval"]["timeout"] = "2m"  # type: ignore[index]
+    process.config_path.write_text(yaml.safe_dump(process.config), encoding="utf-8")
+    fake_llm.default_reply = Text("New config, at once.")
+    await process.start(ready="telegram connected")
+    await process.kill()  # and again, before its first beat
+    process.config["tools"]["approval"]["timeout"] = "3m"  # type: ignore[index]
+    process.config_path.write_text(yaml.safe_dump(process.config), encoding="utf-8")
+    await process.start(ready="telegram connected")
+    telegram.user_message(ALICE, "there?", user_id=ALICE)
+    assert await replies(telegram, ALICE, 1, seconds=20) == ["New config, at once."]
+    assert "config differs" not in process.log()
+    assert await process.stop() == 0
+
+
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_the_data_dirs_lock_names_the_gateway_it_replaces(tmp_path: Path, store: str) -> None:
     data: dict[str, Any] = {"data_dir": str(tmp_path / "data")}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -175,3 +179,24 @@ def test_disagrees_names_the_parts_that_differ_sorted() -> None:
     assert me.disagrees(twin) == []
     assert me.disagrees(other) == other.disagrees(me) == ["model", "tools"]
     assert me.disagrees(newer) == ["web"]  # a part only one has
+
+
+def test_a_member_whose_process_ended_on_this_host_is_gone() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    here = socket.gethostname()
+    nanobot_like = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)", "nanobot"]
+    )
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        alive = Member.new(now, host=here, pid=nanobot_like.pid)
+        assert not alive.ended_here() and not alive.gone(now)
+        assert Member.new(now, host=here, pid=other.pid).ended_here()  # a reused pid
+        assert Member.new(now, host=here, pid=os.getpid()).ended_here()  # an earlier us
+        assert not Member.new(now, host="elsewhere", pid=other.pid).ended_here()
+        assert alive.gone(now + STALE_AFTER + timedelta(seconds=1))  # stale is gone too
+    finally:
+        for process in (nanobot_like, other):
+            process.kill()
+            process.wait()
+    assert Member.new(now, host=here, pid=nanobot_like.pid).gone(now)  # reaped: nobody's

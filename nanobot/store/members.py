@@ -25,6 +25,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Final
 
 from nanobot import __version__
@@ -59,6 +60,27 @@ class Member:
     def stale(self, now: datetime, after: timedelta = STALE_AFTER) -> bool:
         """Whether its latest beat is more than `after` before `now`."""
         return now - self.beat_at > after
+
+    def gone(self, now: datetime) -> bool:
+        """Whether it is not running: its beat is stale, or it ran on this host and its pid
+        is no nanobot process any more (killed a moment ago: its beat is still fresh)."""
+        return self.stale(now) or self.ended_here()
+
+    def ended_here(self) -> bool:
+        """Whether it provably ended: it ran on this host (by host name) and its pid is now
+        this process, nobody's, or a program other than nanobot. False where that cannot be
+        told (another host; no /proc)."""
+        if self.host != socket.gethostname() or not Path("/proc/self").exists():
+            return False
+        if self.pid == os.getpid():
+            return True  # an earlier process that had this pid (a restarted container)
+        try:
+            command = Path(f"/proc/{self.pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            return True
+        except OSError:  # not ours to read: something runs there
+            return False
+        return b"nanobot" not in command
 
     @classmethod
     def new(
