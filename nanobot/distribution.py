@@ -155,6 +155,8 @@ class Distributor:
             while True:
                 try:
                     await self._wait()
+                    if self._fenced:  # its turns were dropped: it takes work once unfenced
+                        continue
                     await self._round()
                 except StoreError as exc:
                     logger.warning("could not take work from the store: {}; looking again", exc)

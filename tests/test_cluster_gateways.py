@@ -335,6 +335,52 @@ async def test_the_store_dropping_every_connection_loses_nothing(
     assert exited(cluster) == {}
 
 
+async def cut_connections(url: str, *, refused_for: float) -> None:
+    """What a managed database's failover, a `pg_terminate_backend` or a proxy's restart does
+    to the members: every connection ended by the server, and new ones refused for a while."""
+    database, server = url.rsplit("/", 1)[1], url.rsplit("/", 1)[0] + "/postgres"
+    admin = await asyncpg.connect(server)
+    try:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        await admin.fetch(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
+            database,
+        )
+        await asyncio.sleep(refused_for)
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await admin.close()
+
+
+async def test_connections_cut_mid_turn_answer_every_message_once(
+    cluster: Cluster, telegram: FakeTelegram, fake_llm: FakeLLM, postgres_url: str
+) -> None:
+    """Each turn's answer could not be saved: it is held for the store's return, and the
+    member's sessions lapse meanwhile. Answered twice, before: once by the held message,
+    once by the session taken afresh; and a member took work while fenced, so that its
+    resumed turns met their own earlier ones ("cannot resume ... while it is busy")."""
+    chats = range(3100, 3110)
+    fake_llm.delay = 1.5  # every turn mid-model when the connections go
+    for chat in chats:
+        telegram.user_message(chat, f"one from {chat}", user_id=chat)
+    await fake_llm.wait_for_requests(len(chats), seconds=60)
+    # Longer than two thirds of the lease (10 s): the members stop their turns, hand their
+    # sessions back once the store answers, and take work afresh.
+    await cut_connections(postgres_url, refused_for=8)
+
+    def answered(chat: int) -> bool:
+        return f"one from {chat}" in texts(telegram, chat)
+
+    await telegram.wait_for(lambda: all(answered(chat) for chat in chats), seconds=90)
+    await replies_confirmed(postgres_url)
+    await asyncio.sleep(2)  # anything doubled would have arrived by now
+    for chat in chats:
+        shown = [t for t in texts(telegram, chat) if not t.startswith(HELD_NOTICE)]
+        assert shown == [f"one from {chat}"], (chat, texts(telegram, chat))
+    assert exited(cluster) == {}
+
+
 async def test_discord_in_a_cluster_one_member_connects_and_another_takes_over_after_a_kill(
     tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, postgres_url: str
 ) -> None:

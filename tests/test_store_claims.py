@@ -266,3 +266,35 @@ async def test_the_quick_look_finds_only_what_nobody_claimed_nor_waits_behind_a_
     assert [c.id for c in await a.candidates(lapsed, 10, claimed=False)] == [own, free]
     # the full look also sees the lapsed session, its claimed message first
     assert [c.id for c in await a.candidates(lapsed, 10)] == [first, behind, own, free]
+
+
+async def test_a_member_that_lost_its_session_queues_no_reply(db: Database) -> None:
+    # a's turn ran while it had lost the store; b took the session over and claimed the
+    # message. a's answer, arriving late, is refused: b's is the one that counts, once.
+    [first] = await journal(db, "7", "late")
+    a, b = Claims(db, "a"), Claims(db, "b")
+    assert await a.hold("telegram:7", T0, LEASE) and await a.claim([first])
+    assert await b.hold("telegram:7", T0 + LEASE + timedelta(seconds=1), LEASE)
+    assert await b.claim([first])
+    reply = ("telegram", record("7", "an answer"))
+    assert await Journal(db, member="a").complete([first], reply) is None
+    assert await Journal(db, member="b").complete([first], reply) is not None
+    assert await Journal(db, member="b").complete([first], reply) is None  # answered
+    outbox = await db.fetchall("SELECT claimed_by FROM outbox")
+    assert [row["claimed_by"] for row in outbox] == ["b"]
+
+
+async def test_answers_written_together_queue_only_those_still_ours(db: Database) -> None:
+    ours, theirs = await journal(db, "8", "ours", "theirs")
+    mine = Claims(db, "a")
+    assert await mine.claim([ours]) and await Claims(db, "b").claim([theirs])
+    journal_a = Journal(db, member="a")
+    reply = ("telegram", record("8", "an answer"))
+    queued = await asyncio.gather(
+        journal_a.complete([ours], reply),
+        journal_a.complete([theirs], reply),
+        journal_a.complete([], reply),  # a reply that answers no message (a notice)
+    )
+    assert queued[0] is not None and queued[1] is None and queued[2] is not None
+    states = await db.fetchall("SELECT id, state FROM inbound ORDER BY id")
+    assert [row["state"] for row in states] == ["done", "pending"]

@@ -223,11 +223,14 @@ class Dispatcher:
         )
 
     def drop_all(self) -> None:
-        """Cancel every turn under way, as a crash would: their messages stay pending, and
-        whoever answers them next resumes them (in a cluster, the member that takes their
-        sessions once this one has lost touch with the store)."""
+        """Cancel every turn under way, and forget the messages held for the store's return,
+        as a crash would: their messages stay pending, and whoever answers them next resumes
+        them (in a cluster, the member that takes their sessions once this one has lost
+        touch with the store; answering the held ones here too answered them twice)."""
         for task in self._tasks:
             task.cancel()
+        if self._held is not None:
+            self._held.drop()
 
     async def recover(self, channels: Collection[str]) -> None:
         """Publish undelivered replies; finish turns a crash or restart interrupted.
@@ -340,6 +343,13 @@ class Dispatcher:
             )
         record = (message.chat.channel, outbound_record(outbound)) if outbound else None
         outbox_id = await self._journal.complete(ids, record, cron_run=_cron_run(message))
+        if record is not None and outbox_id is None:
+            # Another member took the session over while this one had lost the store, and
+            # answers (or answered) the same messages: its reply is the one that counts.
+            logger.info(
+                "{}: answered by another member; this reply is dropped", message.session_key
+            )
+            return
         if outbound is not None and outbox_id is not None:
             await self._bus.publish(_with_outbox(outbound, outbox_id))
         delivered = message.deliver and result.status == "completed" and text is not None

@@ -48,6 +48,7 @@ class Held:
         self._messages: dict[int, InboundMessage] = {}  # journal row -> message
         self._waiting = asyncio.Event()  # set while messages are kept
         self._ever: set[int] = set()  # rows kept before (retried): not announced again
+        self._drops = 0  # how many times `drop` was called: a batch taken before one is void
 
     def can_hold(self, message: InboundMessage) -> bool:
         """Whether `message` would be kept: it has a journal row, and a store failure has
@@ -73,6 +74,17 @@ class Held:
         )
         return first
 
+    def drop(self) -> None:
+        """Forget the messages kept (they stay pending in the journal for whoever answers
+        them next)."""
+        if self._messages:
+            logger.info(
+                "{} kept message(s) are left to the member that takes them", len(self._messages)
+            )
+        self._messages.clear()
+        self._waiting.clear()
+        self._drops += 1
+
     async def released(self) -> AsyncIterator[tuple[InboundMessage, bool]]:
         """Each time the store may be tried again (`StoreOutage.retry_due`), the messages
         kept: each with whether its user message reached its session (resume its turn
@@ -84,9 +96,14 @@ class Held:
             tried = await self._outage.retry_due(tried)
             batch, self._messages = self._messages, {}
             self._waiting.clear()
+            drops = self._drops
+            if not batch:  # dropped while it waited
+                continue
             try:
                 reached = await self._journal.reached_session(list(batch))
             except StoreError as exc:
+                if self._drops != drops:
+                    continue
                 if self._outage.stopped:  # failing again: wait for the next try
                     self._messages = batch | self._messages
                     self._waiting.set()
@@ -94,6 +111,8 @@ class Held:
                     logger.error(
                         "{} kept message(s) are answered after a restart: {}", len(batch), exc
                     )
+                continue
+            if self._drops != drops:  # dropped meanwhile: they are another's to answer now
                 continue
             logger.info("answering {} message(s) kept while the store failed", len(batch))
             for row, message in batch.items():

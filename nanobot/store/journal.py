@@ -23,7 +23,7 @@ from typing import Any
 
 from nanobot.store._times import from_text, now_text, to_text
 from nanobot.store._together import write_one
-from nanobot.store.database import Database, Statement
+from nanobot.store.database import Database, SqlValue, Statement
 
 Record = dict[str, Any]
 
@@ -103,44 +103,67 @@ class Journal:
         *,
         cron_run: int | None = None,
     ) -> int | None:
-        """Mark inbound messages answered and queue their reply, atomically.
+        """Mark inbound messages answered and queue their reply, atomically, when they are
+        still this member's to answer: pending, and claimed by no other member.
 
-        `reply` is (channel, message record); returns its outbox id (None without a reply).
-        `cron_run`: the cron run the reply answers, whose delivery is now pending.
+        `reply` is (channel, message record); returns its outbox id. None without a reply,
+        and None when none of the messages was this member's any more (answered already, or
+        claimed by a member that took the session over while this one had lost touch with
+        the store): then nothing is written, and the reply is not sent. `cron_run`: the
+        cron run the reply answers, whose delivery is now pending.
         """
         now = now_text()
         if reply is not None and cron_run is None and self._db.dialect.name == "postgresql":
             return await self._answer(inbound_ids, reply, now)
         statements: list[Statement] = []
         if reply is not None:
-            statements.append(_queue(*reply, now, cron_run, self._member))
+            # First, so that it sees the messages as they were (SQLite runs one writer).
+            queued = _queue(*reply, now, cron_run, self._member)
+            statements.append(_queue_if_ours(queued, self._member, inbound_ids))
             if cron_run is not None:
                 statements.append((_RUN_PENDING, (cron_run,)))
-        statements += [(_DONE, (now, inbound_id)) for inbound_id in inbound_ids]
+        statements += [(_DONE, (now, inbound_id, self._member)) for inbound_id in inbound_ids]
         rows = await self._db.atomic(statements)
-        return None if reply is None else int(rows[0][0]["id"])
+        if reply is None or not rows[0]:
+            return None
+        return int(rows[0][0]["id"])
 
-    async def _answer(self, inbound_ids: Sequence[int], reply: tuple[str, Record], now: str) -> int:
+    async def _answer(
+        self, inbound_ids: Sequence[int], reply: tuple[str, Record], now: str
+    ) -> int | None:
         """`complete`'s usual case on PostgreSQL, in one statement (each one is a round
         trip there), shared with other turns' answers where it may be."""
         answer = (tuple(inbound_ids), reply[0], encode(reply[1]), now, self._member)
         return await write_one(self._answers, self._answer_each, answer)
 
-    async def _answer_each(self, answers: Sequence[_Answer]) -> list[int]:
+    async def _answer_each(self, answers: Sequence[_Answer]) -> list[int | None]:
         """Replies queued, and the messages they answer marked answered, by a
-        data-modifying WITH: the same statement, so the same transaction. Their outbox
-        ids, in order."""
+        data-modifying WITH: the same statement, so the same transaction. A reply is queued
+        only where this statement marked one of its messages (see `complete`): the UPDATE's
+        condition is checked again on a row another member changes meanwhile, so of two
+        members answering one message, one queues. Their outbox ids, in order (None for
+        one not queued)."""
         done = [i for ids, *_ in answers for i in ids]
         marks = ",".join("?" * len(done)) or "NULL"
-        values = ", ".join(["(?, ?, ?, NULL, ?)"] * len(answers))
+        values = ", ".join(["(?::integer, ?::bigint, ?, ?, ?, ?)"] * len(answers))
+        params: list[SqlValue] = [answers[0][3], *done, answers[0][4]]
+        for n, (ids, channel, message, at, member) in enumerate(answers):
+            params += [n, ids[0] if ids else None, channel, message, at, member]
         rows = await self._db.fetchall(
-            f"WITH done AS (UPDATE inbound SET state = 'done', done_at = ? WHERE id IN ({marks}))"
-            " INSERT INTO outbox (channel, message, created_at, cron_run, claimed_by)"
-            f" VALUES {values} RETURNING id",
-            (answers[0][3], *done, *(v for _, *row in answers for v in row)),
+            f"WITH done AS (UPDATE inbound SET state = 'done', done_at = ? WHERE id IN ({marks})"
+            f" AND state = 'pending' AND {_OURS} RETURNING id),"
+            f" v (n, first, channel, message, created_at, claimed_by) AS (VALUES {values}),"
+            f" queued AS ({_INSERT_OUTBOX}"
+            " SELECT channel, message, created_at, NULL, claimed_by FROM v"
+            " WHERE v.first IS NULL OR v.first IN (SELECT id FROM done) ORDER BY n RETURNING id)"
+            " SELECT id, NULL AS refused FROM queued UNION ALL SELECT NULL, n FROM v"
+            " WHERE v.first IS NOT NULL AND v.first NOT IN (SELECT id FROM done)",
+            params,
         )
+        refused = {int(r["refused"]) for r in rows if r["refused"] is not None}
         # Inserted in the answers' order, so their ids ascend in it.
-        return sorted(int(row["id"]) for row in rows)
+        queued = iter(sorted(int(r["id"]) for r in rows if r["id"] is not None))
+        return [None if n in refused else next(queued) for n in range(len(answers))]
 
     async def enqueue(self, channel: str, message: Record) -> int:
         """Put a message in the outbox; returns its id."""
@@ -327,7 +350,12 @@ ACCEPT = (
     " RETURNING id, claimed_by"
 )
 
-_DONE = "UPDATE inbound SET state = 'done', done_at = ? WHERE id = ?"
+_INSERT_OUTBOX = "INSERT INTO outbox (channel, message, created_at, cron_run, claimed_by)"
+# A message is this member's to mark answered while no other member has claimed it.
+_OURS = "(claimed_by IS NULL OR claimed_by = ?)"
+_DONE = (
+    f"UPDATE inbound SET state = 'done', done_at = ? WHERE id = ? AND state = 'pending' AND {_OURS}"
+)
 
 # A cron run's delivery: NULL (nothing to deliver), then pending, then delivered or failed.
 # A run has one reply in practice; with more, it is delivered when all of them are, and
@@ -357,9 +385,21 @@ def _queue(
 ) -> Statement:
     """The outbox insert of `message`, returning its id."""
     return (
-        "INSERT INTO outbox (channel, message, created_at, cron_run, claimed_by)"
-        " VALUES (?, ?, ?, ?, ?) RETURNING id",
+        f"{_INSERT_OUTBOX} VALUES (?, ?, ?, ?, ?) RETURNING id",
         (channel, encode(message), now, cron_run, member),
+    )
+
+
+def _queue_if_ours(queued: Statement, member: str | None, inbound_ids: Sequence[int]) -> Statement:
+    """The outbox insert `queued` (`_queue`), made only where one of `inbound_ids` (if any)
+    is still this member's to answer."""
+    if not inbound_ids:
+        return queued
+    marks = ",".join("?" * len(inbound_ids))
+    return (
+        f"{_INSERT_OUTBOX} SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM inbound"
+        f" WHERE id IN ({marks}) AND state = 'pending' AND {_OURS}) RETURNING id",
+        (*queued[1], *inbound_ids, member),
     )
 
 
