@@ -3,7 +3,7 @@
 # NANOBOT_CONFIG at it (-v "$PWD/config.yaml:/config.yaml:ro" -e NANOBOT_CONFIG=/config.yaml;
 # the file must be readable by uid 1000).
 #
-# Run it (README, "Running as a service"):
+# Run it (docs/operations.md, "Docker"):
 #   docker build -t nanobot .
 #   docker run -d --name nanobot --restart unless-stopped --stop-timeout 30 \
 #     --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
@@ -70,7 +70,7 @@ STOPSIGNAL SIGTERM
 # up to 5 s for a busy database, hence the 10 s timeout. The start period covers start-up
 # (importing the libraries, opening and checking the database) before the gateway registers.
 # Docker itself only reports the state (docker ps, docker inspect): restarting an unhealthy
-# container is for an orchestrator or a watcher (README, "Health check").
+# container is for an orchestrator or a watcher (docs/operations.md, "Health check").
 HEALTHCHECK --interval=60s --timeout=10s --start-period=60s --retries=3 \
     CMD ["nanobot", "status", "--check"]
 

@@ -32,7 +32,7 @@ lock: $(STAMP)
 # without bubblewrap, nanobot refuses to run shell commands until it is there).
 bubblewrap:
 	@if [ "$$(uname -s)" != Linux ]; then \
-		echo "nanobot: no bubblewrap sandbox on $$(uname -s): the exec tool stays off unless you set tools.exec.sandbox: none (see README, 'Sandbox')"; \
+		echo "nanobot: no bubblewrap sandbox on $$(uname -s): the exec tool stays off unless you set tools.exec.sandbox: none (see docs/security.md, 'The sandbox')"; \
 	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 		echo "nanobot: installing Debian's bubblewrap for the exec tool's sandbox"; \
 		apt-get install -y -qq bubblewrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } \

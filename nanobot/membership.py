@@ -105,7 +105,7 @@ class Membership:
                     f"this gateway's config differs in {', '.join(parts)} from that of the "
                     f"gateway running on the same database ({other.describe()}, member "
                     f"{other.id}): the gateways on one database are one cluster and need the "
-                    "same config (README: 'Running several gateways'). For a separate "
+                    "same config (docs/cluster.md: 'Running several gateways'). For a separate "
                     "installation give this one its own database (store.url); to change a "
                     "cluster's config, stop every gateway, then start them with the new one"
                 )

@@ -19,7 +19,7 @@ from nanobot.store.database import Database
 from nanobot.store.leases import Leases
 from nanobot.store.members import Member, Members, disagreement
 
-GUIDE: Final = "README: 'Running several gateways'"
+GUIDE: Final = "docs/cluster.md: 'Running several gateways'"
 
 Row = tuple[str, str]
 

@@ -71,7 +71,7 @@ async def fetch(url: str, query: str, *args: object) -> list[asyncpg.Record]:
 async def replies_confirmed(url: str, seconds: float = 30) -> None:
     """Until no reply waits in the outbox: each one the fake has is recorded as delivered.
     (A kill before that record may send a reply again: the Bot API has no idempotency key,
-    and the README says so; the tests that are not about that window wait it out.)"""
+    and docs/channels.md says so; the tests that are not about that window wait it out.)"""
     async with asyncio.timeout(seconds):
         # The record is made in another process, which says nothing of it: look again.
         while await fetch(url, "SELECT 1 FROM outbox WHERE state = 'pending' LIMIT 1"):  # noqa: ASYNC110

@@ -55,7 +55,7 @@ _SPARE_HOME = Path("/run/nanobot-home")  # when the workspace or a hidden path i
 
 PROBE_TIMEOUT = 10.0
 SANDBOX_ERROR_HINT = (
-    "Make user namespaces available (see the README's 'Sandbox' section; in a container: "
+    "Make user namespaces available (see docs/security.md, 'The sandbox'; in a container: "
     "--security-opt seccomp=unconfined --security-opt apparmor=unconfined --security-opt "
     "systempaths=unconfined), or accept the "
     "risk with tools.exec.sandbox: none, or turn the shell off with tools.exec.enabled: false."
@@ -390,7 +390,7 @@ class Unavailable(Sandbox):
         raise ToolError(
             "the shell is disabled on this machine: no sandbox can run here "
             f"({self.reason}). Use the file tools instead, or ask the owner to fix the "
-            "sandbox (see nanobot's README, 'Sandbox')."
+            "sandbox (see nanobot's docs/security.md, 'The sandbox')."
         )
 
 
