@@ -51,6 +51,7 @@ from nanobot.gate import ChannelRules, Entry, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat
 from nanobot.membership import Membership
+from nanobot.outage import DEFAULT_BACKOFF, Backoff
 from nanobot.providers.catalog import Catalog
 from nanobot.providers.provider import Provider, RetryPolicy
 from nanobot.providers.routes import Routes
@@ -417,6 +418,7 @@ class Parts:
     approver: Approver
     provider: Provider
     sandbox: Sandbox | None = None  # exec's, when exec is on
+    retry: Backoff = DEFAULT_BACKOFF  # store.retry_seconds: the pauses of a failing store
 
 
 def private_dir(path: Path) -> None:
@@ -500,6 +502,7 @@ async def open_parts(config: Config, *, require_key: bool = True) -> AsyncIterat
                     approver,
                     provider,
                     sandbox,
+                    config.store.retry,
                 )
     finally:
         await provider.aclose()
@@ -575,7 +578,7 @@ class Intake:
         if pruned:
             logger.debug("pruned {} finished journal rows", pruned)
         await parts.approver.recover(alone=entry is None)  # before any turn resumes
-        gate = Gate(rules, Access(parts.db), journal, bus, entry=entry)
+        gate = Gate(rules, Access(parts.db), journal, bus, entry=entry, retry=parts.retry)
         parts.db.watch(gate)  # any write failing for want of storage stops intake
         return cls(bus, journal, gate)
 
@@ -668,6 +671,7 @@ async def build_gateway(
             way_in.gate,
             catch_up_window=config.cron.catch_up_window,
             channels=[n for n in ("telegram", "discord") if getattr(config.channels, n).enabled],
+            retry=parts.retry,
         )
         scheduled.append(("cron", cron.run))
         outcomes["cron"] = cron
@@ -714,7 +718,7 @@ def _distributor(
     assert isinstance(target, str)
     member = membership.member.id
     parts.journal.send_as(member)
-    wakeups = PostgresWakeups(parts.db, target)
+    wakeups = PostgresWakeups(parts.db, target, retry=parts.retry)
     # A press taken by one member may decide a run that waits in another.
     wakeups.listen(APPROVAL, parts.approver.decided)
     parts.approver.announce_with(partial(wakeups.notify, APPROVAL))

@@ -40,6 +40,7 @@ from pydantic_settings import (
 from nanobot.allowed_hosts import AllowedHost
 from nanobot.durations import parse_duration
 from nanobot.errors import ConfigError
+from nanobot.outage import DEFAULT_BACKOFF, Backoff
 from nanobot.sizes import parse_size
 
 ENV_PREFIX = "NANOBOT_"
@@ -523,6 +524,17 @@ class StoreConfig(Section):
     # sqlite:///<absolute path> (default: state.db in the data dir), or
     # postgresql://user:password@host:port/database for a state on PostgreSQL.
     url: SecretStr | None = None
+    # Seconds between tries of a store that fails (nanobot.outage): the last one repeats.
+    retry_seconds: tuple[float, ...] = DEFAULT_BACKOFF.pauses
+
+    @property
+    def retry(self) -> Backoff:
+        return Backoff(self.retry_seconds)
+
+    @field_validator("retry_seconds")
+    @classmethod
+    def _backoff(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        return Backoff(value).pauses  # its ValueError says what is wrong
 
     @field_validator("url")
     @classmethod

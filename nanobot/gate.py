@@ -9,18 +9,16 @@ queued for the agent, in that order, before the channel acknowledges it.
 
 A store failure (disk full, an I/O error, a damaged file) stops intake: a journal write
 that fails, or any other write the store reports to `store_failed` (a turn's session, the
-outbox). One error line says so and why, and from then on every message is refused with
-`IntakePaused` without the store being asked, so no channel acknowledges it: each waits and
-hands it over again when the exception says. There is no timer: the first message after a
-pause (`RETRY_DELAYS`, growing while the store keeps failing) tries the store again, and once
-its journal write succeeds intake is open again (`reopened`), so a disk that was full
-recovers without a restart.
+outbox). One line says so and why (`nanobot.outage`), and from then on every message is
+refused with `IntakePaused` without the store being asked, so no channel acknowledges it:
+each waits and hands it over again when the exception says. There is no timer: the first
+message after a pause (`store.retry_seconds`, growing while the store keeps failing) tries
+the store again, and once its journal write succeeds intake is open again (`reopened`), so a
+disk that was full recovers without a restart.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -36,6 +34,7 @@ from nanobot.bus.records import inbound_record
 from nanobot.channels.base import Intake
 from nanobot.errors import StoreError
 from nanobot.log import printable
+from nanobot.outage import DEFAULT_BACKOFF, Backoff, Outage
 from nanobot.store import Access, Journal
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.journal import Accepted
@@ -44,21 +43,6 @@ CATCH_UP_WINDOW: Final = timedelta(days=7)
 """How far back `last_seen` looks for the chats a channel catches up on at start."""
 
 GroupPolicy = Literal["mention", "open", "disabled"]
-
-RETRY_DELAYS: Final = (5.0, 15.0, 30.0, 60.0)
-"""Seconds intake stays stopped after a store failure before the next message tries the
-store again: the first pause, then after each failed try the next (the last one repeats)."""
-
-
-@dataclass(slots=True)
-class _Outage:
-    """Intake stopped by a store failure: the latest one, since when, and when the next
-    message may try the store again."""
-
-    error: StoreError
-    since: float
-    retry_at: float
-    tries: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,20 +112,26 @@ class Gate:
         *,
         clock: Callable[[], float] = time.monotonic,
         entry: Entry | None = None,
+        retry: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         """`entry`: where an accepted message goes instead of `journal` and `bus` (in a
-        cluster, the distribution of work among the members)."""
+        cluster, the distribution of work among the members). `retry`: the pauses after a
+        store failure before the next message tries the store again."""
         self._rules = dict(rules)
         self._entry = entry or LocalEntry(journal, bus)
         self._access = access
         self._journal = journal
         self._bus = bus
-        self._clock = clock
         self._closed = False
-        self._outage: _Outage | None = None  # set while intake is stopped by a store failure
-        self._open = asyncio.Event()  # set while there is no outage
-        self._changed = asyncio.Event()  # replaced once set: see `_signal`
-        self._open.set()
+        # Active while a store failure stops intake.
+        self._outage = Outage(
+            failing="intake stopped",
+            effect="no message is taken or acknowledged until the state database takes "
+            "writes again, tried with the first message after each pause",
+            back="intake resumed: the state database takes writes again",
+            backoff=retry,
+            now=clock,
+        )
         self._crowded: set[str] = set()  # channels whose pairing requests push out others
 
     def close(self) -> None:
@@ -167,12 +157,12 @@ class Gate:
     @property
     def stopped(self) -> bool:
         """Whether a store failure has stopped intake (see the module docstring)."""
-        return self._outage is not None
+        return self._outage.active
 
     async def reopened(self) -> None:
         """Return once intake is open: at once, or when a journal write succeeds again after
         a store failure stopped it. Cancellation is safe."""
-        await self._open.wait()
+        await self._outage.ended()
 
     async def retry_due(self, after: float | None = None) -> float | None:
         """Return once the store may be tried: at once while intake is open (None); else
@@ -183,15 +173,7 @@ class Gate:
         member the load balancer sends nothing to, still tries the store after each pause,
         never in a loop; and its try does not push back the next message's. Cancellation
         is safe."""
-        while (outage := self._outage) is not None:
-            changed = self._changed
-            wait = None if outage.retry_at == after else outage.retry_at - self._clock()
-            if wait is not None and wait <= 0:
-                return outage.retry_at
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await changed.wait()
-        return None
+        return await self._outage.wait(after)
 
     def store_failed(self, error: StoreError) -> None:
         """A write failed for want of storage (`FailureWatcher`: the store tells the gate of
@@ -206,7 +188,7 @@ class Gate:
         if rules is None or not (private or _listens(rules.group_policy, addressed)):
             return False
         configured = rules.everyone or sender_id in rules.allow_from
-        if configured or self._outage is not None:
+        if configured or self._outage.active:
             return configured
         try:
             return await self._access.is_allowed(channel, sender_id)
@@ -284,66 +266,27 @@ class Gate:
     def _refuse_while_stopped(self) -> None:
         """Raise while intake is stopped and the pause before the next try has not passed."""
         outage = self._outage
-        if outage is not None and (retry_in := outage.retry_at - self._clock()) > 0:
+        if outage.active and (retry_in := outage.retry_in) > 0:
             raise IntakePaused(
                 f"intake is stopped ({outage.error}); the message was not taken",
-                reason=str(outage.error),
+                reason=outage.error,
                 retry_in=retry_in,
             )
 
     def _paused(self, exc: StoreError) -> IntakePaused:
         """Intake stopped over `exc`, a write of the message's that failed: what to raise."""
         self._failed(exc)
-        outage = self._outage
-        retry_in = outage.retry_at - self._clock() if outage is not None else 0.0
-        return IntakePaused(str(exc), reason=str(exc), retry_in=max(retry_in, 0.0))
+        return IntakePaused(str(exc), reason=str(exc), retry_in=self._outage.retry_in)
 
     def _failed(self, exc: StoreError) -> None:
-        """Stop intake after a store failure, or keep it stopped after a failed try; one
-        log line each. Failures of writes already under way when intake stopped only
-        update the reason."""
-        now = self._clock()
-        outage = self._outage
-        if outage is None:
-            self._outage = _Outage(exc, now, now + RETRY_DELAYS[0])
-            self._open.clear()
-            logger.error(
-                "intake stopped: {}; no message is taken or acknowledged until the state "
-                "database takes writes again (tried again in {:g}s, at the next message)",
-                exc,
-                RETRY_DELAYS[0],
-            )
-            return
-        outage.error = exc
-        if now < outage.retry_at:
-            return
-        delay = self._next_try(outage)
-        logger.warning("intake still stopped: {}; tried again in {:g}s", exc, delay)
-
-    def _next_try(self, outage: _Outage) -> float:
-        """Count a try of the store; the pause before the next one, in seconds."""
-        delay = RETRY_DELAYS[min(outage.tries, len(RETRY_DELAYS) - 1)]
-        outage.tries += 1
-        outage.retry_at = self._clock() + delay
-        self._signal()
-        return delay
-
-    def _signal(self) -> None:
-        """Wake `retry_due`'s waiters: the outage ended, or its next try moved."""
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Stop intake after a store failure, or keep it stopped after a failed try (see
+        `Outage.failed`: failures of writes already under way when intake stopped only
+        update the reason)."""
+        self._outage.failed(exc)
 
     def _resumed(self) -> None:
         """A store write succeeded: intake is open again, if a failure had stopped it."""
-        if self._outage is not None:
-            stopped_for = self._clock() - self._outage.since
-            self._outage = None
-            self._open.set()
-            self._signal()
-            logger.warning(
-                "intake resumed: the state database takes writes again (stopped for {:.0f}s)",
-                stopped_for,
-            )
+        self._outage.recovered()
 
     async def _check(self, message: InboundMessage) -> Intake | None:
         """Why `message` is not taken, or None when it may go to the agent."""

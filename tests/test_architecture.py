@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "nanobot.workspace",
         "nanobot.sizes",
         "nanobot.allowed_hosts",  # tools.exec.allow_hosts entries: the config and the proxy
+        "nanobot.outage",  # one policy for a failing store: the gate, cron, channels, …
     ),
     ("nanobot.tasks",),
     ("nanobot.lanes",),  # per-key lanes on the owned task set (issue 14 item 3)

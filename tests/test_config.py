@@ -9,6 +9,7 @@ import yaml
 
 from nanobot.config import Config, config_path, exposed, load
 from nanobot.errors import ConfigError
+from nanobot.outage import DEFAULT_BACKOFF, Backoff
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.yaml"
 
@@ -530,3 +531,21 @@ def test_allow_hosts_are_checked_and_normalised(tmp_path: Path) -> None:
             load(write(tmp_path, f"tools:\n  exec: {{allow_hosts: [{bad}]}}\n"))
     with pytest.raises(ConfigError, match=r"tools.exec.network: Input should be 'public'"):
         load(write(tmp_path, "tools:\n  exec: {network: yes-please}\n"))
+
+
+def test_the_pauses_of_a_failing_store_are_read_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load(write(tmp_path, "")).store.retry == DEFAULT_BACKOFF
+    config = load(write(tmp_path, "store: {retry_seconds: [0.5, 10]}\n"))
+    assert config.store.retry == Backoff((0.5, 10.0))
+    for bad, said in (
+        ("[]", "at least one pause"),
+        ("[5, 1]", "the pauses may only grow, but 1 follows 5"),
+        ("[0]", "a pause must be a positive number of seconds, not 0.0"),
+        ("[.inf]", "a pause must be a positive number of seconds, not inf"),
+    ):
+        with pytest.raises(ConfigError, match=rf"store.retry_seconds: .*{said}"):
+            load(write(tmp_path, f"store: {{retry_seconds: {bad}}}\n"))
+    monkeypatch.setenv("NANOBOT_STORE__RETRY_SECONDS", "[2, 4]")
+    assert load(write(tmp_path, "")).store.retry == Backoff((2.0, 4.0))

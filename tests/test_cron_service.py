@@ -16,12 +16,12 @@ from nanobot.cron.jobs import Jobs, ScheduleSpec
 from nanobot.cron.models import At, Cron, Every, Job
 from nanobot.cron.service import (
     JUMP_TOLERANCE,
-    STORE_RETRY,
     WATCH_INTERVAL,
     CronService,
     job_event,
 )
 from nanobot.errors import StoreError
+from nanobot.outage import DEFAULT_BACKOFF
 from nanobot.store import Database
 from nanobot.store.cron import CronStore
 from nanobot.tools.base import ToolContext, current_context
@@ -353,20 +353,23 @@ async def test_the_store_away_at_start_delays_the_schedule_and_ends_nothing(
     runner.service = service
     task = asyncio.create_task(service.run())
     await clock.asleep(1)
-    for _ in range(3):  # it tries again every STORE_RETRY seconds, and only then
-        tries = store.tries
-        clock.advance(timedelta(seconds=STORE_RETRY))
+    for failures in range(1, 4):  # it tries again after each pause of the backoff, not sooner
+        tries, pause = store.tries, DEFAULT_BACKOFF.pause(failures)
+        clock.advance(timedelta(seconds=pause - 0.5))
+        await asyncio.sleep(0.01)
+        assert store.tries == tries
+        clock.advance(timedelta(seconds=0.5))
         await clock.asleep(1)
         assert store.tries == tries + 1
     assert not task.done() and runner.ran == []
     store.away = False
-    clock.advance(timedelta(seconds=STORE_RETRY))
+    clock.advance(timedelta(seconds=DEFAULT_BACKOFF.pause(4)))
     await runner.wait(1)
     assert runner.ran == [job.id]  # due all along: it starts once the store answers
     await clock.settled()
     said = [line for line in warnings if "cron: the state database" in line]
     assert len(said) == 2  # one line when it failed, one when it answered again
-    assert "failed" in said[0] and "answers again" in said[1]
+    assert "failed" in said[0] and "answers again after 23 s" in said[1]  # 1 + 2 + 5 + 15
     await stop(task)
 
 
@@ -409,7 +412,10 @@ async def test_a_run_waits_out_a_paused_intake_and_starts_when_it_reopens(
     await clock.settled()
     assert runner.ran == [job.id]
     assert [r.status for r in await store.runs(job.id)] == ["ok"]  # not an error
-    assert len([line for line in warnings if "intake is paused" in line]) == 2
+    waited = [line for line in warnings if f"cron job {job.id}" in line]
+    assert len(waited) == 2  # once when it began to wait (not at each try), once at the end
+    assert "intake is paused" in waited[0]
+    assert waited[1].strip() == f"cron job {job.id} is handed over after {2 * PAUSE:.0f} s"
     await stop(task)
 
 

@@ -17,7 +17,8 @@ from nanobot.bus.intake import IntakePaused
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import Intake
 from nanobot.errors import StoreError
-from nanobot.gate import CATCH_UP_WINDOW, RETRY_DELAYS, ChannelRules, Gate, GroupPolicy
+from nanobot.gate import CATCH_UP_WINDOW, ChannelRules, Gate, GroupPolicy
+from nanobot.outage import Backoff
 from nanobot.store import Access, Database, Journal
 from nanobot.store.access import MAX_PENDING
 
@@ -255,13 +256,19 @@ async def fill(db: Database) -> None:
     await db.fetchall(f"PRAGMA max_page_count = {pages[0]}")
 
 
+PAUSES = Backoff((5.0, 15.0, 30.0, 60.0))
+"""The pauses the gates of these tests are given (`store.retry_seconds`)."""
+
+
 async def test_a_failed_write_stops_intake_until_a_later_write_succeeds(db: Database) -> None:
     bus, clock, lines = MessageBus(), Clock(), []
     rules = {"telegram": ChannelRules(frozenset({"42"}))}
-    gate = Gate(rules, Access(db), Journal(db), bus, clock=clock)
+    gate = Gate(rules, Access(db), Journal(db), bus, clock=clock, retry=PAUSES)
     await Access(db).approve((await Access(db).request("telegram", "7", "7", "Eve")).code)
     sink = logger.add(
-        lambda m: lines.append(f"{m.record['level'].name} {m.record['message']}"), level="INFO"
+        lambda m: lines.append(f"{m.record['level'].name} {m.record['message']}"),
+        level="DEBUG",
+        filter="nanobot.gate",
     )
     try:
         await fill(db)
@@ -269,9 +276,9 @@ async def test_a_failed_write_stops_intake_until_a_later_write_succeeds(db: Data
             await gate(big("42", "1"))
         assert gate.stopped
         [stopped] = lines
-        assert stopped.startswith(f"ERROR intake stopped: disk full while writing {db.name}")
+        assert stopped.startswith(f"WARNING intake stopped: disk full while writing {db.name}")
         assert "no message is taken or acknowledged" in stopped
-        assert "tried again in 5s" in stopped
+        assert stopped.endswith("(next try in 5 s)")
 
         # Refused at once, without asking the store (a small message would fit), and the
         # pairing-approved user is not admitted: nothing of theirs is downloaded meanwhile.
@@ -287,8 +294,8 @@ async def test_a_failed_write_stops_intake_until_a_later_write_succeeds(db: Data
         clock.now += 5  # the pause is over: the next message tries, and the disk is still full
         with pytest.raises(StoreError, match="disk full"):
             await gate(big("42", "4"))
-        still = f"disk full while writing {db.name}; the write was not saved; tried again in 15s"
-        assert lines[1:] == [f"WARNING intake still stopped: {still}"]
+        still = f"disk full while writing {db.name}; the write was not saved; next try in 15 s"
+        assert lines[1:] == [f"DEBUG intake stopped (try 2): {still}"]  # said once above
 
         await db.fetchall("PRAGMA max_page_count = 1073741823")  # space was freed
         clock.now += 14
@@ -298,7 +305,7 @@ async def test_a_failed_write_stops_intake_until_a_later_write_succeeds(db: Data
         assert await gate(big("42", "6")) is Intake.ACCEPTED
         assert not gate.stopped
         assert lines[2:] == [
-            "WARNING intake resumed: the state database takes writes again (stopped for 20s)"
+            "WARNING intake resumed: the state database takes writes again after 20 s"
         ]
         assert (await anext(bus.inbound())).message_id == "6"
         assert await gate(message("42", mid="2")) is Intake.ACCEPTED
@@ -319,6 +326,7 @@ async def test_retries_back_off_while_the_store_keeps_failing(db: Database) -> N
         Journal(db),
         MessageBus(),
         clock=clock,
+        retry=PAUSES,
     )
     await fill(db)
     tried = []
@@ -394,6 +402,7 @@ def watching_gate(db: Database, clock: Clock) -> Gate:
         Journal(db),
         MessageBus(),
         clock=clock,
+        retry=PAUSES,
     )
     db.watch(gate)
     return gate
@@ -441,11 +450,11 @@ async def test_a_journal_write_that_fails_says_when_to_try_again(db: Database) -
     await fill(db)
     with pytest.raises(IntakePaused, match="disk full") as paused:
         await gate(big("42", "1"))
-    assert paused.value.retry_in == RETRY_DELAYS[0]
-    clock.now += RETRY_DELAYS[0]
+    assert paused.value.retry_in == PAUSES.pause(1)
+    clock.now += PAUSES.pause(1)
     with pytest.raises(IntakePaused, match="disk full") as paused:
         await gate.submit(big("42", "2"))
-    assert paused.value.retry_in == RETRY_DELAYS[1]
+    assert paused.value.retry_in == PAUSES.pause(2)
 
 
 async def test_a_try_of_the_store_comes_due_once_per_pause_and_delays_no_message(

@@ -3,12 +3,12 @@ acknowledged or dropped meanwhile, one line is logged, no channel crashes or res
 what waited is taken once the store takes writes again.
 
 The store fails for real: `PRAGMA query_only` makes every write fail as on a file that
-turned read-only. The gate's pauses are shortened to a fraction of a second."""
+turned read-only. The gate's pauses (`store.retry_seconds`) are a fraction of a second."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,6 @@ import pytest
 import yaml
 from loguru import logger
 
-from nanobot import gate as gate_module
 from nanobot.app import build_gateway, open_parts
 from nanobot.bus.events import ChatRef
 from nanobot.bus.intake import IntakePaused
@@ -27,6 +26,7 @@ from nanobot.channels._pause import Pause
 from nanobot.channels.base import InboxPolicy
 from nanobot.config import load
 from nanobot.gate import ChannelRules, Gate
+from nanobot.outage import Backoff
 from nanobot.store import Access, Database, Journal
 from tests.fakes.discord import AttachmentFile, FakeDiscord
 from tests.fakes.llm import FakeLLM, Text
@@ -39,10 +39,12 @@ from tests.test_channel_telegram import running as telegram_running
 from tests.test_gateway_telegram import ALICE, BOB, gateway_config, replies
 
 PAUSE = 0.2  # seconds: the gate's pause before each try of the store, in these tests
+PAUSES = Backoff((PAUSE,))
 
 
 class Lines:
-    """The log lines at INFO and above, with a way to wait for one."""
+    """The log lines at INFO and above, and the gate's at DEBUG (its failed tries after the
+    first), with a way to wait for one. `having` leaves the DEBUG ones out."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -57,11 +59,11 @@ class Lines:
         self._loop.call_soon_threadsafe(self._changed.set)
 
     def having(self, text: str) -> list[str]:
-        return [line for line in self.lines if text in line]
+        return [line for line in self.lines if text in line and not line.startswith("DEBUG ")]
 
     async def wait_for(self, text: str, seconds: float = 10.0) -> None:
         async with asyncio.timeout(seconds):
-            while not self.having(text):
+            while not any(text in line for line in self.lines):
                 self._changed.clear()
                 await self._changed.wait()
 
@@ -69,15 +71,19 @@ class Lines:
 @pytest.fixture
 async def lines() -> AsyncIterator[Lines]:
     lines = Lines()
-    sink = logger.add(lines, level="INFO")
+    sinks = [
+        logger.add(lines, level="INFO"),
+        logger.add(
+            lines,
+            level="DEBUG",
+            filter=lambda r: (
+                r["name"] == "nanobot.gate" and r["level"].no < logger.level("INFO").no
+            ),
+        ),
+    ]
     yield lines
-    logger.remove(sink)
-
-
-@pytest.fixture(autouse=True)
-def _short_pauses(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(gate_module, "RETRY_DELAYS", (PAUSE,) * 4)
-    yield
+    for sink in sinks:
+        logger.remove(sink)
 
 
 async def read_only(db: Database, on: bool) -> None:
@@ -109,7 +115,8 @@ class Waits:
         self._permits = asyncio.Semaphore(0)
         self.asked = asyncio.Event()
 
-    async def __call__(self, seconds: float) -> None:
+    async def __call__(self, seconds: float | None, wake: asyncio.Event) -> None:
+        assert seconds is not None  # a probe waits for the next try, which intake named
         self.seconds.append(seconds)
         self.asked.set()
         await self._permits.acquire()
@@ -128,7 +135,7 @@ async def test_one_message_probes_the_others_wait_and_all_go_once_it_gets_throug
     lines: Lines,
 ) -> None:
     intake, waits = PausedIntake(), Waits()
-    pause = Pause("chat", sleep=waits)
+    pause = Pause("chat", now=lambda: 0.0, sleep=waits)  # only `waits` moves
     tasks = [asyncio.create_task(pause.hand_over(partial(intake.hand, name))) for name in "abc"]
     await waits.asked.wait()
     await settle()
@@ -147,15 +154,15 @@ async def test_one_message_probes_the_others_wait_and_all_go_once_it_gets_throug
     await opened
     assert intake.calls[2:] == ["a", "b", "c"] and not pause.paused
     assert lines.lines == [
-        "WARNING chat: intake paused, the state database cannot be written (disk full); "
-        "messages wait and are taken once it can (next try in 5s)",
-        "INFO chat: intake resumed after 0s",
+        "WARNING chat: intake paused: disk full; messages wait, unacknowledged, and are taken "
+        "once the state database takes writes again (next try in 5 s)",
+        "WARNING chat: intake resumed after 0 s",
     ]
 
 
 async def test_a_probe_cancelled_leaves_probing_to_another_message() -> None:
     intake, waits = PausedIntake(), Waits()
-    pause = Pause("chat", sleep=waits)
+    pause = Pause("chat", now=lambda: 0.0, sleep=waits)  # only `waits` moves
     probe = asyncio.create_task(pause.hand_over(lambda: intake.hand("a")))
     await waits.asked.wait()
     other = asyncio.create_task(pause.hand_over(lambda: intake.hand("b")))
@@ -177,7 +184,9 @@ async def test_telegram_leaves_updates_unacknowledged_while_the_store_fails_and_
 ) -> None:
     async with FakeTelegram(token=DEFAULT_TOKEN) as telegram:
         path = tmp_path / "config.yaml"
-        path.write_text(yaml.safe_dump(gateway_config(tmp_path, fake_llm, telegram)))
+        settings = gateway_config(tmp_path, fake_llm, telegram)
+        settings["store"] = {"retry_seconds": [PAUSE]}
+        path.write_text(yaml.safe_dump(settings))
         config = load(path)
         async with open_parts(config) as parts:
             gateway = await build_gateway(config, parts, terminal=False)
@@ -189,7 +198,7 @@ async def test_telegram_leaves_updates_unacknowledged_while_the_store_fails_and_
                 telegram.user_message(ALICE, "are you there?", user_id=ALICE)
                 telegram.user_message(BOB, "me too?", user_id=BOB)
                 await lines.wait_for("telegram: intake paused")
-                await lines.wait_for("intake still stopped")  # tried again, failing still
+                await lines.wait_for("intake stopped (try 2)")  # tried again, failing still
                 await telegram.wait_for(lambda: not telegram.polling)
                 polls = len(telegram.calls("getUpdates"))
                 await asyncio.sleep(3 * PAUSE)  # a few more tries: still no poll, no ack
@@ -215,7 +224,7 @@ async def test_the_files_of_a_message_intake_did_not_take_are_deleted_at_once(
     inbox = InboxPolicy(tmp_path / "inbox", max_bytes=1000)
     async with await Database.open(tmp_path / "state.db") as db:
         rules = {"telegram": ChannelRules(frozenset({"42"}))}
-        gate = Gate(rules, Access(db), Journal(db), MessageBus())
+        gate = Gate(rules, Access(db), Journal(db), MessageBus(), retry=PAUSES)
         db.watch(gate)
         await read_only(db, True)
         async with telegram_running(telegram_channel(fake_telegram, gate, inbox)):
@@ -241,14 +250,20 @@ async def test_discord_messages_wait_while_the_store_fails_and_are_taken_after(
         ada = fake.add_user("ada")
         dm = fake.dm_channel(ada)
         bus = MessageBus()
-        gate = Gate({"discord": ChannelRules(frozenset({str(ada)}))}, Access(db), Journal(db), bus)
+        gate = Gate(
+            {"discord": ChannelRules(frozenset({str(ada)}))},
+            Access(db),
+            Journal(db),
+            bus,
+            retry=PAUSES,
+        )
         db.watch(gate)
         async with discord_running(discord_channel(fake, gate, inbox)):
             await read_only(db, True)
             first = fake.user_message(dm, "one", user_id=ada)
             second = fake.user_message(dm, "two", user_id=ada)
             await lines.wait_for("discord: intake paused")
-            await lines.wait_for("intake still stopped")
+            await lines.wait_for("intake stopped (try 2)")
             assert await Journal(db).pending_inbound() == []
             await read_only(db, False)
             async with asyncio.timeout(10):

@@ -9,9 +9,10 @@ the failure: the gate tries the store again with the first message after a pause
 that pause has passed without a message (a process that takes none in, such as a cluster
 member the load balancer does not send to), once per pause: a retry that fails for want of
 storage sets the next pause, one that fails otherwise waits for intake to open. A message is
-kept only while a store failure has stopped intake, so retries follow the gate's pauses (5
-s, then longer while the store keeps failing), and a failure of another kind (a bug) is
-never retried in a loop.
+kept only while a store failure has stopped intake, so retries follow the gate's pauses
+(`store.retry_seconds`, growing while the store keeps failing), and a failure of another kind
+(a bug) is never retried in a loop. Each message is said once when it is first kept (a
+retry of it that fails again only at DEBUG); the gate says when the store is back.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Held:
         first = row not in self._ever
         self._ever.add(row)
         logger.log(
-            "WARNING" if first else "INFO",
+            "WARNING" if first else "DEBUG",
             "{} message {} is not answered yet: {}; it is answered once the state database "
             "takes writes again (or after a restart)",
             message.chat.channel,

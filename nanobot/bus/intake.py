@@ -3,14 +3,13 @@ of the gate."""
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from loguru import logger
-
 from nanobot.bus.events import InboundMessage
 from nanobot.errors import StoreError
+from nanobot.outage import Outage, Sleep, sleep_or_wake
 
 _T = TypeVar("_T")
 
@@ -46,20 +45,28 @@ async def once_taken(
     hand: Callable[[], Awaitable[_T]],
     who: str,
     *,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    now: Callable[[], float] = time.monotonic,
+    sleep: Sleep = sleep_or_wake,
 ) -> _T:
     """What `hand()` (a submission of nanobot's own event) returns, calling it again after
-    the pause `IntakePaused` says for as long as it raises that, with one warning naming
-    `who` each time: an event due while a store failure pauses intake is made late, not
-    dropped. What else it raises is raised. Cancellation is safe (it only waits)."""
+    the pause `IntakePaused` says for as long as it raises that: an event due while a store
+    failure pauses intake is made late, not dropped. Said as an outage of `who`'s
+    (`nanobot.outage`): one warning when it first waits, one when it is handed over. What
+    else it raises is raised. Cancellation is safe (it only waits). `now` and `sleep`: the
+    clock the pauses run on."""
+    outage = Outage(
+        failing=f"{who} waits",
+        effect="intake is paused; it is handed over once intake takes it",
+        back=f"{who} is handed over",
+        now=now,
+        sleep=sleep,
+    )
     while True:
         try:
-            return await hand()
+            result = await hand()
         except IntakePaused as exc:
-            logger.warning(
-                "{} waits: intake is paused ({}); handed over again in {:.0f} s",
-                who,
-                exc.reason,
-                exc.retry_in,
-            )
-            await sleep(exc.retry_in)
+            outage.failed(exc.reason, retry_in=exc.retry_in)
+            await outage.wait()
+            continue
+        outage.recovered()
+        return result

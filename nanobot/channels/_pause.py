@@ -5,8 +5,9 @@ While the state database cannot be written, intake refuses every message with
 message over that: the message waits where it is (Telegram leaves its update unacknowledged,
 Discord keeps it in its chat's lane) and is handed over again. Only the first message that
 met the pause tries again, when intake says (it probes the store); the others wait until a
-hand-over succeeds, then all go ahead. The channel logs one line when the pause begins and
-one when it ends, whatever the number of messages held meanwhile.
+hand-over succeeds, then all go ahead. The channel says the pause as an outage of its own
+(`nanobot.outage`): one line when it begins and one when it ends, whatever the number of
+messages held meanwhile.
 """
 
 from __future__ import annotations
@@ -16,76 +17,66 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from loguru import logger
-
 from nanobot.bus.intake import IntakePaused
+from nanobot.outage import Outage, Sleep, sleep_or_wake
 
 _T = TypeVar("_T")
 
-Sleep = Callable[[float], Awaitable[None]]
-
-
-class _Held:
-    """One pause: since when, and an event set when it is over."""
-
-    def __init__(self) -> None:
-        self.since = time.monotonic()
-        self.over = asyncio.Event()
-
 
 class Pause:
-    """A channel's view of a paused intake; one per channel, for all of its runs. `sleep`
-    waits until the next try (tests pass one that does not)."""
+    """A channel's view of a paused intake; one per channel, for all of its runs. `now` and
+    `sleep` are the clock the probe waits on until the next try (tests pass their own)."""
 
-    def __init__(self, channel: str, *, sleep: Sleep = asyncio.sleep) -> None:
-        self._channel = channel
-        self._sleep = sleep
-        self._held: _Held | None = None
+    def __init__(
+        self,
+        channel: str,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        sleep: Sleep = sleep_or_wake,
+    ) -> None:
+        self._outage = Outage(
+            failing=f"{channel}: intake paused",
+            effect="messages wait, unacknowledged, and are taken once the state database "
+            "takes writes again",
+            back=f"{channel}: intake resumed",
+            now=now,
+            sleep=sleep,
+        )
+        self._probe: asyncio.Event | None = None  # set once the current probe stops probing
 
     @property
     def paused(self) -> bool:
-        return self._held is not None
+        return self._probe is not None
 
     async def opened(self) -> None:
-        """Return once no pause is on: at once, or when a hand-over got through again."""
-        while (held := self._held) is not None:
-            await held.over.wait()
+        """Return once no pause is on: at once, or when a hand-over got through again (or
+        its probe was cancelled: the next message that meets the pause probes)."""
+        while (probe := self._probe) is not None:
+            await probe.wait()
 
     async def hand_over(self, hand: Callable[[], Awaitable[_T]]) -> _T:
         """Return what `hand()` returns, calling it again for as long as it raises
         `IntakePaused` (see the module docstring). What else it raises is raised.
         Cancellation is safe: a probe cancelled while it waits leaves probing to the next
         message that meets the pause."""
-        mine: _Held | None = None  # the pause this call probes for, if it does
+        mine: asyncio.Event | None = None  # the probe this call makes, if it does
         try:
             while True:
-                held = self._held
-                if held is not None and held is not mine:
-                    await held.over.wait()
+                probe = self._probe
+                if probe is not None and probe is not mine:
+                    await probe.wait()
                 try:
                     result = await hand()
                 except IntakePaused as exc:
-                    if self._held is None:
-                        mine = self._held = _Held()
-                        logger.warning(
-                            "{}: intake paused, the state database cannot be written ({}); "
-                            "messages wait and are taken once it can "
-                            "(next try in {:.0f}s)",
-                            self._channel,
-                            exc.reason,
-                            exc.retry_in,
-                        )
-                    if self._held is mine:
-                        await self._sleep(exc.retry_in)
+                    if self._probe is None:
+                        mine = self._probe = asyncio.Event()
+                    if self._probe is mine:
+                        self._outage.failed(exc.reason, retry_in=exc.retry_in)
+                        await self._outage.wait()
                     continue
-                if mine is not None:
-                    logger.info(
-                        "{}: intake resumed after {:.0f}s",
-                        self._channel,
-                        time.monotonic() - mine.since,
-                    )
+                self._outage.recovered()
                 return result
         finally:
-            if mine is not None and self._held is mine:
-                self._held = None
-                mine.over.set()
+            if mine is not None and self._probe is mine:
+                self._probe = None
+                mine.set()

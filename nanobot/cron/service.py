@@ -21,8 +21,9 @@ forward what it passed over is due (and caught up or missed as after a restart);
 jump back their next run stays put, and what already ran does not run again.
 
 A store that fails (a database restarting, a disk full) never ends the service: the
-scheduler says so once, looks again every `STORE_RETRY` seconds (or as soon as the watcher
-gets through), and starts what fell due meanwhile as after a restart. A run whose hand-over
+scheduler says so once (`nanobot.outage`), looks again after each pause of
+`store.retry_seconds` (or as soon as the watcher, still looking every second, gets through),
+and starts what fell due meanwhile as after a restart. A run whose hand-over
 finds intake paused by such a failure waits as intake says, and starts once it is taken.
 """
 
@@ -43,6 +44,7 @@ from nanobot.cron.job_store import JobStore
 from nanobot.cron.models import Job, RunStatus
 from nanobot.cron.schedule import catch_up, format_time, realign, zone_of
 from nanobot.errors import StoreError
+from nanobot.outage import DEFAULT_BACKOFF, Backoff, Outage
 from nanobot.tasks import TaskSet
 
 _T = TypeVar("_T")
@@ -55,8 +57,6 @@ class _Failed:
 _FAILED: Final = _Failed()
 
 WATCH_INTERVAL = 1.0
-STORE_RETRY: Final = 5.0
-"""Seconds the scheduler waits before looking again after the store failed it."""
 JUMP_TOLERANCE: Final = 2.0
 """Seconds the wall clock may part from the monotonic one between two looks before it counts
 as a jump (NTP slews by at most half a millisecond a second)."""
@@ -130,9 +130,11 @@ class CronService:
         catch_up_window: timedelta,
         clock: Clock | None = None,
         channels: Collection[str] | None = None,
+        retry: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         """`channels`: those the gateway delivers to; a job for another is warned about at
-        start (None: not checked)."""
+        start (None: not checked). `retry`: the pauses before the scheduler looks again
+        after the store failed it."""
         self._store = store
         self._intake = intake
         self._window = catch_up_window
@@ -142,7 +144,14 @@ class CronService:
         self._runs = TaskSet("cron")
         self._running: dict[int, str] = {}  # run id -> job id, of the runs in progress
         self._seen = (self._clock.now(), self._clock.monotonic())  # the clocks at the last look
-        self._store_failing = False  # the store failed the last look (logged once)
+        self._outage = Outage(
+            failing="cron: the state database failed",
+            effect="no job starts until it answers again; jobs due meanwhile start then",
+            back="cron: the state database answers again",
+            backoff=retry,
+            now=self._clock.monotonic,
+            sleep=self._clock.sleep,
+        )
 
     async def run(self) -> None:
         """Schedule until cancelled. Cancelling stops the scheduling; the turns of runs
@@ -152,7 +161,7 @@ class CronService:
         one log line, until it answers again: the jobs due meanwhile stay due and start
         then, as after a restart (`catch_up`). Never raises over it."""
         while isinstance(await self._stored(self._prepare()), _Failed):
-            await self._clock.sleep(STORE_RETRY)
+            await self._outage.wait()
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._watch(), name="cron-watch")
@@ -180,8 +189,9 @@ class CronService:
             self._wake.clear()  # before looking: a wake-up from then on is not lost
             delay = await self._stored(self._look())
             if isinstance(delay, _Failed):
-                delay = STORE_RETRY  # or sooner: the watcher wakes it once the store answers
-            elif delay is not None and delay <= 0:
+                await self._outage.wait()  # or less: the watcher may get through first
+                continue
+            if delay is not None and delay <= 0:
                 continue
             # On the monotonic clock: a jump of the wall clock meanwhile wakes it (`_check_clock`).
             await self._clock.sleep(delay, self._wake)
@@ -194,25 +204,15 @@ class CronService:
         return None if upcoming is None else (upcoming - self._clock.now()).total_seconds()
 
     async def _stored(self, step: Coroutine[Any, Any, _T]) -> _T | _Failed:
-        """What `step` returns, or `_FAILED` when the store failed it: said once until a step
-        gets through again (then the scheduler is woken to look at once)."""
+        """What `step` returns, or `_FAILED` when the store failed it (told to the outage,
+        which says it once); once a step gets through again, the scheduler looks at once."""
         try:
             result = await step
         except StoreError as exc:
-            if not self._store_failing:
-                self._store_failing = True
-                logger.error(
-                    "cron: the state database failed ({}); no job starts until it answers "
-                    "again (tried every {:g} s); jobs due meanwhile start then",
-                    exc,
-                    STORE_RETRY,
-                )
-            else:
-                logger.debug("cron: the state database failed again: {}", exc)
+            self._outage.failed(exc)
             return _FAILED
-        if self._store_failing:
-            self._store_failing = False
-            logger.warning("cron: the state database answers again; scheduling goes on")
+        if self._outage.active:
+            self._outage.recovered()
             self._wake.set()
         return result
 
@@ -244,7 +244,9 @@ class CronService:
         logger.info("cron job {} ({}) starts", job.id, job.name)
         try:
             submit = partial(self._intake.submit, job_event(job, run_id))
-            taken = await once_taken(submit, f"cron job {job.id}", sleep=self._clock.sleep)
+            taken = await once_taken(
+                submit, f"cron job {job.id}", now=self._clock.monotonic, sleep=self._clock.sleep
+            )
         except Exception as exc:  # noqa: BLE001 - a task boundary: record it, keep scheduling
             logger.exception("cron job {} could not start", job.id)
             await self._finish(run_id, "error", f"{type(exc).__name__}: {exc}")

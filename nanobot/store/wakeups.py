@@ -5,6 +5,9 @@ topic; every member listening wakes and looks at the store (the notification car
 state: the store is the truth, so one lost while a connection was down costs only the wait
 for the next look). Listening takes one connection of its own, opened again when the server
 ends it; on reconnecting, every listener is woken, since what was said meanwhile is lost.
+A server that cannot be reached is an outage (`nanobot.outage`): said once, tried again
+after each pause of `store.retry_seconds`, or sooner once a notification of this member's
+gets through (the server answers again), and said when it listens again.
 
 One gateway on SQLite has no one to wake: its gate hands each message to its own bus.
 """
@@ -20,6 +23,7 @@ from typing import Any, Final, Protocol
 
 from loguru import logger
 
+from nanobot.outage import DEFAULT_BACKOFF, Backoff, Outage
 from nanobot.store import url as store_url
 from nanobot.store._together import Together, write_one
 from nanobot.store.database import Database
@@ -31,7 +35,6 @@ Listener = Callable[[str], None]
 INBOUND: Final = "nanobot_inbound"  # a message was journaled; payload: its session key
 APPROVAL: Final = "nanobot_approval"  # an approval request was decided; payload: its id
 CRON_CHANGED: Final = "nanobot_cron"  # a cron job was added, changed or removed
-RECONNECT_DELAY: Final = 1.0  # seconds between attempts to listen again
 
 
 class Wakeups(Protocol):
@@ -56,11 +59,20 @@ class Wakeups(Protocol):
 
 class PostgresWakeups:
     """LISTEN/NOTIFY on the PostgreSQL database `db` (at `url`): said through `db`'s own
-    connections, heard on a connection of its own."""
+    connections, heard on a connection of its own. `retry`: the pauses between attempts to
+    listen while the server cannot be reached."""
 
-    def __init__(self, db: Database, url: str) -> None:
+    def __init__(self, db: Database, url: str, *, retry: Backoff = DEFAULT_BACKOFF) -> None:
         self._db = db
         self._url = url
+        where = store_url.redact(url)
+        self._outage = Outage(
+            failing=f"cannot listen for wake-ups on {where}",
+            effect="this member learns of the other members' work only at its next look "
+            "at the store",
+            back=f"listening on {where} again",
+            backoff=retry,
+        )
         self._listeners: defaultdict[str, list[Listener]] = defaultdict(list)
         # Per topic: what says many at once (None on a backend without), and what says them.
         self._said: dict[str, tuple[Together[str, None] | None, _Say]] = {}
@@ -74,6 +86,7 @@ class PostgresWakeups:
             self._said[topic] = (self._db.together(f"wake-ups on {topic}", speak), speak)
         together, say = self._said[topic]
         await write_one(together, say, payload)
+        self._outage.wake()  # the server answers: listen again without waiting out a pause
 
     async def _say(self, topic: str, payloads: Sequence[str]) -> list[None]:
         distinct = list(dict.fromkeys(payloads))  # the server would fold repeats anyway
@@ -92,14 +105,12 @@ class PostgresWakeups:
             try:
                 await self._listen(first)
             except Exception as exc:  # noqa: BLE001 - the server went away: listen again
-                logger.warning(
-                    "cannot listen on {}: {}; trying again", store_url.redact(self._url), exc
-                )
+                self._outage.failed(exc)
             first = False
-            await asyncio.sleep(RECONNECT_DELAY)
+            await self._outage.wait()
 
     async def _listen(self, first: bool) -> None:
-        """Listen on one connection until the server ends it."""
+        """Listen on one connection until the server ends it (told to the outage)."""
         import asyncpg
 
         lost = asyncio.Event()
@@ -108,13 +119,13 @@ class PostgresWakeups:
             conn.add_termination_listener(lambda _: lost.set())
             for topic in list(self._listeners):
                 await conn.add_listener(topic, self._deliver)
+            self._outage.recovered()
             if not first:  # what was said while away is lost: everyone looks now
-                logger.info("listening on {} again", store_url.redact(self._url))
                 for listeners in self._listeners.values():
                     for listener in listeners:
                         _call(listener, "")
             await lost.wait()
-            logger.warning("the wake-up connection to the store was lost; reconnecting")
+            self._outage.failed("the server ended the wake-up connection")
         finally:
             if not conn.is_closed():
                 with contextlib.suppress(Exception):
