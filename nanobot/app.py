@@ -12,7 +12,7 @@ import asyncio
 import stat
 import tempfile
 import zoneinfo
-from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
+from nanobot import cluster
 from nanobot.agent.approvals import ApprovalPolicy
 from nanobot.agent.approver import Approver
 from nanobot.agent.context import ContextBuilder
@@ -33,7 +34,6 @@ from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
 from nanobot.agent.taint import Ledger
-from nanobot.agreement import agreement
 from nanobot.bus.events import ChatRef, Source
 from nanobot.bus.intake import EventIntake
 from nanobot.bus.queue import MessageBus
@@ -42,15 +42,14 @@ from nanobot.channels.manager import ChannelManager
 from nanobot.channels.terminal import TerminalChannel
 from nanobot.cluster import SCHEDULE, Cluster
 from nanobot.cluster import intake as intake_role
+from nanobot.cluster.agreement import agreement
 from nanobot.config import Config, exposed
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.service import CronService
-from nanobot.distribution import Distributor
 from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules, Entry, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat
-from nanobot.membership import Membership
 from nanobot.outage import DEFAULT_BACKOFF, Backoff
 from nanobot.providers.catalog import Catalog
 from nanobot.providers.provider import Provider, RetryPolicy
@@ -58,12 +57,9 @@ from nanobot.providers.routes import Routes
 from nanobot.reserve import DiskReserve
 from nanobot.sizes import format_size
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore, UsageLedger
-from nanobot.store.claims import Claims
 from nanobot.store.cron import CronStore
-from nanobot.store.leases import Leases
-from nanobot.store.members import BEAT_INTERVAL, Members
 from nanobot.store.taint import TaintStore
-from nanobot.store.wakeups import APPROVAL, CRON_CHANGED, PostgresWakeups
+from nanobot.store.wakeups import CRON_CHANGED
 from nanobot.tools.cron import CronTool
 from nanobot.tools.egress import EgressProxy
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
@@ -617,7 +613,7 @@ async def build_gateway(
 
     It is a member of the cluster on its store: a channel's polling or gateway connection,
     and the schedule (cron and the heartbeat), run while it holds their roles
-    (`nanobot.cluster`); on its own it takes every role at once. `succeeds`: the member id
+    (`nanobot.cluster.roles`); on its own it takes every role at once. `succeeds`: the member id
     of the gateway that ran on this data dir before (gone: its roles are taken at once).
 
     Raises:
@@ -627,19 +623,18 @@ async def build_gateway(
     rules = _channel_rules(config)
     if terminal:
         rules[TerminalChannel.name] = EVERYONE
-    membership = Membership(
-        Members(parts.db),
-        workspace=str(config.workspace_path.resolve()),
-        agreement=agreement(config),
+    part = cluster.join(
+        _cluster_setting(config, parts),
+        parts.db,
+        parts.journal,
+        parts.bus,
+        parts.approver,
+        channels=rules,
         succeeds=succeeds,
-        interval=_beat_interval(config),
     )
-    distributor = _distributor(config, parts, membership, channels=rules)
+    distributor, roles = part.distributor, part.roles
     way_in = await Intake.build(parts, rules, entry=distributor)
-    cluster = Cluster(
-        Leases(parts.db), membership.member.id, config.cluster.lease, succeeds=succeeds
-    )
-    channels = build_channels(config, way_in.gate, way_in.journal, cluster=cluster)
+    channels = build_channels(config, way_in.gate, way_in.journal, cluster=roles)
     if not channels:
         logger.warning(
             "no chat channel is enabled, only this terminal: set channels.telegram or "
@@ -679,7 +674,7 @@ async def build_gateway(
             distributor.wakeups.listen(CRON_CHANGED, lambda _: cron.changed())
     if scheduled:  # one member of the cluster at a time schedules
         schedule = partial(_together, scheduled)
-        services.append((SCHEDULE, partial(cluster.role(SCHEDULE).hold, schedule)))
+        services.append((SCHEDULE, partial(roles.role(SCHEDULE).hold, schedule)))
     dispatcher = Dispatcher(
         parts.loop,
         way_in.bus,
@@ -701,46 +696,21 @@ async def build_gateway(
         shutdown_timeout=config.gateway.shutdown_timeout,
         until=console.ended if console is not None else manager.all_refused,
         services=services,
-        membership=membership,
+        membership=part.membership,
         distributor=distributor,
     )
 
 
-def _distributor(
-    config: Config, parts: Parts, membership: Membership, *, channels: Collection[str]
-) -> Distributor | None:
-    """With the state on PostgreSQL, this gateway is a member of a cluster: the work is
-    shared out through the journal (`nanobot.distribution`), and the replies it queues are
-    its own to send. None for one gateway on SQLite."""
+def _cluster_setting(config: Config, parts: Parts) -> cluster.Setting:
+    """What the cluster reads of the config (`nanobot.cluster.join`)."""
     target = config.store_target
-    if not config.shared_store:
-        return None
-    assert isinstance(target, str)
-    member = membership.member.id
-    parts.journal.send_as(member)
-    wakeups = PostgresWakeups(parts.db, target, retry=parts.retry)
-    # A press taken by one member may decide a run that waits in another.
-    wakeups.listen(APPROVAL, parts.approver.decided)
-    parts.approver.announce_with(partial(wakeups.notify, APPROVAL))
-    return Distributor(
-        Claims(parts.db, member),
-        parts.journal,
-        Members(parts.db),
-        wakeups,
-        parts.bus,
-        channels=channels,
+    return cluster.Setting(
         lease=config.cluster.lease,
+        shared_url=target if isinstance(target, str) else None,
+        workspace=str(config.workspace_path.resolve()),
+        agreement=agreement(config),
+        retry=parts.retry,
     )
-
-
-def _beat_interval(config: Config) -> float:
-    """Seconds between a member's beats. In a cluster it beats as often as it renews its
-    leases: a member with a lapsed lease and no beat since counts as dead for the replies it
-    left (`Claims.orphaned_replies`), so a live one must beat soon after any lapse."""
-    every = BEAT_INTERVAL.total_seconds()
-    if config.shared_store:
-        return min(every, config.cluster.lease_seconds / 3)
-    return every
 
 
 async def _fallbacks(provider: Provider) -> None:

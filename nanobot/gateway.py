@@ -21,9 +21,9 @@ from loguru import logger
 from nanobot.agent.dispatcher import Dispatcher
 from nanobot.bus.queue import MessageBus
 from nanobot.channels.manager import ChannelManager
-from nanobot.distribution import Distributor
+from nanobot.cluster.distribution import Distributor
+from nanobot.cluster.membership import Membership
 from nanobot.gate import Gate
-from nanobot.membership import Membership
 
 FLUSH_TIMEOUT = 5.0
 

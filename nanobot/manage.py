@@ -19,13 +19,13 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from nanobot import log
-from nanobot.agreement import agreement
+from nanobot.cluster.agreement import agreement
+from nanobot.cluster.roster import ago, moment, roster
 from nanobot.config import Config, load
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.models import DELIVERY_WORDS, Job, JobRun
 from nanobot.cron.schedule import describe, format_time, zone_of
 from nanobot.errors import NanobotError
-from nanobot.roster import ago, moment, roster
 from nanobot.store import Access, ApprovalStore, Database, Journal, SavedRule, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.cron import CronStore

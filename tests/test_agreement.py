@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nanobot.agreement import PARTS, agreement
+from nanobot.cluster.agreement import PARTS, agreement
 from nanobot.config import Config
 
 TOKEN = "123456:telegram-secret-token-abcdefghijklmnop"

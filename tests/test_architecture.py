@@ -37,20 +37,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nanobot.reserve",),  # the disk reserve, kept by the store and watched by exec
     ("nanobot.config",),
     ("nanobot.log",),  # reads secrets out of the config tree
-    ("nanobot.agreement",),  # digests of the config parts a cluster's members must share
     ("nanobot.bus",),
     ("nanobot.cron",),  # vocabulary, schedule math, the service; storage through a port
     ("nanobot.store", "nanobot.providers", "nanobot.tools"),
     ("nanobot.agent", "nanobot.channels"),
-    # membership: keeps the gateway's members row alive; distribution: shares a cluster's
-    # work; cluster: the roles one member at a time plays; roster: the members for status
-    (
-        "nanobot.gate",
-        "nanobot.membership",
-        "nanobot.distribution",
-        "nanobot.cluster",
-        "nanobot.roster",
-    ),
+    # cluster: the members (membership, agreement, roster), the roles one member at a time
+    # plays, and how the work is shared out
+    ("nanobot.gate", "nanobot.cluster"),
     ("nanobot.gateway", "nanobot.heartbeat"),
     ("nanobot.app", "nanobot.manage"),
     ("nanobot.launch",),  # ask, chat, serve: each builds its parts through the app
@@ -71,7 +64,7 @@ IMPORTED_ONLY_BY: dict[str, frozenset[str]] = {
     "nanobot.config": frozenset(
         {
             "nanobot.log",
-            "nanobot.agreement",
+            "nanobot.cluster.agreement",
             "nanobot.app",
             "nanobot.manage",
             "nanobot.launch",
@@ -245,8 +238,8 @@ def test_known_exceptions_are_still_needed() -> None:
             [
                 "nanobot.agent.runner imports nanobot.store.sessions: nanobot.agent.runner knows"
                 " only ('nanobot.agent.run', 'nanobot.providers', 'nanobot.tools')",
-                "nanobot.tools.web imports nanobot.config: only ['nanobot.agreement',"
-                " 'nanobot.app', 'nanobot.cli', 'nanobot.launch', 'nanobot.log', 'nanobot.manage']"
+                "nanobot.tools.web imports nanobot.config: only ['nanobot.app', 'nanobot.cli',"
+                " 'nanobot.cluster.agreement', 'nanobot.launch', 'nanobot.log', 'nanobot.manage']"
                 " may",
             ],
         ),

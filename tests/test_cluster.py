@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from nanobot.bus.events import ChatRef, OutboundMessage
 from nanobot.channels.base import InboxPolicy
 from nanobot.channels.discord import DiscordChannel
-from nanobot.cluster import SCHEDULE, Cluster, LeaderRole, intake
+from nanobot.cluster.roles import SCHEDULE, Cluster, LeaderRole, intake
 from nanobot.config import DiscordConfig
 from nanobot.errors import StoreError
 from nanobot.store import Database

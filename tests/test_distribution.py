@@ -13,7 +13,7 @@ import pytest
 
 from nanobot.bus.events import ChatRef, InboundMessage
 from nanobot.bus.queue import MessageBus
-from nanobot.distribution import Distributor
+from nanobot.cluster.distribution import Distributor
 from nanobot.store import Database, Journal
 from nanobot.store.claims import Claims
 from nanobot.store.members import Member as MemberRow

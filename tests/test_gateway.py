@@ -13,8 +13,8 @@ import pytest
 from nanobot.bus.events import ChatRef, InboundMessage, Outbound, OutboundMessage
 from nanobot.channels.base import Channel, IntakePort
 from nanobot.channels.manager import ChannelManager
+from nanobot.cluster.membership import Membership
 from nanobot.gateway import Gateway
-from nanobot.membership import Membership
 from nanobot.store import Database
 from nanobot.store.members import Members
 from tests.fakes.llm import FakeLLM, Text

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
-from nanobot.membership import Membership
+from nanobot.cluster.membership import Membership
 from nanobot.store import Database
 from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from nanobot.roster import ago, member_line, roster
+from nanobot.cluster.roster import ago, member_line, roster
 from nanobot.store import Database
 from nanobot.store._times import to_text
 from nanobot.store.leases import Leases

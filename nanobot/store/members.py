@@ -8,7 +8,7 @@ is alive, and a cluster (several gateways on one database) knows whom to take ov
 
 A row also says what its member runs with that the members of a cluster must share: the path
 of its workspace, and its *agreement*, a digest per part of the config that must be the same
-on every member (`nanobot.agreement` makes them; none holds a secret). `Member.disagrees`
+on every member (`nanobot.cluster.agreement` makes them; none holds a secret). `Member.disagrees`
 names the parts two members differ in.
 
 Moments come from the clock given to `Members` (the wall clock by default), so tests can move
@@ -54,7 +54,7 @@ class Member:
     started_at: datetime
     beat_at: datetime
     workspace: str = ""  # the workspace's path on its host ("" from a version before)
-    # Config part -> its digest (`nanobot.agreement`); empty from a version before.
+    # Config part -> its digest (`nanobot.cluster.agreement`); empty from a version before.
     agreement: Mapping[str, str] = field(default_factory=dict)
 
     def stale(self, now: datetime, after: timedelta = STALE_AFTER) -> bool:

@@ -1,6 +1,6 @@
 """The gateways on a state database as `nanobot status` shows them: where each runs, since
-when, the roles it plays (`nanobot.cluster`), how many sessions it holds
-(`nanobot.distribution`), its workspace and whether it beats; and a warning wherever the
+when, the roles it plays (`nanobot.cluster.roles`), how many sessions it holds
+(`nanobot.cluster.distribution`), its workspace and whether it beats; and a warning wherever the
 running ones do not share what the members of a cluster must share.
 
 Three small reads (the members, the leases held, the session leases counted by holder),
@@ -27,7 +27,7 @@ Row = tuple[str, str]
 async def roster(db: Database, zone: ZoneInfo | None, agreement: Mapping[str, str]) -> list[Row]:
     """The rows for `status`: one "gateway" per registered member, the latest beat first
     (or one saying none runs), then the warnings. `agreement` is this config's
-    (`nanobot.agreement`): a running member whose config differs is named, since a gateway
+    (`nanobot.cluster.agreement`): a running member whose config differs is named, since a gateway
     started with this one is refused while it runs.
 
     Raises:

@@ -36,6 +36,7 @@ from loguru import logger
 from nanobot.bus.events import InboundMessage
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, inbound_record, outbound_from
+from nanobot.cluster.timings import renewal
 from nanobot.errors import StoreError
 from nanobot.store.claims import Candidate, Claims
 from nanobot.store.journal import Accepted, Journal
@@ -267,7 +268,7 @@ class Distributor:
         long that they would lapse before the next try, it drops its turns first, so that a
         session never runs on two members at once; once the store answers again, it gives
         the lapsed sessions up and takes work afresh."""
-        period = self._lease.total_seconds() / 3
+        period = renewal(self._lease)
         last_renewal = time.monotonic()
         while True:
             await asyncio.sleep(period)

@@ -56,7 +56,7 @@ class Membership:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """`workspace` and `agreement` are recorded in the row and compared with the other
-        members' (`nanobot.agreement`; nothing is compared without one); `succeeds` is the
+        members' (`nanobot.cluster.agreement`; nothing is compared without one); `succeeds` is the
         member id of the process that ran on this data dir before (gone, whatever its row
         says). `sleep` waits between beats (tests pass one they control)."""
         self._members = members

@@ -28,6 +28,7 @@ from typing import Final
 
 from loguru import logger
 
+from nanobot.cluster.timings import renewal
 from nanobot.errors import StoreError
 from nanobot.store.leases import Lease, Leases
 
@@ -66,7 +67,7 @@ class LeaderRole:
         self._leases = leases
         self._holder = holder
         self._lease = lease
-        self._period = lease.total_seconds() / 3  # between tries, and between renewals
+        self._period = renewal(lease)  # between tries, and between renewals
         self._succeeds = succeeds
         self._failing = False
 
