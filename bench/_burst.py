@@ -27,6 +27,16 @@ from typing import Any
 
 from bench import gateway_throughput as g
 from bench._gateway import Child
+from bench._setup import (
+    FINAL_TEXT,
+    MODEL_DELAY_S,
+    TOOL_CALL,
+    WARMUP_CHATS,
+    Setup,
+    run_burst,
+    start_gateway,
+    start_llm,
+)
 
 MARKS_S = (5, 10, 20, 30, 40, 60, 90, 120, 180)
 
@@ -35,15 +45,15 @@ async def burst(transport: str, chats: int, cap: float, turns: int | None) -> di
     with tempfile.TemporaryDirectory(prefix="nanobot-bench-burst-") as name:
         tmp = Path(name)
         children: list[Child] = []
-        reply = {"type": "ToolThenText", "call": g.TOOL_CALL, "text": g.FINAL_TEXT}
-        llm = await g._start_llm(tmp, "model-200ms", g.MODEL_DELAY_S, reply)
+        reply = {"type": "ToolThenText", "call": TOOL_CALL, "text": FINAL_TEXT}
+        llm = await start_llm(tmp, "model-200ms", MODEL_DELAY_S, reply)
         children.append(llm[0])
-        setup: g.Setup | None = None
+        setup: Setup | None = None
         try:
-            setup = await g._start_gateway(tmp, "gateway", llm, (turns, transport), children)
-            await g._burst(setup, g.WARMUP_CHATS)
+            setup = await start_gateway(tmp, "gateway", llm, (turns, transport), children)
+            await run_burst(setup, WARMUP_CHATS)
             await asyncio.sleep(1.0)
-            b = await g._burst(setup, chats, seconds=cap, cap=True)
+            b = await run_burst(setup, chats, seconds=cap, cap=True)
         finally:
             if setup is not None:
                 await setup.gateway.kill()

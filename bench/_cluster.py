@@ -42,9 +42,9 @@ from urllib.parse import urlsplit
 import aiohttp
 import asyncpg
 
-from bench import gateway_throughput as g
 from bench._common import BenchError, isolated_env
 from bench._gateway import JSON, _Tracker
+from bench._setup import gateway_config
 from tests.fakes._telegram_webhook import post
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import GatewayProcess
@@ -241,7 +241,7 @@ def member_config(
 ) -> dict[str, Any]:
     """A gateway of the cluster: the defaults (as `gateway_throughput`'s), the state on
     `store`, Telegram's updates taken from the webhook on 127.0.0.1:`port`."""
-    config = g._config(root, llm_url, telegram_url, None, "auto")
+    config = gateway_config(root, llm_url, telegram_url, None, "auto")
     config["store"] = {"url": store}
     config["workspace"] = str(workspace)
     config["cluster"] = {"lease_seconds": LEASE_S}

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import aiohttp
 import asyncpg
 
-from bench import gateway_throughput as g
 from bench._cluster import LEASE_S, Member, holder_pid
 from bench._common import BenchError
 from bench._gateway import Child
+from bench._setup import ZERO_MS_TEXT
 from nanobot.store._times import from_text
 
-ANSWER = g.ZERO_MS_TEXT  # the 0 ms model's answer
+ANSWER = ZERO_MS_TEXT  # the 0 ms model's answer
 REPLY_TIMEOUT_S = 60.0
 
 

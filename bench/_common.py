@@ -9,6 +9,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -296,3 +297,21 @@ def write_results(name: str, payload: Mapping[str, Any]) -> Path:
     }
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def git_state() -> dict[str, str | bool]:
+    """The commit measured, and whether the tree had changes (read-only git commands)."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {"commit": commit, "dirty": bool(status.strip())}

@@ -34,7 +34,6 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import asyncpg
@@ -50,8 +49,29 @@ from bench._cluster import (
     unreachable,
 )
 from bench._cluster_failover import Failover, Trial, failover_trial
-from bench._common import REPO_ROOT, BenchError, Metric, format_table, isolated_env, write_results
+from bench._common import (
+    REPO_ROOT,
+    BenchError,
+    Metric,
+    format_table,
+    git_state,
+    isolated_env,
+    write_results,
+)
 from bench._gateway import Child, cpu_seconds
+from bench._setup import (
+    FINAL_TEXT,
+    MODEL_DELAY_S,
+    TOOL_CALL,
+    WARMUP_CHATS,
+    ZERO_MS_TEXT,
+    Burst,
+    Setup,
+    gateway_config,
+    run_burst,
+    start_llm,
+    start_telegram,
+)
 from tests.gateway_process import GatewayProcess
 
 NAME = "cluster"
@@ -65,7 +85,6 @@ FLOOD_CHATS, WARMUP_FLOOD = 5000, 100
 SCALE_MEMBERS, SCALE_ROUNDS = (1, 2, 3), 2
 FLOOD_TIMEOUT_S = 240.0
 FAILOVER_TRIALS, FAILOVER_TARGET_S = 20, LEASE_S + 1.0
-ZERO_MS_TEXT = g.ZERO_MS_TEXT
 
 
 def _progress(text: str) -> None:
@@ -100,22 +119,11 @@ class Flood:
 class Measurements:
     flood_chats: int = FLOOD_CHATS
     trials: int = FAILOVER_TRIALS
-    bursts: dict[str, list[g.Burst]] = field(default_factory=dict)
+    bursts: dict[str, list[Burst]] = field(default_factory=dict)
     postgres_cpu_s: dict[str, list[float]] = field(default_factory=dict)
     floods: dict[int, list[Flood]] = field(default_factory=dict)
     failovers: list[Failover] = field(default_factory=list)
     load: dict[str, list[float]] = field(default_factory=dict)
-
-
-async def _start_llm(
-    tmp: Path, name: str, delay: float, reply: dict[str, Any]
-) -> tuple[Child, str]:
-    script = tmp / f"{name}.json"
-    script.write_text(json.dumps({"default": reply}), encoding="utf-8")
-    argv = [PYTHON, "-m", "tests.fakes.llm", "--port", "0", "--delay", str(delay)]
-    argv += ["--script", str(script), "--keep-requests", "100"]
-    child = await Child.start(name, argv, isolated_env(tmp), REPO_ROOT, tmp / f"{name}.log")
-    return child, await child.line(60)
 
 
 async def _start_flood_telegram(tmp: Path, name: str) -> tuple[Child, str]:
@@ -129,38 +137,38 @@ async def _start_flood_telegram(tmp: Path, name: str) -> tuple[Child, str]:
 
 async def _polling_gateway(
     tmp: Path, name: str, llm: tuple[Child, str], store: str | None, children: list[Child]
-) -> g.Setup:
+) -> Setup:
     """As `gateway_throughput` starts its default gateway, the state on `store` if given."""
     root = tmp / f"gateway-{name}"
     root.mkdir()
-    telegram, telegram_url = await g._start_telegram(tmp, f"telegram-{name}")
+    telegram, telegram_url = await start_telegram(tmp, f"telegram-{name}")
     children.append(telegram)
-    config = g._config(root, llm[1], telegram_url, None, "auto")
+    config = gateway_config(root, llm[1], telegram_url, None, "auto")
     if store is not None:
         config["store"] = {"url": store}
     gateway = GatewayProcess(root, config, isolated_env(root))
-    setup = g.Setup(name, gateway, telegram, llm[0])
+    setup = Setup(name, gateway, telegram, llm[0])
     await gateway.start(ready="telegram connected")
     return setup
 
 
 async def _burst_phase(m: Measurements, tmp: Path, children: list[Child]) -> None:
     _progress(f"burst: {g.BIG_CHATS} chats at once, SQLite and PostgreSQL, {BURST_ROUNDS} rounds")
-    reply = {"type": "ToolThenText", "call": g.TOOL_CALL, "text": g.FINAL_TEXT}
-    llm = await _start_llm(tmp, "model-200ms", g.MODEL_DELAY_S, reply)
+    reply = {"type": "ToolThenText", "call": TOOL_CALL, "text": FINAL_TEXT}
+    llm = await start_llm(tmp, "model-200ms", MODEL_DELAY_S, reply, keep_requests=100)
     children.append(llm[0])
-    setups: list[g.Setup] = []
+    setups: list[Setup] = []
     try:
         async with database() as url:
             setups.append(await _polling_gateway(tmp, "sqlite", llm, None, children))
             setups.append(await _polling_gateway(tmp, "postgresql", llm, url, children))
             for setup in setups:
-                await g._burst(setup, g.WARMUP_CHATS)
+                await run_burst(setup, WARMUP_CHATS)
             await asyncio.sleep(SETTLE_S)
             for round_ in range(BURST_ROUNDS):
                 for setup in setups if round_ % 2 == 0 else setups[::-1]:
                     before = postgres_cpu()
-                    burst = await g._burst(setup, g.BIG_CHATS, seconds=BURST_TIMEOUT_S)
+                    burst = await run_burst(setup, g.BIG_CHATS, seconds=BURST_TIMEOUT_S)
                     m.postgres_cpu_s.setdefault(setup.name, []).append(postgres_cpu() - before)
                     m.bursts.setdefault(setup.name, []).append(burst)
                     _progress(
@@ -233,8 +241,8 @@ async def _scale_phase(m: Measurements, tmp: Path, children: list[Child]) -> Non
         f"scale: {m.flood_chats} chats at once, 0 ms model, members {SCALE_MEMBERS}, "
         f"{SCALE_ROUNDS} rounds"
     )
-    llm, llm_url = await _start_llm(
-        tmp, "model-0ms", 0.0, {"type": "Text", "content": ZERO_MS_TEXT}
+    llm, llm_url = await start_llm(
+        tmp, "model-0ms", 0.0, {"type": "Text", "content": ZERO_MS_TEXT}, keep_requests=100
     )
     children.append(llm)
     next_chat = 2_000_000
@@ -277,8 +285,8 @@ async def _scale_phase(m: Measurements, tmp: Path, children: list[Child]) -> Non
 
 async def _failover_phase(m: Measurements, tmp: Path, children: list[Child]) -> None:
     _progress(f"failover: 3 members, {m.trials} kills of a busy session's holder")
-    llm, llm_url = await _start_llm(
-        tmp, "model-failover", 0.0, {"type": "Text", "content": ZERO_MS_TEXT}
+    llm, llm_url = await start_llm(
+        tmp, "model-failover", 0.0, {"type": "Text", "content": ZERO_MS_TEXT}, keep_requests=100
     )
     children.append(llm)
     telegram, telegram_url = await _start_flood_telegram(tmp, "telegram-failover")
@@ -416,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "floods": {str(k): [asdict(f) for f in v] for k, v in m.floods.items()},
         "failovers": [asdict(f) for f in m.failovers],
         "load": m.load,
-        "git": g._git(),
+        "git": git_state(),
     }
     path = write_results(NAME if phases == list(PHASES) else f"{NAME}-{'-'.join(phases)}", payload)
     print(f"\nResults: {path}")

@@ -39,41 +39,40 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench._common import (
-    REPO_ROOT,
-    BenchError,
-    Metric,
-    format_table,
-    isolated_env,
-    write_results,
+from bench._common import Metric, format_table, git_state, write_results
+from bench._gateway import Child
+from bench._setup import (
+    BURST_CHATS,
+    FINAL_TEXT,
+    MODEL_DELAY_S,
+    TOOL_CALL,
+    WARMUP_CHATS,
+    ZERO_MS_TEXT,
+    Burst,
+    Setup,
+    run_burst,
+    run_sequence,
+    start_echo_bot,
+    start_gateway,
+    start_llm,
+    start_telegram,
 )
-from bench._gateway import Child, RssSampler, cpu_seconds, hwm_kib
-from tests.fakes.telegram import DEFAULT_TOKEN
 from tests.gateway_process import GatewayProcess
 
 NAME = "gateway_throughput"
-PYTHON = sys.executable
 
-MODEL_DELAY_S = 0.2
-TOOL_CALL = {"name": "list_dir", "arguments": {"path": "."}}
-USER_TEXT = "What is in my workspace?"
-FINAL_TEXT = "Your workspace holds the usual files: memory, skills and notes."
-ZERO_MS_TEXT = "Hello! The fake model answered this at once."
-
-BURST_CHATS, BURST_TARGET_S = 20, 0.8
+BURST_TARGET_S = 0.8
 BURST_ROUNDS = 5
-WARMUP_CHATS = 4  # one warm-up burst per gateway: lazy imports, first-call set-up
 BIG_CHATS, BIG_TARGET_S, BIG_RSS_TARGET_MIB = 1000, 3.0, 50.0
 # A burst of 1,000 takes minutes on 2 cores (one-off runs: docs/benchmarks.md); the
 # benchmark stops looking after BIG_CAP_S and kills that gateway. Raise it to see them end.
@@ -89,7 +88,6 @@ LATENCY_WARMUPS = 3
 LATENCY_PAUSE_S = 0.1
 LATENCY_CHAT = 42
 SETTLE_S = 0.5  # after a burst, before the next one: the gateway confirms, typing stops
-BURST_TIMEOUT_S = 120.0
 
 # Gateways: name -> (max_concurrent_turns, None for the default; agent.transport).
 DEFAULT = "default"  # AgentConfig's defaults: 1,000 turns, transport auto (direct here)
@@ -117,66 +115,6 @@ def _progress(text: str) -> None:
 
 
 @dataclass
-class Setup:
-    """One gateway under test, its own fake Telegram and the fake model it calls."""
-
-    name: str
-    gateway: GatewayProcess
-    telegram: Child
-    llm: Child
-    next_chat: int = 1_000_000
-
-    @property
-    def pid(self) -> int:
-        assert self.gateway.process is not None
-        return self.gateway.process.pid
-
-    def chats(self, count: int) -> list[int]:
-        """``count`` chats (private, user id = chat id) this gateway has never seen."""
-        first, self.next_chat = self.next_chat, self.next_chat + count
-        return list(range(first, first + count))
-
-
-@dataclass(frozen=True)
-class Burst:
-    """``chats`` messages queued at once on one gateway, and what became of them.
-
-    Times are seconds since the messages were queued at the fake Telegram.
-    """
-
-    config: str
-    chats: int
-    complete: bool  # every chat got its final reply (else: stopped looking at the cap)
-    looked_s: float  # how long it was watched: until the last reply, or the cap
-    taken_s: float | None  # the getUpdates that acknowledged the last message, if seen
-    first_s: list[float]  # per chat that got one: its first bot message
-    final_s: list[float]  # per chat that got it: its final text
-    verified: int  # chats that show the final text
-    two_messages: int  # chats whose reply left a separate partial message behind
-    api_calls: dict[str, int]
-    cpu_s: dict[str, float]  # gateway, telegram, model: CPU used while watched
-    timeline: list[tuple[float, str, int]] = field(default_factory=list)
-    rss_before_mib: float = 0.0
-    rss_peak_mib: float = 0.0
-    hwm_after_mib: float = 0.0
-    rss_samples: int = 0
-
-    @property
-    def wall(self) -> float:
-        """Until the last final reply."""
-        if not self.complete:
-            raise BenchError(f"{self.config}: the burst did not complete")
-        return max(self.final_s)
-
-    def answered_by(self, seconds: float) -> int:
-        return sum(1 for t in self.final_s if t <= seconds)
-
-    @property
-    def rss_growth_mib(self) -> float:
-        return self.rss_peak_mib - self.rss_before_mib
-
-
-@dataclass
 class Measurements:
     bursts: dict[str, list[Burst]] = field(default_factory=dict)
     big: dict[str, Burst] = field(default_factory=dict)
@@ -187,155 +125,11 @@ class Measurements:
     start_up_s: float = 0.0
 
 
-def _config(
-    root: Path, llm_url: str, telegram_url: str, turns: int | None, transport: str
-) -> dict[str, Any]:
-    agent: dict[str, Any] = {
-        "model": "openai/fake-model",
-        "api_base": llm_url,
-        "api_key": "sk-bench-not-a-secret",
-        "max_retries": 0,
-        "transport": transport,
-    }
-    if turns is not None:
-        agent["max_concurrent_turns"] = turns
-    return {
-        "data_dir": str(root / "data"),
-        "agent": agent,
-        "channels": {
-            "telegram": {
-                "enabled": True,
-                "token": DEFAULT_TOKEN,
-                "allow_from": ["*"],
-                "api_base": telegram_url,
-            }
-        },
-        "gateway": {"shutdown_timeout": 5},
-    }
-
-
-async def _start_llm(
-    tmp: Path, name: str, delay: float, default: dict[str, Any]
-) -> tuple[Child, str]:
-    script = tmp / f"{name}.json"
-    script.write_text(json.dumps({"default": default}), encoding="utf-8")
-    argv = [PYTHON, "-m", "tests.fakes.llm", "--port", "0", "--delay", str(delay)]
-    argv += ["--script", str(script)]
-    child = await Child.start(name, argv, isolated_env(tmp), REPO_ROOT, tmp / f"{name}.log")
-    url = await child.line(60)
-    if not url.startswith("http://"):
-        raise BenchError(f"{name}: unexpected first line {url!r}")
-    return child, url
-
-
-async def _start_telegram(tmp: Path, name: str) -> tuple[Child, str]:
-    argv = [PYTHON, "-m", "bench._gateway", "telegram"]
-    child = await Child.start(name, argv, isolated_env(tmp), REPO_ROOT, tmp / f"{name}.log")
-    return child, str(json.loads(await child.line(60))["base_url"])
-
-
-def _slug(name: str) -> str:
-    return "-".join("".join(c if c.isalnum() else " " for c in name).split())
-
-
-async def _start_gateway(
-    tmp: Path,
-    name: str,
-    llm: tuple[Child, str],
-    config: tuple[int | None, str],
-    children: list[Child],
-) -> Setup:
-    root = tmp / f"gateway-{_slug(name)}"
-    root.mkdir()
-    telegram, telegram_url = await _start_telegram(tmp, f"telegram-{_slug(name)}")
-    children.append(telegram)
-    turns, transport = config
-    gateway = GatewayProcess(
-        root, _config(root, llm[1], telegram_url, turns, transport), isolated_env(root)
-    )
-    setup = Setup(name, gateway, telegram, llm[0])
-    await gateway.start(ready="telegram connected")
-    return setup
-
-
-def _cpu(setup: Setup) -> dict[str, float]:
-    return {
-        "gateway": cpu_seconds(setup.pid),
-        "telegram": cpu_seconds(setup.telegram.pid),
-        "model": cpu_seconds(setup.llm.pid),
-    }
-
-
-async def _burst(
-    setup: Setup, chats: int, *, seconds: float = BURST_TIMEOUT_S, cap: bool = False
-) -> Burst:
-    """Queue one message in each of ``chats`` fresh chats; wait for every final reply (or,
-    with ``cap``, for at most ``seconds``)."""
-    command = {
-        "op": "burst",
-        "chats": setup.chats(chats),
-        "text": USER_TEXT,
-        "final": FINAL_TEXT,
-        "timeout": seconds,
-        "timeline": chats <= BURST_CHATS,
-    }
-    cpu_before = _cpu(setup)
-    sampler = RssSampler(setup.pid)
-    async with sampler:
-        answer = await setup.telegram.ask(command, seconds + 30)
-    cpu_after = _cpu(setup)
-    complete = bool(answer["complete"]) and answer["verified"] == chats
-    if not complete and not cap:
-        raise BenchError(
-            f"{setup.name}: {len(answer['final'])} of {chats} chats got their final reply "
-            f"in {seconds:g} s ({answer['verified']} show it); api calls: {answer['api_calls']}"
-        )
-    start = float(answer["injected_at"])
-    taken = answer["taken_at"]
-    final_s = sorted(float(t) - start for t in answer["final"].values())
-    return Burst(
-        config=setup.name,
-        chats=chats,
-        complete=complete,
-        looked_s=max(final_s) if complete else seconds,
-        taken_s=None if taken is None else float(taken) - start,
-        first_s=sorted(float(t) - start for t in answer["first"].values()),
-        final_s=final_s,
-        verified=int(answer["verified"]),
-        two_messages=int(answer["chats_with_two_messages"]),
-        api_calls=dict(answer["api_calls"]),
-        cpu_s={k: cpu_after[k] - cpu_before[k] for k in cpu_before},
-        timeline=[(float(t), str(m), int(c)) for t, m, c in answer.get("timeline", [])],
-        rss_before_mib=sampler.before / 1024,
-        rss_peak_mib=sampler.peak / 1024,
-        hwm_after_mib=hwm_kib(setup.pid) / 1024,
-        rss_samples=sampler.samples,
-    )
-
-
-async def _sequence(
-    telegram: Child, texts: Sequence[str], final: str | None
-) -> tuple[list[float], list[float]]:
-    """One message at a time in LATENCY_CHAT: (to the first bot message, to the final)."""
-    command = {
-        "op": "sequence",
-        "chat": LATENCY_CHAT,
-        "texts": list(texts),
-        "final": final,
-        "pause": LATENCY_PAUSE_S,
-        "timeout": 30.0,
-    }
-    answer = await telegram.ask(command, 30.0 * len(texts) + 30)
-    if not answer["complete"]:
-        raise BenchError(f"{telegram.name}: no reply to {answer['stuck_on']!r}")
-    return [float(v) for v in answer["first"]], [float(v) for v in answer["final"]]
-
-
 async def _bursts(m: Measurements, setups: dict[str, Setup]) -> None:
     _progress(f"  warm-up: a burst of {WARMUP_CHATS} chats per gateway")
     for setup in setups.values():
         if setup.name not in ZERO_CONFIGS:
-            await _burst(setup, WARMUP_CHATS)
+            await run_burst(setup, WARMUP_CHATS)
             await asyncio.sleep(SETTLE_S)
     _progress(
         f"  {BURST_CHATS} chats at once, {BURST_ROUNDS} rounds of max_concurrent_turns "
@@ -344,7 +138,7 @@ async def _bursts(m: Measurements, setups: dict[str, Setup]) -> None:
     for round_ in range(BURST_ROUNDS):
         shift = round_ % len(BURST_CONFIGS)
         for config in BURST_CONFIGS[shift:] + BURST_CONFIGS[:shift]:
-            burst = await _burst(setups[config], BURST_CHATS)
+            burst = await run_burst(setups[config], BURST_CHATS)
             m.bursts.setdefault(config, []).append(burst)
             _progress(f"    {config}: {burst.wall:.3f} s")
             await asyncio.sleep(SETTLE_S)
@@ -355,18 +149,19 @@ async def _latency(m: Measurements, gateways: dict[str, Child], echo: Child) -> 
         f"  one message at a time: {LATENCY_WARMUPS} warm-ups, then {LATENCY_BLOCKS} "
         f"interleaved blocks of {LATENCY_BLOCK} messages per bot"
     )
+    sequence = partial(run_sequence, chat=LATENCY_CHAT, pause=LATENCY_PAUSE_S)
     texts = (f"ping {i}" for i in itertools.count())
     warm = [next(texts) for _ in range(LATENCY_WARMUPS)]
     for gateway in gateways.values():
-        await _sequence(gateway, warm, ZERO_MS_TEXT)
-    await _sequence(echo, warm, None)
+        await sequence(gateway, warm, ZERO_MS_TEXT)
+    await sequence(echo, warm, None)
     for _ in range(LATENCY_BLOCKS):
         block = [next(texts) for _ in range(LATENCY_BLOCK)]
         for name, gateway in gateways.items():
-            first, final = await _sequence(gateway, block, ZERO_MS_TEXT)
+            first, final = await sequence(gateway, block, ZERO_MS_TEXT)
             m.first_s.setdefault(name, []).append(first)
             m.final_s.setdefault(name, []).append(final)
-        m.echo_s.append((await _sequence(echo, block, None))[1])
+        m.echo_s.append((await sequence(echo, block, None))[1])
 
 
 def big_cap(config: str) -> float:
@@ -382,7 +177,7 @@ async def _big(m: Measurements, setups: dict[str, Setup]) -> None:
     )
     for config in BIG_CONFIGS:
         setup = setups[config]
-        burst = await _burst(setup, BIG_CHATS, seconds=big_cap(config), cap=True)
+        burst = await run_burst(setup, BIG_CHATS, seconds=big_cap(config), cap=True)
         await setup.gateway.kill()  # what it still owes would disturb the next one
         m.big[config] = burst
         _progress(
@@ -402,20 +197,17 @@ async def measure() -> Measurements:
             _progress("  starting the fakes, 6 gateways and the echo bot")
             started = time.monotonic()
             tool_then_text = {"type": "ToolThenText", "call": TOOL_CALL, "text": FINAL_TEXT}
-            llm = await _start_llm(tmp, "model-200ms", MODEL_DELAY_S, tool_then_text)
+            llm = await start_llm(tmp, "model-200ms", MODEL_DELAY_S, tool_then_text)
             children.append(llm[0])
             zero_text = {"type": "Text", "content": ZERO_MS_TEXT}
-            llm0 = await _start_llm(tmp, "model-0ms", 0.0, zero_text)
+            llm0 = await start_llm(tmp, "model-0ms", 0.0, zero_text)
             children.append(llm0[0])
-            echo_telegram, echo_url = await _start_telegram(tmp, "telegram-echo")
+            echo_telegram, echo_url = await start_telegram(tmp, "telegram-echo")
             children.append(echo_telegram)
-            echo_argv = [PYTHON, "-m", "bench._gateway", "echo-bot", echo_url]
-            echo = await Child.start(
-                "echo-bot", echo_argv, isolated_env(tmp), REPO_ROOT, tmp / "echo-bot.log"
-            )
+            echo = await start_echo_bot(tmp, echo_url)
             children.append(echo)
-            starting = [_start_gateway(tmp, n, llm, c, children) for n, c in CONFIGS.items()]
-            starting += [_start_gateway(tmp, n, llm0, c, children) for n, c in ZERO_CONFIGS.items()]
+            starting = [start_gateway(tmp, n, llm, c, children) for n, c in CONFIGS.items()]
+            starting += [start_gateway(tmp, n, llm0, c, children) for n, c in ZERO_CONFIGS.items()]
             setups = {s.name: s for s in await asyncio.gather(*starting)}
             gateways.extend(s.gateway for s in setups.values())
             await echo.line(60)
@@ -576,7 +368,7 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
             "echo": m.echo_s,
         },
         "start_up_s": m.start_up_s,
-        "git": _git(),
+        "git": git_state(),
         "settings": {
             "model_delay_s": MODEL_DELAY_S,
             "tool_call": TOOL_CALL,
@@ -589,24 +381,6 @@ def report(m: Measurements, metrics: Sequence[Metric]) -> dict[str, Any]:
             "configs": {**CONFIGS, **ZERO_CONFIGS},
         },
     }
-
-
-def _git() -> dict[str, str | bool]:
-    """The commit measured, and whether the tree had changes (read-only git commands)."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return {}
-    return {"commit": commit, "dirty": bool(status.strip())}
 
 
 def main() -> None:

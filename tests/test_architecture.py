@@ -172,7 +172,9 @@ def breaches(edges: Mapping[str, Iterable[str]]) -> list[str]:
     for module, targets in edges.items():
         for target in targets:
             for guarded, importers in IMPORTED_ONLY_BY.items():
-                if within(target, guarded) and module not in importers | {guarded}:
+                if within(target, guarded) and not any(
+                    within(module, ok) for ok in importers | {guarded}
+                ):
                     found.append(f"{module} imports {target}: only {sorted(importers)} may")
     return sorted(set(found))
 

@@ -20,34 +20,56 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime, tzinfo
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
 from typing import Any, Literal, cast, get_args
 
 from loguru import logger
 
 from nanobot.agent.approver import Approver, Caller
-from nanobot.agent.run import LoopLimits, RunHooks, RunInput, RunResult, ToolPolicy
+from nanobot.agent.run import LoopLimits, RunHooks, RunInput, RunResult
 from nanobot.agent.runner import Runner
-from nanobot.bus.events import ChatRef, InboundMessage
+from nanobot.agent.subagent import (
+    FOLLOW_UP,
+    NEVER,
+    PREFIX,
+    STATE_WORDS,
+    Origin,
+    SubagentError,
+    SubagentInfo,
+    SubagentSettings,
+    SubagentState,
+    ending_note,
+    follow_up_event,
+    short_duration,
+    state_of,
+    subagent_tools,
+)
 from nanobot.bus.intake import EventIntake
-from nanobot.errors import NanobotError
 from nanobot.providers.base import Message
 from nanobot.store import NewEntry, SessionInfo, SessionStore, UsageLedger
 from nanobot.tasks import TaskSet
-from nanobot.tools.base import ToolContext, current_context, untrusted
+from nanobot.tools.base import ToolContext, current_context
 from nanobot.tools.taint import TurnTaint
 
-SubagentState = Literal["running", "completed", "failed", "timed_out", "cancelled", "interrupted"]
+# What others import from here: the service and the vocabulary it is used with.
+__all__ = [
+    "FOLLOW_UP",
+    "PREFIX",
+    "Origin",
+    "SubagentError",
+    "SubagentInfo",
+    "SubagentSettings",
+    "SubagentState",
+    "Subagents",
+    "follow_up_event",
+    "subagent_tools",
+]
+
 Event = Literal["started", "ended", "noted", "reported"]
 
-PREFIX = "subagent:"
-NEVER = frozenset({"spawn", "message", "cron"})  # no forking, no talking to the user
 KEEP_FINISHED = 200  # finished subagents remembered for `/tasks`
 SHOWN = 10  # the newest ones `/tasks` lists
-RESULT_CHARS = 8_000  # of a subagent's output in the note; the rest stays in its session
-SUMMARY_CHARS = 60
 
 PROMPT = (
     "You are a background worker of nanobot, a personal AI assistant. The main agent gave you "
@@ -56,93 +78,6 @@ PROMPT = (
     "the result, complete and self-contained: your final reply is all the main agent sees. If "
     "you cannot finish, say what you found and what is missing.\nCurrent time: {now}."
 )
-FOLLOW_UP = (
-    "[system: a background task you started has ended; its note is just above. Tell the user "
-    "what came of it.]"
-)
-_STATE_WORDS: dict[SubagentState, str] = {
-    "running": "running",
-    "completed": "completed",
-    "failed": "failed",
-    "timed_out": "timed out",
-    "cancelled": "cancelled",
-    "interrupted": "interrupted by a restart",
-}
-
-
-class SubagentError(NanobotError):
-    """A subagent cannot start now; the message says why, for the model."""
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """The conversation a subagent was started from, where its result goes."""
-
-    session_key: str
-    channel: str
-    chat_id: str
-    thread_id: str | None = None
-    sender_id: str | None = None  # who asked for it: who approves its calls in a private chat
-    private: bool = True
-
-    @classmethod
-    def of(cls, context: ToolContext) -> Origin:
-        return cls(
-            context.session_key,
-            context.channel,
-            context.chat_id,
-            context.thread_id,
-            context.sender_id,
-            context.private,
-        )
-
-    @property
-    def chat(self) -> ChatRef:
-        return ChatRef(self.channel, self.chat_id, self.thread_id)
-
-
-@dataclass(frozen=True, slots=True)
-class SubagentInfo:
-    """One subagent as `/tasks` shows it. `ended` is None while it runs. `untrusted` is what
-    the turn that started it had read from outside (its task may carry it): its own calls
-    count it as theirs, so they ask as that turn's would."""
-
-    id: str
-    task: str
-    origin: Origin
-    started: datetime
-    state: SubagentState = "running"
-    label: str | None = None
-    ended: datetime | None = None
-    untrusted: tuple[str, ...] = ()
-
-    @property
-    def session_key(self) -> str:
-        return PREFIX + self.id
-
-    @property
-    def summary(self) -> str:
-        lines = self.task.strip().splitlines()
-        text = self.label or (lines[0] if lines else "")
-        return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
-
-
-@dataclass(frozen=True, slots=True)
-class SubagentSettings:
-    """Limits of subagents. `tools` are the names they may use (see `subagent_tools`)."""
-
-    max_subagents: int = 4
-    max_iterations: int = 15
-    max_seconds: float = 300.0
-    tools: Sequence[str] = ()
-    policy: ToolPolicy = field(default_factory=ToolPolicy)
-    timezone: tzinfo | None = None
-
-
-def subagent_tools(names: Iterable[str], *, allow_exec: bool) -> tuple[str, ...]:
-    """The tools among `names` a subagent may use: never spawn, message or cron (it would
-    reach the user on its own); exec only if allowed."""
-    return tuple(n for n in names if n not in NEVER and (allow_exec or n != "exec"))
 
 
 class Subagents:
@@ -192,12 +127,12 @@ class Subagents:
         lines = ["Background tasks in this chat:"]
         for info in infos:
             if info.state == "running":
-                when = f" for {_duration((now - info.started).total_seconds())}"
+                when = f" for {short_duration((now - info.started).total_seconds())}"
             elif info.ended is not None and info.state != "interrupted":
-                when = f" after {_duration((info.ended - info.started).total_seconds())}"
+                when = f" after {short_duration((info.ended - info.started).total_seconds())}"
             else:
                 when = ""
-            lines.append(f"• {info.id} {_STATE_WORDS[info.state]}{when}: {info.summary}")
+            lines.append(f"• {info.id} {STATE_WORDS[info.state]}{when}: {info.summary}")
         return "\n".join(lines)
 
     async def spawn(self, task: str, origin: ToolContext, label: str | None = None) -> str:
@@ -321,13 +256,13 @@ class Subagents:
             result = await self._execute(info, session_id, run)
         except Exception:  # noqa: BLE001 - a task boundary: the subagent fails, nanobot goes on
             logger.exception("subagent {} crashed", info.id)
-        state = _state_of(result, clock() - begun, self._settings.max_seconds)
+        state = state_of(result, clock() - begun, self._settings.max_seconds)
         ended = replace(info, state=state, ended=_now())
         self._remember(ended)
         self._cancelled.discard(info.id)
         self._run_ids.pop(info.id, None)
-        logger.info("subagent {} {}", info.id, _STATE_WORDS[state])
-        note = _note(ended, result, self._settings.max_seconds)
+        logger.info("subagent {} {}", info.id, STATE_WORDS[state])
+        note = ending_note(ended, result, self._settings.max_seconds)
         try:
             await self._sessions.append(session_id, [self._ended(state, note)])
             await self._account(info, result)
@@ -416,7 +351,7 @@ class Subagents:
         ended = events.get("ended")
         if ended is None:
             info = replace(info, state="interrupted", ended=_now())
-            note = _note(info, None, self._settings.max_seconds)
+            note = ending_note(info, None, self._settings.max_seconds)
             await self._sessions.append(session.id, [self._ended("interrupted", note)])
             logger.info("subagent {} was interrupted by a restart", info.id)
         else:
@@ -454,83 +389,7 @@ class Subagents:
         return NewEntry("note", {"source": "subagent", "event": event, "text": text, **data})
 
     def _ended(self, state: SubagentState, note: str) -> NewEntry:
-        return self._mark("ended", _STATE_WORDS[state], state=state, note=note)
-
-
-def follow_up_event(info: SubagentInfo) -> InboundMessage:
-    """The event that makes the agent tell the user about `info`, which has ended (its note
-    is in the origin session): a turn of its own there, after any running one, as the turn
-    of the person who started the task (its calls that ask go to them, in that chat; "" when
-    not known: then only configured approvers can decide)."""
-    origin = info.origin
-    return InboundMessage(
-        origin.chat,
-        origin.sender_id or "",
-        FOLLOW_UP,
-        f"task:{info.id}",  # one follow-up per subagent, even when a restart repeats it
-        is_private=origin.private,
-        source="task",
-        session=origin.session_key,
-        mode="next_turn",
-    )
-
-
-def _state_of(result: RunResult | None, elapsed: float, limit: float) -> SubagentState:
-    if result is None:
-        return "failed"
-    if result.status == "completed":
-        return "completed"
-    if result.status == "aborted":
-        return "cancelled"
-    # The runner ends a run that ran out of time as failed, without an error.
-    return "timed_out" if result.error is None and elapsed >= limit else "failed"
-
-
-def _note(info: SubagentInfo, result: RunResult | None, limit: float) -> str:
-    """The note for the origin session: our own words, then the subagent's, as data."""
-    head = f"Background task {info.id} ({info.summary})"
-    source = f"subagent {info.id}"
-    match info.state:
-        case "completed":
-            assert result is not None
-            return f"{head} finished. Its result:\n{untrusted(source, _cut(result.final_text))}"
-        case "cancelled":
-            return f"{head} was cancelled by the user."
-        case "interrupted":
-            return f"{head} was interrupted by a restart before it finished; it was not run again."
-        case "timed_out":
-            text = f"{head} ran out of time: it was stopped at its limit of {_duration(limit)}."
-        case _:
-            reason = result.final_text if result is not None else "it crashed (see the log)"
-            text = f"{head} failed: {reason}"
-    last = _last_words(result.entries if result is not None else ())
-    if last:
-        text += f"\nIts last message before it stopped:\n{untrusted(source, _cut(last))}"
-    return text
-
-
-def _last_words(entries: Sequence[Message]) -> str:
-    for message in reversed(entries):
-        content = message.get("content")
-        if message.get("role") == "assistant" and isinstance(content, str) and content.strip():
-            return content
-    return ""
-
-
-def _cut(text: str) -> str:
-    if len(text) <= RESULT_CHARS:
-        return text
-    left = len(text) - RESULT_CHARS
-    return f"{text[:RESULT_CHARS]}\n[... {left} more characters are kept in its session]"
-
-
-def _duration(seconds: float) -> str:
-    whole = max(0, round(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+        return self._mark("ended", STATE_WORDS[state], state=state, note=note)
 
 
 def _now() -> datetime:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 import aiohttp
@@ -24,7 +25,9 @@ from nanobot.channels._discord_send import QUIET
 from nanobot.channels.base import (
     InboxError,
     InboxPolicy,
+    IntakePort,
     discard_files,
+    not_fetched,
     safe_filename,
     save_file,
 )
@@ -170,6 +173,53 @@ async def fetch_files(
         discard_files(a.path for a in saved)
         raise
     return saved, refusals
+
+
+@dataclass(slots=True)
+class Received:
+    """A message read: what goes to intake (if anything) and what became of its files."""
+
+    message: InboundMessage | None
+    addressed: bool = False
+    saved: list[Attachment] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+
+
+async def read(
+    message: discord.Message, client: discord.Client, inbox: InboxPolicy, intake: IntakePort
+) -> Received:
+    """The message for intake (None if it is nothing for us), its files saved."""
+    me = client.user
+    if me is None:
+        return Received(None)
+    private = is_private(message)
+    received = Received(None, addressed=is_addressed(message, me))
+    sender_id = str(message.author.id)
+    # Nothing is fetched that the gate would not take. A stranger's private message is
+    # still handed over, even if it was only files: the gate offers them pairing.
+    admitted = await intake.admits(
+        CHANNEL, sender_id, private=private, addressed=received.addressed
+    )
+    if admitted:
+        received.saved, received.refusals = await fetch_files(message, inbox)
+    elif private:
+        received.refusals = [not_fetched(file_name(a)) for a in message.attachments]
+    text = text_for_agent(message, me)
+    if not text and not received.saved and (admitted or not received.refusals):
+        return received  # nothing to hand over (perhaps only a refused file)
+    notes = "\n".join(f"({line})" for line in received.refusals)
+    received.message = InboundMessage(
+        chat=chat_ref(message),
+        sender_id=sender_id,
+        text=f"{text}\n\n{notes}".strip() if notes else text,
+        message_id=str(message.id),
+        sender_name=message.author.display_name,
+        is_private=private,
+        addressed=received.addressed,
+        attachments=tuple(received.saved),
+        received_at=message.created_at,
+    )
+    return received
 
 
 def press_of(interaction: discord.Interaction) -> InboundMessage | None:

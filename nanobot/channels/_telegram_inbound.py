@@ -17,7 +17,7 @@ from telegram.constants import ChatType, MessageEntityType
 from telegram.error import BadRequest
 
 from nanobot.bus.events import Attachment, ChatRef, InboundMessage
-from nanobot.channels._telegram_send import Retry, attempt
+from nanobot.channels._telegram_retry import Retry, attempt
 from nanobot.channels.base import (
     DeliveryError,
     InboxError,

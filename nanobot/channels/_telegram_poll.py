@@ -32,7 +32,7 @@ from telegram import Bot, Update
 from telegram.error import Conflict, InvalidToken, RetryAfter, TelegramError, TimedOut
 
 from nanobot.channels._pause import Pause
-from nanobot.channels._telegram_send import retry_after_seconds
+from nanobot.channels._telegram_retry import retry_after_seconds
 from nanobot.lanes import Lanes
 
 POLL_PATIENCE = 1.0  # seconds a poll waits for updates still being taken before going ahead

@@ -1,147 +1,38 @@
-"""Bot API calls with Telegram's error semantics, and HTML chunks that always get through.
+"""Sending to Telegram: HTML chunks that always get through, and buttons.
 
-Every failed call is classified in one place (`classify`):
-
-| kind      | Telegram answered                                  | what is done                 |
-|-----------|----------------------------------------------------|------------------------------|
-| transient | 429 (`retry_after`), 5xx, a network error or       | `attempt` retries: a 429 is  |
-|           | timeout, a garbled answer; 401/404 and 409 (the    | waited out as asked, the     |
-|           | bot's token or its polling, not the message)       | rest backs off; then         |
-|           |                                                    | DeliveryError (the manager   |
-|           |                                                    | tries again, later)          |
-| markup    | 400 "can't parse entities"                         | the chunk as plain text      |
-| length    | 400 ENTITIES_TOO_LONG, "message is too long"       | shorter parts (fewer         |
-|           |                                                    | entities each), then plain   |
-| closed    | 403 (bot blocked, kicked, not a member, user       | Undeliverable, chat closed:  |
-|           | deactivated), 400 "chat not found", a group        | nothing more goes there      |
-|           | upgraded to a supergroup (ChatMigrated)            | until it writes again        |
-| refused   | any other 400 ("message text is empty", "message   | Undeliverable: the reply is  |
-|           | thread not found", "not enough rights", ...)       | given up at once             |
-
-`Sender` sends and edits one rendered chunk, trying the other forms before giving up, with
-an inline keyboard of buttons where it is given some (on the last message, if the chunk goes
-out in pieces); it answers button presses, once and best effort.
+`Sender` sends and edits one rendered chunk, trying the other forms before giving up (as
+`_telegram_retry.classify` tells a failure's kind: markup → plain text, length → shorter
+parts), with an inline keyboard of buttons where it is given some (on the last message, if
+the chunk goes out in pieces); it answers button presses, once and best effort.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dtm
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from loguru import logger
 from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
 from telegram.constants import ParseMode
-from telegram.error import (
-    BadRequest,
-    ChatMigrated,
-    Forbidden,
-    NetworkError,
-    RetryAfter,
-    TelegramError,
-    TimedOut,
-)
-from telegram.warnings import PTBDeprecationWarning, PTBUserWarning
+from telegram.error import BadRequest, TelegramError
+from telegram.warnings import PTBUserWarning
 
 from nanobot.bus.events import Button, ChatRef
+from nanobot.channels._telegram_retry import ONCE, Retry, attempt, classify, retry_after_seconds
 from nanobot.channels.base import DeliveryError, Undeliverable
 from nanobot.channels.render import plain_text, split_plain, split_telegram, visible_length
 
+# Retry and retry_after_seconds are `_telegram_retry`'s; tests import them from here too.
+__all__ = ["Retry", "Sender", "button_refusal", "retry_after_seconds"]
+
 T = TypeVar("T")
 
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """How hard one call tries: `backoff` are the waits (seconds) before each retry after a
-    network error or 5xx; flood control (429) is waited out up to `rate_limit_waits` times."""
-
-    backoff: tuple[float, ...] = (1.0, 2.0, 4.0)
-    rate_limit_waits: int = 5
-
-
-ONCE = Retry(backoff=(), rate_limit_waits=0)  # best effort: stream edits, typing
-
-
-def retry_after_seconds(exc: RetryAfter) -> float:
-    # PTB 22 warns on every read while it moves `retry_after` from int to timedelta.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PTBDeprecationWarning)
-        value = exc.retry_after
-    return value.total_seconds() if isinstance(value, dtm.timedelta) else float(value)
-
-
-Kind = Literal["transient", "markup", "length", "closed", "refused"]
-
-# A 400's kind by what Telegram says (lower-cased; python-telegram-bot cuts "Bad Request: ").
-_BAD_REQUESTS: tuple[tuple[Kind, tuple[str, ...]], ...] = (
-    ("markup", ("can't parse entities",)),
-    ("length", ("entities_too_long", "message is too long", "text is too long")),
-    ("closed", ("chat not found", "peer_id_invalid", "user is deactivated")),
-)
 SPLITS = 3  # times a chunk Telegram finds too long is halved before it goes as plain text
 IN_FLIGHT = 32  # Bot API requests a Sender makes at once
 BUTTON_DATA = 64  # bytes of callback_data Telegram takes
 ANSWER_TEXT = 200  # characters of a press's answer Telegram shows
-
-
-def classify(exc: TelegramError) -> Kind:
-    """What a failed Bot API call means for the message (see the module docstring)."""
-    match exc:
-        case Forbidden() | ChatMigrated():
-            return "closed"
-        case BadRequest(message=message):
-            text = message.lower()
-            for kind, marks in _BAD_REQUESTS:
-                if any(mark in text for mark in marks):
-                    return kind
-            return "refused"
-    return "transient"
-
-
-async def attempt(
-    call: Callable[[], Awaitable[T]], retry: Retry, *, what: str, resends: bool = False
-) -> T:
-    """`call()`, retried per `retry` while its failure is transient. A BadRequest that does
-    not close the chat is raised as is (the caller knows what it means, and what other form
-    to try); a failure that closes the chat is raised as Undeliverable; a transient one that
-    outlives the retries as DeliveryError.
-
-    `resends`: the call creates something (a message). A TimedOut request may have been
-    performed all the same, so it is retried only once: a rare duplicate beats losing a
-    reply, and the outbox would retry it later anyway.
-    """
-    backoff = iter(retry.backoff)
-    waits = timeouts = 0
-    while True:
-        try:
-            return await call()
-        except RetryAfter as exc:
-            waits += 1
-            if waits > retry.rate_limit_waits:
-                raise DeliveryError(f"{what}: rate limited by Telegram ({exc})") from exc
-            await asyncio.sleep(retry_after_seconds(exc))
-            continue
-        except TelegramError as exc:
-            kind = classify(exc)
-            if kind == "closed":
-                raise Undeliverable(f"{what}: {exc}", chat_closed=True) from exc
-            if kind != "transient":
-                raise
-            if isinstance(exc, TimedOut):
-                timeouts += 1
-                if resends and timeouts > 1:
-                    raise DeliveryError(f"{what}: timed out twice") from exc
-            elif not isinstance(exc, NetworkError):  # the token, a garbled answer: not now
-                raise DeliveryError(f"{what}: {exc}") from exc
-            error = exc
-        delay = next(backoff, None)
-        if delay is None:
-            raise DeliveryError(f"{what}: {error}") from error
-        logger.debug("telegram {} failed ({}); retrying in {}s", what, error, delay)
-        await asyncio.sleep(delay)
 
 
 # `post` calls known methods through `Bot.do_api_request`, which warns that each has a

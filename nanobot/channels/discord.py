@@ -45,19 +45,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
 import discord
-import yarl
-from discord.gateway import DiscordWebSocket
-from discord.http import Route
 from loguru import logger
 
 from nanobot.bus.events import (
-    Attachment,
     InboundMessage,
     Outbound,
     OutboundMessage,
@@ -66,6 +61,7 @@ from nanobot.bus.events import (
 )
 from nanobot.channels import _discord_inbound as inbound
 from nanobot.channels._discord_catch_up import CatchUp
+from nanobot.channels._discord_client import Client, intents, point_at
 from nanobot.channels._discord_send import QUIET, Sender
 from nanobot.channels._pause import Pause
 from nanobot.channels._replies import Replies
@@ -84,7 +80,6 @@ from nanobot.channels.base import (
     OutboxPort,
     Role,
     discard_files,
-    not_fetched,
 )
 from nanobot.channels.render import split_discord
 from nanobot.lanes import Lanes
@@ -118,72 +113,6 @@ class DiscordSettings(BotSettings, Protocol):
     def gateway_url(self) -> str: ...
     @property
     def allow_from(self) -> Sequence[str]: ...
-
-
-class _Client(discord.Client):
-    """discord.py's client with our event handlers: the session's start (READY), its loss
-    and resumption (for the catch-up), messages and button presses."""
-
-    def __init__(
-        self,
-        *,
-        ready: Callable[[discord.Client], None],
-        catch_up: CatchUp,
-        message: Callable[[discord.Message], None],
-        press: Callable[[discord.Interaction], None],
-        **options: Any,
-    ) -> None:
-        super().__init__(**options)
-        self._when_ready, self._when_message = ready, message  # Client has a `_ready`
-        self._when_pressed, self._catch_up = press, catch_up
-
-    async def on_ready(self) -> None:
-        self._when_ready(self)
-
-    async def on_disconnect(self) -> None:
-        self._catch_up.dropped()
-
-    async def on_resumed(self) -> None:
-        self._catch_up.resumed()
-
-    async def on_message(self, message: discord.Message) -> None:
-        if inbound.is_conversation(message):  # not our own echoes, nor other bots
-            self._when_message(message)
-
-    async def on_interaction(self, interaction: discord.Interaction) -> None:
-        self._when_pressed(interaction)
-
-
-@dataclass(slots=True)
-class _Received:
-    """A message read: what goes to intake (if anything) and what became of its files."""
-
-    message: InboundMessage | None
-    addressed: bool = False
-    saved: list[Attachment] = field(default_factory=list)
-    refusals: list[str] = field(default_factory=list)
-
-
-def _intents() -> discord.Intents:
-    intents = discord.Intents.default()  # guilds, guild messages and DMs among them
-    intents.message_content = True  # privileged: enabled in the Developer Portal
-    intents.typing = False  # other people's typing is of no use here
-    return intents
-
-
-def _point_at(settings: DiscordSettings) -> Callable[[], None]:
-    """Send discord.py to the configured servers; returns what puts the defaults back."""
-    saved_base, saved_gateway = Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY
-    base, gateway = settings.api_base.rstrip("/"), yarl.URL(settings.gateway_url)
-    if base != saved_base.rstrip("/"):
-        Route.BASE = base
-    if gateway != saved_gateway:
-        DiscordWebSocket.DEFAULT_GATEWAY = gateway
-
-    def restore() -> None:
-        Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY = saved_base, saved_gateway
-
-    return restore
 
 
 class DiscordChannel(Channel):
@@ -247,7 +176,7 @@ class DiscordChannel(Channel):
                 announced = True
                 ready()
 
-        restore = _point_at(self._config)
+        restore = point_at(self._config.api_base, self._config.gateway_url)
         rest = discord.Client(
             intents=discord.Intents.none(),
             allowed_mentions=QUIET,
@@ -314,12 +243,12 @@ class DiscordChannel(Channel):
                     self._press(interaction, message), name=f"discord-press-{message.press}"
                 )
 
-        client = _Client(
+        client = Client(
             ready=connected,
             catch_up=catch_up,
             message=arrived,
             press=pressed,
-            intents=_intents(),
+            intents=intents(),
             allowed_mentions=QUIET,
             guild_ready_timeout=self._guild_ready_timeout,
             max_ratelimit_timeout=MAX_RATE_LIMIT_WAIT,
@@ -374,9 +303,9 @@ class DiscordChannel(Channel):
         it (took or refused it), rather than it being lost to an error. Runs in its chat's
         lane: never raises."""
         taken = False
-        received = _Received(None)
+        received = inbound.Received(None)
         try:
-            received = await self._read(client, message)
+            received = await inbound.read(message, client, self._inbox, self.intake)
             outcome = Intake.REFUSED
             if received.message is not None:
                 outcome = await self._pause.hand_over(partial(self.intake, received.message))
@@ -406,41 +335,9 @@ class DiscordChannel(Channel):
         if refusal is not None:
             await self._presses.answer(str(interaction.id), refusal)
 
-    async def _read(self, client: discord.Client, message: discord.Message) -> _Received:
-        """The message for intake (None if it is nothing for us), its files saved."""
-        me = client.user
-        if me is None:
-            return _Received(None)
-        private = inbound.is_private(message)
-        received = _Received(None, addressed=inbound.is_addressed(message, me))
-        sender_id = str(message.author.id)
-        # Nothing is fetched that the gate would not take. A stranger's private message is
-        # still handed over, even if it was only files: the gate offers them pairing.
-        admitted = await self.intake.admits(
-            inbound.CHANNEL, sender_id, private=private, addressed=received.addressed
-        )
-        if admitted:
-            received.saved, received.refusals = await inbound.fetch_files(message, self._inbox)
-        elif private:
-            received.refusals = [not_fetched(inbound.file_name(a)) for a in message.attachments]
-        text = inbound.text_for_agent(message, me)
-        if not text and not received.saved and (admitted or not received.refusals):
-            return received  # nothing to hand over (perhaps only a refused file)
-        notes = "\n".join(f"({line})" for line in received.refusals)
-        received.message = InboundMessage(
-            chat=inbound.chat_ref(message),
-            sender_id=sender_id,
-            text=f"{text}\n\n{notes}".strip() if notes else text,
-            message_id=str(message.id),
-            sender_name=message.author.display_name,
-            is_private=private,
-            addressed=received.addressed,
-            attachments=tuple(received.saved),
-            received_at=message.created_at,
-        )
-        return received
-
-    async def _settle(self, message: discord.Message, received: _Received, outcome: Intake) -> None:
+    async def _settle(
+        self, message: discord.Message, received: inbound.Received, outcome: Intake
+    ) -> None:
         """Drop the files of a message not taken; tell the sender about refused files: once
         the gate let the message in, or when a refused file was all it had for us."""
         if outcome is Intake.CLOSED:

@@ -47,7 +47,8 @@ from nanobot.channels._replies import Replies
 from nanobot.channels._settings import BotSettings
 from nanobot.channels._telegram_http import AiohttpRequest, Timeouts
 from nanobot.channels._telegram_poll import Poller
-from nanobot.channels._telegram_send import ONCE, Retry, Sender, button_refusal
+from nanobot.channels._telegram_retry import ONCE, Retry
+from nanobot.channels._telegram_send import Sender, button_refusal
 from nanobot.channels._telegram_webhook import Webhook, WebhookSettings
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator

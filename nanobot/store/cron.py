@@ -18,16 +18,16 @@ checks nothing about schedules: callers validate them and compute `next_run`
 from __future__ import annotations
 
 import builtins
-import json
 import secrets
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Final, cast, get_args
+from typing import Final
 
-from nanobot.cron.models import At, Cron, Delivery, Every, Job, JobRun, RunStatus, Schedule
+from nanobot.cron.models import Job, JobRun, RunStatus, Schedule
 from nanobot.errors import StoreError
+from nanobot.store._cron_rows import encode_schedule, job_of, run_of
 from nanobot.store._times import from_text, to_text, wall_clock
-from nanobot.store.database import Database, Row, SqlValue
+from nanobot.store.database import Database, SqlValue
 from nanobot.store.wakeups import CRON_CHANGED
 
 HISTORY_LIMIT: Final = 50
@@ -35,8 +35,6 @@ HISTORY_LIMIT: Final = 50
 
 INTERRUPTED_ERROR: Final = "nanobot stopped before the run finished"
 
-_STATUSES: Final = frozenset(get_args(RunStatus))
-_DELIVERIES: Final = frozenset(get_args(Delivery))
 _FINAL_STATUSES: Final = frozenset({"ok", "error", "interrupted"})
 _ID_ATTEMPTS: Final = 5
 
@@ -75,7 +73,7 @@ class CronStore:
                         secrets.token_hex(4),
                         name,
                         message,
-                        _encode_schedule(schedule),
+                        encode_schedule(schedule),
                         channel,
                         to,
                         owner,
@@ -85,7 +83,7 @@ class CronStore:
                 )
                 if row is not None:
                     await self._bump()
-                    return _job(row)
+                    return job_of(row)
         raise StoreError(f"{self._db.name}: could not find a free cron job id")
 
     async def get(self, job_id: str, owner: str | None = None) -> Job | None:
@@ -94,7 +92,7 @@ class CronStore:
         row = await self._db.fetchone(
             f"SELECT * FROM cron_jobs WHERE id = ? {owned}", (job_id, *mine)
         )
-        return None if row is None else _job(row)
+        return None if row is None else job_of(row)
 
     async def list(self, owner: str | None = None, *, include_disabled: bool = False) -> list[Job]:
         """Jobs by next run (disabled ones last), then creation; only `owner`'s when given."""
@@ -105,7 +103,7 @@ class CronStore:
             " ORDER BY next_run IS NULL, next_run, created_at, id",
             mine,
         )
-        return [_job(row) for row in rows]
+        return [job_of(row) for row in rows]
 
     async def remove(self, job_id: str, owner: str | None = None) -> bool:
         """Delete the job and its history; False if there was none (or it is not `owner`'s)."""
@@ -154,7 +152,7 @@ class CronStore:
             "SELECT * FROM cron_jobs WHERE enabled = 1 AND next_run <= ? ORDER BY next_run, id",
             (to_text(now),),
         )
-        return [_job(row) for row in rows]
+        return [job_of(row) for row in rows]
 
     async def next_due(self) -> datetime | None:
         """The earliest next run of any enabled job, or None if no job is enabled."""
@@ -230,7 +228,7 @@ class CronStore:
         rows = await self._db.fetchall(
             "SELECT * FROM cron_runs WHERE job_id = ? ORDER BY id DESC LIMIT ?", (job_id, limit)
         )
-        return [_run(row) for row in rows]
+        return [run_of(row) for row in rows]
 
     async def mark_interrupted_runs(self) -> int:
         """Finish every run still `running` as `interrupted`; how many there were.
@@ -337,90 +335,5 @@ def _next(next_run: datetime | None) -> tuple[int, str | None]:
     return (0, None) if next_run is None else (1, to_text(next_run))
 
 
-def _encode_schedule(schedule: Schedule) -> str:
-    data: dict[str, Any]
-    match schedule:
-        case At(when, tz):
-            data = {"kind": "at", "when": when.isoformat()}
-            if tz is not None:
-                data["tz"] = tz
-        case Every(seconds, anchor):
-            data = {
-                "kind": "every",
-                "seconds": seconds,
-                "anchor": None if anchor is None else anchor.isoformat(),
-            }
-        case Cron(expr, tz):
-            data = {"kind": "cron", "expr": expr, "tz": tz}
-    return json.dumps(data, separators=(",", ":"))
-
-
-def _decode_schedule(text: str) -> Schedule:
-    try:
-        data = json.loads(text)
-        match data["kind"]:
-            case "at":
-                tz = data.get("tz")
-                return At(datetime.fromisoformat(data["when"]), None if tz is None else str(tz))
-            case "every":
-                anchor = data.get("anchor")
-                return Every(
-                    float(data["seconds"]),
-                    None if anchor is None else datetime.fromisoformat(anchor),
-                )
-            case "cron":
-                return Cron(str(data["expr"]), str(data["tz"]))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StoreError(f"unreadable cron schedule {text!r}: {exc}") from exc
-    raise StoreError(f"unreadable cron schedule {text!r}: unknown kind")
-
-
-def _job(row: Row) -> Job:
-    return Job(
-        id=row["id"],
-        name=row["name"],
-        message=row["message"],
-        schedule=_decode_schedule(row["schedule"]),
-        enabled=bool(row["enabled"]),
-        channel=row["channel"],
-        to=row["chat_id"],
-        owner=row["owner"],
-        created_at=from_text(row["created_at"]),
-        next_run=_parse_optional(row["next_run"]),
-        last_run=_parse_optional(row["last_run"]),
-        last_status=_status(row["last_status"]) if row["last_status"] is not None else None,
-    )
-
-
-def _run(row: Row) -> JobRun:
-    return JobRun(
-        id=row["id"],
-        job_id=row["job_id"],
-        due_at=_parse_optional(row["due_at"]),
-        started_at=from_text(row["started_at"]),
-        ended_at=_parse_optional(row["ended_at"]),
-        status=_status(row["status"]),
-        error=row["error"],
-        delivery=_delivery(row["delivery"]),
-        delivery_error=row["delivery_error"],
-    )
-
-
-def _status(text: str) -> RunStatus:
-    if text not in _STATUSES:
-        raise StoreError(f"unknown cron run status {text!r}")
-    return cast(RunStatus, text)
-
-
-def _delivery(text: str | None) -> Delivery | None:
-    if text is not None and text not in _DELIVERIES:
-        raise StoreError(f"unknown cron run delivery {text!r}")
-    return cast(Delivery | None, text)
-
-
 def _truncate(error: str | None) -> str | None:
     return None if error is None else error[:2000]
-
-
-def _parse_optional(text: str | None) -> datetime | None:
-    return None if text is None else from_text(text)

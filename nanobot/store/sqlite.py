@@ -1,12 +1,12 @@
 """The embedded state database: one SQLite file in WAL mode, reached through one connection
 that lives in a thread of its own.
 
-The thread runs sqlite3 for the event loop (no statement blocks it): statements queue up and
-run one at a time, in the order they were sent, and their results go back to the loop in
-batches, one wake-up for all that finished together. Several processes (the gateway and CLI
-commands) may use the same file at once: WAL lets readers and one writer proceed together,
-writers wait up to the busy timeout for each other, and every multi-statement write is a
-short `BEGIN IMMEDIATE` transaction.
+The thread (`_sqlite_thread.Worker`) runs sqlite3 for the event loop (no statement blocks
+it): statements queue up and run one at a time, in the order they were sent, and their
+results go back to the loop in batches, one wake-up for all that finished together. Several
+processes (the gateway and CLI commands) may use the same file at once: WAL lets readers and
+one writer proceed together, writers wait up to the busy timeout for each other, and every
+multi-statement write is a short `BEGIN IMMEDIATE` transaction.
 
 Within one process the connection is shared by all tasks. Single statements, and `atomic`
 groups of them (one transaction, sent as one), go to the thread as they come: each runs
@@ -21,14 +21,12 @@ of deadlocking them on the lock.
 from __future__ import annotations
 
 import asyncio
-import queue
 import sqlite3
-import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Final, Self, TypeVar
+from typing import Self, TypeVar
 
 from nanobot.errors import StoreError
 from nanobot.reserve import DiskReserve
@@ -43,11 +41,9 @@ from nanobot.store._sqlite_file import (
     locate,
     storage_failure,
 )
+from nanobot.store._sqlite_thread import Worker
 from nanobot.store.database import Check, Database, Row, SqlValue, Statement
 from nanobot.store.dialect import SQLITE
-
-# Results go back to the loop at least this often while statements keep coming.
-_SETTLE_EVERY: Final = 64
 
 _T = TypeVar("_T")
 
@@ -65,7 +61,7 @@ class SqliteDatabase(Database):
     may not have run.
     """
 
-    def __init__(self, worker: _Worker, path: Path, reserve: DiskReserve | None = None) -> None:
+    def __init__(self, worker: Worker, path: Path, reserve: DiskReserve | None = None) -> None:
         """Wrap a connection's open worker thread; use `open()` instead."""
         self._worker = worker
         self._path = path
@@ -117,7 +113,7 @@ class SqliteDatabase(Database):
         """
         path, uri = await asyncio.to_thread(locate, path)
         try:
-            worker = await _Worker.start(uri)
+            worker = await Worker.start(uri)
         except sqlite3.Error as exc:
             raise StoreError(describe(path, exc)) from exc
         db = cls(worker, path, reserve)
@@ -318,95 +314,6 @@ class SqliteDatabase(Database):
     def _error(self, exc: sqlite3.Error) -> StoreError:
         error = StoreError(describe(self._path, exc))
         return self._storage_failed(error) if storage_failure(exc) else error
-
-
-class _Worker:
-    """The thread that owns the sqlite3 connection and runs calls on it, one at a time, in
-    the order they were submitted."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, uri: str) -> None:
-        self._loop = loop
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._opened: asyncio.Future[None] = loop.create_future()
-        self._thread = threading.Thread(
-            target=self._serve, args=(uri,), name="nanobot-sqlite", daemon=True
-        )
-
-    @classmethod
-    async def start(cls, uri: str) -> _Worker:
-        """Open `uri` (autocommit; rows by index or by name) in a new thread.
-
-        Raises:
-            sqlite3.Error: it could not be opened (the thread has ended).
-        """
-        worker = cls(asyncio.get_running_loop(), uri)
-        worker._thread.start()
-        await worker._opened
-        return worker
-
-    def submit(self, call: Callable[[sqlite3.Connection], _T]) -> asyncio.Future[_T]:
-        """Queue `call(connection)`; the future gets its result or exception. Never blocks."""
-        future: asyncio.Future[_T] = self._loop.create_future()
-        self._queue.put((call, future))
-        return future
-
-    async def stop(self) -> None:
-        """Close the connection once every call submitted so far has run; end the thread."""
-        try:
-            await self.submit(_close)
-        finally:
-            self._queue.put(None)
-
-    def _serve(self, uri: str) -> None:
-        try:
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-            conn.row_factory = sqlite3.Row
-        except BaseException as exc:  # noqa: BLE001 - handed to the task opening it
-            self._settle([(self._opened, None, exc)])
-            return
-        done: list[_Done] = [(self._opened, None, None)]
-        while True:
-            try:
-                job = self._queue.get(block=not done)
-            except queue.Empty:  # nothing more for now: hand back what has finished
-                self._settle(done)
-                done = []
-                continue
-            if job is None:
-                self._settle(done)
-                return
-            call, future = job
-            try:
-                done.append((future, call(conn), None))
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
-                done.append((future, None, exc))
-            if len(done) >= _SETTLE_EVERY:
-                self._settle(done)
-                done = []
-
-    def _settle(self, done: list[_Done]) -> None:
-        # One wake-up of the loop for every result that is ready.
-        if done:
-            with suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
-                self._loop.call_soon_threadsafe(_resolve, done)
-
-
-_Job = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any]"]
-_Done = tuple["asyncio.Future[Any]", Any, BaseException | None]
-
-
-def _resolve(done: list[_Done]) -> None:
-    for future, result, exc in done:
-        if future.cancelled():  # its task was cancelled while the call ran
-            continue
-        if exc is None:
-            future.set_result(result)
-        else:
-            future.set_exception(exc)
-
-
-def _close(conn: sqlite3.Connection) -> None:
-    conn.close()
 
 
 def _rollback(conn: sqlite3.Connection, sql: str) -> None:

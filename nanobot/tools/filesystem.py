@@ -18,17 +18,16 @@ clean turn clears its mark (an edit keeps it: the rest of the file is what it wa
 from __future__ import annotations
 
 import asyncio
-import codecs
 import difflib
 import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from pydantic import Field
 
+from nanobot.tools._line_window import read_window
 from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult, current_context, untrusted
 from nanobot.tools.registry import MAX_RESULT_CHARS
 from nanobot.tools.taint import TaintLedger, described, key
@@ -144,15 +143,6 @@ class ReadFileParams(ToolParams):
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Window:
-    text: str
-    first: int
-    last: int  # 0 when nothing was shown
-    total: int
-    cut_line: bool  # the last line shown was longer than the budget and was cut
-
-
 class ReadFileTool(_FileTool, Tool[ReadFileParams]):
     """Reads a UTF-8 text file, or a range of its lines, within a size budget."""
 
@@ -199,7 +189,7 @@ class ReadFileTool(_FileTool, Tool[ReadFileParams]):
                 raise _binary(shown, size)
             f.seek(0)
             try:
-                window = _read_window(f, start, end, self.max_lines, self.max_chars)
+                window = read_window(f, start, end, self.max_lines, self.max_chars)
             except UnicodeDecodeError:
                 raise _binary(shown, size) from None
         if window.total == 0:
@@ -219,45 +209,6 @@ class ReadFileTool(_FileTool, Tool[ReadFileParams]):
             note += f"; to read on, call read_file with start_line={window.last + 1}"
         text = window.text if window.text.endswith("\n") else window.text + "\n"
         return text, f"{note}]", path
-
-
-def _read_window(f: BinaryIO, start: int, end: int | None, max_lines: int, budget: int) -> _Window:
-    """Lines `start`..`end` of `f`, as many as fit in `max_lines` and `budget` characters.
-
-    Reads the whole file to count its lines, but holds at most one bounded line at a time.
-    """
-    parts: list[str] = []
-    used = last = total = 0
-    full = cut_line = False
-    for lineno, (raw, longer) in enumerate(_bounded_lines(f, budget * 4), 1):
-        total = lineno
-        if full or lineno < start or (end is not None and lineno > end):
-            continue
-        text = codecs.getincrementaldecoder("utf-8")().decode(raw, final=not longer)
-        cut = longer
-        if used + len(text) > budget or len(parts) == max_lines:
-            if parts:
-                full = True
-                continue
-            text, cut = text[:budget], True  # a single line larger than the whole budget
-        parts.append(text)
-        used += len(text)
-        last, cut_line = lineno, cut
-        full = cut
-    return _Window("".join(parts), start, last, total, cut_line)
-
-
-def _bounded_lines(f: BinaryIO, limit: int) -> Iterator[tuple[bytes, bool]]:
-    """Each line of `f`, at most `limit` bytes of it, and whether the line was longer."""
-    while raw := f.readline(limit):
-        longer = False
-        if len(raw) == limit and not raw.endswith(b"\n"):
-            # Skip the rest of this line without holding it in memory.
-            while rest := f.readline(limit):
-                longer = True
-                if rest.endswith(b"\n"):
-                    break
-        yield raw, longer
 
 
 class WriteFileParams(ToolParams):

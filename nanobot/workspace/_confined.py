@@ -1,5 +1,4 @@
-"""The agent's workspace: the only way nanobot opens files in it, where the bundled template
-is, and laying that template down on first run.
+"""The agent's workspace: the only way nanobot opens files in it.
 
 Confinement. The model can create files, directories, symlinks and hard links in the workspace
 (its shell runs there), and it can change them while nanobot is using them. So `Workspace`
@@ -28,13 +27,8 @@ import secrets
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from importlib import resources
 from pathlib import Path, PurePath
 from typing import TypeVar
-
-from loguru import logger
-
-_PACKAGE_DIR = Path(__file__).resolve().parent
 
 MAX_SYMLINK_HOPS = 40
 """Symlinks followed while resolving one path (Linux's own limit): more means a loop."""
@@ -386,44 +380,3 @@ def _unique_names(name: str) -> Iterator[str]:
     pure = PurePath(name)
     for counter in range(1, MAX_UNIQUE_NAMES):
         yield f"{pure.stem}-{counter}{pure.suffix}"
-
-
-def bundled(name: str) -> Path:
-    """A file or folder shipped with nanobot (`workspace_template`, `config.example.yaml`).
-
-    Wheels carry them inside the package; an editable install finds them at the repository
-    root.
-
-    Raises:
-        FileNotFoundError: the installation is incomplete.
-    """
-    inside = Path(str(resources.files("nanobot").joinpath(name)))
-    for candidate in (inside, _PACKAGE_DIR.parent / name):
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"{name} is missing from this nanobot installation")
-
-
-def copy_template(workspace: Path) -> list[Path]:
-    """Copy the workspace template into `workspace`, never overwriting an existing file.
-
-    Returns the files it created (empty when everything was already there). Written through
-    `Workspace.create`, so a symlink planted where a template file belongs is left alone,
-    never written through; a file that cannot be placed is logged and skipped.
-    """
-    template = bundled("workspace_template")
-    workspace.mkdir(parents=True, exist_ok=True)
-    confined = Workspace(workspace)
-    created: list[Path] = []
-    for source in sorted(template.rglob("*")):
-        if source.is_dir() or "__pycache__" in source.parts:
-            continue
-        relative = source.relative_to(template)
-        try:
-            made = confined.put_new(relative.parent, relative.name, source.read_bytes())
-        except OSError as exc:
-            logger.warning("Workspace template file {} not copied: {}", relative, exc)
-            continue
-        if made:
-            created.append(workspace / relative)
-    return created

@@ -1,0 +1,6 @@
+"""The `nanobot` command line (`_app`): the top-level commands, and the groups of
+`pairing`, `approvals`, `taint` (`_manage`) and `cron` (`_cron`)."""
+
+from nanobot.cli._app import app, main
+
+__all__ = ["app", "main"]

@@ -1,0 +1,39 @@
+"""The lock a running gateway holds on its data dir, and how a command sees who holds it."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+GATEWAY_LOCK = "gateway.lock"
+"""The file in the data dir that a running gateway holds locked (`nanobot.launch` takes it;
+this module must not import the app). It holds the gateway's pid, then its member id."""
+
+
+def lock_holder(fd: int) -> str:
+    """The pid written in the open gateway lock file `fd` ("unknown" if none is)."""
+    words = os.pread(fd, 100, 0).decode("ascii", "replace").split()
+    return words[0] if words else "unknown"
+
+
+def gateway_pid(data_dir: Path) -> str | None:
+    """The pid of the gateway running on `data_dir`, or None when none is.
+
+    The gateway holds an exclusive `flock` on its lock file while it runs (the kernel drops
+    it however the process ends). This takes a shared one for an instant to see whether it
+    can: a gateway starting in that very instant would be refused and say so.
+    """
+    try:
+        fd = os.open(data_dir / GATEWAY_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return lock_holder(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

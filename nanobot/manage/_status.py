@@ -1,0 +1,138 @@
+"""`nanobot status`: what this installation is and holds, and whether its gateway is alive."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from nanobot.cluster.agreement import agreement
+from nanobot.cluster.roster import ago, moment, roster
+from nanobot.config import Config
+from nanobot.manage._command import config_zone
+from nanobot.store import Access, Database, Journal, SessionStore
+from nanobot.store.access import MAX_PENDING
+from nanobot.store.database import Check
+from nanobot.store.journal import FailedReplies
+from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Members
+
+
+def status(config: Config, path: Path, *, check_db: bool = False) -> list[tuple[str, str]]:
+    """Rows of (label, value) describing this installation, without any secret.
+
+    The state database is checked as it is opened: SQLite's quick check, or with
+    `check_db` its full integrity check (about four times as long).
+
+    Raises:
+        StoreError: the state database is damaged (the message says what was found and how
+            to restore it) or cannot be opened.
+    """
+    rows = [
+        ("config", f"{path}" + ("" if path.exists() else " (not found; using defaults)")),
+        ("data dir", str(config.data_dir)),
+        (
+            "workspace",
+            str(config.workspace_path) + ("" if config.workspace_path.exists() else " (missing)"),
+        ),
+        (
+            "model",
+            config.agent.model
+            + (f" via {config.agent.api_base}" if config.agent.api_base else "")
+            + f" ({config.agent.transport})",
+        ),
+        ("api key", "set" if config.agent.api_key else "not set (provider env vars may apply)"),
+    ]
+    for name in ("telegram", "discord"):
+        channel = getattr(config.channels, name)
+        state = f"enabled, {len(channel.allow_from)} allowed" if channel.enabled else "disabled"
+        rows.append((name, state))
+    target = config.store_target
+    if isinstance(target, Path) and not target.exists():
+        return [*rows, ("state", f"{target} (not created yet)")]
+    return rows + asyncio.run(_store_rows(target, check_db, config_zone(config), agreement(config)))
+
+
+async def _store_rows(
+    target: Path | str, check_db: bool, zone: ZoneInfo | None, agreed: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    async with await Database.open(target, check="full" if check_db else "quick") as db:
+        stats = await SessionStore(db).stats()
+        waiting = await Access(db).waiting()
+        failed = await Journal(db).failed_replies()
+        gateways = await roster(db, zone, agreed)
+    return [
+        ("state", f"{db.name} ({stats.size_bytes / 1024:.0f} KiB)"),
+        ("integrity", _checked(db.checked)),
+        ("sessions", f"{stats.sessions} ({stats.live_sessions} live), {stats.entries} entries"),
+        ("pairing", _waiting(waiting)),
+        ("replies", _failed(failed)),
+        *gateways,
+    ]
+
+
+def health(config: Config) -> tuple[str, bool]:
+    """`status --check`: one line, and whether a gateway on this data dir beat in the last
+    `STALE_AFTER`. Reads the state database without checking it (it runs every minute
+    under Docker) and creates nothing: on a fresh data dir no gateway has run.
+
+    Raises:
+        StoreError: the state database cannot be read.
+    """
+    target = config.store_target
+    if isinstance(target, Path) and not target.exists():
+        return f"no gateway has run on this data dir yet ({target} does not exist)", False
+    return asyncio.run(_health(target, config_zone(config)))
+
+
+async def _health(target: Path | str, zone: ZoneInfo | None) -> tuple[str, bool]:
+    async with await Database.open(target, check=None) as db:
+        members = Members(db)
+        found = await members.all()
+        now = members.now()
+    allowed = f"{STALE_AFTER.total_seconds():g} s"
+    if not found:
+        return "no gateway is running (none is registered in the state database)", False
+    latest = found[0]  # the latest beat first
+    if latest.stale(now):
+        return (
+            f"no gateway has beaten since {moment(latest.beat_at, zone)} "
+            f"({latest.describe()}); a running one beats every "
+            f"{BEAT_INTERVAL.total_seconds():g} s and counts as down after {allowed}",
+            False,
+        )
+    return (
+        f"gateway alive: {latest.describe()}, last beat {ago(now - latest.beat_at)} ago "
+        f"(allowed: {allowed})",
+        True,
+    )
+
+
+def _checked(check: Check | None) -> str:
+    """What the check as the state was opened found (it refuses a damaged one)."""
+    if check == "full":
+        return "ok (full check)"
+    if check == "quick":
+        return "ok (quick check; --check-db for the full one)"
+    return "not checked here: the check is SQLite's (PostgreSQL checks its own pages)"
+
+
+def _failed(failed: FailedReplies) -> str:
+    """Replies the platforms refused for good (kept as long as delivered ones), the latest
+    reason."""
+    if not failed.count:
+        return "none failed"
+    at = f" at {failed.last_at.astimezone():%Y-%m-%d %H:%M}" if failed.last_at else ""
+    return f"{failed.count} failed in the last 7 days; latest{at}: {failed.last_reason}"
+
+
+def _waiting(waiting: dict[str, int]) -> str:
+    """The pending pairing requests, per channel, and which channels are full."""
+    if not waiting:
+        return "no requests waiting"
+    parts = []
+    for channel, count in waiting.items():
+        full = " (full: a new one replaces the oldest)" if count >= MAX_PENDING else ""
+        parts.append(f"{channel} {count}{full}")
+    total = sum(waiting.values())
+    return f"{total} request(s) waiting: {', '.join(parts)}; see `nanobot pairing list`"
