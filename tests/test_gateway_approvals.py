@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import closing
@@ -793,9 +794,11 @@ async def test_a_call_in_a_background_tasks_report_is_asked_of_the_person_who_st
     telegram.user_message(BOB, "find it in the background", user_id=BOB)
     reported = await card(telegram, BOB)  # in Bob's chat, not in a chat named "@task"
     # A report that waited for Bob's turn to end is a queued message of his lane: its
-    # wrapper names it ("subagent <id>"); one delivered at once, the dispatcher.
+    # wrapper names it ("(subagent <id>)"); one that reached the history before the turn
+    # that calls is named as earlier in the conversation ("...: subagent <id>)"); one
+    # delivered at once, the dispatcher ("a subagent's result").
     assert "touch reported" in reported.visible
-    assert "a subagent's result" in reported.visible or "(subagent " in reported.visible
+    assert re.search(r"a subagent's result|[(:] ?subagent [0-9a-f]+\)", reported.visible)
     assert await press(telegram, reported, "Allow once", user=BOB) == "Decided."
     await said(telegram, BOB, "The task is done and I made the file.")
     assert marker(tmp_path, "reported").exists()
