@@ -277,3 +277,32 @@ async def test_an_approval_pressed_on_another_member_lets_the_waiting_run_go_on_
     assert made.read_text().splitlines() == ["ran"]
     decided = f"approval {request_id(shown)}: once by {ALICE}"
     assert decided in presser.log() and decided not in waiting.log()
+
+
+async def test_a_dead_members_pending_approval_is_settled_by_the_member_that_takes_over(
+    launch: Launch, telegram: FakeTelegram, fake_llm: FakeLLM, postgres_url: str, tmp_path: Path
+) -> None:
+    # The card waits in Alice's chat; the member whose run waits dies. The member that takes
+    # the session over settles the request as a restart does: the card says so, the call is
+    # reported as not run, and the turn goes on to its end there. Nothing waits 10 minutes.
+    cluster = await launch(change=approvals_asked)
+    fake_llm.script(execs("echo ran >> orphan.txt"), Text("It was not run; ask me again."))
+    telegram.user_message(ALICE, "make the file", user_id=ALICE)
+    shown = await card(telegram, ALICE)
+    asking = by_pid(cluster, await holder_pid(postgres_url, f"telegram:{ALICE}"))
+    await asking.kill()
+    if cluster.balanced is asking:
+        cluster.balance_to(others(cluster, asking)[0])
+
+    await said(telegram, ALICE, "It was not run; ask me again.", seconds=LEASE + 30)
+    edited = next(m for m in telegram.sent(ALICE) if m.message_id == shown.message_id)
+    assert "the gateway that asked stopped before it was approved" in edited.visible
+    assert not edited.buttons
+    resumed = fake_llm.requests[-1].messages
+    assert resumed[-1]["role"] == "tool"
+    assert (
+        "Not run: the gateway that asked stopped before it was approved" in resumed[-1]["content"]
+    )
+    assert not (tmp_path / "shared-workspace" / "orphan.txt").exists()
+    rows = await fetch(postgres_url, "SELECT state FROM approval_requests")
+    assert [r["state"] for r in rows] == ["expired"]

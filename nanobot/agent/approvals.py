@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 from nanobot.agent._commands import command_key, inline_code
 from nanobot.store.approvals import (
+    ASKER_GONE,
     RESTARTED,
     ApprovalRequest,
     Grant,
@@ -436,8 +437,8 @@ def not_run(request: ApprovalRequest | None = None, *, refused: str | None = Non
         raise ValueError("not_run needs a refusal or a request that did not approve the call")
     if request.state == "denied":
         return "Not run: the user denied it."
-    if request.note == RESTARTED:
-        return f"Not run: {RESTARTED}."
+    if request.note in (RESTARTED, ASKER_GONE):
+        return f"Not run: {request.note}."
     if request.state == "expired":
         return "Not run: it was not approved in time."
     return f"Not run: the request was cancelled ({request.note or 'no reason given'})."

@@ -59,9 +59,8 @@ from nanobot.bus.records import outbound_record
 from nanobot.log import printable
 from nanobot.providers.base import ToolCall
 from nanobot.store import ApprovalRequest, ApprovalStore, Journal
-from nanobot.store.approvals import LogOutcome, Place, Turn, Verdict
+from nanobot.store.approvals import ASKER_GONE, RESTARTED, LogOutcome, Place, Turn, Verdict
 
-RESTARTED = "nanobot restarted before it was approved"
 STOPPED = "the turn was stopped"
 ASK_HELP = (
     "Usage: /approve ID [once|chat|always], /deny ID, /approvals (the requests waiting and "
@@ -413,8 +412,16 @@ class Approver:
         """At start, before turns resume: expire what was pending (the runs that waited are
         gone), edit those cards, and remember each call's result for the resumed turn. Not
         `alone` (a member of a cluster): only what no live member's session waits for."""
-        for request in await self._store.expire_pending(RESTARTED, spare_held=not alone):
-            logger.info("approval {} expired: {}", request.id, RESTARTED)
+        await self._settle(await self._store.expire_pending(RESTARTED, spare_held=not alone))
+
+    async def taken_over(self, session_key: str) -> None:
+        """Before the turn of a session taken over from a dead member resumes: settle that
+        member's pending requests as a restart does (its run waits nowhere any more)."""
+        await self._settle(await self._store.expire_pending(ASKER_GONE, session_key=session_key))
+
+    async def _settle(self, expired: list[ApprovalRequest]) -> None:
+        for request in expired:
+            logger.info("approval {} expired: {}", request.id, request.note)
             self.restarted[request.asked.tool_call_id] = not_run(request)
             await self._show(request)
 

@@ -44,6 +44,9 @@ class ApprovalNews(Protocol):
 
     def announce_with(self, announce: Callable[[str], Awaitable[None]]) -> None: ...
 
+    async def taken_over(self, session_key: str) -> None:
+        """Settle a dead member's pending requests of `session_key`, taken over here."""
+
 
 @dataclass(frozen=True, slots=True)
 class Part:
@@ -106,5 +109,6 @@ def join(
         bus,
         channels=channels,
         lease=setting.lease,
+        taken_over=approvals.taken_over,
     )
     return Part(membership, roles, distributor)

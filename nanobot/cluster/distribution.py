@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol
 
@@ -76,9 +76,13 @@ class Distributor:
         *,
         channels: Collection[str],
         lease: timedelta,
+        taken_over: Callable[[str], Awaitable[None]] | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        """`taken_over(session_key)`: settle what a dead member's interrupted turn left
+        waiting (its approval requests) before this member resumes it."""
         self._claims = claims
+        self._taken_over = taken_over
         self._journal = journal
         self._members = members
         self.wakeups = wakeups  # the cluster's, for other parts to listen on too
@@ -252,6 +256,8 @@ class Distributor:
             message = inbound_from(row.message, row.id)
             if row.reached:
                 logger.info("taking over session {}: resuming its turn", message.session_key)
+                if self._taken_over is not None:
+                    await self._taken_over(message.session_key)
             self._taker.take(message, resume=row.reached)
         return len(held)
 

@@ -36,6 +36,8 @@ ID_ALPHABET: Final = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I to misr
 ID_LENGTH: Final = 12
 """60 random bits: unguessable, and short enough for Telegram's 64-byte `callback_data`."""
 RESTARTED: Final = "nanobot restarted before it was approved"
+ASKER_GONE: Final = "the gateway that asked stopped before it was approved"
+"""A request whose member died, settled by the member that took its session over."""
 TIMED_OUT: Final = "not approved in time"
 
 STATES: Final = frozenset(get_args(State))

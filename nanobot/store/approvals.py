@@ -32,6 +32,7 @@ from typing import Final, Literal, cast, get_args
 from nanobot.errors import StoreError
 from nanobot.store._times import to_text, wall_clock
 from nanobot.store.approval_records import (
+    ASKER_GONE,
     ID_ALPHABET,
     ID_LENGTH,
     RESTARTED,
@@ -57,6 +58,7 @@ from nanobot.store.approval_records import (
 from nanobot.store.database import Database, Row, SqlValue
 
 __all__ = [
+    "ASKER_GONE",
     "ID_ALPHABET",
     "ID_LENGTH",
     "RESTARTED",
@@ -241,13 +243,16 @@ class ApprovalStore:
         return await self._close_where("cancelled", note, "run_id = ?", (run_id,))
 
     async def expire_pending(
-        self, note: str = RESTARTED, *, spare_held: bool = False
+        self, note: str = RESTARTED, *, spare_held: bool = False, session_key: str | None = None
     ) -> list[ApprovalRequest]:
         """At start-up: mark pending requests expired (their runs are gone with the process
         that asked) and return them, with their cards, to edit those and tell the turns.
 
         Alone, every pending request. In a cluster (`spare_held`), only those whose session
-        no member holds a live lease on: the others' runs still wait in live members."""
+        no member holds a live lease on: the others' runs still wait in live members. With
+        `session_key`, only that session's: a member that took it over from a dead one."""
+        if session_key is not None:
+            return await self._close_where("expired", note, "session_key = ?", (session_key,))
         if not spare_held:
             return await self._close_where("expired", note, "1 = 1", ())
         return await self._close_where(
