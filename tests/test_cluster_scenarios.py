@@ -29,6 +29,7 @@ from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
 from tests.test_cluster_gateways import (
     Cluster,
+    exited,
     fetch,
     holder_pid,
     member_config,
@@ -306,3 +307,34 @@ async def test_a_dead_members_pending_approval_is_settled_by_the_member_that_tak
     assert not (tmp_path / "shared-workspace" / "orphan.txt").exists()
     rows = await fetch(postgres_url, "SELECT state FROM approval_requests")
     assert [r["state"] for r in rows] == ["expired"]
+
+
+async def test_a_member_stalled_past_its_lease_and_resumed_does_not_answer_again(
+    launch: Launch, telegram: FakeTelegram, fake_llm: FakeLLM, postgres_url: str
+) -> None:
+    # SIGSTOP mid-model: another member takes the chat over once the lease lapses. The
+    # stalled one is resumed while the other's turn is still mid-model: its own model answer
+    # is there already and it would reply first, but the message is claimed by the other
+    # member now, so its answer is refused. One answer, the taker's; every member alive.
+    cluster = await launch()
+    fake_llm.script(
+        Text("From the stalled member.", delay=1),
+        Text("From the member that took over.", delay=3),
+    )
+    telegram.user_message(77, "what time is it", user_id=77)
+    await fake_llm.wait_for_requests(1, seconds=30)
+    stalled = by_pid(cluster, await holder_pid(postgres_url, "telegram:77"))
+    assert stalled.process is not None
+    os.kill(stalled.process.pid, signal.SIGSTOP)
+    try:
+        if cluster.balanced is stalled:
+            cluster.balance_to(others(cluster, stalled)[0])
+        await fake_llm.wait_for_requests(2, seconds=LEASE * 10)  # the taker's, mid-model
+    finally:
+        os.kill(stalled.process.pid, signal.SIGCONT)
+    await said(telegram, 77, "From the member that took over.", seconds=30)
+    await asyncio.sleep(LEASE * 2)  # its model answer arrives, its turn ends, it renews
+    assert [m.visible for m in telegram.sent(77)] == ["From the member that took over."]
+    assert exited(cluster) == {}
+    telegram.user_message(77, "and now?", user_id=77)  # the cluster goes on answering
+    await until(lambda: len(telegram.sent(77)) == 2, seconds=30)
