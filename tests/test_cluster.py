@@ -268,7 +268,7 @@ async def test_a_restart_takes_the_role_of_the_process_it_replaces_at_once(
 
 
 async def test_a_store_that_fails_is_logged_once_and_tried_again(
-    dbs: tuple[Database, Database], errors: list[str]
+    dbs: tuple[Database, Database], warnings: list[str]
 ) -> None:
     work, standby = Work(), asyncio.Event()
     holding = asyncio.create_task(
@@ -276,9 +276,10 @@ async def test_a_store_that_fails_is_logged_once_and_tried_again(
     )
     await wait(work.started)
     assert not standby.is_set()  # failing is not standing by
-    assert [e.splitlines()[0] for e in errors] == [
-        "the role schedule cannot be taken or renewed: state.db: disk I/O error; trying "
-        "again every 0.1 s"
+    assert [e.splitlines()[0] for e in warnings] == [
+        "the role schedule cannot be taken or renewed: state.db: disk I/O error; its work "
+        "waits; trying again every 0.1 s (next try in 0.1 s)",  # once, then at debug
+        "the store answers again for the role schedule after 0 s",
     ]
     holding.cancel()
     await asyncio.wait([holding])

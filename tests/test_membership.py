@@ -102,20 +102,21 @@ async def test_a_failed_beat_is_logged_once_and_never_stops_the_beating(
         for _ in range(3):
             clock.time += BEAT_INTERVAL
             await ticks.tick()
-        [failed] = lines
+        [failed] = lines  # once (nanobot.outage): the later failures at debug
         assert failed.startswith(
-            "ERROR could not record this gateway's beat in the state database ("
+            "WARNING could not record this gateway's beat in the state database: "
         )
         assert "readonly" in failed
         assert f"reports it down once no beat is recorded for {STALE_AFTER.seconds}s" in failed
-        assert f"Trying again every {BEAT_INTERVAL.seconds}s" in failed
+        assert f"(next try in {BEAT_INTERVAL.seconds} s)" in failed
 
         await db.execute("PRAGMA query_only = OFF")  # the disk has room again
         clock.time += BEAT_INTERVAL
         await ticks.tick()
         [row] = await members.all()
         assert row.beat_at == T0 + 4 * BEAT_INTERVAL
-        assert lines[1:] == ["WARNING this gateway's beats are recorded again; it shows as alive"]
+        [back] = lines[1:]
+        assert back.startswith("WARNING this gateway's beats are recorded again after ")
     assert await members.all() == []
 
 
@@ -126,7 +127,7 @@ async def test_a_store_failing_at_start_and_stop_is_logged_not_raised(
     members = Members(db, clock)
     await db.execute("PRAGMA query_only = ON")
     async with Membership(members, sleep=ticks.sleep) as membership:
-        assert len(lines) == 1 and lines[0].startswith("ERROR could not record")
+        assert len(lines) == 1 and lines[0].startswith("WARNING could not record")
         await db.execute("PRAGMA query_only = OFF")
         clock.time += BEAT_INTERVAL
         await ticks.tick()  # the beat writes the row that registering could not

@@ -109,6 +109,7 @@ def join(
         bus,
         channels=channels,
         lease=setting.lease,
+        retry=setting.retry,
         taken_over=approvals.taken_over,
     )
     return Part(membership, roles, distributor)

@@ -38,6 +38,7 @@ from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, inbound_record, outbound_from
 from nanobot.cluster.timings import renewal
 from nanobot.errors import StoreError
+from nanobot.outage import DEFAULT_BACKOFF, Backoff, Outage
 from nanobot.store.claims import Candidate, Claims
 from nanobot.store.journal import Accepted, Journal
 from nanobot.store.members import STALE_AFTER, Members
@@ -76,6 +77,7 @@ class Distributor:
         *,
         channels: Collection[str],
         lease: timedelta,
+        retry: Backoff = DEFAULT_BACKOFF,
         taken_over: Callable[[str], Awaitable[None]] | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -104,6 +106,18 @@ class Distributor:
         # until it has handed back what it claimed: it takes nothing meanwhile.
         self._fenced = False
         self._tasks = TaskSet("distribution")
+        self._looking = Outage(
+            failing="could not take work from the store",
+            effect="this member takes no new chats meanwhile",
+            back="taking work from the store again",
+            backoff=retry,
+        )
+        # Renewals keep the lease's cadence; this only says the failures once.
+        self._renewals = Outage(
+            failing="could not renew this member's session leases",
+            effect="its turns go on while the leases hold",
+            back="this member's session leases are renewed again",
+        )
         wakeups.listen(INBOUND, self._woken)
 
     def _woken(self, session_key: str) -> None:
@@ -111,6 +125,7 @@ class Distributor:
         with no session, that it left or that this member listens again."""
         if not session_key:
             self._orphans_due = True
+        self._looking.wake()  # a member got through to the store: try it again soon
         self._wake.set()
 
     async def accept(self, message: InboundMessage) -> Accepted | None:
@@ -164,10 +179,12 @@ class Distributor:
                         continue
                     await self._round()
                 except StoreError as exc:
-                    logger.warning("could not take work from the store: {}; looking again", exc)
-                    await asyncio.sleep(1)
+                    self._looking.failed(exc)
+                    await self._looking.wait()
                     self._orphans_due = True
                     self._wake.set()
+                else:
+                    self._looking.recovered()
         finally:
             await self._tasks.close()
             self._taker = None  # stopping: what comes in now waits for the cluster
@@ -299,6 +316,7 @@ class Distributor:
                         exc,
                     )
                 else:
-                    logger.warning("could not renew this member's session leases: {}", exc)
+                    self._renewals.failed(exc, retry_in=period)
             else:
                 last_renewal = time.monotonic()
+                self._renewals.recovered()

@@ -25,6 +25,7 @@ from typing import Self
 from loguru import logger
 
 from nanobot.errors import ConfigError, StoreError
+from nanobot.outage import Outage
 from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
 from nanobot.tasks import TaskSet
 
@@ -64,7 +65,15 @@ class Membership:
         self._sleep = sleep
         self._succeeds = succeeds
         self._tasks = TaskSet("membership")
-        self._failing = False
+        # Beats keep their interval whatever the store's backoff: `status --check` reads them.
+        self._outage = Outage(
+            failing="could not record this gateway's beat in the state database",
+            effect=(
+                "`nanobot status --check` reports it down once no beat is recorded for "
+                f"{STALE_AFTER.total_seconds():g}s"
+            ),
+            back="this gateway's beats are recorded again",
+        )
         self.member = Member.new(members.now(), workspace=workspace, agreement=agreement)
 
     async def __aenter__(self) -> Self:
@@ -75,7 +84,7 @@ class Membership:
             await self._members.register(self.member)
             others = await self._members.all()
         except StoreError as exc:
-            self._failed(exc)
+            self._outage.failed(exc, retry_in=self._interval)
         else:
             logger.debug(
                 "registered as member {} ({}); beating every {:g}s",
@@ -156,22 +165,6 @@ class Membership:
         try:
             self.member = await self._members.beat(self.member)
         except StoreError as exc:
-            self._failed(exc)
+            self._outage.failed(exc, retry_in=self._interval)
             return
-        if self._failing:
-            self._failing = False
-            logger.warning("this gateway's beats are recorded again; it shows as alive")
-
-    def _failed(self, exc: StoreError) -> None:
-        if self._failing:
-            logger.debug("beat not recorded: {}", exc)
-            return
-        self._failing = True
-        logger.error(
-            "could not record this gateway's beat in the state database ({}); `nanobot "
-            "status --check` reports it down once no beat is recorded for {:g}s. Trying again "
-            "every {:g}s",
-            exc,
-            STALE_AFTER.total_seconds(),
-            self._interval,
-        )
+        self._outage.recovered()

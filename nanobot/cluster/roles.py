@@ -30,6 +30,7 @@ from loguru import logger
 
 from nanobot.cluster.timings import renewal
 from nanobot.errors import StoreError
+from nanobot.outage import Outage
 from nanobot.store.leases import Lease, Leases
 
 SCHEDULE: Final = "schedule"
@@ -69,7 +70,12 @@ class LeaderRole:
         self._lease = lease
         self._period = renewal(lease)  # between tries, and between renewals
         self._succeeds = succeeds
-        self._failing = False
+        # Tried every period whatever the store's backoff: a role's timings are the lease's.
+        self._outage = Outage(
+            failing=f"the role {name} cannot be taken or renewed",
+            effect=f"its work waits; trying again every {self._period:g} s",
+            back=f"the store answers again for the role {name}",
+        )
 
     async def hold(self, work: Work, *, standby: Callable[[], None] | None = None) -> None:
         """Run `work()` while this member holds the role: each time it takes the role, until
@@ -102,15 +108,15 @@ class LeaderRole:
                     self.name, self._holder, self._lease, succeeds=self._succeeds
                 )
             except StoreError as exc:
-                self._failed(exc)
+                self._outage.failed(exc, retry_in=self._period)
                 lease = None
             else:
-                self._recovered()
+                self._outage.recovered()
             if lease is not None:
                 log = logger.info if waited else logger.debug  # a takeover is news
                 log("took the role {} (holding {})", self.name, lease.token)
                 return lease, sent + self._lease.total_seconds()
-            if not waited and not self._failing:
+            if not waited and not self._outage.active:
                 logger.info(
                     "another gateway plays the role {}; this one takes it over if that one stops",
                     self.name,
@@ -163,9 +169,9 @@ class LeaderRole:
             except TimeoutError:
                 continue  # the deadline passed: said above
             except StoreError as exc:
-                self._failed(exc)
+                self._outage.failed(exc, retry_in=self._period)
                 continue
-            self._recovered()
+            self._outage.recovered()
             if renewed is None:
                 logger.warning(
                     "lost the role {}: another gateway took it; its work stopped", self.name
@@ -185,23 +191,6 @@ class LeaderRole:
             )
         else:
             logger.debug("gave up the role {}", self.name)
-
-    def _failed(self, exc: StoreError) -> None:
-        if self._failing:
-            logger.debug("{}: the store failed again: {}", self.name, exc)
-            return
-        self._failing = True
-        logger.error(
-            "the role {} cannot be taken or renewed: {}; trying again every {:g} s",
-            self.name,
-            exc,
-            self._period,
-        )
-
-    def _recovered(self) -> None:
-        if self._failing:
-            self._failing = False
-            logger.warning("the store answers again for the role {}", self.name)
 
 
 async def _run(work: Work) -> None:
