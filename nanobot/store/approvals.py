@@ -27,9 +27,10 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final, Literal, cast, get_args
+from typing import Final, cast, get_args
 
 from nanobot.errors import StoreError
+from nanobot.store._approval_rules import ID_ATTEMPTS, RulesAndLog
 from nanobot.store._times import to_text, wall_clock
 from nanobot.store.approval_records import (
     ASKER_GONE,
@@ -51,9 +52,7 @@ from nanobot.store.approval_records import (
     State,
     Turn,
     Verdict,
-    entry_of,
     request_of,
-    rule_of,
 )
 from nanobot.store.database import Database, Row, SqlValue
 
@@ -80,18 +79,16 @@ __all__ = [
 ]
 
 _VERDICTS: Final = frozenset(get_args(Verdict))
-_ID_ATTEMPTS: Final = 5
 
 
-class ApprovalStore:
-    """Requests, rules, chat grants and the decision log. All methods are short transactions
-    and safe to call from several processes at once."""
+class ApprovalStore(RulesAndLog):
+    """Requests, rules, chat grants and the decision log (the last three: `RulesAndLog`).
+    All methods are short transactions and safe to call from several processes at once."""
 
     def __init__(self, db: Database, clock: Callable[[], datetime] | None = None) -> None:
         """`clock` gives the current time (creation, expiry, decisions); the wall clock by
         default."""
-        self._db = db
-        self._clock = clock or wall_clock
+        super().__init__(db, clock or wall_clock)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -105,7 +102,7 @@ class ApprovalStore:
             raise ValueError(f"unknown scopes {new.scopes!r}")
         now = self._clock()
         async with self._db.transaction():
-            for _ in range(_ID_ATTEMPTS):
+            for _ in range(ID_ATTEMPTS):
                 request_id = "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH))
                 row = await self._db.fetchone(
                     "INSERT INTO approval_requests (id, session_key, run_id, tool_call_id, tool,"
@@ -272,96 +269,6 @@ class ApprovalStore:
         )
         return await self._with_places(rows)
 
-    # -- rules and grants --------------------------------------------------------------------
-
-    async def match(self, tool: str, rule_key: str, turn: Turn) -> list[Grant]:
-        """The grants that may let this call in `turn` run without a card, this chat's first:
-        its session's chat grant, a rule for its person's private turns on its channel, a
-        rule for its session (a group's). Empty if none; whether their fingerprints still
-        hold is the caller's to check."""
-        rows = await self._db.fetchall(
-            "SELECT 0 AS rank, 'chat' AS scope, NULL AS id, fingerprint FROM approval_grants"
-            " WHERE session_key = ? AND tool = ? AND rule_key = ?"
-            " UNION ALL SELECT 1, 'always', id, fingerprint FROM approval_rules"
-            " WHERE tool = ? AND rule_key = ? AND channel = ?"
-            " AND ((user_id <> '' AND user_id = ?) OR (session_key <> '' AND session_key = ?))"
-            " ORDER BY rank, id",
-            (
-                turn.session_key,
-                tool,
-                rule_key,
-                tool,
-                rule_key,
-                turn.channel,
-                turn.user_id or "",
-                turn.session_key,
-            ),
-        )
-        return [
-            Grant(cast(Literal["chat", "always"], row["scope"]), row["id"], row["fingerprint"])
-            for row in rows
-        ]
-
-    async def rules(self, *, channel: str | None = None) -> list[SavedRule]:
-        """Every saved rule (only those of `channel` when given), oldest first."""
-        where, params = ("", ()) if channel is None else (" WHERE channel = ?", (channel,))
-        rows = await self._db.fetchall(
-            f"SELECT * FROM approval_rules{where} ORDER BY created_at, id", params
-        )
-        return [rule_of(row) for row in rows]
-
-    async def revoke(self, rule_id: str, *, by: str | None = None) -> SavedRule | None:
-        """Delete a saved rule (logged as revoked); None if there is none with that id."""
-        now = to_text(self._clock())
-        async with self._db.transaction():
-            row = await self._db.fetchone(
-                "DELETE FROM approval_rules WHERE id = ? RETURNING *", (rule_id.strip().lower(),)
-            )
-            if row is None:
-                return None
-            rule = rule_of(row)
-            await self._db.execute(
-                "INSERT INTO approval_log (at, request_id, tool, arguments, outcome, decided_by,"
-                " reason) VALUES (?, ?, ?, ?, 'revoked', ?, ?)",
-                (now, rule.request_id, rule.tool, rule.arguments, by, f"saved rule {rule.id}"),
-            )
-        return rule
-
-    async def clear_chat_scope(self, session_key: str) -> int:
-        """Drop the chat-scope approvals of a session (on `/new`); returns how many."""
-        return await self._db.execute(
-            "DELETE FROM approval_grants WHERE session_key = ?", (session_key,)
-        )
-
-    # -- the log -----------------------------------------------------------------------------
-
-    async def record(
-        self,
-        *,
-        tool: str,
-        arguments: str,
-        outcome: LogOutcome,
-        reason: str,
-        session_key: str | None = None,
-        request_id: str | None = None,
-    ) -> None:
-        """Log a decision that had no request: a call refused at once (no approver, policy
-        deny, unattended) or allowed by a grant."""
-        await self._db.execute(
-            "INSERT INTO approval_log (at, request_id, session_key, tool, arguments, outcome,"
-            " reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (to_text(self._clock()), request_id, session_key, tool, arguments, outcome, reason),
-        )
-
-    async def log(self, limit: int = 50) -> list[LogEntry]:
-        """The latest `limit` decisions, oldest first."""
-        rows = await self._db.fetchall(
-            "SELECT * FROM (SELECT * FROM approval_log ORDER BY id DESC LIMIT ?) AS latest"
-            " ORDER BY id",
-            (limit,),
-        )
-        return [entry_of(row) for row in rows]
-
     # -- internals ---------------------------------------------------------------------------
 
     async def _refusal(self, answer: _Answer, now: datetime) -> Decision:
@@ -400,60 +307,6 @@ class ApprovalStore:
             for request in requests:
                 await self._log(request, cast(LogOutcome, state), now)
         return requests
-
-    async def _save_rule(self, request: ApprovalRequest, by: str, now: str) -> None:
-        asked = request.asked
-        user_id, session_key = (asked.owner, "") if asked.owner else ("", asked.session_key)
-        bound = (asked.tool, asked.rule_key, asked.channel, user_id, session_key)
-        where = "tool = ? AND rule_key = ? AND channel = ? AND user_id = ? AND session_key = ?"
-        for _ in range(_ID_ATTEMPTS):
-            # The same command saved before for the same person and place: one rule is
-            # enough, pinned to the code as it is now.
-            again = await self._db.fetchone(
-                "UPDATE approval_rules SET fingerprint = ?, arguments = ?, created_at = ?,"
-                f" created_by = ?, request_id = ? WHERE {where} RETURNING id",
-                (asked.fingerprint, asked.arguments, now, by, request.id, *bound),
-            )
-            if again is not None:
-                return
-            row = await self._db.fetchone(
-                "INSERT INTO approval_rules (id, tool, rule_key, arguments, created_at,"
-                " created_by, request_id, channel, user_id, session_key, fingerprint)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
-                (
-                    secrets.token_hex(4),
-                    asked.tool,
-                    asked.rule_key,
-                    asked.arguments,
-                    now,
-                    by,
-                    request.id,
-                    asked.channel,
-                    user_id,
-                    session_key,
-                    asked.fingerprint,
-                ),
-            )
-            if row is not None:
-                return
-        raise StoreError(f"{self._db.name}: could not find a free approval rule id")
-
-    async def _log(self, request: ApprovalRequest, outcome: LogOutcome, now: str) -> None:
-        await self._db.execute(
-            "INSERT INTO approval_log (at, request_id, session_key, tool, arguments, outcome,"
-            " scope, decided_by, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                now,
-                request.id,
-                request.asked.session_key,
-                request.asked.tool,
-                request.asked.arguments,
-                outcome,
-                request.scope,
-                request.decided_by,
-                request.note or request.asked.reason,
-            ),
-        )
 
     async def _with_places(self, rows: Sequence[Row]) -> list[ApprovalRequest]:
         if not rows:
