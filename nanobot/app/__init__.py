@@ -1,8 +1,9 @@
 """The composition root: builds nanobot's parts from the Config and wires them together.
 
-The only module that knows every other one: the provider and its transports, the sandbox
-and the tools, the store and the agent loop (`open_parts`), the way in (`Intake`), the
-approver, subagents, channels and the gateway (`build_gateway`). How each of them is run
+The only package that knows every other one: the provider and its transports, the sandbox
+and the tools (exec's setup in `_exec`), the store and the agent loop (`open_parts`), the
+way in (`Intake`), the approver, subagents, channels and the gateway (`build_gateway`).
+How each of them is run
 (`agent -m`, a terminal chat, the gateway) is `nanobot.launch`'s.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import stat
-import tempfile
 import zoneinfo
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loguru import logger
 
@@ -34,318 +34,68 @@ from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
 from nanobot.agent.taint import Ledger
+from nanobot.app._channels import build_channels, channel_rules, check_channels
+from nanobot.app._exec import (
+    build_reserve,
+    build_sandbox,
+    describe_limits,
+    describe_sandbox,
+    exec_limits,
+    open_sandbox,
+)
+from nanobot.app._provider import build_provider
 from nanobot.bus.events import ChatRef, Source
 from nanobot.bus.intake import EventIntake
 from nanobot.bus.queue import MessageBus
-from nanobot.channels.base import SOLO, Channel, InboxPolicy, IntakePort, OutboxPort
 from nanobot.channels.manager import ChannelManager
 from nanobot.channels.terminal import TerminalChannel
-from nanobot.cluster import SCHEDULE, Cluster
-from nanobot.cluster import intake as intake_role
+from nanobot.cluster import SCHEDULE
 from nanobot.cluster.agreement import agreement
 from nanobot.config import Config, exposed
 from nanobot.cron.jobs import Jobs
 from nanobot.cron.service import CronService
-from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules, Entry, Gate
 from nanobot.gateway import Gateway
 from nanobot.heartbeat import Heartbeat
 from nanobot.outage import DEFAULT_BACKOFF, Backoff
-from nanobot.providers.catalog import Catalog
-from nanobot.providers.provider import Provider, RetryPolicy
-from nanobot.providers.routes import Routes
+from nanobot.providers.provider import Provider
 from nanobot.reserve import DiskReserve
-from nanobot.sizes import format_size
 from nanobot.store import Access, ApprovalStore, Database, Journal, SessionStore, UsageLedger
 from nanobot.store.cron import CronStore
 from nanobot.store.taint import TaintStore
 from nanobot.store.wakeups import CRON_CHANGED
 from nanobot.tools.cron import CronTool
-from nanobot.tools.egress import EgressProxy
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
-from nanobot.tools.limits import NO_LIMITS, Enforcement, Limits, enforce, inspect, log_enforcement
+from nanobot.tools.limits import NO_LIMITS, Enforcement, enforce, log_enforcement
 from nanobot.tools.message import MessageTool
-from nanobot.tools.netns import NamespaceError, NetworkNamespace
 from nanobot.tools.registry import ToolRegistry
-from nanobot.tools.sandbox import (
-    SANDBOX_ERROR_HINT,
-    Confinement,
-    Network,
-    Sandbox,
-    SandboxUnavailable,
-    Unavailable,
-    probe,
-)
+from nanobot.tools.sandbox import Sandbox
 from nanobot.tools.shell import DEFAULT_DENY_PATTERNS, ExecTool
 from nanobot.tools.spawn import SpawnTool
 from nanobot.tools.taint import TaintLedger
 from nanobot.tools.web import WebFetchTool, WebSearchTool
 from nanobot.workspace import copy_template
 
-if TYPE_CHECKING:
-    from nanobot.providers.base import Transport
-    from nanobot.providers.litellm_provider import LiteLLMTransport
+__all__ = [
+    "EVERYONE",
+    "Intake",
+    "Parts",
+    "build_gateway",
+    "build_provider",
+    "build_sandbox",
+    "describe_limits",
+    "describe_sandbox",
+    "exec_limits",
+    "open_parts",
+    "open_sandbox",
+    "private_dir",
+]
 
 JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe
 
 
 def _timezone(config: Config) -> tzinfo | None:
     return zoneinfo.ZoneInfo(config.timezone) if config.timezone else None
-
-
-def build_provider(config: Config) -> Provider:
-    """The model provider, its calls made by the transports `agent.transport` names; the
-    caller closes it (`aclose`). Imports no litellm: a call or `prepare` does, for a model
-    whose calls go through it."""
-    agent = config.agent
-    api_key = agent.api_key.get_secret_value() if agent.api_key else None
-    routes: Routes
-    if agent.transport == "litellm":
-        routes = Routes(_litellm_transport(config, api_key))
-    elif agent.transport == "direct":
-        routes = Routes(_direct_transport(config, api_key, auto=False))
-    else:
-        routes = Routes.auto(
-            _litellm_transport(config, api_key),
-            _direct_transport(config, api_key, auto=True),
-            Catalog.shipped(),
-        )
-    return Provider(
-        agent.model,
-        routes,
-        fallbacks=agent.fallbacks,
-        max_tokens=agent.max_tokens,
-        temperature=agent.temperature,
-        retry=RetryPolicy(attempts=agent.max_retries, max_total=agent.retry_max_seconds),
-        context_window=agent.context_window,
-    )
-
-
-def _direct_transport(config: Config, api_key: str | None, *, auto: bool) -> Transport:
-    """The direct transport of the `openai/` models: to `agent.api_base` when the model is
-    OpenAI-compatible and one is set; else (`auto`) to OpenAI's API where litellm would send
-    them, with our key only if the model is OpenAI's (as litellm places keys)."""
-    from nanobot.providers.openai_direct import DirectTransport, openai_api_base  # aiohttp
-
-    agent = config.agent
-    timeout = agent.request_timeout
-    ours = agent.model.startswith("openai/")
-    if agent.api_base and (ours or not auto):
-        return DirectTransport(
-            agent.api_base, api_key=api_key, key_from_env=auto, request_timeout=timeout
-        )
-    return DirectTransport(
-        openai_api_base(),
-        api_key=api_key if ours else None,
-        key_from_env=True,
-        needs_key="agent.api_key or OPENAI_API_KEY" if ours else "OPENAI_API_KEY",
-        request_timeout=timeout,
-    )
-
-
-def _litellm_transport(config: Config, api_key: str | None) -> LiteLLMTransport:
-    from nanobot.providers.litellm_provider import LiteLLMTransport
-
-    agent = config.agent
-    return LiteLLMTransport(
-        agent.model,
-        api_key=api_key,
-        api_base=agent.api_base,
-        request_timeout=agent.request_timeout,
-        # An answer asked for whole (nobody watches it written) may take as long as a turn.
-        answer_timeout=agent.max_turn_seconds,
-    )
-
-
-def build_sandbox(config: Config, network: Network | None = None) -> Sandbox:
-    """The sandbox exec runs commands in, as `tools.exec.sandbox` says. Blocking (it tries
-    bubblewrap once): call it off the event loop. `network`: how `network: public` commands
-    join their namespace and reach the proxy (see `open_sandbox`); required then.
-
-    Raises:
-        ConfigError: `sandbox: bwrap` and bubblewrap cannot run here.
-    """
-    hidden = [config.data_dir, config.state_db_path, config.log_dir]
-    if config.source is not None:
-        hidden.append(config.source)
-    if (reserve := build_reserve(config)) is not None:
-        hidden.append(reserve.ballast)
-    confinement = Confinement(
-        config.workspace_path,
-        tuple(hidden),
-        network=config.tools.exec.network,
-        tmp_size=config.tools.exec.limits.tmp_size,
-    )
-    try:
-        return probe(config.tools.exec.sandbox, confinement, network=network)
-    except SandboxUnavailable as exc:
-        raise ConfigError(
-            f"tools.exec.sandbox is bwrap, but bubblewrap cannot run here: {exc}. "
-            f"{SANDBOX_ERROR_HINT}"
-        ) from None
-
-
-def _public(config: Config) -> bool:
-    return config.tools.exec.network == "public" and config.tools.exec.sandbox != "none"
-
-
-def _no_namespace(config: Config, exc: NamespaceError) -> Sandbox:
-    """What exec gets where `network: public` cannot have its namespace: refused under
-    `sandbox: auto`, like a sandbox that cannot run; a start-up error under `bwrap`."""
-    reason = (
-        f"tools.exec.network is public, but {exc}. Set tools.exec.network: none (no network "
-        "for commands) or host (the host's network, loopback services included)"
-    )
-    if config.tools.exec.sandbox == "bwrap":
-        raise ConfigError(f"tools.exec.sandbox is bwrap, but {reason}. {SANDBOX_ERROR_HINT}")
-    return Unavailable(reason)
-
-
-@asynccontextmanager
-async def open_sandbox(config: Config) -> AsyncIterator[Sandbox | None]:
-    """The sandbox exec runs commands in (None when exec is off), said in the log, with, for
-    `network: public`, its network namespace and egress proxy running. On exit the proxy
-    stops, its tunnels in flight are closed and the namespace's holder ends.
-
-    Raises:
-        ConfigError: `sandbox: bwrap` and bubblewrap (or, for `public`, the namespace)
-            cannot work here.
-    """
-    if not config.tools.exec.enabled:
-        yield None
-        return
-    log_network(config)
-    namespace: NetworkNamespace | None = None
-    proxy: EgressProxy | None = None
-    try:
-        sandbox: Sandbox | None = None
-        if _public(config):
-            try:
-                # On the loop's thread: the holder's PDEATHSIG follows the thread that made it.
-                namespace = NetworkNamespace.create()
-            except NamespaceError as exc:
-                sandbox = _no_namespace(config, exc)
-            else:
-                proxy = EgressProxy(
-                    namespace.listener, allow_hosts=config.tools.exec.allowed_hosts()
-                )
-                await proxy.start()
-        if sandbox is None:
-            network = None if namespace is None else Network.of(namespace, proxy)
-            sandbox = await asyncio.to_thread(build_sandbox, config, network)
-        log_sandbox(sandbox)
-        try:
-            yield sandbox
-        finally:
-            sandbox.close()
-    finally:
-        if proxy is not None:
-            await proxy.close()
-        if namespace is not None:
-            await asyncio.to_thread(namespace.close)
-
-
-def describe_sandbox(config: Config) -> str:
-    """Which sandbox exec would use, or why none can run (for `nanobot status`)."""
-    if not config.tools.exec.enabled:
-        return "exec is off (tools.exec.enabled: false)"
-    with tempfile.TemporaryDirectory(prefix="nanobot-status-") as spare:
-        if not config.workspace_path.exists():  # not created before the first start
-            config = config.model_copy(update={"workspace": Path(spare)})
-        namespace = None
-        try:
-            if _public(config):
-                try:
-                    namespace = NetworkNamespace.create()
-                except NamespaceError as exc:
-                    return _no_namespace(config, exc).description
-            network = None if namespace is None else Network.of(namespace)
-            sandbox = build_sandbox(config, network)
-            sandbox.close()
-            return sandbox.description
-        except ConfigError as exc:
-            return str(exc)
-        finally:
-            if namespace is not None:
-                namespace.close()
-
-
-def log_network(config: Config) -> None:
-    """Say once at start what an old `network: true/false` now means, and warn at every
-    start when commands share the host's network."""
-    exec_ = config.tools.exec
-    if exec_.legacy_network is not None:
-        logger.info(
-            "tools.exec.network: {} is the old form; it now means {} (public: a network of "
-            "its own, out only through nanobot's proxy to public addresses; none; host)",
-            str(exec_.legacy_network).lower(),
-            exec_.network,
-        )
-    if exec_.network == "host" and exec_.sandbox != "none":
-        logger.warning(
-            "tools.exec.network is host: sandboxed commands share this machine's network, "
-            "so they reach its loopback services (databases, Redis, nanobot's webhook port), "
-            "the LAN and cloud metadata addresses. The default, public, reaches only the "
-            "public internet."
-        )
-
-
-def exec_limits(config: Config) -> Limits:
-    """`tools.exec.limits` as the exec tool takes them."""
-    limits = config.tools.exec.limits
-    return Limits(
-        processes=limits.processes,
-        memory=limits.memory,
-        cpu_time=limits.cpu_time,
-        open_files=limits.open_files,
-        file_size=limits.file_size,
-        tmp_size=limits.tmp_size,
-    )
-
-
-def describe_limits(config: Config) -> str:
-    """The limits each command runs under and how they are enforced (`nanobot status`)."""
-    if not config.tools.exec.enabled:
-        return "exec is off (tools.exec.enabled: false)"
-    confined = config.tools.exec.sandbox != "none"
-    line = inspect(exec_limits(config), confined=confined).describe()
-    reserve = build_reserve(config)
-    if reserve is not None:
-        line += f"; disk_reserve {format_size(reserve.size)} ({_reserve_state(reserve)})"
-    return line
-
-
-def _reserve_state(reserve: DiskReserve) -> str:
-    if reserve.in_place:
-        return f"kept at {reserve.ballast}"
-    try:
-        free = format_size(reserve.free())
-    except OSError:  # no data dir yet
-        return "made at the first start"
-    return f"not in place: {free} free, made once there is twice the reserve"
-
-
-def build_reserve(config: Config) -> DiskReserve | None:
-    """The disk reserve for a SQLite store (`tools.exec.limits.disk_reserve`); None for
-    PostgreSQL, whose disk is not nanobot's to guard, or when it is null."""
-    size = config.tools.exec.limits.disk_reserve
-    if size is None or config.shared_store:
-        return None
-    return DiskReserve(config.state_db_path, size)
-
-
-def log_sandbox(sandbox: Sandbox) -> None:
-    """Say at start-up which sandbox exec uses, loudly when it is none."""
-    if not sandbox.confined:
-        logger.warning(
-            "exec runs WITHOUT a sandbox (tools.exec.sandbox: none): shell commands the model "
-            "chooses run with nanobot's own rights and can read its config, state and your "
-            "files. Only do this where nanobot's account holds nothing else worth protecting."
-        )
-    elif isinstance(sandbox, Unavailable):
-        logger.warning("exec sandbox: {}. {}", sandbox.description, SANDBOX_ERROR_HINT)
-    else:
-        logger.info("exec sandbox: {}", sandbox.description)
 
 
 def build_tools(
@@ -579,31 +329,6 @@ class Intake:
         return cls(bus, journal, gate)
 
 
-def check_channels(config: Config, *, terminal: bool) -> None:
-    """What the gateway's chat channels need to start: a token for each enabled one, and
-    at least one enabled when no terminal is attached (nobody could talk to nanobot).
-
-    Raises:
-        ConfigError: the reason, and how to fix it.
-    """
-    file = f"{config.source}: " if config.source is not None else ""
-    for name, where in (("telegram", "from @BotFather"), ("discord", "from the developer portal")):
-        section = getattr(config.channels, name)
-        if section.enabled and not section.token.get_secret_value().strip():
-            raise ConfigError(
-                f"{file}channels.{name} is enabled but its token is empty: set "
-                f"channels.{name}.token (the bot's token, {where}) or "
-                f"NANOBOT_CHANNELS__{name.upper()}__TOKEN, or set enabled: false"
-            )
-    if not terminal and not _channel_rules(config):
-        raise ConfigError(
-            f"{file}no chat channel is enabled and no terminal is attached, so nobody could "
-            "talk to nanobot: enable one, e.g. channels: {telegram: {enabled: true, token: "
-            '"<from @BotFather>", allow_from: [<your user id>]}} (see config.example.yaml), '
-            "or run `nanobot agent` to chat in this terminal"
-        )
-
-
 async def build_gateway(
     config: Config, parts: Parts, *, terminal: bool, succeeds: str | None = None
 ) -> Gateway:
@@ -620,7 +345,7 @@ async def build_gateway(
         ConfigError: see `check_channels`.
     """
     check_channels(config, terminal=terminal)
-    rules = _channel_rules(config)
+    rules = channel_rules(config)
     if terminal:
         rules[TerminalChannel.name] = EVERYONE
     part = cluster.join(
@@ -730,43 +455,3 @@ async def _together(
     async with asyncio.TaskGroup() as group:
         for name, start in services:
             group.create_task(start(), name=name)
-
-
-def _channel_rules(config: Config) -> dict[str, ChannelRules]:
-    rules = {}
-    for name in ("telegram", "discord"):
-        section = getattr(config.channels, name)
-        if section.enabled:
-            rules[name] = ChannelRules(frozenset(section.allow_from), section.group_policy)
-    return rules
-
-
-def build_channels(
-    config: Config,
-    intake: IntakePort,
-    outbox: OutboxPort | None = None,
-    *,
-    cluster: Cluster | None = None,
-) -> list[Channel]:
-    """The enabled chat channels (their libraries are imported only when enabled), taking
-    messages in through `intake` and keeping `outbox` told where each reply stands; with
-    `cluster`, a channel's polling or gateway connection runs while this member holds its
-    intake role (always, without)."""
-    channels: list[Channel] = []
-    workspace = config.workspace_path
-    inbox = workspace / "inbox"
-    telegram = config.channels.telegram
-    if telegram.enabled:
-        from nanobot.channels.telegram import TelegramChannel
-
-        policy = InboxPolicy(inbox, int(telegram.max_file_mb * 1024 * 1024), workspace)
-        role = cluster.role(intake_role("telegram")) if cluster is not None else SOLO
-        channels.append(TelegramChannel(telegram, intake, policy, outbox=outbox, role=role))
-    discord = config.channels.discord
-    if discord.enabled:
-        from nanobot.channels.discord import DiscordChannel
-
-        policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024), workspace)
-        role = cluster.role(intake_role("discord")) if cluster is not None else SOLO
-        channels.append(DiscordChannel(discord, intake, policy, outbox=outbox, role=role))
-    return channels
