@@ -349,6 +349,8 @@ class Dispatcher:
             logger.info(
                 "{}: answered by another member; this reply is dropped", message.session_key
             )
+            for inbound_id in ids:  # that member tells their producers how it went
+                self._awaited.pop(inbound_id, None)
             return
         if outbound is not None and outbox_id is not None:
             await self._bus.publish(_with_outbox(outbound, outbox_id))

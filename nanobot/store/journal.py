@@ -139,7 +139,8 @@ class Journal:
     async def _answer_each(self, answers: Sequence[_Answer]) -> list[int | None]:
         """Replies queued, and the messages they answer marked answered, by a
         data-modifying WITH: the same statement, so the same transaction. A reply is queued
-        only where this statement marked one of its messages (see `complete`): the UPDATE's
+        only where this statement marked its first message (see `complete`; a turn's
+        messages are claimed together, so its first stands for them): the UPDATE's
         condition is checked again on a row another member changes meanwhile, so of two
         members answering one message, one queues. Their outbox ids, in order (None for
         one not queued)."""
