@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -295,6 +296,12 @@ def test_owner_only_files_made_after_start_are_not_visible(
         again = run(sandbox, f"cat {made[3]} 2>&1; cat {made[0]} 2>&1")
         assert "OWNER-ONLY" not in again.stdout, again.stdout
     finally:
+        # Other workers' sandboxes mask these too (they watch /etc and /opt): made readable
+        # first, so that no command of theirs starting now binds over a file about to go
+        # (bubblewrap cannot make a missing mount point in a read-only /etc).
+        for path in made[:2]:
+            path.chmod(0o644)
+        time.sleep(0.2)
         made[0].unlink(missing_ok=True)
         for path in (made[1], made[1].parent):
             path.unlink() if path.is_file() else path.rmdir()
