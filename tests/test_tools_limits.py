@@ -27,7 +27,7 @@ from nanobot.store.sqlite import SqliteDatabase
 from nanobot.tools import _cgroups
 from nanobot.tools.base import ToolError
 from nanobot.tools.limits import Enforcement, Limits, Scope, enforce, log_enforcement
-from nanobot.tools.sandbox import Confinement, Unconfined, probe
+from nanobot.tools.sandbox import Bubblewrap, Confinement, Unconfined, probe
 from nanobot.tools.shell import ExecParams, ExecTool
 from tests.test_tools_shell import marker, sleepers
 
@@ -242,6 +242,18 @@ async def test_a_limit_that_cannot_be_set_runs_nothing(
     failed, said = await run(exec_tool(tmp_path), "touch ran")
     assert failed
     assert said.startswith("could not set up the command's limits: "), said
+    assert not (tmp_path / "ran").exists()
+
+
+async def test_a_sandbox_that_fails_to_start_says_why_not_the_limits(tmp_path: Path) -> None:
+    # bubblewrap gives up in its setup, before its gate: the call says bubblewrap's reason,
+    # whether or not its init was still there to be put under the limits.
+    tool = exec_tool(tmp_path)
+    assert isinstance(tool.sandbox, Bubblewrap)
+    tool.sandbox._tail = [*tool.sandbox._tail, "--ro-bind", "/nonexistent-source", "/x"]
+    for _ in range(3):
+        failed, said = await run(tool, "touch ran")
+        assert not failed and "bwrap: Can't find source path /nonexistent-source" in said, said
     assert not (tmp_path / "ran").exists()
 
 

@@ -250,6 +250,8 @@ async def _open(gate: Gate, scope: Scope) -> None:
         return
     try:
         scope.hold(init)
+    except ProcessLookupError:
+        return  # bubblewrap's setup failed, its init gone: its output says why
     except OSError as exc:
         raise ToolError(f"could not set up the command's limits: {exc}") from None
     gate.release()
