@@ -81,7 +81,7 @@ class Rig:
             store, policy, {"telegram": ()}, self.journal, self.bus, workspace=workspace
         )
         parts.loop.approver = self.approver
-        self.dispatcher = Dispatcher(parts.loop, self.bus, self.journal, parts.loop)
+        self.dispatcher = Dispatcher(parts.loop, self.bus, self.journal)
         self.typing = TypingIndicator(self._signal, TYPING_INTERVAL, delay=DELAY, name="telegram")
         self.signals = 0
         self.tool_started: float | None = None

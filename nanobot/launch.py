@@ -61,9 +61,7 @@ def ask(config: Config, message: str, session_key: str, *, verbose: bool = False
             way_in = await Intake.build(parts, {CLI: EVERYONE})
             answer = _Answer()
             outcomes: dict[Source, OutcomeSink] = {"chat": answer}
-            dispatcher = Dispatcher(
-                parts.loop, way_in.bus, way_in.journal, parts.loop, outcomes=outcomes
-            )
+            dispatcher = Dispatcher(parts.loop, way_in.bus, way_in.journal, outcomes=outcomes)
             async with asyncio.TaskGroup() as group:
                 dispatching = group.create_task(dispatcher.run(), name="dispatcher")
                 event = InboundMessage(
@@ -99,7 +97,7 @@ def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
             gateway = Gateway(
                 bus=way_in.bus,
                 gate=way_in.gate,
-                dispatcher=Dispatcher(parts.loop, way_in.bus, way_in.journal, parts.loop),
+                dispatcher=Dispatcher(parts.loop, way_in.bus, way_in.journal),
                 manager=ChannelManager([terminal], way_in.bus, way_in.journal),
                 shutdown_timeout=config.gateway.shutdown_timeout,
                 until=terminal.ended,

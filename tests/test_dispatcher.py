@@ -46,7 +46,7 @@ class Harness:
         rules = {channel: ChannelRules(frozenset({"*"})) for channel in channels}
         self.gate = Gate(rules, Access(db), self.journal, self.bus)
         self.dispatcher = Dispatcher(
-            parts.loop, self.bus, self.journal, parts.loop, whole_replies=whole_replies
+            parts.loop, self.bus, self.journal, whole_replies=whole_replies
         )
         self.out: list[Outbound] = []
         self._channels = channels

@@ -49,9 +49,7 @@ async def rig(
     parts = await make_parts(tmp_path, fake_llm, db)
     harness = Harness(parts, db)
     outcomes = {source: sink}
-    harness.dispatcher = Dispatcher(
-        parts.loop, harness.bus, harness.journal, parts.loop, outcomes=outcomes
-    )
+    harness.dispatcher = Dispatcher(parts.loop, harness.bus, harness.journal, outcomes=outcomes)
     return harness
 
 

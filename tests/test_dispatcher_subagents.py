@@ -67,9 +67,7 @@ async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[
         SubagentSettings(tools=subagent_tools(sub_tools.names, allow_exec=False)),
     )
     parts.loop._runner._tools.register(SpawnTool(subagents))
-    harness.dispatcher = Dispatcher(
-        parts.loop, harness.bus, harness.journal, parts.loop, subagents=subagents
-    )
+    harness.dispatcher = Dispatcher(parts.loop, harness.bus, harness.journal, subagents=subagents)
     await harness.start()
     service = asyncio.create_task(subagents.run())
     yield Rig(harness, subagents, gate, reported)

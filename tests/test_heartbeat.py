@@ -83,7 +83,7 @@ async def heartbeat(tmp_path: Path, harness: Harness, target: ChatRef | None) ->
     beat = Watched(tmp_path / "workspace" / "HEARTBEAT.md", harness, target)
     parts = harness.parts
     harness.dispatcher = Dispatcher(
-        parts.loop, harness.bus, harness.journal, parts.loop, outcomes={"heartbeat": beat}
+        parts.loop, harness.bus, harness.journal, outcomes={"heartbeat": beat}
     )
     await harness.start()
     return beat

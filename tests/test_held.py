@@ -86,7 +86,7 @@ class Rig:
 
     def make_dispatcher(self) -> Dispatcher:
         held = Held(self.gate, self.journal)
-        return Dispatcher(self.parts.loop, self.bus, self.journal, self.parts.loop, held=held)
+        return Dispatcher(self.parts.loop, self.bus, self.journal, held=held)
 
     async def start(self) -> None:
         self._tasks = [

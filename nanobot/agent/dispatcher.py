@@ -69,12 +69,6 @@ _INVISIBLE = re.compile(
 )
 
 
-class StatusSource(Protocol):
-    """What `/status` reports for a session."""
-
-    async def status(self, session_key: str) -> str: ...
-
-
 STREAM_INTERVAL = 0.5  # seconds between two stream updates of one reply
 
 
@@ -172,7 +166,6 @@ class Dispatcher:
         loop: AgentLoop,
         bus: MessageBus,
         journal: Journal,
-        status: StatusSource,
         *,
         subagents: Subagents | None = None,
         outcomes: Mapping[Source, OutcomeSink] | None = None,
@@ -186,7 +179,6 @@ class Dispatcher:
         self._loop = loop
         self._bus = bus
         self._journal = journal
-        self._status = status
         self._subagents = subagents
         self._outcomes = dict(outcomes or {})
         self._whole_replies = frozenset(whole_replies)
@@ -393,7 +385,7 @@ class Dispatcher:
                     else "Background tasks are not available here."
                 )
             case "status":
-                text = await self._status.status(key)
+                text = await self._loop.status(key)
             case None:  # a press of a button that is none of ours (forged, or very old)
                 logger.info("{}: a press with unknown data was ignored", message.chat.channel)
                 text = "This button does nothing."

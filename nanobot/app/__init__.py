@@ -404,7 +404,6 @@ async def build_gateway(
         parts.loop,
         way_in.bus,
         way_in.journal,
-        parts.loop,
         subagents=subagents,
         outcomes=outcomes,
         whole_replies=[
