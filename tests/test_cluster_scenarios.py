@@ -296,8 +296,14 @@ async def test_a_dead_members_pending_approval_is_settled_by_the_member_that_tak
         cluster.balance_to(others(cluster, asking)[0])
 
     await said(telegram, ALICE, "It was not run; ask me again.", seconds=LEASE + 30)
-    edited = next(m for m in telegram.sent(ALICE) if m.message_id == shown.message_id)
-    assert "the gateway that asked stopped before it was approved" in edited.visible
+    note = "the gateway that asked stopped before it was approved"
+
+    def edited_card() -> Any:
+        return next(m for m in telegram.sent(ALICE) if m.message_id == shown.message_id)
+
+    # The card's edit and the reply are two deliveries; under load the reply may land first.
+    await until(lambda: note in edited_card().visible)
+    edited = edited_card()
     assert not edited.buttons
     resumed = fake_llm.requests[-1].messages
     assert resumed[-1]["role"] == "tool"

