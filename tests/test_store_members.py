@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -181,6 +182,15 @@ def test_disagrees_names_the_parts_that_differ_sorted() -> None:
     assert me.disagrees(newer) == ["web"]  # a part only one has
 
 
+def _wait_for_its_command_line(pid: int) -> None:
+    """Until /proc shows the process's arguments: the kernel lets the parent go on during the
+    child's exec, a moment before it sets them up, and an empty command line reads as "not
+    nanobot" (seen under load)."""
+    deadline = time.monotonic() + 10
+    while not Path(f"/proc/{pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def test_a_member_whose_process_ended_on_this_host_is_gone() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     here = socket.gethostname()
@@ -189,6 +199,8 @@ def test_a_member_whose_process_ended_on_this_host_is_gone() -> None:
     )
     other = subprocess.Popen(["sleep", "30"])
     try:
+        for started in (nanobot_like, other):
+            _wait_for_its_command_line(started.pid)
         alive = Member.new(now, host=here, pid=nanobot_like.pid)
         assert not alive.ended_here() and not alive.gone(now)
         assert Member.new(now, host=here, pid=other.pid).ended_here()  # a reused pid
