@@ -206,8 +206,8 @@ async def holder_pid(url: str, session: str) -> int | None:
     conn = await asyncpg.connect(url)
     try:
         pid = await conn.fetchval(
-            "SELECT m.pid FROM session_leases l JOIN members m ON m.id = l.holder"
-            " WHERE l.session_key = $1",
+            "SELECT m.pid FROM leases l JOIN members m ON m.id = l.holder"
+            " WHERE l.name = 'session:' || $1",
             session,
         )
     finally:

@@ -94,7 +94,7 @@ async def _lease_end(store: str, session_key: str) -> float:
     conn = await asyncpg.connect(store)
     try:
         text = await conn.fetchval(
-            "SELECT expires_at FROM session_leases WHERE session_key = $1", session_key
+            "SELECT expires_at FROM leases WHERE name = 'session:' || $1", session_key
         )
     finally:
         await conn.close()

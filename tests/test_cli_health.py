@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from nanobot.cluster.timings import ALONE
 from nanobot.store import Database
 from nanobot.store.leases import Leases
-from nanobot.store.members import STALE_AFTER, Member, Members
+from nanobot.store.members import Member, Members
 from tests.conftest import Home
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
@@ -36,7 +37,7 @@ async def telegram() -> AsyncIterator[FakeTelegram]:
 
 
 async def register(home: Home, *, beat_at: datetime, pid: int = 42) -> Member:
-    member = Member.new(beat_at, host="box", pid=pid, version="0.0.9")
+    member = Member.new(beat_at, host="box", pid=pid, version="0.0.9", lifetime=ALONE)
     async with await Database.open(home.data_dir / "state.db") as db:
         await Members(db).register(member)
     return member
@@ -67,9 +68,9 @@ async def test_a_fresh_beat_is_healthy(home: Home) -> None:
     assert result.code == 0, result.stdout + result.stderr
     [line] = result.stdout.splitlines()
     assert line.startswith("gateway alive: pid 42 on host box, last beat ")
-    assert line.endswith(f" s ago (allowed: {STALE_AFTER.seconds} s)")
+    assert line.endswith(f" s ago (allowed: {ALONE.seconds} s)")
     help_text = (await nanobot(home, "status", "--help")).stdout
-    assert f"in the last {STALE_AFTER.seconds} s" in " ".join(help_text.split())
+    assert f"three beats: {ALONE.seconds} s alone" in " ".join(help_text.split())
 
 
 async def test_a_stale_beat_says_since_when_and_which_process_in_the_configured_zone(
@@ -86,7 +87,7 @@ async def test_a_stale_beat_says_since_when_and_which_process_in_the_configured_
 
 
 async def test_a_beat_just_older_than_allowed_is_stale(home: Home) -> None:
-    await register(home, beat_at=datetime.now(UTC) - STALE_AFTER - timedelta(seconds=1))
+    await register(home, beat_at=datetime.now(UTC) - ALONE - timedelta(seconds=1))
     result = await nanobot(home, "status", "--check")
     assert result.code == 1
     assert result.stdout.startswith("no gateway has beaten since ")

@@ -161,7 +161,10 @@ async def holders(url: str) -> dict[str, int]:
     """Member id -> sessions it holds a lease on."""
     conn = await asyncpg.connect(url)
     try:
-        rows = await conn.fetch("SELECT holder, count(*) FROM session_leases GROUP BY holder")
+        rows = await conn.fetch(
+            "SELECT holder, count(*) FROM leases WHERE name LIKE 'session:%'"
+            " AND expires_at > '1970-01-02' GROUP BY holder"  # not released
+        )
     finally:
         await conn.close()
     return {str(r[0]): int(r[1]) for r in rows}
@@ -171,8 +174,8 @@ async def holder_pid(url: str, session: str) -> int:
     conn = await asyncpg.connect(url)
     try:
         pid = await conn.fetchval(
-            "SELECT m.pid FROM session_leases l JOIN members m ON m.id = l.holder"
-            " WHERE l.session_key = $1",
+            "SELECT m.pid FROM leases l JOIN members m ON m.id = l.holder"
+            " WHERE l.name = 'session:' || $1",
             session,
         )
     finally:

@@ -152,7 +152,7 @@ async def test_a_member_killed_while_sending_a_long_reply_leaves_the_rest_to_ano
         return "Paragraph 39" in "".join(m.visible for m in telegram.sent(42))
 
     # Taken as soon as the dead member's session lease lapses, not once its beats are
-    # missed for `STALE_AFTER` (45 s).
+    # missed for `ALONE` (45 s).
     await telegram.wait_for(whole, seconds=LEASE + 20)
     await asyncio.sleep(1)  # anything doubled would have arrived by now
     sent = [m.visible for m in telegram.sent(42)]
@@ -262,8 +262,9 @@ async def test_an_approval_pressed_on_another_member_lets_the_waiting_run_go_on_
     # takes a free session is a race): the press is answered there, not where the run waits.
     await fetch(
         postgres_url,
-        "INSERT INTO session_leases (session_key, holder, expires_at) VALUES ($1, $2, $3)",
-        f"telegram:{ALICE}",
+        "INSERT INTO leases (name, holder, token, acquired_at, expires_at)"
+        " VALUES ($1, $2, 1, $3, $3)",
+        f"session:telegram:{ALICE}",
         await member_id(postgres_url, presser),
         to_text(datetime.now(UTC) + timedelta(seconds=LEASE)),
     )

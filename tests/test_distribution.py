@@ -14,6 +14,7 @@ import pytest
 from nanobot.bus.events import ChatRef, InboundMessage
 from nanobot.bus.queue import MessageBus
 from nanobot.cluster.distribution import Distributor
+from nanobot.cluster.timings import ALONE
 from nanobot.store import Database, Journal
 from nanobot.store.claims import Claims
 from nanobot.store.members import Member as MemberRow
@@ -92,7 +93,7 @@ async def register(db: Database, *names: str) -> None:
     """`names` as live members: none of them is alone, so new sessions are shared out."""
     members = Members(db)
     for name in names:
-        await members.register(replace(MemberRow.new(members.now()), id=name))
+        await members.register(replace(MemberRow.new(members.now(), lifetime=ALONE), id=name))
 
 
 async def until(condition: Callable[[], bool], *members: Member, seconds: float = 20) -> None:

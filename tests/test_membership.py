@@ -12,8 +12,9 @@ import pytest
 from loguru import logger
 
 from nanobot.cluster.membership import Membership
+from nanobot.cluster.timings import ALONE, BEAT_INTERVAL
 from nanobot.store import Database
-from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
+from nanobot.store.members import Member, Members
 
 T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
 
@@ -69,7 +70,7 @@ async def test_the_row_lives_while_the_block_runs_and_goes_at_a_clean_end(
 ) -> None:
     clock, ticks = Clock(), Ticks()
     members = Members(db, clock)
-    dead = Member.new(T0 - timedelta(hours=1), pid=1)
+    dead = Member.new(T0 - timedelta(hours=1), pid=1, lifetime=ALONE)
     await members.register(dead)  # a process that died without leaving
     async with Membership(members, sleep=ticks.sleep) as membership:
         [row] = await members.all()  # the dead one is forgotten
@@ -107,7 +108,7 @@ async def test_a_failed_beat_is_logged_once_and_never_stops_the_beating(
             "WARNING could not record this gateway's beat in the state database: "
         )
         assert "readonly" in failed
-        assert f"reports it down once no beat is recorded for {STALE_AFTER.seconds}s" in failed
+        assert f"reports it down once no beat is recorded for {ALONE.seconds}s" in failed
         assert f"(next try in {BEAT_INTERVAL.seconds} s)" in failed
 
         await db.execute("PRAGMA query_only = OFF")  # the disk has room again
@@ -136,7 +137,7 @@ async def test_a_store_failing_at_start_and_stop_is_logged_not_raised(
     assert lines[-1].startswith(
         "WARNING could not remove this gateway's row from the members table ("
     )
-    assert lines[-1].endswith(f"it goes stale in {STALE_AFTER.seconds}s")
+    assert lines[-1].endswith(f"it goes stale in {ALONE.seconds}s")
     assert len(await members.all()) == 1
 
 
@@ -150,7 +151,7 @@ async def test_a_member_whose_config_differs_from_a_live_one_is_refused(
 
     clock = Clock()
     members = Members(db, clock)
-    running = Member.new(T0, host="alpha", pid=4242, agreement=AGREED)
+    running = Member.new(T0, host="alpha", pid=4242, agreement=AGREED, lifetime=ALONE)
     await members.register(running)
     differing = {**AGREED, "model": "m2", "tools": "x2"}
     membership = Membership(members, agreement=differing, sleep=Ticks().sleep)
@@ -169,8 +170,12 @@ async def test_members_that_agree_start_and_another_workspace_is_warned_about(
 ) -> None:
     clock = Clock()
     members = Members(db, clock)
-    elsewhere = Member.new(T0, host="alpha", pid=1, workspace="/mnt/a", agreement=AGREED)
-    same = Member.new(T0, host="beta", pid=2, workspace="/mnt/shared", agreement=AGREED)
+    elsewhere = Member.new(
+        T0, host="alpha", pid=1, workspace="/mnt/a", agreement=AGREED, lifetime=ALONE
+    )
+    same = Member.new(
+        T0, host="beta", pid=2, workspace="/mnt/shared", agreement=AGREED, lifetime=ALONE
+    )
     for member in (elsewhere, same):
         await members.register(member)
     async with Membership(
@@ -189,14 +194,18 @@ async def test_gone_members_and_rows_without_an_agreement_are_not_compared(
     clock = Clock()
     members = Members(db, clock)
     differing = {**AGREED, "model": "m2"}
-    stale = Member.new(T0 - STALE_AFTER - timedelta(seconds=1), pid=1, agreement=differing)
-    predecessor = Member.new(T0, host="alpha", pid=2, workspace="/old", agreement=differing)
-    older = Member.new(T0, host="gamma", pid=3, agreement={})  # a version before
+    stale = Member.new(
+        T0 - ALONE - timedelta(seconds=1), pid=1, agreement=differing, lifetime=ALONE
+    )
+    predecessor = Member.new(
+        T0, host="alpha", pid=2, workspace="/old", agreement=differing, lifetime=ALONE
+    )
+    older = Member.new(T0, host="gamma", pid=3, agreement={}, lifetime=ALONE)  # a version before
     for member in (predecessor, older):
         await members.register(member)
     membership = Membership(members, agreement=AGREED, succeeds=predecessor.id, sleep=Ticks().sleep)
     # The same host and pid: an earlier process of a restarted container.
-    restarted = Member.new(T0, agreement=differing, workspace="/old")
+    restarted = Member.new(T0, agreement=differing, workspace="/old", lifetime=ALONE)
     assert (restarted.host, restarted.pid) == (membership.member.host, membership.member.pid)
     await members.register(stale)
     await members.register(restarted)

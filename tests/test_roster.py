@@ -8,22 +8,20 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from nanobot.cluster.roster import ago, member_line, roster
+from nanobot.cluster.timings import ALONE
 from nanobot.store import Database
-from nanobot.store._times import to_text
+from nanobot.store.claims import Claims
 from nanobot.store.leases import Leases
-from nanobot.store.members import STALE_AFTER, Member, Members
+from nanobot.store.members import Member, Members
 
 AGREED = {"model": "m1", "telegram": "t1"}
 BERLIN = ZoneInfo("Europe/Berlin")
+LEASE = timedelta(seconds=10)
 
 
 async def hold_sessions(db: Database, member: Member, count: int) -> None:
-    until = to_text(datetime.now(UTC) + timedelta(seconds=10))
-    for n in range(count):
-        await db.execute(
-            "INSERT INTO session_leases (session_key, holder, expires_at) VALUES (?, ?, ?)",
-            (f"telegram:{member.pid}{n}", member.id, until),
-        )
+    keys = [f"telegram:{member.pid}{n}" for n in range(count)]
+    assert len(await Claims(db, member.id).hold_all(keys, datetime.now(UTC), LEASE)) == count
 
 
 async def register(
@@ -31,7 +29,13 @@ async def register(
 ) -> Member:
     now = datetime.now(UTC)
     member = Member.new(
-        now, host="box", pid=pid, version="1.0", workspace=workspace, agreement=agreement
+        now,
+        host="box",
+        pid=pid,
+        version="1.0",
+        workspace=workspace,
+        agreement=agreement,
+        lifetime=ALONE,
     )
     await Members(db).register(member)
     return member
@@ -78,7 +82,9 @@ async def test_a_member_running_another_config_is_named(db: Database) -> None:
 
 
 async def test_gone_members_are_listed_but_not_compared(db: Database) -> None:
-    gone = Member.new(datetime(2026, 1, 15, 8, 30, 5, tzinfo=UTC), host="box", pid=7)
+    gone = Member.new(
+        datetime(2026, 1, 15, 8, 30, 5, tzinfo=UTC), host="box", pid=7, lifetime=ALONE
+    )
     gone = replace(gone, workspace="/old", agreement={"model": "m0"})
     await Members(db).register(gone)
     await register(db, 8, workspace="/srv/ws", agreement=AGREED)
@@ -97,11 +103,13 @@ async def test_no_gateway_running(db: Database) -> None:
 
 def test_a_member_line_without_extras_and_the_elapsed_times() -> None:
     now = datetime(2026, 1, 15, 9, 0, tzinfo=UTC)
-    member = Member.new(now - timedelta(seconds=5), host="box", pid=4, version="2.0")
+    member = Member.new(
+        now - timedelta(seconds=5), host="box", pid=4, version="2.0", lifetime=ALONE
+    )
     assert member_line(member, now, ZoneInfo("UTC")) == (
         "pid 4 on host box, version 2.0, up since 2026-01-15 08:59:55 UTC; last beat 5 s ago"
     )
-    assert member.stale(now + STALE_AFTER + timedelta(seconds=1))
+    assert member.stale(now + ALONE + timedelta(seconds=1))
     assert [ago(timedelta(seconds=s)) for s in (-1, 119, 120, 7199, 7200)] == [
         "0 s",
         "119 s",

@@ -4,12 +4,18 @@ taken over once lapsed, messages claimed once, replies of dead members handed on
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from contextlib import closing
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from nanobot.store import Database, Journal, NewEntry, SessionStore
-from nanobot.store.claims import Claims
-from nanobot.store.members import STALE_AFTER, Member, Members
+from nanobot.cluster.timings import ALONE
+from nanobot.store import Database, Journal, NewEntry, SessionStore, migrations
+from nanobot.store._times import to_text
+from nanobot.store.claims import SESSIONS, Claims
+from nanobot.store.leases import Leases
+from nanobot.store.members import Member, Members
 
 LEASE = timedelta(seconds=10)
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -22,6 +28,11 @@ def record(chat: str, text: str) -> dict[str, object]:
         "text": text,
         "message_id": text,
     }
+
+
+async def held(db: Database, at: datetime = T0) -> dict[str, int]:
+    """How many sessions each member holds at `at`."""
+    return await Leases(db, clock=lambda: at).counts(SESSIONS)
 
 
 async def journal(db: Database, chat: str, *texts: str) -> list[int]:
@@ -40,7 +51,7 @@ async def test_one_member_holds_a_session_until_its_lease_lapses(db: Database) -
     assert not await b.hold("telegram:1", T0 + timedelta(seconds=14), LEASE)
     assert await b.hold("telegram:1", T0 + timedelta(seconds=15), LEASE)  # lapsed: b's now
     assert not await a.hold("telegram:1", T0 + timedelta(seconds=16), LEASE)
-    assert await a.holders() == {"b": 1}
+    assert await held(db, T0 + timedelta(seconds=16)) == {"b": 1}
 
 
 async def test_two_members_racing_for_many_sessions_never_share_one(db: Database) -> None:
@@ -58,7 +69,7 @@ async def test_two_members_racing_for_many_sessions_never_share_one(db: Database
     assert won_a | won_b == set(keys)
     assert not won_a & won_b
     expected = {member: len(won) for member, won in (("a", won_a), ("b", won_b)) if won}
-    assert await a.holders() == expected
+    assert await held(db) == expected
 
 
 async def test_candidates_leave_out_what_another_member_holds_and_what_is_ours(
@@ -93,38 +104,39 @@ async def test_a_dead_members_replies_go_to_a_live_one_once(db: Database) -> Non
     await mine.enqueue("telegram", {"chat": {"channel": "telegram", "chat_id": "2"}})
     await Journal(db).enqueue("telegram", {"chat": {"channel": "telegram", "chat_id": "3"}})
     live = Claims(db, "live")
-    assert [item.id for item in await live.orphaned_replies(["live"], T0)] == [orphan]
-    assert await live.orphaned_replies(["live"], T0) == []  # now its own
+    assert [item.id for item in await live.orphaned_replies(["live"])] == [orphan]
+    assert await live.orphaned_replies(["live"]) == []  # now its own
 
 
-async def test_a_member_whose_lease_lapsed_with_no_beat_since_leaves_its_replies(
-    db: Database,
-) -> None:
-    """Sooner than its membership lapses: a member renews its leases and beats together,
-    so a lapsed lease and no beat since mean it died (a lease ago)."""
-    for name in ("dead", "slow", "live"):
-        await Members(db, clock=lambda: T0).register(replace(Member.new(T0), id=name))
-    alive = ["dead", "slow", "live"]  # no beat is stale yet
-    for name, chat in (("dead", "1"), ("slow", "2"), ("live", "3")):
-        assert await Claims(db, name).hold(f"telegram:{chat}", T0, LEASE)
+async def test_a_member_whose_membership_expired_leaves_its_replies(db: Database) -> None:
+    """The one rule of liveness: alive until its row expires (its leases do not come into
+    it: in a cluster a member lives exactly as long as they hold, `cluster.timings`)."""
+    members = {
+        name: replace(Member.new(T0, lifetime=LEASE), id=name) for name in ("dead", "slow", "live")
+    }
+    for member in members.values():
+        await Members(db, clock=lambda: T0).register(member)
     reply = {"chat": {"channel": "telegram", "chat_id": "1"}}
     orphan = await Journal(db, member="dead").enqueue("telegram", reply)
     slowed = await Journal(db, member="slow").enqueue("telegram", reply)
     await Journal(db, member="live").enqueue("telegram", reply)
     live = Claims(db, "live")
-    assert await live.next_lapse(T0) == T0 + LEASE  # the others' replies are watched
-    assert await live.quiet_since() == T0
-    assert await live.orphaned_replies(alive, T0 + LEASE / 2) == []
-    lapsed = T0 + LEASE
-    # "slow" missed its renewals but is alive: it beat since (a renewal would not revive it)
-    await Members(db, clock=lambda: lapsed).beat(replace(Member.new(T0), id="slow"))
-    assert [item.id for item in await live.orphaned_replies(alive, lapsed)] == [orphan]
-    assert await live.orphaned_replies(alive, lapsed) == []  # now its own
-    # Later "slow" is not alive any more; "live" neither by what it is told, nor by its
-    # lapsed lease (it was stuck): it takes the other's reply, never its own again.
-    taken = await live.orphaned_replies(["someone"], lapsed + LEASE)
+    assert await live.next_expiry() == T0 + LEASE  # the others' replies are watched
+    # "slow" and "live" beat half a lease later; "dead" does not
+    for name in ("slow", "live"):
+        await Members(db, clock=lambda: T0 + LEASE / 2).beat(members[name])
+    assert await live.next_expiry() == T0 + LEASE  # still dead's
+    rows = await Members(db).all()
+    alive = [m.id for m in rows if not m.stale(T0 + LEASE)]
+    assert sorted(alive) == ["live", "slow"]
+    assert [m.id for m in rows if m.stale(T0 + LEASE - timedelta(microseconds=1))] == []
+    assert [item.id for item in await live.orphaned_replies(alive)] == [orphan]
+    assert await live.orphaned_replies(alive) == []  # now its own
+    assert await live.next_expiry() == T0 + LEASE * 1.5  # slow's, with replies left
+    # Later "slow" is not alive any more; "live" takes its reply, never its own again.
+    taken = await live.orphaned_replies(["someone"])
     assert [item.id for item in taken] == [slowed]
-    assert await live.quiet_since() is None  # nobody else has replies to send
+    assert await live.next_expiry() is None  # nobody else has replies to send
 
 
 async def test_leaving_gives_every_session_up(db: Database) -> None:
@@ -136,7 +148,7 @@ async def test_leaving_gives_every_session_up(db: Database) -> None:
     await a.release()
     assert await b.hold("telegram:1", T0 + timedelta(seconds=6), LEASE)
     assert await b.hold("telegram:2", T0 + timedelta(seconds=6), LEASE)
-    assert await a.holders() == {"b": 2}
+    assert await held(db, T0 + timedelta(seconds=6)) == {"b": 2}
 
 
 async def accept(claims: Claims, chat: str, text: str, now: datetime = T0) -> tuple[int, bool]:
@@ -148,16 +160,18 @@ async def accept(claims: Claims, chat: str, text: str, now: datetime = T0) -> tu
 
 
 async def register(db: Database, name: str, beat: datetime = T0) -> None:
-    await Members(db, clock=lambda: beat).register(replace(Member.new(beat), id=name))
+    await Members(db, clock=lambda: beat).register(
+        replace(Member.new(beat, lifetime=ALONE), id=name)
+    )
 
 
 async def test_a_member_alone_takes_a_free_session_as_it_journals_a_message(db: Database) -> None:
     a, b = Claims(db, "a"), Claims(db, "b")
     await register(db, "a")
-    await register(db, "b", T0 - STALE_AFTER - timedelta(seconds=1))  # dead long ago
+    await register(db, "b", T0 - ALONE - timedelta(seconds=1))  # dead long ago
     first, here = await accept(a, "1", "m1")
     assert here
-    assert await a.holders() == {"a": 1}
+    assert await held(db) == {"a": 1}
     assert await a.candidates(T0, 10) == []  # claimed already: nothing left to take
     assert await b.candidates(T0, 10) == []  # a holds the session
     assert (
@@ -175,7 +189,7 @@ async def test_in_a_cluster_a_member_takes_at_once_only_a_session_it_holds(db: D
     await register(db, "b")
     first, here = await accept(a, "1", "m1")
     assert not here  # a new session is shared out through the candidates
-    assert await a.holders() == {}
+    assert await held(db) == {}
     assert [c.id for c in await b.candidates(T0, 10)] == [first]
     assert await a.hold("telegram:1", T0, LEASE)
     # m1 waits for nobody's claim yet: answering m2 first would break the session's order
@@ -188,7 +202,7 @@ async def test_in_a_cluster_a_member_takes_at_once_only_a_session_it_holds(db: D
     assert await b.hold("telegram:2", T0, LEASE)
     fourth, here = await accept(a, "2", "m4")
     assert not here
-    assert await a.holders() == {"a": 1, "b": 1}
+    assert await held(db) == {"a": 1, "b": 1}
     assert [c.id for c in await b.candidates(T0, 10)] == [fourth]
 
 
@@ -219,7 +233,7 @@ async def test_leases_are_taken_many_at_once_and_only_where_free(db: Database) -
     assert await a.hold("telegram:4", T0, LEASE)
     keys = ["telegram:1", "telegram:2", "telegram:3", "telegram:4"]
     assert await a.hold_all(keys, T0, LEASE) == {"telegram:1", "telegram:3", "telegram:4"}
-    assert await a.holders() == {"a": 3, "b": 1}
+    assert await held(db) == {"a": 3, "b": 1}
     assert await a.hold_all([], T0, LEASE) == set()
 
 
@@ -298,3 +312,38 @@ async def test_answers_written_together_queue_only_those_still_ours(db: Database
     assert queued[0] is not None and queued[1] is None and queued[2] is not None
     states = await db.fetchall("SELECT id, state FROM inbound ORDER BY id")
     assert [row["state"] for row in states] == ["done", "pending"]
+
+
+async def test_session_leases_and_members_from_before_the_one_lease_carry_over(
+    tmp_path: Path,
+) -> None:
+    """Schema 19 kept session leases in a table of their own, with no token, and members
+    with no expiry: a lease held then is held after the upgrade, by its holder, until its
+    expiry; a member row from then is expired (its process runs an older version)."""
+    path = tmp_path / "state.db"
+    until = to_text(datetime.now(UTC) + LEASE)
+    with closing(sqlite3.connect(path)) as conn:
+        for version, script in enumerate(migrations.MIGRATIONS[:19], start=1):
+            conn.executescript(script)
+            conn.execute(f"PRAGMA user_version = {version}")
+        conn.execute(
+            "INSERT INTO session_leases (session_key, holder, expires_at) VALUES (?, ?, ?)",
+            ("telegram:1", "old", until),
+        )
+        conn.execute(
+            "INSERT INTO members (id, host, pid, version, started_at, beat_at)"
+            " VALUES ('old', 'box', 7, '0.9', ?, ?)",
+            (to_text(T0), to_text(T0)),
+        )
+        conn.commit()
+    async with await Database.open(path) as db:
+        assert await held(db, datetime.now(UTC)) == {"old": 1}
+        assert not await Claims(db, "new").hold("telegram:1", datetime.now(UTC), LEASE)
+        [lease] = await Leases(db).all()
+        assert (lease.name, lease.token, to_text(lease.expires_at)) == (
+            "session:telegram:1",
+            1,
+            until,
+        )
+        [member] = await Members(db).all()
+        assert member.expires_at == member.beat_at == T0 and member.stale(T0)

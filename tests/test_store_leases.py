@@ -124,6 +124,44 @@ async def test_holders_lists_what_each_holds_now(leases: Leases, clock: Clock) -
     assert await leases.holders() == {"b": ["intake:discord"]}
 
 
+async def test_many_are_taken_renewed_and_released_in_one_statement_each(
+    leases: Leases, clock: Clock
+) -> None:
+    await leases.acquire("session:2", "b", TTL)
+    await leases.acquire("session:3", "b", TTL)
+    await leases.release((await leases.all())[-1])  # b gives session:3 up
+    await leases.acquire("session:4", "a", TTL)
+    names = ["session:4", "session:1", "session:2", "session:3", "session:1"]
+    taken = await leases.acquire_all(names, "a", TTL)
+    assert [(lease.name, lease.token) for lease in taken] == [
+        ("session:1", 1),
+        ("session:3", 2),  # a new holding, after b's
+        ("session:4", 1),  # a's already: the same holding, extended
+    ]
+    assert await leases.acquire_all([], "a", TTL) == []
+    await leases.acquire("schedule", "a", TTL)
+    clock.time += TTL / 2
+    assert await leases.renew_all("a", "session:", TTL) == 3  # not its role
+    assert await leases.counts("session:") == {"a": 3, "b": 1}
+    clock.time += TTL / 2
+    assert await leases.holders() == {"a": ["session:1", "session:3", "session:4"]}
+    assert await leases.holders(besides="session:") == {}  # the role lapsed
+    assert await leases.release_all("a", "session:") == 3
+    assert await leases.counts("session:") == {}
+    again = await leases.acquire_all(["session:1"], "b", TTL)
+    assert [(lease.holder, lease.token) for lease in again] == [("b", 2)]
+
+
+async def test_a_prefix_is_matched_as_written(leases: Leases) -> None:
+    """Names are compared by their beginning, not by a pattern: `_` and `%` are letters."""
+    await leases.acquire("session:a_b", "a", TTL)
+    await leases.acquire("sessionXa", "a", TTL)
+    await leases.acquire("s%", "a", TTL)
+    assert await leases.counts("session:") == {"a": 1}
+    assert await leases.counts("s%") == {"a": 1}
+    assert await leases.renew_all("a", "session:a_", TTL) == 1
+
+
 async def test_leases_are_independent(leases: Leases) -> None:
     assert await leases.acquire("schedule", "a", TTL) is not None
     assert await leases.acquire(ROLE, "b", TTL) is not None

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from nanobot.cluster.timings import ALONE, BEAT_INTERVAL
 from nanobot.errors import StoreError
 from nanobot.store import Database
-from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
+from nanobot.store.members import Member, Members
 from tests._clock import Clock
 
 T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
@@ -34,22 +35,25 @@ def test_a_new_member_is_this_process_with_a_random_id() -> None:
     import os
     import socket
 
-    first, second = Member.new(T0), Member.new(T0)
+    first, second = Member.new(T0, lifetime=ALONE), Member.new(T0, lifetime=ALONE)
     assert first.id != second.id and len(first.id) == 16
     assert (first.pid, first.host) == (os.getpid(), socket.gethostname())
     assert first.started_at == first.beat_at == T0
-    assert Member.new(T0, host="box", pid=42).describe() == "pid 42 on host box"
+    assert Member.new(T0, host="box", pid=42, lifetime=ALONE).describe() == "pid 42 on host box"
 
 
 async def test_register_beat_and_leave(members: Members, clock: Clock) -> None:
     assert await members.all() == []
-    me = Member.new(clock(), host="box", pid=42, version="9.9")
+    me = Member.new(clock(), host="box", pid=42, version="9.9", lifetime=ALONE)
     await members.register(me)
     assert await members.all() == [me]
 
     clock.time += BEAT_INTERVAL
     beaten = await members.beat(me)
-    assert beaten == Member(me.id, "box", 42, "9.9", started_at=T0, beat_at=T0 + BEAT_INTERVAL)
+    beat_at = T0 + BEAT_INTERVAL
+    assert beaten == Member(
+        me.id, "box", 42, "9.9", started_at=T0, beat_at=beat_at, expires_at=beat_at + ALONE
+    )
     assert await members.all() == [beaten]
 
     assert await members.leave(me.id)
@@ -58,36 +62,57 @@ async def test_register_beat_and_leave(members: Members, clock: Clock) -> None:
 
 
 async def test_a_member_registered_twice_is_refused(members: Members, clock: Clock) -> None:
-    me = Member.new(clock())
+    me = Member.new(clock(), lifetime=ALONE)
     await members.register(me)
     with pytest.raises(StoreError, match=r"(?i)unique"):
         await members.register(me)
 
 
 async def test_a_beat_writes_a_row_that_is_gone_again(members: Members, clock: Clock) -> None:
-    me = Member.new(clock())
+    me = Member.new(clock(), lifetime=ALONE)
     clock.time += timedelta(minutes=5)
     assert await members.beat(me) == Member(
-        me.id, me.host, me.pid, me.version, started_at=T0, beat_at=clock.time
+        me.id,
+        me.host,
+        me.pid,
+        me.version,
+        started_at=T0,
+        beat_at=clock.time,
+        expires_at=clock.time + ALONE,
     )
     assert [m.id for m in await members.all()] == [me.id]
 
 
-async def test_a_member_is_stale_after_three_missed_beats(members: Members, clock: Clock) -> None:
-    me = Member.new(clock())
+async def test_a_member_is_stale_once_its_row_expires(members: Members, clock: Clock) -> None:
+    me = Member.new(clock(), lifetime=ALONE)
     await members.register(me)
-    assert STALE_AFTER == 3 * BEAT_INTERVAL
+    assert ALONE == 3 * BEAT_INTERVAL
     [row] = await members.all()
+    assert row.lifetime == ALONE and row.expires_at == T0 + ALONE
     assert not row.stale(members.now())
-    clock.time = T0 + STALE_AFTER
+    clock.time = T0 + ALONE - timedelta(microseconds=1)
     assert not row.stale(members.now())
-    clock.time += timedelta(microseconds=1)
+    clock.time = T0 + ALONE
     assert row.stale(members.now())
-    assert not row.stale(members.now(), after=timedelta(minutes=1))
+    clock.time += BEAT_INTERVAL
+    [row] = [await members.beat(row)]  # a beat keeps its lifetime, from now
+    assert row.expires_at == clock.time + ALONE and not row.stale(members.now())
+
+
+async def test_a_member_lives_as_long_as_it_says(members: Members, clock: Clock) -> None:
+    """Readers judge by the expiry each member wrote, never by a timing of their own."""
+    short = Member.new(clock(), pid=1, lifetime=timedelta(seconds=10))
+    await members.register(short)
+    await members.register(Member.new(clock(), pid=2, lifetime=ALONE))
+    clock.time += timedelta(seconds=10)
+    assert [m.pid for m in await members.all() if not m.stale(members.now())] == [2]
 
 
 async def test_all_lists_the_latest_beat_first(members: Members, clock: Clock) -> None:
-    old, new = Member.new(clock(), pid=1), Member.new(clock(), pid=2)
+    old, new = (
+        Member.new(clock(), pid=1, lifetime=ALONE),
+        Member.new(clock(), pid=2, lifetime=ALONE),
+    )
     await members.register(old)
     await members.register(new)
     clock.time += BEAT_INTERVAL
@@ -101,12 +126,15 @@ async def test_all_lists_the_latest_beat_first(members: Members, clock: Clock) -
 async def test_forget_stale_removes_only_the_members_that_stopped_beating(
     members: Members, clock: Clock
 ) -> None:
-    dead, alive = Member.new(clock(), pid=1), Member.new(clock(), pid=2)
+    dead, alive = (
+        Member.new(clock(), pid=1, lifetime=ALONE),
+        Member.new(clock(), pid=2, lifetime=ALONE),
+    )
     await members.register(dead)
     await members.register(alive)
-    clock.time += STALE_AFTER
+    clock.time += ALONE - timedelta(seconds=1)
     await members.beat(alive)
-    assert await members.forget_stale() == 0  # dead is just at the limit
+    assert await members.forget_stale() == 0  # dead a second later
     clock.time += timedelta(seconds=1)
     assert await members.forget_stale() == 1
     assert [m.pid for m in await members.all()] == [2]
@@ -115,7 +143,7 @@ async def test_forget_stale_removes_only_the_members_that_stopped_beating(
 async def test_another_process_sees_the_rows(
     store_target: Path | str, members: Members, clock: Clock
 ) -> None:
-    me = Member.new(clock())
+    me = Member.new(clock(), lifetime=ALONE)
     await members.register(me)
     async with await Database.open(store_target) as other:
         assert await Members(other).all() == [me]
@@ -127,7 +155,7 @@ async def test_times_are_kept_in_utc_whatever_zone_they_come_in(
     from zoneinfo import ZoneInfo
 
     clock.time = datetime(2026, 6, 15, 11, 0, tzinfo=ZoneInfo("Europe/Berlin"))
-    await members.register(Member.new(clock()))
+    await members.register(Member.new(clock(), lifetime=ALONE))
     [row] = await members.all()
     assert row.beat_at == T0 and row.beat_at.tzinfo == UTC
 
@@ -136,13 +164,15 @@ async def test_a_write_that_fails_raises_store_error(tmp_path: Path, clock: Cloc
     async with await Database.open(tmp_path / "state.db") as db:  # SQLite's read-only switch
         await db.execute("PRAGMA query_only = ON")
         with pytest.raises(StoreError, match="readonly"):
-            await Members(db, clock).register(Member.new(clock()))
+            await Members(db, clock).register(Member.new(clock(), lifetime=ALONE))
 
 
 async def test_the_workspace_and_agreement_are_kept_and_a_beat_keeps_them(
     members: Members, clock: Clock
 ) -> None:
-    me = Member.new(clock(), workspace="/srv/ws", agreement={"model": "ab12", "tools": "cd34"})
+    me = Member.new(
+        clock(), workspace="/srv/ws", agreement={"model": "ab12", "tools": "cd34"}, lifetime=ALONE
+    )
     await members.register(me)
     assert await members.all() == [me]
     clock.time += BEAT_INTERVAL
@@ -162,21 +192,23 @@ async def test_a_row_of_a_version_before_has_no_workspace_or_agreement(
     db: Database, members: Members, clock: Clock
 ) -> None:
     await db.execute(
-        "INSERT INTO members (id, host, pid, version, started_at, beat_at)"
+        "INSERT INTO members (id, host, pid, version, started_at, beat_at, expires_at)"
         " VALUES ('old', 'box', 7, '0.9', '2026-06-15T09:00:00+00:00',"
-        " '2026-06-15T09:00:00+00:00')"
+        " '2026-06-15T09:00:00+00:00', '2026-06-15T09:00:45+00:00')"
     )
     [row] = await members.all()
     assert (row.id, row.workspace, dict(row.agreement)) == ("old", "", {})
-    me = Member.new(clock(), agreement={"model": "ab12"})
+    me = Member.new(clock(), agreement={"model": "ab12"}, lifetime=ALONE)
     assert me.disagrees(row) == row.disagrees(me) == []  # nothing to tell
 
 
 def test_disagrees_names_the_parts_that_differ_sorted() -> None:
-    me = Member.new(T0, agreement={"model": "1", "telegram": "2", "tools": "3"})
-    twin = Member.new(T0, agreement={"tools": "3", "model": "1", "telegram": "2"})
-    other = Member.new(T0, agreement={"model": "9", "telegram": "2", "tools": "8"})
-    newer = Member.new(T0, agreement={"model": "1", "telegram": "2", "tools": "3", "web": "4"})
+    me = Member.new(T0, agreement={"model": "1", "telegram": "2", "tools": "3"}, lifetime=ALONE)
+    twin = Member.new(T0, agreement={"tools": "3", "model": "1", "telegram": "2"}, lifetime=ALONE)
+    other = Member.new(T0, agreement={"model": "9", "telegram": "2", "tools": "8"}, lifetime=ALONE)
+    newer = Member.new(
+        T0, agreement={"model": "1", "telegram": "2", "tools": "3", "web": "4"}, lifetime=ALONE
+    )
     assert me.disagrees(twin) == []
     assert me.disagrees(other) == other.disagrees(me) == ["model", "tools"]
     assert me.disagrees(newer) == ["web"]  # a part only one has
@@ -201,14 +233,20 @@ def test_a_member_whose_process_ended_on_this_host_is_gone() -> None:
     try:
         for started in (nanobot_like, other):
             _wait_for_its_command_line(started.pid)
-        alive = Member.new(now, host=here, pid=nanobot_like.pid)
+        alive = Member.new(now, host=here, pid=nanobot_like.pid, lifetime=ALONE)
         assert not alive.ended_here() and not alive.gone(now)
-        assert Member.new(now, host=here, pid=other.pid).ended_here()  # a reused pid
-        assert Member.new(now, host=here, pid=os.getpid()).ended_here()  # an earlier us
-        assert not Member.new(now, host="elsewhere", pid=other.pid).ended_here()
-        assert alive.gone(now + STALE_AFTER + timedelta(seconds=1))  # stale is gone too
+        assert Member.new(
+            now, host=here, pid=other.pid, lifetime=ALONE
+        ).ended_here()  # a reused pid
+        assert Member.new(
+            now, host=here, pid=os.getpid(), lifetime=ALONE
+        ).ended_here()  # an earlier us
+        assert not Member.new(now, host="elsewhere", pid=other.pid, lifetime=ALONE).ended_here()
+        assert alive.gone(now + ALONE + timedelta(seconds=1))  # stale is gone too
     finally:
         for process in (nanobot_like, other):
             process.kill()
             process.wait()
-    assert Member.new(now, host=here, pid=nanobot_like.pid).gone(now)  # reaped: nobody's
+    assert Member.new(now, host=here, pid=nanobot_like.pid, lifetime=ALONE).gone(
+        now
+    )  # reaped: nobody's

@@ -103,8 +103,9 @@ def status(
         bool,
         typer.Option(
             "--check",
-            help="Only say whether a gateway runs on this data dir: exit 0 when one recorded "
-            "its beat in the state database in the last 45 s, else 1 (for HEALTHCHECK).",
+            help="Only say whether a gateway runs on this data dir: exit 0 while one is alive "
+            "by its beats in the state database (three beats: 45 s alone, "
+            "cluster.lease_seconds in a cluster), else 1 (for HEALTHCHECK).",
         ),
     ] = False,
 ) -> None:

@@ -16,8 +16,8 @@ When a member dies its leases lapse, and the members that see pending messages o
 sessions look again at that moment: one takes each session, and resumes the interrupted
 turn as a restart does (the tool call that was running is not run again; the reply is not
 doubled). The replies the dead member queued and did not send are taken by a live member
-(`orphaned_replies`) as soon as one of its leases lapses with no beat of its since, else
-once its membership lapses; the members look again at both moments. A member stopping
+(`orphaned_replies`) once its membership expires (as its leases lapse: `timings`); the
+members look again at that moment. A member stopping
 cleanly finishes or checkpoints its turns, then gives its leases up and says so, so the
 others take its waiting work at once.
 """
@@ -41,7 +41,7 @@ from nanobot.errors import StoreError
 from nanobot.outage import DEFAULT_BACKOFF, Backoff, Outage
 from nanobot.store.claims import Candidate, Claims
 from nanobot.store.journal import Accepted, Journal
-from nanobot.store.members import STALE_AFTER, Members
+from nanobot.store.members import Members
 from nanobot.store.wakeups import INBOUND, Wakeups
 from nanobot.tasks import TaskSet
 
@@ -200,12 +200,12 @@ class Distributor:
 
     async def _wait(self) -> None:
         """Until woken, or until another member may have died leaving work behind: a lease
-        it holds lapses while its session has pending messages or it has replies to send,
-        or it goes stale with replies to send. Those moments are read at most every
+        it holds lapses while its session has pending messages, or its membership expires
+        while it has replies to send. Those moments are read at most every
         FULL_LOOK (a busy member waits between most rounds; reading them each time cost
         more than the rounds): one read a moment ago is used until then, and read again
         then if it is still waiting. A moment read earlier is never later than the true
-        one (leases are only renewed or taken for a lease from now), so none is missed."""
+        one (leases and memberships are only ever extended), so none is missed."""
         if self._wake.is_set():
             self._wake.clear()
             return
@@ -229,10 +229,7 @@ class Distributor:
 
     async def _watched_moments(self) -> datetime | None:
         """The earliest moment another member may turn out dead with work left behind."""
-        moments = [await self._claims.next_lapse(self._now())]
-        quiet = await self._claims.quiet_since()
-        if quiet is not None:
-            moments.append(quiet + STALE_AFTER)
+        moments = [await self._claims.next_lapse(self._now()), await self._claims.next_expiry()]
         return min((moment for moment in moments if moment is not None), default=None)
 
     async def _round(self) -> None:
@@ -281,7 +278,7 @@ class Distributor:
     async def _orphaned_replies(self) -> None:
         now = self._now()
         alive = [m.id for m in await self._members.all() if not m.stale(now)]
-        for item in await self._claims.orphaned_replies(alive, now):
+        for item in await self._claims.orphaned_replies(alive):
             if item.channel in self._channels:
                 logger.info("sending reply {} that a stopped member left unsent", item.id)
                 await self._bus.publish(outbound_from(item.message, item.id, item.parts_sent))

@@ -1,10 +1,10 @@
 """Membership: the running gateway keeps its row in the members table alive.
 
-While the gateway runs, an owned task stamps its row every `BEAT_INTERVAL`; `nanobot status
---check` (Docker's HEALTHCHECK) reads that stamp. A beat that cannot be written (disk full,
-an I/O error, the database locked for too long) is logged once, not at every try, and never
-stops the gateway: the next beat tries again, writing the row anew if it is gone, and one
-line says when beats are recorded again.
+While the gateway runs, an owned task stamps its row at every beat (`timings.beat`), alive for
+three beats from then; `nanobot status --check` (Docker's HEALTHCHECK) reads that stamp. A beat
+that cannot be written (disk full, an I/O error, the database locked for too long) is logged
+once, not at every try, and never stops the gateway: the next beat tries again, writing the row
+anew if it is gone, and one line says when beats are recorded again.
 
 At the start it checks what the members of a cluster must share against the members already
 running on the database: a config that differs in a part that must agree refuses the start
@@ -24,9 +24,10 @@ from typing import Self
 
 from loguru import logger
 
+from nanobot.cluster.timings import BEAT_INTERVAL, lifetime
 from nanobot.errors import ConfigError, StoreError
 from nanobot.outage import Outage
-from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Member, Members
+from nanobot.store.members import Member, Members
 from nanobot.tasks import TaskSet
 
 
@@ -64,21 +65,26 @@ class Membership:
         self._interval = interval
         self._sleep = sleep
         self._succeeds = succeeds
+        self._lifetime = lifetime(interval)
         self._tasks = TaskSet("membership")
         # Beats keep their interval whatever the store's backoff: `status --check` reads them.
         self._outage = Outage(
             failing="could not record this gateway's beat in the state database",
             effect=(
                 "`nanobot status --check` reports it down once no beat is recorded for "
-                f"{STALE_AFTER.total_seconds():g}s"
+                f"{self._lifetime.total_seconds():g}s"
             ),
             back="this gateway's beats are recorded again",
         )
-        self.member = Member.new(members.now(), workspace=workspace, agreement=agreement)
+        self.member = Member.new(
+            members.now(), lifetime=self._lifetime, workspace=workspace, agreement=agreement
+        )
 
     async def __aenter__(self) -> Self:
         now = self._members.now()
-        self.member = replace(self.member, started_at=now, beat_at=now)
+        self.member = replace(
+            self.member, started_at=now, beat_at=now, expires_at=now + self._lifetime
+        )
         try:
             await self._members.forget_stale()
             await self._members.register(self.member)
@@ -152,7 +158,7 @@ class Membership:
                 "could not remove this gateway's row from the members table ({}); it goes "
                 "stale in {:g}s",
                 error,
-                STALE_AFTER.total_seconds(),
+                self._lifetime.total_seconds(),
             )
 
     async def _beating(self) -> None:

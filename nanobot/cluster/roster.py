@@ -3,7 +3,7 @@ when, the roles it plays (`nanobot.cluster.roles`), how many sessions it holds
 (`nanobot.cluster.distribution`), its workspace and whether it beats; and a warning wherever the
 running ones do not share what the members of a cluster must share.
 
-Three small reads (the members, the leases held, the session leases counted by holder),
+Three small reads (the members, the roles held, the session leases counted by holder),
 whatever the number of sessions: `status` stays cheap on a busy cluster.
 """
 
@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Final
 from zoneinfo import ZoneInfo
 
-from nanobot.store.claims import Claims
+from nanobot.store.claims import SESSIONS
 from nanobot.store.database import Database
 from nanobot.store.leases import Leases
 from nanobot.store.members import Member, Members, disagreement
@@ -35,9 +35,9 @@ async def roster(db: Database, zone: ZoneInfo | None, agreement: Mapping[str, st
     """
     members = Members(db)
     found = await members.all()
-    roles = await Leases(db).holders()
-    # Claims only read here: the member it would claim for does not matter.
-    sessions = await Claims(db, member="").holders()
+    leases = Leases(db)
+    roles = await leases.holders(besides=SESSIONS)
+    sessions = await leases.counts(SESSIONS)
     now = members.now()
     rows = [
         ("gateway", member_line(m, now, zone, roles.pop(m.id, []), sessions.get(m.id, 0)))

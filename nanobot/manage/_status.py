@@ -9,13 +9,14 @@ from zoneinfo import ZoneInfo
 
 from nanobot.cluster.agreement import agreement
 from nanobot.cluster.roster import ago, moment, roster
+from nanobot.cluster.timings import BEATS_ALIVE
 from nanobot.config import Config
 from nanobot.manage._command import config_zone
 from nanobot.store import Access, Database, Journal, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.database import Check
 from nanobot.store.journal import FailedReplies
-from nanobot.store.members import BEAT_INTERVAL, STALE_AFTER, Members
+from nanobot.store.members import Members
 
 
 def status(config: Config, path: Path, *, check_db: bool = False) -> list[tuple[str, str]]:
@@ -72,9 +73,10 @@ async def _store_rows(
 
 
 def health(config: Config) -> tuple[str, bool]:
-    """`status --check`: one line, and whether a gateway on this data dir beat in the last
-    `STALE_AFTER`. Reads the state database without checking it (it runs every minute
-    under Docker) and creates nothing: on a fresh data dir no gateway has run.
+    """`status --check`: one line, and whether a gateway on this data dir is alive: its row in the
+    members table has not expired (three beats after its last: 45 s alone). Reads the state
+    database without checking it (it runs every minute under Docker) and creates nothing: on a
+    fresh data dir no gateway has run.
 
     Raises:
         StoreError: the state database cannot be read.
@@ -90,15 +92,16 @@ async def _health(target: Path | str, zone: ZoneInfo | None) -> tuple[str, bool]
         members = Members(db)
         found = await members.all()
         now = members.now()
-    allowed = f"{STALE_AFTER.total_seconds():g} s"
     if not found:
         return "no gateway is running (none is registered in the state database)", False
     latest = found[0]  # the latest beat first
+    allowed = f"{latest.lifetime.total_seconds():g} s"
     if latest.stale(now):
         return (
             f"no gateway has beaten since {moment(latest.beat_at, zone)} "
             f"({latest.describe()}); a running one beats every "
-            f"{BEAT_INTERVAL.total_seconds():g} s and counts as down after {allowed}",
+            f"{latest.lifetime.total_seconds() / BEATS_ALIVE:g} s and counts as down after "
+            f"{allowed}",
             False,
         )
     return (

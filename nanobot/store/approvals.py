@@ -54,6 +54,7 @@ from nanobot.store.approval_records import (
     Verdict,
     request_of,
 )
+from nanobot.store.claims import SESSIONS
 from nanobot.store.database import Database, Row, SqlValue
 
 __all__ = [
@@ -255,8 +256,8 @@ class ApprovalStore(RulesAndLog):
         return await self._close_where(
             "expired",
             note,
-            "NOT EXISTS (SELECT 1 FROM session_leases l WHERE l.session_key ="
-            " approval_requests.session_key AND l.expires_at > ?)",
+            "NOT EXISTS (SELECT 1 FROM leases l WHERE l.name ="
+            f" '{SESSIONS}' || approval_requests.session_key AND l.expires_at > ?)",
             (to_text(self._clock()),),
         )
 

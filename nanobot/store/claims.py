@@ -1,11 +1,12 @@
 """Which member of a cluster answers which session, and sends which reply.
 
 Several gateways on one database share the journal. A session's turns run on one member at a
-time: the one holding its lease (`session_leases`, renewed while held, lapsing when its
-holder dies). A member claims the pending messages of the sessions it holds (`inbound.
-claimed_by`), and the replies it queues are its own to send (`outbox.claimed_by`). When a
-member dies its leases lapse; another takes the sessions, claims their messages and resumes
-their turns as a restart would, and sends the replies the dead member left unsent.
+time: the one holding its lease (a lease named `session:<key>` in `store.leases`, renewed while
+held, lapsing when its holder dies). A member claims the pending messages of the sessions it
+holds (`inbound.claimed_by`), and the replies it queues are its own to send
+(`outbox.claimed_by`). When a member dies its leases lapse; another takes the sessions, claims
+their messages and resumes their turns as a restart would, and sends the replies the dead member
+left unsent.
 
 Every change of hands is one compare-and-set statement, so two members never both hold a
 session, whatever they race for.
@@ -17,11 +18,22 @@ import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Final
 
 from nanobot.store._times import from_text, to_text
 from nanobot.store.database import Database, SqlValue
 from nanobot.store.journal import ACCEPT, Accepted, PendingOutbox, Record, encode
-from nanobot.store.members import STALE_AFTER
+from nanobot.store.leases import Leases, take, taken_params
+
+SESSIONS: Final = "session:"
+"""What the name of a session's lease begins with; the session's key follows."""
+
+# The lease `l` of inbound row `i`'s session (looked up by the leases' names); the session
+# key of lease `l`, what follows the prefix (so that the inbound rows' index on their keys
+# serves a lookup from a lease); whether `l` is a session's lease at all.
+_LEASE_OF = f"l.name = '{SESSIONS}' || i.session_key"
+_KEY_OF = f"substr(l.name, {len(SESSIONS) + 1})"
+_SESSION_LEASE = f"substr(l.name, 1, {len(SESSIONS)}) = '{SESSIONS}'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +61,7 @@ class Claims:
 
     def __init__(self, db: Database, member: str) -> None:
         self._db = db
+        self._leases = Leases(db)
         self.member = member
 
     async def candidates(
@@ -75,8 +88,8 @@ class Claims:
         rows = await self._db.fetchall(
             f"SELECT i.id, i.channel, i.session_key, i.message FROM inbound i"
             f" WHERE i.state = 'pending' AND {where}"
-            " AND NOT EXISTS (SELECT 1 FROM session_leases l"
-            " WHERE l.session_key = i.session_key AND l.holder <> ? AND l.expires_at > ?)"
+            f" AND NOT EXISTS (SELECT 1 FROM leases l WHERE {_LEASE_OF}"
+            " AND l.holder <> ? AND l.expires_at > ?)"
             " ORDER BY i.id LIMIT ?",
             (*params, self.member, to_text(now), limit),
         )
@@ -95,20 +108,10 @@ class Claims:
     ) -> set[str]:
         """Take or renew the leases on `session_keys` in one statement; returns those this
         member holds now (free, lapsed, or already its own)."""
-        if not session_keys:
-            return set()
-        # In one order on every member: two members' statements taking overlapping sessions
-        # then wait for each other in turn, and never deadlock.
-        keys = sorted(set(session_keys))
-        expires = to_text(now + ttl)
-        rows = await self._db.fetchall(
-            "INSERT INTO session_leases (session_key, holder, expires_at) VALUES "
-            + ", ".join(["(?, ?, ?)"] * len(keys))
-            + _LEASE_TAKEN
-            + " RETURNING session_key",
-            (*(v for key in keys for v in (key, self.member, expires)), to_text(now)),
+        taken = await self._leases.acquire_all(
+            [SESSIONS + key for key in session_keys], self.member, ttl, now=now
         )
-        return {str(r["session_key"]) for r in rows}
+        return {lease.name[len(SESSIONS) :] for lease in taken}
 
     async def accept(
         self,
@@ -122,17 +125,18 @@ class Claims:
     ) -> Accepted | None:
         """Journal an inbound message (as `Journal.accept`) and, in the same transaction,
         claim it for this member when it may answer it at once: it holds the session's
-        lease, or no other member is alive and the session is free (taken then, for `ttl`),
-        and no earlier message of the session waits for another member or for none. None
-        when the message was journaled before (the lease may have been renewed all the same).
+        lease, or no other member is alive (`Member.stale`) and the session is free (taken
+        then, for `ttl`), and no earlier message of the session waits for another member or
+        for none. None when the message was journaled before (the lease may have been
+        renewed all the same).
         """
-        alive_since = to_text(now - STALE_AFTER)
-        take: tuple[SqlValue, ...] = (
-            session_key, self.member, to_text(now + ttl),
+        lease, stamp = SESSIONS + session_key, to_text(now)
+        taking: tuple[SqlValue, ...] = (
+            lease, self.member, stamp, to_text(now + ttl),
             session_key, self.member,
-            session_key, self.member, to_text(now),
-            self.member, alive_since,
-            to_text(now),
+            lease, self.member, stamp,
+            self.member, stamp,
+            *taken_params(now, self.member),
         )  # fmt: skip
         row_values: tuple[SqlValue, ...] = (
             channel, message_id, encode(message), to_text(now), session_key
@@ -142,11 +146,11 @@ class Claims:
             row = await self._db.fetchone(
                 f"WITH lease AS ({_TAKE}) "
                 + ACCEPT.format(claimed_by="(SELECT holder FROM lease)"),
-                (*take, *row_values),
+                (*taking, *row_values),
             )
         else:
             async with self._db.transaction():
-                held = await self._db.fetchone(_TAKE, take)
+                held = await self._db.fetchone(_TAKE, taking)
                 row = await self._db.fetchone(
                     ACCEPT.format(claimed_by="?"),
                     (*row_values, self.member if held is not None else None),
@@ -175,12 +179,9 @@ class Claims:
         return sorted(found, key=lambda c: c.id)
 
     async def renew(self, now: datetime, ttl: timedelta) -> int:
-        """Extend every lease this member holds and that has not lapsed (a lapsed one may be
-        another's by now, or about to be); returns how many it renewed."""
-        return await self._db.execute(
-            "UPDATE session_leases SET expires_at = ? WHERE holder = ? AND expires_at > ?",
-            (to_text(now + ttl), self.member, to_text(now)),
-        )
+        """Extend every session lease this member holds and that has not lapsed (a lapsed
+        one may be another's by now, or about to be); returns how many it renewed."""
+        return await self._leases.renew_all(self.member, SESSIONS, ttl, now=now)
 
     async def unclaim(self) -> None:
         """Hand back the pending messages this member claimed (it stopped their turns):
@@ -191,53 +192,41 @@ class Claims:
         )
 
     async def release(self) -> None:
-        """Give up every lease this member holds."""
-        await self._db.write("DELETE FROM session_leases WHERE holder = ?", (self.member,))
+        """Give up every session lease this member holds."""
+        await self._leases.release_all(self.member, SESSIONS)
 
     async def next_lapse(self, now: datetime) -> datetime | None:
-        """When the earliest lease another member holds lapses, of those whose lapse leaves
-        work behind should that member have died: a lease on a session with pending
-        messages, or any lease of a member with replies to send. The moment to look again."""
-        # Two looks, each one pass over the leases: asked per lease, "has its holder
-        # replies to send" would scan the pending replies once per lease.
-        now_text = to_text(now)
+        """When the earliest session lease another member holds lapses, of those on a
+        session with pending messages: should that member have died, its session is to be
+        taken then. The moment to look again."""
         row = await self._db.fetchone(
-            "SELECT MIN(lapse) AS lapse FROM ("
-            "SELECT MIN(l.expires_at) AS lapse FROM session_leases l"
-            " WHERE l.holder <> ? AND l.expires_at > ? AND EXISTS (SELECT 1 FROM inbound i"
-            " WHERE i.session_key = l.session_key AND i.state = 'pending')"
-            " UNION ALL SELECT MIN(l.expires_at) FROM session_leases l"
-            " WHERE l.holder <> ? AND l.expires_at > ? AND l.holder IN"
-            " (SELECT o.claimed_by FROM outbox o WHERE o.state = 'pending')) lapses",
-            (self.member, now_text, self.member, now_text),
+            "SELECT MIN(l.expires_at) AS lapse FROM leases l WHERE l.holder <> ?"
+            f" AND l.expires_at > ? AND {_SESSION_LEASE} AND EXISTS (SELECT 1 FROM inbound i"
+            f" WHERE i.session_key = {_KEY_OF} AND i.state = 'pending')",
+            (self.member, to_text(now)),
         )
         return None if row is None or row["lapse"] is None else from_text(str(row["lapse"]))
 
-    async def quiet_since(self) -> datetime | None:
-        """The oldest latest beat (`members.beat_at`) of another member with replies to
-        send: with `STALE_AFTER` added, when those replies may have to be taken over."""
+    async def next_expiry(self) -> datetime | None:
+        """The earliest expiry (`members.expires_at`) of another member with replies to
+        send: when those replies may have to be taken over (`orphaned_replies`)."""
         row = await self._db.fetchone(
-            "SELECT MIN(m.beat_at) AS beat FROM members m WHERE m.id <> ? AND EXISTS"
+            "SELECT MIN(m.expires_at) AS expiry FROM members m WHERE m.id <> ? AND EXISTS"
             " (SELECT 1 FROM outbox o WHERE o.claimed_by = m.id AND o.state = 'pending')",
             (self.member,),
         )
-        return None if row is None or row["beat"] is None else from_text(str(row["beat"]))
+        return None if row is None or row["expiry"] is None else from_text(str(row["expiry"]))
 
-    async def orphaned_replies(self, alive: Sequence[str], now: datetime) -> list[PendingOutbox]:
-        """Take the unsent replies of other members that are dead, and return them, oldest
-        first, to be sent by this member. A member is dead when it is not in `alive` (its
-        beats stopped, or it stopped without sending them), or when one of its session
-        leases lapsed at `now` and it has not beaten since: a member renews all its leases
-        together, so it stopped doing so a lease ago (this tells sooner than its beats)."""
+    async def orphaned_replies(self, alive: Sequence[str]) -> list[PendingOutbox]:
+        """Take the unsent replies of the other members not in `alive` (dead: their
+        membership expired, or they stopped without sending them), and return them, oldest
+        first, to be sent by this member."""
         marks = ",".join("?" * len(alive)) or "NULL"
         rows = await self._db.fetchall(
             f"UPDATE outbox SET claimed_by = ? WHERE state = 'pending'"
-            f" AND claimed_by IS NOT NULL AND claimed_by <> ? AND (claimed_by NOT IN ({marks})"
-            " OR EXISTS (SELECT 1 FROM session_leases l WHERE l.holder = outbox.claimed_by"
-            " AND l.expires_at <= ? AND NOT EXISTS (SELECT 1 FROM members m"
-            " WHERE m.id = l.holder AND m.beat_at >= l.expires_at)))"
+            f" AND claimed_by IS NOT NULL AND claimed_by <> ? AND claimed_by NOT IN ({marks})"
             " RETURNING id, channel, message, attempts, parts_sent",
-            (self.member, self.member, *alive, to_text(now)),
+            (self.member, self.member, *alive),
         )
         found = [
             PendingOutbox(
@@ -247,31 +236,15 @@ class Claims:
         ]
         return sorted(found, key=lambda p: p.id)
 
-    async def holders(self) -> dict[str, int]:
-        """How many sessions each member holds a lease on (lapsed ones included)."""
-        rows = await self._db.fetchall(
-            "SELECT holder, COUNT(*) AS held FROM session_leases GROUP BY holder"
-        )
-        return {str(r["holder"]): int(r["held"]) for r in rows}
-
-
-# A lease taken only when it is free, lapsed, or already this member's (a compare-and-set).
-_LEASE_TAKEN = (
-    " ON CONFLICT (session_key) DO UPDATE SET holder = excluded.holder,"
-    " expires_at = excluded.expires_at"
-    " WHERE session_leases.holder = excluded.holder OR session_leases.expires_at <= ?"
-)
 
 # `Claims.accept`'s lease: taken (or renewed) when no earlier message of the session waits
 # for another member or for none (answering this one first would break the session's
 # order), and this member holds the session already or no other member is alive (alone, it
 # takes what is free; in a cluster, new sessions are shared out by `candidates`).
-_TAKE = (
-    "INSERT INTO session_leases (session_key, holder, expires_at) SELECT ?, ?, ?"
+_TAKE = take(
+    "SELECT ?, ?, 1, ?, ?"
     " WHERE NOT EXISTS (SELECT 1 FROM inbound WHERE session_key = ? AND state = 'pending'"
     " AND (claimed_by IS NULL OR claimed_by <> ?))"
-    " AND (EXISTS (SELECT 1 FROM session_leases WHERE session_key = ? AND holder = ?"
-    " AND expires_at > ?) OR NOT EXISTS (SELECT 1 FROM members WHERE id <> ? AND beat_at > ?))"
-    + _LEASE_TAKEN
-    + " RETURNING holder"
+    " AND (EXISTS (SELECT 1 FROM leases WHERE name = ? AND holder = ? AND expires_at > ?)"
+    " OR NOT EXISTS (SELECT 1 FROM members WHERE id <> ? AND expires_at > ?))"
 )

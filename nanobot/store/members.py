@@ -1,10 +1,14 @@
 """The members: the gateway processes using this database, one row each while it runs.
 
 A gateway registers when it starts (a random id, new at each start, with its host, pid and
-version), beats every `BEAT_INTERVAL` while it runs, and leaves when it stops cleanly. A row
-whose beat is older than `STALE_AFTER` belongs to a process that died (kill -9, a power cut)
-or hangs (its event loop or its database is stuck): `nanobot status --check` says no gateway
-is alive, and a cluster (several gateways on one database) knows whom to take over from.
+version), beats while it runs, and leaves when it stops cleanly. Each beat extends its row's
+`expires_at` by the member's lifetime (three beats, `nanobot.cluster.timings`), and that is
+the one rule of liveness everyone reads: a member is alive until its row expires, unless its
+process is provably gone (`Member.gone`). A row that expired belongs to a process that died
+(kill -9, a power cut) or hangs (its event loop or its database is stuck): `nanobot status
+--check` says no gateway is alive, and a cluster (several gateways on one database) knows
+whom to take over from. Every reader judges by the expiry the member wrote, so none needs
+to know the timings the member runs with.
 
 A row also says what its member runs with that the members of a cluster must share: the path
 of its workspace, and its *agreement*, a digest per part of the config that must be the same
@@ -13,7 +17,7 @@ names the parts two members differ in.
 
 Moments come from the clock given to `Members` (the wall clock by default), so tests can move
 time; they are compared as the database keeps them, in UTC. In a cluster the hosts' clocks
-must agree to well within `STALE_AFTER`.
+must agree to well within a member's lifetime.
 """
 
 from __future__ import annotations
@@ -26,21 +30,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Final
 
 from nanobot import __version__
 from nanobot.store._times import from_text, to_text, wall_clock
 from nanobot.store.database import Database, Row
 
-BEAT_INTERVAL: Final = timedelta(seconds=15)
-"""How often a running gateway refreshes its row."""
-
-STALE_AFTER: Final = 3 * BEAT_INTERVAL
-"""How old the latest beat may be before the member counts as gone: three beats, so one
-slow or failed write does not make a healthy gateway look dead."""
-
-_COLUMNS = "id, host, pid, version, started_at, beat_at, workspace, agreement"
-_VALUES = "?, ?, ?, ?, ?, ?, ?, ?"
+_COLUMNS = "id, host, pid, version, started_at, beat_at, expires_at, workspace, agreement"
+_VALUES = "?, ?, ?, ?, ?, ?, ?, ?, ?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,17 +49,23 @@ class Member:
     version: str
     started_at: datetime
     beat_at: datetime
+    expires_at: datetime  # alive until then unless it beats again (see `lifetime`)
     workspace: str = ""  # the workspace's path on its host ("" from a version before)
     # Config part -> its digest (`nanobot.cluster.agreement`); empty from a version before.
     agreement: Mapping[str, str] = field(default_factory=dict)
 
-    def stale(self, now: datetime, after: timedelta = STALE_AFTER) -> bool:
-        """Whether its latest beat is more than `after` before `now`."""
-        return now - self.beat_at > after
+    @property
+    def lifetime(self) -> timedelta:
+        """How long it stays alive after each beat (each beat extends it by as much)."""
+        return self.expires_at - self.beat_at
+
+    def stale(self, now: datetime) -> bool:
+        """Whether its row expired at `now`: it has not beaten for its lifetime."""
+        return now >= self.expires_at
 
     def gone(self, now: datetime) -> bool:
-        """Whether it is not running: its beat is stale, or it ran on this host and its pid
-        is no nanobot process any more (killed a moment ago: its beat is still fresh)."""
+        """Whether it is not running: its row expired, or it ran on this host and its pid
+        is no nanobot process any more (killed a moment ago: its row has not expired)."""
         return self.stale(now) or self.ended_here()
 
     def ended_here(self) -> bool:
@@ -87,6 +89,7 @@ class Member:
         cls,
         now: datetime,
         *,
+        lifetime: timedelta,
         host: str | None = None,
         pid: int | None = None,
         version: str = __version__,
@@ -94,7 +97,7 @@ class Member:
         agreement: Mapping[str, str] | None = None,
     ) -> Member:
         """This process (or the given host and pid) as a new member: a fresh random id,
-        started and beating at `now`."""
+        started and beating at `now`, alive for `lifetime` after each beat."""
         return cls(
             id=secrets.token_hex(8),
             host=host if host is not None else socket.gethostname(),
@@ -102,6 +105,7 @@ class Member:
             version=version,
             started_at=now,
             beat_at=now,
+            expires_at=now + lifetime,
             workspace=workspace,
             agreement=dict(agreement or {}),
         )
@@ -144,15 +148,18 @@ class Members:
         )
 
     async def beat(self, member: Member) -> Member:
-        """Stamp `member`'s row with the time now; returns it as written.
+        """Stamp `member`'s row with the time now, alive for its lifetime from now; returns
+        it as written.
 
         A row that is gone (taken for dead while this process was stuck, or a failed
         `register`) is written again, so a member that is alive is always listed.
         """
-        beating = replace(member, beat_at=self._clock())
+        now = self._clock()
+        beating = replace(member, beat_at=now, expires_at=now + member.lifetime)
         await self._db.execute(
             f"INSERT INTO members ({_COLUMNS}) VALUES ({_VALUES})"
-            " ON CONFLICT (id) DO UPDATE SET beat_at = excluded.beat_at",
+            " ON CONFLICT (id) DO UPDATE SET beat_at = excluded.beat_at,"
+            " expires_at = excluded.expires_at",
             _values(beating),
         )
         return beating
@@ -166,14 +173,14 @@ class Members:
         rows = await self._db.fetchall(f"SELECT {_COLUMNS} FROM members ORDER BY beat_at DESC, id")
         return [_member(row) for row in rows]
 
-    async def forget_stale(self, after: timedelta = STALE_AFTER) -> int:
-        """Remove the rows whose beat is more than `after` old (processes that died without
-        leaving); returns how many."""
-        cutoff = to_text(self._clock() - after)
-        return await self._db.execute("DELETE FROM members WHERE beat_at < ?", (cutoff,))
+    async def forget_stale(self) -> int:
+        """Remove the rows that expired (processes that died without leaving); returns how
+        many."""
+        now = to_text(self._clock())
+        return await self._db.execute("DELETE FROM members WHERE expires_at <= ?", (now,))
 
 
-def _values(member: Member) -> tuple[str, str, int, str, str, str, str, str]:
+def _values(member: Member) -> tuple[str, str, int, str, str, str, str, str, str]:
     return (
         member.id,
         member.host,
@@ -181,6 +188,7 @@ def _values(member: Member) -> tuple[str, str, int, str, str, str, str, str]:
         member.version,
         to_text(member.started_at),
         to_text(member.beat_at),
+        to_text(member.expires_at),
         member.workspace,
         json.dumps(dict(sorted(member.agreement.items())), separators=(",", ":"))
         if member.agreement
@@ -196,6 +204,7 @@ def _member(row: Row) -> Member:
         version=str(row["version"]),
         started_at=from_text(row["started_at"]),
         beat_at=from_text(row["beat_at"]),
+        expires_at=from_text(row["expires_at"]),
         workspace=str(row["workspace"]),
         agreement=_agreement(str(row["agreement"])),
     )
