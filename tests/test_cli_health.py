@@ -4,17 +4,20 @@ as a user runs them: real subprocesses, rows written through the store, and one 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from nanobot.cluster.timings import ALONE
+from nanobot.manage import GATEWAY_LOCK
 from nanobot.store import Database
 from nanobot.store.leases import Leases
 from nanobot.store.members import Member, Members
@@ -43,6 +46,21 @@ async def register(home: Home, *, beat_at: datetime, pid: int = 42) -> Member:
     return member
 
 
+@contextmanager
+def holding(home: Home, member: Member | None, pid: int = 42) -> Iterator[None]:
+    """The data dir's gateway lock held as a running gateway holds it (`nanobot.launch`),
+    naming its pid and `member` (none yet: it starts)."""
+    home.data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home.data_dir / GATEWAY_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{pid} {member.id if member else ''}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
 async def test_a_fresh_data_dir_has_no_gateway_and_is_left_as_it_was(home: Home) -> None:
     result = await nanobot(home, "status", "--check")
     assert result.code == 1, result.stderr
@@ -56,41 +74,81 @@ async def test_a_database_without_members_has_no_gateway_running(home: Home) -> 
     async with await Database.open(home.data_dir / "state.db"):
         pass
     result = await nanobot(home, "status", "--check")
+    lock = home.data_dir / GATEWAY_LOCK
     assert (result.code, result.stdout) == (
         1,
-        "no gateway is running (none is registered in the state database)\n",
+        f"no gateway is running on this data dir (nothing holds {lock})\n",
     )
 
 
 async def test_a_fresh_beat_is_healthy(home: Home) -> None:
-    await register(home, beat_at=datetime.now(UTC))
-    result = await nanobot(home, "status", "--check")
+    member = await register(home, beat_at=datetime.now(UTC))
+    with holding(home, member):
+        result = await nanobot(home, "status", "--check")
     assert result.code == 0, result.stdout + result.stderr
     [line] = result.stdout.splitlines()
     assert line.startswith("gateway alive: pid 42 on host box, last beat ")
     assert line.endswith(f" s ago (allowed: {ALONE.seconds} s)")
     help_text = (await nanobot(home, "status", "--help")).stdout
-    assert f"three beats: {ALONE.seconds} s alone" in " ".join(help_text.split())
+    assert f"three beats old: {ALONE.seconds} s alone" in " ".join(help_text.split())
 
 
 async def test_a_stale_beat_says_since_when_and_which_process_in_the_configured_zone(
     home: Home,
 ) -> None:
     home.write_config(home.config.read_text(encoding="utf-8") + BERLIN)
-    await register(home, beat_at=datetime(2026, 1, 15, 8, 30, 5, tzinfo=UTC), pid=7)
-    result = await nanobot(home, "status", "--check")
+    member = await register(home, beat_at=datetime(2026, 1, 15, 8, 30, 5, tzinfo=UTC), pid=7)
+    with holding(home, member, pid=7):  # it hangs: the lock is held, its beats stopped
+        result = await nanobot(home, "status", "--check")
     assert result.code == 1
     assert result.stdout == (
-        "no gateway has beaten since 2026-01-15 09:30:05 CET (pid 7 on host box); a running "
-        "one beats every 15 s and counts as down after 45 s\n"
+        f"no gateway has beaten since 2026-01-15 09:30:05 CET (pid 7 on host box, member "
+        f"{member.id}); a running one beats every 15 s and counts as down after 45 s\n"
     )
 
 
 async def test_a_beat_just_older_than_allowed_is_stale(home: Home) -> None:
-    await register(home, beat_at=datetime.now(UTC) - ALONE - timedelta(seconds=1))
-    result = await nanobot(home, "status", "--check")
+    member = await register(home, beat_at=datetime.now(UTC) - ALONE - timedelta(seconds=1))
+    with holding(home, member):
+        result = await nanobot(home, "status", "--check")
     assert result.code == 1
     assert result.stdout.startswith("no gateway has beaten since ")
+
+
+async def test_another_members_beat_does_not_make_this_gateway_alive(home: Home) -> None:
+    """Two members of a cluster on one database: this data dir's is dead (its lock free) or
+    hung (its beats stopped) while the other beats on."""
+    await register(home, beat_at=datetime.now(UTC), pid=8)  # the other member, alive
+    mine = await register(home, beat_at=datetime.now(UTC) - ALONE, pid=9)
+    result = await nanobot(home, "status", "--check")
+    assert (result.code, result.stdout.split(" (")[0]) == (
+        1,
+        "no gateway is running on this data dir",
+    )
+    with holding(home, mine, pid=9):
+        result = await nanobot(home, "status", "--check")
+    assert result.code == 1
+    assert result.stdout.startswith("no gateway has beaten since ")
+    assert f"(pid 9 on host box, member {mine.id})" in result.stdout
+
+
+async def test_a_gateway_starting_or_without_its_row_is_not_healthy(home: Home) -> None:
+    async with await Database.open(home.data_dir / "state.db"):
+        pass
+    with holding(home, None, pid=5):
+        result = await nanobot(home, "status", "--check")
+    assert (result.code, result.stdout) == (
+        1,
+        "gateway pid 5 is starting: not registered as a member yet\n",
+    )
+    gone = Member.new(datetime.now(UTC), pid=5, lifetime=ALONE)  # never written, or removed
+    with holding(home, gone, pid=5):
+        result = await nanobot(home, "status", "--check")
+    assert result.code == 1
+    assert result.stdout == (
+        f"gateway pid 5 holds this data dir, but its member {gone.id} is not in the state "
+        "database (removed by hand, or its beats cannot be written)\n"
+    )
 
 
 async def test_status_lists_the_gateways_alive_and_gone(home: Home) -> None:
@@ -175,5 +233,5 @@ async def test_a_running_gateway_is_healthy_and_after_a_clean_stop_none_runs(
     check = await nanobot(home, "status", "--check")
     assert (check.code, check.stdout) == (
         1,
-        "no gateway is running (none is registered in the state database)\n",
+        f"no gateway is running on this data dir (nothing holds {home.data_dir / GATEWAY_LOCK})\n",
     )

@@ -22,10 +22,12 @@ import asyncpg
 import pytest
 
 from tests._pgserver import PgServer, throwaway_server
+from tests.conftest import Home
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.llm import FakeLLM, Hang
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import WEBHOOK_LISTENING, GatewayProcess
+from tests.test_cli import nanobot
 from tests.test_gateway_telegram import gateway_config
 from tests.test_telegram_webhook import PUBLIC, SECRET
 
@@ -219,11 +221,26 @@ async def test_a_killed_members_busy_session_is_finished_by_another_once(
     await holder.stop(signal.SIGKILL)
     cluster.balance_to(survivors[0])  # as a load balancer does once a member stops answering
     telegram.user_message(43, "meanwhile", user_id=43)  # the cluster still answers
+    # Each member's health check is about itself: the others' beats do not hide its death.
+    dead = await nanobot(home_of(holder), "status", "--check")
+    assert (dead.code, dead.stdout) == (
+        1,
+        f"no gateway is running on this data dir (nothing holds {holder.data_dir}/gateway.lock)\n",
+    )
+    alive = await nanobot(home_of(survivors[0]), "status", "--check")
+    assert alive.code == 0, alive.stdout + alive.stderr
+    assert survivors[0].process is not None
+    assert alive.stdout.startswith(f"gateway alive: pid {survivors[0].process.pid} on host ")
     await telegram.wait_for(lambda: len(telegram.sent(43)) == 1, seconds=30)
     await telegram.wait_for(lambda: len(telegram.sent(42)) == 1, seconds=60)
     await asyncio.sleep(1)
     assert texts(telegram, 42) == ["the long one"]
     assert any("resuming its turn" in m.log() for m in survivors)
+
+
+def home_of(member: GatewayProcess) -> Home:
+    """The member's installation, as `nanobot` commands run on its host see it."""
+    return Home(member.root, member.config_path, member.data_dir, member.env)
 
 
 async def test_a_restart_of_every_member_loses_and_doubles_nothing(

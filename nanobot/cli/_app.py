@@ -103,9 +103,10 @@ def status(
         bool,
         typer.Option(
             "--check",
-            help="Only say whether a gateway runs on this data dir: exit 0 while one is alive "
-            "by its beats in the state database (three beats: 45 s alone, "
-            "cluster.lease_seconds in a cluster), else 1 (for HEALTHCHECK).",
+            help="Only say whether the gateway of this data dir runs: exit 0 while it holds "
+            "the data dir's lock and beats in the state database (its last beat at most "
+            "three beats old: 45 s alone, cluster.lease_seconds in a cluster), else 1 "
+            "(for HEALTHCHECK).",
         ),
     ] = False,
 ) -> None:

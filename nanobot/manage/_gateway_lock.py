@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 GATEWAY_LOCK = "gateway.lock"
@@ -17,8 +18,23 @@ def lock_holder(fd: int) -> str:
     return words[0] if words else "unknown"
 
 
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The gateway holding a data dir's lock: its pid, and its member id in the state
+    database ("" while it starts, before it has registered)."""
+
+    pid: str
+    member: str
+
+
 def gateway_pid(data_dir: Path) -> str | None:
-    """The pid of the gateway running on `data_dir`, or None when none is.
+    """The pid of the gateway running on `data_dir`, or None when none is."""
+    holder = lock_holder_of(data_dir)
+    return None if holder is None else holder.pid
+
+
+def lock_holder_of(data_dir: Path) -> Holder | None:
+    """The gateway running on `data_dir`, as its lock file names it; None when none runs.
 
     The gateway holds an exclusive `flock` on its lock file while it runs (the kernel drops
     it however the process ends). This takes a shared one for an instant to see whether it
@@ -32,7 +48,8 @@ def gateway_pid(data_dir: Path) -> str | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return lock_holder(fd)
+            words = os.pread(fd, 100, 0).decode("ascii", "replace").split()
+            return Holder(words[0] if words else "unknown", words[1] if len(words) > 1 else "")
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:

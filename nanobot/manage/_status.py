@@ -12,6 +12,7 @@ from nanobot.cluster.roster import ago, moment, roster
 from nanobot.cluster.timings import BEATS_ALIVE
 from nanobot.config import Config
 from nanobot.manage._command import config_zone
+from nanobot.manage._gateway_lock import GATEWAY_LOCK, Holder, lock_holder_of
 from nanobot.store import Access, Database, Journal, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.database import Check
@@ -73,10 +74,12 @@ async def _store_rows(
 
 
 def health(config: Config) -> tuple[str, bool]:
-    """`status --check`: one line, and whether a gateway on this data dir is alive: its row in the
-    members table has not expired (three beats after its last: 45 s alone). Reads the state
-    database without checking it (it runs every minute under Docker) and creates nothing: on a
-    fresh data dir no gateway has run.
+    """`status --check`: one line, and whether the gateway of this data dir is alive: it
+    holds the data dir's lock (`gateway.lock`: its pid and member id), and its row in the
+    members table has not expired (three beats after its last: 45 s alone). About this
+    gateway only, never another member of its cluster: each container's health check sees
+    its own gateway dead or hung. Reads the state database without checking it (it runs
+    every minute under Docker) and creates nothing: on a fresh data dir no gateway has run.
 
     Raises:
         StoreError: the state database cannot be read.
@@ -84,28 +87,38 @@ def health(config: Config) -> tuple[str, bool]:
     target = config.store_target
     if isinstance(target, Path) and not target.exists():
         return f"no gateway has run on this data dir yet ({target} does not exist)", False
-    return asyncio.run(_health(target, config_zone(config)))
+    holder = lock_holder_of(config.data_dir)
+    if holder is None:
+        lock = config.data_dir / GATEWAY_LOCK
+        return f"no gateway is running on this data dir (nothing holds {lock})", False
+    if not holder.member:
+        return f"gateway pid {holder.pid} is starting: not registered as a member yet", False
+    return asyncio.run(_health(target, holder, config_zone(config)))
 
 
-async def _health(target: Path | str, zone: ZoneInfo | None) -> tuple[str, bool]:
+async def _health(target: Path | str, holder: Holder, zone: ZoneInfo | None) -> tuple[str, bool]:
     async with await Database.open(target, check=None) as db:
         members = Members(db)
-        found = await members.all()
+        found = [m for m in await members.all() if m.id == holder.member]
         now = members.now()
     if not found:
-        return "no gateway is running (none is registered in the state database)", False
-    latest = found[0]  # the latest beat first
-    allowed = f"{latest.lifetime.total_seconds():g} s"
-    if latest.stale(now):
         return (
-            f"no gateway has beaten since {moment(latest.beat_at, zone)} "
-            f"({latest.describe()}); a running one beats every "
-            f"{latest.lifetime.total_seconds() / BEATS_ALIVE:g} s and counts as down after "
+            f"gateway pid {holder.pid} holds this data dir, but its member {holder.member} is "
+            "not in the state database (removed by hand, or its beats cannot be written)",
+            False,
+        )
+    [member] = found
+    allowed = f"{member.lifetime.total_seconds():g} s"
+    if member.stale(now):
+        return (
+            f"no gateway has beaten since {moment(member.beat_at, zone)} "
+            f"({member.describe()}, member {member.id}); a running one beats every "
+            f"{member.lifetime.total_seconds() / BEATS_ALIVE:g} s and counts as down after "
             f"{allowed}",
             False,
         )
     return (
-        f"gateway alive: {latest.describe()}, last beat {ago(now - latest.beat_at)} ago "
+        f"gateway alive: {member.describe()}, last beat {ago(now - member.beat_at)} ago "
         f"(allowed: {allowed})",
         True,
     )
