@@ -7,7 +7,7 @@ provider), never deeper.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 
 class NanobotError(Exception):
@@ -19,6 +19,12 @@ class ConfigError(NanobotError):
 
     The message names the file, the key path and the reason.
     """
+
+
+CONFIG_EXIT: Final = 2
+"""The exit status of a configuration error, at start or once every channel refused the
+credentials it was given: the service managers do not restart it (systemd's
+`RestartPreventExitStatus=2`), since the same config would fail again."""
 
 
 class StoreError(NanobotError):

@@ -25,7 +25,7 @@ from nanobot.bus.events import ChatRef, InboundMessage, Source, TurnOutcome
 from nanobot.channels.manager import ChannelManager
 from nanobot.channels.terminal import TerminalChannel
 from nanobot.config import Config
-from nanobot.errors import NanobotError, ProviderError
+from nanobot.errors import CONFIG_EXIT, NanobotError, ProviderError
 from nanobot.gateway import Gateway
 from nanobot.manage import GATEWAY_LOCK, lock_holder
 
@@ -206,7 +206,9 @@ async def _serve(config: Config, lock: _Lock) -> int:
         if gateway.membership is not None:
             lock.record(gateway.membership.member.id)
         code = await gateway.run()
-        return 1 if gateway.manager.all_refused.is_set() else code
+        # Every channel refused (a token rejected, an intent not enabled): a configuration
+        # error, which a restart cannot mend (systemd's RestartPreventExitStatus=2).
+        return CONFIG_EXIT if gateway.manager.all_refused.is_set() else code
 
 
 def _tune_garbage_collection() -> None:

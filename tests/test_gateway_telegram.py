@@ -139,8 +139,24 @@ async def test_a_token_revoked_while_running_is_reported_and_the_gateway_stops(
     after = len(gateway.log().splitlines())
     telegram.fail_next("getUpdates", ApiError(401, "Unauthorized"), times=1000)
     await gateway.wait_log("channels.telegram.token was rejected by Telegram", after=after)
-    assert await gateway.stop(signal.SIGTERM, seconds=20) == 1
+    # Exit 2, a configuration error: systemd's unit and Docker's policy do not restart it.
+    assert await gateway.stop(signal.SIGTERM, seconds=20) == 2
     assert "gateway stopped" in gateway.log()
+    assert "the gateway stops with exit 2 (a configuration error" in gateway.log()
+
+
+async def test_a_token_rejected_at_start_ends_the_gateway_as_a_configuration_error(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    telegram.fail_next("getMe", ApiError(401, "Unauthorized"), times=1000)
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="channels.telegram.token was rejected by Telegram")
+    assert process.process is not None
+    async with asyncio.timeout(30):  # it stops by itself: nothing is left running
+        assert await process.process.wait() == 2
+    assert "the gateway stops with exit 2 (a configuration error" in process.log()
 
 
 @pytest.mark.parametrize("moment", ["model", "tool", "queued"])

@@ -99,7 +99,10 @@ class ChannelManager:
                 logger.error("{} stopped: {}", channel.name, exc)
                 self._stopped_for_good.add(channel.name)
                 if self._stopped_for_good >= set(self.names):
-                    logger.error("every channel was refused; none is left running")
+                    logger.error(
+                        "every channel was refused; none is left running: the gateway stops "
+                        "with exit 2 (a configuration error: fix it, then start it again)"
+                    )
                     self.all_refused.set()
                 return
             except Exception as exc:  # noqa: BLE001 - a channel crash must not end the gateway
