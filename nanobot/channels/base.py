@@ -180,6 +180,13 @@ class _Solo:
 SOLO: Final[Role] = _Solo()
 
 
+class ChannelUnreachable(Exception):
+    """The platform could not be reached: no network (a laptop, a boot before the network
+    is up), its name not resolved, the connection refused or timed out, or its servers
+    failing. The manager starts the channel again with growing pauses, one warning line a
+    try, without a traceback (the message says what failed and where)."""
+
+
 class ChannelRefused(ConfigError):
     """The platform refused the channel itself (its token was rejected, a permission the bot
     needs is not granted): running it again would be refused again, so the manager stops it

@@ -49,6 +49,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Protocol
 
+import aiohttp
 import discord
 from loguru import logger
 
@@ -72,6 +73,7 @@ from nanobot.channels.base import (
     SOLO,
     Channel,
     ChannelRefused,
+    ChannelUnreachable,
     DeliveryError,
     InboxPolicy,
     Intake,
@@ -187,6 +189,10 @@ class DiscordChannel(Channel):
                 await rest.login(token)
             except discord.LoginFailure:  # 401 on logging in
                 raise ChannelRefused(_REJECTED.format("401 Unauthorized")) from None
+            except (aiohttp.ClientError, discord.DiscordServerError) as exc:
+                raise ChannelUnreachable(
+                    f"Discord's API at {self._config.api_base} did not answer: {exc}"
+                ) from exc
             self._sender.client = rest
             self._typing.start()
             await self._role.hold(partial(self._connect, token, deliverable), standby=deliverable)
@@ -257,6 +263,8 @@ class DiscordChannel(Channel):
             await client.start(token)
         except discord.LoginFailure:  # 401 on logging in
             raise ChannelRefused(_REJECTED.format("401 Unauthorized")) from None
+        except (aiohttp.ClientError, discord.DiscordServerError, discord.GatewayNotFound) as exc:
+            raise ChannelUnreachable(f"Discord's gateway did not answer: {exc}") from exc
         except discord.ConnectionClosed as exc:
             if exc.code == AUTHENTICATION_FAILED:  # the token was reset while connected
                 raise ChannelRefused(_REJECTED.format("gateway closed with 4004")) from None

@@ -23,8 +23,10 @@ until the chat writes again: an item that answers one of its messages (`reply_to
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from loguru import logger
 
@@ -33,15 +35,21 @@ from nanobot.bus.queue import MessageBus
 from nanobot.channels.base import (
     Channel,
     ChannelRefused,
+    ChannelUnreachable,
     DeliveryError,
     OutboxPort,
     Undeliverable,
 )
+from nanobot.channels.health import ChannelHealth
 from nanobot.lanes import Lanes
 
 RESTART_DELAYS = (1.0, 2.0, 5.0, 15.0, 30.0, 60.0)
 STABLE_AFTER = 60.0  # seconds connected after which a crash starts the backoff afresh
 DELIVERY_RETRIES = (2.0, 5.0, 15.0)
+# What a channel that cannot reach its platform raises (no network at boot, DNS, a refused
+# or timed-out connection): routine on a laptop or before the network is up, so one warning
+# per try, no traceback.
+UNREACHABLE = (ChannelUnreachable, ConnectionError, TimeoutError, socket.gaierror)
 
 
 class ChannelManager:
@@ -52,8 +60,13 @@ class ChannelManager:
         channels: Sequence[Channel],
         bus: MessageBus,
         outbox: OutboxPort,
+        health: ChannelHealth | None = None,
     ) -> None:
+        """`health` records each channel's state as it changes (in memory only if None)."""
         self._channels = list(channels)
+        self.health = health or ChannelHealth(
+            [c.name for c in self._channels], None, lambda: datetime.now(UTC)
+        )
         self._bus = bus
         self._outbox = outbox
         self._ready = {c.name: asyncio.Event() for c in self._channels}
@@ -90,13 +103,17 @@ class ChannelManager:
 
             def ready(channel: Channel = channel) -> None:
                 logger.info("{} connected", channel.name)
+                self.health.connected(channel.name)
                 self._ready[channel.name].set()
 
+            unreachable = None
             try:
                 await channel.run(ready)
                 logger.warning("{} stopped by itself; restarting", channel.name)
+                self.health.failed(channel.name, "stopped by itself")
             except ChannelRefused as exc:  # it would be refused again: no restart, no traceback
                 logger.error("{} stopped: {}", channel.name, exc)
+                self.health.failed(channel.name, str(exc), for_good=True)
                 self._stopped_for_good.add(channel.name)
                 if self._stopped_for_good >= set(self.names):
                     logger.error(
@@ -105,13 +122,25 @@ class ChannelManager:
                     )
                     self.all_refused.set()
                 return
+            except UNREACHABLE as exc:
+                unreachable = _reason(exc)
+                self.health.failed(channel.name, unreachable)
             except Exception as exc:  # noqa: BLE001 - a channel crash must not end the gateway
                 logger.opt(exception=exc).error("{} crashed: {}", channel.name, exc)
+                self.health.failed(channel.name, _reason(exc))
             if loop.time() - started > STABLE_AFTER:
                 attempt = 0
             delay = RESTART_DELAYS[min(attempt, len(RESTART_DELAYS) - 1)]
             attempt += 1
-            logger.info("restarting {} in {:.0f}s", channel.name, delay)
+            if unreachable is not None:  # routine offline: one line a try, no traceback
+                logger.warning(
+                    "{} cannot reach its platform ({}); trying again in {:.0f}s",
+                    channel.name,
+                    unreachable,
+                    delay,
+                )
+            else:
+                logger.info("restarting {} in {:.0f}s", channel.name, delay)
             await asyncio.sleep(delay)
 
     async def _deliver(self, channel: Channel) -> None:
@@ -244,3 +273,8 @@ class ChannelManager:
 def _chat_key(chat: ChatRef) -> tuple[str, str]:
     """A chat as a whole, every thread or topic in it: what a platform closes to the bot."""
     return chat.channel, chat.chat_id
+
+
+def _reason(exc: BaseException) -> str:
+    """A failure in one line: its text, or its kind where it has none (a bare timeout)."""
+    return str(exc) or type(exc).__name__

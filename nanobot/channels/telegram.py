@@ -31,7 +31,7 @@ from typing import Final, Protocol
 
 from loguru import logger
 from telegram import Bot, Message, Update
-from telegram.error import InvalidToken
+from telegram.error import BadRequest, InvalidToken, NetworkError
 
 from nanobot.bus.events import (
     Button,
@@ -56,6 +56,7 @@ from nanobot.channels.base import (
     SOLO,
     Channel,
     ChannelRefused,
+    ChannelUnreachable,
     DeliveryError,
     InboxPolicy,
     Intake,
@@ -187,6 +188,12 @@ class TelegramChannel(Channel):
                 "channels.telegram.token was rejected by Telegram: check it with @BotFather "
                 "(/mybots → API Token) and set the current one"
             ) from None
+        except NetworkError as exc:  # the connection, a timeout, the server's 5xx
+            if isinstance(exc, BadRequest):  # an answer, not an absence of one
+                raise
+            raise ChannelUnreachable(
+                f"the Bot API at {self._config.api_base} did not answer: {exc}"
+            ) from exc
 
     async def _serve(self, bot: Bot, ready: Callable[[], None]) -> None:
         """Take updates until cancelled: through the webhook if one is configured, else by

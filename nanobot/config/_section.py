@@ -23,3 +23,14 @@ def duration(value: object) -> object:
     if isinstance(value, str):
         return parse_duration(value)
     return value
+
+
+def positive(value: timedelta) -> timedelta:
+    """`value`, a duration that must be longer than zero.
+
+    Raises:
+        ValueError: it is zero or negative (pydantic names the key).
+    """
+    if value <= timedelta(0):
+        raise ValueError("must be longer than zero (e.g. 10m)")
+    return value

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from nanobot.config._section import Section
+from nanobot.config._section import Section, duration, positive
 
 
 class GatewayConfig(Section):
@@ -15,6 +15,16 @@ class GatewayConfig(Section):
     # uvloop where it is installed (it is a dependency except on Windows): the same asyncio
     # API, with less CPU per message; "asyncio" is the standard library's own loop.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # How long an enabled channel may be down (not connected) before `status --check`
+    # reports the gateway unhealthy: long enough for the platform's brief outages.
+    channel_down_limit: timedelta = timedelta(minutes=5)
+
+    @field_validator("channel_down_limit", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        return duration(value)
+
+    _positive = field_validator("channel_down_limit")(positive)
 
 
 class LogConfig(Section):

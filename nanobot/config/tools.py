@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from nanobot.allowed_hosts import AllowedHost
-from nanobot.config._section import Section, duration
+from nanobot.config._section import Section, duration, positive
 from nanobot.sizes import parse_size
 
 
@@ -146,12 +146,7 @@ class ApprovalConfig(Section):
     def _duration(cls, value: object) -> object:
         return duration(value)
 
-    @field_validator("timeout")
-    @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("must be longer than zero (e.g. 10m)")
-        return value
+    _positive = field_validator("timeout")(positive)
 
     def policies(self) -> dict[str, Approval]:
         """Each listed tool's policy, by tool name (`other` applies to the rest)."""

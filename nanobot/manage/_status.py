@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from nanobot.channels.health import FILE as CHANNELS_FILE
+from nanobot.channels.health import ChannelState, read_states
 from nanobot.cluster.agreement import agreement
 from nanobot.cluster.roster import ago, moment, roster
 from nanobot.cluster.timings import BEATS_ALIVE
@@ -45,14 +48,26 @@ def status(config: Config, path: Path, *, check_db: bool = False) -> list[tuple[
         ),
         ("api key", "set" if config.agent.api_key else "not set (provider env vars may apply)"),
     ]
+    running = _channel_states(config.data_dir)
+    zone = config_zone(config)
     for name in ("telegram", "discord"):
         channel = getattr(config.channels, name)
         state = f"enabled, {len(channel.allow_from)} allowed" if channel.enabled else "disabled"
+        if name in running:
+            state += "; " + running[name].describe(lambda at: moment(at, zone))
         rows.append((name, state))
     target = config.store_target
     if isinstance(target, Path) and not target.exists():
         return [*rows, ("state", f"{target} (not created yet)")]
-    return rows + asyncio.run(_store_rows(target, check_db, config_zone(config), agreement(config)))
+    return rows + asyncio.run(_store_rows(target, check_db, zone, agreement(config)))
+
+
+def _channel_states(data_dir: Path) -> dict[str, ChannelState]:
+    """The channels of the gateway running on `data_dir`, by name, as it last recorded
+    them; none when no gateway runs there (what one left behind is out of date)."""
+    if lock_holder_of(data_dir) is None:
+        return {}
+    return {state.name: state for state in read_states(data_dir / CHANNELS_FILE) or []}
 
 
 async def _store_rows(
@@ -93,7 +108,27 @@ def health(config: Config) -> tuple[str, bool]:
         return f"no gateway is running on this data dir (nothing holds {lock})", False
     if not holder.member:
         return f"gateway pid {holder.pid} is starting: not registered as a member yet", False
-    return asyncio.run(_health(target, holder, config_zone(config)))
+    zone = config_zone(config)
+    line, alive = asyncio.run(_health(target, holder, zone))
+    if not alive:
+        return line, False
+    limit = config.gateway.channel_down_limit
+    now = datetime.now(UTC)
+    for state in read_states(config.data_dir / CHANNELS_FILE) or []:
+        if state.down_for(now) > limit:
+            return (
+                f"{line}, but {state.name} is "
+                f"{state.describe(lambda at: moment(at, zone))} (longer than "
+                f"gateway.channel_down_limit, {_span(limit)})",
+                False,
+            )
+    return line, True
+
+
+def _span(duration: timedelta) -> str:
+    """A duration as the config writes it: "5m", "90s"."""
+    seconds = round(duration.total_seconds())
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
 
 
 async def _health(target: Path | str, holder: Holder, zone: ZoneInfo | None) -> tuple[str, bool]:
