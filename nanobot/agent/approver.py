@@ -22,7 +22,7 @@ turn resumes and its call gets "not run".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,6 +60,7 @@ from nanobot.log import printable
 from nanobot.providers.base import ToolCall
 from nanobot.store import ApprovalRequest, ApprovalStore, Journal
 from nanobot.store.approvals import ASKER_GONE, RESTARTED, LogOutcome, Place, Turn, Verdict
+from nanobot.store.wakeups import APPROVAL, Wakeups
 
 STOPPED = "the turn was stopped"
 ASK_HELP = (
@@ -107,7 +108,9 @@ class RunApproval:
 
 class Approver:
     """Asks, waits and decides; one per process. `approvers` is each channel's configured
-    approvers (`channels.<name>.approvers`)."""
+    approvers (`channels.<name>.approvers`); `wakeups`, in a cluster, is what tells the
+    other members of each decision (the run that waits for it may be theirs: they call
+    `decided`)."""
 
     def __init__(
         self,
@@ -118,6 +121,7 @@ class Approver:
         bus: MessageBus,
         *,
         workspace: Path,
+        wakeups: Wakeups | None = None,
     ) -> None:
         self._store = store
         self._policy = policy
@@ -126,18 +130,11 @@ class Approver:
         self._bus = bus
         self._workspace = workspace
         self._waiters: dict[str, asyncio.Future[None]] = {}
-        # In a cluster: tells the other members a request was decided (its run may wait
-        # in one of them); they call `decided`.
-        self._announce: Callable[[str], Awaitable[None]] | None = None
+        self._wakeups = wakeups
         self.restarted: dict[str, str] = {}  # tool call id -> its result, from `recover`
         # The hook of each run still going on, by run id: a run's hooks hold it, so it is
         # dropped once its run is over, however the run ended.
         self._runs: WeakValueDictionary[str, RunApproval] = WeakValueDictionary()
-
-    def announce_with(self, announce: Callable[[str], Awaitable[None]]) -> None:
-        """Tell other processes of each decision through `announce(request id)` (a cluster's
-        wake-up): the run that waits for it may be theirs."""
-        self._announce = announce
 
     def decided(self, request_id: str) -> None:
         """Request `request_id` was decided, maybe by another process: wake its run if it
@@ -352,8 +349,8 @@ class Approver:
             waiter = self._waiters.get(request.id if request else "")
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
-            elif request is not None and self._announce is not None:
-                await self._tell_others(request.id)
+            elif request is not None and self._wakeups is not None:
+                await self._tell_others(self._wakeups, request.id)
             elif request is not None:
                 await self._show(request)  # its run is gone
         else:
@@ -365,11 +362,10 @@ class Approver:
             )
         return answer_text(decision.outcome, decision.request)
 
-    async def _tell_others(self, request_id: str) -> None:
+    async def _tell_others(self, wakeups: Wakeups, request_id: str) -> None:
         """Wake the run waiting for `request_id` in another member, if one does."""
-        assert self._announce is not None
         try:
-            await self._announce(request_id)
+            await wakeups.notify(APPROVAL, request_id)
         except Exception as exc:  # noqa: BLE001 - the decision is stored: it is read at expiry
             logger.warning(
                 "approval {}: could not tell the other members ({}); its run goes on when "

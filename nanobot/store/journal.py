@@ -80,11 +80,6 @@ class Journal:
         self._answers = db.together("answers", self._answer_each)
         self._confirms = db.together("confirmations", self._confirm_each)
 
-    def send_as(self, member: str) -> None:
-        """From now on the replies queued here are member `member`'s to send (a gateway in a
-        cluster says so once, at its start)."""
-        self._member = member
-
     async def accept(
         self, channel: str, message_id: str, message: Record, session_key: str | None = None
     ) -> int | None:
