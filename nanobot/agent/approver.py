@@ -22,8 +22,8 @@ turn resumes and its call gets "not run".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
@@ -32,11 +32,10 @@ from weakref import WeakValueDictionary
 from loguru import logger
 
 from nanobot.agent._grants import holding, pinned
+from nanobot.agent._run_approval import RunApproval, fetched_once
 from nanobot.agent.approval_cards import listing, too_long
 from nanobot.agent.approval_posts import Cards, placing
 from nanobot.agent.approvals import (
-    DEFAULT_POLICIES,
-    UNTRUSTED_TOOLS,
     ApprovalPolicy,
     AskApprovers,
     AskHere,
@@ -52,7 +51,7 @@ from nanobot.agent.approvals import (
     route,
     subject,
 )
-from nanobot.agent.run import Approval, Asking, RunEvent
+from nanobot.agent.run import Approval, Asking
 from nanobot.bus.events import ChatRef, InboundMessage
 from nanobot.bus.queue import MessageBus
 from nanobot.log import printable
@@ -79,30 +78,6 @@ class Caller:
     private: bool = True
     unattended: bool = False
     untrusted: tuple[str, ...] = ()  # content from outside the turn started with
-
-
-@dataclass
-class RunApproval:
-    """The approval hook of one run (`RunHooks.approve`), and its taint: `observe` is a run
-    listener that notes each tool result the run takes in."""
-
-    approver: Approver
-    caller: Caller
-    run_id: str
-    taint: Taint = field(default_factory=Taint)
-    hosts: set[str] = field(default_factory=set)  # fetched from (or approved) in this turn
-
-    async def approve(self, call: ToolCall) -> Approval:
-        return await self.approver.check(self, call)
-
-    def observe(self, event: RunEvent) -> None:
-        if event.kind == "tool_end" and event.tool_call is not None:
-            name = event.tool_call.name
-            if name in UNTRUSTED_TOOLS or name not in DEFAULT_POLICIES:
-                self.taint = self.taint.after(name)
-                return
-            for source in event.taint:  # what its result carries: a marked file, a fetch
-                self.taint = self.taint.with_source(source)
 
 
 class Approver:
@@ -204,7 +179,7 @@ class Approver:
         asking = await self._ask(run, call, what, egress_reason(host, run.taint), host=host)
         if not isinstance(asking, Asking):
             return asking
-        return Asking(_fetched_once(run, host, asking.decision))
+        return Asking(fetched_once(run, host, asking.decision))
 
     def _fetched(self, run: RunApproval, tool: str, arguments: Mapping[str, object]) -> None:
         host = egress(tool, arguments)
@@ -421,11 +396,3 @@ def _turn(caller: Caller) -> Turn:
     """Whose turn it is, for matching saved rules: a person only in their private turn."""
     channel = caller.chat.channel if caller.chat is not None else ""
     return Turn(caller.session_key, channel, caller.user_id if caller.private else None)
-
-
-async def _fetched_once(run: RunApproval, host: str, decision: Awaitable[str | None]) -> str | None:
-    """`decision`; once it allows the fetch, `host` does not ask again in this turn."""
-    result = await decision
-    if result is None:
-        run.hosts.add(host)
-    return result
