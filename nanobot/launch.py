@@ -196,13 +196,14 @@ def _gateway_lock(config: Config) -> Iterator[_Lock]:
 
 async def _serve(config: Config, lock: _Lock) -> int:
     # A fresh `make run` has no API key yet: the gateway starts, says so, and answers.
-    async with open_parts(config, require_key=False) as parts:
+    parts_of_a_gateway = open_parts(
+        config, require_key=False, gateway=True, succeeds=lock.predecessor
+    )
+    async with parts_of_a_gateway as parts:
         if parts.sandbox is not None:
             parts.sandbox.prepare()  # so that the first command does not wait for it
         _tune_garbage_collection()
-        gateway = await build_gateway(
-            config, parts, terminal=sys.stdin.isatty(), succeeds=lock.predecessor
-        )
+        gateway = await build_gateway(config, parts, terminal=sys.stdin.isatty())
         if gateway.membership is not None:
             lock.record(gateway.membership.member.id)
         code = await gateway.run()

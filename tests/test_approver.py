@@ -30,7 +30,7 @@ from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.fakes.tools import EchoTool
 from tests.local_http import serving
 from tests.test_dispatcher import Harness
-from tests.test_loop import make_parts
+from tests.test_loop import add_tools, make_parts
 from tests.test_provider import on_litellm
 
 ALICE = ChatRef("telegram", "1")
@@ -490,9 +490,7 @@ async def test_a_background_task_started_after_a_fetched_page_asks_despite_a_sav
         SubagentSettings(tools=("exec",)),
         approver=rig.approver,
     )
-    main_tools = rig.harness.parts.loop._runner._tools
-    main_tools.register(SpawnTool(subagents))
-    main_tools.register(WebFetchTool(allow_hosts=["127.0.0.1"]))
+    add_tools(rig.harness.parts.loop, SpawnTool(subagents), WebFetchTool(allow_hosts=["127.0.0.1"]))
     # "rm old.log" is always allowed: a saved rule, as a press of Always allow makes one.
     asked = await rig.store.create(
         new_request(
@@ -627,7 +625,7 @@ async def test_a_rule_for_exec_stops_applying_when_the_script_it_runs_changes(
 ) -> None:
     rig = await make_rig(tmp_path, fake_llm, db, tools=DEFAULT_POLICIES)
     shell = RecordedExec()
-    rig.harness.parts.loop._runner._tools.register(shell)
+    add_tools(rig.harness.parts.loop, shell)
     workspace = tmp_path / "workspace"
     workspace.mkdir(exist_ok=True)
     (workspace / "tool.py").write_text("print('safe')\n")
@@ -652,7 +650,7 @@ async def test_a_command_whose_code_cannot_be_pinned_is_offered_once_only(
     tmp_path: Path, fake_llm: FakeLLM, db: Database
 ) -> None:
     rig = await make_rig(tmp_path, fake_llm, db, tools=DEFAULT_POLICIES)
-    rig.harness.parts.loop._runner._tools.register(RecordedExec())
+    add_tools(rig.harness.parts.loop, RecordedExec())
     fake_llm.script(ToolCalls([Call("exec", {"command": "pytest -q"}, id="x1")]))
     await rig.say("test")
     await rig.wait("cards")
@@ -676,7 +674,7 @@ async def test_a_background_tasks_report_asks_the_person_who_started_it(
         SubagentSettings(tools=()),
         approver=rig.approver,
     )
-    rig.harness.parts.loop._runner._tools.register(SpawnTool(subagents))
+    add_tools(rig.harness.parts.loop, SpawnTool(subagents))
     spawn = ToolCalls([Call("spawn", {"task": "look it up", "label": "look"}, id="s1")])
     fake_llm.script_for("sub-model", Text("Found it."))
     fake_llm.script(spawn, Text("Started."), echo("rm found.txt", "c9"), Text("Told them."))
@@ -709,8 +707,7 @@ async def test_after_outside_content_a_fetch_to_a_new_host_asks_and_shows_the_wh
     app.router.add_get("/{tail:.*}", page)
     async with serving(app) as base:
         port = base.rsplit(":", 1)[1]
-        tools = rig.harness.parts.loop._runner._tools
-        tools.register(WebFetchTool(allow_hosts=["127.0.0.1", "localhost"]))
+        add_tools(rig.harness.parts.loop, WebFetchTool(allow_hosts=["127.0.0.1", "localhost"]))
         first = ToolCalls([Call("web_fetch", {"url": f"{base}/before"}, id="f1")])
         leak = f"http://localhost:{port}/c?d=SECRET\u202e"
         fake_llm.script(
@@ -740,7 +737,7 @@ async def test_always_for_a_host_is_a_rule_of_that_persons_turns(
 ) -> None:
     rig = await make_rig(tmp_path, fake_llm, db, tools={**DEFAULT_POLICIES, "echo": "allow"})
     async with serving(web.Application()) as base:
-        rig.harness.parts.loop._runner._tools.register(WebFetchTool(allow_hosts=["127.0.0.1"]))
+        add_tools(rig.harness.parts.loop, WebFetchTool(allow_hosts=["127.0.0.1"]))
         fetch = ToolCalls([Call("web_fetch", {"url": f"{base}/q?x=1"}, id="f1")])
         fake_llm.script(echo("outside"), fetch, Text("Fetched."))
         await rig.say("go")

@@ -18,7 +18,7 @@ from nanobot.tools.registry import ToolRegistry
 from nanobot.tools.spawn import SpawnTool
 from tests.fakes.llm import Call, FakeLLM, Text, ToolCalls
 from tests.test_dispatcher import Harness
-from tests.test_loop import make_parts
+from tests.test_loop import add_tools, make_parts
 from tests.test_provider import on_litellm
 from tests.test_subagents import WaitTool
 
@@ -66,7 +66,7 @@ async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[
         Reporting(harness, reported),
         SubagentSettings(tools=subagent_tools(sub_tools.names, allow_exec=False)),
     )
-    parts.loop._runner._tools.register(SpawnTool(subagents))
+    add_tools(parts.loop, SpawnTool(subagents))
     harness.dispatcher = Dispatcher(parts.loop, harness.bus, harness.journal, subagents=subagents)
     await harness.start()
     service = asyncio.create_task(subagents.run())

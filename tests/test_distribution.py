@@ -19,7 +19,7 @@ from nanobot.store import Database, Journal
 from nanobot.store.claims import Claims
 from nanobot.store.members import Member as MemberRow
 from nanobot.store.members import Members
-from nanobot.store.wakeups import PostgresWakeups
+from nanobot.store.wakeups import INBOUND, Listening, PostgresWakeups
 
 LEASE = timedelta(seconds=1)
 EVENTS: list[str] = []  # what the members did, in order
@@ -47,11 +47,13 @@ class Taker:
 @dataclass
 class Member:
     distributor: Distributor
+    listening: Listening
     taker: Taker
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Future[tuple[None, None]] | None = None
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self.distributor.run(self.taker))
+        """Take work and listen, as the gateway runs its distributor and wake-ups."""
+        self.task = asyncio.gather(self.distributor.run(self.taker), self.listening.run())
 
     async def kill(self) -> None:
         """Stop taking without giving anything up, as a process killed with -9."""
@@ -68,16 +70,17 @@ async def db(postgres_url: str) -> AsyncIterator[Database]:
 
 
 def member(db: Database, url: str, name: str, lease: timedelta = LEASE) -> Member:
+    wakeups = PostgresWakeups(db, url)
     distributor = Distributor(
         Claims(db, name),
         Journal(db),
         Members(db),
-        PostgresWakeups(db, url),
+        wakeups,
         MessageBus(),
         channels={"telegram"},
         lease=lease,
     )
-    return Member(distributor, Taker(name))
+    return Member(distributor, Listening(wakeups, {INBOUND: distributor.woken}), Taker(name))
 
 
 async def arrive(via: Member, chat: str, text: str) -> None:

@@ -21,11 +21,17 @@ from nanobot.gate import CATCH_UP_WINDOW, ChannelRules, Gate, GroupPolicy
 from nanobot.outage import Backoff
 from nanobot.store import Access, Database, Journal
 from nanobot.store.access import MAX_PENDING
+from nanobot.store.failures import LateWatcher
 
 
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    async with await Database.open(tmp_path / "state.db") as database:
+def failures() -> LateWatcher:
+    return LateWatcher()
+
+
+@pytest.fixture
+async def db(tmp_path: Path, failures: LateWatcher) -> AsyncIterator[Database]:
+    async with await Database.open(tmp_path / "state.db", watch=failures) as database:
         yield database
 
 
@@ -394,7 +400,7 @@ async def test_caught_up_until_is_the_latest_moment_recorded_but_within_the_wind
         )
 
 
-def watching_gate(db: Database, clock: Clock) -> Gate:
+def watching_gate(db: Database, clock: Clock, failures: LateWatcher) -> Gate:
     """A gate told of every storage failure of `db`, as the gateway wires it."""
     gate = Gate(
         {"telegram": ChannelRules(frozenset({"42"}))},
@@ -404,15 +410,15 @@ def watching_gate(db: Database, clock: Clock) -> Gate:
         clock=clock,
         retry=PAUSES,
     )
-    db.watch(gate)
+    failures.bind(gate)
     return gate
 
 
 async def test_any_write_failing_for_want_of_storage_stops_intake_until_a_journal_write_succeeds(
-    db: Database,
+    db: Database, failures: LateWatcher
 ) -> None:
     clock = Clock()
-    gate = watching_gate(db, clock)
+    gate = watching_gate(db, clock, failures)
     reopened = asyncio.create_task(gate.reopened())
     await asyncio.sleep(0)
     assert reopened.done()  # open: at once
@@ -444,9 +450,11 @@ async def test_any_write_failing_for_want_of_storage_stops_intake_until_a_journa
     assert not gate.stopped
 
 
-async def test_a_journal_write_that_fails_says_when_to_try_again(db: Database) -> None:
+async def test_a_journal_write_that_fails_says_when_to_try_again(
+    db: Database, failures: LateWatcher
+) -> None:
     clock = Clock()
-    gate = watching_gate(db, clock)
+    gate = watching_gate(db, clock, failures)
     await fill(db)
     with pytest.raises(IntakePaused, match="disk full") as paused:
         await gate(big("42", "1"))
@@ -458,10 +466,10 @@ async def test_a_journal_write_that_fails_says_when_to_try_again(db: Database) -
 
 
 async def test_a_try_of_the_store_comes_due_once_per_pause_and_delays_no_message(
-    db: Database,
+    db: Database, failures: LateWatcher
 ) -> None:
     clock = Clock()
-    gate = watching_gate(db, clock)
+    gate = watching_gate(db, clock, failures)
     assert await asyncio.wait_for(gate.retry_due(), 1) is None  # open: due at once
     await db.fetchall("PRAGMA query_only = ON")
     with pytest.raises(StoreError):

@@ -18,6 +18,7 @@ from nanobot.bus.intake import IntakePaused
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import Record
 from nanobot.channels.base import Intake
+from nanobot.errors import StoreError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.outage import DEFAULT_BACKOFF
 from nanobot.store import Access, Database, Journal
@@ -69,16 +70,28 @@ class Clock:
         return self.now
 
 
+class Gates:
+    """The database's storage-failure watcher here: tells every gate built on it (a restart
+    of the rig builds another on the same database)."""
+
+    def __init__(self) -> None:
+        self.gates: list[Gate] = []
+
+    def store_failed(self, error: StoreError) -> None:
+        for gate in self.gates:
+            gate.store_failed(error)
+
+
 class Rig:
     """Gate, journal, dispatcher and loop on one database, wired as the gateway wires them."""
 
-    def __init__(self, parts: Parts, db: Database) -> None:
-        self.parts, self.db = parts, db
+    def __init__(self, parts: Parts, db: Database, gates: Gates) -> None:
+        self.parts, self.db, self.gates = parts, db, gates
         self.bus, self.clock = MessageBus(), Clock()
         self.journal = FailingJournal(db)
         rules = {"telegram": ChannelRules(frozenset({"*"}))}
         self.gate = Gate(rules, Access(db), self.journal, self.bus, clock=self.clock)
-        db.watch(self.gate)
+        gates.gates.append(self.gate)
         self.dispatcher = self.make_dispatcher()
         self.out: list[Outbound] = []
         self._arrived = asyncio.Event()
@@ -136,14 +149,19 @@ class Rig:
 
 
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    async with await Database.open(tmp_path / "state.db") as database:
+def gates() -> Gates:
+    return Gates()
+
+
+@pytest.fixture
+async def db(tmp_path: Path, gates: Gates) -> AsyncIterator[Database]:
+    async with await Database.open(tmp_path / "state.db", watch=gates) as database:
         yield database
 
 
 @pytest.fixture
-async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[Rig]:
-    rig = Rig(await make_parts(tmp_path, fake_llm, db), db)
+async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database, gates: Gates) -> AsyncIterator[Rig]:
+    rig = Rig(await make_parts(tmp_path, fake_llm, db), db, gates)
     await rig.start()
     yield rig
     await read_only(db, False)
@@ -226,7 +244,7 @@ async def test_what_is_held_at_a_stop_is_answered_after_the_restart(
     await rig.stop()
     await read_only(rig.db, False)
 
-    restarted = Rig(rig.parts, rig.db)
+    restarted = Rig(rig.parts, rig.db, rig.gates)
     await restarted.dispatcher.recover(["telegram"])
     await restarted.start()
     try:

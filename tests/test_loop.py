@@ -16,7 +16,7 @@ from nanobot.agent.runner import SKIPPED, Runner
 from nanobot.agent.taint import Ledger, earlier
 from nanobot.providers.provider import Provider, RetryPolicy
 from nanobot.store import Database, SessionStore, UsageLedger
-from nanobot.tools.base import untrusted
+from nanobot.tools.base import Tool, untrusted
 from nanobot.tools.registry import ToolRegistry
 from nanobot.workspace import copy_template
 from tests.fakes.llm import (
@@ -85,6 +85,13 @@ async def make_parts(
         ledger=ledger,
     )
     return Parts(loop, sessions, echo, blocker, provider)
+
+
+def add_tools(loop: AgentLoop, *tools: Tool[Any]) -> None:
+    """Give the turns of `loop` (a rig's) `tools` as well: a registry is fixed once built,
+    so its runner gets a new one with its tools and these."""
+    runner = loop._runner
+    runner._tools = ToolRegistry([*runner._tools._tools.values(), *tools])
 
 
 @pytest.fixture
@@ -213,7 +220,7 @@ async def test_message_tool_text_is_not_sent_twice(parts: Parts, fake_llm: FakeL
     async def send(text: str) -> None:
         sent.append(text)
 
-    parts.loop._runner._tools.register(MessageTool())
+    add_tools(parts.loop, MessageTool())
     fake_llm.script(ToolCalls([Call("message", {"text": "Here you go."})]), Text("Here you go."))
     reply = await parts.loop.handle(TurnRequest("t:1", "send it", send=send))
     assert sent == ["Here you go."]

@@ -28,6 +28,7 @@ from nanobot.config import load
 from nanobot.gate import ChannelRules, Gate
 from nanobot.outage import Backoff
 from nanobot.store import Access, Database, Journal
+from nanobot.store.failures import LateWatcher
 from tests.fakes.discord import AttachmentFile, FakeDiscord
 from tests.fakes.llm import FakeLLM, Text
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
@@ -188,7 +189,7 @@ async def test_telegram_leaves_updates_unacknowledged_while_the_store_fails_and_
         settings["store"] = {"retry_seconds": [PAUSE]}
         path.write_text(yaml.safe_dump(settings))
         config = load(path)
-        async with open_parts(config) as parts:
+        async with open_parts(config, gateway=True) as parts:
             gateway = await build_gateway(config, parts, terminal=False)
             running = asyncio.create_task(gateway.run())
             try:
@@ -222,10 +223,11 @@ async def test_the_files_of_a_message_intake_did_not_take_are_deleted_at_once(
     tmp_path: Path, fake_telegram: FakeTelegram, lines: Lines
 ) -> None:
     inbox = InboxPolicy(tmp_path / "inbox", max_bytes=1000)
-    async with await Database.open(tmp_path / "state.db") as db:
+    failures = LateWatcher()
+    async with await Database.open(tmp_path / "state.db", watch=failures) as db:
         rules = {"telegram": ChannelRules(frozenset({"42"}))}
         gate = Gate(rules, Access(db), Journal(db), MessageBus(), retry=PAUSES)
-        db.watch(gate)
+        failures.bind(gate)
         await read_only(db, True)
         async with telegram_running(telegram_channel(fake_telegram, gate, inbox)):
             fake_telegram.user_document(42, filename="a.txt", content=b"a", user_id=42)
@@ -243,9 +245,10 @@ async def test_discord_messages_wait_while_the_store_fails_and_are_taken_after(
     tmp_path: Path, lines: Lines
 ) -> None:
     inbox = InboxPolicy(tmp_path / "inbox", max_bytes=1000)
+    failures = LateWatcher()
     async with (
         FakeDiscord(token=TOKEN, heartbeat_interval_ms=500) as fake,
-        await Database.open(tmp_path / "state.db") as db,
+        await Database.open(tmp_path / "state.db", watch=failures) as db,
     ):
         ada = fake.add_user("ada")
         dm = fake.dm_channel(ada)
@@ -257,7 +260,7 @@ async def test_discord_messages_wait_while_the_store_fails_and_are_taken_after(
             bus,
             retry=PAUSES,
         )
-        db.watch(gate)
+        failures.bind(gate)
         async with discord_running(discord_channel(fake, gate, inbox)):
             await read_only(db, True)
             first = fake.user_message(dm, "one", user_id=ada)

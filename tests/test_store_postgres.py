@@ -354,8 +354,7 @@ async def test_a_lost_server_is_a_storage_failure_told_to_the_watchers(
         def store_failed(self, error: StoreError) -> None:
             told.append(error)
 
-    async with await Database.open(postgres_url) as db:
-        db.watch(Watcher())
+    async with await Database.open(postgres_url, watch=Watcher()) as db:
         with pytest.raises(StoreError):
             await db.execute("SELECT * FROM no_such_table")
         assert told == []

@@ -13,7 +13,7 @@ from loguru import logger
 
 from nanobot.outage import Backoff
 from nanobot.store import Database
-from nanobot.store.wakeups import APPROVAL, INBOUND, PostgresWakeups
+from nanobot.store.wakeups import APPROVAL, INBOUND, Listening, PostgresWakeups
 
 
 class Said:
@@ -52,7 +52,7 @@ def lines() -> Iterator[Said]:
 
 async def test_what_many_say_at_once_is_heard_by_every_listener(postgres_url: str) -> None:
     async with await Database.open(postgres_url) as db:
-        speaker, hearer = PostgresWakeups(db, postgres_url), PostgresWakeups(db, postgres_url)
+        speaker = PostgresWakeups(db, postgres_url)
         inbound: list[str] = []
         approvals: list[str] = []
         heard = asyncio.Event()
@@ -64,8 +64,9 @@ async def test_what_many_say_at_once_is_heard_by_every_listener(postgres_url: st
 
             return listener
 
-        hearer.listen(INBOUND, hear(inbound))
-        hearer.listen(APPROVAL, hear(approvals))
+        hearer = Listening(
+            PostgresWakeups(db, postgres_url), {INBOUND: hear(inbound), APPROVAL: hear(approvals)}
+        )
         listening = asyncio.create_task(hearer.run())
         try:
             async with asyncio.timeout(10):  # until it listens
@@ -94,8 +95,7 @@ async def test_a_lost_connection_is_said_once_and_every_listener_woken_when_it_l
     async with await Database.open(postgres_url) as db:
         wakeups = PostgresWakeups(db, postgres_url, retry=Backoff((0.05,)))
         heard = Said()
-        wakeups.listen(INBOUND, heard)
-        listening = asyncio.create_task(wakeups.run())
+        listening = asyncio.create_task(Listening(wakeups, {INBOUND: heard}).run())
         try:
             async with asyncio.timeout(10):  # until it listens
                 while "probe" not in heard.items:
@@ -126,7 +126,7 @@ async def test_a_server_that_cannot_be_reached_is_said_once_then_tried_on_the_ba
     url = "postgresql://nanobot:hunter2@127.0.0.1:1/nanobot"  # nothing listens on port 1
     async with await Database.open(tmp_path / "state.db") as db:  # not used to listen
         wakeups = PostgresWakeups(db, url, retry=Backoff((0.01,)))
-        listening = asyncio.create_task(wakeups.run())
+        listening = asyncio.create_task(Listening(wakeups, {}).run())
         try:
             await lines.until("(try 4)")
         finally:
@@ -148,7 +148,7 @@ async def test_a_notification_that_gets_through_brings_the_next_try_to_listen_fo
     unreachable = "postgresql://nanobot@127.0.0.1:1/nanobot"
     async with await Database.open(postgres_url) as db:
         wakeups = PostgresWakeups(db, unreachable, retry=Backoff((0.01, 3600.0)))
-        listening = asyncio.create_task(wakeups.run())
+        listening = asyncio.create_task(Listening(wakeups, {}).run())
         try:
             await lines.until("(try 2)")  # and an hour until the next
             await wakeups.notify(INBOUND, "a message")

@@ -31,10 +31,10 @@ from nanobot.store import Database, Entry, SessionStore
 from nanobot.tools.base import Tool, ToolContext, ToolParams
 from nanobot.tools.message import MessageTool
 from nanobot.tools.registry import ToolRegistry
-from nanobot.tools.spawn import SpawnTool
+from nanobot.tools.spawn import LateSpawner, SpawnTool
 from tests.fakes.llm import Call, FakeLLM, RecordedRequest, Text, ToolCalls
 from tests.fakes.tools import EchoTool, SleepTool
-from tests.test_loop import Parts, make_parts
+from tests.test_loop import Parts, add_tools, make_parts
 from tests.test_provider import on_litellm
 
 KEY = "telegram:42"
@@ -73,8 +73,17 @@ class Rig:
         self.fake, self.parts = fake, parts
         self.sessions = SessionStore(db)
         self.sleeper, self.gate = SleepTool(), WaitTool()
+        # The subagents' own spawn tool, bound to the first set of them made here.
+        self.spawner = LateSpawner()
         self.registry = ToolRegistry(
-            [EchoTool(), self.sleeper, self.gate, MessageTool(), ExecStub()]
+            [
+                EchoTool(),
+                self.sleeper,
+                self.gate,
+                MessageTool(),
+                ExecStub(),
+                SpawnTool(self.spawner),
+            ]
         )
         provider = on_litellm(
             "openai/sub-model",
@@ -100,8 +109,8 @@ class Rig:
             self,
             SubagentSettings(**{"tools": tools, **settings}),
         )
-        if "spawn" not in self.registry:
-            self.registry.register(SpawnTool(subagents))
+        if not self.instances:
+            self.spawner.bind(subagents)
         self.instances.append(subagents)
         return subagents
 
@@ -156,7 +165,7 @@ async def test_result_arrives_as_an_untrusted_note_and_a_follow_up_turn_reports_
     rig: Rig, fake_llm: FakeLLM
 ) -> None:
     subagents = rig.subagents()
-    rig.parts.loop._runner._tools.register(SpawnTool(subagents))
+    add_tools(rig.parts.loop, SpawnTool(subagents))
     rig.run_follow_up = True
     task = "Find the cheapest flight from Berlin to Lisbon in May."
     fake_llm.script_for("sub-model", ToolCalls([Call("wait")]), Text("Cheapest: 89 EUR, May 3."))
@@ -211,7 +220,7 @@ async def test_result_arrives_as_an_untrusted_note_and_a_follow_up_turn_reports_
 
 async def test_the_limit_is_an_error_result_for_the_model(rig: Rig, fake_llm: FakeLLM) -> None:
     subagents = rig.subagents(max_subagents=1)
-    rig.parts.loop._runner._tools.register(SpawnTool(subagents))
+    add_tools(rig.parts.loop, SpawnTool(subagents))
     fake_llm.script_for("sub-model", ToolCalls([Call("wait")]), Text("done"))
     fake_llm.script_for(
         "fake-model",

@@ -51,9 +51,9 @@ def test_schema_comes_from_the_params_model(registry: ToolRegistry) -> None:
     assert registry.schemas(["other"]) == []
 
 
-def test_duplicate_names_are_refused(registry: ToolRegistry) -> None:
+def test_duplicate_names_are_refused() -> None:
     with pytest.raises(ValueError, match="already registered"):
-        registry.register(AddTool())
+        ToolRegistry([AddTool(), AddTool()])
 
 
 @pytest.mark.parametrize(

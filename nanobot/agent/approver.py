@@ -22,8 +22,8 @@ turn resumes and its call gets "not run".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
@@ -32,10 +32,10 @@ from weakref import WeakValueDictionary
 from loguru import logger
 
 from nanobot.agent._grants import holding, pinned
-from nanobot.agent.approval_cards import buttons, card_text, decided_text, listing, too_long
+from nanobot.agent._run_approval import RunApproval, fetched_once
+from nanobot.agent.approval_cards import listing, too_long
+from nanobot.agent.approval_posts import Cards, placing
 from nanobot.agent.approvals import (
-    DEFAULT_POLICIES,
-    UNTRUSTED_TOOLS,
     ApprovalPolicy,
     AskApprovers,
     AskHere,
@@ -43,7 +43,6 @@ from nanobot.agent.approvals import (
     Subject,
     Taint,
     answer_text,
-    decision_text,
     egress,
     egress_reason,
     egress_subject,
@@ -52,14 +51,14 @@ from nanobot.agent.approvals import (
     route,
     subject,
 )
-from nanobot.agent.run import Approval, Asking, RunEvent
-from nanobot.bus.events import Button, ChatRef, InboundMessage, OutboundMessage
+from nanobot.agent.run import Approval, Asking
+from nanobot.bus.events import ChatRef, InboundMessage
 from nanobot.bus.queue import MessageBus
-from nanobot.bus.records import outbound_record
 from nanobot.log import printable
 from nanobot.providers.base import ToolCall
 from nanobot.store import ApprovalRequest, ApprovalStore, Journal
-from nanobot.store.approvals import ASKER_GONE, RESTARTED, LogOutcome, Place, Turn, Verdict
+from nanobot.store.approvals import ASKER_GONE, RESTARTED, LogOutcome, Turn, Verdict
+from nanobot.store.wakeups import APPROVAL, Wakeups
 
 STOPPED = "the turn was stopped"
 ASK_HELP = (
@@ -81,33 +80,11 @@ class Caller:
     untrusted: tuple[str, ...] = ()  # content from outside the turn started with
 
 
-@dataclass
-class RunApproval:
-    """The approval hook of one run (`RunHooks.approve`), and its taint: `observe` is a run
-    listener that notes each tool result the run takes in."""
-
-    approver: Approver
-    caller: Caller
-    run_id: str
-    taint: Taint = field(default_factory=Taint)
-    hosts: set[str] = field(default_factory=set)  # fetched from (or approved) in this turn
-
-    async def approve(self, call: ToolCall) -> Approval:
-        return await self.approver.check(self, call)
-
-    def observe(self, event: RunEvent) -> None:
-        if event.kind == "tool_end" and event.tool_call is not None:
-            name = event.tool_call.name
-            if name in UNTRUSTED_TOOLS or name not in DEFAULT_POLICIES:
-                self.taint = self.taint.after(name)
-                return
-            for source in event.taint:  # what its result carries: a marked file, a fetch
-                self.taint = self.taint.with_source(source)
-
-
 class Approver:
     """Asks, waits and decides; one per process. `approvers` is each channel's configured
-    approvers (`channels.<name>.approvers`)."""
+    approvers (`channels.<name>.approvers`); `wakeups`, in a cluster, is what tells the
+    other members of each decision (the run that waits for it may be theirs: they call
+    `decided`)."""
 
     def __init__(
         self,
@@ -118,26 +95,19 @@ class Approver:
         bus: MessageBus,
         *,
         workspace: Path,
+        wakeups: Wakeups | None = None,
     ) -> None:
         self._store = store
         self._policy = policy
         self._approvers = {k: tuple(v) for k, v in approvers.items()}
-        self._journal = journal
-        self._bus = bus
+        self._cards = Cards(store, journal, bus, workspace=workspace)
         self._workspace = workspace
         self._waiters: dict[str, asyncio.Future[None]] = {}
-        # In a cluster: tells the other members a request was decided (its run may wait
-        # in one of them); they call `decided`.
-        self._announce: Callable[[str], Awaitable[None]] | None = None
+        self._wakeups = wakeups
         self.restarted: dict[str, str] = {}  # tool call id -> its result, from `recover`
         # The hook of each run still going on, by run id: a run's hooks hold it, so it is
         # dropped once its run is over, however the run ended.
         self._runs: WeakValueDictionary[str, RunApproval] = WeakValueDictionary()
-
-    def announce_with(self, announce: Callable[[str], Awaitable[None]]) -> None:
-        """Tell other processes of each decision through `announce(request id)` (a cluster's
-        wake-up): the run that waits for it may be theirs."""
-        self._announce = announce
 
     def decided(self, request_id: str) -> None:
         """Request `request_id` was decided, maybe by another process: wake its run if it
@@ -209,7 +179,7 @@ class Approver:
         asking = await self._ask(run, call, what, egress_reason(host, run.taint), host=host)
         if not isinstance(asking, Asking):
             return asking
-        return Asking(_fetched_once(run, host, asking.decision))
+        return Asking(fetched_once(run, host, asking.decision))
 
     def _fetched(self, run: RunApproval, tool: str, arguments: Mapping[str, object]) -> None:
         host = egress(tool, arguments)
@@ -244,19 +214,7 @@ class Approver:
         if not isinstance(where, AskHere | AskApprovers):
             return await self._refuse(what, run, where.reason)
         assert caller.chat is not None
-        chat = caller.chat
-        # Cards go to private chats, named the same way for the card and its later edits
-        # (one delivery lane: the edit never overtakes the card).
-        if isinstance(where, AskHere):
-            deciders = where.deciders
-            cards = [ChatRef.direct(chat.channel, caller.user_id or deciders[0])]
-        else:
-            deciders = where.approvers
-            cards = [ChatRef.direct(chat.channel, a) for a in where.approvers]
-        places = [Place(c.channel, c.chat_id) for c in cards]
-        group = None if caller.private else chat
-        if group is not None:
-            places.append(Place(group.channel, group.chat_id))
+        deciders, places = placing(where, caller.chat, caller.user_id, private=caller.private)
         request = await self._store.create(
             new_request(
                 what,
@@ -279,16 +237,8 @@ class Approver:
             ", ".join(deciders),
             why,
         )
-        always = None if host is None else f"for this host: {host}, in your turns, without asking"
-        text = card_text(
-            request, workspace=self._workspace, once_only=what.once_only, always=always
-        )
-        keys = buttons(request, always_label="Always allow" if host is None else "Always for host")
-        for place, card_chat in zip(places, cards, strict=False):
-            await self._post(request, place, card_chat, text, keys)
-        if group is not None:
-            note = f"Waiting for an approver to decide on running {call.name} ({request.id})."
-            await self._post(request, places[-1], group, note, ())
+        group = None if caller.private else caller.chat
+        await self._cards.ask(request, places, group=group, once_only=what.once_only, host=host)
         return Asking(self._wait(request))
 
     async def _wait(self, request: ApprovalRequest) -> str | None:
@@ -310,14 +260,14 @@ class Approver:
         final = decision.request or request
         if decision.won:
             logger.info("approval {} expired: nobody decided in time", request.id)
-        await self._show(final)
+        await self._cards.show(final)
         return None if final.state == "approved" else not_run(final)
 
     async def _withdraw(self, request: ApprovalRequest, note: str) -> None:
         decision = await self._store.cancel(request.id, note)
         if decision.request is not None:
             logger.info("approval {} cancelled: {}", request.id, note)
-            await self._show(decision.request)
+            await self._cards.show(decision.request)
 
     async def command(self, message: InboundMessage) -> str:
         """Answer `/approve`, `/deny` or `/approvals` from `message` (typed, or a button
@@ -352,10 +302,10 @@ class Approver:
             waiter = self._waiters.get(request.id if request else "")
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
-            elif request is not None and self._announce is not None:
-                await self._tell_others(request.id)
+            elif request is not None and self._wakeups is not None:
+                await self._tell_others(self._wakeups, request.id)
             elif request is not None:
-                await self._show(request)  # its run is gone
+                await self._cards.show(request)  # its run is gone
         else:
             logger.info(
                 "approval {}: answer by {} refused: {}",
@@ -365,11 +315,10 @@ class Approver:
             )
         return answer_text(decision.outcome, decision.request)
 
-    async def _tell_others(self, request_id: str) -> None:
+    async def _tell_others(self, wakeups: Wakeups, request_id: str) -> None:
         """Wake the run waiting for `request_id` in another member, if one does."""
-        assert self._announce is not None
         try:
-            await self._announce(request_id)
+            await wakeups.notify(APPROVAL, request_id)
         except Exception as exc:  # noqa: BLE001 - the decision is stored: it is read at expiry
             logger.warning(
                 "approval {}: could not tell the other members ({}); its run goes on when "
@@ -406,7 +355,7 @@ class Approver:
     async def stop(self, run_id: str) -> None:
         """`/stop`: the run's requests are cancelled (its waits end with the run)."""
         for request in await self._store.cancel_run(run_id, STOPPED):
-            await self._show(request)
+            await self._cards.show(request)
 
     async def recover(self, *, alone: bool = True) -> None:
         """At start, before turns resume: expire what was pending (the runs that waited are
@@ -423,39 +372,7 @@ class Approver:
         for request in expired:
             logger.info("approval {} expired: {}", request.id, request.note)
             self.restarted[request.asked.tool_call_id] = not_run(request)
-            await self._show(request)
-
-    # -- cards ---------------------------------------------------------------------------
-
-    async def _post(
-        self,
-        request: ApprovalRequest,
-        place: Place,
-        chat: ChatRef,
-        text: str,
-        keys: tuple[Button, ...],
-    ) -> None:
-        card = OutboundMessage(chat, text, kind="card", buttons=keys)
-        outbox_id = await self._journal.enqueue(chat.channel, outbound_record(card))
-        await self._store.card_sent(request.id, place, str(outbox_id))
-        await self._bus.publish(replace(card, outbox_id=outbox_id))
-
-    async def _show(self, request: ApprovalRequest) -> None:
-        """Edit every card of `request` to say what became of it, without buttons."""
-        asked = request.asked
-        text = decided_text(request, decision_text(request))
-        for place in asked.places:
-            if place.message_id is None or not place.message_id.isdigit():
-                continue
-            card = int(place.message_id)
-            if await self._journal.sent_id(card) is None:
-                # Not out yet (or cut off by a crash before it was recorded): it must not
-                # go out now, with buttons for what is decided; the decision goes instead.
-                await self._journal.give_up(card, "decided before the card was shown")
-            chat = ChatRef(place.channel, place.chat_id)
-            edit = OutboundMessage(chat, text, kind="card", edits=card)
-            outbox_id = await self._journal.enqueue(chat.channel, outbound_record(edit))
-            await self._bus.publish(replace(edit, outbox_id=outbox_id))
+            await self._cards.show(request)
 
     async def _refuse(self, what: Subject, run: RunApproval, reason: str) -> str:
         await self._record(what, run, "refused", reason)
@@ -479,11 +396,3 @@ def _turn(caller: Caller) -> Turn:
     """Whose turn it is, for matching saved rules: a person only in their private turn."""
     channel = caller.chat.channel if caller.chat is not None else ""
     return Turn(caller.session_key, channel, caller.user_id if caller.private else None)
-
-
-async def _fetched_once(run: RunApproval, host: str, decision: Awaitable[str | None]) -> str | None:
-    """`decision`; once it allows the fetch, `host` does not ask again in this turn."""
-    result = await decision
-    if result is None:
-        run.hosts.add(host)
-    return result

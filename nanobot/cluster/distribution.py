@@ -87,7 +87,7 @@ class Distributor:
         self._taken_over = taken_over
         self._journal = journal
         self._members = members
-        self.wakeups = wakeups  # the cluster's, for other parts to listen on too
+        self._wakeups = wakeups
         self._bus = bus
         self._taker: Taker | None = None
         self._channels = frozenset(channels)
@@ -118,11 +118,11 @@ class Distributor:
             effect="its turns go on while the leases hold",
             back="this member's session leases are renewed again",
         )
-        wakeups.listen(INBOUND, self._woken)
 
-    def _woken(self, session_key: str) -> None:
-        """Another member (or this one) said something: a message for `session_key`, or,
-        with no session, that it left or that this member listens again."""
+    def woken(self, session_key: str) -> None:
+        """The listener of `INBOUND` (`Listening`): another member (or this one) said
+        something: a message for `session_key`, or, with no session, that it left or that
+        this member listens again."""
         if not session_key:
             self._orphans_due = True
         self._looking.wake()  # a member got through to the store: try it again soon
@@ -161,7 +161,7 @@ class Distributor:
         # Taken but fenced meanwhile: it is handed back with the rest (`_renewing`).
         self._wake.set()
         try:
-            await self.wakeups.notify(INBOUND, message.session_key)
+            await self._wakeups.notify(INBOUND, message.session_key)
         except Exception:  # noqa: BLE001 - the next look (a lapse, a member's start) finds it
             logger.opt(exception=True).warning("could not wake the cluster for a message")
 
@@ -169,7 +169,6 @@ class Distributor:
         """Take work for `taker` until cancelled; then stop taking (the leases are kept
         until `leave`: the turns taken may still be running)."""
         self._taker = taker
-        self._tasks.spawn(self.wakeups.run(), name="wake-ups")
         self._tasks.spawn(self._renewing(), name="session-leases")
         try:
             while True:
@@ -194,7 +193,7 @@ class Distributor:
         what waits. Never raises: if the store is away, the leases lapse by themselves."""
         try:
             await self._claims.release()
-            await self.wakeups.notify(INBOUND, "")
+            await self._wakeups.notify(INBOUND, "")
         except Exception as exc:  # noqa: BLE001 - they lapse within the lease anyway
             logger.warning("could not give up this member's sessions: {}", exc)
 

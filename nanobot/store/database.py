@@ -24,7 +24,7 @@ from nanobot.reserve import DiskReserve
 from nanobot.store import url as store_url
 from nanobot.store._together import MOST, Together
 from nanobot.store.dialect import Dialect
-from nanobot.store.failures import Watched
+from nanobot.store.failures import FailureWatcher, Watched
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -61,7 +61,7 @@ class Database(Watched, ABC):
 
     Every method raises `StoreError` (naming the database, its password redacted, and the
     reason) when the backend fails; the driver's error is chained as its cause. A storage
-    failure (disk full, an I/O error, …) is told to the watchers first (`watch`, see
+    failure (disk full, an I/O error, …) is told to its watcher first (`open`'s `watch`, see
     `nanobot.store.failures`).
 
     Concurrency, on both backends: a single statement, and an `atomic` group, is atomic; a
@@ -81,6 +81,7 @@ class Database(Watched, ABC):
         *,
         check: Check | None = "quick",
         reserve: DiskReserve | None = None,
+        watch: FailureWatcher | None = None,
     ) -> Database:
         """Open the state database at `target`, check it where the backend can, and bring
         its schema up to date.
@@ -91,16 +92,22 @@ class Database(Watched, ABC):
         to restore a damaged file), if its schema is newer than this code (it is left
         untouched), or if a migration fails (it is left at the last good version).
         `check` is for SQLite (see `Check`); None skips it. `reserve` too: a SQLite store
-        that meets a full disk releases it and writes again (see `nanobot.reserve`).
+        that meets a full disk releases it and writes again (see `nanobot.reserve`). `watch`
+        is told of every storage failure, whichever task's statement met it (none while
+        opening: `open` raises those itself).
         """
+        database: Database
         if isinstance(target, str) and store_url.backend(target) == "postgresql":
             from nanobot.store.postgres import PostgresDatabase  # asyncpg only when used
 
-            return await PostgresDatabase.connect(target)
-        from nanobot.store.sqlite import SqliteDatabase
+            database = await PostgresDatabase.connect(target)
+        else:
+            from nanobot.store.sqlite import SqliteDatabase
 
-        path = store_url.sqlite_path(target) if isinstance(target, str) else target
-        return await SqliteDatabase.connect(path, check=check, reserve=reserve)
+            path = store_url.sqlite_path(target) if isinstance(target, str) else target
+            database = await SqliteDatabase.connect(path, check=check, reserve=reserve)
+        database._watcher = watch
+        return database
 
     @property
     @abstractmethod

@@ -14,26 +14,44 @@ from nanobot.errors import StoreError
 
 
 class FailureWatcher(Protocol):
-    """Told of every storage failure of a database it watches (`Watched.watch`)."""
+    """Told of every storage failure of the database opened with it (`Database.open`'s
+    `watch`)."""
 
     def store_failed(self, error: StoreError) -> None:
         """A statement met a storage failure; `error` is what its caller gets. Called in the
         event loop just before the caller sees it; must not raise or block."""
 
 
+class LateWatcher:
+    """A `FailureWatcher` that exists before what it tells: the database is opened with it,
+    and the part that stops on storage failures (the gate) is built later on that database
+    (it reads and writes through it), then bound here once. A failure before then is told to
+    no one: nothing is taken in yet."""
+
+    def __init__(self) -> None:
+        self._target: FailureWatcher | None = None
+
+    def bind(self, target: FailureWatcher) -> None:
+        """Tell `target` of every storage failure from now on. Raises `RuntimeError` when
+        bound already: one part reacts, built once."""
+        if self._target is not None:
+            raise RuntimeError("the storage-failure watcher is bound already")
+        self._target = target
+
+    def store_failed(self, error: StoreError) -> None:
+        if self._target is not None:
+            self._target.store_failed(error)
+
+
 class Watched:
-    """What a database backend inherits: its watchers, and the way to tell them."""
+    """What a database backend inherits: its watcher (set as `Database.open` opens it), and
+    the way to tell it."""
 
-    _watchers: tuple[FailureWatcher, ...] = ()
-
-    def watch(self, watcher: FailureWatcher) -> None:
-        """Tell `watcher` of every storage failure from now on, whichever task's statement
-        met it."""
-        self._watchers = (*self._watchers, watcher)
+    _watcher: FailureWatcher | None = None
 
     def _storage_failed(self, error: StoreError) -> StoreError:
-        """Tell the watchers of `error`, a storage failure about to be raised; returns it."""
+        """Tell the watcher of `error`, a storage failure about to be raised; returns it."""
         error.storage = True
-        for watcher in self._watchers:
-            watcher.store_failed(error)
+        if self._watcher is not None:
+            self._watcher.store_failed(error)
         return error

@@ -21,6 +21,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from nanobot.store._outbox_sql import (
+    DONE,
+    INSERT_OUTBOX,
+    OURS,
+    RUN_DELIVERED,
+    RUN_FAILED,
+    RUN_PENDING,
+    queue,
+    queue_if_ours,
+)
 from nanobot.store._times import from_text, now_text, to_text
 from nanobot.store._together import write_one
 from nanobot.store.database import Database, SqlValue, Statement
@@ -80,11 +90,6 @@ class Journal:
         self._answers = db.together("answers", self._answer_each)
         self._confirms = db.together("confirmations", self._confirm_each)
 
-    def send_as(self, member: str) -> None:
-        """From now on the replies queued here are member `member`'s to send (a gateway in a
-        cluster says so once, at its start)."""
-        self._member = member
-
     async def accept(
         self, channel: str, message_id: str, message: Record, session_key: str | None = None
     ) -> int | None:
@@ -118,11 +123,11 @@ class Journal:
         statements: list[Statement] = []
         if reply is not None:
             # First, so that it sees the messages as they were (SQLite runs one writer).
-            queued = _queue(*reply, now, cron_run, self._member)
-            statements.append(_queue_if_ours(queued, self._member, inbound_ids))
+            queued = queue(reply[0], encode(reply[1]), now, cron_run, self._member)
+            statements.append(queue_if_ours(queued, self._member, inbound_ids))
             if cron_run is not None:
-                statements.append((_RUN_PENDING, (cron_run,)))
-        statements += [(_DONE, (now, inbound_id, self._member)) for inbound_id in inbound_ids]
+                statements.append((RUN_PENDING, (cron_run,)))
+        statements += [(DONE, (now, inbound_id, self._member)) for inbound_id in inbound_ids]
         rows = await self._db.atomic(statements)
         if reply is None or not rows[0]:
             return None
@@ -152,9 +157,9 @@ class Journal:
             params += [n, ids[0] if ids else None, channel, message, at, member]
         rows = await self._db.fetchall(
             f"WITH done AS (UPDATE inbound SET state = 'done', done_at = ? WHERE id IN ({marks})"
-            f" AND state = 'pending' AND {_OURS} RETURNING id),"
+            f" AND state = 'pending' AND {OURS} RETURNING id),"
             f" v (n, first, channel, message, created_at, claimed_by) AS (VALUES {values}),"
-            f" queued AS ({_INSERT_OUTBOX}"
+            f" queued AS ({INSERT_OUTBOX}"
             " SELECT channel, message, created_at, NULL, claimed_by FROM v"
             " WHERE v.first IS NULL OR v.first IN (SELECT id FROM done) ORDER BY n RETURNING id)"
             " SELECT id, NULL AS refused FROM queued UNION ALL SELECT NULL, n FROM v"
@@ -168,7 +173,9 @@ class Journal:
 
     async def enqueue(self, channel: str, message: Record) -> int:
         """Put a message in the outbox; returns its id."""
-        row = await self._db.fetchone(*_queue(channel, message, now_text(), member=self._member))
+        row = await self._db.fetchone(
+            *queue(channel, encode(message), now_text(), member=self._member)
+        )
         assert row is not None
         return int(row["id"])
 
@@ -247,7 +254,7 @@ class Journal:
         # a round trip). Should the process die between the two, the run stays `pending`,
         # never `delivered` too early.
         if cron_run is not None:
-            await self._db.write(_RUN_DELIVERED, (outbox_id,))
+            await self._db.write(RUN_DELIVERED, (outbox_id,))
 
     async def _confirm_each(self, confirmed: Sequence[tuple[int, str | None]]) -> list[int | None]:
         """Replies marked delivered in one statement; the cron run each answers, if any."""
@@ -293,7 +300,7 @@ class Journal:
                     " last_error = ?, failed_at = ? WHERE id = ? AND state = 'pending'",
                     (reason[:500], now_text(), outbox_id),
                 ),
-                (_RUN_FAILED, (reason[:500], outbox_id)),
+                (RUN_FAILED, (reason[:500], outbox_id)),
             ]
         )
 
@@ -350,58 +357,6 @@ ACCEPT = (
     " VALUES (?, ?, ?, ?, ?, {claimed_by}) ON CONFLICT (channel, message_id) DO NOTHING"
     " RETURNING id, claimed_by"
 )
-
-_INSERT_OUTBOX = "INSERT INTO outbox (channel, message, created_at, cron_run, claimed_by)"
-# A message is this member's to mark answered while no other member has claimed it.
-_OURS = "(claimed_by IS NULL OR claimed_by = ?)"
-_DONE = (
-    f"UPDATE inbound SET state = 'done', done_at = ? WHERE id = ? AND state = 'pending' AND {_OURS}"
-)
-
-# A cron run's delivery: NULL (nothing to deliver), then pending, then delivered or failed.
-# A run has one reply in practice; with more, it is delivered when all of them are, and
-# failed when one is. A failure is final: a later reply of the run does not undo it.
-_RUN_PENDING = (
-    "UPDATE cron_runs SET delivery = 'pending'"
-    " WHERE id = ? AND (delivery IS NULL OR delivery = 'delivered')"
-)
-_RUN_DELIVERED = (
-    "UPDATE cron_runs SET delivery = 'delivered' WHERE delivery = 'pending'"
-    " AND id = (SELECT cron_run FROM outbox WHERE id = ?)"
-    " AND NOT EXISTS (SELECT 1 FROM outbox WHERE cron_run = cron_runs.id AND state = 'pending')"
-)
-# Only when the reply is failed now: a give-up of a reply already delivered changes nothing.
-_RUN_FAILED = (
-    "UPDATE cron_runs SET delivery = 'failed', delivery_error = ? WHERE delivery = 'pending'"
-    " AND id = (SELECT cron_run FROM outbox WHERE id = ? AND state = 'failed')"
-)
-
-
-def _queue(
-    channel: str,
-    message: Record,
-    now: str,
-    cron_run: int | None = None,
-    member: str | None = None,
-) -> Statement:
-    """The outbox insert of `message`, returning its id."""
-    return (
-        f"{_INSERT_OUTBOX} VALUES (?, ?, ?, ?, ?) RETURNING id",
-        (channel, encode(message), now, cron_run, member),
-    )
-
-
-def _queue_if_ours(queued: Statement, member: str | None, inbound_ids: Sequence[int]) -> Statement:
-    """The outbox insert `queued` (`_queue`), made only where one of `inbound_ids` (if any)
-    is still this member's to answer."""
-    if not inbound_ids:
-        return queued
-    marks = ",".join("?" * len(inbound_ids))
-    return (
-        f"{_INSERT_OUTBOX} SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM inbound"
-        f" WHERE id IN ({marks}) AND state = 'pending' AND {_OURS}) RETURNING id",
-        (*queued[1], *inbound_ids, member),
-    )
 
 
 def encode(record: Record) -> str:

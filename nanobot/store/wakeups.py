@@ -3,11 +3,16 @@
 A member that journals a message, decides an approval or changes a cron job says so on a
 topic; every member listening wakes and looks at the store (the notification carries no
 state: the store is the truth, so one lost while a connection was down costs only the wait
-for the next look). Listening takes one connection of its own, opened again when the server
-ends it; on reconnecting, every listener is woken, since what was said meanwhile is lost.
+for the next look). Speaking (`PostgresWakeups`) goes through the database's own connections;
+listening (`Listening`) takes one connection of its own, opened again when the server ends it;
+on reconnecting, every listener is woken, since what was said meanwhile is lost.
 A server that cannot be reached is an outage (`nanobot.outage`): said once, tried again
 after each pause of `store.retry_seconds`, or sooner once a notification of this member's
 gets through (the server answers again), and said when it listens again.
+
+The two are built apart so that the order of building is plain: the parts that speak (the
+distributor, the approver) are given the speaker when they are built, and the listening is
+built last, given each topic's listener (a method of a part built before it).
 
 One gateway on SQLite has no one to wake: its gate hands each message to its own bus.
 """
@@ -16,8 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, Protocol
 
@@ -38,7 +42,7 @@ CRON_CHANGED: Final = "nanobot_cron"  # a cron job was added, changed or removed
 
 
 class Wakeups(Protocol):
-    """Topics a process can speak on and listen to."""
+    """Topics a process can speak on (`Listening` hears them)."""
 
     async def notify(self, topic: str, payload: str = "") -> None:
         """Wake every listener of `topic` (in every member).
@@ -48,32 +52,24 @@ class Wakeups(Protocol):
                 store holds the truth, and the next look finds it)."""
         ...
 
-    def listen(self, topic: str, listener: Listener) -> None:
-        """Call `listener` with each payload said on `topic` from now on."""
-        ...
-
-    async def run(self) -> None:
-        """Keep listening until cancelled."""
-        ...
-
 
 class PostgresWakeups:
-    """LISTEN/NOTIFY on the PostgreSQL database `db` (at `url`): said through `db`'s own
-    connections, heard on a connection of its own. `retry`: the pauses between attempts to
-    listen while the server cannot be reached."""
+    """NOTIFY on the PostgreSQL database `db` (at `url`), said through `db`'s own
+    connections; `Listening` hears it. `retry`: the pauses between attempts to listen while
+    the server cannot be reached (the outage of listening is kept here, so that a
+    notification that gets through brings the next try forward)."""
 
     def __init__(self, db: Database, url: str, *, retry: Backoff = DEFAULT_BACKOFF) -> None:
         self._db = db
-        self._url = url
+        self.url = url
         where = store_url.redact(url)
-        self._outage = Outage(
+        self.outage = Outage(
             failing=f"cannot listen for wake-ups on {where}",
             effect="this member learns of the other members' work only at its next look "
             "at the store",
             back=f"listening on {where} again",
             backoff=retry,
         )
-        self._listeners: defaultdict[str, list[Listener]] = defaultdict(list)
         # Per topic: what says many at once (None on a backend without), and what says them.
         self._said: dict[str, tuple[Together[str, None] | None, _Say]] = {}
 
@@ -86,7 +82,7 @@ class PostgresWakeups:
             self._said[topic] = (self._db.together(f"wake-ups on {topic}", speak), speak)
         together, say = self._said[topic]
         await write_one(together, say, payload)
-        self._outage.wake()  # the server answers: listen again without waiting out a pause
+        self.outage.wake()  # the server answers: listen again without waiting out a pause
 
     async def _say(self, topic: str, payloads: Sequence[str]) -> list[None]:
         distinct = list(dict.fromkeys(payloads))  # the server would fold repeats anyway
@@ -96,10 +92,19 @@ class PostgresWakeups:
         )
         return [None] * len(payloads)
 
-    def listen(self, topic: str, listener: Listener) -> None:
-        self._listeners[topic].append(listener)
+
+class Listening:
+    """Hears what is said through `wakeups` (any member's), calling `listeners[topic]` with
+    each payload said on that topic, and every listener with "" once it listens again after
+    losing its connection. One per `PostgresWakeups`: it takes over that one's outage."""
+
+    def __init__(self, wakeups: PostgresWakeups, listeners: Mapping[str, Listener]) -> None:
+        self._url = wakeups.url
+        self._outage = wakeups.outage
+        self._listeners = dict(listeners)
 
     async def run(self) -> None:
+        """Keep listening until cancelled."""
         first = True
         while True:
             try:
@@ -121,9 +126,8 @@ class PostgresWakeups:
                 await conn.add_listener(topic, self._deliver)
             self._outage.recovered()
             if not first:  # what was said while away is lost: everyone looks now
-                for listeners in self._listeners.values():
-                    for listener in listeners:
-                        _call(listener, "")
+                for listener in self._listeners.values():
+                    _call(listener, "")
             await lost.wait()
             self._outage.failed("the server ended the wake-up connection")
         finally:
@@ -132,7 +136,8 @@ class PostgresWakeups:
                     await conn.close()
 
     def _deliver(self, _conn: Any, _pid: int, topic: str, payload: str) -> None:
-        for listener in self._listeners.get(topic, ()):
+        listener = self._listeners.get(topic)
+        if listener is not None:
             _call(listener, payload)
 
 

@@ -15,7 +15,8 @@ MAX_RESULT_CHARS = 16_000
 
 
 class ToolRegistry:
-    """Holds the available tools by name and runs calls to them."""
+    """Holds the available tools by name and runs calls to them: `tools`, in that order,
+    fixed once built. Raises `ValueError` when two of them have one name."""
 
     def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
         self._tools: dict[str, Tool[Any]] = {}
@@ -23,13 +24,10 @@ class ToolRegistry:
         # which every turn would otherwise pay for every tool.
         self._schemas: dict[str, dict[str, Any]] = {}
         for tool in tools:
-            self.register(tool)
-
-    def register(self, tool: Tool[Any]) -> None:
-        if tool.name in self._tools:
-            raise ValueError(f"a tool named {tool.name!r} is already registered")
-        self._tools[tool.name] = tool
-        self._schemas[tool.name] = tool.schema()
+            if tool.name in self._tools:
+                raise ValueError(f"a tool named {tool.name!r} is already registered")
+            self._tools[tool.name] = tool
+            self._schemas[tool.name] = tool.schema()
 
     @property
     def names(self) -> list[str]:

@@ -24,6 +24,29 @@ class Spawner(Protocol):
         ...
 
 
+class LateSpawner:
+    """The `Spawner` the spawn tool is built with, before the subagents exist: the tool is in
+    the registry the turns' runner is built on, and the subagents are built on that runner
+    (registry → runner → loop → subagents). So the registry is built complete with this port,
+    and the subagents are bound to it once, as soon as they are built; a call before then
+    (none: no turn runs before the gateway is built) is refused like a full house."""
+
+    def __init__(self) -> None:
+        self._target: Spawner | None = None
+
+    def bind(self, target: Spawner) -> None:
+        """Start subagents through `target` from now on. Raises `RuntimeError` when bound
+        already: there is one set of subagents per process."""
+        if self._target is not None:
+            raise RuntimeError("the spawn tool is bound to its subagents already")
+        self._target = target
+
+    async def spawn(self, task: str, origin: ToolContext, label: str | None = None) -> str:
+        if self._target is None:
+            raise NanobotError("background tasks are not running yet")
+        return await self._target.spawn(task, origin, label)
+
+
 class SpawnParams(ToolParams):
     task: str = Field(
         min_length=1,
