@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nanobot.cluster.timings import ALONE
 from nanobot.manage import GATEWAY_LOCK
@@ -235,3 +236,33 @@ async def test_a_running_gateway_is_healthy_and_after_a_clean_stop_none_runs(
         1,
         f"no gateway is running on this data dir (nothing holds {home.data_dir / GATEWAY_LOCK})\n",
     )
+
+
+async def test_a_channel_that_never_connects_is_shown_down_and_fails_the_check_in_time(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    config = gateway_config(tmp_path, fake_llm, telegram)
+    config["channels"]["telegram"]["api_base"] = "http://127.0.0.1:9"  # nothing listens
+    process = GatewayProcess(tmp_path, config, dict(os.environ))
+    home = Home(tmp_path, process.config_path, process.data_dir, process.env)
+    await process.start(ready="telegram cannot reach its platform")
+    try:
+        await process.wait_log(
+            "telegram cannot reach its platform", after=process.log().count("\n") + 1
+        )
+        shown = await nanobot(home, "status")
+        [row] = [line for line in shown.stdout.splitlines() if line.startswith("telegram")]
+        assert "enabled, 2 allowed; down since " in row
+        assert "the Bot API at http://127.0.0.1:9 did not answer" in row
+        assert (await nanobot(home, "status", "--check")).code == 0  # not down for 5 min yet
+        changed = {**process.config, "gateway": {"channel_down_limit": "1s"}}
+        process.config_path.write_text(yaml.safe_dump(changed), encoding="utf-8")
+        check = await nanobot(home, "status", "--check")
+        assert check.code == 1, check.stdout + check.stderr
+        assert ", but telegram is down since " in check.stdout
+        assert "(longer than gateway.channel_down_limit, 1s)" in check.stdout
+        # Routine offline: one warning a try, no traceback, no error.
+        assert "Traceback" not in process.log()
+        assert " | ERROR " not in process.log()
+    finally:
+        await process.stop(signal.SIGKILL)

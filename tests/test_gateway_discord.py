@@ -274,3 +274,22 @@ async def test_messages_sent_while_the_gateway_is_stopped_are_answered_once_afte
     await process.start(ready="discord: caught up")
     assert await process.stop(signal.SIGTERM) == 0
     assert (len(fake_llm.requests), shown()) == (requests, answers)
+
+
+async def test_offline_at_start_is_one_warning_a_try_and_no_traceback(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram, discord: FakeDiscord
+) -> None:
+    settings = config(tmp_path, fake_llm, telegram, discord)
+    settings["channels"]["discord"]["api_base"] = "http://127.0.0.1:9/api/v10"  # nothing listens
+    process = GatewayProcess(tmp_path, settings, dict(os.environ))
+    await process.start(ready="discord cannot reach its platform")
+    try:
+        after = len(process.lines)
+        await process.wait_log("discord cannot reach its platform", after=after, seconds=30)
+        await process.wait_log("telegram connected")  # the other channel is not held up
+        tries = [line for line in process.lines if "discord cannot reach its platform" in line]
+        assert all(" | WARNING " in line and "trying again in " in line for line in tries)
+        assert "Traceback" not in process.log()
+        assert " | ERROR " not in process.log()
+    finally:
+        await process.stop(signal.SIGKILL)

@@ -298,3 +298,50 @@ async def test_all_refused_is_set_once_no_channel_is_left(errors: list[str]) -> 
     assert "every channel was refused; none is left running" in errors[-1]
     assert not any("Traceback" in line for line in errors)
     await stop(task)
+
+
+class BuggyChannel(ScriptedChannel):
+    """Its first run fails on a bug of its own (not the network)."""
+
+    async def run(self, ready: Callable[[], None]) -> None:
+        self.runs += 1
+        if self.runs == 1:
+            raise KeyError("chat_instance")
+        ready()
+        self.connected.set()
+        await asyncio.Event().wait()
+
+
+async def test_an_unreachable_platform_is_one_warning_a_try_and_a_bug_a_traceback(
+    warnings: list[str], errors: list[str]
+) -> None:
+    offline, buggy = ScriptedChannel("offline", crashes=3), BuggyChannel("buggy")
+    manager = ChannelManager([offline, buggy], MessageBus(), MemoryOutbox())
+    task = await run_manager(manager, offline, buggy)
+    tries = [line.strip() for line in warnings if line.startswith("offline ")]
+    assert (
+        tries == ["offline cannot reach its platform (platform went away); trying again in 0s"] * 3
+    )
+    # A bug is not routine: its traceback is logged, as an error.
+    [crash] = errors
+    assert crash.startswith("buggy crashed: 'chat_instance'") and "Traceback" in crash
+    states = {state.name: state for state in manager.health.states()}
+    assert states["offline"].up and states["buggy"].up
+    await stop(task)
+
+
+async def test_the_states_say_since_when_a_channel_is_down_and_why() -> None:
+    refused, offline = RefusedChannel("tg"), ScriptedChannel("dc", crashes=1000)
+    manager = ChannelManager([refused, offline], MessageBus(), MemoryOutbox())
+    first = manager.health.states()
+    assert [(s.name, s.up, s.reason) for s in first] == [("tg", False, ""), ("dc", False, "")]
+    task = asyncio.create_task(manager.run())
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if offline.runs > 3:
+            break
+    tg, dc = manager.health.states()
+    assert (tg.up, tg.for_good, tg.reason) == (False, True, "channels.tg.token was rejected")
+    assert (dc.up, dc.for_good, dc.reason) == (False, False, "platform went away")
+    assert tg.since == first[0].since and dc.since == first[1].since  # down since the start
+    await stop(task)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -45,6 +45,8 @@ from nanobot.app._provider import build_provider
 from nanobot.bus.events import ChatRef, Source
 from nanobot.bus.intake import EventIntake
 from nanobot.bus.queue import MessageBus
+from nanobot.channels.health import FILE as CHANNELS_FILE
+from nanobot.channels.health import ChannelHealth
 from nanobot.channels.manager import ChannelManager
 from nanobot.channels.terminal import TerminalChannel
 from nanobot.cluster import SCHEDULE
@@ -221,7 +223,11 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
         ],
         held=Held(way_in.gate, way_in.journal),
     )
-    manager = ChannelManager(channels, way_in.bus, way_in.journal)
+    # In the data dir, for `nanobot status` (this gateway's own: each member of a cluster has one).
+    health = ChannelHealth(
+        [c.name for c in channels], config.data_dir / CHANNELS_FILE, lambda: datetime.now(UTC)
+    )
+    manager = ChannelManager(channels, way_in.bus, way_in.journal, health)
     return Gateway(
         bus=way_in.bus,
         gate=way_in.gate,
