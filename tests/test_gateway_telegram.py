@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.fakes.llm import Call, FakeLLM, Hang, RecordedRequest, Text, ToolCalls
-from tests.fakes.telegram import DEFAULT_TOKEN, ApiError, FakeTelegram
+from tests.fakes.telegram import DEFAULT_TOKEN, ApiError, FakeTelegram, Garbled, ServerError
 from tests.fakes.telegram import Hang as FakeHang
 from tests.gateway_process import GatewayProcess
 
@@ -449,5 +449,41 @@ async def test_a_config_others_may_read_is_warned_about_at_every_start_and_left_
             assert len([line for line in process.lines if said in line]) == 1
             assert await process.stop() == 0
         assert stat.S_IMODE(config.stat().st_mode) == 0o644  # the user's file, not ours
+    finally:
+        await process.stop(signal.SIGKILL)
+
+
+async def test_a_bot_api_server_failing_the_webhook_check_is_polled_all_the_same(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    telegram.fail_next("getWebhookInfo", ServerError(500), times=None)  # an emulator's gap
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram connected")
+    try:
+        assert "could not check for a webhook set on the bot (getWebhookInfo: " in process.log()
+        fake_llm.default_reply = Text("Polled anyway.")
+        telegram.user_message(ALICE, "hello", user_id=ALICE)
+        await telegram.wait_for(lambda: len(telegram.sent(ALICE)) == 1, seconds=30)
+        assert "crashed" not in process.log()
+    finally:
+        await process.stop(signal.SIGKILL)
+
+
+async def test_a_get_me_answer_the_library_cannot_read_names_the_method_and_the_answer(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    unreadable = {"id": 42, "is_bot": True, "username": "emulated_bot"}  # no first_name
+    telegram.fail_next("getMe", Garbled(result=unreadable), times=None)
+    process = GatewayProcess(
+        tmp_path, gateway_config(tmp_path, fake_llm, telegram), dict(os.environ)
+    )
+    await process.start(ready="telegram crashed")
+    try:
+        [line] = [line for line in process.lines if "telegram crashed" in line]
+        assert "answered getMe with what python-telegram-bot cannot read (TypeError: " in line
+        assert '{"id": 42, "is_bot": true, "username": "emulated_bot"}' in line
+        assert "telegram connected" not in process.log()
     finally:
         await process.stop(signal.SIGKILL)

@@ -19,6 +19,7 @@ from nanobot.channels.telegram import REQUEST_TIMEOUTS
 from tests.fakes.telegram import (
     DEFAULT_TOKEN,
     FakeTelegram,
+    Garbled,
     Hang,
     RateLimited,
     ServerError,
@@ -317,3 +318,43 @@ async def test_a_rejected_token_ends_the_run(fake: FakeTelegram, bot: Bot) -> No
     poller = Poller(bot, Takes(), timeout=TIMEOUT)
     with pytest.raises(InvalidToken):
         await asyncio.wait_for(poller.run(), 5)
+
+
+# ---- servers that are not Telegram's ------------------------------------------------------
+
+
+async def test_an_update_the_library_cannot_read_is_skipped_and_the_rest_taken(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    takes = Takes()
+    fake.user_message(10, "readable", user_id=10)
+    [good] = fake.pending_updates
+    poison = {  # a button press without chat_instance: PTB's CallbackQuery requires it
+        "update_id": good["update_id"] - 1,
+        "callback_query": {"id": "7", "from": {"id": 10, "is_bot": False, "first_name": "A"}},
+    }
+    fake.fail_next("getUpdates", Garbled(result=[poison, good]))  # the first poll's answer
+    with warnings() as lines:
+        async with polling(Poller(bot, takes, timeout=TIMEOUT, patience=0.05)):
+            assert await takes.wait(1) == [good["update_id"]]
+            await fake.wait_for(lambda: good["update_id"] + 1 in offsets(fake))
+    [line] = [line for line in lines if "could not be read" in line]
+    assert line.startswith(f"telegram: update {poison['update_id']} could not be read (")
+    assert pending(fake) == []  # both acknowledged: the poison update never comes again
+
+
+async def test_polls_answered_at_once_with_nothing_wait_a_growing_moment(
+    fake: FakeTelegram, bot: Bot
+) -> None:
+    sleeps, takes, connected = Sleeps(), Takes(), []
+    fake.fail_next("getUpdates", Garbled(result=[]), times=6)  # an emulator not holding polls
+    poller = Poller(bot, takes, timeout=TIMEOUT, sleep=sleeps, ready=lambda: connected.append(1))
+    async with polling(poller):
+        await fake.wait_for(lambda: len(fake.calls("getUpdates")) >= 7)
+        fake.user_message(10, "hi", user_id=10)
+        await takes.wait(1)
+    # The first poll is not held (the channel is connected once it is answered); the five
+    # held ones answered at once each wait a moment more before the next.
+    assert connected == [1]
+    assert int(fake.calls("getUpdates")[0].params.get("timeout") or 0) == 0
+    assert sleeps.seconds == [0.1, 0.2, 0.4, 0.8, 1.6]

@@ -18,14 +18,25 @@ exception (the channel manager restarts the channel; Telegram delivers the updat
 take that leaves its update (the gateway is stopping) ends the polling until the run is
 cancelled. Either way nothing from that update on is acknowledged. On stop, one last short
 getUpdates acknowledges what was taken (as PTB's Updater does), and nothing else.
+
+An answer is read one update at a time: an update the library cannot read (a button press
+without `chat_instance`, from a Bot API server other than Telegram's) is logged, skipped
+and acknowledged, and the rest of the answer is taken (read as a whole, one bad update
+would lose the batch, and come again at every start). The first getUpdates asks for what
+waits without holding the poll, so that the channel says it is connected (`ready`) once
+polling works, at once. A server that answers a long poll at once with nothing (some
+emulators do) gets a short pause before the next, growing to `EARLY_MAX`: an idle gateway
+does not spin.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 from loguru import logger
 from telegram import Bot, Update
@@ -38,6 +49,7 @@ from nanobot.lanes import Lanes
 POLL_PATIENCE = 1.0  # seconds a poll waits for updates still being taken before going ahead
 CONFIRM_TIMEOUT = 5.0  # seconds the last, acknowledging getUpdates may take on stop
 FIRST_DELAY, MAX_DELAY = 1.0, 30.0  # seconds before retrying a failed getUpdates, growing ×1.5
+EARLY_FIRST, EARLY_MAX = 0.1, 2.0  # pause after an empty answer that came early, growing ×2
 ALLOWED = (Update.MESSAGE, Update.CALLBACK_QUERY)  # messages and button presses, not edits
 
 Take = Callable[[Update], Awaitable[bool]]
@@ -56,6 +68,47 @@ def lane(update: Update) -> Lane:
         return "press", update.update_id
     chat = update.effective_chat
     return "chat", chat.id if chat is not None else None
+
+
+async def fetch_updates(bot: Bot, *, offset: int | None, hold: int) -> list[Any]:
+    """getUpdates' answer as the server sent it, held by the server up to `hold` seconds:
+    one JSON object an update (see the module docstring for why not `Bot.get_updates`,
+    which parses them all at once).
+
+    Raises:
+        TelegramError: as `Bot.get_updates` does (InvalidToken, Conflict, TimedOut, ...).
+    """
+    # As Bot.get_updates: the polling request's read timeout lengthened by the poll's own.
+    read_timeout = (bot._request[0].read_timeout or 0) + hold
+    data = {"timeout": hold, "offset": offset, "allowed_updates": list(ALLOWED)}
+    answer = await bot._post("getUpdates", data, read_timeout=read_timeout)
+    return answer if isinstance(answer, list) else []
+
+
+def read_update(bot: Bot, data: Any) -> Update | None:
+    """One update of an answer, or None (said once) when the library cannot read it."""
+    try:
+        update = Update.de_json(data, bot)
+    except Exception as exc:  # noqa: BLE001 - any malformed update is skipped, not fatal
+        logger.warning(
+            "telegram: update {} could not be read ({}: {}); skipped and acknowledged",
+            unreadable_id(data),
+            type(exc).__name__,
+            exc,
+        )
+        return None
+    return update
+
+
+def unreadable_id(data: Any) -> int | None:
+    """The id of an update that could not be read, if it has one to acknowledge it by."""
+    update_id = data.get("update_id") if isinstance(data, dict) else None
+    return update_id if isinstance(update_id, int) else None
+
+
+def early(previous: float | None) -> float:
+    """Seconds to pause after a poll answered early with nothing; `previous`: the last."""
+    return EARLY_FIRST if previous is None else min(EARLY_MAX, previous * 2)
 
 
 def backoff(previous: float | None) -> float:
@@ -94,8 +147,8 @@ class Offsets:
 class Poller:
     """Long-polls `bot` and takes every update with `take`; see the module docstring.
 
-    Made in the running loop, one per run: `run()` once. `sleep` waits between retries
-    (tests pass a recorder).
+    Made in the running loop, one per run: `run()` once. `ready()` is called once the first
+    getUpdates was answered. `sleep` waits between retries (tests pass a recorder).
     """
 
     def __init__(
@@ -104,9 +157,11 @@ class Poller:
         take: Take,
         *,
         timeout: int,
+        ready: Callable[[], None] = lambda: None,
         patience: float = POLL_PATIENCE,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
+        self._ready: Callable[[], None] | None = ready
         self.offsets = Offsets()
         self._pause = Pause("telegram")
         self._bot = bot
@@ -147,6 +202,7 @@ class Poller:
 
     async def _poll(self) -> None:
         delay: float | None = None
+        pause: float | None = None  # after answers that came early with nothing
         while True:
             if not self._idle.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -156,10 +212,10 @@ class Poller:
             if self._halted.done():
                 return
             offset = self.offsets.offset
+            hold = 0 if self._ready is not None else self._timeout  # the first: at once
+            asked = time.monotonic()
             try:
-                updates = await self._bot.get_updates(
-                    offset=offset or None, timeout=self._timeout, allowed_updates=ALLOWED
-                )
+                answer = await fetch_updates(self._bot, offset=offset or None, hold=hold)
             except InvalidToken:
                 raise
             except TimedOut as exc:  # a long poll the network lost: asked again at once
@@ -171,11 +227,28 @@ class Poller:
                 continue
             delay = None
             self.offsets.acknowledged = offset
-            for update in updates:
-                if self.offsets.received(update.update_id):
-                    self._in_hand += 1
-                    self._idle.clear()
-                    self._lanes.add(lane(update), self._take_one(update))
+            if self._ready is not None:
+                self._ready()
+                self._ready = None
+            elif not answer and time.monotonic() - asked < hold / 2:
+                pause = early(pause)  # a poll not held: do not ask again at once
+                await self._sleep(pause)
+            else:
+                pause = None
+            self._hand_out(answer)
+
+    def _hand_out(self, answer: list[Any]) -> None:
+        """Hand each new update of `answer` to its lane; acknowledge one that cannot be read."""
+        for data in answer:
+            update = read_update(self._bot, data)
+            if update is None:
+                skipped = unreadable_id(data)
+                if skipped is not None and self.offsets.received(skipped):
+                    self.offsets.taken(skipped)
+            elif self.offsets.received(update.update_id):
+                self._in_hand += 1
+                self._idle.clear()
+                self._lanes.add(lane(update), self._take_one(update))
 
     def _retry(self, exc: TelegramError, delay: float | None) -> float:
         """Log a failed getUpdates in one line; the seconds to wait before the next."""
@@ -221,7 +294,7 @@ class Poller:
             return  # nothing taken since the last poll
         try:
             async with asyncio.timeout(CONFIRM_TIMEOUT):
-                await self._bot.get_updates(offset=offset, timeout=0, allowed_updates=ALLOWED)
+                await fetch_updates(self._bot, offset=offset, hold=0)
         except (TelegramError, TimeoutError) as exc:
             logger.warning("telegram: could not acknowledge the updates taken: {}", exc)
             return  # they come again after a restart, and are recognised there

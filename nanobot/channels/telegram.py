@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Final, Protocol
 
 from loguru import logger
 from telegram import Bot, Message, Update
-from telegram.error import BadRequest, InvalidToken, NetworkError
+from telegram.error import BadRequest, InvalidToken, NetworkError, TelegramError
 
 from nanobot.bus.events import (
     Button,
@@ -116,6 +117,17 @@ class _Outlet:
         return await self._sender.edit(chat, message_id, text, retry=self._retry, buttons=buttons)
 
 
+class UnreadableAnswer(Exception):
+    """The Bot API answered with what the library cannot read: the channel crashes (and is
+    started again), with a line naming the method and quoting the answer."""
+
+
+def _quoted(answer: object, limit: int = 300) -> str:
+    """An answer as JSON, cut to `limit` characters."""
+    text = json.dumps(answer, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class TelegramChannel(Channel):
     """Telegram via the Bot API (long polling or a webhook). See the module docstring."""
 
@@ -173,12 +185,12 @@ class TelegramChannel(Channel):
 
     async def run(self, ready: Callable[[], None]) -> None:
         try:
-            async with self._bot() as bot:  # getMe
+            async with await self._signed_in() as bot:
                 self._sender.bot = bot
                 await self._replies.recover()
                 self._typing.start()
                 try:
-                    logger.info("telegram connected as @{}", bot.username)
+                    logger.info("telegram: signed in as @{}", bot.username)
                     await self._serve(bot, ready)
                 finally:
                     await self._typing.stop()
@@ -195,6 +207,33 @@ class TelegramChannel(Channel):
                 f"the Bot API at {self._config.api_base} did not answer: {exc}"
             ) from exc
 
+    async def _signed_in(self) -> Bot:
+        """The bot, its getMe made (PTB's `initialize`).
+
+        Raises:
+            UnreadableAnswer: getMe was answered with what the library cannot read (a Bot
+                API server other than Telegram's, without a field PTB requires); the
+                message names the method and quotes the answer.
+            TelegramError: as `Bot.initialize` does.
+        """
+        bot = self._bot()
+        try:
+            await bot.initialize()
+        except (TypeError, KeyError, ValueError) as exc:  # PTB's reading of the answer
+            try:
+                answer: object = await bot._post("getMe")
+            except TelegramError as again:
+                answer = f"asked again: {again}"
+            await bot.shutdown()
+            raise UnreadableAnswer(
+                f"the Bot API at {self._config.api_base} answered getMe with what python-"
+                f"telegram-bot cannot read ({type(exc).__name__}: {exc}): {_quoted(answer)}"
+            ) from exc
+        except BaseException:
+            await bot.shutdown()
+            raise
+        return bot
+
     async def _serve(self, bot: Bot, ready: Callable[[], None]) -> None:
         """Take updates until cancelled: through the webhook if one is configured, else by
         polling (or until an update could not be taken: see `Poller.run`)."""
@@ -202,17 +241,28 @@ class TelegramChannel(Channel):
         if webhook.url is not None:
             await Webhook(bot, self._take, webhook).run(ready)
             return
-        ready()
-        await self._role.hold(partial(self._poll, bot))
+        # Connected once polling works here, or once another member is found polling.
+        await self._role.hold(partial(self._poll, bot, ready), standby=ready)
 
-    async def _poll(self, bot: Bot) -> None:
+    async def _poll(self, bot: Bot, ready: Callable[[], None]) -> None:
         """Poll until cancelled, or until an update could not be taken (see `Poller.run`)."""
         # getUpdates is refused while a webhook is set: one left from webhook mode goes (for
-        # the whole bot: every gateway sharing it must use the same mode).
-        if (info := await bot.get_webhook_info()).url:
-            await bot.delete_webhook()
-            logger.info("telegram: deleted the webhook to {} to poll instead", info.url)
-        await Poller(bot, self._take, timeout=self._poll_timeout).run()  # one holding's
+        # the whole bot: every gateway sharing it must use the same mode). Only a check: a
+        # server that fails it (some Bot API emulators) is polled all the same.
+        try:
+            info = await bot.get_webhook_info()
+        except TelegramError as exc:
+            logger.warning(
+                "telegram: could not check for a webhook set on the bot (getWebhookInfo: {}); "
+                "polling all the same",
+                exc,
+            )
+        else:
+            if info.url:
+                await bot.delete_webhook()
+                logger.info("telegram: deleted the webhook to {} to poll instead", info.url)
+        poller = Poller(bot, self._take, timeout=self._poll_timeout, ready=ready)
+        await poller.run()  # one holding's
 
     async def _take(self, update: Update) -> bool:
         """Hand one update to intake; True once it may be acknowledged (see `_telegram_poll.Take`).
