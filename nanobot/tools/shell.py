@@ -39,7 +39,8 @@ from nanobot.tools._bwrap_gate import Gate
 from nanobot.tools._exec_taint import ExecTaint
 from nanobot.tools._process import Process, namespace_inits, start, stop_group
 from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult
-from nanobot.tools.limits import KEY, NO_LIMITS, Enforcement, Scope, close_scope, open_scope
+from nanobot.tools.limit_scope import Scope, close_scope, open_scope
+from nanobot.tools.limits import KEY, NO_LIMITS, Enforcement
 from nanobot.tools.sandbox import Bubblewrap, Sandbox, SandboxCall
 from nanobot.tools.taint import TaintLedger
 
