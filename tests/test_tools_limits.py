@@ -25,9 +25,10 @@ from nanobot.reserve import DiskReserve
 from nanobot.store.sqlite import SqliteDatabase
 from nanobot.tools import _cgroups
 from nanobot.tools.base import ToolError
+from nanobot.tools.bubblewrap import Bubblewrap
 from nanobot.tools.limit_scope import Scope
 from nanobot.tools.limits import Enforcement, Limits, enforce, log_enforcement
-from nanobot.tools.sandbox import Bubblewrap, Confinement, Unconfined, probe
+from nanobot.tools.sandbox import Confinement, Unconfined, probe
 from nanobot.tools.shell import ExecParams, ExecTool
 from tests.test_tools_shell import marker, sleepers
 
