@@ -20,6 +20,8 @@ fakes run in processes of their own; PostgreSQL is the local server on 127.0.0.1
    lease renewal period, kill -9 of the member holding that session; time until the chat's
    answer arrives (another member takes the session once the lease lapses and resumes the
    turn; the model answers at once then). Target: at most the lease + 1 s.
+
+What each phase records and the figures made of it are in bench/_cluster_figures.py.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import aiohttp
@@ -40,7 +42,6 @@ import asyncpg
 
 from bench import gateway_throughput as g
 from bench._cluster import (
-    LEASE_S,
     Member,
     database,
     postgres_cpu,
@@ -48,11 +49,11 @@ from bench._cluster import (
     stop_members,
     unreachable,
 )
-from bench._cluster_failover import Failover, Trial, failover_trial
+from bench._cluster_failover import Trial, failover_trial
+from bench._cluster_figures import Flood, Measurements, metrics_of
 from bench._common import (
     REPO_ROOT,
     BenchError,
-    Metric,
     format_table,
     git_state,
     isolated_env,
@@ -65,7 +66,6 @@ from bench._setup import (
     TOOL_CALL,
     WARMUP_CHATS,
     ZERO_MS_TEXT,
-    Burst,
     Setup,
     gateway_config,
     run_burst,
@@ -78,52 +78,17 @@ NAME = "cluster"
 PHASES = ("burst", "scale", "failover")
 PYTHON = sys.executable
 
-BURST_ROUNDS, BURST_TARGET_X = 3, 1.5
+BURST_ROUNDS = 3
 BURST_TIMEOUT_S = 120.0
 SETTLE_S = 2.0  # after a burst: the last confirmations and typing stops die down
 FLOOD_CHATS, WARMUP_FLOOD = 5000, 100
 SCALE_MEMBERS, SCALE_ROUNDS = (1, 2, 3), 2
 FLOOD_TIMEOUT_S = 240.0
-FAILOVER_TRIALS, FAILOVER_TARGET_S = 20, LEASE_S + 1.0
+FAILOVER_TRIALS = 20
 
 
 def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-@dataclass(frozen=True)
-class Flood:
-    members: int
-    chats: int
-    last_s: float  # until the last chat showed its answer
-    p10_s: float
-    p50_s: float
-    p90_s: float
-    acked_s: float | None  # until the last webhook post was acknowledged
-    refused_posts: int
-    api_calls: dict[str, int]
-    cpu_s: dict[str, float]  # each member, the fake Telegram, the model, PostgreSQL
-    held: list[int] = field(default_factory=list)  # sessions each member holds, most first
-
-    @property
-    def rate(self) -> float:
-        return self.chats / self.last_s
-
-    @property
-    def steady_rate(self) -> float:
-        """Answers per second between the 10th and 90th percentile chat."""
-        return 0.8 * self.chats / (self.p90_s - self.p10_s)
-
-
-@dataclass
-class Measurements:
-    flood_chats: int = FLOOD_CHATS
-    trials: int = FAILOVER_TRIALS
-    bursts: dict[str, list[Burst]] = field(default_factory=dict)
-    postgres_cpu_s: dict[str, list[float]] = field(default_factory=dict)
-    floods: dict[int, list[Flood]] = field(default_factory=dict)
-    failovers: list[Failover] = field(default_factory=list)
-    load: dict[str, list[float]] = field(default_factory=dict)
 
 
 async def _start_flood_telegram(tmp: Path, name: str) -> tuple[Child, str]:
@@ -230,7 +195,10 @@ async def _held(url: str) -> list[int]:
     """How many sessions each member holds a lease on, most first."""
     conn = await asyncpg.connect(url)
     try:
-        rows = await conn.fetch("SELECT count(*) FROM session_leases GROUP BY holder")
+        rows = await conn.fetch(
+            "SELECT count(*) FROM leases WHERE name LIKE 'session:%'"
+            " AND expires_at > '1970-01-02' GROUP BY holder"  # not released
+        )
     finally:
         await conn.close()
     return sorted((int(r[0]) for r in rows), reverse=True)
@@ -313,78 +281,6 @@ async def _failover_phase(m: Measurements, tmp: Path, children: list[Child]) -> 
             m.load["failover"] = [os.getloadavg()[0]]
     finally:
         await stop_members(members)
-
-
-# ---- figures -----------------------------------------------------------------------------
-
-
-def metrics_of(m: Measurements) -> list[Metric]:
-    med = statistics.median
-    out: list[Metric] = []
-    if m.bursts:
-        sqlite, pg = m.bursts["sqlite"], m.bursts["postgresql"]
-        out.append(
-            Metric(
-                f"{g.BIG_CHATS} chats, one gateway: PostgreSQL / SQLite, all answered",
-                "x",
-                [p.wall / s.wall for p, s in zip(pg, sqlite, strict=True)],
-                target=BURST_TARGET_X,
-                note="per round",
-            )
-        )
-        for name, bursts in (("SQLite", sqlite), ("PostgreSQL", pg)):
-            label = f"{g.BIG_CHATS} chats, {name}"
-            out += [
-                Metric(f"{label}: all answered", "s", [b.wall for b in bursts]),
-                Metric(f"{label}: median chat", "s", [med(b.final_s) for b in bursts]),
-                Metric(f"{label}: all taken (acked)", "s", [b.taken_s or 0.0 for b in bursts]),
-                Metric(f"{label}: gateway CPU", "s", [b.cpu_s["gateway"] for b in bursts]),
-            ]
-        out.append(
-            Metric(
-                f"{g.BIG_CHATS} chats, PostgreSQL: server CPU",
-                "s",
-                m.postgres_cpu_s["postgresql"],
-            )
-        )
-    one = m.floods.get(1, [])
-    for n, floods in sorted(m.floods.items()):
-        label = f"{m.flood_chats} chats, {n} member{'s' if n > 1 else ''}"
-        out += [
-            Metric(f"{label}: answers per second", "msg/s", [f.rate for f in floods]),
-            Metric(f"{label}: all answered", "s", [f.last_s for f in floods]),
-            Metric(f"{label}: p10-p90 rate", "msg/s", [f.steady_rate for f in floods]),
-            Metric(f"{label}: webhook posts acked", "s", [f.acked_s or 0.0 for f in floods]),
-            Metric(
-                f"{label}: members' CPU",
-                "s",
-                [sum(v for k, v in f.cpu_s.items() if k.startswith("member")) for f in floods],
-            ),
-            Metric(f"{label}: PostgreSQL CPU", "s", [f.cpu_s["postgresql"] for f in floods]),
-            Metric(f"{label}: fake Telegram CPU", "s", [f.cpu_s["telegram"] for f in floods]),
-        ]
-        if n > 1 and len(one) == len(floods):
-            out.append(
-                Metric(
-                    f"{label}: rate / 1 member",
-                    "x",
-                    [f.rate / o.rate for f, o in zip(floods, one, strict=True)],
-                    note="per round",
-                )
-            )
-    if m.failovers:
-        killed = [f.killed_s for f in m.failovers]
-        out += [
-            Metric("failover: kill -9 -> answer", "s", killed, target=FAILOVER_TARGET_S),
-            Metric("failover: worst of the trials", "s", [max(killed)], target=FAILOVER_TARGET_S),
-            Metric("failover: kill -9 -> lease ran out", "s", [f.lapse_s for f in m.failovers]),
-            Metric(
-                "failover: lease ran out -> answer",
-                "s",
-                [f.killed_s - f.lapse_s for f in m.failovers],
-            ),
-        ]
-    return out
 
 
 async def measure(phases: Sequence[str], trials: int, chats: int) -> Measurements:

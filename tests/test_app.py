@@ -15,7 +15,8 @@ from loguru import logger
 from nanobot.app import describe_sandbox, open_sandbox, private_dir
 from nanobot.config import Config, load
 from nanobot.errors import ConfigError
-from nanobot.tools.sandbox import Bubblewrap, Unavailable
+from nanobot.tools.bubblewrap import Bubblewrap
+from nanobot.tools.sandbox import Unavailable
 
 
 def mode(path: Path) -> int:

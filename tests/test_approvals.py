@@ -1,5 +1,6 @@
 """The approval policy: defaults, the untrusted-content rule, rule keys of commands (checked
-against a real shell), inline code, who decides where, and the words for each outcome."""
+against a real shell), inline code, and what a fetch from a tainted turn is ruled by. Who
+decides where is test_approval_routes.py; the words for each outcome test_approval_words.py."""
 
 from __future__ import annotations
 
@@ -7,40 +8,25 @@ import random
 import shlex
 import shutil
 import subprocess
-from dataclasses import replace
-from datetime import UTC, datetime
 
 import pytest
 
 from nanobot.agent.approvals import (
     DEFAULT_POLICIES,
     ApprovalPolicy,
-    AskApprovers,
-    AskHere,
-    Origin,
-    RefuseNow,
-    Route,
     Taint,
-    answer_text,
     command_key,
-    decision_text,
     egress,
     egress_reason,
     egress_subject,
     inline_code,
     new_request,
-    not_run,
-    route,
     subject,
     voided,
 )
 from nanobot.config import Config
 from nanobot.store.approvals import (
-    RESTARTED,
-    TIMED_OUT,
-    ApprovalRequest,
     Grant,
-    NewRequest,
     Place,
 )
 
@@ -463,117 +449,6 @@ def test_ordinary_commands_are_not_inline(command: str) -> None:
 def test_inline_reasons_name_what_was_found(command: str, words: str) -> None:
     reason = inline_code(command)
     assert reason is not None and words in reason
-
-
-# -- who decides, and where ------------------------------------------------------------------
-
-PRIVATE = Origin("telegram", "42", private=True, user_id="42")
-GROUP = Origin("telegram", "-100", private=False, user_id="42")
-CRON_PRIVATE = replace(PRIVATE, unattended=True)
-CRON_GROUP = replace(GROUP, user_id=None, unattended=True)
-
-
-@pytest.mark.parametrize(
-    ("origin", "approvers", "unattended", "expected"),
-    [
-        # No approvers configured: the one talking in a private chat decides there.
-        (PRIVATE, [], "ask", AskHere(("42",))),
-        # In a group nobody can: refused at once, saying what to configure.
-        (GROUP, [], "ask", RefuseNow),
-        # Configured approvers decide everywhere: here if this is one's private chat…
-        (PRIVATE, ["42", "7"], "ask", AskHere(("42", "7"))),
-        # …else each in their own private chat.
-        (replace(PRIVATE, chat_id="5", user_id="5"), ["42", "7"], "ask", AskApprovers(("42", "7"))),
-        (GROUP, ["42"], "ask", AskApprovers(("42",))),
-        (GROUP, ["7", "7"], "ask", AskApprovers(("7",))),
-        # Unattended: asked like the delivery chat would be, or refused.
-        (CRON_PRIVATE, [], "ask", AskHere(("42",))),
-        (CRON_GROUP, [], "ask", RefuseNow),
-        (CRON_GROUP, ["42"], "ask", AskApprovers(("42",))),
-        (CRON_PRIVATE, ["42"], "deny", RefuseNow),
-        (replace(CRON_PRIVATE, user_id=None), [], "ask", RefuseNow),
-        (None, ["42"], "ask", RefuseNow),
-        # `unattended: deny` is for unattended turns only.
-        (PRIVATE, [], "deny", AskHere(("42",))),
-    ],
-)
-def test_route(
-    origin: Origin | None, approvers: list[str], unattended: str, expected: Route | type
-) -> None:
-    result = route(origin, approvers, unattended=unattended)  # type: ignore[arg-type]
-    if expected is RefuseNow:
-        assert isinstance(result, RefuseNow)
-    else:
-        assert result == expected
-
-
-def test_a_group_without_approvers_is_told_how_to_configure_one() -> None:
-    refused = route(replace(GROUP, channel="discord"), [])
-    assert isinstance(refused, RefuseNow)
-    assert "channels.discord.approvers" in refused.reason
-    unattended = route(CRON_PRIVATE, [], unattended="deny")
-    assert isinstance(unattended, RefuseNow)
-    assert "tools.approval.unattended: deny" in unattended.reason
-    # A scheduled turn whose chat is not named for its user (a Discord DM's channel id).
-    unnamed = route(Origin("discord", "5550001", private=False, user_id=None, unattended=True), [])
-    assert isinstance(unnamed, RefuseNow)
-    assert "named `@<user id>` (discord chat 5550001 is not)" in unnamed.reason
-    assert "channels.discord.approvers" in unnamed.reason
-
-
-# -- words -----------------------------------------------------------------------------------
-
-DECIDED_AT = datetime(2026, 3, 1, 14, 5, tzinfo=UTC)
-
-
-def request(**changes: object) -> ApprovalRequest:
-    asked = NewRequest(
-        session_key="telegram:42",
-        run_id="r",
-        tool_call_id="c",
-        tool="exec",
-        arguments='{"command":"ls"}',
-        args_hash="0" * 16,
-        rule_key="ls",
-        scopes=("once", "chat", "always"),
-        reason="exec asks first",
-        deciders=("42",),
-        places=(Place("telegram", "42"),),
-    )
-    base = ApprovalRequest(
-        id="ABCDEFGHJKLM",
-        asked=asked,
-        state="pending",
-        scope=None,
-        created_at=DECIDED_AT,
-        expires_at=DECIDED_AT,
-        decided_by=None,
-        decided_at=None,
-        note=None,
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
-
-
-def test_the_words_for_decisions_and_answers() -> None:
-    approved = request(state="approved", scope="chat", decided_by="42", decided_at=DECIDED_AT)
-    assert decision_text(approved) == "allowed for this chat by 42 at 14:05 UTC"
-    denied = request(state="denied", decided_by="42", decided_at=DECIDED_AT)
-    assert decision_text(denied) == "denied by 42 at 14:05 UTC"
-    expired = request(state="expired", decided_at=DECIDED_AT, note=TIMED_OUT)
-    assert decision_text(expired) == f"expired at 14:05 UTC: {TIMED_OUT}"
-    assert answer_text("already_decided", approved) == (
-        "This was already decided. Allowed for this chat by 42 at 14:05 UTC."
-    )
-    assert answer_text("not_approver") == "Only an approver can decide this."
-    assert not_run(denied) == "Not run: the user denied it."
-    assert not_run(expired) == "Not run: it was not approved in time."
-    assert not_run(request(state="expired", note=RESTARTED)) == (
-        "Not run: nanobot restarted before it was approved."
-    )
-    assert "stopped" in not_run(request(state="cancelled", note="the run was stopped"))
-    assert not_run(refused="no approver in this group") == "Not run: no approver in this group."
-    with pytest.raises(ValueError):
-        not_run(approved)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import resource
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -26,8 +25,10 @@ from nanobot.reserve import DiskReserve
 from nanobot.store.sqlite import SqliteDatabase
 from nanobot.tools import _cgroups
 from nanobot.tools.base import ToolError
-from nanobot.tools.limits import Enforcement, Limits, Scope, enforce, log_enforcement
-from nanobot.tools.sandbox import Bubblewrap, Confinement, Unconfined, probe
+from nanobot.tools.bubblewrap import Bubblewrap
+from nanobot.tools.limit_scope import Scope
+from nanobot.tools.limits import Enforcement, Limits, enforce, log_enforcement
+from nanobot.tools.sandbox import Confinement, Unconfined, probe
 from nanobot.tools.shell import ExecParams, ExecTool
 from tests.test_tools_shell import marker, sleepers
 
@@ -112,33 +113,6 @@ def test_what_is_enforced_and_how(
     assert enforcement.incomplete == (tree is None)
     line = enforcement.describe()
     assert "processes 256" in line and "memory 128 MB" in line and "tmp_size 16 MB" in line
-
-
-def test_a_null_limit_is_neither_set_nor_described() -> None:
-    limits = replace(SMALL, cpu_time=None, open_files=None)
-    scope = Scope(Enforcement(limits, None, "/usr/bin/prlimit", True, False), None, None)
-    assert {kind for kind, _, _ in scope.rlimits()} == {
-        resource.RLIMIT_FSIZE,
-        resource.RLIMIT_DATA,
-        resource.RLIMIT_NPROC,
-    }
-    argv = scope.inner(["/bin/sh", "-c", "true"])
-    assert argv[:1] == ["/usr/bin/prlimit"] and argv[-3:] == ["/bin/sh", "-c", "true"]
-    assert not any(a.startswith(("--cpu", "--nofile")) for a in argv)
-    assert {"--fsize=8388608:8388608", f"--data={128 * MB}:{128 * MB}", "--nproc=256:256"} <= set(
-        argv
-    )
-    assert "cpu_time" not in scope.enforcement.describe()
-
-
-@pytest.mark.parametrize(
-    ("code", "limit"),
-    [(-24, "CPU time limit (1 s"), (152, "CPU time limit"), (-25, "file size limit (8 MB")],
-)
-def test_the_exit_status_names_the_limit(code: int, limit: str) -> None:
-    scope = Scope(Enforcement(SMALL, None, "/usr/bin/prlimit", True, False), None, None)
-    ended, _ = scope.verdict(code, "")
-    assert ended is not None and limit in ended and "tools.exec.limits." in ended
 
 
 # --- each limit reached, in the real sandbox ----------------------------------------------
@@ -255,21 +229,6 @@ async def test_a_sandbox_that_fails_to_start_says_why_not_the_limits(tmp_path: P
         failed, said = await run(tool, "touch ran")
         assert not failed and "bwrap: Can't find source path /nonexistent-source" in said, said
     assert not (tmp_path / "ran").exists()
-
-
-def test_on_cgroup_v2_the_held_sandbox_is_moved_into_its_group(tmp_path: Path) -> None:
-    # v2 moves whole processes, so no thread of the gateway may join: the sandbox's init
-    # is written into the group at its gate. On v1 the launcher's thread starts it inside.
-    v2 = _cgroups.Group(_cgroups.Tree(2, tmp_path, tmp_path), tmp_path / "g", tmp_path / "g")
-    v1 = _cgroups.Group(V1, tmp_path / "m", tmp_path / "p")
-    (tmp_path / "g").mkdir()
-    limits = replace(SMALL, cpu_time=None, open_files=None, file_size=None)
-    only_groups = Enforcement(limits, None, None, True, False)
-    held = Scope(only_groups, v2, None)
-    assert held.held and not Scope(only_groups, v1, None).held
-    held.hold(os.getpid())
-    assert (tmp_path / "g" / "cgroup.procs").read_text() == f"{os.getpid()}\n"
-    assert v2.by_thread is False and v1.by_thread is True
 
 
 @IN_A_CGROUP

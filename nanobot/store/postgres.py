@@ -17,6 +17,7 @@ A connection the server ended (a restart, `pg_terminate_backend`) is replaced by
 A statement outside a block that met such an end is sent again on another connection: the
 server aborts what it ends, so it runs once. A connection lost without the server saying so
 (the network) fails the statement, which may or may not have run, like any lost commit.
+Which failure is which, and the line each becomes, is `_postgres_errors.py`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,14 @@ from nanobot.errors import StoreError
 from nanobot.store import migrations
 from nanobot.store import url as store_url
 from nanobot.store._placeholders import numbered
+from nanobot.store._postgres_errors import (
+    FAILURES,
+    ended_by_server,
+    is_storage_failure,
+    reason_of,
+    scrub,
+    unusable,
+)
 from nanobot.store._together import MOST, Together
 from nanobot.store.database import Check, Database, Row, SqlValue, Statement
 from nanobot.store.dialect import POSTGRESQL
@@ -43,7 +52,6 @@ POOL_SIZE: Final = 10
 """Connections per process at most; one is opened at start, more as statements overlap."""
 CONNECT_TIMEOUT: Final = 10.0
 _STATEMENT_CACHE: Final = 512  # prepared statements kept per connection
-_ENDED_BY_SERVER: Final = frozenset({"57P01", "57P02", "57P03"})  # admin/crash shutdown, …
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -112,7 +120,7 @@ class PostgresDatabase(Database):
                 reset=_reset,
             )
         except Exception as exc:  # whatever the URL or the server did, in one line
-            raise StoreError(_unusable(url, exc)) from exc
+            raise StoreError(unusable(url, exc, timeout=CONNECT_TIMEOUT)) from exc
         db = cls(pool, url)
         try:
             await migrations.migrate(db)
@@ -257,7 +265,7 @@ class PostgresDatabase(Database):
     async def _finish(self, step: Callable[[], Awaitable[None]]) -> None:
         try:
             await step()
-        except _FAILURES as exc:
+        except FAILURES as exc:
             raise self._error(exc) from exc
 
     @asynccontextmanager
@@ -278,8 +286,9 @@ class PostgresDatabase(Database):
     async def _connection(self) -> AsyncIterator[_Connection]:
         try:
             conn = await self._pool.acquire()
-        except (*_FAILURES, TimeoutError) as exc:
-            error = StoreError(_unusable(self._name, exc, self._secret))
+        except (*FAILURES, TimeoutError) as exc:
+            why = unusable(self._name, exc, timeout=CONNECT_TIMEOUT, secret=self._secret)
+            error = StoreError(why)
             raise self._storage_failed(error) from exc  # the server cannot be reached
         try:
             yield conn
@@ -294,22 +303,22 @@ class PostgresDatabase(Database):
             async with block.turn:
                 try:
                     return await call(block.conn)
-                except _FAILURES as exc:
+                except FAILURES as exc:
                     raise self._error(exc) from exc
         async with self._use():
             for attempt in range(POOL_SIZE + 1):
                 async with self._connection() as conn:
                     try:
                         return await call(conn)
-                    except _FAILURES as exc:
-                        if attempt < POOL_SIZE and _ended_by_server(exc):
+                    except FAILURES as exc:
+                        if attempt < POOL_SIZE and ended_by_server(exc):
                             continue
                         raise self._error(exc) from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _error(self, exc: BaseException) -> StoreError:
-        error = StoreError(_scrub(f"{self._name}: {_reason(exc)}", self._secret))
-        return self._storage_failed(error) if _storage(exc) else error
+        error = StoreError(scrub(f"{self._name}: {reason_of(exc)}", self._secret))
+        return self._storage_failed(error) if is_storage_failure(exc) else error
 
 
 _LOCK: Final = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
@@ -320,16 +329,6 @@ def _literal(text: str) -> str:
     """`text` as an SQL string literal (standard_conforming_strings, the default since
     PostgreSQL 9.1: a quote is doubled, a backslash is itself)."""
     return "'" + text.replace("'", "''") + "'"
-
-
-# What the driver raises when a statement fails (the server's errors, a lost connection,
-# asyncpg's own state errors).
-_FAILURES: Final = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.InternalClientError,
-    OSError,
-)
 
 
 async def _reset(conn: _Connection) -> None:
@@ -349,7 +348,7 @@ async def _undo(conn: _Connection, tx: Any = None) -> None:
     on the server too."""
     try:
         await (tx.rollback() if tx is not None else conn.execute("ROLLBACK"))
-    except _FAILURES:
+    except FAILURES:
         with suppress(asyncpg.InterfaceError):  # already gone back to the pool, closed
             conn.terminate()
 
@@ -360,79 +359,3 @@ def _rowcount(status: str) -> int:
     if verb not in {"INSERT", "UPDATE", "DELETE", "MERGE"} or not rest:
         return 0
     return int(rest.rsplit(" ", 1)[-1])
-
-
-def _ended_by_server(exc: BaseException) -> bool:
-    """Whether the connection was found closed before the statement went out, or the server
-    ended it (aborting whatever it ran)."""
-    if isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError):
-        cause = exc.__cause__
-        return getattr(cause, "sqlstate", None) in _ENDED_BY_SERVER
-    if isinstance(exc, asyncpg.PostgresError):
-        return getattr(exc, "sqlstate", None) in _ENDED_BY_SERVER
-    if isinstance(exc, asyncpg.exceptions.InternalClientError):
-        return True  # the protocol refused to start the statement: it never went out
-    return _closed_before(exc)
-
-
-# Where the data lives failing, not the statement (see `nanobot.store.failures`): the disk
-# full or out of resources, the server read-only (a standby) or shutting down.
-_STORAGE_SQLSTATES: Final = frozenset({"53100", "53000", "53200", "58030", "25006"})
-
-
-def _storage(exc: BaseException) -> bool:
-    """Whether `exc` is a storage failure: the server or the connection to it lost, or the
-    server unable to store anything."""
-    lost = (
-        OSError,
-        asyncpg.exceptions.ConnectionDoesNotExistError,
-        asyncpg.exceptions.InternalClientError,  # the protocol's state after a lost connection
-    )
-    if isinstance(exc, lost):
-        return True
-    if isinstance(exc, asyncpg.PostgresError):
-        state = getattr(exc, "sqlstate", None)
-        return state in _STORAGE_SQLSTATES or state in _ENDED_BY_SERVER
-    return _closed_before(exc)
-
-
-def _closed_before(exc: BaseException) -> bool:
-    """Whether asyncpg refused to send the statement: its connection had closed (and gone
-    back to the pool)."""
-    text = str(exc)
-    return isinstance(exc, asyncpg.InterfaceError) and (
-        "connection is closed" in text or "released back to the pool" in text
-    )
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError | OSError):
-        return f"lost the connection ({exc}); a statement under way may or may not have run"
-    if _closed_before(exc) or _ended_by_server(exc):
-        return f"lost the connection ({getattr(exc, 'message', None) or exc})"
-    # The server's message alone: its DETAIL quotes the row, which may be a conversation.
-    return str(getattr(exc, "message", None) or exc) or type(exc).__name__
-
-
-def _unusable(url: str, exc: BaseException, secret: str | None = None) -> str:
-    """Why the database at `url` cannot be used, in one line, its password hidden."""
-    where = store_url.redact(url)
-    secret = secret if secret is not None else store_url.password(url)
-    if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
-        reason = f"PostgreSQL refused the login ({exc})"
-    elif isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
-        reason = f"{exc}; create it first (createdb, or CREATE DATABASE)"
-    elif isinstance(exc, TimeoutError):
-        reason = f"no answer within {CONNECT_TIMEOUT:.0f} s"
-    elif isinstance(exc, OSError):
-        reason = f"cannot reach the server ({exc.strerror or exc})"
-    elif isinstance(exc, ValueError | OverflowError):
-        reason = f"not a usable PostgreSQL URL ({exc})"
-    else:
-        reason = str(exc) or type(exc).__name__
-    return _scrub(f"cannot use the store at {where}: {reason}", secret)
-
-
-def _scrub(text: str, secret: str | None) -> str:
-    """`text` without `secret` (a driver may quote the URL it was given)."""
-    return text.replace(secret, store_url.HIDDEN) if secret else text

@@ -3,7 +3,7 @@
 bubblewrap writes its sandbox's init's pid (as the host sees it) to `--info-fd` right after
 making it, and that init, once the mounts are done, waits on `--block-fd` before it forks the
 command. Meanwhile the gateway puts the init under the command's limits (its control group,
-its rlimits: `limits.Scope.hold`), which the command and everything it starts then inherit.
+its rlimits: `limit_scope.Scope.hold`), which the command and everything it starts then inherit.
 The alternative, a shell in front that joins the group and `prlimit` inside, costs two more
 programs started per command (about 3 ms here).
 

@@ -1,4 +1,4 @@
-"""What a bubblewrap sandbox binds, masks and makes, as its arguments (see `sandbox.py`)."""
+"""What a bubblewrap sandbox binds, masks and makes, as its arguments (see `bubblewrap.py`)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ kernel's RCU grace period, up to 15 ms under load.
   commands through `nsenter` (`NetworkNamespace.enter`).
 - The group: cgroup v1's `tasks` moves one thread, and the thread moves back when the start
   is done. cgroup v2 moves whole processes (the gateway, here): there the sandbox's init
-  joins its group at bubblewrap's gate (`limits.Scope.hold`), or without a sandbox a shell in
-  front (`limits.Scope.outer`).
+  joins its group at bubblewrap's gate (`limit_scope.Scope.hold`), or without a sandbox a shell in
+  front (`limit_scope.Scope.outer`).
 
 The thread does nothing else: nothing but the start runs in its namespace.
 """

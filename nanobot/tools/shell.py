@@ -1,6 +1,6 @@
 """The exec tool: run a shell command in the workspace, inside the OS sandbox.
 
-The contract is: `/bin/sh -c command` inside the sandbox exec was given (see `sandbox.py`:
+The contract is: `/bin/sh -c command` inside the sandbox exec was given (see `bubblewrap.py`:
 bubblewrap, with only the workspace writable and nothing of nanobot's data visible), working
 directory the workspace, a minimal environment (PATH, LANG, TERM=dumb, and what the sandbox
 adds: HOME, a fresh empty folder per call, and the egress proxy's variables; none of
@@ -39,8 +39,10 @@ from nanobot.tools._bwrap_gate import Gate
 from nanobot.tools._exec_taint import ExecTaint
 from nanobot.tools._process import Process, namespace_inits, start, stop_group
 from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult
-from nanobot.tools.limits import KEY, NO_LIMITS, Enforcement, Scope, close_scope, open_scope
-from nanobot.tools.sandbox import Bubblewrap, Sandbox, SandboxCall
+from nanobot.tools.bubblewrap import Bubblewrap
+from nanobot.tools.limit_scope import Scope, close_scope, open_scope
+from nanobot.tools.limits import KEY, NO_LIMITS, Enforcement
+from nanobot.tools.sandbox import Sandbox, SandboxCall
 from nanobot.tools.taint import TaintLedger
 
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
