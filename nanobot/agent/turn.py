@@ -24,7 +24,9 @@ class Reply:
 class TurnSink:
     """Where a request's turns show what they do while they run, besides the reply
     `AgentLoop.handle` returns. This base shows nothing and sends nowhere: a caller
-    subclasses it and overrides only what it uses. No method may raise.
+    subclasses it and overrides only what it uses. `started` and `event` must not raise;
+    what `send` raises is the message tool's error, what `reply` raises ends the request
+    (`handle` raises it).
 
     `live`: `event` shows the answer while it is written (see `RunHooks.live`); only then
     is the model's answer streamed. `sends`: `send` reaches a chat, so the message tool may
