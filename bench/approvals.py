@@ -135,11 +135,13 @@ class Rig:
 
     async def say(self, user: str, text: str = "clean up the build") -> None:
         chat = ChatRef("telegram", user)
-        await self.gate(InboundMessage(chat, user, text, f"m{user}", is_private=True))
+        await self.gate(InboundMessage.from_chat(chat, user, text, f"m{user}", is_private=True))
 
     async def press(self, user: str, data: str) -> None:
         chat, press = ChatRef("telegram", user), f"p{user}"
-        await self.gate(InboundMessage(chat, user, data, press, is_private=True, press=press))
+        await self.gate(
+            InboundMessage.from_press(chat, user, data, press, message_id=press, is_private=True)
+        )
 
     async def waiting(self, count: int) -> None:
         """Until `count` runs wait on their card (the approver's own table of waits)."""

@@ -104,18 +104,8 @@ class Heartbeat:
 
     def event(self, prompt: str) -> InboundMessage:
         """The inbound event of one beat asking `prompt`."""
-        target = self._deliver_to
-        return InboundMessage(
-            target or ChatRef(SESSION, SESSION),
-            SESSION,
-            prompt,
-            f"heartbeat:{uuid.uuid4().hex}",
-            source="heartbeat",
-            session=SESSION,
-            deliver=target is not None,
-            mode="next_turn",
-            quiet=OK,
-            fresh=True,
+        return InboundMessage.from_heartbeat(
+            prompt, uuid.uuid4().hex, session=SESSION, quiet=OK, deliver_to=self._deliver_to
         )
 
     async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:

@@ -64,7 +64,7 @@ def ask(config: Config, message: str, session_key: str, *, verbose: bool = False
             dispatcher = Dispatcher(parts.loop, way_in.bus, way_in.journal, outcomes=outcomes)
             async with asyncio.TaskGroup() as group:
                 dispatching = group.create_task(dispatcher.run(), name="dispatcher")
-                event = InboundMessage(
+                event = InboundMessage.from_chat(
                     ChatRef(CLI, "local"),
                     "local",
                     message,

@@ -78,7 +78,7 @@ class Rig:
     async def say(self, text: str, chat: ChatRef = ALICE, user: str = "1") -> None:
         self.presses += 1
         private = not chat.chat_id.startswith("-")
-        message = InboundMessage(chat, user, text, f"m{self.presses}", is_private=private)
+        message = InboundMessage.from_chat(chat, user, text, f"m{self.presses}", is_private=private)
         await self.harness.gate(message)
 
     async def press(self, data: str, user: str = "1", chat: ChatRef | None = None) -> None:
@@ -86,7 +86,9 @@ class Rig:
         chat = chat or ChatRef("telegram", user)
         press = f"p{self.presses}"
         private = not chat.chat_id.startswith("-")
-        message = InboundMessage(chat, user, data, press, is_private=private, press=press)
+        message = InboundMessage.from_press(
+            chat, user, data, press, message_id=press, is_private=private
+        )
         await self.harness.gate(message)
 
 
@@ -359,16 +361,7 @@ async def test_another_chat_is_answered_while_one_waits(rig: Rig, fake_llm: Fake
 
 
 def cron_event(chat: ChatRef, run: int) -> InboundMessage:
-    return InboundMessage(
-        chat,
-        "cron",
-        "tidy up",
-        f"cron:j1:{run}",
-        source="cron",
-        session="cron:j1",
-        mode="next_turn",
-        ref=str(run),
-    )
+    return InboundMessage.from_cron(chat, "j1", "tidy up", run, deliver=True)
 
 
 @pytest.mark.parametrize(
@@ -761,7 +754,9 @@ async def test_a_report_journaled_before_reports_named_their_starter_is_refused_
     rig: Rig, fake_llm: FakeLLM
 ) -> None:
     fake_llm.script(echo("rm report.txt"), Text("Could not."))
-    old = InboundMessage(ALICE, "task", "[system: …]", "task:old", source="task", mode="next_turn")
+    old = InboundMessage.from_task(
+        ALICE, "task", "[system: …]", "old", session=ALICE.session_key, is_private=True
+    )
     await rig.harness.gate(old)
     await rig.wait("texts")
     assert rig.cards() == []  # no card to a chat named "@task", no ten minutes of waiting

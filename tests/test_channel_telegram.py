@@ -1002,17 +1002,16 @@ async def test_a_press_reaches_intake_as_a_message(
         USER, int(sent_id or 0), user_id=USER, text="Allow once", first_name="Ada"
     )
     [press] = await intake.wait()
-    assert press == InboundMessage(
-        chat=CHAT,
-        sender_id=str(USER),
-        text="/approve a1 once",
-        message_id=f"press:{query.id}",
+    assert press == InboundMessage.from_press(
+        CHAT,
+        str(USER),
+        "/approve a1 once",
+        query.id,
         sender_name="Ada",
         is_private=True,
-        addressed=True,
         received_at=press.received_at,
-        press=query.id,
     )
+    assert press.message_id == f"press:{query.id}"
     assert press.command == "approve"
     await fake.wait_for(lambda: not fake.pending_updates)
     assert not query.answered  # the agent's side answers an accepted press

@@ -89,8 +89,8 @@ class Gateway:
         self.first = asyncio.Event()
 
     async def submit(self, message: InboundMessage) -> int | None:
-        assert self.service is not None and message.session is not None
-        self.started.append(message.session)
+        assert self.service is not None and message.route.session is not None
+        self.started.append(message.route.session)
         self.first.set()
         await self.service.finished(message, TurnOutcome("completed", "done"))
         return len(self.started)

@@ -33,7 +33,7 @@ from nanobot import app, log
 from nanobot.agent.approvals import new_request, subject
 from nanobot.agent.approver import Caller
 from nanobot.agent.code_pins import Pinned, pin
-from nanobot.agent.loop import TurnRequest
+from nanobot.agent.turn import TurnRequest
 from nanobot.bus.events import ChatRef
 from nanobot.channels.base import InboxPolicy, save_file
 from nanobot.config import Config, load
@@ -960,8 +960,7 @@ class People:
         request = TurnRequest(
             chat.session_key,
             text,
-            channel="telegram",
-            chat_id=chat.chat_id,
+            chat=chat,
             sender_id=person,
             caller=Caller(chat.session_key, chat, person, True),
             files=tuple(files),

@@ -127,8 +127,8 @@ class Runner:
         if self.paused:
             self.paused -= 1
             raise IntakePaused("intake is stopped", reason="disk full", retry_in=PAUSE)
-        assert message.session is not None
-        self.ran.append(message.session.removeprefix("cron:"))
+        assert message.route.session is not None
+        self.ran.append(message.route.session.removeprefix("cron:"))
         self.events.append(message)
         self.event.set()
         turn = asyncio.create_task(self._turn(message))
@@ -241,8 +241,8 @@ async def test_a_job_may_edit_jobs_while_it_runs(db: Database) -> None:
 
     class Editing(Runner):
         async def _turn(self, message: InboundMessage) -> None:
-            assert message.session is not None
-            await jobs.remove(message.session.removeprefix("cron:"))
+            assert message.route.session is not None
+            await jobs.remove(message.route.session.removeprefix("cron:"))
             new = await jobs.add("follow-up", "next", ScheduleSpec(every="1h"))
             added.append(new.id)
             edited.set()
@@ -557,14 +557,14 @@ def test_a_runs_event_is_a_turn_in_the_jobs_session_told_to_its_chat() -> None:
         "telegram:42",
         "water them",
     )
-    assert (event.message_id, event.ref, event.deliver, event.source) == (
+    assert (event.message_id, event.ref, event.route.deliver, event.source) == (
         "cron:j1:9",
         "9",
         True,
         "cron",
     )
     alone = job_event(replace(job, id="j2", channel=None, to=None), 1)
-    assert not alone.deliver and alone.session_key == "cron:j2"
+    assert not alone.route.deliver and alone.session_key == "cron:j2"
 
 
 async def test_the_tool_is_scoped_to_its_chat(db: Database) -> None:

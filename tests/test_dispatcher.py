@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobot.agent.dispatcher import STREAM_INTERVAL, Dispatcher, _streamer
-from nanobot.agent.run import RunEvent
+from nanobot.agent.dispatcher import Dispatcher
 from nanobot.agent.taint import Ledger
 from nanobot.bus.events import (
     Attachment,
@@ -17,7 +16,6 @@ from nanobot.bus.events import (
     InboundMessage,
     Outbound,
     OutboundMessage,
-    StreamUpdate,
     Typing,
 )
 from nanobot.bus.queue import MessageBus
@@ -68,7 +66,7 @@ class Harness:
                 await self.journal.confirm(item.outbox_id)
 
     async def send(self, chat: str, text: str, mid: str) -> None:
-        message = InboundMessage(ChatRef("telegram", chat), chat, text, mid)
+        message = InboundMessage.from_chat(ChatRef("telegram", chat), chat, text, mid)
         await self.gate(message)
 
     def replies(self, chat: str | None = None) -> list[OutboundMessage]:
@@ -230,33 +228,6 @@ async def test_recovery_sends_undelivered_replies_and_finishes_turns(
     await second.stop()
 
 
-async def test_a_reply_streamed_in_quickly_goes_out_whole_and_a_slow_one_as_it_comes() -> None:
-    bus = MessageBus()
-    chat = ChatRef("telegram", "1")
-    now = [100.0]
-    listener = _streamer(bus, chat, "m1", "s1", clock=lambda: now[0])
-
-    def delta(text: str, after: float) -> None:
-        now[0] += after
-        listener(RunEvent("message_update", "run", "session", text=text))
-
-    listener(RunEvent("message_start", "run", "session"))
-    for word in ("The ", "whole ", "answer"):
-        delta(word, 0.1)  # all within STREAM_INTERVAL of the first: nothing shown early
-    assert bus.pending("telegram") == 0
-
-    delta(" and", STREAM_INTERVAL)  # the answer has been arriving for a while: show it
-    delta(" more", 0.1)  # too soon after that
-    delta(" still", STREAM_INTERVAL)
-    shown: list[str] = []
-    bus.close_outbound()
-    async for item in bus.outbound("telegram"):
-        assert isinstance(item, StreamUpdate)
-        assert (item.stream_id, item.reply_to) == ("s1", "m1")
-        shown.append(item.text)
-    assert shown == ["The whole answer and", "The whole answer and more still"]
-
-
 async def test_answers_to_messages_that_waited_are_each_a_message_of_their_own(
     harness: Harness, fake_llm: FakeLLM
 ) -> None:
@@ -287,7 +258,7 @@ async def test_files_sent_in_a_chat_are_recorded_with_their_sender(
         saved.parent.mkdir(parents=True)
         saved.write_text("hire me")
         fake_llm.script(Text("Got it."))
-        message = InboundMessage(
+        message = InboundMessage.from_chat(
             ChatRef("telegram", "7"),
             "7",
             "my cv",

@@ -54,17 +54,7 @@ async def rig(
 
 
 def cron_event(run: int, *, chat: ChatRef = CHAT, deliver: bool = True) -> InboundMessage:
-    return InboundMessage(
-        chat,
-        "cron",
-        "say the time",
-        f"cron:j1:{run}",
-        source="cron",
-        session="cron:j1",
-        deliver=deliver,
-        mode="next_turn",
-        ref=str(run),
-    )
+    return InboundMessage.from_cron(chat, "j1", "say the time", run, deliver=deliver)
 
 
 @pytest.fixture
@@ -128,15 +118,8 @@ async def test_a_quiet_answer_is_neither_streamed_nor_delivered(
     fake_llm.chunk_delay = 0.3  # slow enough that a listener would show it as it comes
     fake_llm.script(Text("HEARTBEAT_OK."), Text("Remember the dentist."))
     for beat in ("b1", "b2"):
-        beat_event = InboundMessage(
-            CHAT,
-            "heartbeat",
-            "check",
-            f"heartbeat:{beat}",
-            source="heartbeat",
-            session="heartbeat",
-            quiet="HEARTBEAT_OK",
-            fresh=True,
+        beat_event = InboundMessage.from_heartbeat(
+            "check", beat, session="heartbeat", quiet="HEARTBEAT_OK", deliver_to=CHAT
         )
         await harness.gate.submit(beat_event)
         await sink.wait(1 if beat == "b1" else 2)
@@ -180,8 +163,8 @@ async def test_a_follow_up_journaled_before_a_crash_is_answered_after_it(
 ) -> None:
     first = Harness(await make_parts(tmp_path, fake_llm, db), db)
     first.gate.close()  # stopping: journaled, not dispatched (as if killed right after)
-    follow_up = InboundMessage(
-        CHAT, "task", "tell them", "task:abc", source="task", mode="next_turn"
+    follow_up = InboundMessage.from_task(
+        CHAT, "task", "tell them", "abc", session=CHAT.session_key, is_private=True
     )
     assert await first.gate.submit(follow_up) is not None
     assert await first.gate.submit(follow_up) is None  # a repeated report is recognised
@@ -200,8 +183,8 @@ async def test_recovery_leaves_what_another_process_must_answer(
 ) -> None:
     first = Harness(await make_parts(tmp_path, fake_llm, db), db)
     first.gate.close()
-    typed = InboundMessage(ChatRef("terminal", "local"), "local", "hello", "t1")
-    asked = InboundMessage(ChatRef("cli", "local"), "local", "hi", "c1", deliver=False)
+    typed = InboundMessage.from_chat(ChatRef("terminal", "local"), "local", "hello", "t1")
+    asked = InboundMessage.from_chat(ChatRef("cli", "local"), "local", "hi", "c1", deliver=False)
     for message in (typed, asked):
         assert await first.gate.submit(message) is not None
 
@@ -214,8 +197,8 @@ async def test_recovery_leaves_what_another_process_must_answer(
 
 
 def test_only_a_person_types_commands() -> None:
-    assert InboundMessage(CHAT, "1", "/new", "m1").command == "new"
-    assert InboundMessage(CHAT, "cron", "/new", "c1", source="cron").command is None
+    assert InboundMessage.from_chat(CHAT, "1", "/new", "m1").command == "new"
+    assert InboundMessage.from_cron(CHAT, "c1", "/new", 1, deliver=True).command is None
 
 
 @pytest.mark.parametrize(

@@ -85,7 +85,7 @@ async def test_follow_up_reply_is_delivered_in_the_thread(rig: Rig, fake_llm: Fa
         Text("The research is done: 42."),
     )
     chat = ChatRef("telegram", "1", "99")
-    await rig.harness.gate(InboundMessage(chat, "1", "research this", "m1"))
+    await rig.harness.gate(InboundMessage.from_chat(chat, "1", "research this", "m1"))
     await rig.harness.wait_replies(1)
     assert "running" in rig.subagents.describe(chat.session_key)
     rig.gate.open.set()

@@ -86,7 +86,7 @@ def member(db: Database, url: str, name: str, lease: timedelta = LEASE) -> Membe
 async def arrive(via: Member, chat: str, text: str) -> None:
     """A message taken in by `via`'s channel, as the gate hands it on: journaled (and taken
     by `via` if it may answer it at once), then answered there or the cluster woken."""
-    message = InboundMessage(ChatRef("telegram", chat), chat, text, f"{chat}-{text}")
+    message = InboundMessage.from_chat(ChatRef("telegram", chat), chat, text, f"{chat}-{text}")
     accepted = await via.distributor.accept(message)
     assert accepted is not None
     await via.distributor.hand_over(replace(message, journal_id=accepted.id), accepted)

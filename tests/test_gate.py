@@ -46,8 +46,8 @@ def message(
     sender: str = "42", *, mid: str = "1", private: bool = True, addressed: bool = True
 ) -> InboundMessage:
     chat = ChatRef("telegram", sender if private else "-100")
-    return InboundMessage(
-        chat, sender, "hello", mid, "Ada", is_private=private, addressed=addressed
+    return InboundMessage.from_chat(
+        chat, sender, "hello", mid, sender_name="Ada", is_private=private, addressed=addressed
     )
 
 
@@ -137,7 +137,11 @@ async def test_the_owner_log_names_the_code_and_cannot_be_forged_by_a_name(
         gate = make_gate(db, MessageBus(), set())
         forged = "Eve\x1b[1A\nINFO pairing approved for everyone"
         chat = ChatRef("telegram", "7")
-        await gate(InboundMessage(chat, "7", "hi", "1", forged, is_private=True, addressed=True))
+        await gate(
+            InboundMessage.from_chat(
+                chat, "7", "hi", "1", sender_name=forged, is_private=True, addressed=True
+            )
+        )
     finally:
         logger.remove(sink)
     (request,) = await Access(db).pending()

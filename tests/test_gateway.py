@@ -34,7 +34,7 @@ class EagerChannel(Channel):
         self.done = asyncio.Event()
 
     async def run(self, ready: Callable[[], None]) -> None:
-        await self.intake(InboundMessage(ChatRef("telegram", "1"), "1", "hi", "m1"))
+        await self.intake(InboundMessage.from_chat(ChatRef("telegram", "1"), "1", "hi", "m1"))
         ready()
         await asyncio.get_running_loop().create_future()
 
@@ -56,7 +56,7 @@ async def test_a_message_taken_while_starting_is_answered_once(
     harness = Harness(await make_parts(tmp_path, fake_llm, db), db)
     # A message from before the restart, so that recovery has work and takes its time.
     harness.gate.close()
-    await harness.gate(InboundMessage(ChatRef("telegram", "2"), "2", "old", "m0"))
+    await harness.gate(InboundMessage.from_chat(ChatRef("telegram", "2"), "2", "old", "m0"))
     harness = Harness(harness.parts, db)
     channel = EagerChannel(harness.gate)
     fake_llm.script(Text("answer"), Text("answer"))

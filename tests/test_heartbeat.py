@@ -11,8 +11,8 @@ import pytest
 
 from nanobot.agent.approver import Caller
 from nanobot.agent.dispatcher import Dispatcher
-from nanobot.agent.loop import TurnRequest
 from nanobot.agent.taint import Ledger
+from nanobot.agent.turn import TurnRequest
 from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
 from nanobot.bus.intake import IntakePaused
 from nanobot.heartbeat import Heartbeat, actionable

@@ -115,7 +115,7 @@ class Rig:
                 await self.journal.confirm(item.outbox_id)
 
     async def send(self, chat: str, text: str, mid: str) -> Intake:
-        return await self.gate(InboundMessage(ChatRef("telegram", chat), chat, text, mid))
+        return await self.gate(InboundMessage.from_chat(ChatRef("telegram", chat), chat, text, mid))
 
     def texts(self, chat: str | None = None) -> list[str]:
         return [

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from nanobot.agent.context import ContextBuilder
-from nanobot.agent.loop import AgentLoop, LoopSettings, TurnRequest
+from nanobot.agent.loop import AgentLoop, LoopSettings
 from nanobot.agent.run import ToolPolicy
 from nanobot.agent.runner import SKIPPED, Runner
 from nanobot.agent.taint import Ledger, earlier
+from nanobot.agent.turn import TurnRequest, TurnSink
 from nanobot.providers.provider import Provider, RetryPolicy
 from nanobot.store import Database, SessionStore, UsageLedger
 from nanobot.tools.base import Tool, untrusted
@@ -217,12 +218,15 @@ async def test_message_tool_text_is_not_sent_twice(parts: Parts, fake_llm: FakeL
 
     sent: list[str] = []
 
-    async def send(text: str) -> None:
-        sent.append(text)
+    class Chat(TurnSink):
+        sends = True
+
+        async def send(self, text: str) -> None:
+            sent.append(text)
 
     add_tools(parts.loop, MessageTool())
     fake_llm.script(ToolCalls([Call("message", {"text": "Here you go."})]), Text("Here you go."))
-    reply = await parts.loop.handle(TurnRequest("t:1", "send it", send=send))
+    reply = await parts.loop.handle(TurnRequest("t:1", "send it", sink=Chat()))
     assert sent == ["Here you go."]
     assert reply is not None
     assert reply.text is None

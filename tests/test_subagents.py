@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from nanobot.agent.loop import Reply, TurnRequest
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagents import (
     FOLLOW_UP,
@@ -25,7 +24,8 @@ from nanobot.agent.subagents import (
     SubagentSettings,
     subagent_tools,
 )
-from nanobot.bus.events import InboundMessage
+from nanobot.agent.turn import Reply, TurnRequest
+from nanobot.bus.events import ChatRef, InboundMessage
 from nanobot.providers.provider import RetryPolicy
 from nanobot.store import Database, Entry, SessionStore
 from nanobot.tools.base import Tool, ToolContext, ToolParams
@@ -121,7 +121,7 @@ class Rig:
             if self.fail_notify:
                 raise RuntimeError("the journal is gone")
             if self.run_follow_up:  # the turn the dispatcher would run
-                request = TurnRequest(message.session_key, message.text, mode=message.mode)
+                request = TurnRequest(message.session_key, message.text, mode=message.route.mode)
                 reply = await self.parts.loop.handle(request)
                 assert reply is not None
                 self.replies.append(reply)
@@ -175,7 +175,9 @@ async def test_result_arrives_as_an_untrusted_note_and_a_follow_up_turn_reports_
         Text("I'm on it."),
         Text("Your flight search is done: 89 EUR on May 3."),
     )
-    reply = await rig.parts.loop.handle(TurnRequest(KEY, "find me a flight", "telegram", "42"))
+    reply = await rig.parts.loop.handle(
+        TurnRequest(KEY, "find me a flight", ChatRef("telegram", "42"))
+    )
     assert reply is not None
     assert reply.text == "I'm on it."
     started = [e.data for e in await rig.entries(KEY) if e.data.get("role") == "tool"]
@@ -227,7 +229,9 @@ async def test_the_limit_is_an_error_result_for_the_model(rig: Rig, fake_llm: Fa
         ToolCalls([Call("spawn", {"task": "one"}, id="a"), Call("spawn", {"task": "two"}, id="b")]),
         Text("One started, one refused."),
     )
-    reply = await rig.parts.loop.handle(TurnRequest(KEY, "do two things", "telegram", "42"))
+    reply = await rig.parts.loop.handle(
+        TurnRequest(KEY, "do two things", ChatRef("telegram", "42"))
+    )
     assert reply is not None
     results = {m["tool_call_id"]: m["content"] for m in rig.main_requests()[1].messages[-2:]}
     assert results["a"].startswith("Started background task")

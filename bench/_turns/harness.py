@@ -14,7 +14,7 @@ from bench._turns.fake import Fake
 from bench._turns.scenario import MESSAGE, TOOL_MESSAGE, TOOL_REPLY
 from bench._turns.stack import INSTANT_TOOL_CALL, Stack
 from bench._turns.timing import Timing, timed
-from nanobot.agent.loop import Reply, TurnRequest
+from nanobot.agent.turn import NO_SINK, Reply, TurnRequest, TurnSink
 from nanobot.providers.base import Message, ToolSchema
 from nanobot.providers.litellm_provider import _litellm
 
@@ -122,7 +122,7 @@ class Bench:
         calls = stack.provider.calls
         before = len(calls)
         text = TOOL_MESSAGE if tool_call else MESSAGE
-        request = TurnRequest(key, text, listener=_unseen if watched else None, live=watched)
+        request = TurnRequest(key, text, sink=_Unseen() if watched else NO_SINK)
         timing, reply = await timed(stack.loop.handle(request))
         made = [Request(m, t) for m, t in calls[before:]]
         del calls[:]
@@ -132,6 +132,15 @@ class Bench:
 
 def _unseen(_: object) -> None:
     """A listener that shows the answer to nobody (it costs nothing to compare with)."""
+
+
+class _Unseen(TurnSink):
+    """A turn watched as in a chat (the model streams), its answer shown to nobody."""
+
+    live = True
+
+    def event(self, event: object) -> None:
+        _unseen(event)
 
 
 class DirectBench(Bench):

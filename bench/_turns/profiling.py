@@ -15,7 +15,7 @@ from bench._common import REPO_ROOT
 from bench._turns.harness import Bench, Request, check_reply
 from bench._turns.scenario import ATTRIBUTION_ROUNDS, MESSAGE, PAUSE_S
 from bench._turns.stack import Stack
-from nanobot.agent.loop import TurnRequest
+from nanobot.agent.turn import TurnRequest
 
 Func = tuple[str, int, str]  # a function in a profile: file, line, name
 RawStats = dict[Func, tuple[int, int, float, float, dict[Func, tuple[int, int, float, float]]]]

@@ -15,43 +15,26 @@ whatever produced them. A turn a store failure cut short leaves its message unan
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
 from loguru import logger
 
+from nanobot.agent import commands
 from nanobot.agent.approver import Caller
+from nanobot.agent.chat_sink import ChatSink, StreamIds
 from nanobot.agent.held import Held
-from nanobot.agent.loop import AgentLoop, Reply, TurnRequest
-from nanobot.agent.run import EventListener, RunEvent, RunState, listeners
+from nanobot.agent.loop import AgentLoop
 from nanobot.agent.subagents import Subagents
-from nanobot.bus.events import (
-    ChatRef,
-    InboundMessage,
-    OutboundMessage,
-    Source,
-    StreamUpdate,
-    TurnOutcome,
-    Typing,
-)
+from nanobot.agent.turn import Reply, TurnRequest
+from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, Source, TurnOutcome
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, outbound_from, outbound_record
 from nanobot.errors import StoreError
 from nanobot.store import Journal
 from nanobot.tasks import TaskSet
 
-HELP = (
-    "I'm nanobot, your assistant. Just write to me. Commands:\n"
-    "/new - start a fresh conversation (the old one is kept)\n"
-    "/stop - stop what I'm doing, background tasks included\n"
-    "/tasks - background tasks in this chat and their state\n"
-    "/status - model, tokens used, context fill and state\n"
-    "/approvals - what waits for your approval, and the saved rules\n"
-    "/approve ID [once|chat|always], /deny ID - decide on a request (the card's buttons do it)\n"
-    "/help - this message"
-)
 UNTRUSTED_SOURCES: Mapping[Source, str] = {"task": "a subagent's result"}
 
 
@@ -69,61 +52,6 @@ _INVISIBLE = re.compile(
 )
 
 
-STREAM_INTERVAL = 0.5  # seconds between two stream updates of one reply
-
-
-class _StreamIds:
-    """The stream id of each run a request starts. The first run's is `base`, so a reply
-    resumed after a restart finishes the message its stream began; later runs (messages
-    that waited for a turn of their own) get ids of their own, so each of their answers is
-    a message of its own instead of an edit of the one before."""
-
-    def __init__(self, base: str) -> None:
-        self._base = base
-        self._ids: dict[str, str] = {}
-
-    def of(self, run_id: str) -> str:
-        if run_id not in self._ids:
-            self._ids[run_id] = f"{self._base}-{len(self._ids)}" if self._ids else self._base
-        return self._ids[run_id]
-
-
-def _streamer(
-    bus: MessageBus,
-    chat: ChatRef,
-    reply_to: str | None,
-    streams: _StreamIds | str,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-) -> EventListener:
-    """A run listener that publishes the reply's text so far (under each run's stream id).
-
-    The first update goes out once the answer has been arriving for STREAM_INTERVAL, later
-    ones at most every STREAM_INTERVAL: an answer that streams in faster than that reaches
-    the chat whole, as one message instead of a message and an edit (half the platform
-    calls, and no half-written message flashing by).
-    """
-    parts: list[str] = []
-    last: float | None = None  # when text last went out, or first arrived
-    ids = _StreamIds(streams) if isinstance(streams, str) else streams
-
-    def on_event(event: RunEvent) -> None:
-        nonlocal last
-        if event.kind == "message_start":
-            parts.clear()
-        elif event.kind == "message_update" and event.text:
-            parts.append(event.text)
-            now = clock()
-            if last is None:
-                last = now
-            elif now - last >= STREAM_INTERVAL:
-                last = now
-                stream_id = ids.of(event.run_id)
-                bus.offer(StreamUpdate(chat, stream_id, "".join(parts), reply_to))
-
-    return on_event
-
-
 class OutcomeSink(Protocol):
     """A producer that wants to know how the turns of its events ended (cron records its
     runs). Told once per event, in the process that finished the turn."""
@@ -131,31 +59,6 @@ class OutcomeSink(Protocol):
     async def finished(self, message: InboundMessage, outcome: TurnOutcome) -> None:
         """`message`'s turn ended as `outcome` says. Must not raise."""
         ...
-
-
-class _TypingSignal:
-    """A turn's "typing…" in its chat: on while the turn works, off while it waits for a
-    person to approve a call (nothing is being written then), off when it ends."""
-
-    def __init__(self, bus: MessageBus, chat: ChatRef) -> None:
-        self._bus, self._chat = bus, chat
-        self._started = self._on = False
-
-    def start(self) -> None:
-        self._started = True
-        self._switch(on=True)
-
-    def stop(self) -> None:
-        self._started = False
-        self._switch(on=False)
-
-    def __call__(self, event: RunEvent) -> None:
-        if event.kind == "status" and self._started:
-            self._switch(on=event.state != RunState.AWAITING_HUMAN)
-
-    def _switch(self, *, on: bool) -> None:
-        if on != self._on and (self._bus.offer(Typing(self._chat, active=on)) or not on):
-            self._on = on
 
 
 class Dispatcher:
@@ -237,7 +140,7 @@ class Dispatcher:
         reached = await self._journal.reached_session([p.id for p in pending])
         for row in pending:
             message = inbound_from(row.message, row.id)
-            if row.channel not in channels and (message.deliver or message.source == "chat"):
+            if row.channel not in channels and (message.route.deliver or message.source == "chat"):
                 continue
             logger.info("recovering {} message {} after a restart", row.channel, message.message_id)
             self.take(message, resume=row.id in reached)
@@ -253,7 +156,7 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 - a task boundary: log, keep serving other chats
             held = self._held
             if isinstance(exc, StoreError) and held is not None and held.can_hold(message):
-                if held.hold(message, exc) and message.deliver:
+                if held.hold(message, exc) and message.route.deliver:
                     self._bus.offer(
                         OutboundMessage(message.chat, HELD, "notice", _reply_to(message))
                     )
@@ -261,54 +164,48 @@ class Dispatcher:
             logger.exception(
                 "processing {} message {} failed", message.chat.channel, message.message_id
             )
-            if message.deliver:  # best effort: the store may be what failed
+            if message.route.deliver:  # best effort: the store may be what failed
                 self._bus.offer(OutboundMessage(message.chat, FAILED, "notice", _reply_to(message)))
             await self._report((message.journal_id,), TurnOutcome("error", error=exc))
 
     async def _turn(self, message: InboundMessage, *, resume: bool) -> None:
-        chat = message.chat
-        streams = _StreamIds(f"{chat.channel}-{message.journal_id}")
+        route = message.route
+        chat = route.chat
 
-        async def send_now(text: str) -> None:
-            await self._bus.publish(OutboundMessage(chat, text, kind="progress"))
+        async def deliver(reply: Reply, stream_id: str) -> None:
+            await self._deliver(message, reply, stream_id)
 
-        async def deliver(reply: Reply) -> None:
-            await self._deliver(message, reply, streams.of(reply.result.run_id))
-
-        shown = message.deliver  # typing and the message tool
-        typing = _TypingSignal(self._bus, chat)
-        streamer = None
         # A quiet answer must not show while written.
-        if shown and message.quiet is None and chat.channel not in self._whole_replies:
-            streamer = _streamer(self._bus, chat, _reply_to(message), streams)
+        streamed = route.quiet is None and chat.channel not in self._whole_replies
+        sink = ChatSink(
+            self._bus,
+            chat,
+            deliver,
+            StreamIds(f"{chat.channel}-{message.journal_id}"),
+            shown=route.deliver,
+            streamed=streamed,
+            reply_to=_reply_to(message),
+        )
         request = TurnRequest(
             message.session_key,
             _with_attachments(message),
-            channel=chat.channel,
-            chat_id=chat.chat_id,
-            thread_id=chat.thread_id,
+            chat=chat,
             sender_id=message.sender_id,
-            send=send_now if shown else None,
-            listener=listeners(streamer, typing) if shown else None,
-            live=streamer is not None,
-            mode=message.mode,
+            sink=sink,
+            mode=route.mode,
             inbound_id=message.journal_id,
             caller=_caller(message),
-            on_reply=deliver,
             images=tuple(a.path for a in message.attachments if a.kind == "photo"),
             files=tuple(a.path for a in message.attachments),
-            # Typing shows once the turn has a slot: chats waiting for one do not keep a
-            # typing indicator (and its API calls) going.
-            on_start=typing.start if shown else None,
         )
-        if message.fresh and not resume:
+        if route.fresh and not resume:
             await self._loop.new_session(message.session_key)
         try:
             reply = await (self._loop.resume(request) if resume else self._loop.handle(request))
         finally:
-            typing.stop()
+            sink.stop()
         if reply is not None:
-            await deliver(reply)
+            await sink.reply(reply)
 
     async def _deliver(self, message: InboundMessage, reply: Reply, stream_id: str) -> None:
         """Queue the reply in the outbox, marking what it answers done, then publish it and
@@ -317,7 +214,11 @@ class Dispatcher:
         text, result = reply.text, reply.result
         if self._held is not None and isinstance(result.error, StoreError):
             raise result.error  # not answered with the failure: held, and answered later
-        if text is not None and message.quiet is not None and _only(text, message.quiet):
+        if (
+            text is not None
+            and message.route.quiet is not None
+            and _only(text, message.route.quiet)
+        ):
             logger.info("{}: nothing to report", message.session_key)
             text = None
         elif text is not None and _blank(text):  # never a silent gap where an answer was due
@@ -329,7 +230,7 @@ class Dispatcher:
             )
             text = EMPTY_ANSWER
         outbound = None
-        if text and message.deliver:
+        if text and message.route.deliver:
             outbound = OutboundMessage(
                 message.chat, text, reply_to=_reply_to(message), stream_id=stream_id
             )
@@ -346,7 +247,7 @@ class Dispatcher:
             return
         if outbound is not None and outbox_id is not None:
             await self._bus.publish(_with_outbox(outbound, outbox_id))
-        delivered = message.deliver and result.status == "completed" and text is not None
+        delivered = message.route.deliver and result.status == "completed" and text is not None
         await self._report(ids, TurnOutcome(result.status, text, result.error, delivered))
 
     async def _retry(self, held: Held) -> None:
@@ -361,36 +262,7 @@ class Dispatcher:
                 await self._outcomes[message.source].finished(message, outcome)
 
     async def _command(self, message: InboundMessage) -> None:
-        key = message.session_key
-        approver = self._loop.approver
-        match message.command:
-            case "approve" | "deny" | "approvals":
-                text = (
-                    await approver.command(message)
-                    if approver is not None
-                    else "Approvals are not used here."
-                )
-            case "new":
-                await self._loop.new_session(key)
-                if approver is not None:
-                    await approver.new_session(key)
-                text = "Started a new conversation. The old one is kept."
-            case "stop":
-                cancelled = self._subagents.cancel_session(key) if self._subagents else 0
-                text = _stopped(self._loop.abort(key), cancelled)
-            case "tasks":
-                text = (
-                    self._subagents.describe(key)
-                    if self._subagents is not None
-                    else "Background tasks are not available here."
-                )
-            case "status":
-                text = await self._loop.status(key)
-            case None:  # a press of a button that is none of ours (forged, or very old)
-                logger.info("{}: a press with unknown data was ignored", message.chat.channel)
-                text = "This button does nothing."
-            case _:
-                text = HELP
+        text = await commands.answer(message, self._loop, self._subagents)
         ids = (message.journal_id,) if message.journal_id else ()
         if message.press is not None:  # a button: answered to the one who pressed it
             await self._journal.complete(ids, None)
@@ -398,11 +270,13 @@ class Dispatcher:
             await self._report(ids, TurnOutcome("completed", text, delivered=True))
             return
         outbound = OutboundMessage(message.chat, text, kind="notice", reply_to=message.message_id)
-        record = (message.chat.channel, outbound_record(outbound)) if message.deliver else None
+        record = (
+            (message.chat.channel, outbound_record(outbound)) if message.route.deliver else None
+        )
         outbox_id = await self._journal.complete(ids, record)
         if outbox_id is not None:
             await self._bus.publish(_with_outbox(outbound, outbox_id))
-        await self._report(ids, TurnOutcome("completed", text, delivered=message.deliver))
+        await self._report(ids, TurnOutcome("completed", text, delivered=message.route.deliver))
 
 
 def _with_outbox(message: OutboundMessage, outbox_id: int) -> OutboundMessage:
@@ -418,7 +292,7 @@ def _cron_run(message: InboundMessage) -> int | None:
 
 def _caller(message: InboundMessage) -> Caller:
     """Who asks for approval of the calls in `message`'s turn, and where."""
-    chat = message.chat if message.deliver else None
+    chat = message.chat if message.route.deliver else None
     untrusted = [UNTRUSTED_SOURCES[message.source]] if message.source in UNTRUSTED_SOURCES else []
     if message.attachments:
         untrusted.append("a file sent in the chat")
@@ -469,10 +343,3 @@ def _with_attachments(message: InboundMessage) -> str:
             f"({attachment.size} bytes, {attachment.mime_type or 'unknown type'})]"
         )
     return "\n".join(lines)
-
-
-def _stopped(turn: bool, tasks: int) -> str:
-    if not tasks:
-        return "Stopped." if turn else "Nothing is running."
-    what = "1 background task" if tasks == 1 else f"{tasks} background tasks"
-    return f"Stopped the reply and {what}." if turn else f"Stopped {what}."

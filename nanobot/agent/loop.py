@@ -11,17 +11,17 @@ happens.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, tzinfo
-from pathlib import Path
-from typing import Literal
 
-from nanobot.agent.approver import Approver, Caller
+from nanobot.agent._lane import Delivery, Queued, take
+from nanobot.agent._resumption import finished_answer, record_interrupted
+from nanobot.agent.approver import Approver
 from nanobot.agent.compaction import Compactor, shrink_tool_results
 from nanobot.agent.context import HEARTBEAT_FILE, ContextBuilder, user_message
-from nanobot.agent.history import History, Window, repair, summary_message
+from nanobot.agent.history import History, Window, summary_message
 from nanobot.agent.images import has_images, inline_images, with_images, without_images
 from nanobot.agent.run import (
     EventListener,
@@ -34,81 +34,17 @@ from nanobot.agent.run import (
 )
 from nanobot.agent.runner import Runner
 from nanobot.agent.taint import Ledger, earlier, in_prompt, message_texts
+from nanobot.agent.turn import Reply, TurnRequest
 from nanobot.bus.events import QueueMode
 from nanobot.lanes import Lanes
 from nanobot.providers.base import LLMProvider, Message
 from nanobot.store import NewEntry, SessionStore, UsageLedger
-from nanobot.tools.base import SendText, ToolContext, current_context, wrapped_sources
+from nanobot.tools.base import ToolContext, current_context, wrapped_sources
 from nanobot.tools.taint import TurnTaint, cut
 from nanobot.workspace import Workspace
 
-Delivery = Literal["one", "all"]
 MARGIN = 1024  # tokens kept free for the envelope and the provider's own framing
 FILL_CACHE_SIZE = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class TurnRequest:
-    """A user message for a session, and where the turn's output goes."""
-
-    session_key: str
-    text: str
-    channel: str = "cli"
-    chat_id: str = "default"
-    sender_id: str | None = None
-    send: SendText | None = None
-    listener: EventListener | None = None
-    live: bool = False  # `listener` shows the answer as it is written (see RunHooks.live)
-    mode: QueueMode | None = None  # how to queue it if the session is busy; None: the default
-    inbound_id: int | None = None  # its inbound journal row, stored with the user's entry
-    images: tuple[Path, ...] = ()  # photos sent with it, shown to models that can see
-    on_reply: ReplySink | None = None  # replies of further turns this call runs (see handle)
-    on_start: Callable[[], None] | None = None  # called once its turn has a slot and starts
-    thread_id: str | None = None  # the thread or topic of the chat, where there is one
-    caller: Caller | None = None  # who asks for approvals; None: no call is asked about
-    files: tuple[Path, ...] = ()  # files sent with it, saved under the inbox (for the ledger)
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What to tell the user after a turn. `text` is None when the message tool already
-    sent it. `inbound_ids` are the journal rows of the user messages this turn answered."""
-
-    text: str | None
-    result: RunResult
-    inbound_ids: tuple[int, ...] = ()
-
-
-ReplySink = Callable[[Reply], Awaitable[None]]
-
-
-@dataclass
-class _Queued:
-    """A session's messages for its running turn, and that turn's bookkeeping."""
-
-    run_id: str | None = None
-    steering: deque[Message] = field(default_factory=deque)
-    follow_up: deque[Message] = field(default_factory=deque)
-    next_turn: deque[Message] = field(default_factory=deque)  # each waits for a turn of its own
-    inbound: dict[int, int] = field(default_factory=dict)  # id(message) -> journal row
-    answered: list[int] = field(default_factory=list)
-
-    @property
-    def waiting(self) -> bool:
-        return bool(self.steering or self.follow_up or self.next_turn)
-
-    def queue(self, message: Message, mode: QueueMode, inbound_id: int | None) -> None:
-        queues = {"steer": self.steering, "follow_up": self.follow_up, "next_turn": self.next_turn}
-        queues[mode].append(message)
-        if inbound_id is not None:
-            self.inbound[id(message)] = inbound_id
-
-    def entry(self, message: Message, run_id: str | None = None) -> NewEntry:
-        """The entry for a user message, linked to its journal row if it has one."""
-        inbound_id = self.inbound.pop(id(message), None)
-        if inbound_id is not None:
-            self.answered.append(inbound_id)
-        return NewEntry("message", message, run_id, inbound_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +86,7 @@ class AgentLoop:
         self._history = History(sessions, provider.count_tokens)
         self._compactor = Compactor(provider, sessions, self._history)
         self._lanes: Lanes[str] = Lanes(limit=self._settings.max_concurrent_turns, name="turn")
-        self._queued: dict[str, _Queued] = {}  # sessions whose turn runs or waits
+        self._queued: dict[str, Queued] = {}  # sessions whose turn runs or waits
         self._prompt_tokens: tuple[str, int] = ("", 0)
         # Counts are upper bounds until a window the bounds call full needs exact ones.
         self._exact_counts = False
@@ -177,17 +113,17 @@ class AgentLoop:
         """Answer `request`; None when it was queued into the session's running turn.
 
         Messages queued too late for the running turn get a turn of their own right after,
-        in this call: the replies of such further turns go to `request.on_reply` and the
-        last reply is returned.
+        in this call: the replies of such further turns go to `request.sink` and the last
+        reply is returned.
 
         Raises:
             StoreError: the session could not be read or the user's message not stored.
         """
         key = request.session_key
         if request.files and self._ledger is not None:
-            where = f"{request.channel} chat {request.chat_id}"
+            where = f"{request.chat.channel} chat {request.chat.chat_id}"
             await self._ledger.received(request.files, where, request.sender_id or "?", key)
-        lane = self._queued.setdefault(key, _Queued())
+        lane = self._queued.setdefault(key, Queued())
         message = user_message(request.text, self._now())
         if request.images and self._provider.supports_vision():
             message = with_images(message, request.images)
@@ -211,7 +147,7 @@ class AgentLoop:
         turn had already finished, its answer is returned without calling the model.
         """
         key = request.session_key
-        lane = self._queued.setdefault(key, _Queued())
+        lane = self._queued.setdefault(key, Queued())
         if self._lanes.busy(key):
             raise RuntimeError(f"cannot resume {key} while it is busy")
         if request.inbound_id is not None:
@@ -221,39 +157,33 @@ class AgentLoop:
         finally:
             self._settle(key, lane)
 
-    def _settle(self, session_key: str, lane: _Queued) -> None:
+    def _settle(self, session_key: str, lane: Queued) -> None:
         """The session's turns ended (or never began): forget its queue unless it holds
         messages still."""
         lane.run_id = None
         if not lane.waiting:
             self._queued.pop(session_key, None)
 
-    async def _turns(self, lane: _Queued, request: TurnRequest, inputs: Sequence[Message]) -> Reply:
-        if request.on_start is not None:
-            request.on_start()
+    async def _turns(self, lane: Queued, request: TurnRequest, inputs: Sequence[Message]) -> Reply:
+        request.sink.started()
         reply = await self._turn(lane, request, inputs)
         while lane.waiting:  # arrived after the run's last look, or wants a turn
-            if request.on_reply is not None:
-                await request.on_reply(reply)
-            # What waits now gets a turn after the answer that was just delivered: steering
-            # that came too late to steer, follow-ups (one at a time or all, as configured),
-            # and what asked for a turn of its own.
-            follow_ups = _take(lane.follow_up, self._settings.follow_up_delivery)
-            queued = [*lane.steering, *follow_ups, *lane.next_turn]
-            lane.steering.clear()
-            lane.next_turn.clear()
+            await request.sink.reply(reply)
+            # What waits now gets a turn after the answer that was just delivered.
+            queued = lane.after_turn(self._settings.follow_up_delivery)
             reply = await self._turn(lane, request, queued)
         return reply
 
-    async def _turn(self, lane: _Queued, request: TurnRequest, inputs: Sequence[Message]) -> Reply:
+    async def _turn(self, lane: Queued, request: TurnRequest, inputs: Sequence[Message]) -> Reply:
         session_id = await self._sessions.live(request.session_key)
         if inputs:
             await self._sessions.append(session_id, [lane.entry(m) for m in inputs])
         else:
-            finished = await self._finished_answer(session_id)
+            finished = await finished_answer(self._sessions, session_id)
             if finished is not None:
                 return self._reply(lane, finished, finished.final_text)
-            await self._record_interrupted(session_id)
+            restarted = self.approver.restarted if self.approver is not None else {}
+            await record_interrupted(self._sessions, session_id, restarted)
         system, untrusted = await self._system_prompt(request)
         budget = self._history_budget(system)
         window = await self._history.load(session_id, budget)
@@ -277,14 +207,15 @@ class AgentLoop:
             policy=self._settings.policy,
         )
         lane.run_id = run.run_id
+        sink = request.sink
         context = ToolContext(
-            request.channel,
-            request.chat_id,
+            request.chat.channel,
+            request.chat.chat_id,
             request.session_key,
             run.run_id,
             request.sender_id,
-            request.send,
-            thread_id=request.thread_id,
+            sink.send if sink.sends else None,
+            thread_id=request.chat.thread_id,
             private=request.caller.private if request.caller else True,
             taint=TurnTaint(untrusted),
         )
@@ -360,39 +291,12 @@ class AgentLoop:
         lines.append("State: working on a reply" if self.busy(session_key) else "State: idle")
         return "\n".join(lines)
 
-    def _reply(self, lane: _Queued, result: RunResult, text: str | None) -> Reply:
+    def _reply(self, lane: Queued, result: RunResult, text: str | None) -> Reply:
         answered, lane.answered = tuple(lane.answered), []
         return Reply(text, result, answered)
 
-    async def _record_interrupted(self, session_id: int) -> None:
-        """Store a result for every tool call a restart left without one."""
-        recent = [e.data for e in await self._sessions.tail(session_id, 50) if e.kind == "message"]
-        repaired = repair(recent)
-        # Only calls at the very end are ours to settle: the crash interrupted the last turn.
-        if repaired[: len(recent)] == recent and len(repaired) > len(recent):
-            restarted = self.approver.restarted if self.approver is not None else {}
-            missing = [
-                {**m, "content": restarted[m["tool_call_id"]]}
-                if m.get("tool_call_id") in restarted
-                else m
-                for m in repaired[len(recent) :]
-            ]
-            await self._sessions.append(session_id, [NewEntry("message", m) for m in missing])
-
-    async def _finished_answer(self, session_id: int) -> RunResult | None:
-        """The stored final answer if the session's last turn completed, else None."""
-        last = await self._sessions.tail(session_id, 1)
-        if not last or last[0].kind != "message":
-            return None
-        message = last[0].data
-        if message.get("role") != "assistant" or message.get("tool_calls"):
-            return None
-        text = str(message.get("content") or "")
-        run_id = last[0].run_id or ""
-        return RunResult(run_id, "", "completed", text, final_message=message)
-
     def _hooks(
-        self, lane: _Queued, request: TurnRequest, session_id: int, run: RunInput, window: Window
+        self, lane: Queued, request: TurnRequest, session_id: int, run: RunInput, window: Window
     ) -> RunHooks:
         async def persist(message: Message) -> None:
             entry = lane.entry(message, run.run_id) if message.get("role") == "user" else None
@@ -415,17 +319,18 @@ class AgentLoop:
                 return [messages[0], summary_message(summary), *current]
             return [*messages[:turn_start], *shrink_tool_results(current)]
 
-        listener, approve = request.listener, None
+        listener: EventListener | None = request.sink.event
+        approve = None
         if self.approver is not None and request.caller is not None:
             approval = self.approver.for_run(request.caller, run.run_id)
             listener, approve = listeners(listener, approval.observe), approval.approve
         return RunHooks(
             persist=persist,
-            steering=lambda: _take(lane.steering, self._settings.steering_delivery),
+            steering=lambda: take(lane.steering, self._settings.steering_delivery),
             compact=compact,
             approve=approve,
             listener=listener,
-            live=request.live,
+            live=request.sink.live,
         )
 
     async def _counting_exactly(self) -> bool:
@@ -463,14 +368,6 @@ async def _show_images(
         if shown[index].get("role") == "user" and shown[index] == without_images(pending[-1]):
             shown[index] = await inline_images(pending.pop(), workspace)
     return shown
-
-
-def _take(queue: deque[Message], delivery: Delivery) -> list[Message]:
-    if delivery == "all":
-        taken = list(queue)
-        queue.clear()
-        return taken
-    return [queue.popleft()] if queue else []
 
 
 def _last_user(messages: Sequence[Message]) -> int:

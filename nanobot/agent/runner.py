@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 from loguru import logger
 
+from nanobot.agent._tool_calls import ToolCalls
 from nanobot.agent.run import (
     TRANSITIONS,
-    Asking,
     EventKind,
     RunEvent,
     RunHooks,
@@ -135,40 +135,22 @@ class _Run:
         self.messages: list[Message] = _with_system_prompt(run.messages, run.system_prompt)
         self.state = RunState.IDLE
         self.usage = Usage()
-        self.tools_used: list[str] = []
         self.entries: list[Message] = []
         self.pending_calls: list[ToolCall] = []  # calls still owed a result in history
-        self.started: set[str] = set()  # ids of calls whose tool began running
+        self.calls = ToolCalls(tools, run, hooks.approve, self)
         self.model_calls = 0
         self.tool_rounds = 0
-        self.tool_calls = 0
-        self.schemas = self._schemas()
         loop = asyncio.get_running_loop()
         self.deadline = loop.time() + run.limits.max_run_duration
-
-    def _schemas(self) -> list[dict[str, Any]]:
-        policy = self.input.policy
-        if not policy.enabled:
-            return []
-        names = [n for n in self.tools.names if self._allowed(n)]
-        return self.tools.schemas(names)
-
-    def _allowed(self, name: str) -> bool:
-        policy, wanted = self.input.policy, self.input.allowed_tools
-        return (
-            policy.enabled
-            and (policy.allow_list is None or name in policy.allow_list)
-            and (wanted is None or name in wanted)
-        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def execute(self) -> RunResult:
-        self._emit("run_start")
+        self.emit("run_start")
         status: RunStatus = "completed"
         error: BaseException | None = None
         try:
-            self._move(RunState.PREPARING)
+            self.move(RunState.PREPARING)
             final_text = await self._loop()
         except _Interrupted:
             status, final_text = self._interrupted()
@@ -183,9 +165,9 @@ class _Run:
             status, error = "failed", exc.__cause__
             final_text = f"I stopped because this conversation could not be saved: {exc.__cause__}"
             logger.error("run {}: {}", self.input.run_id, final_text)
-        self._move(RunState(status))
+        self.move(RunState(status))
         if status != "completed":
-            self._emit("error", text=final_text, is_error=True)
+            self.emit("error", text=final_text, is_error=True)
         result = RunResult(
             run_id=self.input.run_id,
             session_id=self.input.session_id,
@@ -194,10 +176,10 @@ class _Run:
             final_message=self.entries[-1] if status == "completed" and self.entries else None,
             error=error,
             usage=self.usage,
-            tools_used=tuple(self.tools_used),
+            tools_used=tuple(self.calls.used),
             entries=tuple(self.entries),
         )
-        self._emit("run_end", text=final_text, is_error=status != "completed")
+        self.emit("run_end", text=final_text, is_error=status != "completed")
         return result
 
     def _interrupted(self) -> tuple[RunStatus, str]:
@@ -210,7 +192,7 @@ class _Run:
         """Give every tool call still owed a result one, so history stays well-formed."""
         calls, self.pending_calls = self.pending_calls, []
         for call in calls:
-            text = interrupted if call.id in self.started else NOT_RUN
+            text = interrupted if call.id in self.calls.started else NOT_RUN
             try:
                 await self._add(_tool_message(call, ToolResult(text, is_error=True)))
             except _PersistError:
@@ -231,7 +213,7 @@ class _Run:
             message = completion.to_message()
             self.pending_calls = list(completion.tool_calls)
             await self._add(message)
-            self._emit("turn_end", message=message)
+            self.emit("turn_end", message=message)
             if not completion.tool_calls:
                 # An answer ends the run even when messages came meanwhile: it is what the
                 # user gets, and the messages get a turn of their own after it (the loop's),
@@ -249,7 +231,7 @@ class _Run:
     async def _call_model(self) -> Completion:
         attempts = self.input.limits.max_overflow_retries
         for attempt in range(attempts + 1):
-            self._move(RunState.MODEL_RUNNING)
+            self.move(RunState.MODEL_RUNNING)
             try:
                 return await self._stream_model()
             except ProviderError as exc:
@@ -260,15 +242,15 @@ class _Run:
                 ):
                     raise
                 logger.info("run {}: context overflow; compacting", self.input.run_id)
-                self._move(RunState.PREPARING)
+                self.move(RunState.PREPARING)
                 self.messages = list(await self._compacted())
         raise AssertionError("unreachable")
 
     async def _stream_model(self) -> Completion:
         index = self.model_calls
         self.model_calls += 1
-        self._emit("turn_start", call_index=index)
-        self._emit("message_start", call_index=index)
+        self.emit("turn_start", call_index=index)
+        self.emit("message_start", call_index=index)
         last_seq = -1
 
         def on_delta(delta: Delta) -> None:
@@ -277,31 +259,33 @@ class _Run:
                 return
             last_seq = delta.seq
             if isinstance(delta, TextDelta):
-                self._emit("message_update", call_index=index, seq=delta.seq, text=delta.text)
+                self.emit("message_update", call_index=index, seq=delta.seq, text=delta.text)
             else:
                 call = ToolCall(delta.id or "", delta.name or "", delta.arguments)
-                self._emit("message_update", call_index=index, seq=delta.seq, tool_call=call)
+                self.emit("message_update", call_index=index, seq=delta.seq, tool_call=call)
 
         live = self.hooks.live and self.hooks.listener is not None
-        completion = await self._race(
-            self.provider.complete(self.messages, self.schemas, on_delta=on_delta if live else None)
+        completion = await self.race(
+            self.provider.complete(
+                self.messages, self.calls.schemas, on_delta=on_delta if live else None
+            )
         )
         self.usage += completion.usage
-        self._emit("message_end", call_index=index, message=completion.to_message())
+        self.emit("message_end", call_index=index, message=completion.to_message())
         return completion
 
     # -- tools -----------------------------------------------------------------------------
 
     async def _run_tools(self, calls: Sequence[ToolCall]) -> Sequence[Message]:
         """Run one batch; returns steering messages that arrived (the rest was skipped)."""
-        self._move(RunState.TOOL_RUNNING)
+        self.move(RunState.TOOL_RUNNING)
         if self.input.policy.max_parallel > 1:
-            results = await self._race(self._parallel(calls))
+            results = await self.race(self.calls.parallel(calls))
             for call, result in zip(calls, results, strict=True):
                 await self._record(call, result)
             return self._take(self.hooks.steering)
         for position, call in enumerate(calls):
-            await self._record(call, await self._run_tool(call))
+            await self._record(call, await self.calls.one(call))
             steered = self._take(self.hooks.steering)
             if steered:
                 for skipped in calls[position + 1 :]:
@@ -309,87 +293,13 @@ class _Run:
                 return steered
         return ()
 
-    async def _parallel(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        limit = asyncio.Semaphore(self.input.policy.max_parallel)
-        approved = [await self._approval(call) for call in calls]
-
-        async def one(call: ToolCall, denial: ToolResult | None) -> ToolResult:
-            if denial is not None:
-                return denial
-            async with limit:
-                return await self._execute(call)
-
-        return list(
-            await asyncio.gather(*(one(c, d) for c, d in zip(calls, approved, strict=True)))
-        )
-
-    async def _run_tool(self, call: ToolCall) -> ToolResult:
-        denial = await self._approval(call)
-        if denial is not None:
-            return denial
-        return await self._race(self._execute(call))
-
-    async def _approval(self, call: ToolCall) -> ToolResult | None:
-        """An error result when the call may not run; None when it may."""
-        if not self._allowed(call.name):
-            return ToolResult(f"Error: the tool {call.name!r} is not available here.", True)
-        policy = self.input.policy
-        if self.tool_calls >= policy.max_calls_per_run:
-            limit = policy.max_calls_per_run
-            return ToolResult(f"Error: this turn reached its limit of {limit} tool calls.", True)
-        self.tool_calls += 1
-        if self.hooks.approve is None:
-            return None
-        verdict = await self.hooks.approve(call)
-        if isinstance(verdict, Asking):
-            decision = asyncio.ensure_future(verdict.decision)
-            try:
-                self._move(RunState.AWAITING_HUMAN)
-            except RuntimeError:  # the wait is never begun: it must not be left behind
-                decision.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await decision
-                raise
-            verdict = await self._race(decision)
-            self._move(RunState.TOOL_RUNNING)
-        return None if verdict is None else ToolResult(verdict, is_error=True)
-
-    async def _execute(self, call: ToolCall) -> ToolResult:
-        self.started.add(call.id)
-        self._emit("tool_start", tool_call=call)
-        try:
-            arguments = call.parsed_arguments()
-        except ValueError as exc:
-            result = ToolResult(f"Error: invalid arguments for {call.name}: {exc}", True)
-        else:
-            result = await self._with_timeout(call, self.tools.execute(call.name, arguments))
-        self.tools_used.append(call.name)
-        self._emit(
-            "tool_end",
-            tool_call=call,
-            text=result.content,
-            is_error=result.is_error,
-            taint=result.taint,
-        )
-        return result
-
-    async def _with_timeout(self, call: ToolCall, work: Awaitable[ToolResult]) -> ToolResult:
-        timeout = self.input.policy.call_timeout
-        if timeout is None:
-            return await work
-        try:
-            async with asyncio.timeout(timeout):
-                return await work
-        except TimeoutError:
-            return ToolResult(f"Error: {call.name} timed out after {timeout:g} seconds.", True)
-
     async def _record(self, call: ToolCall, result: ToolResult) -> None:
         await self._add(_tool_message(call, result))
         self.pending_calls = [c for c in self.pending_calls if c.id != call.id]
 
     # -- plumbing --------------------------------------------------------------------------
 
-    async def _race(self, work: Awaitable[T]) -> T:
+    async def race(self, work: Awaitable[T]) -> T:
         """Await `work` unless the run is aborted or out of time first (then cancel it)."""
         task = asyncio.ensure_future(work)
         stopper = asyncio.ensure_future(self.abort.wait())
@@ -413,7 +323,7 @@ class _Run:
         (`ProviderError`); any other failure is storing the summary's, like `persist`'s."""
         assert self.hooks.compact is not None
         try:
-            return await self._race(self.hooks.compact(self.messages))
+            return await self.race(self.hooks.compact(self.messages))
         except (ProviderError, _Interrupted):
             raise
         except Exception as exc:
@@ -435,15 +345,15 @@ class _Run:
     def _take(self, source: Any) -> Sequence[Message]:
         return source() if source is not None else ()
 
-    def _move(self, state: RunState) -> None:
+    def move(self, state: RunState) -> None:
         if state == self.state:
             return
         if state not in TRANSITIONS[self.state]:
             raise RuntimeError(f"run {self.input.run_id}: no transition {self.state} -> {state}")
         self.state = state
-        self._emit("status", state=state)
+        self.emit("status", state=state)
 
-    def _emit(self, kind: EventKind, **fields: Any) -> None:
+    def emit(self, kind: EventKind, **fields: Any) -> None:
         if self.hooks.listener is None:
             return
         event = RunEvent(kind, self.input.run_id, self.input.session_id, **fields)

@@ -117,15 +117,14 @@ def follow_up_event(info: SubagentInfo) -> InboundMessage:
     of the person who started the task (its calls that ask go to them, in that chat; "" when
     not known: then only configured approvers can decide)."""
     origin = info.origin
-    return InboundMessage(
+    # One follow-up per subagent (its id names it), even when a restart repeats it.
+    return InboundMessage.from_task(
         origin.chat,
         origin.sender_id or "",
         FOLLOW_UP,
-        f"task:{info.id}",  # one follow-up per subagent, even when a restart repeats it
-        is_private=origin.private,
-        source="task",
+        info.id,
         session=origin.session_key,
-        mode="next_turn",
+        is_private=origin.private,
     )
 
 

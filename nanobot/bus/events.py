@@ -64,27 +64,46 @@ class Attachment:
 
 
 @dataclass(frozen=True, slots=True)
+class Route:
+    """Where a turn runs and where its answer goes.
+
+    The turn runs in `session` when that is not the chat's own (a cron job's, the
+    heartbeat's), starting it afresh first when `fresh`; a message for a busy session joins
+    it as `mode` says (None: the configured default). The answer goes to `chat` unless
+    `deliver` is False; an answer that is exactly `quiet` means "nothing to say" and goes
+    nowhere (and is not streamed).
+    """
+
+    chat: ChatRef
+    session: str | None = None
+    deliver: bool = True
+    quiet: str | None = None
+    fresh: bool = False
+    mode: QueueMode | None = None
+
+    @property
+    def session_key(self) -> str:
+        return self.session or self.chat.session_key
+
+
+@dataclass(frozen=True, slots=True)
 class InboundMessage:
     """Something that starts a turn: a message from a user that passed access control, or an
-    event nanobot produces itself (`source`).
+    event nanobot produces itself (`source`). Each producer has its constructor (`from_chat`,
+    `from_press`, `from_cron`, `from_heartbeat`, `from_task`), naming only what it knows.
 
     `message_id` is the platform's id for it (for nanobot's own events, an id of the
     producer's that names the event, e.g. `cron:<job>:<run>`); with the channel it identifies
     the message across redeliveries. `journal_id` is its row in the inbound journal once
-    stored.
-
-    Where the turn runs and where its answer goes are separate: `session` names the session
-    when it is not the chat's own (a cron job's, the heartbeat's); the answer goes to `chat`
-    unless `deliver` is False. An answer that is exactly `quiet` means "nothing to say" and
-    goes nowhere (and is not streamed). `fresh` starts the session afresh before the turn.
-    `ref` is the producer's own reference (a cron run), handed back with the turn's outcome.
+    stored. `route` is where its turn runs and where the answer goes. `ref` is the
+    producer's own reference (a cron run), handed back with the turn's outcome.
 
     A button press is a message too: its `text` is the button's `data` (a chat command such
     as `/approve ID once`) and `press` the platform's id for the press, which must be
     answered (`OutboundMessage` of kind `answer` with `reply_to=press`).
     """
 
-    chat: ChatRef
+    route: Route
     sender_id: str
     text: str
     message_id: str
@@ -95,17 +114,122 @@ class InboundMessage:
     received_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     journal_id: int | None = None
     source: Source = "chat"
-    session: str | None = None
-    deliver: bool = True
-    mode: QueueMode | None = None  # how to join a busy session; None: the configured default
-    quiet: str | None = None
-    fresh: bool = False
     ref: str | None = None
     press: str | None = None
 
+    @classmethod
+    def from_chat(
+        cls,
+        chat: ChatRef,
+        sender_id: str,
+        text: str,
+        message_id: str,
+        *,
+        sender_name: str | None = None,
+        is_private: bool = True,
+        addressed: bool = True,
+        attachments: tuple[Attachment, ...] = (),
+        received_at: datetime | None = None,
+        session: str | None = None,
+        deliver: bool = True,
+    ) -> InboundMessage:
+        """What a person wrote in `chat`; its turn runs in the chat's session (or `session`),
+        its answer goes back there (nowhere without `deliver`: `agent -m` prints it)."""
+        return cls(
+            Route(chat, session=session, deliver=deliver),
+            sender_id,
+            text,
+            message_id,
+            sender_name,
+            is_private,
+            addressed,
+            attachments,
+            received_at or datetime.now(UTC),
+        )
+
+    @classmethod
+    def from_press(
+        cls,
+        chat: ChatRef,
+        sender_id: str,
+        data: str,
+        press: str,
+        *,
+        message_id: str | None = None,
+        sender_name: str | None = None,
+        is_private: bool = True,
+        received_at: datetime | None = None,
+        session: str | None = None,
+    ) -> InboundMessage:
+        """A press of a button (its `data`) under a message in `chat`; `press` is the
+        platform's id for it, and `press:<press>` its message id unless `message_id` says."""
+        return cls(
+            Route(chat, session=session),
+            sender_id,
+            data,
+            message_id or f"press:{press}",
+            sender_name,
+            is_private,
+            True,
+            received_at=received_at or datetime.now(UTC),
+            press=press,
+        )
+
+    @classmethod
+    def from_cron(
+        cls, chat: ChatRef, job_id: str, text: str, run: int, *, deliver: bool
+    ) -> InboundMessage:
+        """Run `run` of cron job `job_id`: a turn of its own in the job's session, after any
+        running one; its answer goes to `chat` if `deliver`. The run is its `ref`."""
+        return cls(
+            Route(chat, session=f"cron:{job_id}", deliver=deliver, mode="next_turn"),
+            "cron",
+            text,
+            f"cron:{job_id}:{run}",
+            source="cron",
+            ref=str(run),
+        )
+
+    @classmethod
+    def from_heartbeat(
+        cls, text: str, beat: str, *, session: str, quiet: str, deliver_to: ChatRef | None
+    ) -> InboundMessage:
+        """Beat `beat` asking `text`: a turn in a fresh `session`, after any running one, its
+        answer delivered to `deliver_to` (nowhere when None) unless it is just `quiet`."""
+        route = Route(
+            deliver_to or ChatRef(session, session),
+            session=session,
+            deliver=deliver_to is not None,
+            quiet=quiet,
+            fresh=True,
+            mode="next_turn",
+        )
+        return cls(route, session, text, f"heartbeat:{beat}", source="heartbeat")
+
+    @classmethod
+    def from_task(
+        cls,
+        chat: ChatRef,
+        sender_id: str,
+        text: str,
+        task_id: str,
+        *,
+        session: str,
+        is_private: bool,
+    ) -> InboundMessage:
+        """The report of background task `task_id`, started by `sender_id` in `chat` (and
+        `session`): a turn of its own there, after any running one, as that person's."""
+        route = Route(chat, session=session, mode="next_turn")
+        return cls(route, sender_id, text, f"task:{task_id}", is_private=is_private, source="task")
+
+    @property
+    def chat(self) -> ChatRef:
+        """The chat the message came from, or nanobot's own event is about."""
+        return self.route.chat
+
     @property
     def session_key(self) -> str:
-        return self.session or self.chat.session_key
+        return self.route.session_key
 
     @property
     def command(self) -> CommandName | None:

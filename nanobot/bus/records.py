@@ -6,7 +6,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from nanobot.bus.events import Attachment, Button, ChatRef, InboundMessage, OutboundMessage
+from nanobot.bus.events import Attachment, Button, ChatRef, InboundMessage, OutboundMessage, Route
 
 Record = dict[str, Any]
 
@@ -39,14 +39,16 @@ def inbound_record(message: InboundMessage) -> Record:
 
 def _routing_record(message: InboundMessage) -> Record:
     """Where a message's turn runs and its answer goes, where that is not a chat message's
-    default (kept out of the record otherwise: most rows are chat messages)."""
+    default (kept out of the record otherwise: most rows are chat messages). Stored flat,
+    beside the message's own fields, as rows have been since before `Route`."""
+    route = message.route
     routing = {
         "source": message.source,
-        "session": message.session,
-        "deliver": message.deliver,
-        "mode": message.mode,
-        "quiet": message.quiet,
-        "fresh": message.fresh,
+        "session": route.session,
+        "deliver": route.deliver,
+        "mode": route.mode,
+        "quiet": route.quiet,
+        "fresh": route.fresh,
         "ref": message.ref,
         "press": message.press,
     }
@@ -66,8 +68,16 @@ _CHAT_ROUTING: Record = {
 
 
 def inbound_from(record: Record, journal_id: int | None = None) -> InboundMessage:
+    route = Route(
+        chat_from(record["chat"]),
+        session=record.get("session"),
+        deliver=bool(record.get("deliver", True)),
+        quiet=record.get("quiet"),
+        fresh=bool(record.get("fresh", False)),
+        mode=record.get("mode"),
+    )
     return InboundMessage(
-        chat=chat_from(record["chat"]),
+        route,
         sender_id=str(record["sender_id"]),
         text=str(record["text"]),
         message_id=str(record["message_id"]),
@@ -81,11 +91,6 @@ def inbound_from(record: Record, journal_id: int | None = None) -> InboundMessag
         received_at=datetime.fromisoformat(record["received_at"]),
         journal_id=journal_id,
         source=record.get("source", "chat"),
-        session=record.get("session"),
-        deliver=bool(record.get("deliver", True)),
-        mode=record.get("mode"),
-        quiet=record.get("quiet"),
-        fresh=bool(record.get("fresh", False)),
         ref=record.get("ref"),
         press=record.get("press"),
     )

@@ -208,11 +208,11 @@ async def read(
     if not text and not received.saved and (admitted or not received.refusals):
         return received  # nothing to hand over (perhaps only a refused file)
     notes = "\n".join(f"({line})" for line in received.refusals)
-    received.message = InboundMessage(
-        chat=chat_ref(message),
-        sender_id=sender_id,
-        text=f"{text}\n\n{notes}".strip() if notes else text,
-        message_id=str(message.id),
+    received.message = InboundMessage.from_chat(
+        chat_ref(message),
+        sender_id,
+        f"{text}\n\n{notes}".strip() if notes else text,
+        str(message.id),
         sender_name=message.author.display_name,
         is_private=private,
         addressed=received.addressed,
@@ -235,16 +235,14 @@ def press_of(interaction: discord.Interaction) -> InboundMessage | None:
     ):
         return None
     user = interaction.user
-    return InboundMessage(
-        chat=ChatRef(CHANNEL, str(interaction.channel_id)),
-        sender_id=str(user.id),
-        text=custom_id,
-        message_id=f"press:{interaction.id}",
+    return InboundMessage.from_press(
+        ChatRef(CHANNEL, str(interaction.channel_id)),
+        str(user.id),
+        custom_id,
+        str(interaction.id),
         sender_name=user.display_name,
         is_private=interaction.guild_id is None,
-        addressed=True,
         received_at=interaction.created_at,
-        press=str(interaction.id),
     )
 
 

@@ -150,15 +150,13 @@ def pressed(query: CallbackQuery) -> InboundMessage | None:
         if isinstance(message, Message)
         else ChatRef(CHANNEL, str(message.chat.id))
     )
-    return InboundMessage(
-        chat=chat,
-        sender_id=str(query.from_user.id),
-        text=query.data,
-        message_id=f"press:{query.id}",
+    return InboundMessage.from_press(
+        chat,
+        str(query.from_user.id),
+        query.data,
+        query.id,
         sender_name=sender_name(query.from_user),
         is_private=message.chat.type == ChatType.PRIVATE,
-        addressed=True,
-        press=query.id,
     )
 
 
@@ -276,11 +274,11 @@ async def read(
     text = text_without_mentions(message, me)
     notes = "\n".join(f"({line})" for line in received.refusals)
     if text or attachments or (received.refusals and not admitted):
-        received.message = InboundMessage(
-            chat=chat_ref(message),
-            sender_id=sender_id,
-            text=f"{text}\n\n{notes}".strip() if notes else text,
-            message_id=message_key(message),
+        received.message = InboundMessage.from_chat(
+            chat_ref(message),
+            sender_id,
+            f"{text}\n\n{notes}".strip() if notes else text,
+            message_key(message),
             sender_name=sender_name(message.from_user),
             is_private=private,
             addressed=addressed,

@@ -122,14 +122,20 @@ class TerminalChannel(Channel):
 
     async def _send(self, text: str, *, press: bool = False) -> None:
         message_id = uuid.uuid4().hex
-        message = InboundMessage(
-            self.chat,
-            USER,
-            text,
-            message_id,
-            sender_name=USER,
-            session=self._session,
-            press=message_id if press else None,
+        message = (
+            InboundMessage.from_press(
+                self.chat,
+                USER,
+                text,
+                message_id,
+                message_id=message_id,
+                sender_name=USER,
+                session=self._session,
+            )
+            if press
+            else InboundMessage.from_chat(
+                self.chat, USER, text, message_id, sender_name=USER, session=self._session
+            )
         )
         if not self._interactive:  # piped: answered in order, one after another
             self._waiting = message.message_id

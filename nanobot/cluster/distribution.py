@@ -253,7 +253,7 @@ class Distributor:
         for candidate in candidates:
             message = inbound_from(candidate.message, candidate.id)
             if candidate.channel not in self._channels and (
-                message.deliver or message.source == "chat"
+                message.route.deliver or message.source == "chat"
             ):
                 continue  # for a member that runs its channel
             sessions.setdefault(candidate.session_key or message.session_key, []).append(candidate)

@@ -62,25 +62,12 @@ JUMP_TOLERANCE: Final = 2.0
 as a jump (NTP slews by at most half a millisecond a second)."""
 
 
-SENDER = "cron"
-
-
 def job_event(job: Job, run_id: int) -> InboundMessage:
     """The inbound event of one run of `job`: a turn in the job's own session, its answer
     delivered to the job's chat (nowhere when it has none)."""
     deliver = bool(job.channel and job.to)
     chat = ChatRef(job.channel or "cron", job.to or job.id)
-    return InboundMessage(
-        chat,
-        SENDER,
-        job.message,
-        f"cron:{job.id}:{run_id}",
-        source="cron",
-        session=f"cron:{job.id}",
-        deliver=deliver,
-        mode="next_turn",
-        ref=str(run_id),
-    )
+    return InboundMessage.from_cron(chat, job.id, job.message, run_id, deliver=deliver)
 
 
 class Clock(Protocol):
