@@ -71,7 +71,11 @@ class ProviderError(NanobotError):
 
 _USER_MESSAGES: dict[ProviderErrorKind, str] = {
     "rate_limited": "The model is rate-limiting me right now; please try again in a minute.",
-    "unavailable": ("The model is unavailable right now; I'll be able to answer once it is back."),
+    # Said as it is: the message is not kept to be answered later, so no promise of that.
+    "unavailable": (
+        "The model is unavailable right now and I could not answer this; please send it again "
+        "in a few minutes."
+    ),
     "timeout": "The model took too long to answer; please try again.",
     "auth": "I can't reach the model: its API key was refused. Check agent.api_key.",
     "bad_request": "The model refused the request; the details are in the log.",
