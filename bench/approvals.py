@@ -146,7 +146,7 @@ class Rig:
     async def waiting(self, count: int) -> None:
         """Until `count` runs wait on their card (the approver's own table of waits)."""
         async with asyncio.timeout(LIMIT_S):
-            while len(self.approver._waiters) != count:  # noqa: ASYNC110 - setup, never measured
+            while len(self.approver._waits) != count:  # noqa: ASYNC110 - setup, never measured
                 await asyncio.sleep(0.01)
 
 

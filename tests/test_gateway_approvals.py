@@ -803,3 +803,25 @@ async def test_a_call_in_a_background_tasks_report_is_asked_of_the_person_who_st
     await said(telegram, BOB, "The task is done and I made the file.")
     assert marker(tmp_path, "reported").exists()
     assert await process.stop() == 0
+
+
+async def test_a_message_sent_while_a_card_waits_is_told_at_once_why_it_is_not_read(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process = await start(tmp_path, fake_llm, telegram)
+    fake_llm.script(
+        ToolCalls([Call("exec", {"command": "touch made-by-exec"}, id="x1")]), Text("Done.")
+    )
+    telegram.user_message(ALICE, "make the file", user_id=ALICE)
+    shown = await card(telegram)
+    telegram.user_message(ALICE, "hello? are you there?", user_id=ALICE)
+    notice = (
+        f"Your message waits: I am waiting for a decision on approval request {request_id(shown)}"
+    )
+    await telegram.wait_for(
+        lambda: any(m.visible.startswith(notice) for m in telegram.sent(ALICE)), seconds=30
+    )
+    assert "or in 10 min when the request runs out" in telegram.sent(ALICE)[-1].visible
+    assert await press(telegram, shown, "Allow once") == "Decided."
+    await telegram.wait_for(lambda: telegram.sent(ALICE)[-1].visible == "Done.", seconds=30)
+    assert await process.stop() == 0

@@ -31,6 +31,7 @@ from weakref import WeakValueDictionary
 
 from loguru import logger
 
+from nanobot.agent._approval_waits import Waits
 from nanobot.agent._grants import holding, pinned
 from nanobot.agent._run_approval import RunApproval, fetched_once
 from nanobot.agent.approval_cards import listing, too_long
@@ -102,7 +103,7 @@ class Approver:
         self._approvers = {k: tuple(v) for k, v in approvers.items()}
         self._cards = Cards(store, journal, bus, workspace=workspace)
         self._workspace = workspace
-        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._waits = Waits()
         self._wakeups = wakeups
         self.restarted: dict[str, str] = {}  # tool call id -> its result, from `recover`
         # The hook of each run still going on, by run id: a run's hooks hold it, so it is
@@ -112,9 +113,11 @@ class Approver:
     def decided(self, request_id: str) -> None:
         """Request `request_id` was decided, maybe by another process: wake its run if it
         waits here (it reads the decision from the store)."""
-        waiter = self._waiters.get(request_id)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._waits.wake(request_id)
+
+    def waiting_in(self, session_key: str) -> ApprovalRequest | None:
+        """The request a run of `session_key` waits on in this process, if one does."""
+        return self._waits.in_session(session_key)
 
     def for_run(self, caller: Caller, run_id: str) -> RunApproval:
         taint = Taint()
@@ -242,8 +245,7 @@ class Approver:
         return Asking(self._wait(request))
 
     async def _wait(self, request: ApprovalRequest) -> str | None:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[request.id] = waiter
+        waiter = self._waits.begin(request)
         try:
             seconds = (request.expires_at - datetime.now(UTC)).total_seconds()
             try:
@@ -256,7 +258,7 @@ class Approver:
             await asyncio.shield(self._withdraw(request, STOPPED))
             raise
         finally:
-            self._waiters.pop(request.id, None)
+            self._waits.end(request)
         final = decision.request or request
         if decision.won:
             logger.info("approval {} expired: nobody decided in time", request.id)
@@ -299,13 +301,11 @@ class Approver:
         if decision.won:
             logger.info("approval {}: {} by {}", words[1], verdict, printable(message.sender_id))
             request = decision.request
-            waiter = self._waiters.get(request.id if request else "")
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-            elif request is not None and self._wakeups is not None:
-                await self._tell_others(self._wakeups, request.id)
-            elif request is not None:
-                await self._cards.show(request)  # its run is gone
+            if request is not None and not self._waits.wake(request.id):  # not waiting here
+                if self._wakeups is not None:
+                    await self._tell_others(self._wakeups, request.id)
+                else:
+                    await self._cards.show(request)  # its run is gone
         else:
             logger.info(
                 "approval {}: answer by {} refused: {}",

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, tzinfo
 
+from loguru import logger
+
 from nanobot.agent._lane import Delivery, Queued, take
 from nanobot.agent._resumption import finished_answer, record_interrupted
 from nanobot.agent.approver import Approver
@@ -129,6 +131,7 @@ class AgentLoop:
             message = with_images(message, request.images)
         if self._lanes.busy(key):
             lane.queue(message, request.mode or self._settings.queue_mode, request.inbound_id)
+            await self._tell_if_waiting(request)
             return None
         if request.inbound_id is not None:
             lane.inbound[id(message)] = request.inbound_id
@@ -138,6 +141,23 @@ class AgentLoop:
             return await self._lanes.run(key, self._turns(lane, request, [message]))
         finally:
             self._settle(key, lane)
+
+    async def _tell_if_waiting(self, request: TurnRequest) -> None:
+        """Say at once that a message queued behind a run waiting for an approval is read
+        only once the card is decided (else it would get no word for up to the approval's
+        timeout). Never raises: the message is queued whatever becomes of this notice."""
+        asking = self.approver.waiting_in(request.session_key) if self.approver else None
+        if asking is None or not request.sink.sends:
+            return
+        minutes = max(1, round((asking.expires_at - self._now()).total_seconds() / 60))
+        try:
+            await request.sink.send(
+                f"Your message waits: I am waiting for a decision on approval request "
+                f"{asking.id} (the card above) and will read it once someone allows or denies "
+                f"it, or in {minutes} min when the request runs out. /approvals lists it."
+            )
+        except Exception as exc:  # noqa: BLE001 - a notice lost costs only the notice
+            logger.warning("could not say that a message waits for an approval: {}", exc)
 
     async def resume(self, request: TurnRequest) -> Reply | None:
         """Finish the turn of a message that reached its session before a restart.
