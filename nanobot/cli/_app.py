@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -81,11 +82,28 @@ def onboard(
 
 
 def _ask_onboarding_questions() -> dict[str, str]:
+    from nanobot.config.agent import base_advice, model_advice
+
     typer.echo("A few questions; press Enter to keep the default.")
-    model = typer.prompt("Model (any litellm id)", default="openai/gpt-4o-mini")
-    api_base = typer.prompt("OpenAI-compatible endpoint, if any", default="", show_default=False)
+    model = _ask_until_valid("Model (<provider>/<model>)", "openai/gpt-4o-mini", model_advice)
+    api_base = _ask_until_valid("OpenAI-compatible endpoint, if any", "", base_advice)
     api_key = typer.prompt("API key", default="", hide_input=True, show_default=False)
     return {"model": model, "api_base": api_base, "api_key": api_key}
+
+
+def _ask_until_valid(
+    question: str, default: str, advice: Callable[[str], tuple[str, str] | None]
+) -> str:
+    """Ask until the answer passes the config's own check (an empty answer is no answer):
+    a wrong one is said, and asked again with what it most likely meant as the default, so
+    that the config written is one the gateway then starts with."""
+    while True:
+        answer: str = typer.prompt(question, default=default, show_default=bool(default))
+        problem = advice(answer) if answer.strip() else None
+        if problem is None:
+            return answer.strip()
+        typer.echo(f"  {problem[0]}")
+        default = problem[1]
 
 
 @app.command()

@@ -43,6 +43,17 @@ class AgentConfig(Section):
     def _model_names_its_provider(cls, model: str) -> str:
         return _model_id(model)
 
+    @field_validator("api_base")
+    @classmethod
+    def _base_is_a_url(cls, url: str | None) -> str | None:
+        # Without a scheme the first message failed after seconds of retries, "unavailable".
+        if url is None or not url.strip():
+            return None  # unset, as an empty variable in the environment says
+        advice = base_advice(url)
+        if advice is not None:
+            raise ValueError(advice[0])
+        return url
+
     @field_validator("fallbacks")
     @classmethod
     def _fallbacks_name_their_providers(cls, models: list[str]) -> list[str]:
@@ -69,18 +80,37 @@ _USUAL_PROVIDERS = (
 )
 
 
-def _model_id(model: str) -> str:
-    """`model` if it names its provider (`openai/gpt-4o`): litellm would guess the provider
-    of a bare `gpt-4o`, and an OpenAI-compatible server's bare model name not at all."""
+def model_advice(model: str) -> tuple[str, str] | None:
+    """What is wrong with a model id, and the id it most likely meant; None when it names
+    its provider (`openai/gpt-4o`): litellm would guess the provider of a bare `gpt-4o`, and
+    an OpenAI-compatible server's bare model name not at all."""
     provider, _, name = model.partition("/")
     if provider.strip() and name.strip():
-        return model
+        return None
     problem, example = "is not <provider>/<model>", "openai/gpt-4o"
     if model.strip() and "/" not in model:
-        starts = model.lower()
+        starts = model.strip().lower()
         guess = next((p for prefixes, p in _USUAL_PROVIDERS if starts.startswith(prefixes)), None)
-        problem, example = "names no provider", f"{guess or 'openai'}/{model}"
-    raise ValueError(
+        problem, example = "names no provider", f"{guess or 'openai'}/{model.strip()}"
+    return (
         f"{model!r} {problem}: write <provider>/<model>, e.g. {example} "
-        "(for an OpenAI-compatible server at agent.api_base: openai/<its model name>)"
+        "(for an OpenAI-compatible server at agent.api_base: openai/<its model name>)",
+        example,
     )
+
+
+def base_advice(url: str) -> tuple[str, str] | None:
+    """What is wrong with an endpoint's URL, and the URL it most likely meant; None for an
+    http:// or https:// URL with a host."""
+    scheme, _, rest = url.strip().partition("://")
+    if scheme.lower() in ("http", "https") and rest.strip("/"):
+        return None
+    meant = f"http://{url.strip()}" if "://" not in url else "http://localhost:11434/v1"
+    return f"{url!r} is not an http:// or https:// URL: e.g. {meant}", meant
+
+
+def _model_id(model: str) -> str:
+    advice = model_advice(model)
+    if advice is not None:
+        raise ValueError(advice[0])
+    return model

@@ -37,7 +37,7 @@ def onboard(path: Path, answers: dict[str, str]) -> list[str]:
     created = copy_template(config.workspace_path)
     state = f"added {len(created)} files" if created else "already complete"
     lines.append(f"workspace: {config.workspace_path} ({state})")
-    if not path.exists() or not answers.get("api_key"):
+    if config.agent.api_key is None:  # what the file (or the environment) says, not the answers
         lines.append(
             "next: set agent.api_key (or your provider's key variable), then `nanobot agent -m hi`"
         )
