@@ -132,7 +132,7 @@ class ApprovalConfig(Section):
     web_fetch: Approval = "allow"
     web_search: Approval = "allow"
     message: Approval = "allow"
-    other: Approval = "ask"  # every tool not listed above (MCP tools, tools added later)
+    other: Approval = "ask"  # every tool not listed above (tools added later)
     timeout: timedelta = timedelta(minutes=10)
     unattended: Literal["ask", "deny"] = "ask"
 
