@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from nanobot.channels.health import FILE, ChannelHealth, ChannelState, read_states
+from nanobot.log import redact
 from tests._clock import Clock
 
 T0 = datetime(2026, 6, 15, 9, 0, tzinfo=UTC)
@@ -39,7 +40,7 @@ def test_a_channel_is_down_from_the_start_until_it_connects(tmp_path: Path) -> N
 
 
 def test_a_reason_is_redacted_and_on_one_line(tmp_path: Path) -> None:
-    health = ChannelHealth(["telegram"], tmp_path / FILE, Clock(T0))
+    health = ChannelHealth(["telegram"], tmp_path / FILE, Clock(T0), redact)
     health.failed("telegram", f"GET https://api.telegram.org/bot{TOKEN}/getMe\nfailed " + "x" * 400)
     [state] = read_states(tmp_path / FILE) or []
     assert TOKEN not in state.reason and "/bot***/getMe failed x" in state.reason

@@ -115,7 +115,9 @@ async def test_a_token_telegram_rejects_stops_the_channel_in_one_line_and_the_ga
     process = GatewayProcess(tmp_path, config, dict(os.environ))
     await process.start(ready="telegram stopped")
     assert process.process is not None
-    assert await asyncio.wait_for(process.process.wait(), 30) == 1  # no channel left
+    assert (
+        await asyncio.wait_for(process.process.wait(), 30) == 2
+    )  # no channel left: a configuration error
     await process.stop()
     log = process.log()
     assert "received SIGTERM" not in log  # it stopped by itself

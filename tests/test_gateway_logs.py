@@ -122,15 +122,16 @@ async def finish(process: GatewayProcess) -> None:
 async def test_platforms_unreachable_at_start_up(
     tmp_path: Path, fake_llm: FakeLLM, closed_port: int, log: dict[str, Any]
 ) -> None:
-    # The channels' tracebacks go through frames whose locals hold the bot (and its token).
+    # Routine offline: one warning a try, no traceback; the reasons quote the libraries'
+    # errors, which name URLs that hold the token.
     base = f"http://127.0.0.1:{closed_port}"
     process = GatewayProcess(
         tmp_path, settings(tmp_path, fake_llm, base, base, log), dict(os.environ)
     )
     await process.start()
-    await process.wait_log("telegram crashed", seconds=60)
-    await process.wait_log("discord crashed", seconds=60)
-    await process.wait_log("Traceback")
+    await process.wait_log("telegram cannot reach its platform", seconds=60)
+    await process.wait_log("discord cannot reach its platform", seconds=60)
+    assert "Traceback" not in process.log()
     if log["level"] == "DEBUG":
         await process.wait_log("Set Bot API URL: http")  # PTB's line, with the token
         assert "/bot***" in process.log()

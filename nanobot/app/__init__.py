@@ -19,7 +19,7 @@ from typing import Any
 
 from loguru import logger
 
-from nanobot import cluster
+from nanobot import cluster, log
 from nanobot.agent.dispatcher import Dispatcher, OutcomeSink
 from nanobot.agent.held import Held
 from nanobot.agent.run import ToolPolicy
@@ -225,7 +225,10 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     )
     # In the data dir, for `nanobot status` (this gateway's own: each member of a cluster has one).
     health = ChannelHealth(
-        [c.name for c in channels], config.data_dir / CHANNELS_FILE, lambda: datetime.now(UTC)
+        [c.name for c in channels],
+        config.data_dir / CHANNELS_FILE,
+        lambda: datetime.now(UTC),
+        log.redact,
     )
     manager = ChannelManager(channels, way_in.bus, way_in.journal, health)
     return Gateway(

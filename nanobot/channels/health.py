@@ -4,9 +4,10 @@ has been down too long (`gateway.channel_down_limit`).
 
 The gateway keeps the states in `channels.json` in its data dir, written anew (a whole file
 put in place by a rename) at each change: another process reads them without a database,
-and a reader never sees half a file. The reasons are redacted as the log is (a library's
-error may quote a URL with the bot token in it). A write that fails (a full disk) is said
-once and changes nothing else: the channels run on, and the next change writes again.
+and a reader never sees half a file. The reasons pass the redactor it is given, the log's
+(a library's error may quote a URL with the bot token in it). A write that fails (a full
+disk) is said once and changes nothing else: the channels run on, and the next change
+writes again.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from pathlib import Path
 from typing import Final
 
 from loguru import logger
-
-from nanobot.log import redact
 
 FILE: Final = "channels.json"
 """The file in the data dir that holds the running gateway's channel states."""
@@ -55,14 +54,20 @@ class ChannelState:
 
 
 class ChannelHealth:
-    """The channels' states, kept in `path` (None: in memory only) as they change. Each
-    starts down, connecting, at the moment it is made."""
+    """The channels' states, kept in `path` (None: in memory only) as they change, each
+    reason passed through `redact` first. Each starts down, connecting, at the moment it is
+    made."""
 
     def __init__(
-        self, names: Iterable[str], path: Path | None, clock: Callable[[], datetime]
+        self,
+        names: Iterable[str],
+        path: Path | None,
+        clock: Callable[[], datetime],
+        redact: Callable[[str], str] = str,
     ) -> None:
         self._path = path
         self._clock = clock
+        self._redact = redact
         now = clock()
         self._states = {name: ChannelState(name, up=False, since=now) for name in names}
         self._unwritable = False
@@ -81,7 +86,7 @@ class ChannelHealth:
         """`name` stopped or could not connect: down since now if it was up, else since it
         went down; the reason is the latest failure's."""
         state = self._states[name]
-        reason = _line(redact(reason))
+        reason = _line(self._redact(reason))
         if state.up:
             self._set(ChannelState(name, up=False, since=self._clock(), reason=reason))
         else:
