@@ -80,6 +80,9 @@ _ROUTINE: tuple[tuple[str, str], ...] = (
     # and reads text only.
     ("discord.client", "PyNaCl is not installed, voice will NOT be supported"),
     ("discord.client", "davey is not installed, voice will NOT be supported"),
+    # discord.py, for the REST-only client that delivers replies: it never connects to the
+    # gateway, so it asks for no intents (the gateway client asks for the guilds it needs).
+    ("discord.state", "Guilds intent seems to be disabled"),
 )
 _LINE = "{time:YYYY-MM-DD HH:mm:ss.SSS} | {level: <7} | {name}: {message}\n"
 _LINE_AND_TRACEBACK = _LINE + "{extra[traceback]}\n"

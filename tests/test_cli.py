@@ -193,7 +193,28 @@ async def test_status_and_pairing_list_show_who_waits_without_terminal_tricks(
     assert "\x1b" not in listing.stdout and "\u202e" not in listing.stdout
     assert "(Eve\\x1b[2J\\nApproved users:\\u202e)" in listing.stdout
     assert listing.stdout.count("Approved users:") == 2  # the heading, and the name escaped
-    assert len(listing.stdout.splitlines()) == MAX_PENDING + 4
+    assert len(listing.stdout.splitlines()) == MAX_PENDING + 6  # headings, and two "none"
+
+
+async def test_pairing_list_names_who_the_config_lets_in_and_times_with_their_zone(
+    home: Home,
+) -> None:
+    home.write_config(
+        home.config.read_text(encoding="utf-8") + "timezone: Europe/Berlin\n"
+        "channels:\n"
+        "  telegram: {enabled: true, token: '123456:ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghi', "
+        "allow_from: [1, 2]}\n"
+        "  discord: {enabled: true, token: x, allow_from: ['*']}\n"
+    )
+    async with await Database.open(home.data_dir / "state.db") as db:
+        await Access(db).request("telegram", "7", "7", "Eve")
+    listing = await nanobot(home, "pairing", "list")
+    assert listing.code == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    [waiting] = [line for line in lines if "telegram user 7 (Eve), until " in line]
+    assert waiting.endswith((" CET", " CEST"))  # the configured zone, named
+    start = lines.index("Allowed by the config (allow_from):")
+    assert lines[start + 1 : start + 3] == ["  telegram: 1, 2", "  discord: everyone"]
 
 
 async def test_secrets_never_reach_the_log_file(home: Home, fake_llm: FakeLLM) -> None:
@@ -456,3 +477,15 @@ async def test_agent_message_keeps_stderr_quiet_and_the_log_file_at_log_level(
     assert (result.code, result.stdout, result.stderr) == (0, "Logged.\n", "")
     written = (home.data_dir / "logs" / "nanobot.log").read_text(encoding="utf-8")
     assert "| DEBUG " in written  # log.level holds for the file, whatever -m keeps off stderr
+
+
+async def test_h_is_help_everywhere_and_an_empty_message_costs_no_model_call(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    for command in ((), ("agent",), ("pairing", "approve")):
+        shown = await nanobot(home, *command, "-h")
+        assert shown.code == 0 and shown.stdout.startswith("Usage: "), (command, shown.stderr)
+    for blank in ("", "   "):
+        result = await nanobot(home, "agent", "-m", blank)
+        assert (result.code, result.stderr) == (2, "nanobot: -m needs a message: it is empty\n")
+    assert fake_llm.request_count == 0

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nanobot.config import Config, config_path, exposed, load
+from nanobot.config import Config, config_path, exposed, load, loading
 from nanobot.errors import ConfigError
 from nanobot.outage import DEFAULT_BACKOFF, Backoff
 
@@ -367,6 +367,11 @@ def test_approvers_are_numeric_user_ids(tmp_path: Path, channel: str) -> None:
             "[1,2",
             'a JSON list, e.g. NANOBOT_CHANNELS__TELEGRAM__ALLOW_FROM=\'["1", "2"]\'',
         ),
+        (  # a user name is no user id: the example shows only what would be taken
+            "NANOBOT_CHANNELS__TELEGRAM__ALLOW_FROM",
+            "@alice",
+            "a JSON list, e.g. NANOBOT_CHANNELS__TELEGRAM__ALLOW_FROM='[\"123456789\"]'",
+        ),
         ("NANOBOT_TOOLS__EXEC__DENY_PATTERNS", "rm -rf", "a JSON list"),  # list | None
         (
             "NANOBOT_CHANNELS__TELEGRAM",
@@ -549,3 +554,17 @@ def test_the_pauses_of_a_failing_store_are_read_and_checked(
             load(write(tmp_path, f"store: {{retry_seconds: {bad}}}\n"))
     monkeypatch.setenv("NANOBOT_STORE__RETRY_SECONDS", "[2, 4]")
     assert load(write(tmp_path, "")).store.retry == Backoff((2.0, 4.0))
+
+
+def test_an_error_from_the_environment_alone_names_no_missing_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NANOBOT_AGENT__MAX_TOKENS", "plenty")
+    monkeypatch.delenv("NANOBOT_CONFIG", raising=False)
+    missing = tmp_path / "nowhere" / "config.yaml"
+    monkeypatch.setattr(loading, "DEFAULT_CONFIG_PATH", missing)  # no file at the default
+    with pytest.raises(ConfigError) as info:
+        load()
+    first, *rest = str(info.value).splitlines()
+    assert first == f"the environment (no config file at {missing}): invalid configuration"
+    assert "from environment variable NANOBOT_AGENT__MAX_TOKENS" in rest[0]

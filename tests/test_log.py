@@ -239,6 +239,12 @@ def test_discord_voice_warnings_at_every_start_are_only_debug(
     assert voice and all(line.startswith("DEBUG ") for line in voice), seen
     logging.getLogger("discord.client").warning("PyNaCl is fine but something else is not")
     assert seen[-1].startswith("WARNING "), seen  # only the routine lines are demoted
+    # The reply client never connects to the gateway, so it asks for no intents: said as
+    # discord.py's ConnectionState says it, at each of its logins.
+    logging.getLogger("discord.state").warning(
+        "Guilds intent seems to be disabled. This may cause state related issues."
+    )
+    assert seen[-1].startswith("DEBUG Guilds intent"), seen
 
 
 def test_text_from_outside_cannot_forge_lines(log_dir: Path) -> None:

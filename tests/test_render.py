@@ -378,7 +378,7 @@ def test_split_telegram_refuses_a_limit_that_cannot_hold_a_character() -> None:
     [
         ("", 5, []),
         ("aaa bbb", 4, ["aaa", "bbb"]),
-        ("aaa bbb", 5, ["aaa b", "bb"]),  # the space is not in the last fifth
+        ("aaa bbb", 5, ["aaa", "bbb"]),  # a space anywhere before a word is cut
         ("😀" * 5, 3, ["😀"] * 5),
         ("x😀😀", 4, ["x😀", "😀"]),
         ("a\n\nb", 2, ["a", "b"]),
@@ -529,3 +529,14 @@ def test_a_reply_that_fits_is_split_as_the_general_path_splits_it() -> None:
         for limit in (visible_length(markup), visible_length(markup) + 1, TELEGRAM_LIMIT):
             if limit >= 2:
                 assert split_telegram(markup, limit) == _split_atoms(markup, limit), markup
+
+
+def test_a_short_piece_is_split_at_a_word_not_inside_one() -> None:
+    """As when a chunk the platform refused as too long is split again: its last fifth may
+    hold no space, and a word must still not be cut (`a needl` / `e reply`)."""
+    text = "aa " + "b" * 12  # the only space is early: before, the cut fell inside the b's
+    assert split_plain(text, 12) == ["aa", "b" * 12]
+    assert split_telegram(f"<b>{text}</b>", 12) == ["<b>aa</b>", f"<b>{'b' * 12}</b>"]
+    long_words = "word " + "x" * 70 + " end"
+    assert split_discord(long_words, 72) == ["word", "x" * 70, "end"]
+    assert split_plain("x" * 30, 20) == ["x" * 20, "x" * 10]  # no break at all: cut

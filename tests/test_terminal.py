@@ -219,3 +219,30 @@ async def test_the_terminal_asks_before_a_command_and_runs_it_on_o(
     assert "Decided." in out
     assert out.splitlines()[-1] == "Made it."
     assert (home.data_dir / "workspace" / "asked-first").exists()
+
+
+async def test_a_line_the_terminal_cut_is_refused_whole_and_a_typo_command_costs_nothing(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Text("Only this one."))
+    term = await open_terminal(home, "agent")
+    try:
+        at = await term.expect("you> ")
+        term.type("x" * 5000 + "\r")  # the kernel keeps 4,095 characters of a line
+        at = await term.expect("(Not sent: a line reached the terminal's limit of 4,095", after=at)
+        at = await term.expect("you> ", after=at)
+        term.type("/hlep\r")
+        at = await term.expect("Unknown command /hlep: /help lists the commands.", after=at)
+        at = await term.expect("you> ", after=at)
+        term.type("/etc/hosts is a path, not a command\r")
+        at = await term.expect("Only this one.", after=at)
+        assert fake_llm.request_count == 1  # neither the cut line nor the typo reached it
+        await term.expect("you> ", after=at)
+        term.type("/exit\r")
+        async with asyncio.timeout(30):
+            assert await term.process.wait() == 0
+    finally:
+        if term.process.returncode is None:
+            term.process.kill()
+            await term.process.wait()
+        term.close()

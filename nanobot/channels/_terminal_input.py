@@ -4,7 +4,10 @@ From a pipe every line is a message. From a terminal (canonical mode: the kernel
 editing and hands over whole lines) the lines that arrive together are one message, joined by
 newlines: a multi-line paste reaches the terminal in one burst, while a person typing needs far
 longer than `PASTE_SETTLE` between one Enter and the next. Neither source ever cuts a message:
-one over `LINE_LIMIT` bytes is refused whole (`TooLong`).
+one over `LINE_LIMIT` bytes is refused whole (`TooLong`). A terminal in canonical mode keeps
+at most `TTY_LINE` bytes of a line and drops what is typed or pasted beyond them, so a line
+that long was cut by the kernel: the message is refused whole too (`TerminalCut`), and the
+person told how to send long text.
 """
 
 from __future__ import annotations
@@ -22,10 +25,16 @@ LINE_LIMIT = 1024 * 1024  # bytes of one message; a longer one is refused, not c
 # larger than the terminal's 4 KiB line buffer reaches us in several kernel chunks a moment
 # apart, which this also covers; no one types a line and Enter in 30 ms.
 PASTE_SETTLE = 0.03
+TTY_LINE = 4095  # bytes of a line the kernel's canonical mode keeps (its 4 KiB buffer, less \n)
 
 
 class TooLong(Exception):
     """A message over LINE_LIMIT was read and dropped whole."""
+
+
+class TerminalCut(TooLong):
+    """A line reached the terminal's own limit (`TTY_LINE`): the kernel dropped the rest
+    before nanobot could read it, so the message was refused whole rather than sent cut."""
 
 
 class Input(Protocol):
@@ -35,6 +44,7 @@ class Input(Protocol):
 
         Raises:
             TooLong: the message was over LINE_LIMIT; it was skipped whole.
+            TerminalCut: a line of it reached the terminal's limit; skipped whole.
         """
         ...
 
@@ -100,6 +110,7 @@ class _TerminalBursts:
         self._partial = b""  # the start of a line ended by Ctrl-D instead of Enter
         self._burst: list[bytes] = []
         self._size = 0  # bytes of the burst, counted on after it passes LINE_LIMIT
+        self._cut = False  # a line of the burst reached TTY_LINE: the kernel cut it
         self._flush: asyncio.TimerHandle | None = None
         self._loop.add_reader(fd, self._on_readable)
 
@@ -121,6 +132,7 @@ class _TerminalBursts:
         data, eof = self._read_available()
         *lines, self._partial = (self._partial + data).split(b"\n")
         for line in lines:
+            self._cut = self._cut or len(line) >= TTY_LINE
             if self._size <= LINE_LIMIT:  # past it the burst is refused: stop keeping it
                 self._burst.append(line.rstrip(b"\r"))
             self._size += len(line) + 1
@@ -152,9 +164,11 @@ class _TerminalBursts:
         self._flush = None
         if self._size > LINE_LIMIT:
             self._messages.put_nowait(TooLong())
+        elif self._cut:
+            self._messages.put_nowait(TerminalCut())
         elif self._burst:
             self._messages.put_nowait(b"\n".join(self._burst))
-        self._burst, self._size = [], 0
+        self._burst, self._size, self._cut = [], 0, False
 
     def _at_eof(self) -> None:
         self.close()

@@ -22,8 +22,8 @@ from nanobot.channels._markdown import to_telegram_html
 TELEGRAM_LIMIT = 4096
 DISCORD_LIMIT = 2000
 
-# A soft break (paragraph, line, space) is only taken in the last fifth of a piece, so pieces
-# stay close to full; a hard split is the fallback.
+# A soft break (paragraph, line, space) is taken in the last fifth of a piece first, so pieces
+# stay close to full; then anywhere in it; a hard split is the fallback.
 _SOFT_WINDOW = 0.8
 _SEPARATORS = ("\n\n", "\n", " ")
 
@@ -114,12 +114,12 @@ def split_telegram(markup: str, limit: int = TELEGRAM_LIMIT) -> list[str]:
     """Split Telegram HTML into chunks of at most `limit` visible UTF-16 units each.
 
     Each chunk is valid HTML on its own: splits never fall inside a tag or an entity, and tags
-    open at a split are closed at the end of one chunk and reopened, attributes and all, at
-    the start of the next (so a code block stays a code block in both). A split prefers a
-    paragraph break, then a line break, then a space, each only in the last fifth of the
-    chunk, else falls anywhere; the separator it uses is dropped. Chunks with no visible text
-    besides whitespace are left out, so the chunks' `plain_text`, joined with whitespace,
-    is exactly the whole's. Blank input gives []. Raises ValueError if `limit` < 2.
+    open at a split are closed at the end of one chunk and reopened, attributes and all, at the
+    start of the next (so a code block stays a code block in both). A split prefers a paragraph
+    break, then a line break, then a space, each in the last fifth of the chunk, then any of
+    them anywhere in it, else falls anywhere; the separator it uses is dropped. Chunks with no
+    visible text besides whitespace are left out, so the chunks' `plain_text`, joined with
+    whitespace, is exactly the whole's. Blank input gives []. Raises ValueError if `limit` < 2.
     """
     _check(limit, 2)
     if visible_length(markup) <= limit:
@@ -219,14 +219,17 @@ def _cut(
         stop += 1
     if stop == len(units):
         return stop, stop
-    floor = max(1, int(budget * _SOFT_WINDOW))
-    for separator in _SEPARATORS:
-        size = len(separator)
-        for cut in range(stop, start, -1):
-            if reach[cut - start] < floor:
-                break
-            if "".join(units[cut : cut + size]) == separator and allowed(cut):
-                return cut, cut + size
+    # A break in the last fifth first (pieces stay near the budget), then one anywhere: a
+    # word is cut only when the piece holds no break at all (a chunk refused as too long and
+    # split again is short, and its last fifth often has no space).
+    for floor in (max(1, int(budget * _SOFT_WINDOW)), 1):
+        for separator in _SEPARATORS:
+            size = len(separator)
+            for cut in range(stop, start, -1):
+                if reach[cut - start] < floor:
+                    break
+                if "".join(units[cut : cut + size]) == separator and allowed(cut):
+                    return cut, cut + size
     for permitted in (allowed, lenient or allowed):
         for cut in range(stop, start, -1):
             if reach[cut - start] > 0 and permitted(cut):
@@ -332,10 +335,10 @@ def split_discord(markdown: str, limit: int = DISCORD_LIMIT) -> list[str]:
     """Split Markdown into parts of at most `limit` characters (Discord counts `len`).
 
     Splits prefer a paragraph break, then a line break, then a space (in the last fifth of a
-    part), else fall anywhere; the separator used is dropped. A part that ends inside a ```
-    fence closes it, and the next part reopens it with the same info string, so every part's
-    fences balance (fences are backtick lines, as models write them). Blank parts are left
-    out; blank input gives []. Raises ValueError if `limit` < 64.
+    part, then anywhere in it), else fall anywhere; the separator used is dropped. A part that
+    ends inside a ``` fence closes it, and the next part reopens it with the same info string,
+    so every part's fences balance (fences are backtick lines, as models write them). Blank
+    parts are left out; blank input gives []. Raises ValueError if `limit` < 64.
     """
     _check(limit, 64)
     text = markdown.replace("\r\n", "\n")

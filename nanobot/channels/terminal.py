@@ -23,6 +23,7 @@ from typing import TextIO
 from loguru import logger
 
 from nanobot.bus.events import (
+    COMMANDS,
     ChatRef,
     InboundMessage,
     Outbound,
@@ -30,7 +31,14 @@ from nanobot.bus.events import (
     StreamUpdate,
     Typing,
 )
-from nanobot.channels._terminal_input import LINE_LIMIT, Input, TooLong, open_input
+from nanobot.channels._terminal_input import (
+    LINE_LIMIT,
+    TTY_LINE,
+    Input,
+    TerminalCut,
+    TooLong,
+    open_input,
+)
 from nanobot.channels.base import Channel, Intake, IntakePort
 from nanobot.tasks import TaskSet
 
@@ -104,6 +112,15 @@ class TerminalChannel(Channel):
         while not self.ended.is_set():
             try:
                 text = await _next_message(source, self.ended)
+            except TerminalCut:
+                self._write(
+                    f"(Not sent: a line reached the terminal's limit of {TTY_LINE:,} characters, "
+                    "and the terminal dropped the rest. Send long text from a file instead: "
+                    'nanobot agent -m "$(cat notes.txt)", or save it in the workspace and '
+                    "name it.)\n"
+                )
+                self._show_prompt()
+                continue
             except TooLong:
                 self._write(f"(Not sent: a message can be at most {LINE_LIMIT:,} bytes.)\n")
                 self._show_prompt()
@@ -115,6 +132,9 @@ class TerminalChannel(Channel):
             if answer is not None:
                 self._keys.clear()
                 await self._send(answer, press=True)
+            elif _unknown_command(text):
+                self._write(f"Unknown command {text.split()[0]}: /help lists the commands.\n")
+                self._show_prompt()
             elif text.strip():
                 await self._send(text)
             else:
@@ -239,3 +259,11 @@ async def _next_message(source: Input, ended: asyncio.Event) -> str | None:
     if not message.done() or message.cancelled():
         return None
     return message.result()
+
+
+def _unknown_command(text: str) -> bool:
+    """Whether `text` is a /word that names no command (answered here: a model call for a
+    typo would cost money and say nothing useful). A path such as /etc/hosts is text."""
+    word = text.strip().split(maxsplit=1)[0] if text.strip() else ""
+    name = word[1:].lower()
+    return word.startswith("/") and name.isidentifier() and name not in COMMANDS

@@ -26,6 +26,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command, as in most CLIs
 )
 
 ConfigOption = Annotated[
@@ -174,6 +175,8 @@ def agent(
     from nanobot import launch
     from nanobot.errors import ConfigError, NanobotError
 
+    if message is not None and not message.strip():  # a model call for nothing
+        fail("-m needs a message: it is empty", code=2)
     config = config_of(ctx)
     try:
         if message is None:

@@ -208,6 +208,10 @@ def _check_env_names(env: Mapping[str, str]) -> None:
         _check_json(name, value, annotation)
 
 
+# The variables of lists of platform user ids (`allow_from`, `approvers`).
+_USER_LISTS = ("__ALLOW_FROM", "__APPROVERS")
+
+
 def _check_json(name: str, value: str, annotation: object) -> None:
     """A list or a section set by variable `name` must be JSON (as pydantic-settings reads
     it); if it is not, say which form is expected, with an example."""
@@ -218,6 +222,8 @@ def _check_json(name: str, value: str, annotation: object) -> None:
         annotation = inner[0] if len(inner) == 1 else None
     if get_origin(annotation) in (list, set, tuple, frozenset):
         items = [item.strip().strip("'\"") for item in value.strip().strip("[]").split(",")]
+        if name.endswith(_USER_LISTS):  # numeric ids only: "@alice" would be refused next
+            items = [i for i in items if i == "*" or i.lstrip("-").isdigit()] or ["123456789"]
         expected = f"a JSON list, e.g. {name}='{json.dumps([i for i in items if i])}'"
     elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
         key = next(iter(annotation.model_fields))
@@ -237,7 +243,9 @@ def _check_json(name: str, value: str, annotation: object) -> None:
 
 
 def _describe(exc: ValidationError, file: Path) -> str:
-    lines = [f"{file}: invalid configuration"]
+    # Named only where it exists: a wrong variable alone must not send one to a missing file.
+    source = str(file) if file.exists() else f"the environment (no config file at {file})"
+    lines = [f"{source}: invalid configuration"]
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"])
         reason = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]

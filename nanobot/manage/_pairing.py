@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 from nanobot import log
 from nanobot.config import Config
-from nanobot.manage._command import on_store, shown
+from nanobot.manage._command import config_zone, on_store, shown, when
 from nanobot.store import Access
 
 
@@ -17,9 +17,10 @@ def pairing(config: Config, action: str, *args: str) -> tuple[list[str], bool]:
         "approve": _approve,
         "deny": _deny,
         "revoke": _revoke,
-        "list": _pairing_list,
     }
 
+    if action == "list":
+        return on_store(config, lambda db: _pairing_list(Access(db), config))
     return on_store(config, lambda db: actions[action](Access(db), *args))
 
 
@@ -43,14 +44,23 @@ async def _revoke(access: Access, user: str, channel: str | None = None) -> tupl
     return [f"User {user} was not approved by pairing."], False
 
 
-async def _pairing_list(access: Access) -> tuple[list[str], bool]:
+async def _pairing_list(access: Access, config: Config) -> tuple[list[str], bool]:
     lines = ["Pending requests:"]
     pending = await access.pending()
+    zone = config_zone(config)
     for r in pending:
-        expires = r.expires_at.astimezone().strftime("%H:%M")
         who = f"{r.channel} user {r.user_id} ({shown(r.name)})"
-        lines.append(f"  {r.code}  {who}, until {expires}")
+        lines.append(f"  {r.code}  {who}, until {when(r.expires_at, zone)}")
     if not pending:
+        lines.append("  none")
+    lines.append("Allowed by the config (allow_from):")
+    listed = [(n, getattr(config.channels, n)) for n in ("telegram", "discord")]
+    for name, channel in listed:
+        if channel.enabled and channel.allow_from:
+            everyone = "*" in channel.allow_from
+            ids = "everyone" if everyone else ", ".join(str(u) for u in channel.allow_from)
+            lines.append(f"  {name}: {ids}")
+    if not any(c.enabled and c.allow_from for _, c in listed):
         lines.append("  none")
     lines.append("Approved users:")
     allowed = await access.allowed()
