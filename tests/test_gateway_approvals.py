@@ -184,15 +184,23 @@ def tool_results(fake_llm: FakeLLM) -> list[str]:
     return [str(m["content"]) for m in messages if m.get("role") == "tool"]
 
 
-async def test_allow_once_from_the_card_runs_the_command_and_the_card_says_so(
+async def asking_to_make_a_file(
     tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
-) -> None:
+) -> tuple[GatewayProcess, SentMessage]:
+    """A gateway whose turn asks to run `touch made-by-exec` (then answers "Done."), and the
+    card it shows Alice."""
     process = await start(tmp_path, fake_llm, telegram)
     fake_llm.script(
         ToolCalls([Call("exec", {"command": "touch made-by-exec"}, id="x1")]), Text("Done.")
     )
     telegram.user_message(ALICE, "make the file", user_id=ALICE)
-    shown = await card(telegram)
+    return process, await card(telegram)
+
+
+async def test_allow_once_from_the_card_runs_the_command_and_the_card_says_so(
+    tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
+) -> None:
+    process, shown = await asking_to_make_a_file(tmp_path, fake_llm, telegram)
     assert "touch made-by-exec" in shown.visible
     assert not marker(tmp_path, "made-by-exec").exists()  # nothing ran before the click
     query = telegram.press_button(ALICE, shown.message_id, user_id=ALICE, text="Allow once")
@@ -808,12 +816,7 @@ async def test_a_call_in_a_background_tasks_report_is_asked_of_the_person_who_st
 async def test_a_message_sent_while_a_card_waits_is_told_at_once_why_it_is_not_read(
     tmp_path: Path, fake_llm: FakeLLM, telegram: FakeTelegram
 ) -> None:
-    process = await start(tmp_path, fake_llm, telegram)
-    fake_llm.script(
-        ToolCalls([Call("exec", {"command": "touch made-by-exec"}, id="x1")]), Text("Done.")
-    )
-    telegram.user_message(ALICE, "make the file", user_id=ALICE)
-    shown = await card(telegram)
+    process, shown = await asking_to_make_a_file(tmp_path, fake_llm, telegram)
     telegram.user_message(ALICE, "hello? are you there?", user_id=ALICE)
     notice = (
         f"Your message waits: I am waiting for a decision on approval request {request_id(shown)}"

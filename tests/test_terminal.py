@@ -8,6 +8,8 @@ import os
 import pty
 import sys
 import termios
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -59,6 +61,19 @@ def _take_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
+@asynccontextmanager
+async def terminal(home: Home, *args: str) -> AsyncIterator[Terminal]:
+    """`open_terminal` for the block; the process is killed if it is still running after."""
+    term = await open_terminal(home, *args)
+    try:
+        yield term
+    finally:
+        if term.process.returncode is None:
+            term.process.kill()
+            await term.process.wait()
+        term.close()
+
+
 async def open_terminal(home: Home, *args: str) -> Terminal:
     master, slave = pty.openpty()
     process = await asyncio.create_subprocess_exec(
@@ -81,8 +96,7 @@ async def test_chat_streams_stops_on_ctrl_c_and_quits_on_the_second(
 ) -> None:
     fake_llm.chunk_delay = 0.02
     fake_llm.script(Text("Hello from the stream."), Hang(), Text("After the new session."))
-    term = await open_terminal(home, "agent")
-    try:
+    async with terminal(home, "agent") as term:
         at = await term.expect("you> ")
         term.type("hi\r")
         at = await term.expect("Hello from the stream.", after=at)
@@ -102,19 +116,13 @@ async def test_chat_streams_stops_on_ctrl_c_and_quits_on_the_second(
         term.type("\x03")
         async with asyncio.timeout(30):
             assert await term.process.wait() == 0
-    finally:
-        if term.process.returncode is None:
-            term.process.kill()
-            await term.process.wait()
-        term.close()
 
 
 async def test_a_multi_line_paste_is_one_message_and_typed_lines_are_not(
     home: Home, fake_llm: FakeLLM
 ) -> None:
     fake_llm.script(Text("Got the whole paste."), Text("Got the typed line."))
-    term = await open_terminal(home, "agent")
-    try:
+    async with terminal(home, "agent") as term:
         at = await term.expect("you> ")
         term.type("def f():\r    return 1\r\r# end\r")  # a paste: the lines arrive at once
         at = await term.expect("Got the whole paste.", after=at)
@@ -129,11 +137,6 @@ async def test_a_multi_line_paste_is_one_message_and_typed_lines_are_not(
         term.type("/exit\r")
         async with asyncio.timeout(30):
             assert await term.process.wait() == 0
-    finally:
-        if term.process.returncode is None:
-            term.process.kill()
-            await term.process.wait()
-        term.close()
 
 
 async def agent(home: Home, *args: str) -> asyncio.subprocess.Process:
@@ -225,8 +228,7 @@ async def test_a_line_the_terminal_cut_is_refused_whole_and_a_typo_command_costs
     home: Home, fake_llm: FakeLLM
 ) -> None:
     fake_llm.script(Text("Only this one."))
-    term = await open_terminal(home, "agent")
-    try:
+    async with terminal(home, "agent") as term:
         at = await term.expect("you> ")
         term.type("x" * 5000 + "\r")  # the kernel keeps 4,095 characters of a line
         at = await term.expect("(Not sent: a line reached the terminal's limit of 4,095", after=at)
@@ -241,8 +243,3 @@ async def test_a_line_the_terminal_cut_is_refused_whole_and_a_typo_command_costs
         term.type("/exit\r")
         async with asyncio.timeout(30):
             assert await term.process.wait() == 0
-    finally:
-        if term.process.returncode is None:
-            term.process.kill()
-            await term.process.wait()
-        term.close()
