@@ -45,7 +45,7 @@ from nanobot.tasks import TaskSet
 NAME = "terminal"
 USER = "local"  # the person at the terminal: the owner, allowed by the gate's rules
 EXIT_COMMANDS = frozenset({"/exit", "/quit"})
-HELP = "Type a message; /help lists the commands, /exit quits."
+HELP = "Type a message; /help lists the commands"
 
 
 class TerminalChannel(Channel):
@@ -92,8 +92,13 @@ class TerminalChannel(Channel):
             event_loop.add_signal_handler(signal.SIGINT, self._on_interrupt)
         try:
             if self._interactive:
-                ctrl_c = "stops the reply" if interrupts else "stops nanobot"
-                self._write(f"nanobot — session {self._session_key}. {HELP} Ctrl-C {ctrl_c}.\n")
+                # In the gateway, this chat is one channel of several: leaving it stops them all.
+                ending = (
+                    "/exit quits; Ctrl-C stops the reply"
+                    if interrupts
+                    else "/exit or Ctrl-C stops the whole gateway, its other channels too"
+                )
+                self._write(f"nanobot — session {self._session_key}. {HELP}; {ending}.\n")
             await self._read_messages(source)
             self.ended.set()
             await asyncio.get_running_loop().create_future()  # until cancelled
