@@ -251,7 +251,10 @@ class AgentLoop:
         if self._compactor.worth_it(session_id, window, budget):
             await self._compactor.compact(session_id, window, budget)
         already_sent = result.status == "completed" and result.final_text in context.sent
-        return self._reply(lane, result, None if already_sent else result.final_text)
+        # A run is aborted only by /stop (Ctrl-C at the terminal), whose answer says
+        # "Stopped." already: the stopped turn's own "Stopped." would say it twice.
+        said = already_sent or result.status == "aborted"
+        return self._reply(lane, result, None if said else result.final_text)
 
     async def _system_prompt(self, request: TurnRequest) -> tuple[str, tuple[str, ...]]:
         """The system prompt, and what the turn starts out having read from outside: what
