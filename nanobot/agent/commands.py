@@ -48,7 +48,8 @@ async def answer(message: InboundMessage, loop: AgentLoop, subagents: Subagents 
             text = (
                 subagents.describe(key)
                 if subagents is not None
-                else "Background tasks are not available here."
+                else "Background tasks run in the gateway only: `nanobot agent` starts none, "
+                "so there are none here."
             )
         case "status":
             text = await loop.status(key)
