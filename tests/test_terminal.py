@@ -167,11 +167,12 @@ async def test_piped_lines_are_answered_in_order_with_the_chat_commands(
 ) -> None:
     fake_llm.chunk_delay = 0.05  # slow enough that a second line would steer a running turn
     fake_llm.script(Text("First answer."), Text("Second answer."))
-    code, out, err = await piped(home, b"one\n/help\n\n  \ntwo", "-s", "cli:pipe")
+    code, out, err = await piped(home, b"one\n/help\n/tasks\n\n  \ntwo", "-s", "cli:pipe")
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == "First answer."
     assert "/status" in out and "/tasks" in out  # /help, as on every channel
+    assert "Background tasks run in the gateway only: `nanobot agent` starts none" in out
     assert lines[-1] == "Second answer."  # the last line had no newline: taken whole
     assert fake_llm.request_count == 2  # blank lines are not messages
     second = fake_llm.requests[1].messages
