@@ -95,8 +95,10 @@ class PostgresWakeups:
 
 class Listening:
     """Hears what is said through `wakeups` (any member's), calling `listeners[topic]` with
-    each payload said on that topic, and every listener with "" once it listens again after
-    losing its connection. One per `PostgresWakeups`: it takes over that one's outage."""
+    each payload said on that topic, and every listener with "" each time it starts to
+    listen: at first and after losing its connection, as what was said before it listened
+    was not heard (a member that left while this one was starting). One per
+    `PostgresWakeups`: it takes over that one's outage."""
 
     def __init__(self, wakeups: PostgresWakeups, listeners: Mapping[str, Listener]) -> None:
         self._url = wakeups.url
@@ -105,16 +107,14 @@ class Listening:
 
     async def run(self) -> None:
         """Keep listening until cancelled."""
-        first = True
         while True:
             try:
-                await self._listen(first)
+                await self._listen()
             except Exception as exc:  # noqa: BLE001 - the server went away: listen again
                 self._outage.failed(exc)
-            first = False
             await self._outage.wait()
 
-    async def _listen(self, first: bool) -> None:
+    async def _listen(self) -> None:
         """Listen on one connection until the server ends it (told to the outage)."""
         import asyncpg
 
@@ -125,9 +125,9 @@ class Listening:
             for topic in list(self._listeners):
                 await conn.add_listener(topic, self._deliver)
             self._outage.recovered()
-            if not first:  # what was said while away is lost: everyone looks now
-                for listener in self._listeners.values():
-                    _call(listener, "")
+            # What was said before this connection listened is lost: everyone looks now.
+            for listener in self._listeners.values():
+                _call(listener, "")
             await lost.wait()
             self._outage.failed("the server ended the wake-up connection")
         finally:
