@@ -162,10 +162,15 @@ def agent(
     ctx: typer.Context,
     message: Annotated[
         str | None,
-        typer.Option("--message", "-m", help="Send one message, print the reply and exit."),
+        typer.Option(
+            "--message", "-m", help="Send one message, print the reply and exit.", metavar="TEXT"
+        ),
     ] = None,
     session: Annotated[
-        str, typer.Option("--session", "-s", help="Session to talk in; reuse it to continue.")
+        str,
+        typer.Option(
+            "--session", "-s", help="Session to talk in; reuse it to continue.", metavar="TEXT"
+        ),
     ] = "cli:default",
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show info logs on stderr.")

@@ -49,8 +49,12 @@ def cron_list(ctx: typer.Context) -> None:
 @cron_app.command("runs")
 def cron_runs(
     ctx: typer.Context,
-    job_id: Annotated[str, typer.Argument(help="The job's id (nanobot cron list).")],
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs.")] = 20,
+    job_id: Annotated[
+        str, typer.Argument(help="The job's id (nanobot cron list).", metavar="JOB_ID")
+    ],
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=1, help="How many runs.", metavar="N")
+    ] = 20,
 ) -> None:
     """A job's latest runs, newest first: when each was due and started, how its turn ended,
     and whether its answer reached the chat (pending, delivered, or not delivered and why)."""
@@ -70,22 +74,28 @@ def cron_runs(
 def cron_add(
     ctx: typer.Context,
     *,
-    name: Annotated[str, typer.Option("--name", help="A short name.")],
-    message: Annotated[str, typer.Option("--message", help="What nanobot does at each run.")],
+    name: Annotated[str, typer.Option("--name", help="A short name.", metavar="TEXT")],
+    message: Annotated[
+        str, typer.Option("--message", help="What nanobot does at each run.", metavar="TEXT")
+    ],
     every: Annotated[
-        str | None, typer.Option("--every", help="Interval: 30s, 10m, 2h, 1d.")
+        str | None, typer.Option("--every", help="Interval: 30s, 10m, 2h, 1d.", metavar="TEXT")
     ] = None,
     cron: Annotated[
-        str | None, typer.Option("--cron", help="5-field cron expression: '0 9 * * 1-5'.")
+        str | None,
+        typer.Option("--cron", help="5-field cron expression: '0 9 * * 1-5'.", metavar="TEXT"),
     ] = None,
     at: Annotated[
-        str | None, typer.Option("--at", help="One time, ISO 8601: 2026-12-01T09:00+01:00.")
+        str | None,
+        typer.Option("--at", help="One time, ISO 8601: 2026-12-01T09:00+01:00.", metavar="TEXT"),
     ] = None,
     tz: Annotated[
-        str | None, typer.Option("--tz", help="IANA zone for --cron/--at (default: config).")
+        str | None,
+        typer.Option("--tz", help="IANA zone for --cron/--at (default: config).", metavar="TEXT"),
     ] = None,
     channel: Annotated[
-        str | None, typer.Option("--channel", help="Deliver the answer on: telegram, discord.")
+        str | None,
+        typer.Option("--channel", help="Deliver the answer on: telegram, discord.", metavar="TEXT"),
     ] = None,
     to: Annotated[
         str | None,
@@ -93,6 +103,7 @@ def cron_add(
             "--to",
             help="The chat id to deliver to; @<user id> for that user's private chat, where"
             " they approve the job's calls that ask.",
+            metavar="TEXT",
         ),
     ] = None,
 ) -> None:

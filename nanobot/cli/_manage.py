@@ -44,7 +44,8 @@ def pairing_list(ctx: typer.Context) -> None:
 
 @pairing_app.command("approve")
 def pairing_approve(
-    ctx: typer.Context, code: Annotated[str, typer.Argument(help="The 8-character code.")]
+    ctx: typer.Context,
+    code: Annotated[str, typer.Argument(help="The 8-character code.", metavar="CODE")],
 ) -> None:
     """Allow the person who got this pairing code; takes effect at once."""
     _pairing(ctx, "approve", code)
@@ -52,7 +53,8 @@ def pairing_approve(
 
 @pairing_app.command("deny")
 def pairing_deny(
-    ctx: typer.Context, code: Annotated[str, typer.Argument(help="The 8-character code.")]
+    ctx: typer.Context,
+    code: Annotated[str, typer.Argument(help="The 8-character code.", metavar="CODE")],
 ) -> None:
     """Drop a pending pairing request."""
     _pairing(ctx, "deny", code)
@@ -61,9 +63,10 @@ def pairing_deny(
 @pairing_app.command("revoke")
 def pairing_revoke(
     ctx: typer.Context,
-    user: Annotated[str, typer.Argument(help="The platform user id.")],
+    user: Annotated[str, typer.Argument(help="The platform user id.", metavar="USER")],
     channel: Annotated[
-        str | None, typer.Option("--channel", help="Only on this channel (default: all).")
+        str | None,
+        typer.Option("--channel", help="Only on this channel (default: all).", metavar="TEXT"),
     ] = None,
 ) -> None:
     """Take back an approval (users in allow_from are not affected)."""
@@ -89,7 +92,9 @@ def approvals_rules(ctx: typer.Context) -> None:
 @approvals_app.command("revoke")
 def approvals_revoke(
     ctx: typer.Context,
-    rule_id: Annotated[str, typer.Argument(help="The rule's id (nanobot approvals rules).")],
+    rule_id: Annotated[
+        str, typer.Argument(help="The rule's id (nanobot approvals rules).", metavar="RULE_ID")
+    ],
 ) -> None:
     """Delete a saved rule: that call asks again, from now on."""
     _approvals(ctx, "revoke", rule_id)
@@ -105,7 +110,8 @@ def approvals_pending(ctx: typer.Context) -> None:
 def approvals_log(
     ctx: typer.Context,
     limit: Annotated[
-        int, typer.Option("--limit", "-n", min=1, help="How many of the latest decisions.")
+        int,
+        typer.Option("--limit", "-n", min=1, help="How many of the latest decisions.", metavar="N"),
     ] = 50,
 ) -> None:
     """Every decision, oldest first: allowed, denied, expired, cancelled, refused, revoked."""
@@ -127,7 +133,9 @@ def taint_list(ctx: typer.Context) -> None:
 @taint_app.command("clear")
 def taint_clear(
     ctx: typer.Context,
-    paths: Annotated[list[str], typer.Argument(help="Paths as `nanobot taint list` shows them.")],
+    paths: Annotated[
+        list[str], typer.Argument(help="Paths as `nanobot taint list` shows them.", metavar="PATHS")
+    ],
 ) -> None:
     """Vouch for files: what they hold now counts as yours (shown as instructions again)."""
     _manage(ctx, "taint", "clear", *paths)
