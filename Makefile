@@ -4,7 +4,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# The stamp names the Python it was made with: another PYTHON makes the venv again.
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+STAMP := $(VENV)/.installed-$(PYVER)
 LOCK := requirements.lock
 PYTEST_ARGS ?=
 # Test processes side by side: 4 is the fastest on 2 cores (docs/development.md): the
@@ -15,6 +17,8 @@ TEST_WORKERS ?= 4
 
 $(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nanobot needs Python 3.11 or newer (PYTHON=$(PYTHON))")'
+	@if [ -x $(BIN)/python ] && [ "$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')" != "$(PYVER)" ]; then \
+		echo "nanobot: .venv has another Python than $(PYTHON) ($(PYVER)): making it again"; rm -rf $(VENV); fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(LOCK)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
