@@ -147,7 +147,8 @@ async def test_commands(harness: Harness, fake_llm: FakeLLM) -> None:
     await harness.wait_replies(2)
     status = harness.replies()[-1].text
     assert "Model: openai/fake-model" in status
-    assert "Tokens used in this chat" in status
+    assert "Tokens used in this chat" in status and " in 1 turn" in status  # not "1 turns"
+    assert " in 1 turns" not in status
     assert "Context:" in status
     await harness.send("1", "/new@nanobot_bot", "m3")
     await harness.wait_replies(3)

@@ -301,7 +301,8 @@ class AgentLoop:
             totals = await self._usage.totals(session_key)
             cost = f", about ${totals.cost:.4f}" if totals.cost else ""
             lines.append(
-                f"Tokens used in this chat: {totals.tokens:,} in {totals.runs} turns{cost}"
+                f"Tokens used in this chat: {totals.tokens:,} in {totals.runs} "
+                f"turn{'' if totals.runs == 1 else 's'}{cost}"
             )
         window = self._provider.context_window()
         fill = self._fill.get(session_key)
