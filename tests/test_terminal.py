@@ -219,6 +219,8 @@ async def test_the_terminal_asks_before_a_command_and_runs_it_on_o(
     code, out, err = await piped(home, b"make the file\no\n")
     assert code == 0, err
     assert "Approval needed" in out and "touch asked-first" in out
+    card = out[out.index("Approval needed") : out.index("Answer: ")]
+    assert "**" not in card and "`" not in card, card  # the platforms' Markdown, shown plain
     assert "Answer: [o]nce [c]hat [a]lways [d]eny" in out
     assert "Decided." in out
     assert out.splitlines()[-1] == "Made it."

@@ -40,6 +40,7 @@ from nanobot.channels._terminal_input import (
     open_input,
 )
 from nanobot.channels.base import Channel, Intake, IntakePort
+from nanobot.channels.render import plain_text, telegram_html
 from nanobot.tasks import TaskSet
 
 NAME = "terminal"
@@ -193,10 +194,13 @@ class TerminalChannel(Channel):
             words = {_answer_word(b.data): b.data for b in message.buttons}
             self._keys = {**words, **{word[0]: data for word, data in words.items()}}
             choices = " ".join(f"[{word[0]}]{word[1:]}" for word in words)
-            message = replace(message, text=f"{message.text}\nAnswer: {choices}")
+            # Cards are written in Markdown for the chat platforms: shown here as plain text.
+            text = plain_text(telegram_html(message.text))
+            message = replace(message, text=f"{text}\nAnswer: {choices}")
             self._answered.set()  # piped: the answer is the next line
         elif message.replaces is not None:
             self._keys.clear()  # decided (or expired): no answer is taken any more
+            message = replace(message, text=plain_text(telegram_html(message.text)))
         shown = self._shown.pop(message.stream_id, None) if message.stream_id else None
         if shown is not None and message.text.startswith(shown):
             self._write(message.text[len(shown) :] + "\n")
