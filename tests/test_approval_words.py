@@ -61,3 +61,13 @@ def test_the_words_for_decisions_and_answers() -> None:
     assert not_run(refused="no approver in this group") == "Not run: no approver in this group."
     with pytest.raises(ValueError):
         not_run(approved)
+
+
+def test_a_decision_names_who_decided_where_their_name_is_known() -> None:
+    decided = request(state="approved", scope="once", decided_by="42", decided_at=DECIDED_AT)
+    assert decision_text(decided) == "allowed once by 42 at 14:05 UTC"  # no name known
+    assert decision_text(decided, {"42": "Alice"}) == "allowed once by Alice (42) at 14:05 UTC"
+    forged = decision_text(decided, {"42": "Eve\x1b[2J"})
+    assert "\x1b" not in forged and "(42)" in forged  # a name is the sender's to choose
+    repeat = answer_text("already_decided", decided, {"42": "Alice"})
+    assert repeat == "This was already decided. Allowed once by Alice (42) at 14:05 UTC."

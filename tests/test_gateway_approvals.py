@@ -300,7 +300,7 @@ async def test_always_allow_saves_a_rule_for_that_command_until_it_is_revoked(
     assert labels == ["Allow once", "Allow for this chat", "Always allow", "Deny"]
     assert await press(telegram, first, "Always allow") == "Decided."
     await said(telegram, ALICE, "Saved.")
-    await shows(telegram, first, f"always allowed by {ALICE}")
+    await shows(telegram, first, f"always allowed by Ada ({ALICE})")
     assert first.buttons == []
 
     fake_llm.script(execs(command, "a2"), Text("Ran again, unasked."))
@@ -343,7 +343,7 @@ async def test_allow_for_this_chat_lasts_until_new(
     first = await card(telegram)
     assert await press(telegram, first, "Allow for this chat") == "Decided."
     await said(telegram, ALICE, "Ran for the chat.")
-    await shows(telegram, first, f"allowed for this chat by {ALICE}")
+    await shows(telegram, first, f"allowed for this chat by Ada ({ALICE})")
 
     fake_llm.script(execs(command, "c2"), Text("Ran again in this chat."))
     telegram.user_message(ALICE, "again", user_id=ALICE)
@@ -394,7 +394,7 @@ async def test_forged_foreign_and_stale_presses_are_refused_and_run_nothing(
     for stale in (once, deny):  # the card has no buttons left; an old client still sends
         answer = await forge(telegram, ALICE, shown.message_id, stale, ALICE)
         assert answer is not None
-        assert answer.startswith(f"This was already decided. Allowed once by {ALICE}")
+        assert answer.startswith(f"This was already decided. Allowed once by Ada ({ALICE})")
     assert runs(tmp_path, "pressed.txt") == 1 and fake_llm.request_count == asked
     assert [m.visible for m in telegram.sent(ALICE)].count("Ran it once.") == 1
     assert await process.stop() == 0
@@ -422,8 +422,8 @@ async def test_a_group_request_goes_to_the_approver_privately_and_others_are_ref
     assert await press(telegram, shown, "Allow once") == "Decided."
     await said(telegram, GROUP, "Made it for the group.")
     assert marker(tmp_path, "group-made").exists()
-    await shows(telegram, shown, f"allowed once by {ALICE}")
-    await shows(telegram, note, f"allowed once by {ALICE}")
+    await shows(telegram, shown, f"allowed once by Ada ({ALICE})")
+    await shows(telegram, note, f"allowed once by Ada ({ALICE})")
     assert shown.buttons == [] and note.buttons == []
     assert telegram.sent(BOB) == []
     assert await process.stop() == 0
@@ -614,7 +614,7 @@ async def test_a_subagents_call_is_asked_in_the_chat_that_started_it(
     assert await press(telegram, shown, "Allow once") == "Decided."
     await said(telegram, ALICE, "Your background task made the file.")
     assert marker(tmp_path, "sub-made").exists()
-    await shows(telegram, shown, f"allowed once by {ALICE}")
+    await shows(telegram, shown, f"allowed once by Ada ({ALICE})")
     assert await process.stop() == 0
 
 

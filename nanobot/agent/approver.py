@@ -290,6 +290,7 @@ class Approver:
         else:
             return ASK_HELP
         chat_id = f"@{message.sender_id}" if message.is_private else message.chat.chat_id
+        self._cards.heard(message.sender_id, message.sender_name)
         decision = await self._store.decide(
             words[1],
             verdict,
@@ -313,7 +314,7 @@ class Approver:
                 printable(message.sender_id),
                 decision.outcome,
             )
-        return answer_text(decision.outcome, decision.request)
+        return answer_text(decision.outcome, decision.request, self._cards.names)
 
     async def _tell_others(self, wakeups: Wakeups, request_id: str) -> None:
         """Wake the run waiting for `request_id` in another member, if one does."""
