@@ -108,8 +108,8 @@ def chat(config: Config, session_key: str, *, verbose: bool = False) -> None:
 
 
 def serve(config: Config) -> int:
-    """Run the gateway until SIGTERM/SIGINT; returns the exit code: 1 when it stopped
-    because no chat channel could run (each refused its token).
+    """Run the gateway until SIGTERM/SIGINT; returns the exit code: 2 (`CONFIG_EXIT`) when
+    it stopped because no chat channel could run (each refused its token).
 
     Raises:
         ConfigError: the data dir cannot be written, or the channels cannot start (see
