@@ -5,6 +5,7 @@ run. Pure: no I/O."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from types import MappingProxyType
 from typing import Final
 
@@ -57,6 +58,16 @@ def decision_text(request: ApprovalRequest, names: Names = _NO_NAMES) -> str:
     if request.state in {"expired", "cancelled"}:
         return f"{request.state}{when}: {request.note or 'no answer'}"
     return "waiting for a decision"
+
+
+def waiting_text(request: ApprovalRequest, now: datetime) -> str:
+    """What a message sent while its chat's run waits on `request` is told at `now`."""
+    minutes = max(1, round((request.expires_at - now).total_seconds() / 60))
+    return (
+        f"Your message waits: I am waiting for a decision on approval request {request.id} "
+        "(the card above) and will read it once someone allows or denies it, or in "
+        f"{minutes} min when the request runs out. /approvals lists it."
+    )
 
 
 def not_run(request: ApprovalRequest | None = None, *, refused: str | None = None) -> str:

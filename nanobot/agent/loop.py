@@ -18,6 +18,7 @@ from datetime import datetime, tzinfo
 
 from loguru import logger
 
+from nanobot.agent._approval_words import waiting_text
 from nanobot.agent._lane import Delivery, Queued, take
 from nanobot.agent._resumption import finished_answer, record_interrupted
 from nanobot.agent.approver import Approver
@@ -149,13 +150,8 @@ class AgentLoop:
         asking = self.approver.waiting_in(request.session_key) if self.approver else None
         if asking is None or not request.sink.sends:
             return
-        minutes = max(1, round((asking.expires_at - self._now()).total_seconds() / 60))
         try:
-            await request.sink.send(
-                f"Your message waits: I am waiting for a decision on approval request "
-                f"{asking.id} (the card above) and will read it once someone allows or denies "
-                f"it, or in {minutes} min when the request runs out. /approvals lists it."
-            )
+            await request.sink.send(waiting_text(asking, self._now()))
         except Exception as exc:  # noqa: BLE001 - a notice lost costs only the notice
             logger.warning("could not say that a message waits for an approval: {}", exc)
 
