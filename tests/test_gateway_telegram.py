@@ -138,6 +138,8 @@ async def test_a_token_revoked_while_running_is_reported_and_the_gateway_stops(
     # is the only channel and no terminal is attached: the gateway says so and stops itself.
     after = len(gateway.log().splitlines())
     telegram.fail_next("getUpdates", ApiError(401, "Unauthorized"), times=1000)
+    # The poll held since "connected" ends with this message; the next one meets the 401.
+    telegram.user_message(ALICE, "one more", user_id=ALICE)
     await gateway.wait_log("channels.telegram.token was rejected by Telegram", after=after)
     # Exit 2, a configuration error: systemd's unit and Docker's policy do not restart it.
     assert await gateway.stop(signal.SIGTERM, seconds=20) == 2
