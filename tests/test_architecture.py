@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nanobot.agent", "nanobot.channels"),
     # cluster: the members (membership, agreement, roster), the roles one member at a time
     # plays, and how the work is shared out
-    ("nanobot.gate", "nanobot.cluster"),
+    ("nanobot.gate", "nanobot.cluster", "nanobot.mcp"),  # mcp: the MCP servers' tools
     ("nanobot.gateway", "nanobot.heartbeat"),
     ("nanobot.app", "nanobot.manage"),
     ("nanobot.launch",),  # ask, chat, serve: each builds its parts through the app

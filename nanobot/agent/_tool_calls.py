@@ -45,11 +45,14 @@ class ToolCalls:
         self._count = 0
         self.used: list[str] = []
         self.started: set[str] = set()
-        self.schemas: list[dict[str, Any]] = (
-            tools.schemas([n for n in tools.names if self._allowed(n)])
-            if self._policy.enabled
-            else []
-        )
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools the run may use, as the model's next call is offered them (an MCP
+        server's come and go while a run goes on)."""
+        if not self._policy.enabled:
+            return []
+        return self._tools.schemas([n for n in self._tools.names if self._allowed(n)])
 
     def _allowed(self, name: str) -> bool:
         policy, wanted = self._policy, self._input.allowed_tools

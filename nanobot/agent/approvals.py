@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from types import MappingProxyType
@@ -57,6 +57,8 @@ __all__ = [
     "Scope",
     "Subject",
     "Taint",
+    "ToolRule",
+    "ToolRules",
     "Unattended",
     "Verdict",
     "answer_text",
@@ -67,6 +69,7 @@ __all__ = [
     "egress_subject",
     "inline_code",
     "new_request",
+    "no_rules",
     "not_run",
     "route",
     "subject",
@@ -199,6 +202,26 @@ class Taint:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolRule:
+    """The policy of a tool that is not built in (an MCP server's), the config key that set
+    it (named on the card and in a refusal), and what the card says of it besides (`note`:
+    the server's own annotations)."""
+
+    policy: Policy
+    key: str
+    note: str = ""
+
+
+ToolRules = Callable[[str], ToolRule | None]
+"""The rule of a tool by its name, for tools that are not built in (None: `other`'s)."""
+
+
+def no_rules(tool: str) -> ToolRule | None:
+    """The `ToolRules` of an install with no tools but the built-in ones."""
+    return None
+
+
+@dataclass(frozen=True, slots=True)
 class Check:
     """What to do with a call: run it (`allow`), ask a person (`ask`) or refuse it (`deny`).
     `reason` says why, for the card or the model; `grant` is what allowed it, if anything."""
@@ -217,11 +240,15 @@ class ApprovalPolicy:
     other: Policy = "ask"
     timeout: timedelta = DEFAULT_TIMEOUT
     unattended: Unattended = "ask"
+    rules: ToolRules = no_rules  # tools that are not built in: the MCP servers' own rules
 
     def requirement(self, tool: str, arguments: Mapping[str, object]) -> Policy:
         """The tool's policy for this call; `ask` becomes `allow` for an action that changes
         nothing (`cron` `list`). A call whose action is missing or unknown keeps the policy."""
-        policy = self.tools.get(tool, self.other)
+        policy = self.tools.get(tool)
+        if policy is None:
+            rule = self.rules(tool)
+            policy = rule.policy if rule is not None else self.other
         if policy == "ask" and arguments.get("action") in _READ_ONLY_ACTIONS.get(tool, ()):
             return "allow"
         return policy
@@ -237,16 +264,18 @@ class ApprovalPolicy:
         """Whether this call runs, asks or is refused, given the grant the store matched for
         it (None if none) and the turn's taint."""
         need = self.requirement(tool, arguments)
-        key = tool if tool in self.tools else OTHER_TOOLS
+        rule = None if tool in self.tools else self.rules(tool)
+        key = rule.key if rule is not None else f"tools.approval.{_key(tool, self.tools)}"
         if need == "allow":
             return Check("allow")
         if need == "deny":
-            return Check("deny", f"{tool} is turned off (tools.approval.{key}: deny)")
+            return Check("deny", f"{tool} is turned off ({key}: deny)")
+        note = f"; {rule.note}" if rule is not None and rule.note else ""
         if grant is not None and taint.reason is None:
             return Check("allow", _granted(grant), grant)
         if grant is not None:
-            return Check("ask", f"{_granted(grant)} would allow it, but {taint.reason}")
-        why = _why_it_asks(tool, key)
+            return Check("ask", f"{_granted(grant)} would allow it, but {taint.reason}{note}")
+        why = _why_it_asks(tool, key, mcp=rule is not None) + note
         return Check("ask", why if taint.reason is None else f"{why}; {taint.reason}")
 
 
@@ -260,12 +289,18 @@ def voided(grant: Grant, why: str) -> str:
     return f"{_granted(grant)} no longer applies: {why}"
 
 
-def _why_it_asks(tool: str, key: str) -> str:
+def _key(tool: str, tools: Mapping[str, Policy]) -> str:
+    return tool if tool in tools else OTHER_TOOLS
+
+
+def _why_it_asks(tool: str, key: str, *, mcp: bool = False) -> str:
     if tool == "cron":
         return "creating or changing scheduled jobs asks first (tools.approval.cron: ask)"
-    if key == OTHER_TOOLS:
-        return f"{tool} is not a built-in tool; those ask first (tools.approval.other: ask)"
-    return f"{tool} asks first (tools.approval.{tool}: ask)"
+    if mcp:
+        return f"{tool} is a tool of an MCP server; it asks first ({key}: ask)"
+    if key.endswith(f".{OTHER_TOOLS}"):
+        return f"{tool} is not a built-in tool; those ask first ({key}: ask)"
+    return f"{tool} asks first ({key}: ask)"
 
 
 def new_request(

@@ -8,7 +8,7 @@ it produces. Everything here is plain data.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
@@ -95,7 +95,7 @@ class RunInput:
     messages: Sequence[Message]
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     system_prompt: str | None = None
-    allowed_tools: Sequence[str] | None = None
+    allowed_tools: Container[str] | None = None  # None: every tool
     policy: ToolPolicy = field(default_factory=ToolPolicy)
     limits: LoopLimits = field(default_factory=LoopLimits)
 

@@ -95,14 +95,27 @@ class SubagentInfo:
 
 @dataclass(frozen=True, slots=True)
 class SubagentSettings:
-    """Limits of subagents. `tools` are the names they may use (see `subagent_tools`)."""
+    """Limits of subagents. `tools` are the names they may use (see `subagent_tools`, or
+    `EveryTool`)."""
 
     max_subagents: int = 4
     max_iterations: int = 15
     max_seconds: float = 300.0
-    tools: Sequence[str] = ()
+    tools: Sequence[str] | EveryTool = ()
     policy: ToolPolicy = field(default_factory=ToolPolicy)
     timezone: tzinfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EveryTool:
+    """The tools a subagent may use, asked one name at a time: every tool there is at that
+    moment (an MCP server's too, as servers come and go) but spawn, message and cron; exec
+    only when `exec`."""
+
+    exec: bool = False
+
+    def __contains__(self, name: object) -> bool:
+        return name not in NEVER and (self.exec or name != "exec")
 
 
 def subagent_tools(names: Iterable[str], *, allow_exec: bool) -> tuple[str, ...]:

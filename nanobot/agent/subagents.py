@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Container
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, cast, get_args
@@ -34,6 +35,7 @@ from nanobot.agent.subagent import (
     NEVER,
     PREFIX,
     STATE_WORDS,
+    EveryTool,
     Origin,
     SubagentError,
     SubagentInfo,
@@ -56,6 +58,7 @@ from nanobot.tools.taint import TurnTaint
 __all__ = [
     "FOLLOW_UP",
     "PREFIX",
+    "EveryTool",
     "Origin",
     "SubagentError",
     "SubagentInfo",
@@ -101,7 +104,10 @@ class Subagents:
         self._sessions = sessions
         self._intake = intake
         self._settings = settings or SubagentSettings()
-        self._tools = tuple(n for n in self._settings.tools if n not in NEVER)
+        tools = self._settings.tools
+        self._tools: Container[str] = (
+            tools if isinstance(tools, EveryTool) else tuple(n for n in tools if n not in NEVER)
+        )
         self._usage, self._model = usage, model
         self._infos: dict[str, SubagentInfo] = {}  # oldest change first
         self._run_ids: dict[str, str] = {}

@@ -23,7 +23,7 @@ from nanobot import cluster, log
 from nanobot.agent.dispatcher import Dispatcher, OutcomeSink
 from nanobot.agent.held import Held
 from nanobot.agent.run import ToolPolicy
-from nanobot.agent.subagents import Subagents, SubagentSettings, subagent_tools
+from nanobot.agent.subagents import EveryTool, Subagents, SubagentSettings
 from nanobot.agent.taint import Ledger
 from nanobot.app._channels import build_channels, channel_rules, check_channels
 from nanobot.app._exec import (
@@ -92,7 +92,7 @@ def build_subagents(config: Config, parts: Parts, intake: EventIntake) -> Subage
             max_subagents=agent.max_subagents,
             max_iterations=agent.subagent_max_iterations,
             max_seconds=agent.subagent_max_seconds,
-            tools=subagent_tools(parts.tools.names, allow_exec=agent.subagent_exec),
+            tools=EveryTool(exec=agent.subagent_exec and "exec" in parts.tools),
             policy=ToolPolicy(
                 max_parallel=agent.max_parallel_tools, max_calls_per_run=agent.max_tool_calls
             ),

@@ -6,6 +6,7 @@ start-up log describe them. Part of the composition root (`nanobot.app`).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,6 +50,7 @@ def build_sandbox(config: Config, network: Network | None = None) -> Sandbox:
         tuple(hidden),
         network=config.tools.exec.network,
         tmp_size=config.tools.exec.limits.tmp_size,
+        programs=server_programs(config),
     )
     try:
         return probe(config.tools.exec.sandbox, confinement, network=network)
@@ -75,9 +77,31 @@ def _no_namespace(config: Config, exc: NamespaceError) -> Sandbox:
     return Unavailable(reason)
 
 
+def sandboxed_servers(config: Config) -> list[str]:
+    """The enabled MCP servers nanobot starts in exec's sandbox (they need it with exec off)."""
+    return [
+        name
+        for name, server in config.mcp.enabled().items()
+        if server.transport == "stdio" and server.sandbox == "auto"
+    ]
+
+
+def server_programs(config: Config) -> tuple[str, ...]:
+    """The folders of the sandboxed MCP servers' commands (as given, or found on PATH),
+    which the sandbox shows like PATH's: `/opt/venv/bin/python -m server` runs there."""
+    folders: list[str] = []
+    for name in sandboxed_servers(config):
+        command = config.mcp.servers[name].command or ""
+        found = command if Path(command).is_absolute() else shutil.which(command)
+        if found:
+            folders.append(str(Path(found).parent))
+    return tuple(dict.fromkeys(folders))
+
+
 @asynccontextmanager
 async def open_sandbox(config: Config) -> AsyncIterator[Sandbox | None]:
-    """The sandbox exec runs commands in (None when exec is off), said in the log, with, for
+    """The sandbox exec runs commands in (None when exec is off and no MCP server is
+    started in it), said in the log, with, for
     `network: public`, its network namespace and egress proxy running. On exit the proxy
     stops, its tunnels in flight are closed and the namespace's holder ends.
 
@@ -85,7 +109,7 @@ async def open_sandbox(config: Config) -> AsyncIterator[Sandbox | None]:
         ConfigError: `sandbox: bwrap` and bubblewrap (or, for `public`, the namespace)
             cannot work here.
     """
-    if not config.tools.exec.enabled:
+    if not config.tools.exec.enabled and not sandboxed_servers(config):
         yield None
         return
     log_network(config)

@@ -19,7 +19,7 @@ from typing import Any
 from loguru import logger
 
 from nanobot import cluster
-from nanobot.agent.approvals import ApprovalPolicy
+from nanobot.agent.approvals import ApprovalPolicy, ToolRules, no_rules
 from nanobot.agent.approver import Approver
 from nanobot.agent.context import ContextBuilder
 from nanobot.agent.loop import AgentLoop, LoopSettings
@@ -33,6 +33,9 @@ from nanobot.bus.queue import MessageBus
 from nanobot.cluster.agreement import agreement
 from nanobot.config import Config, exposed
 from nanobot.cron.jobs import Jobs
+from nanobot.mcp.servers import FILE as MCP_FILE
+from nanobot.mcp.servers import McpServers
+from nanobot.mcp.settings import ServerSettings
 from nanobot.outage import DEFAULT_BACKOFF, Backoff
 from nanobot.providers.provider import Provider
 from nanobot.reserve import DiskReserve
@@ -46,7 +49,7 @@ from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from nanobot.tools.limits import NO_LIMITS, Enforcement, enforce, log_enforcement
 from nanobot.tools.message import MessageTool
-from nanobot.tools.registry import ToolRegistry
+from nanobot.tools.registry import ToolRegistry, ToolSource
 from nanobot.tools.sandbox import Sandbox
 from nanobot.tools.shell import DEFAULT_DENY_PATTERNS, ExecTool
 from nanobot.tools.spawn import LateSpawner, Spawner, SpawnTool
@@ -68,8 +71,10 @@ def build_tools(
     reserve: DiskReserve | None = None,
     ledger: TaintLedger | None = None,
     spawner: Spawner | None = None,
+    source: ToolSource | None = None,
 ) -> ToolRegistry:
-    """The built-in tools, configured from `config.tools` (and `cron` when `jobs` is given).
+    """The built-in tools, configured from `config.tools` (and `cron` when `jobs` is given),
+    then what `source` offers (the MCP servers' tools, as they come and go).
 
     exec is registered when it is enabled and `sandbox` is given (see `build_sandbox`); its
     commands run under `limits` (`enforce`; none when not given) and stop when the data
@@ -108,7 +113,43 @@ def build_tools(
         built.append(CronTool(jobs, deliverable=deliverable))
     if spawner is not None:
         built.append(SpawnTool(spawner))
-    return ToolRegistry(built)
+    return ToolRegistry(built, source)
+
+
+def mcp_settings(config: Config) -> list[ServerSettings]:
+    """`mcp.servers` as the MCP client takes it (the secrets' values in the clear)."""
+    return [
+        ServerSettings(
+            name,
+            command=server.command,
+            args=tuple(server.args),
+            env={key: value.get_secret_value() for key, value in server.env.items()},
+            cwd=server.cwd,
+            url=server.url,
+            headers={key: value.get_secret_value() for key, value in server.headers.items()},
+            tools=tuple(server.tools) if server.tools is not None else None,
+            timeout=server.timeout,
+            startup_timeout=server.startup_timeout,
+            approval=server.approval,
+            approval_tools=dict(server.approval_tools),
+            sandbox=server.sandbox,
+            trust_annotations=server.trust_annotations,
+            enabled=server.enabled,
+        )
+        for name, server in config.mcp.servers.items()
+    ]
+
+
+def build_servers(config: Config, sandbox: Sandbox | None, *, gateway: bool) -> McpServers:
+    """The MCP servers of `config.mcp`, to be started; a gateway keeps their states in its
+    data dir for `nanobot mcp list` and `status`."""
+    return McpServers(
+        mcp_settings(config),
+        workspace=config.workspace_path,
+        sandbox=sandbox,
+        other=config.tools.approval.other,
+        state_file=config.data_dir / MCP_FILE if gateway else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -127,7 +168,8 @@ class Parts:
     provider: Provider
     # Told of the store's storage failures, bound to the gate once it is built (`Intake`).
     failures: LateWatcher
-    sandbox: Sandbox | None = None  # exec's, when exec is on
+    sandbox: Sandbox | None = None  # exec's, when exec is on (or an MCP server needs it)
+    servers: McpServers | None = None  # the MCP servers, started with the parts
     retry: Backoff = DEFAULT_BACKOFF  # store.retry_seconds: the pauses of a failing store
     # A gateway's: its membership of the cluster, and the spawn tool's port, bound to the
     # subagents once they are built (None without `agent.max_subagents`).
@@ -217,6 +259,7 @@ async def open_parts(
                     enrolment = cluster.enrol(cluster_setting(config), db, succeeds=succeeds)
                 jobs = Jobs(CronStore(db), config.timezone)
                 ledger = Ledger(TaintStore(db), config.workspace_path)
+                servers = build_servers(config, sandbox, gateway=gateway)
                 tools = build_tools(
                     config,
                     jobs,
@@ -225,13 +268,16 @@ async def open_parts(
                     reserve=reserve,
                     ledger=ledger,
                     spawner=spawner,
+                    source=servers if servers else None,
                 )
                 runner = Runner(provider, tools)
                 sessions = SessionStore(db)
                 sender = None if enrolment is None else enrolment.sender
                 bus, journal = MessageBus(), Journal(db, member=sender)
                 wakeups = None if enrolment is None else enrolment.wakeups
-                approver = build_approver(config, db, journal, bus, wakeups=wakeups)
+                approver = build_approver(
+                    config, db, journal, bus, wakeups=wakeups, rules=servers.rule
+                )
                 loop = AgentLoop(
                     provider,
                     runner,
@@ -242,23 +288,28 @@ async def open_parts(
                     approver=approver,
                     ledger=ledger,
                 )
-                yield Parts(
-                    db,
-                    loop,
-                    jobs,
-                    runner,
-                    tools,
-                    sessions,
-                    bus,
-                    journal,
-                    approver,
-                    provider,
-                    failures,
-                    sandbox,
-                    config.store.retry,
-                    enrolment,
-                    spawner,
-                )
+                servers.start()
+                try:
+                    yield Parts(
+                        db,
+                        loop,
+                        jobs,
+                        runner,
+                        tools,
+                        sessions,
+                        bus,
+                        journal,
+                        approver,
+                        provider,
+                        failures,
+                        sandbox,
+                        servers,
+                        config.store.retry,
+                        enrolment,
+                        spawner,
+                    )
+                finally:
+                    await servers.close()
     finally:
         await provider.aclose()
         if limits is not None:
@@ -272,16 +323,18 @@ def build_approver(
     bus: MessageBus,
     *,
     wakeups: Wakeups | None = None,
+    rules: ToolRules = no_rules,
 ) -> Approver:
-    """Who asks before risky tool calls, as `tools.approval` and each channel's `approvers`
-    say; its cards go out through `journal` and `bus`, its decisions to the other members
-    of a cluster through `wakeups`."""
+    """Who asks before risky tool calls, as `tools.approval` (and `rules`, the MCP servers'
+    own) and each channel's `approvers` say; its cards go out through `journal` and `bus`,
+    its decisions to the other members of a cluster through `wakeups`."""
     approval = config.tools.approval
     policy = ApprovalPolicy(
         tools=approval.policies(),
         other=approval.other,
         timeout=approval.timeout,
         unattended=approval.unattended,
+        rules=rules,
     )
     approvers = {name: getattr(config.channels, name).approvers for name in ("telegram", "discord")}
     return Approver(

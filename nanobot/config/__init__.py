@@ -5,7 +5,7 @@ The YAML file is found at `--config PATH`, else `$NANOBOT_CONFIG`, else
 Every component receives its own section; nothing reads configuration files after start-up.
 
 The sections live in modules of their own (`agent`, `channels`, `tools`, `automation`,
-`gateway`, `store`), the whole tree in `tree`, and finding, reading and checking the file
+`gateway`, `store`, `mcp`), the whole tree in `tree`, and finding, reading and checking the file
 and the environment in `loading`. Import from here: this is the package's surface.
 """
 
@@ -26,6 +26,7 @@ from nanobot.config.loading import (
     exposed,
     load,
 )
+from nanobot.config.mcp import McpConfig, McpServerConfig
 from nanobot.config.store import StoreConfig
 from nanobot.config.tools import (
     Approval,
@@ -57,6 +58,8 @@ __all__ = [
     "GatewayConfig",
     "HeartbeatConfig",
     "LogConfig",
+    "McpConfig",
+    "McpServerConfig",
     "StoreConfig",
     "TelegramConfig",
     "TelegramWebhookConfig",

@@ -12,6 +12,7 @@ from nanobot.config.agent import AgentConfig
 from nanobot.config.automation import CronConfig, HeartbeatConfig
 from nanobot.config.channels import ChannelsConfig
 from nanobot.config.gateway import ClusterConfig, GatewayConfig, LogConfig
+from nanobot.config.mcp import McpConfig
 from nanobot.config.store import StoreConfig
 from nanobot.config.tools import ToolsConfig
 
@@ -42,6 +43,7 @@ class Config(BaseSettings):
     log: LogConfig = Field(default_factory=LogConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
     # The file this was loaded from (None when built directly): a secret to keep out of
     # the sandbox like the data dir.
     _source: Path | None = PrivateAttr(default=None)

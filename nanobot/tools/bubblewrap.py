@@ -67,7 +67,9 @@ class Bubblewrap(Sandbox):
             confinement.workspace,
             confinement.hidden,
             network=confinement.network != "none",
-            path_env=os.environ.get("PATH", ""),
+            path_env=os.pathsep.join(
+                e for e in (os.environ.get("PATH", ""), *confinement.programs) if e
+            ),
             home=Path(self.home),
             tmp_size=confinement.tmp_size,
         )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from loguru import logger
 from pydantic import ValidationError
@@ -14,11 +14,26 @@ from nanobot.tools.base import Tool, ToolError, ToolResult, current_context
 MAX_RESULT_CHARS = 16_000
 
 
+class ToolSource(Protocol):
+    """Tools that come and go while nanobot runs (the MCP servers'), after the built-in ones."""
+
+    def offered(self) -> Mapping[str, dict[str, Any]]:
+        """The OpenAI function schema of each tool offered now, by name."""
+        ...
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult | None:
+        """The result of `name` with `arguments` (None: no such tool now). Validates the
+        arguments itself; never raises for a tool's failure."""
+        ...
+
+
 class ToolRegistry:
     """Holds the available tools by name and runs calls to them: `tools`, in that order,
-    fixed once built. Raises `ValueError` when two of them have one name."""
+    fixed once built, then what `source` offers at the moment. Raises `ValueError` when two
+    of `tools` have one name."""
 
-    def __init__(self, tools: Iterable[Tool[Any]] = ()) -> None:
+    def __init__(self, tools: Iterable[Tool[Any]] = (), source: ToolSource | None = None) -> None:
+        self._source = source
         self._tools: dict[str, Tool[Any]] = {}
         # Built once: generating a JSON Schema from a pydantic model costs about 0.25 ms,
         # which every turn would otherwise pay for every tool.
@@ -31,15 +46,25 @@ class ToolRegistry:
 
     @property
     def names(self) -> list[str]:
+        """The built-in tools' names, then those `source` offers now."""
+        return [*self._tools, *self._offered()]
+
+    @property
+    def built_in(self) -> list[str]:
         return list(self._tools)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._tools
+        return name in self._tools or name in self._offered()
 
     def schemas(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Schemas of the tools in `names` (all when None), in registration order."""
+        """Schemas of the tools in `names` (all when None), in registration order (the
+        source's after the built-in ones)."""
         allowed = None if names is None else set(names)
-        return [s for n, s in self._schemas.items() if allowed is None or n in allowed]
+        every = [*self._schemas.items(), *self._offered().items()]
+        return [s for n, s in every if allowed is None or n in allowed]
+
+    def _offered(self) -> Mapping[str, dict[str, Any]]:
+        return self._source.offered() if self._source is not None else {}
 
     async def execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         """Run `name` with `arguments` and return what the model should see.
@@ -53,7 +78,10 @@ class ToolRegistry:
         """
         tool = self._tools.get(name)
         if tool is None:
-            known = ", ".join(sorted(self._tools)) or "none"
+            found = await self._source.call(name, arguments) if self._source else None
+            if found is not None:
+                return self._taken(found)
+            known = ", ".join(sorted(self.names)) or "none"
             return ToolResult(f"Error: unknown tool {name!r}. Available tools: {known}.", True)
         try:
             args = tool.params.model_validate(arguments)
@@ -69,8 +97,10 @@ class ToolRegistry:
             logger.exception("tool {} failed", name)
             detail = f"{type(exc).__name__}: {exc}"
             return ToolResult(f"Error: {name} failed unexpectedly: {detail}", True)
-        if isinstance(result, str):
-            result = ToolResult(result)
+        return self._taken(ToolResult(result) if isinstance(result, str) else result)
+
+    def _taken(self, result: ToolResult) -> ToolResult:
+        """`result` as the turn takes it in: its taint added to the turn's, cut to size."""
         context = current_context.get()
         if result.taint and context is not None:
             context.taint.add(result.taint)

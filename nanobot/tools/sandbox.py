@@ -56,6 +56,9 @@ class Confinement:
     # The size of each of the private /tmp, /dev/shm and HOME, in bytes
     # (tools.exec.limits.tmp_size); None: unbounded (they are RAM-backed).
     tmp_size: int | None = None
+    # Folders of programs started in the sandbox besides PATH's (the MCP servers' commands,
+    # a virtualenv's bin): bound and searched like PATH's entries, after them.
+    programs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
