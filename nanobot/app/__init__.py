@@ -33,6 +33,7 @@ from nanobot.app._exec import (
     exec_limits,
     open_sandbox,
 )
+from nanobot.app._mcp import test_server
 from nanobot.app._parts import (
     Parts,
     build_tools,
@@ -75,6 +76,7 @@ __all__ = [
     "open_parts",
     "open_sandbox",
     "private_dir",
+    "test_server",
 ]
 
 JOURNAL_KEEP = timedelta(days=7)  # how long answered messages are remembered, for dedupe

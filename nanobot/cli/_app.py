@@ -18,6 +18,7 @@ from nanobot import __version__
 from nanobot.cli._command import config_of, fail
 from nanobot.cli._cron import cron_app
 from nanobot.cli._manage import approvals_app, pairing_app, taint_app
+from nanobot.cli._mcp import mcp_app
 
 app = typer.Typer(
     name="nanobot",
@@ -210,6 +211,7 @@ app.add_typer(pairing_app, name="pairing")
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(taint_app, name="taint")
 app.add_typer(cron_app, name="cron")
+app.add_typer(mcp_app, name="mcp")
 
 
 def main() -> None:

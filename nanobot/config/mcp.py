@@ -111,6 +111,18 @@ class McpServerConfig(Section):
 class McpConfig(Section):
     servers: dict[str, McpServerConfig] = Field(default_factory=dict)
 
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _keys(cls, servers: object) -> object:
+        if isinstance(servers, dict):
+            for name in servers:
+                if isinstance(name, bool | int | float) or name is None:
+                    raise ValueError(
+                        f"a server named {name!r}: YAML reads a bare on, off, yes, no or a "
+                        "number as that value, not a name; quote it ('off') or choose another"
+                    )
+        return servers
+
     @field_validator("servers")
     @classmethod
     def _names(cls, servers: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:

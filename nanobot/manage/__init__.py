@@ -1,5 +1,5 @@
 """Managing an installation from the command line: onboarding, status, pairing, cron jobs,
-approvals, taint.
+approvals, taint, MCP servers.
 
 Each function sets up logging, opens what it needs, does one thing and returns lines for the
 CLI to print. None of them imports litellm or the chat libraries. Each command's work is in
@@ -9,6 +9,7 @@ a module of its own; import from here: this is the package's surface.
 from nanobot.manage._approvals import approvals
 from nanobot.manage._cron import PICKUP_WAIT, added_line, cron, job_lines, run_job, run_lines
 from nanobot.manage._gateway_lock import GATEWAY_LOCK, gateway_pid, lock_holder
+from nanobot.manage._mcp import mcp_list, mcp_rows
 from nanobot.manage._onboarding import onboard
 from nanobot.manage._pairing import pairing
 from nanobot.manage._status import health, status
@@ -24,6 +25,8 @@ __all__ = [
     "health",
     "job_lines",
     "lock_holder",
+    "mcp_list",
+    "mcp_rows",
     "onboard",
     "pairing",
     "run_job",

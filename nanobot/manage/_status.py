@@ -16,6 +16,7 @@ from nanobot.cluster.timings import BEATS_ALIVE
 from nanobot.config import Config
 from nanobot.manage._command import config_zone
 from nanobot.manage._gateway_lock import GATEWAY_LOCK, Holder, lock_holder_of
+from nanobot.manage._mcp import mcp_rows
 from nanobot.store import Access, Database, Journal, SessionStore
 from nanobot.store.access import MAX_PENDING
 from nanobot.store.database import Check
@@ -56,6 +57,7 @@ def status(config: Config, path: Path, *, check_db: bool = False) -> list[tuple[
         if name in running:
             state += "; " + running[name].describe(lambda at: moment(at, zone))
         rows.append((name, state))
+    rows += mcp_rows(config)
     target = config.store_target
     if isinstance(target, Path) and not target.exists():
         return [*rows, ("state", f"{target} (not created yet)")]

@@ -11,6 +11,7 @@ each change) for `nanobot mcp list` and `nanobot status` to read from another pr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -57,6 +58,7 @@ class McpServers:
         self._schemas: dict[str, dict[str, Any]] = {}
         self._offered: dict[str, RemoteTool] = {}
         self._write_failed = False
+        self._change = asyncio.Event()
 
     def __bool__(self) -> bool:
         return bool(self._servers)
@@ -66,6 +68,13 @@ class McpServers:
         for name, connection in self._connections.items():
             self._tasks.spawn(connection.run(), name=f"mcp-{name}")
         self._changed()
+
+    async def settled(self) -> None:
+        """Return once no server is starting any more: each runs, or has failed for now.
+        Bounded by the servers' `startup_timeout` (a start that takes longer fails)."""
+        while any(c.status.state is State.STARTING for c in self._connections.values()):
+            self._change.clear()
+            await self._change.wait()
 
     async def close(self) -> None:
         """Stop every server, each within the SDK's bounded steps (its input closed, then
@@ -105,8 +114,10 @@ class McpServers:
     def rule(self, name: str) -> ToolRule | None:
         """The approval rule of the MCP tool `name` (None: not one)."""
         tool = self._offered.get(name)
-        if tool is None:
-            return None
+        return None if tool is None else self.rule_of(tool)
+
+    def rule_of(self, tool: RemoteTool) -> ToolRule:
+        """The approval rule of `tool` (see `tool_rule`)."""
         return tool_rule(tool, self._servers[tool.server], self._other)
 
     # -- states ------------------------------------------------------------------------------
@@ -121,6 +132,7 @@ class McpServers:
         return found
 
     def _changed(self) -> None:
+        self._change.set()
         offered: dict[str, RemoteTool] = {}
         for connection in self._connections.values():
             offered.update(connection.tools)
@@ -163,7 +175,7 @@ class McpServers:
                 "tools": {
                     t.name: {
                         "remote": t.remote,
-                        "policy": tool_rule(t, self._servers[name], self._other).policy,
+                        "policy": self.rule_of(t).policy,
                         "hints": t.hints(),
                     }
                     for t in status.tools.values()
