@@ -31,7 +31,7 @@ from loguru import logger
 from nanobot.errors import ConfigError
 
 if TYPE_CHECKING:
-    from loguru import Record, RecordException
+    from loguru import Message, Record, RecordException
 
     from nanobot.config import Config
 
@@ -271,7 +271,7 @@ def setup(
     # somehow kept one must still not print local values.
     options: dict[str, Any] = {"format": _format, "serialize": json, "diagnose": False}
     shown = stderr_level or level
-    logger.add(sys.stderr, level=shown, backtrace=False, filter=_shown(off_stderr), **options)
+    logger.add(_to_stderr, level=shown, backtrace=False, filter=_shown(off_stderr), **options)
     if log_dir is not None:
         _make_private(log_dir)
         logger.add(
@@ -287,6 +287,14 @@ def setup(
         )
     route_libraries(logging.DEBUG if level in ("TRACE", "DEBUG") else logging.WARNING)
     return redactor
+
+
+def _to_stderr(line: Message) -> None:
+    # To the `sys.stderr` of the moment, not the one at set-up: the terminal chat's prompt
+    # puts one there that prints above the prompt, leaving what was typed intact.
+    stream = sys.stderr
+    stream.write(line)
+    stream.flush()
 
 
 def _shown(off_stderr: Collection[str]) -> Callable[[Record], bool]:

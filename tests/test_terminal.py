@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import os
 import pty
+import struct
 import sys
 import termios
 from collections.abc import AsyncIterator
@@ -19,24 +20,40 @@ from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
 pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
 
 
+ROWS, COLUMNS = 24, 80
+PROMPT = "you>"  # how the prompt is drawn (its trailing space is a cursor move)
+
+
 class Terminal:
-    """A child process on a pty; reads everything it prints."""
+    """A child process on a pty, answering what a terminal answers; reads everything it
+    prints. Keys are written without blocking (a long paste fills the pty while the child
+    waits for its own output to be read)."""
 
     def __init__(self, process: asyncio.subprocess.Process, master: int) -> None:
         self.process = process
         self.master = master
         self.screen = ""
         self._more = asyncio.Event()
+        self._keys = b""
+        self._positions = 0  # cursor position requests answered
+        os.set_blocking(master, False)
         asyncio.get_running_loop().add_reader(master, self._read)
 
     def _read(self) -> None:
         try:
-            data = os.read(self.master, 4096)
+            data = os.read(self.master, 65536)
+        except BlockingIOError:
+            return
         except OSError:
             data = b""
         if not data:
             asyncio.get_running_loop().remove_reader(self.master)
         self.screen += data.decode("utf-8", errors="replace")
+        # prompt_toolkit asks where the cursor is; a terminal answers (row and column): on
+        # its last row, where a terminal that has scrolled has it.
+        while self._positions < self.screen.count("\x1b[6n"):
+            self._positions += 1
+            self.type(f"\x1b[{ROWS};1R")
         self._more.set()
 
     async def expect(self, text: str, *, after: int = 0, seconds: float = 60) -> int:
@@ -48,10 +65,25 @@ class Terminal:
         return found + len(text)
 
     def type(self, keys: str) -> None:
-        os.write(self.master, keys.encode())
+        if not self._keys:
+            asyncio.get_running_loop().add_writer(self.master, self._write)
+        self._keys += keys.encode()
+
+    def _write(self) -> None:
+        try:
+            written = os.write(self.master, self._keys[:4096])
+        except BlockingIOError:
+            return
+        except OSError:  # the child is gone
+            written = len(self._keys)
+        self._keys = self._keys[written:]
+        if not self._keys:
+            asyncio.get_running_loop().remove_writer(self.master)
 
     def close(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.master)
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self.master)
+        loop.remove_writer(self.master)
         os.close(self.master)
 
 
@@ -76,6 +108,7 @@ async def terminal(home: Home, *args: str) -> AsyncIterator[Terminal]:
 
 async def open_terminal(home: Home, *args: str) -> Terminal:
     master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -97,10 +130,10 @@ async def test_chat_streams_stops_on_ctrl_c_and_quits_on_the_second(
     fake_llm.chunk_delay = 0.02
     fake_llm.script(Text("Hello from the stream."), Hang(), Text("After the new session."))
     async with terminal(home, "agent") as term:
-        at = await term.expect("you> ")
+        at = await term.expect(PROMPT)
         term.type("hi\r")
         at = await term.expect("Hello from the stream.", after=at)
-        at = await term.expect("you> ", after=at)
+        at = await term.expect(PROMPT, after=at)
         term.type("this will hang\r")
         await fake_llm.wait_for_requests(2, seconds=60)
         term.type("\x03")  # Ctrl-C stops the running turn, not the program
@@ -110,7 +143,7 @@ async def test_chat_streams_stops_on_ctrl_c_and_quits_on_the_second(
         term.type("again\r")
         at = await term.expect("After the new session.", after=at)
         assert [m["role"] for m in fake_llm.requests[2].messages] == ["system", "user"]
-        await term.expect("you> ", after=at)
+        await term.expect(PROMPT, after=at)
         term.type("\x03")
         await term.expect("Ctrl-C again", after=at)
         term.type("\x03")
@@ -118,24 +151,87 @@ async def test_chat_streams_stops_on_ctrl_c_and_quits_on_the_second(
             assert await term.process.wait() == 0
 
 
-async def test_a_multi_line_paste_is_one_message_and_typed_lines_are_not(
+async def test_a_paste_is_one_message_with_its_newlines_and_typed_lines_go_as_typed(
     home: Home, fake_llm: FakeLLM
 ) -> None:
     fake_llm.script(Text("Got the whole paste."), Text("Got the typed line."))
     async with terminal(home, "agent") as term:
-        at = await term.expect("you> ")
-        term.type("def f():\r    return 1\r\r# end\r")  # a paste: the lines arrive at once
+        at = await term.expect("\x1b[?2004h")  # the prompt asks the terminal to mark pastes
+        at = await term.expect(PROMPT, after=at)
+        term.type("\x1b[200~def f():\n    return 1\n\n# end\x1b[201~")  # a paste, so marked
+        at = await term.expect("# end", after=at)  # shown at the prompt, not sent yet
+        term.type("\r")
         at = await term.expect("Got the whole paste.", after=at)
-        at = await term.expect("you> ", after=at)
         term.type("typed alone\r")
         at = await term.expect("Got the typed line.", after=at)
         assert fake_llm.request_count == 2
         pasted = fake_llm.requests[0].messages[-1]["content"]
         assert pasted.endswith("def f():\n    return 1\n\n# end"), pasted
         assert fake_llm.requests[1].messages[-1]["content"].endswith("typed alone")
-        await term.expect("you> ", after=at)
+        await term.expect(PROMPT, after=at)
         term.type("/exit\r")
         async with asyncio.timeout(30):
+            assert await term.process.wait() == 0
+
+
+async def test_lines_typed_together_are_each_their_own_message(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Text("Hi, answered."))
+    async with terminal(home, "agent") as term:
+        at = await term.expect(PROMPT)
+        term.type("REPLY hi\r/exit\r")  # typed fast: both lines reach the prompt at once
+        async with asyncio.timeout(60):
+            assert await term.process.wait() == 0  # /exit was a command of its own
+        await term.expect("Hi, answered.\r\n", after=at)  # and the first was answered first
+        assert fake_llm.request_count == 1
+        assert fake_llm.requests[0].messages[-1]["content"].endswith("REPLY hi")
+
+
+async def test_a_long_line_arrives_whole_and_a_typo_command_costs_nothing(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Text("Got the long one."), Text("Only this one."))
+    async with terminal(home, "agent") as term:
+        at = await term.expect(PROMPT)
+        term.type("x" * 10_000 + "\r")  # typed, not pasted: 2.4 times what canonical mode keeps
+        at = await term.expect("Got the long one.", after=at)
+        content = fake_llm.requests[0].messages[-1]["content"]
+        assert content.endswith("x" * 10_000) and not content.endswith("x" * 10_001), len(content)
+        at = await term.expect(PROMPT, after=at)
+        term.type("/hlep\r")
+        at = await term.expect("Unknown command /hlep: /help lists the commands.", after=at)
+        at = await term.expect(PROMPT, after=at)
+        term.type("/etc/hosts is a path, not a command\r")
+        at = await term.expect("Only this one.", after=at)
+        assert fake_llm.request_count == 2  # the typo did not reach it
+        await term.expect(PROMPT, after=at)
+        term.type("/exit\r")
+        async with asyncio.timeout(30):
+            assert await term.process.wait() == 0
+
+
+async def test_under_the_gateway_log_lines_print_above_the_prompt_and_what_was_typed(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    """`make run`: the gateway logs to the terminal the chat is on."""
+    fake_llm.script(Hang())
+    home.write_config(home.config.read_text() + "gateway: {shutdown_timeout: 1}\n")
+    async with terminal(home, "gateway") as term:
+        at = await term.expect("/exit or Ctrl-C stops the whole gateway")
+        at = await term.expect(PROMPT, after=at)
+        term.type("this will hang\r")
+        await fake_llm.wait_for_requests(1, seconds=60)
+        term.type("half typed")
+        at = await term.expect("half typed", after=at)
+        await fake_llm.stop()  # the call in flight fails: the gateway logs its retry
+        at = await term.expect("; retry 1/", after=at)
+        at = await term.expect("\n", after=at)
+        # Below the log line, the prompt is drawn again with what was typed.
+        at = await term.expect(f"{PROMPT} half typed", after=at, seconds=30)
+        term.type("\x03")  # Ctrl-C stops the gateway, as it does without a prompt
+        await term.expect("received SIGINT; shutting down", after=at)
+        async with asyncio.timeout(60):
             assert await term.process.wait() == 0
 
 
@@ -225,24 +321,3 @@ async def test_the_terminal_asks_before_a_command_and_runs_it_on_o(
     assert "Decided." in out
     assert out.splitlines()[-1] == "Made it."
     assert (home.data_dir / "workspace" / "asked-first").exists()
-
-
-async def test_a_line_the_terminal_cut_is_refused_whole_and_a_typo_command_costs_nothing(
-    home: Home, fake_llm: FakeLLM
-) -> None:
-    fake_llm.script(Text("Only this one."))
-    async with terminal(home, "agent") as term:
-        at = await term.expect("you> ")
-        term.type("x" * 5000 + "\r")  # the kernel keeps 4,095 characters of a line
-        at = await term.expect("(Not sent: a line reached the terminal's limit of 4,095", after=at)
-        at = await term.expect("you> ", after=at)
-        term.type("/hlep\r")
-        at = await term.expect("Unknown command /hlep: /help lists the commands.", after=at)
-        at = await term.expect("you> ", after=at)
-        term.type("/etc/hosts is a path, not a command\r")
-        at = await term.expect("Only this one.", after=at)
-        assert fake_llm.request_count == 1  # neither the cut line nor the typo reached it
-        await term.expect("you> ", after=at)
-        term.type("/exit\r")
-        async with asyncio.timeout(30):
-            assert await term.process.wait() == 0

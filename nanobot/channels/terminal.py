@@ -2,12 +2,14 @@
 
 Lines typed go through the gate, the journal and the bus like a chat message; replies come
 back through the outbox (`/status`, `/help`, `/tasks`, `/new` and `/stop` are the chat
-commands every channel has). On a terminal, lines pasted in one go are one message, replies
-stream as they are written, Ctrl-C stops the running turn (twice at the prompt quits; only
-with `own_interrupts`), and a message typed while a turn runs steers it. With piped input
-each line is a separate message answered in order before the next is sent, and only replies
-are printed, so scripts get clean output. At EOF or `/exit` the channel sets `ended`;
-whoever runs it stops then.
+commands every channel has). At a terminal (stdin and stdout both one) the person types at a
+prompt that stays on the last line (`_terminal_prompt`): replies, streamed as they are
+written, and log lines print above it; each Enter sends what was typed, a paste included
+(one message, however many lines); Ctrl-C stops the running turn (twice at the prompt quits;
+only with `own_interrupts`, else it stops the gateway), and a message typed while a turn runs
+steers it. Otherwise each line of stdin is a separate message answered in order before the
+next is sent, and only replies are printed, so scripts get clean output. At EOF or `/exit`
+the channel sets `ended`; whoever runs it stops then.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from loguru import logger
 
@@ -31,22 +33,19 @@ from nanobot.bus.events import (
     StreamUpdate,
     Typing,
 )
-from nanobot.channels._terminal_input import (
-    LINE_LIMIT,
-    TTY_LINE,
-    Input,
-    TerminalCut,
-    TooLong,
-    open_input,
-)
+from nanobot.channels._terminal_input import LINE_LIMIT, Input, TooLong, open_lines
 from nanobot.channels.base import Channel, Intake, IntakePort
 from nanobot.channels.render import plain_text, telegram_html
 from nanobot.tasks import TaskSet
+
+if TYPE_CHECKING:
+    from nanobot.channels._terminal_prompt import Prompt
 
 NAME = "terminal"
 USER = "local"  # the person at the terminal: the owner, allowed by the gate's rules
 EXIT_COMMANDS = frozenset({"/exit", "/quit"})
 HELP = "Type a message; /help lists the commands"
+PROMPT = "you> "
 
 
 class TerminalChannel(Channel):
@@ -69,9 +68,9 @@ class TerminalChannel(Channel):
         self._session = session
         self._own_interrupts = own_interrupts
         self._out = out or sys.stdout
-        self._interactive = sys.stdin.isatty()
+        self._interactive = sys.stdin.isatty() and self._out.isatty()
         self._live = self._out.isatty()
-        self._prompt = "you> " if self._interactive else ""
+        self._screen: Prompt | None = None  # the prompt, while it is up: output goes above it
         self._turns = 0  # turns running in this chat (from the typing signals)
         self._shown: dict[str, str] = {}  # stream id -> its text printed so far
         self._line_open = False
@@ -83,15 +82,15 @@ class TerminalChannel(Channel):
         self._posted = 0  # ids of what was printed, for edits to name
 
     async def run(self, ready: Callable[[], None]) -> None:
-        """Read lines until EOF, `/exit` or a second Ctrl-C at the prompt, then set `ended`
-        and wait to be cancelled."""
-        source = await open_input(interactive=self._interactive)
-        ready()
+        """Read messages until EOF, `/exit` or a second Ctrl-C at the prompt, then set
+        `ended` and wait to be cancelled."""
+        source = self._open_prompt() if self._interactive else await open_lines()
         event_loop = asyncio.get_running_loop()
         interrupts = self._own_interrupts and self._interactive
-        if interrupts:
-            event_loop.add_signal_handler(signal.SIGINT, self._on_interrupt)
         try:
+            ready()
+            if interrupts:  # the prompt takes Ctrl-C as a key; this is for `kill -INT`
+                event_loop.add_signal_handler(signal.SIGINT, self._on_interrupt)
             if self._interactive:
                 # In the gateway, this chat is one channel of several: leaving it stops them all.
                 ending = (
@@ -101,35 +100,38 @@ class TerminalChannel(Channel):
                 )
                 self._write(f"nanobot — session {self._session_key}. {HELP}; {ending}.\n")
             await self._read_messages(source)
+            self._close(source)  # the terminal is itself again while the rest stops
             self.ended.set()
             await asyncio.get_running_loop().create_future()  # until cancelled
         finally:
-            source.close()
+            self._close(source)
             if interrupts:
                 event_loop.remove_signal_handler(signal.SIGINT)
             await self._tasks.close()
+
+    def _open_prompt(self) -> Input:
+        # Imported here: prompt_toolkit is for a person at a terminal, and costs the
+        # start-up time of every other command that imports this module.
+        from nanobot.channels._terminal_prompt import Prompt
+
+        on_ctrl_c = self._on_interrupt if self._own_interrupts else self._stop_gateway
+        self._screen = Prompt(PROMPT, on_interrupt=on_ctrl_c)
+        return self._screen
+
+    def _close(self, source: Input) -> None:
+        self._screen = None
+        source.close()
 
     @property
     def _session_key(self) -> str:
         return self._session or self.chat.session_key
 
     async def _read_messages(self, source: Input) -> None:
-        self._show_prompt()
         while not self.ended.is_set():
             try:
                 text = await _next_message(source, self.ended)
-            except TerminalCut:
-                self._write(
-                    f"(Not sent: a line reached the terminal's limit of {TTY_LINE:,} characters, "
-                    "and the terminal dropped the rest. Send long text from a file instead: "
-                    'nanobot agent -m "$(cat notes.txt)", or save it in the workspace and '
-                    "name it.)\n"
-                )
-                self._show_prompt()
-                continue
             except TooLong:
                 self._write(f"(Not sent: a message can be at most {LINE_LIMIT:,} bytes.)\n")
-                self._show_prompt()
                 continue
             if text is None or text.strip() in EXIT_COMMANDS:
                 return
@@ -140,11 +142,8 @@ class TerminalChannel(Channel):
                 await self._send(answer, press=True)
             elif _unknown_command(text):
                 self._write(f"Unknown command {text.split()[0]}: /help lists the commands.\n")
-                self._show_prompt()
             elif text.strip():
                 await self._send(text)
-            else:
-                self._show_prompt()
 
     async def _send(self, text: str, *, press: bool = False) -> None:
         message_id = uuid.uuid4().hex
@@ -212,8 +211,6 @@ class TerminalChannel(Channel):
             return
         if self._waiting is not None and message.reply_to == self._waiting:
             self._answered.set()
-        if not self._turns or message.buttons:
-            self._show_prompt()
 
     def _on_interrupt(self) -> None:
         if self._turns:
@@ -224,12 +221,15 @@ class TerminalChannel(Channel):
             self.ended.set()
         else:
             self._end_line()
-            self._write("\n(Ctrl-C again or /exit to quit)\n")
-            self._show_prompt()
+            self._write("(Ctrl-C again or /exit to quit)\n")
 
-    def _show_prompt(self) -> None:
-        if self._prompt and not self.ended.is_set():
-            self._write(self._prompt)
+    def _stop_gateway(self) -> None:
+        """Ctrl-C at the prompt in the gateway: what it is without a prompt, SIGINT to the
+        gateway. The prompt ends too, so that the terminal sends a second Ctrl-C itself
+        (which exits at once) while the gateway stops."""
+        signal.raise_signal(signal.SIGINT)
+        if self._screen is not None:
+            self._screen.end()
 
     def _end_line(self) -> None:
         if self._line_open:
@@ -237,6 +237,9 @@ class TerminalChannel(Channel):
             self._line_open = False
 
     def _write(self, text: str) -> None:
+        if self._screen is not None:
+            self._screen.write(text)
+            return
         try:
             self._out.write(text)
             self._out.flush()
@@ -252,7 +255,8 @@ def _answer_word(data: str) -> str:
 
 
 async def _next_message(source: Input, ended: asyncio.Event) -> str | None:
-    """The next message, or None at EOF or once `ended` is set.
+    """The next message, or None at EOF or once `ended` is set (the read is cancelled and
+    awaited: a prompt has given the terminal back when this returns).
 
     Raises:
         TooLong: the message was over LINE_LIMIT; it was skipped whole, not cut.
@@ -265,7 +269,8 @@ async def _next_message(source: Input, ended: asyncio.Event) -> str | None:
         stop.cancel()
         if not message.done():
             message.cancel()
-    if not message.done() or message.cancelled():
+        await asyncio.wait({message, stop})
+    if message.cancelled():
         return None
     return message.result()
 
