@@ -25,6 +25,11 @@ def duration(value: object) -> object:
     return value
 
 
+def lowered(value: object) -> object:
+    """`value` trimmed and in lower case when it is text (a policy word such as `Ask `)."""
+    return value.strip().lower() if isinstance(value, str) else value
+
+
 def positive(value: timedelta) -> timedelta:
     """`value`, a duration that must be longer than zero.
 

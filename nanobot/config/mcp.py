@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from nanobot.config._section import Section
+from nanobot.config._section import Section, lowered
 from nanobot.config.tools import Approval
 
 SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,40}")
@@ -53,16 +53,13 @@ class McpServerConfig(Section):
     sandbox: Literal["auto", "none"] = "auto"
     trust_annotations: bool = False
 
-    @field_validator("approval", mode="before")
-    @classmethod
-    def _lower(cls, value: object) -> object:
-        return value.strip().lower() if isinstance(value, str) else value
+    _lower = field_validator("approval", mode="before")(lowered)
 
     @field_validator("approval_tools", mode="before")
     @classmethod
     def _lower_each(cls, value: object) -> object:
         if isinstance(value, dict):
-            return {k: v.strip().lower() if isinstance(v, str) else v for k, v in value.items()}
+            return {key: lowered(policy) for key, policy in value.items()}
         return value
 
     @field_validator("env")

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from nanobot.allowed_hosts import AllowedHost
-from nanobot.config._section import Section, duration, positive
+from nanobot.config._section import Section, duration, lowered, positive
 from nanobot.sizes import parse_size
 
 
@@ -136,10 +136,7 @@ class ApprovalConfig(Section):
     timeout: timedelta = timedelta(minutes=10)
     unattended: Literal["ask", "deny"] = "ask"
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _lower(cls, value: object) -> object:
-        return value.strip().lower() if isinstance(value, str) else value
+    _lower = field_validator("*", mode="before")(lowered)
 
     @field_validator("timeout", mode="before")
     @classmethod
