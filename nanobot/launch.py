@@ -58,6 +58,10 @@ def ask(config: Config, message: str, session_key: str, *, verbose: bool = False
 
     async def run() -> str:
         async with open_parts(config) as parts:
+            if parts.servers is not None:
+                # One message, no later turn: its MCP tools are there, or have failed, first
+                # (a chat's turns never wait for them).
+                await parts.servers.settled()
             way_in = await Intake.build(parts, {CLI: EVERYONE})
             answer = _Answer()
             outcomes: dict[Source, OutcomeSink] = {"chat": answer}

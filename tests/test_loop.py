@@ -17,7 +17,7 @@ from nanobot.agent.taint import Ledger, earlier
 from nanobot.agent.turn import TurnRequest, TurnSink
 from nanobot.providers.provider import Provider, RetryPolicy
 from nanobot.store import Database, SessionStore, UsageLedger
-from nanobot.tools.base import Tool, untrusted
+from nanobot.tools.base import Tool, ToolResult, untrusted
 from nanobot.tools.registry import ToolRegistry
 from nanobot.workspace import copy_template
 from tests.fakes.llm import (
@@ -452,3 +452,30 @@ def test_earlier_names_what_a_history_holds_from_outside() -> None:
     assert earlier(["plain", "</untrusted_content>"]) is None
     many = [untrusted(f"s{n}", "x") for n in range(5)]
     assert earlier(many) == "s0, s1, s2 and 2 more"
+
+
+class _Offers:
+    """A tool source offering what `names` holds at the moment (an MCP server's come and go)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def offered(self) -> dict[str, dict[str, Any]]:
+        return {n: {"type": "function", "function": {"name": n}} for n in self.names}
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult | None:
+        return None
+
+
+async def test_status_lists_the_mcp_tools_the_model_has_now(parts: Parts) -> None:
+    assert "MCP" not in await parts.loop.status("t:1")  # no servers configured
+    source = _Offers()
+    runner = parts.loop._runner
+    runner._tools = ToolRegistry(runner._tools._tools.values(), source=source)
+    assert "MCP tools: none now (see `nanobot mcp list`)" in await parts.loop.status("t:1")
+    source.names = ["time_get_current_time", "time_convert_time"]
+    status = await parts.loop.status("t:1")
+    assert "MCP tools (2): time_get_current_time, time_convert_time" in status
+    source.names = [f"s_t{n}" for n in range(32)]
+    assert status != (status := await parts.loop.status("t:1"))
+    assert status.endswith("s_t29 and 2 more")

@@ -32,9 +32,10 @@ from nanobot.agent.run import (
 from nanobot.agent.runner import ABORTED, NOT_RUN, SKIPPED, Runner
 from nanobot.errors import ProviderError, StoreError
 from nanobot.providers.base import Message, ToolCall, Usage
+from nanobot.tools.base import Tool, ToolImage, ToolResult
 from nanobot.tools.registry import ToolRegistry
 from tests.fakes.provider import Answer, Calls, Fail, Hang, Retried, ScriptedProvider, tool_call
-from tests.fakes.tools import BlockTool, EchoTool
+from tests.fakes.tools import BlockTool, EchoTool, NoParams
 
 SYSTEM: Message = {"role": "system", "content": "You are a test."}
 USER: Message = {"role": "user", "content": "hi"}
@@ -719,3 +720,48 @@ def _calls_answered(stored: Sequence[Message]) -> bool:
     asked = {c["id"] for m in stored if m["role"] == "assistant" for c in m.get("tool_calls", [])}
     answered = {m["tool_call_id"] for m in stored if m["role"] == "tool"}
     return asked == answered
+
+
+class _ScreenshotTool(Tool[NoParams]):
+    """`shot`: a result with one image, as an MCP server's screenshot tool gives."""
+
+    name = "shot"
+    description = "Take a screenshot."
+    params = NoParams
+
+    async def run(self, args: NoParams) -> ToolResult:
+        return ToolResult("[image (image/png, about 3 bytes): image 1]", images=(PNG,))
+
+
+PNG = ToolImage("image/png", "iVBO")
+
+
+@pytest.mark.parametrize("vision", [True, False])
+async def test_a_tool_image_is_shown_to_a_vision_model_and_never_stored(vision: bool) -> None:
+    provider = ScriptedProvider(vision=vision)
+    runner = Runner(provider, ToolRegistry([_ScreenshotTool(), EchoTool()]))
+    recorder = Recorder()
+    provider.script(
+        Calls(tool_call("shot", {}, id="c1"), echo_call("x", id="c2")),
+        Calls(echo_call("y", id="c3")),
+        Answer("A cat."),
+    )
+    result = await runner.run(run_input(policy=ToolPolicy(max_parallel=2)), recorder.hooks())
+    assert result.status == "completed"
+    second, third = provider.requests[1].messages, provider.requests[2].messages
+    if vision:
+        # After the whole batch's results (tool messages must follow their call), and still
+        # there for the run's later calls.
+        assert [m["role"] for m in second[-3:]] == ["tool", "tool", "user"]
+        parts = second[-1]["content"]
+        assert {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}} in parts
+        assert second[-1] in third
+        stored = [m for m in recorder.stored if m["role"] == "user"]
+        assert stored == [
+            {"role": "user", "content": "[1 image(s) from shot were shown here; they are not kept]"}
+        ]
+    else:
+        assert [m["role"] for m in second[-2:]] == ["tool", "tool"]
+        assert "does not take images" in second[-2]["content"]
+        assert not any(m["role"] == "user" for m in recorder.stored)
+    assert "iVBO" not in repr(recorder.stored)

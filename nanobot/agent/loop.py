@@ -291,7 +291,8 @@ class AgentLoop:
             )
 
     async def status(self, session_key: str) -> str:
-        """A few lines for `/status`: model, tokens used, context fill, state."""
+        """A few lines for `/status`: model, tokens used, context fill, state, and the MCP
+        servers' tools the model has now (when any are configured)."""
         lines = [f"Model: {self._provider.model}"]
         if self._usage is not None:
             totals = await self._usage.totals(session_key)
@@ -309,6 +310,9 @@ class AgentLoop:
         else:
             lines.append(f"Context window: {window:,} tokens")
         lines.append("State: working on a reply" if self.busy(session_key) else "State: idle")
+        servers = self._runner.tools.from_source
+        if servers is not None:
+            lines.append(_mcp_line(servers))
         return "\n".join(lines)
 
     def _reply(self, lane: Queued, result: RunResult, text: str | None) -> Reply:
@@ -388,6 +392,13 @@ async def _show_images(
         if shown[index].get("role") == "user" and shown[index] == without_images(pending[-1]):
             shown[index] = await inline_images(pending.pop(), workspace)
     return shown
+
+
+def _mcp_line(names: Sequence[str], most: int = 30) -> str:
+    if not names:
+        return "MCP tools: none now (see `nanobot mcp list`)"
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"MCP tools ({len(names)}): {', '.join(names[:most])}{more}"
 
 
 def _last_user(messages: Sequence[Message]) -> int:

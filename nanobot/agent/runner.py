@@ -37,7 +37,7 @@ from nanobot.providers.base import (
     ToolCall,
     Usage,
 )
-from nanobot.tools.base import ToolResult
+from nanobot.tools.base import ToolImage, ToolResult
 from nanobot.tools.registry import ToolRegistry
 
 T = TypeVar("T")
@@ -67,6 +67,10 @@ class Runner:
         self._provider = provider
         self._tools = tools
         self._aborts: dict[str, asyncio.Event] = {}
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return self._tools
 
     def abort(self, run_id: str) -> bool:
         """Stop the run `run_id` at once; returns False when no such run is active."""
@@ -137,6 +141,7 @@ class _Run:
         self.usage = Usage()
         self.entries: list[Message] = []
         self.pending_calls: list[ToolCall] = []  # calls still owed a result in history
+        self.images: list[tuple[str, ToolImage]] = []  # the batch's, with their tools' names
         self.calls = ToolCalls(tools, run, hooks.approve, self)
         self.model_calls = 0
         self.tool_rounds = 0
@@ -226,6 +231,7 @@ class _Run:
                 )
             self.tool_rounds += 1
             steered = await self._run_tools(completion.tool_calls)
+            await self._show_images()
             await self._add_all(steered)
 
     async def _call_model(self) -> Completion:
@@ -294,8 +300,31 @@ class _Run:
         return ()
 
     async def _record(self, call: ToolCall, result: ToolResult) -> None:
+        if result.images and not self.provider.supports_vision():
+            note = "\n(This model does not take images: the images were not shown.)"
+            result = replace(result, content=result.content + note, images=())
         await self._add(_tool_message(call, result))
+        self.images += [(call.name, image) for image in result.images]
         self.pending_calls = [c for c in self.pending_calls if c.id != call.id]
+
+    async def _show_images(self) -> None:
+        """Show the model the images the batch's tools returned: tool results can hold only
+        text, so they follow as one user message, for the rest of this run. History keeps a
+        line saying they were shown (no image bytes in the store)."""
+        if not self.images:
+            return
+        images, self.images = self.images, []
+        said = "Images the tools above returned (content from outside, like their results):"
+        parts: list[dict[str, Any]] = [{"type": "text", "text": said}]
+        for number, (tool, image) in enumerate(images, 1):
+            parts.append({"type": "text", "text": f"image {number}, from {tool}:"})
+            url = f"data:{image.mime_type};base64,{image.data}"
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        tools = ", ".join(dict.fromkeys(tool for tool, _ in images))
+        kept = f"[{len(images)} image(s) from {tools} were shown here; they are not kept]"
+        await self._add(
+            {"role": "user", "content": parts}, stored={"role": "user", "content": kept}
+        )
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -329,14 +358,16 @@ class _Run:
         except Exception as exc:
             raise _PersistError("compaction failed") from exc
 
-    async def _add(self, message: Message) -> None:
+    async def _add(self, message: Message, *, stored: Message | None = None) -> None:
+        """Add `message` to the run, and to history as `stored` (default: as it is)."""
         self.messages.append(message)
+        stored = message if stored is None else stored
         if self.hooks.persist is not None:
             try:
-                await self.hooks.persist(message)
+                await self.hooks.persist(stored)
             except Exception as exc:
                 raise _PersistError("persist failed") from exc
-        self.entries.append(message)
+        self.entries.append(stored)
 
     async def _add_all(self, messages: Sequence[Message]) -> None:
         for message in messages:

@@ -5,9 +5,10 @@ it taints the turn), cut to the tools' limit with a note of how much was cut."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from nanobot.tools.base import ToolResult, untrusted
+from nanobot.tools.base import ToolImage, ToolResult, untrusted
 from nanobot.tools.registry import MAX_RESULT_CHARS
 
 if TYPE_CHECKING:
@@ -16,16 +17,22 @@ if TYPE_CHECKING:
 # Room for the markers and the cut note inside MAX_RESULT_CHARS: the registry must not cut
 # the closing marker off.
 _TEXT_LIMIT = MAX_RESULT_CHARS - 600
+# What one result may show a model of images: providers refuse larger ones, and a result is
+# shown again on each of the turn's later model calls.
+MAX_IMAGES, MAX_IMAGE_BYTES = 4, 5 * 1024 * 1024
 
 
 def tool_result(offered: str, server: str, result: mcp_types.CallToolResult) -> ToolResult:
     """`result` of the tool the model calls `offered`, for the model."""
-    parts = [_content(block) for block in result.content]
+    images: list[ToolImage] = []
+    parts = [_content(block, images) for block in result.content]
     structured = result.structured_content
     if structured is not None and not _said(parts, structured):
         parts.append(json.dumps(structured, ensure_ascii=False, separators=(",", ":")))
     text = "\n".join(p for p in parts if p) or "(the tool returned nothing)"
-    return wrapped(offered, server, text, is_error=bool(result.is_error))
+    return replace(
+        wrapped(offered, server, text, is_error=bool(result.is_error)), images=tuple(images)
+    )
 
 
 def resources_result(offered: str, server: str, resources: list[mcp_types.Resource]) -> ToolResult:
@@ -55,19 +62,30 @@ def wrapped(offered: str, server: str, text: str, *, is_error: bool = False) -> 
     return ToolResult(content, is_error, (f"a {offered} result",))
 
 
-def _content(block: Any) -> str:
+def _content(block: Any, images: list[ToolImage]) -> str:
+    """`block` as text; an image that can be shown is added to `images` too."""
     kind = getattr(block, "type", "")
     if kind == "text":
         return str(block.text)
     if kind in ("image", "audio"):
-        size = len(block.data) * 3 // 4  # base64
-        return f"[{kind} ({block.mime_type}, about {size:,} bytes): not shown to this model]"
+        return _media(kind, block, images)
     if kind == "resource":
         return _resource(block.resource)
     if kind == "resource_link":
         what = f" ({block.mime_type})" if getattr(block, "mime_type", None) else ""
         return f"[resource {block.name}{what}: {block.uri}]"
     return f"[content of type {kind or 'unknown'}]"
+
+
+def _media(kind: str, block: Any, images: list[ToolImage]) -> str:
+    size = len(block.data) * 3 // 4  # base64
+    what = f"[{kind} ({block.mime_type}, about {size:,} bytes)"
+    if kind == "audio" or not str(block.mime_type).startswith("image/"):
+        return f"{what}: not shown]"
+    if size > MAX_IMAGE_BYTES or len(images) == MAX_IMAGES:
+        return f"{what}: too large or too many to show]"
+    images.append(ToolImage(block.mime_type, block.data))
+    return f"{what}: image {len(images)}]"
 
 
 def _resource(contents: Any) -> str:

@@ -40,14 +40,24 @@ class ToolError(NanobotError):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolImage:
+    """An image a tool returned (an MCP server's screenshot): `data` is base64."""
+
+    mime_type: str
+    data: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolResult:
     """What a tool call produced, as the model will see it. `taint` names the content from
     outside it carries (a fetched page's address, "notes.md, written by …"), each already
-    wrapped by `untrusted()` in `content`: it taints the turn that takes it in."""
+    wrapped by `untrusted()` in `content`: it taints the turn that takes it in. `images` are
+    shown to a model that takes images, after the batch's results, and never stored."""
 
     content: str
     is_error: bool = False
     taint: tuple[str, ...] = ()
+    images: tuple[ToolImage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from loguru import logger
@@ -52,6 +53,11 @@ class ToolRegistry:
     @property
     def built_in(self) -> list[str]:
         return list(self._tools)
+
+    @property
+    def from_source(self) -> list[str] | None:
+        """The names `source` offers now; None when there is no source."""
+        return None if self._source is None else list(self._offered())
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools or name in self._offered()
@@ -113,7 +119,7 @@ def truncate(result: ToolResult, limit: int = MAX_RESULT_CHARS) -> ToolResult:
         return result
     cut = len(result.content) - limit
     note = f"\n\n[... {cut} more characters cut; the result was {len(result.content)} long]"
-    return ToolResult(result.content[:limit] + note, result.is_error, result.taint)
+    return replace(result, content=result.content[:limit] + note)
 
 
 def _describe(exc: ValidationError) -> str:
