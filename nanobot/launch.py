@@ -65,7 +65,9 @@ def ask(config: Config, message: str, session_key: str, *, verbose: bool = False
             way_in = await Intake.build(parts, {CLI: EVERYONE})
             answer = _Answer()
             outcomes: dict[Source, OutcomeSink] = {"chat": answer}
-            dispatcher = Dispatcher(parts.loop, way_in.bus, way_in.journal, outcomes=outcomes)
+            dispatcher = Dispatcher(
+                parts.loop, way_in.bus, way_in.journal, outcomes=outcomes, reader=parts.reader
+            )
             async with asyncio.TaskGroup() as group:
                 dispatching = group.create_task(dispatcher.run(), name="dispatcher")
                 event = InboundMessage.from_chat(

@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nanobot.bus",),
     ("nanobot.cron",),  # vocabulary, schedule math, the service; storage through a port
     ("nanobot.store", "nanobot.providers", "nanobot.tools"),
+    ("nanobot.media",),  # what arrives as files: voice notes heard, documents read
     ("nanobot.agent", "nanobot.channels"),
     # cluster: the members (membership, agreement, roster), the roles one member at a time
     # plays, and how the work is shared out

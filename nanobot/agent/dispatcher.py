@@ -32,6 +32,7 @@ from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, Source,
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, outbound_from, outbound_record
 from nanobot.errors import StoreError
+from nanobot.media.reading import OWN_WORDS, Reader, listed
 from nanobot.store import Journal
 from nanobot.tasks import TaskSet
 
@@ -74,11 +75,13 @@ class Dispatcher:
         outcomes: Mapping[Source, OutcomeSink] | None = None,
         whole_replies: Collection[str] = (),
         held: Held | None = None,
+        reader: Reader | None = None,
     ) -> None:
         """`whole_replies`: channels whose replies arrive whole instead of being shown while
         the model writes them (`channels.<name>.stream: false`). `held`: where messages
         whose turn a store failure cut short wait for the store (none: they wait for the
-        next start)."""
+        next start). `reader`: what reads the files people send (voice notes, documents);
+        none: they are only named."""
         self._loop = loop
         self._bus = bus
         self._journal = journal
@@ -89,6 +92,7 @@ class Dispatcher:
         self._tasks = TaskSet("dispatcher")
         self._held = held
         self._retrying = TaskSet("dispatcher-held")
+        self._reader = reader
 
     async def run(self) -> None:
         """Dispatch inbound messages until the bus's inbound side is closed, then wait for
@@ -171,6 +175,9 @@ class Dispatcher:
     async def _turn(self, message: InboundMessage, *, resume: bool) -> None:
         route = message.route
         chat = route.chat
+        text = await self._text(message, resume=resume)
+        if text is None:
+            return
 
         async def deliver(reply: Reply, stream_id: str) -> None:
             await self._deliver(message, reply, stream_id)
@@ -188,7 +195,7 @@ class Dispatcher:
         )
         request = TurnRequest(
             message.session_key,
-            _with_attachments(message),
+            text,
             chat=chat,
             sender_id=message.sender_id,
             sink=sink,
@@ -206,6 +213,24 @@ class Dispatcher:
             sink.stop()
         if reply is not None:
             await sink.reply(reply)
+
+    async def _text(self, message: InboundMessage, *, resume: bool) -> str | None:
+        """The turn's text: the message with what its files say (a resumed turn's message
+        is in its session already). None: the message was answered here (a voice note that
+        could not be heard, and nothing else)."""
+        if resume or not message.attachments or self._reader is None:
+            return listed(message.text, message.attachments)
+        read = await self._reader.read(message.text, message.attachments)
+        if read.problems and not read.said:
+            await self._notice(message, "\n".join(read.problems))
+            return None
+        if read.problems and message.route.deliver:
+            self._bus.offer(
+                OutboundMessage(
+                    message.chat, "\n".join(read.problems), "notice", _reply_to(message)
+                )
+            )
+        return read.text
 
     async def _deliver(self, message: InboundMessage, reply: Reply, stream_id: str) -> None:
         """Queue the reply in the outbox, marking what it answers done, then publish it and
@@ -269,6 +294,12 @@ class Dispatcher:
             self._bus.offer(OutboundMessage(message.chat, text, "answer", message.press))
             await self._report(ids, TurnOutcome("completed", text, delivered=True))
             return
+        await self._notice(message, text)
+
+    async def _notice(self, message: InboundMessage, text: str) -> None:
+        """Answer `message` with `text`, no turn taken: kept in the outbox with the message
+        marked answered, then delivered."""
+        ids = (message.journal_id,) if message.journal_id else ()
         outbound = OutboundMessage(message.chat, text, kind="notice", reply_to=message.message_id)
         record = (
             (message.chat.channel, outbound_record(outbound)) if message.route.deliver else None
@@ -294,7 +325,7 @@ def _caller(message: InboundMessage) -> Caller:
     """Who asks for approval of the calls in `message`'s turn, and where."""
     chat = message.chat if message.route.deliver else None
     untrusted = [UNTRUSTED_SOURCES[message.source]] if message.source in UNTRUSTED_SOURCES else []
-    if message.attachments:
+    if any(a.kind not in OWN_WORDS for a in message.attachments):
         untrusted.append("a file sent in the chat")
     if message.source in ("cron", "heartbeat"):
         # Nobody is talking: the chat it delivers to decides, where that is someone's own.
@@ -331,15 +362,3 @@ def _blank(text: str) -> bool:
 def _only(text: str, token: str) -> bool:
     """Whether `text` says nothing but `token` (give or take blanks and a full stop)."""
     return text.strip().rstrip(".") == token
-
-
-def _with_attachments(message: InboundMessage) -> str:
-    if not message.attachments:
-        return message.text
-    lines = [message.text] if message.text else []
-    for attachment in message.attachments:
-        lines.append(
-            f"[{attachment.kind} received, saved as {attachment.path} "
-            f"({attachment.size} bytes, {attachment.mime_type or 'unknown type'})]"
-        )
-    return "\n".join(lines)

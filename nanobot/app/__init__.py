@@ -224,6 +224,7 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
             n for n in ("telegram", "discord") if not getattr(config.channels, n).stream
         ],
         held=Held(way_in.gate, way_in.journal),
+        reader=parts.reader,
     )
     # In the data dir, for `nanobot status` (this gateway's own: each member of a cluster has one).
     health = ChannelHealth(

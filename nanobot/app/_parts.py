@@ -28,6 +28,7 @@ from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.taint import Ledger
 from nanobot.app._exec import build_reserve, exec_limits, open_sandbox
+from nanobot.app._media import build_reader
 from nanobot.app._provider import build_provider
 from nanobot.bus.queue import MessageBus
 from nanobot.cluster.agreement import agreement
@@ -36,6 +37,7 @@ from nanobot.cron.jobs import Jobs
 from nanobot.mcp.servers import FILE as MCP_FILE
 from nanobot.mcp.servers import McpServers
 from nanobot.mcp.settings import ServerSettings
+from nanobot.media.reading import Reader
 from nanobot.outage import DEFAULT_BACKOFF, Backoff
 from nanobot.providers.provider import Provider
 from nanobot.reserve import DiskReserve
@@ -175,6 +177,7 @@ class Parts:
     # subagents once they are built (None without `agent.max_subagents`).
     enrolment: cluster.Enrolment | None = None
     spawner: LateSpawner | None = None
+    reader: Reader | None = None  # what reads the files people send (voice, documents)
 
 
 def private_dir(path: Path) -> None:
@@ -307,6 +310,7 @@ async def open_parts(
                         config.store.retry,
                         enrolment,
                         spawner,
+                        build_reader(config),
                     )
                 finally:
                     await servers.close()

@@ -55,12 +55,14 @@ DIRECT = "@"
 
 @dataclass(frozen=True, slots=True)
 class Attachment:
-    """A file the user sent, already saved under the workspace's inbox."""
+    """A file the user sent, already saved under the workspace's inbox. `duration`: the
+    seconds of a voice note, audio or video, as the platform says (None: it did not)."""
 
-    kind: Literal["photo", "document", "voice", "audio", "video", "file"]
+    kind: Literal["photo", "document", "voice", "audio", "video", "video_note", "file"]
     path: Path
     mime_type: str | None = None
     size: int = 0
+    duration: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,12 +29,32 @@ def inbound_record(message: InboundMessage) -> Record:
         "is_private": message.is_private,
         "addressed": message.addressed,
         "received_at": message.received_at.isoformat(),
-        "attachments": [
-            {"kind": a.kind, "path": str(a.path), "mime_type": a.mime_type, "size": a.size}
-            for a in message.attachments
-        ],
+        "attachments": [_attachment_record(a) for a in message.attachments],
         **_routing_record(message),
     }
+
+
+def _attachment_record(attachment: Attachment) -> Record:
+    record: Record = {
+        "kind": attachment.kind,
+        "path": str(attachment.path),
+        "mime_type": attachment.mime_type,
+        "size": attachment.size,
+    }
+    if attachment.duration is not None:
+        record["duration"] = attachment.duration
+    return record
+
+
+def _attachment(record: Record) -> Attachment:
+    duration = record.get("duration")
+    return Attachment(
+        record["kind"],
+        Path(record["path"]),
+        record.get("mime_type"),
+        int(record.get("size", 0)),
+        float(duration) if isinstance(duration, int | float) else None,
+    )
 
 
 def _routing_record(message: InboundMessage) -> Record:
@@ -84,10 +104,7 @@ def inbound_from(record: Record, journal_id: int | None = None) -> InboundMessag
         sender_name=record.get("sender_name"),
         is_private=bool(record.get("is_private", True)),
         addressed=bool(record.get("addressed", True)),
-        attachments=tuple(
-            Attachment(a["kind"], Path(a["path"]), a.get("mime_type"), int(a.get("size", 0)))
-            for a in record.get("attachments", ())
-        ),
+        attachments=tuple(_attachment(a) for a in record.get("attachments", ())),
         received_at=datetime.fromisoformat(record["received_at"]),
         journal_id=journal_id,
         source=record.get("source", "chat"),

@@ -168,7 +168,8 @@ async def fetch_files(
                 logger.warning("discord: could not keep {}: {}", name, exc.reason)
                 refusals.append(exc.line())
                 continue
-            saved.append(Attachment(file_kind(remote), path, remote.content_type, len(data)))
+            kind, seconds = file_kind(remote), remote.duration  # a voice message's length
+            saved.append(Attachment(kind, path, remote.content_type, len(data), seconds))
     except BaseException:  # a file could not be saved, or the take was cancelled
         discard_files(a.path for a in saved)
         raise

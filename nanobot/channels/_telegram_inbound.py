@@ -7,7 +7,9 @@ message too: see `pressed`); the rest are pure functions of PTB objects.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +17,7 @@ from loguru import logger
 from telegram import Bot, CallbackQuery, Message, MessageEntity, Update, User
 from telegram.constants import ChatType, MessageEntityType
 from telegram.error import BadRequest
+from telegram.warnings import PTBDeprecationWarning
 
 from nanobot.bus.events import Attachment, ChatRef, InboundMessage
 from nanobot.channels._telegram_retry import Retry, attempt
@@ -32,7 +35,7 @@ from nanobot.channels.base import (
 CHANNEL = "telegram"
 MB = 1024 * 1024
 
-FileKind = Literal["photo", "document", "voice", "audio", "video"]
+FileKind = Literal["photo", "document", "voice", "audio", "video", "video_note"]
 
 
 def chat_ref(message: Message) -> ChatRef:
@@ -169,6 +172,7 @@ class RemoteFile:
     name: str
     mime_type: str | None
     size: int | None  # as Telegram announces it; None when it does not say
+    duration: float | None = None  # seconds, of a voice note, audio or video
 
     def too_large(self, limit: int) -> str:
         size = f" ({self.size / MB:.1f} MB)" if self.size else ""
@@ -189,18 +193,35 @@ def remote_files(message: Message) -> list[RemoteFile]:
         files.append(RemoteFile("document", document.file_id, name, mime, document.file_size))
     if (voice := message.voice) is not None:
         mime = voice.mime_type or "audio/ogg"
+        name = f"voice_{number}.ogg"
         files.append(
-            RemoteFile("voice", voice.file_id, f"voice_{number}.ogg", mime, voice.file_size)
+            RemoteFile("voice", voice.file_id, name, mime, voice.file_size, _seconds(voice))
         )
     if (audio := message.audio) is not None:
         name = safe_filename(audio.file_name, f"audio_{number}")
-        files.append(RemoteFile("audio", audio.file_id, name, audio.mime_type, audio.file_size))
-    for video in (message.video, message.video_note):
-        if video is not None:
-            name = safe_filename(getattr(video, "file_name", None), f"video_{number}.mp4")
-            mime = getattr(video, "mime_type", None) or "video/mp4"
-            files.append(RemoteFile("video", video.file_id, name, mime, video.file_size))
+        size, seconds = audio.file_size, _seconds(audio)
+        files.append(RemoteFile("audio", audio.file_id, name, audio.mime_type, size, seconds))
+    if (video := message.video) is not None:
+        name = safe_filename(video.file_name, f"video_{number}.mp4")
+        mime, size = video.mime_type or "video/mp4", video.file_size
+        files.append(RemoteFile("video", video.file_id, name, mime, size, _seconds(video)))
+    if (note := message.video_note) is not None:  # a round video: spoken, like a voice note
+        name, size = f"video_note_{number}.mp4", note.file_size
+        files.append(
+            RemoteFile("video_note", note.file_id, name, "video/mp4", size, _seconds(note))
+        )
     return files
+
+
+def _seconds(media: object) -> float | None:
+    """A voice note's, audio's or video's length: PTB warns that `duration` becomes a
+    timedelta, and gives either as the environment says."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        value = getattr(media, "duration", None)
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return float(value) if isinstance(value, int | float) else None
 
 
 async def download(bot: Bot, file: RemoteFile, policy: InboxPolicy, retry: Retry) -> bytes | str:
@@ -267,7 +288,9 @@ async def read(
                 received.refusals.append(exc.line())
                 continue
             received.saved.append(path)
-            attachments.append(Attachment(remote.kind, path, remote.mime_type, len(data)))
+            attachments.append(
+                Attachment(remote.kind, path, remote.mime_type, len(data), remote.duration)
+            )
     except BaseException:  # a file could not be saved, or the take was cancelled
         discard_files(received.saved)
         raise

@@ -13,6 +13,7 @@ from nanobot.config.automation import CronConfig, HeartbeatConfig
 from nanobot.config.channels import ChannelsConfig
 from nanobot.config.gateway import ClusterConfig, GatewayConfig, LogConfig
 from nanobot.config.mcp import McpConfig
+from nanobot.config.media import DocumentsConfig, TranscriptionConfig
 from nanobot.config.store import StoreConfig
 from nanobot.config.tools import ToolsConfig
 
@@ -44,6 +45,8 @@ class Config(BaseSettings):
     store: StoreConfig = Field(default_factory=StoreConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
+    transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
+    documents: DocumentsConfig = Field(default_factory=DocumentsConfig)
     # The file this was loaded from (None when built directly): a secret to keep out of
     # the sandbox like the data dir.
     _source: Path | None = PrivateAttr(default=None)

@@ -162,6 +162,42 @@ class LiteLLMTransport:
         return model == self._home or _provider(model) == _provider(self._home)
 
 
+async def transcribe(
+    model: str,
+    audio: bytes,
+    filename: str,
+    *,
+    api_key: str | None = None,
+    api_base: str | None = None,
+    language: str | None = None,
+    seconds: float = 120.0,
+) -> str:
+    """The text spoken in `audio` (named `filename`: servers tell the format by its
+    extension), by litellm's transcription API (OpenAI's `/audio/transcriptions`, Groq's,
+    or any OpenAI-compatible server at `api_base`), each request within `seconds` (litellm's
+    HTTP timeout). Imports litellm (in a thread) the first time. One attempt: the caller
+    retries.
+
+    Raises:
+        ProviderError: the call failed; classified as a model call's failure is.
+    """
+    if not _litellm.cache_info().currsize:
+        await asyncio.to_thread(_litellm)
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "file": (filename, audio),
+        "max_retries": 0,
+        "timeout": seconds,
+    }
+    optional = {"api_key": api_key, "api_base": api_base, "language": language}
+    kwargs.update({k: v for k, v in optional.items() if v})
+    try:
+        response = await _litellm().atranscription(**kwargs)
+    except Exception as exc:  # every litellm failure is classified here, once
+        raise _classify(exc, model) from exc
+    return str(_field(response, "text") or "").strip()
+
+
 @cache
 def _provider(model: str) -> str:
     """litellm's provider of `model` ("openai" for "gpt-4o" too); else its prefix."""

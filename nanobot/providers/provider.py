@@ -12,9 +12,9 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from loguru import logger
 
@@ -32,6 +32,7 @@ from nanobot.providers.catalog import Catalog
 from nanobot.providers.routes import Routes
 from nanobot.providers.tokens import TokenCounter
 
+T = TypeVar("T")
 _RETRYABLE: frozenset[ProviderErrorKind] = frozenset({"rate_limited", "unavailable", "timeout"})
 # A fallback model may be another vendor with other credentials, so auth failures move on too.
 _FALLBACK_ON: frozenset[ProviderErrorKind] = _RETRYABLE | {"auth"}
@@ -58,6 +59,34 @@ class RetryPolicy:
             return retry_after
         backoff = min(self.max_delay, self.base_delay * 2**attempt)
         return float(backoff * random.uniform(0.5, 1.0))  # jitter, not cryptography
+
+
+async def retried(
+    work: Callable[[], Awaitable[T]], policy: RetryPolicy, deadline: float, what: str
+) -> T:
+    """`work()`'s result, tried again after a transient `ProviderError` (rate limited,
+    unavailable, timed out) as `policy` says while the retry would start before `deadline`
+    (`time.monotonic()`); the last error otherwise. `what` names the call in the log."""
+    attempt = 0
+    while True:
+        try:
+            return await work()
+        except ProviderError as error:
+            if error.kind not in _RETRYABLE or attempt >= policy.attempts:
+                raise
+            wait = policy.delay(attempt, error.retry_after)
+            if time.monotonic() + wait > deadline:
+                raise
+            logger.info(
+                "{} {}; retry {}/{} in {:.1f}s",
+                what,
+                error.kind,
+                attempt + 1,
+                policy.attempts,
+                wait,
+            )
+            await asyncio.sleep(wait)
+            attempt += 1
 
 
 class Provider:
@@ -130,28 +159,10 @@ class Provider:
         self, call: Call, on_delta: DeltaHandler | None, deadline: float
     ) -> Completion:
         transport = self._routes.transport(call.model)
-        attempt = 0
-        while True:
-            try:
-                completion = await transport.stream(call, on_delta)
-            except ProviderError as error:
-                if error.kind not in _RETRYABLE or attempt >= self._retry.attempts:
-                    raise
-                wait = self._retry.delay(attempt, error.retry_after)
-                if time.monotonic() + wait > deadline:
-                    raise
-                logger.info(
-                    "model {} {}; retry {}/{} in {:.1f}s",
-                    call.model,
-                    error.kind,
-                    attempt + 1,
-                    self._retry.attempts,
-                    wait,
-                )
-                await asyncio.sleep(wait)
-                attempt += 1
-            else:
-                return dataclasses.replace(completion, usage=self._priced(call.model, completion))
+        completion = await retried(
+            lambda: transport.stream(call, on_delta), self._retry, deadline, f"model {call.model}"
+        )
+        return dataclasses.replace(completion, usage=self._priced(call.model, completion))
 
     def _priced(self, model: str, completion: Completion) -> Usage:
         usage = completion.usage
