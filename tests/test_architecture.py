@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nanobot.bus",),
     ("nanobot.cron",),  # vocabulary, schedule math, the service; storage through a port
     ("nanobot.store", "nanobot.providers", "nanobot.tools"),
+    ("nanobot.media",),  # what arrives as files: text out of documents, voice transcribed
     ("nanobot.agent", "nanobot.channels"),
     # cluster: the members (membership, agreement, roster), the roles one member at a time
     # plays, and how the work is shared out
@@ -74,7 +75,11 @@ IMPORTED_ONLY_BY: dict[str, frozenset[str]] = {
     "nanobot.app": frozenset({"nanobot.launch", "nanobot.cli"}),
 }
 # Third-party libraries with exactly one home.
-ONLY_HOME: dict[str, str] = {"litellm": "nanobot.providers.litellm_provider"}
+ONLY_HOME: dict[str, str] = {
+    "litellm": "nanobot.providers.litellm_provider",
+    # The document parsers: only the extraction worker's process runs their home's readers.
+    **dict.fromkeys(("pypdf", "docx", "openpyxl", "pptx"), "nanobot.media._readers"),
+}
 
 # Known breaches, each (importer, imported unit): none now. An entry goes when it is fixed
 # (`test_known_exceptions_are_still_needed` says so).

@@ -1,0 +1,1 @@
+"""What arrives as files: text out of documents (`documents`), transcription of voice."""
