@@ -127,6 +127,31 @@ async def test_a_pdf_page_by_page_into_a_text_file_beside_it(tmp_path: Path) -> 
     assert text.index("--- page 2 of 3 ---") < text.index("costs fell") < text.index("page 3 of 3")
 
 
+async def test_a_long_pdf_gives_its_first_pages_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "book.pdf"
+    path.write_bytes(pdf_bytes([f"Chapter {number}." for number in range(1, 6)]))
+    extracted = await read(path, max_pages=2)
+    assert extracted.shape == "5 pages, the first 2 read"
+    text = whole_text(extracted)
+    assert "Chapter 2." in text and "Chapter 3." not in text
+    assert text.rstrip().endswith("[only the first 2 pages are read: 3 more not]")
+
+
+async def test_a_nanobot_package_in_the_working_directory_is_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planted = tmp_path / "nanobot" / "media"
+    planted.mkdir(parents=True)
+    (tmp_path / "nanobot" / "__init__.py").write_text("")
+    (planted / "__init__.py").write_text("")
+    marker = tmp_path / "ran"
+    (planted / "_extract_worker.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.md").write_text("# real\n")
+    assert whole_text(await read(tmp_path / "notes.md")) == "# real\n"
+    assert not marker.exists()
+
+
 async def test_an_existing_text_file_is_never_replaced(tmp_path: Path) -> None:
     path = tmp_path / "report.pdf"
     path.write_bytes(pdf_bytes(["Fresh words."]))

@@ -111,8 +111,11 @@ async def _run_worker(
     request = {"path": str(path), "mime_type": mime_type, "limits": asdict(limits)}
     env = {name: os.environ[name] for name in _ENV_KEPT if name in os.environ}
     try:
+        # -P: the gateway's working directory may be the workspace, where a `nanobot/` the
+        # model wrote must not stand in for ours.
         process = await asyncio.create_subprocess_exec(
             sys.executable,
+            "-P",
             "-m",
             WORKER,
             stdin=asyncio.subprocess.PIPE,
