@@ -27,9 +27,11 @@ Audio, as OpenAI serves it (litellm's ``atranscription``/``aspeech`` with ``open
 verbose_json|vtt, ``timestamp_granularities[]``, ``temperature``), refuses what OpenAI
 refuses with its error bodies (no file or model, a file over 25 MB, a file name whose
 extension is not an audio format, a malformed language, a format other than json or text
-for the ``gpt-4o`` models) and answers the text the upload's
-sha256 is mapped to in ``transcripts`` (else ``default_transcript``; if None, OpenAI's 400
-for an audio it cannot decode), with the audio's duration read from a WAV or OGG/Opus file.
+for the ``gpt-4o`` models) and answers the text the upload's sha256 is mapped to in
+``transcripts`` (else ``default_transcript``; if None, OpenAI's 400 for an audio it cannot
+decode), with the audio's duration read from a WAV or OGG/Opus file. A ``Text`` reply
+scripted for the model answers its content instead; ``Echo(delay=...)`` answers from the
+table, late.
 ``POST /audio/speech`` takes ``{model, input, voice, response_format?, speed?}`` and
 answers ``speech_audio(input, ...)`` with OpenAI's Content-Type (``opus``: a real OGG/Opus
 file). Both are recorded in ``audio_requests``, not in ``requests``; both take their faults
@@ -319,8 +321,22 @@ TRANSCRIPTION_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 # set ``FakeLLM.audio_formats = None``).
 OPENAI_AUDIO_FORMATS = ("flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "oga", "ogg", "wav", "webm")
 OPENAI_VOICES = frozenset(
-    ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer")
-) | {"verse", "marin", "cedar"}
+    {
+        "alloy",
+        "ash",
+        "ballad",
+        "coral",
+        "echo",
+        "fable",
+        "nova",
+        "onyx",
+        "sage",
+        "shimmer",
+        "verse",
+        "marin",
+        "cedar",
+    }
+)
 # The Content-Type OpenAI answers each speech ``response_format`` with.
 SPEECH_FORMATS = {
     "mp3": "audio/mpeg",
@@ -569,12 +585,13 @@ _C = TypeVar("_C", bound=_Closable)
 
 
 class FakeLLM:
-    """An OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1.
+    """An OpenAI-compatible server on 127.0.0.1: ``/v1/chat/completions``, ``/v1/models``,
+    ``/v1/audio/transcriptions`` and ``/v1/audio/speech`` (each also without ``/v1``).
 
     Each request consumes one reply: first from the queue for its ``model``
     (see ``script_for``), then from the shared queue (``script``), else
     ``default_reply`` (``Echo()``). ``delay`` is the global latency before the
-    first byte; ``chunk_delay`` the pause between streamed chunks. ``stop()``
+    first byte (of audio answers too); ``chunk_delay`` the pause between streamed chunks. ``stop()``
     releases hanging and delayed requests (dropping their connections), so it
     returns promptly.
 
@@ -626,7 +643,8 @@ class FakeLLM:
         self._queue.extend(replies)
 
     def script_for(self, model: str, *replies: Reply) -> None:
-        """Append replies for requests whose body ``model`` equals ``model``.
+        """Append replies for requests whose body ``model`` equals ``model`` (chat, and the
+        only queue audio requests take from).
 
         A leading ``openai/`` is stripped, since litellm sends ``foo`` for ``openai/foo``.
         """
