@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import io
 import json
@@ -16,12 +17,16 @@ from typing import Any, cast
 
 import aiohttp
 import discord
+import httpx
 import pytest
 import yarl
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
+from tests.fakes import audio
 from tests.fakes.discord import (
+    IS_VOICE_MESSAGE,
+    VOICE_MESSAGE_FILENAME,
     AttachmentFile,
     FakeDiscord,
     Hang,
@@ -388,6 +393,82 @@ async def test_attachments_both_ways(fake: FakeDiscord, world: World, connect: C
     )
     assert sent.payload["attachments"] == [{"id": 0, "filename": "chart.png"}]
     assert await sent_message.attachments[0].read() == b"\x89PNG fake"
+
+
+async def test_a_voice_message_is_one_as_discord_py_sees_it(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    note = audio.ogg_opus(2.5)
+    message_id = fake.user_voice_message(world.dm, note, user_id=world.ada)
+    message = await bot.next_from_user()
+    assert message.id == message_id and message.content == ""
+    assert message.flags.voice and message.flags.value == IS_VOICE_MESSAGE
+    [attachment] = message.attachments
+    assert attachment.is_voice_message()
+    assert (attachment.filename, attachment.content_type, attachment.size) == (
+        VOICE_MESSAGE_FILENAME,
+        "audio/ogg",
+        len(note),
+    )
+    assert attachment.duration == 2.5  # read from the OGG/Opus file
+    assert attachment.waveform == bytes(25)
+    assert await attachment.read() == note
+    assert fake.downloads[-1].endswith(f"/{attachment.id}/voice-message.ogg")
+
+    fake.user_voice_message(
+        world.channel, b"OggS not parsed", duration_secs=1.5, waveform="AP8A/w=="
+    )
+    told = await bot.next_from_user()
+    [voice] = told.attachments
+    assert (voice.duration, voice.waveform) == (1.5, b"\x00\xff\x00\xff")
+    assert told.guild is not None and voice.is_voice_message()
+    with pytest.raises(ValueError, match="duration_secs is needed"):
+        fake.user_voice_message(world.dm, audio.mp3(1.0), user_id=world.ada)
+
+
+async def test_audio_attachments_are_files_not_voice_messages(
+    fake: FakeDiscord, world: World, connect: Connect
+) -> None:
+    bot = await connect()
+    memo, recording = audio.mp3(1.0), audio.ogg_opus(1.0)
+    fake.user_message(
+        world.channel,
+        "two recordings",
+        attachments=[
+            AttachmentFile("memo.mp3", memo),
+            AttachmentFile("take 2.ogg", recording, "audio/ogg; codecs=opus"),
+        ],
+    )
+    message = await bot.next_from_user()
+    first, second = message.attachments
+    assert not message.flags.voice
+    assert (first.content_type, second.content_type) == ("audio/mpeg", "audio/ogg; codecs=opus")
+    assert not first.is_voice_message() and first.duration is None and first.waveform is None
+    assert (await first.read(), await second.read()) == (memo, recording)
+    assert second.filename == "take 2.ogg"
+    fake.expire_attachment(first.id)
+    with pytest.raises(discord.NotFound):
+        await first.read()
+
+
+async def test_control_api_injects_a_voice_message(fake: FakeDiscord, world: World) -> None:
+    note = audio.ogg_opus(0.6)
+    async with httpx.AsyncClient(trust_env=False, base_url=fake.base_url) as control:
+        answer = await control.post(
+            "/_fake/user_voice_message",
+            json={
+                "channel_id": world.dm,
+                "content_base64": base64.b64encode(note).decode(),
+                "user_id": world.ada,
+            },
+        )
+    payload = fake.message(int(answer.json()["id"]))
+    assert payload["flags"] == IS_VOICE_MESSAGE
+    [attachment] = payload["attachments"]
+    assert (attachment["duration_secs"], attachment["filename"]) == (0.6, "voice-message.ogg")
+    async with httpx.AsyncClient(trust_env=False) as client:
+        assert (await client.get(attachment["url"])).content == note
 
 
 async def test_429_on_send_is_retried(fake: FakeDiscord, world: World, connect: Connect) -> None:

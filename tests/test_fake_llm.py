@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -15,12 +16,15 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.fakes import audio
 from tests.fakes.llm import (
+    SPEECH_RATE,
     AuthError,
     Call,
     ContextLengthError,
     Cut,
     Disconnect,
+    Echo,
     ErrorBody,
     FakeLLM,
     Hang,
@@ -31,7 +35,9 @@ from tests.fakes.llm import (
     Text,
     ToolCalls,
     ToolThenText,
+    TranscriptionRequest,
     reply_from_json,
+    speech_audio,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -568,3 +574,442 @@ async def test_litellm_round_trips_a_streamed_tool_call() -> None:
     assert request.model == "fake-model"
     assert request.body["stream"] is True
     assert request.tools[0]["function"]["name"] == "read_file"
+
+
+# ---- audio ------------------------------------------------------------------------------
+
+
+def _litellm() -> Any:
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    import litellm  # noqa: TID251 - the fake must satisfy the real client
+
+    return litellm
+
+
+async def _transcribe(
+    base_url: str,
+    data: bytes | None,
+    filename: str = "note.ogg",
+    content_type: str = "audio/ogg",
+    **fields: str,
+) -> httpx.Response:
+    """POST a multipart upload as the OpenAI SDK sends it (``data=None``: no file part)."""
+    parts: list[tuple[str, tuple[str | None, bytes | str, str | None]]] = [
+        (name, (None, value, None)) for name, value in fields.items()
+    ]
+    if data is not None:
+        parts.append(("file", (filename, data, content_type)))
+    async with httpx.AsyncClient(trust_env=False) as client:
+        if not parts:  # httpx sends an empty form urlencoded: force multipart
+            return await client.post(
+                f"{base_url}/audio/transcriptions",
+                content=b"--x--\r\n",
+                headers={"Content-Type": "multipart/form-data; boundary=x"},
+            )
+        return await client.post(f"{base_url}/audio/transcriptions", files=parts)
+
+
+@pytest.mark.parametrize(
+    ("model", "sent_as", "response_format"),
+    [  # litellm asks whisper-1 for verbose_json (for the duration its price needs)
+        ("openai/whisper-1", "whisper-1", "verbose_json"),
+        ("openai/gpt-4o-mini-transcribe", "gpt-4o-mini-transcribe", "json"),
+        ("groq/whisper-large-v3", "whisper-large-v3", "json"),
+        ("hosted_vllm/Systran/faster-whisper-small", "Systran/faster-whisper-small", "json"),
+    ],
+)
+async def test_litellm_transcribes_an_upload_by_its_digest(
+    model: str, sent_as: str, response_format: str
+) -> None:
+    litellm = _litellm()
+    note = audio.ogg_opus(2.4)
+    async with FakeLLM() as fake:
+        key = fake.add_transcript(note, "hello there")
+        response = await litellm.atranscription(
+            model=model,
+            file=("voice.oga", note, "audio/ogg"),
+            api_base=fake.base_url,
+            api_key="sk-audio",
+            language="en",
+            prompt="names: Ada",
+            max_retries=0,
+        )
+    assert response.text == "hello there"
+    assert key == audio.digest(note)
+    [asked] = fake.audio_requests
+    assert isinstance(asked, TranscriptionRequest)
+    assert (asked.path, asked.model) == ("/v1/audio/transcriptions", sent_as)
+    assert (asked.filename, asked.content_type, asked.size) == ("voice.oga", "audio/ogg", len(note))
+    assert (asked.sha256, asked.data) == (key, note)
+    assert (asked.language, asked.prompt) == ("en", "names: Ada")
+    assert asked.response_format == response_format
+    assert asked.headers["Authorization"] == "Bearer sk-audio"
+    assert fake.requests == [] and fake.request_count == 0  # the chat record is apart
+
+
+async def test_litellm_reads_the_duration_of_a_verbose_transcription() -> None:
+    litellm = _litellm()
+    tone = audio.wav(1.25)
+    async with FakeLLM() as fake:
+        fake.add_transcript(tone, "a short tone")
+        verbose = await litellm.atranscription(
+            model="openai/whisper-1",
+            file=("tone.wav", tone, "audio/wav"),
+            api_base=fake.base_url,
+            api_key="k",
+            response_format="verbose_json",
+            language="de",
+            max_retries=0,
+        )
+        text = await litellm.atranscription(
+            model="openai/whisper-1",
+            file=("tone.wav", tone, "audio/wav"),
+            api_base=fake.base_url,
+            api_key="k",
+            response_format="text",
+            max_retries=0,
+        )
+    assert (verbose.text, verbose.duration, verbose.language) == ("a short tone", 1.25, "german")
+    assert text.text.strip() == "a short tone"
+    assert [r.response_format for r in fake.transcription_requests] == ["verbose_json", "text"]
+
+
+async def test_each_response_format_has_openai_shape() -> None:
+    note = audio.ogg_opus(3.5)
+    async with FakeLLM() as fake:
+        fake.add_transcript(note, "one two three four")
+        answers = {
+            fmt: await _transcribe(fake.base_url, note, model="whisper-1", response_format=fmt)
+            for fmt in ("json", "text", "srt", "vtt")
+        }
+        async with httpx.AsyncClient(trust_env=False) as client:
+            words = await client.post(
+                f"{fake.base_url}/audio/transcriptions",
+                data={
+                    "model": "whisper-1",
+                    "response_format": "verbose_json",
+                    "timestamp_granularities[]": ["word", "segment"],
+                },
+                files={"file": ("note.ogg", note, "audio/ogg")},
+            )
+    assert answers["json"].json() == {
+        "text": "one two three four",
+        "usage": {"type": "duration", "seconds": 4},
+    }
+    assert answers["text"].headers["content-type"].startswith("text/plain")
+    assert answers["text"].text == "one two three four\n"
+    assert answers["srt"].text == "1\n00:00:00,000 --> 00:00:03,500\none two three four\n\n"
+    assert answers["vtt"].text.startswith("WEBVTT\n\n00:00:00.000 --> 00:00:03.500\none two")
+    verbose = words.json()
+    assert verbose["duration"] == 3.5 and verbose["task"] == "transcribe"
+    assert [w["word"] for w in verbose["words"]] == ["one", "two", "three", "four"]
+    assert verbose["words"][-1]["end"] == 3.5
+    assert verbose["segments"][0]["end"] == 3.5
+    assert fake.transcription_requests[-1].fields.count(("timestamp_granularities[]", "word")) == 1
+
+
+async def test_an_unknown_audio_is_refused_unless_a_default_is_set() -> None:
+    known, other = audio.wav(0.2), audio.wav(0.3)
+    async with FakeLLM() as fake:
+        fake.add_transcript(known, "known")
+        refused = await _transcribe(fake.base_url, other, "a.wav", "audio/wav", model="m")
+        fake.default_transcript = "anything"
+        default = await _transcribe(fake.base_url, other, "a.wav", "audio/wav", model="m")
+        still_known = await _transcribe(fake.base_url, known, "a.wav", "audio/wav", model="m")
+    assert refused.status_code == 400
+    assert refused.json()["error"] == {
+        "message": "Audio file might be corrupted or unsupported",
+        "type": "invalid_request_error",
+        "param": "file",
+        "code": "invalid_value",
+    }
+    assert default.json()["text"] == "anything"
+    assert still_known.json()["text"] == "known"
+    assert len(fake.audio_requests) == 3  # a valid request is kept though it was refused
+
+
+async def test_a_request_openai_refuses_is_answered_with_its_error_and_not_kept() -> None:
+    note = audio.ogg_opus(1.0)
+    async with FakeLLM() as fake:
+        fake.max_audio_bytes = len(note) - 1
+        no_file = await _transcribe(fake.base_url, None, model="whisper-1")
+        no_model = await _transcribe(fake.base_url, note)
+        neither = await _transcribe(fake.base_url, None)
+        too_big = await _transcribe(fake.base_url, note, model="whisper-1")
+        fake.max_audio_bytes = 10**6
+        as_json = await _post(fake.base_url, {"model": "whisper-1"}, "/audio/transcriptions")
+        not_audio = await _transcribe(fake.base_url, note, "note.txt", "text/plain", model="m")
+        language = await _transcribe(fake.base_url, note, model="m", language="English")
+        response_format = await _transcribe(fake.base_url, note, model="m", response_format="xml")
+        async with httpx.AsyncClient(trust_env=False) as client:
+            file_as_text = await client.post(
+                f"{fake.base_url}/audio/transcriptions",
+                files={"model": (None, "m"), "file": (None, "not a file")},
+            )
+        fake.audio_formats = None  # a local whisper server takes any name
+        fake.default_transcript = "ok"
+        any_name = await _transcribe(fake.base_url, note, "note.txt", "text/plain", model="m")
+    missing = "field required (type=value_error.missing)"
+    assert no_file.status_code == no_model.status_code == neither.status_code == 400
+    assert no_file.json()["error"]["message"] == (
+        f"1 validation error for Request\nbody -> file\n  {missing}"
+    )
+    assert no_model.json()["error"]["message"].endswith(f"body -> model\n  {missing}")
+    assert neither.json()["error"]["message"].startswith("2 validation errors for Request")
+    assert too_big.status_code == 413
+    assert too_big.json()["error"]["message"].startswith(
+        f"Maximum content size limit ({len(note) - 1}) exceeded ("
+    )
+    assert as_json.status_code == 400
+    assert "expected multipart/form-data" in as_json.json()["error"]["message"]
+    assert not_audio.status_code == 400
+    assert not_audio.json()["error"]["message"].startswith(
+        "Invalid file format. Supported formats: ['flac', 'm4a', 'mp3', 'mp4', 'mpeg', 'mpga', "
+        "'oga', 'ogg', 'wav', 'webm']"
+    )
+    assert (language.status_code, language.json()["error"]["param"]) == (400, "language")
+    assert response_format.json()["error"]["param"] == "response_format"
+    assert "Expected UploadFile" in file_as_text.json()["error"]["message"]
+    assert any_name.json()["text"] == "ok"
+    assert [r.filename for r in fake.transcription_requests] == ["note.txt"]
+    assert all(
+        r.json()["error"]["type"] in ("invalid_request_error", "server_error")
+        for r in (no_file, too_big, as_json, not_audio, language, response_format)
+    )
+
+
+async def test_audio_faults_come_from_the_models_queue_not_the_chat_queue() -> None:
+    litellm = _litellm()
+    tone = audio.wav(0.5)
+    async with FakeLLM() as fake:
+        fake.add_transcript(tone, "from the table")
+        fake.script(Text("for the chat"))
+        fake.script_for("openai/whisper-1", RateLimit(2.5), ServerError(503), Text("scripted"))
+        statuses = []
+        for _ in range(2):
+            answer = await _transcribe(fake.base_url, tone, "t.wav", model="whisper-1")
+            statuses.append((answer.status_code, answer.headers.get("retry-after")))
+        scripted = await _transcribe(fake.base_url, tone, "t.wav", model="whisper-1")
+        tabled = await _transcribe(fake.base_url, tone, "t.wav", model="whisper-1")
+        fake.script_for("whisper-1", RateLimit(1))
+        with pytest.raises(litellm.RateLimitError):
+            await litellm.atranscription(
+                model="openai/whisper-1",
+                file=("t.wav", tone, "audio/wav"),
+                api_base=fake.base_url,
+                api_key="k",
+                max_retries=0,
+            )
+        chat = (await _post(fake.base_url, _request())).json()
+    assert statuses == [(429, "3"), (503, None)]
+    assert scripted.json()["text"] == "scripted"
+    assert tabled.json()["text"] == "from the table"
+    assert chat["choices"][0]["message"]["content"] == "for the chat"
+    assert fake.pending == 0
+
+
+async def test_a_hanging_transcription_is_released_by_stop() -> None:
+    note = audio.ogg_opus(0.5)
+    fake = FakeLLM()
+    await fake.start()
+    fake.add_transcript(note, "never")
+    fake.script_for("whisper-1", Hang())
+    pending = asyncio.create_task(_transcribe(fake.base_url, note, model="whisper-1"))
+    await fake.wait_for_audio_requests(1)
+    await asyncio.wait_for(fake.stop(), 5)
+    with pytest.raises(httpx.RemoteProtocolError):
+        await asyncio.wait_for(pending, 5)
+
+
+async def test_delayed_and_broken_audio_answers() -> None:
+    note = audio.ogg_opus(0.5)
+    async with FakeLLM() as fake:
+        fake.add_transcript(note, "late but whole")
+        fake.script_for("whisper-1", Echo(delay=0.3), Disconnect(), Cut())
+        started = time.monotonic()
+        late = await _transcribe(fake.base_url, note, model="whisper-1")
+        waited = time.monotonic() - started
+        with pytest.raises(httpx.RemoteProtocolError):
+            await _transcribe(fake.base_url, note, model="whisper-1")
+        cut = await _transcribe(fake.base_url, note, model="whisper-1")
+    assert late.json()["text"] == "late but whole" and waited >= 0.3
+    assert cut.status_code == 200
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(cut.content)
+
+
+@pytest.mark.parametrize(
+    ("response_format", "content_type"),
+    [
+        ("opus", "audio/opus"),
+        ("mp3", "audio/mpeg"),
+        ("wav", "audio/wav"),
+        ("pcm", "audio/pcm"),
+        ("flac", "audio/flac"),
+        ("aac", "audio/aac"),
+    ],
+)
+async def test_litellm_speech_answers_audio_of_the_format_asked(
+    response_format: str, content_type: str
+) -> None:
+    litellm = _litellm()
+    text = "Here is the weather for today."
+    async with FakeLLM() as fake:
+        spoken = await litellm.aspeech(
+            model="openai/tts-1",
+            input=text,
+            voice="alloy",
+            response_format=response_format,
+            api_base=fake.base_url,
+            api_key="sk-tts",
+            max_retries=0,
+        )
+    assert spoken.response.headers["content-type"] == content_type
+    assert spoken.content == speech_audio(text, response_format)
+    [asked] = fake.speech_requests
+    assert (asked.path, asked.model, asked.input, asked.voice) == (
+        "/v1/audio/speech",
+        "tts-1",
+        text,
+        "alloy",
+    )
+    assert asked.response_format == response_format
+    assert asked.headers["Authorization"] == "Bearer sk-tts"
+    seconds = len(text) / SPEECH_RATE
+    magic = {
+        "opus": b"OggS",
+        "wav": b"RIFF",
+        "flac": b"fLaC",
+        "mp3": b"\xff\xfb",
+        "aac": b"\xff\xf1",
+    }
+    assert spoken.content.startswith(magic.get(response_format, b""))
+    if response_format in ("opus", "wav"):
+        assert audio.duration(spoken.content) == pytest.approx(seconds, abs=0.02)
+    if response_format == "pcm":  # 24 kHz, 16-bit, mono, no header
+        assert len(spoken.content) == 2 * round(seconds * 24_000)
+
+
+def test_speech_depends_on_the_text_and_the_speed() -> None:
+    normal = audio.duration(speech_audio("same length!", "opus"))
+    slow = audio.duration(speech_audio("same length!", "opus", speed=0.5))
+    assert normal is not None and slow == pytest.approx(2 * normal, abs=0.02)
+    assert speech_audio("same length!", "opus") != speech_audio("other words!", "opus")
+    assert speech_audio("same length!", "wav") != speech_audio("other words!", "wav")
+    assert audio.duration(speech_audio("", "wav")) == 0.2  # never empty
+
+
+async def test_speech_requests_openai_refuses() -> None:
+    base: JSON = {"model": "tts-1", "input": "hi", "voice": "alloy"}
+    async with FakeLLM() as fake:
+        answers = {
+            "no voice": await _post(
+                fake.base_url, {"model": "tts-1", "input": "hi"}, "/audio/speech"
+            ),
+            "voice": await _post(fake.base_url, {**base, "voice": "bob"}, "/audio/speech"),
+            "format": await _post(
+                fake.base_url, {**base, "response_format": "ogg"}, "/audio/speech"
+            ),
+            "speed": await _post(fake.base_url, {**base, "speed": 5}, "/audio/speech"),
+            "input": await _post(fake.base_url, {**base, "input": "x" * 4097}, "/audio/speech"),
+        }
+        fake.voices = None
+        local_voice = await _post(fake.base_url, {**base, "voice": "af_bella"}, "/audio/speech")
+    errors = {name: answer.json()["error"] for name, answer in answers.items()}
+    assert all(answer.status_code == 400 for answer in answers.values())
+    assert errors["no voice"]["message"] == "Missing required parameter: 'voice'."
+    assert {name: e["param"] for name, e in errors.items()} == {
+        "no voice": "voice",
+        "voice": "voice",
+        "format": "response_format",
+        "speed": "speed",
+        "input": "input",
+    }
+    assert errors["format"]["message"] == (
+        "Invalid value: 'ogg'. Supported values are: 'mp3', 'opus', 'aac', 'flac', 'wav', "
+        "and 'pcm'."
+    )
+    assert errors["input"]["code"] == "string_above_max_length"
+    assert local_voice.status_code == 200
+    assert local_voice.headers["content-type"] == "audio/mpeg"
+    assert [r.voice for r in fake.speech_requests] == ["af_bella"]
+
+
+async def test_speech_faults_and_litellm_errors() -> None:
+    litellm = _litellm()
+    async with FakeLLM() as fake:
+        fake.script_for("tts-1", ServerError(500), AuthError())
+        with pytest.raises(litellm.InternalServerError):
+            await litellm.aspeech(
+                model="openai/tts-1",
+                input="hi",
+                voice="alloy",
+                api_base=fake.base_url,
+                api_key="k",
+                max_retries=0,
+            )
+        with pytest.raises(litellm.AuthenticationError):
+            await litellm.aspeech(
+                model="openai/tts-1",
+                input="hi",
+                voice="alloy",
+                api_base=fake.base_url,
+                api_key="bad",
+                max_retries=0,
+            )
+    assert [r.input for r in fake.speech_requests] == ["hi", "hi"]
+
+
+async def test_audio_control_api_and_script_file() -> None:
+    note, other = audio.ogg_opus(0.4), audio.ogg_opus(0.6)
+    async with FakeLLM() as fake:
+        fake.load_script(
+            {"transcripts": {audio.digest(note): "from the script"}, "default_transcript": "?"}
+        )
+        root = fake.base_url.removesuffix("/v1")
+        async with httpx.AsyncClient(trust_env=False) as client:
+            added = await client.post(
+                f"{root}/_fake/transcripts",
+                json={"content_base64": base64.b64encode(other).decode(), "text": "posted"},
+            )
+            await client.post(
+                f"{root}/_fake/transcripts", json={"sha256": "ab" * 32, "text": "by hash"}
+            )
+        first = await _transcribe(fake.base_url, note, model="whisper-1")
+        second = await _transcribe(fake.base_url, other, model="whisper-1")
+        unknown = await _transcribe(fake.base_url, b"OggS?", model="whisper-1")
+        await _post(
+            fake.base_url, {"model": "tts-1", "input": "hi", "voice": "nova"}, "/audio/speech"
+        )
+        async with httpx.AsyncClient(trust_env=False) as client:
+            listed = (await client.get(f"{root}/_fake/audio_requests")).json()
+    assert added.json() == {"sha256": audio.digest(other)}
+    assert fake.transcripts["ab" * 32] == "by hash"
+    assert [a.json()["text"] for a in (first, second, unknown)] == [
+        "from the script",
+        "posted",
+        "?",
+    ]
+    assert [r["kind"] for r in listed] == ["transcription"] * 3 + ["speech"]
+    assert listed[0]["sha256"] == audio.digest(note) and listed[0]["size"] == len(note)
+    assert listed[0]["fields"] == [["model", "whisper-1"]]
+    assert listed[3]["body"]["voice"] == "nova"
+
+
+async def test_the_gpt_4o_models_take_json_or_text_and_count_tokens() -> None:
+    note = audio.ogg_opus(2.0)
+    async with FakeLLM() as fake:
+        fake.add_transcript(note, "spoken words")
+        model = "gpt-4o-mini-transcribe"
+        verbose = await _transcribe(
+            fake.base_url, note, model=model, response_format="verbose_json"
+        )
+        plain = await _transcribe(fake.base_url, note, model=model)
+    assert verbose.status_code == 400
+    assert verbose.json()["error"]["message"] == (
+        "response_format 'verbose_json' is not compatible with model 'gpt-4o-mini-transcribe'. "
+        "Use 'json' or 'text' instead."
+    )
+    usage = plain.json()["usage"]
+    assert usage["type"] == "tokens" and usage["input_token_details"]["audio_tokens"] == 20
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dtm
 import json
 import signal
@@ -40,6 +41,7 @@ from telegram.ext import (
     filters,
 )
 
+from tests.fakes import audio
 from tests.fakes._telegram_html import HtmlError, parse_html, utf16_len
 from tests.fakes.telegram import (
     DEFAULT_TOKEN,
@@ -341,6 +343,135 @@ async def test_user_files_download_through_get_file(bot: Bot, fake: FakeTelegram
     assert await (await bot.get_file(voice.file_id)).download_as_bytearray() == b"OggS"
     with pytest.raises(BadRequest, match="Invalid file_id"):
         await bot.get_file("nope")
+
+
+async def test_voice_audio_and_video_notes_as_clients_send_them(
+    bot: Bot, fake: FakeTelegram, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTB_TIMEDELTA", "true")  # durations as timedelta, without a warning
+    note, song = audio.ogg_opus(2.0), audio.mp3(1.0)
+    fake.user_voice(CHAT, content=note, duration=2, caption="listen /now", user_id=CHAT)
+    [update] = await bot.get_updates(timeout=2)
+    assert filters.VOICE.check_update(update) and not filters.AUDIO.check_update(update)
+    assert filters.CAPTION.check_update(update)
+    voice = update.effective_message.voice if update.effective_message else None
+    assert voice is not None and update.effective_message is not None
+    assert (voice.duration, voice.mime_type, voice.file_size) == (
+        dtm.timedelta(seconds=2),
+        "audio/ogg",
+        len(note),
+    )
+    assert update.effective_message.caption == "listen /now"
+    assert [e.type for e in update.effective_message.caption_entities] == ["bot_command"]
+    voice_file = await bot.get_file(voice.file_id)
+    assert str(voice_file.file_path).endswith("/voice/file_0.oga")  # PTB: the whole URL
+    assert await voice_file.download_as_bytearray() == note
+    await bot.get_updates(offset=update.update_id + 1, timeout=0)
+
+    fake.user_audio(
+        CHAT,
+        content=song,
+        filename="tune.mp3",
+        duration=1,
+        performer="Ada",
+        title="Tune",
+        caption="a song",
+        user_id=CHAT,
+    )
+    message = await next_message(bot)
+    track = message.audio
+    assert track is not None and message.voice is None
+    assert (track.file_name, track.mime_type, track.performer, track.title) == (
+        "tune.mp3",
+        "audio/mpeg",
+        "Ada",
+        "Tune",
+    )
+    assert (track.duration, track.file_size, message.caption) == (
+        dtm.timedelta(seconds=1),
+        len(song),
+        "a song",
+    )
+    track_file = await bot.get_file(track.file_id)
+    assert str(track_file.file_path).endswith("/music/file_1.mp3")
+    assert await track_file.download_as_bytearray() == song
+
+    clip = b"\x00\x00\x00\x18ftypmp42 a round video"
+    fake.user_video_note(CHAT, content=clip, duration=3, length=240, user_id=CHAT)
+    [update] = await bot.get_updates(timeout=2)
+    assert filters.VIDEO_NOTE.check_update(update)
+    assert update.message is not None
+    video_note = update.message.video_note
+    assert video_note is not None and update.message.caption is None
+    assert (video_note.length, video_note.duration, video_note.file_size) == (
+        240,
+        dtm.timedelta(seconds=3),
+        len(clip),
+    )
+    note_file = await bot.get_file(video_note.file_id)
+    assert str(note_file.file_path).endswith("/video_notes/file_2.mp4")
+    assert await note_file.download_as_bytearray() == clip
+    assert len({voice.file_id, track.file_id, video_note.file_id}) == 3
+
+
+async def test_get_file_refuses_a_file_telegram_declares_over_20_mb(
+    bot: Bot, fake: FakeTelegram
+) -> None:
+    limit = 20 * 1024 * 1024
+    fake.user_document(
+        CHAT, filename="huge.pdf", content=b"%PDF-1.7", file_size=limit + 1, user_id=CHAT
+    )
+    document = (await next_message(bot)).document
+    assert document is not None and document.file_size == limit + 1
+    with pytest.raises(BadRequest, match="File is too big"):
+        await bot.get_file(document.file_id)
+    fake.user_voice(CHAT, content=audio.ogg_opus(1.0), file_size=limit, user_id=CHAT)
+    voice = (await next_message(bot)).voice
+    assert voice is not None and voice.file_size == limit
+    at_limit = await bot.get_file(voice.file_id)  # 20 MB itself is given
+    assert at_limit.file_size == limit
+    assert [c.method for c in fake.requests].count("getFile") == 2
+
+
+async def test_send_voice_reads_the_duration_of_an_ogg_opus_file(
+    bot: Bot, fake: FakeTelegram, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTB_TIMEDELTA", "true")
+    spoken = audio.ogg_opus(3.0)
+    read = await bot.send_voice(CHAT, voice=spoken, caption="<i>said</i>", parse_mode="HTML")
+    told = await bot.send_voice(CHAT, voice=spoken, duration=7)
+    unknown = await bot.send_voice(CHAT, voice=b"not audio")
+    assert read.voice is not None and told.voice is not None and unknown.voice is not None
+    assert read.voice.duration == dtm.timedelta(seconds=3)
+    assert told.voice.duration == dtm.timedelta(seconds=7)
+    assert unknown.voice.duration == dtm.timedelta(seconds=1)
+    first, *_ = fake.sent(CHAT)
+    assert first.method == "sendVoice" and first.visible == "said"
+    assert first.file is not None and first.file.content == spoken
+
+
+async def test_control_api_injects_audio_and_video_notes(fake: FakeTelegram, bot: Bot) -> None:
+    song = audio.mp3(0.5)
+    async with httpx.AsyncClient(trust_env=False, base_url=fake.base_url) as control:
+        injected = await control.post(
+            "/_fake/user_audio",
+            json={
+                "chat_id": CHAT,
+                "content_base64": base64.b64encode(song).decode(),
+                "filename": "clip.mp3",
+                "user_id": CHAT,
+            },
+        )
+        await control.post(
+            "/_fake/user_video_note",
+            json={"chat_id": CHAT, "content_base64": "AAAA", "length": 100, "user_id": CHAT},
+        )
+    first, second = await bot.get_updates(timeout=2)
+    assert first.update_id == injected.json()["update_id"]
+    assert first.message is not None and first.message.audio is not None
+    assert await (await bot.get_file(first.message.audio.file_id)).download_as_bytearray() == song
+    assert second.message is not None and second.message.video_note is not None
+    assert second.message.video_note.length == 100
 
 
 async def test_uploads_are_recorded(bot: Bot, fake: FakeTelegram) -> None:

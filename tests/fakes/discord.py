@@ -17,7 +17,9 @@ calls it), ``GET /gateway[/bot]``, ``GET /channels/{id}``, ``GET|POST
 /channels/{id}/messages``, ``GET|PATCH|DELETE /channels/{id}/messages/{mid}``,
 ``POST /channels/{id}/typing``, ``PUT|DELETE .../reactions/{emoji}/@me``; any other
 API path answers Discord's 404 and is listed in ``unhandled``. Attachments are
-served at ``/attachments/{channel}/{id}/{filename}``, like Discord's CDN.
+served at ``/attachments/{channel}/{id}/{filename}``, like Discord's CDN; a user's voice
+message (``user_voice_message``) is an OGG/Opus attachment with ``duration_secs`` and
+``waveform`` on a message flagged ``IS_VOICE_MESSAGE``, as Discord's clients send it.
 
 Message components: ``components`` (action rows of buttons) are validated on create and
 edit as Discord does (50035 with the field's path: ``custom_id`` 1-100 characters and unique,
@@ -49,9 +51,10 @@ back as MESSAGE_CREATE (``echo_own_messages``), as on Discord.
 Standalone: ``python -m tests.fakes.discord --port 0 --guild home --channel general``
 prints one JSON line (``api_base``, ``gateway_url``, ``bot_user_id``, ``guild_id``,
 ``channels``) and serves until SIGTERM. ``POST /_fake/user_message`` takes
-``user_message``'s arguments as JSON and returns ``{"id": ...}``; ``GET /_fake/sent``
-lists the bot's messages; ``GET /_fake/state`` the guilds, channels and sessions;
-``POST /_fake/click`` takes ``{"message_id", "custom_id", "user_id"|"username"}`` and
+``user_message``'s arguments as JSON and returns ``{"id": ...}`` (``POST
+/_fake/user_voice_message`` ``user_voice_message``'s, the audio as ``content_base64``);
+``GET /_fake/sent`` lists the bot's messages; ``GET /_fake/state`` the guilds, channels and
+sessions; ``POST /_fake/click`` takes ``{"message_id", "custom_id", "user_id"|"username"}`` and
 returns the interaction's ``{"id", "token"}``; ``GET /_fake/interactions`` lists the clicks
 and their answers; ``POST /_fake/advance_clock`` takes ``{"seconds"}``.
 """
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import copy
 import fnmatch
@@ -79,9 +83,12 @@ from urllib.parse import quote
 from aiohttp import web
 
 from tests.fakes import _discord_payloads as p
+from tests.fakes import audio
 from tests.fakes._discord_payloads import JSON, User
 
 __all__ = [
+    "IS_VOICE_MESSAGE",
+    "VOICE_MESSAGE_FILENAME",
     "AttachmentFile",
     "FakeDiscord",
     "Fault",
@@ -102,6 +109,8 @@ __all__ = [
 
 API_PREFIX = "/api/v10"
 MAX_CONTENT = 2000
+IS_VOICE_MESSAGE = 1 << 13  # message flag
+VOICE_MESSAGE_FILENAME = "voice-message.ogg"  # what Discord's clients upload
 USER_MENTION = re.compile(r"<@!?(\d+)>")
 ROLE_MENTION = re.compile(r"<@&(\d+)>")
 # Interaction callbacks and webhook calls: authorised by the token in the path, not a bot token
@@ -163,11 +172,18 @@ class Garbled(Fault):
 
 @dataclass(frozen=True)
 class AttachmentFile:
-    """A file a user attaches to an injected message (``content_type`` guessed if None)."""
+    """A file a user attaches to an injected message (``content_type`` guessed if None).
+
+    A voice message's one attachment also has ``duration_secs`` and ``waveform`` (base64 of
+    up to 256 amplitudes, 0-255); discord.py's ``Attachment.is_voice_message()`` is true
+    when both are set. ``FakeDiscord.user_voice_message`` makes the whole message.
+    """
 
     filename: str
     data: bytes
     content_type: str | None = None
+    duration_secs: float | None = None
+    waveform: str | None = None
 
 
 @dataclass(frozen=True)
@@ -423,6 +439,12 @@ def _error(status: int, code: int, message: str) -> web.Response:
     return _json(p.error_body(code, message), status)
 
 
+def _voice_fields(attachment: AttachmentFile) -> JSON:
+    """The payload fields a voice message's attachment has beyond a file's."""
+    fields = {"duration_secs": attachment.duration_secs, "waveform": attachment.waveform}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(value)
@@ -491,6 +513,7 @@ class FakeDiscord:
         self._messages: dict[int, _Stored] = {}
         self._sent: list[SentMessage] = []
         self._files: dict[int, tuple[str, bytes, str | None, int]] = {}  # + channel id
+        self._file_extras: dict[int, JSON] = {}  # attachment id -> more of its payload
         self._faults: list[_FaultRule] = []
         self._bodies: dict[int, _Body] = {}  # id(request) -> parsed body, while it is served
         self._inflight: set[asyncio.Future[None]] = set()
@@ -555,6 +578,7 @@ class FakeDiscord:
             r.add_get(f"{prefix}/{{channel_id}}/{{attachment_id}}/{{filename}}", self._download)
         r.add_get("/gateway", self._gateway)
         r.add_post("/_fake/user_message", self._control_user_message)
+        r.add_post("/_fake/user_voice_message", self._control_user_voice_message)
         r.add_get("/_fake/sent", self._control_sent)
         r.add_get("/_fake/state", self._control_state)
         r.add_post("/_fake/click", self._control_click)
@@ -682,6 +706,7 @@ class FakeDiscord:
         reply_to: int | None = None,
         reply_ping: bool = True,
         attachments: Sequence[AttachmentFile] | None = None,
+        flags: int = 0,
     ) -> int:
         """A message from a user: dispatched as MESSAGE_CREATE to every session; returns its id.
 
@@ -690,6 +715,8 @@ class FakeDiscord:
         ``<@id>``/``<@&id>`` in the content fill ``mentions``/``mention_roles``. ``reply_to``
         makes a reply (type 19 with ``message_reference`` and ``referenced_message``);
         ``reply_ping`` also mentions the replied-to author, as Discord clients do by default.
+        Each attachment is served at its ``url`` (``Attachment.read()``); ``flags`` are the
+        message's flags (``IS_VOICE_MESSAGE``).
         """
         channel = self._channels[channel_id]
         author_id = user_id if user_id is not None else self.add_user(username)
@@ -712,7 +739,7 @@ class FakeDiscord:
         role_ids = self._mentioned_roles(content, channel.guild_id)
         message_id = self._ids.next()
         files = [
-            self._store_file(channel_id, a.filename, a.data, a.content_type)
+            self._store_file(channel_id, a.filename, a.data, a.content_type, _voice_fields(a))
             for a in attachments or ()
         ]
         payload = p.message_payload(
@@ -726,10 +753,49 @@ class FakeDiscord:
             attachments=[self._attachment_payload(f) for f in files],
             message_reference=reference,
             referenced_message=referenced,
+            flags=flags,
         )
         self._record(payload, channel, author_id)
         self._dispatch_message("MESSAGE_CREATE", payload, channel)
         return message_id
+
+    def user_voice_message(
+        self,
+        channel_id: int,
+        data: bytes,
+        *,
+        duration_secs: float | None = None,
+        waveform: str | None = None,
+        user_id: int | None = None,
+        username: str = "ada",
+        reply_to: int | None = None,
+    ) -> int:
+        """A voice message as Discord's clients send it: no content, flags
+        ``IS_VOICE_MESSAGE``, one ``audio/ogg`` attachment named ``voice-message.ogg`` with
+        ``duration_secs`` (default: read from the OGG/Opus ``data``, see ``audio.duration``)
+        and ``waveform`` (default: one zero amplitude per 100 ms, at most 256). Returns the
+        message's id; the rest as ``user_message``."""
+        seconds = audio.duration(data) if duration_secs is None else duration_secs
+        if seconds is None:
+            raise ValueError("duration_secs is needed for audio that is not OGG/Opus")
+        if waveform is None:
+            waveform = base64.b64encode(bytes(min(256, max(1, round(seconds * 10))))).decode()
+        voice = AttachmentFile(VOICE_MESSAGE_FILENAME, data, "audio/ogg", seconds, waveform)
+        return self.user_message(
+            channel_id,
+            "",
+            user_id=user_id,
+            username=username,
+            reply_to=reply_to,
+            reply_ping=False,
+            attachments=[voice],
+            flags=IS_VOICE_MESSAGE,
+        )
+
+    def expire_attachment(self, attachment_id: int) -> None:
+        """From now on the CDN answers 404 "This content is no longer available." for the
+        attachment, as Discord's does for an expired or deleted one."""
+        self._files.pop(attachment_id, None)
 
     # ------------------------------------------------------------------ clicking
 
@@ -997,11 +1063,18 @@ class FakeDiscord:
         return {k: v for k, v in stored.payload.items() if k != "referenced_message"}
 
     def _store_file(
-        self, channel_id: int, filename: str, data: bytes, content_type: str | None
+        self,
+        channel_id: int,
+        filename: str,
+        data: bytes,
+        content_type: str | None,
+        extra: JSON | None = None,
     ) -> int:
         attachment_id = self._ids.next()
         kind = content_type or mimetypes.guess_type(filename)[0]
         self._files[attachment_id] = (filename, data, kind, channel_id)
+        if extra:
+            self._file_extras[attachment_id] = extra
         return attachment_id
 
     def _attachment_url(self, attachment_id: int, media: bool = False) -> str:
@@ -1020,7 +1093,7 @@ class FakeDiscord:
         )
         if description is not None:
             payload["description"] = description
-        return payload
+        return payload | self._file_extras.get(attachment_id, {})
 
     def _record(
         self, payload: JSON, channel: p.Channel, author_id: int, ephemeral_to: int | None = None
@@ -1952,6 +2025,14 @@ class FakeDiscord:
             k: body[k] for k in ("user_id", "username", "mentions_bot", "reply_to") if k in body
         }
         message_id = self.user_message(int(body["channel_id"]), str(body["content"]), **options)
+        return web.json_response({"id": str(message_id)})
+
+    async def _control_user_voice_message(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        names = ("duration_secs", "waveform", "user_id", "username", "reply_to")
+        options = {k: body[k] for k in names if k in body}
+        data = base64.b64decode(body["content_base64"])
+        message_id = self.user_voice_message(int(body["channel_id"]), data, **options)
         return web.json_response({"id": str(message_id)})
 
     async def _control_sent(self, request: web.Request) -> web.Response:

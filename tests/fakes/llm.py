@@ -13,20 +13,50 @@ replies or ``{"replies": [...], "models": {"name": [...]}, "default": {...}}``; 
 is ``{"type": "<class name>", **fields}``, e.g. ``{"type": "Text", "content": "hi"}``.
 ``POST /_fake/script`` takes ``{"replies": [...], "model"?: ...}``; ``GET
 /_fake/requests`` lists the recorded requests (path, body, headers, received_at).
+
+Audio, as OpenAI serves it (litellm's ``atranscription``/``aspeech`` with ``openai/``,
+``groq/``, ``hosted_vllm/`` and the other OpenAI-compatible providers send exactly this)::
+
+    fake.add_transcript(voice_note_bytes, "hello there")  # keyed by the bytes' sha256
+    # litellm.atranscription(model="openai/whisper-1", file=("v.ogg", data, "audio/ogg"),
+    #                        api_base=fake.base_url, api_key="k")  -> .text == "hello there"
+    fake.script_for("whisper-1", RateLimit(2))  # faults for audio are scripted per model
+
+``POST /audio/transcriptions`` takes OpenAI's multipart upload (``file`` with a filename,
+``model``, optional ``language``, ``prompt``, ``response_format`` json|text|srt|
+verbose_json|vtt, ``timestamp_granularities[]``, ``temperature``), refuses what OpenAI
+refuses with its error bodies (no file or model, a file over 25 MB, a file name whose
+extension is not an audio format, a malformed language, a format other than json or text
+for the ``gpt-4o`` models) and answers the text the upload's sha256 is mapped to in
+``transcripts`` (else ``default_transcript``; if None, OpenAI's 400 for an audio it cannot
+decode), with the audio's duration read from a WAV or OGG/Opus file. A ``Text`` reply
+scripted for the model answers its content instead; ``Echo(delay=...)`` answers from the
+table, late.
+``POST /audio/speech`` takes ``{model, input, voice, response_format?, speed?}`` and
+answers ``speech_audio(input, ...)`` with OpenAI's Content-Type (``opus``: a real OGG/Opus
+file). Both are recorded in ``audio_requests``, not in ``requests``; both take their faults
+and delays from the queue of their model (``script_for``), never from the shared queue of
+the chat replies. ``POST /_fake/transcripts`` takes ``{"text", "sha256" | "content_base64"}``,
+``GET /_fake/audio_requests`` lists the audio requests; a script file may hold
+``"transcripts": {sha256: text}`` and ``"default_transcript"``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import functools
+import io
 import json
 import math
 import re
 import signal
+import struct
 import time
 import uuid
+import wave
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +66,8 @@ from typing import Any, Protocol, Self, TypeVar
 import msgspec
 import orjson
 from aiohttp import web
+
+from tests.fakes import audio
 
 JSON = dict[str, Any]
 CONTEXT_LENGTH_MESSAGE = (
@@ -241,8 +273,16 @@ class _Head(msgspec.Struct):
 _HEAD = msgspec.json.Decoder(_Head)
 
 
-def _error(status: int, message: str, type_: str, code: str | None, **headers: str) -> web.Response:
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+def _error(
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None,
+    *,
+    param: str | None = None,
+    **headers: str,
+) -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -272,6 +312,231 @@ def _fault(reply: Reply, request: web.Request) -> web.Response | None:
             )
             return _error(401, msg, "invalid_request_error", "invalid_api_key")
     return None
+
+
+# ---- audio: /audio/transcriptions and /audio/speech ------------------------------------
+
+TRANSCRIPTION_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+# What OpenAI takes, judged by the uploaded file's name (a local whisper server takes more:
+# set ``FakeLLM.audio_formats = None``).
+OPENAI_AUDIO_FORMATS = ("flac", "m4a", "mp3", "mp4", "mpeg", "mpga", "oga", "ogg", "wav", "webm")
+OPENAI_VOICES = frozenset(
+    {
+        "alloy",
+        "ash",
+        "ballad",
+        "coral",
+        "echo",
+        "fable",
+        "nova",
+        "onyx",
+        "sage",
+        "shimmer",
+        "verse",
+        "marin",
+        "cedar",
+    }
+)
+# The Content-Type OpenAI answers each speech ``response_format`` with.
+SPEECH_FORMATS = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/opus",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+}
+MAX_AUDIO_BYTES = 25 * 1024 * 1024  # OpenAI's upload limit
+MAX_SPEECH_INPUT = 4096  # characters
+SPEECH_RATE = 15.0  # characters a second at speed 1: how long the fake's speech lasts
+_LANGUAGES = {
+    "en": "english",
+    "de": "german",
+    "fr": "french",
+    "es": "spanish",
+    "it": "italian",
+    "nl": "dutch",
+    "pt": "portuguese",
+    "ru": "russian",
+    "ja": "japanese",
+    "zh": "chinese",
+}
+
+
+@dataclass(frozen=True)
+class TranscriptionRequest:
+    """One ``POST /audio/transcriptions`` that passed the checks: the upload's ``filename``,
+    ``content_type`` (as its part declared it) and bytes, every other form field as sent
+    (in order; ``timestamp_granularities[]`` may repeat), headers, ``time.monotonic()``."""
+
+    path: str
+    model: str
+    filename: str
+    content_type: str | None
+    data: bytes
+    fields: list[tuple[str, str]]
+    headers: dict[str, str]
+    received_at: float
+
+    def field(self, name: str) -> str | None:
+        """The last value of form field ``name``, None if it was not sent."""
+        values = [value for key, value in self.fields if key == name]
+        return values[-1] if values else None
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    @property
+    def sha256(self) -> str:
+        return audio.digest(self.data)
+
+    @property
+    def language(self) -> str | None:
+        return self.field("language")
+
+    @property
+    def prompt(self) -> str | None:
+        return self.field("prompt")
+
+    @property
+    def response_format(self) -> str:
+        return self.field("response_format") or "json"
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    """One ``POST /audio/speech`` that passed the checks: its JSON body, headers, time."""
+
+    path: str
+    body: JSON
+    headers: dict[str, str]
+    received_at: float
+
+    @property
+    def model(self) -> str:
+        return str(self.body["model"])
+
+    @property
+    def input(self) -> str:
+        return str(self.body["input"])
+
+    @property
+    def voice(self) -> str:
+        return str(self.body["voice"])
+
+    @property
+    def response_format(self) -> str:
+        return str(self.body.get("response_format") or "mp3")
+
+    @property
+    def speed(self) -> float:
+        return float(self.body.get("speed") or 1.0)
+
+
+AudioRequest = TranscriptionRequest | SpeechRequest
+
+
+def speech_audio(text: str, response_format: str = "mp3", speed: float = 1.0) -> bytes:
+    """The bytes ``FakeLLM`` answers ``/audio/speech`` with: ``len(text) / SPEECH_RATE /
+    speed`` seconds (at least 0.2) of audio. ``opus``: a real OGG/Opus file of silence (see
+    ``audio.ogg_opus``; its serial number comes from the text, so two texts differ); ``wav``
+    and ``pcm``: a 24 kHz tone whose pitch comes from the text (pcm: the samples alone, 16-bit
+    little-endian, as OpenAI sends them); ``mp3``: silent frames. ``aac`` and ``flac`` are
+    only their format's header (an ADTS header; ``fLaC`` and a STREAMINFO block, no frames):
+    enough for a check of the type, not audio a player decodes."""
+    seconds = max(0.2, len(text) / SPEECH_RATE / speed)
+    seed = int(audio.digest(text.encode())[:8], 16)
+    if response_format == "opus":
+        return audio.ogg_opus(seconds, serial=seed)
+    if response_format in ("wav", "pcm"):
+        made = audio.wav(seconds, rate=24_000, tone_hz=220 + seed % 440)
+        if response_format == "wav":
+            return made
+        with wave.open(io.BytesIO(made)) as read:
+            return bytes(read.readframes(read.getnframes()))
+    if response_format == "mp3":
+        return audio.mp3(seconds)
+    if response_format == "aac":
+        return b"\xff\xf1\x58\x40\x02\x1f\xfc" + bytes(9)  # ADTS: AAC LC, 24 kHz, mono, 16 bytes
+    samples = round(seconds * 24_000)
+    info = struct.pack(">HH", 4096, 4096) + bytes(6)  # block sizes; frame sizes unknown
+    info += ((24_000 << 44) | (0 << 41) | (15 << 36) | samples).to_bytes(8, "big") + bytes(16)
+    return b"fLaC" + b"\x80" + len(info).to_bytes(3, "big") + info
+
+
+def _missing(*names: str) -> web.Response:
+    """OpenAI's 400 for required multipart fields that were not sent (its pydantic message)."""
+    count = f"{len(names)} validation error{'s' if len(names) > 1 else ''}"
+    lines = "".join(f"\nbody -> {n}\n  field required (type=value_error.missing)" for n in names)
+    return _error(400, f"{count} for Request{lines}", "invalid_request_error", None)
+
+
+def _invalid(param: str, value: object, allowed: Sequence[str]) -> web.Response:
+    listed = ", ".join(f"'{a}'" for a in allowed[:-1]) + f", and '{allowed[-1]}'"
+    message = f"Invalid value: '{value}'. Supported values are: {listed}."
+    return _error(400, message, "invalid_request_error", "invalid_value", param=param)
+
+
+def _timestamp(seconds: float, separator: str) -> str:
+    millis = round(seconds * 1000)
+    hours, rest = divmod(millis, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    return f"{hours:02}:{minutes:02}:{rest // 1000:02}{separator}{rest % 1000:03}"
+
+
+def _transcription_body(
+    text: str, seconds: float, asked: TranscriptionRequest
+) -> tuple[bytes, str]:
+    """The body and Content-Type of a transcription in the ``response_format`` asked for,
+    with the usage OpenAI reports: seconds for whisper, tokens for the gpt-4o models."""
+    usage: JSON = {"type": "duration", "seconds": math.ceil(seconds)}
+    if asked.model.startswith("gpt-4o"):
+        heard, written = math.ceil(seconds * 10), max(1, len(text) // 4)
+        usage = {"type": "tokens", "input_tokens": heard, "output_tokens": written}
+        usage |= {"input_token_details": {"audio_tokens": heard, "text_tokens": 0}}
+        usage["total_tokens"] = heard + written
+    match asked.response_format:
+        case "text":
+            return (text + "\n").encode(), "text/plain; charset=utf-8"
+        case "srt":
+            cue = f"1\n{_timestamp(0, ',')} --> {_timestamp(seconds, ',')}\n{text}\n\n"
+            return cue.encode(), "text/plain; charset=utf-8"
+        case "vtt":
+            cue = f"WEBVTT\n\n{_timestamp(0, '.')} --> {_timestamp(seconds, '.')}\n{text}\n\n"
+            return cue.encode(), "text/plain; charset=utf-8"
+        case "verbose_json":
+            granularities = [v for k, v in asked.fields if k == "timestamp_granularities[]"]
+            body: JSON = {
+                "task": "transcribe",
+                "language": _LANGUAGES.get(asked.language or "en", "english"),
+                "duration": round(seconds, 2),
+                "text": text,
+            }
+            if "word" in granularities:
+                words = text.split() or [""]
+                step = seconds / len(words)
+                body["words"] = [
+                    {"word": w, "start": round(i * step, 2), "end": round((i + 1) * step, 2)}
+                    for i, w in enumerate(words)
+                ]
+            if "segment" in granularities or not granularities:
+                body["segments"] = [
+                    {
+                        "id": 0,
+                        "seek": 0,
+                        "start": 0.0,
+                        "end": round(seconds, 2),
+                        "text": f" {text}",
+                        "tokens": [50364 + i for i in range(len(text.split()))],
+                        "temperature": 0.0,
+                        "avg_logprob": -0.25,
+                        "compression_ratio": 1.0,
+                        "no_speech_prob": 0.01,
+                    }
+                ]
+            return orjson.dumps(body | {"usage": usage}), "application/json"
+    return orjson.dumps({"text": text, "usage": usage}), "application/json"
 
 
 def _message(raw: msgspec.Raw) -> JSON:
@@ -320,14 +585,21 @@ _C = TypeVar("_C", bound=_Closable)
 
 
 class FakeLLM:
-    """An OpenAI-compatible ``/v1/chat/completions`` server on 127.0.0.1.
+    """An OpenAI-compatible server on 127.0.0.1: ``/v1/chat/completions``, ``/v1/models``,
+    ``/v1/audio/transcriptions`` and ``/v1/audio/speech`` (each also without ``/v1``).
 
     Each request consumes one reply: first from the queue for its ``model``
     (see ``script_for``), then from the shared queue (``script``), else
     ``default_reply`` (``Echo()``). ``delay`` is the global latency before the
-    first byte; ``chunk_delay`` the pause between streamed chunks. ``stop()``
+    first byte (of audio answers too); ``chunk_delay`` the pause between streamed chunks. ``stop()``
     releases hanging and delayed requests (dropping their connections), so it
     returns promptly.
+
+    Audio (see the module's docstring): ``transcripts`` maps an upload's sha256 to its
+    text (``add_transcript``), ``default_transcript`` answers any other upload (None: a
+    400); ``audio_formats`` are the file name extensions a transcription accepts and
+    ``voices`` the speech voices (None: any, as a local server takes), ``max_audio_bytes``
+    the largest upload. ``audio_requests`` keeps them all, apart from ``requests``.
 
     ``requests`` holds every request (its whole body too), or only the newest
     ``keep_requests``: a benchmark sending thousands of long transcripts would
@@ -359,20 +631,28 @@ class FakeLLM:
         self._stopping = asyncio.Event()
         self._arrived = asyncio.Condition()
         self._clients: list[_Closable] = []
+        self.transcripts: dict[str, str] = {}
+        self.default_transcript: str | None = None
+        self.audio_formats: Sequence[str] | None = OPENAI_AUDIO_FORMATS
+        self.voices: frozenset[str] | None = OPENAI_VOICES
+        self.max_audio_bytes = MAX_AUDIO_BYTES
+        self.audio_requests: list[AudioRequest] = []
 
     def script(self, *replies: Reply) -> None:
         """Append replies to the shared queue, consumed in order, one per request."""
         self._queue.extend(replies)
 
     def script_for(self, model: str, *replies: Reply) -> None:
-        """Append replies for requests whose body ``model`` equals ``model``.
+        """Append replies for requests whose body ``model`` equals ``model`` (chat, and the
+        only queue audio requests take from).
 
         A leading ``openai/`` is stripped, since litellm sends ``foo`` for ``openai/foo``.
         """
         self._by_model.setdefault(model.removeprefix("openai/"), deque()).extend(replies)
 
     def load_script(self, data: Any) -> None:
-        """Load a JSON script: a list of replies or ``{"replies", "models", "default"}``."""
+        """Load a JSON script: a list of replies or ``{"replies", "models", "default",
+        "transcripts", "default_transcript"}``."""
         if isinstance(data, list):
             data = {"replies": data}
         self.script(*(reply_from_json(r) for r in data.get("replies", [])))
@@ -380,6 +660,9 @@ class FakeLLM:
             self.script_for(model, *(reply_from_json(r) for r in replies))
         if "default" in data:
             self.default_reply = reply_from_json(data["default"])
+        self.transcripts |= data.get("transcripts", {})
+        if "default_transcript" in data:
+            self.default_transcript = data["default_transcript"]
 
     @property
     def pending(self) -> int:
@@ -409,8 +692,12 @@ class FakeLLM:
         for prefix in ("/v1", ""):
             app.router.add_post(f"{prefix}/chat/completions", self._completions)
             app.router.add_get(f"{prefix}/models", self._models)
+            app.router.add_post(f"{prefix}/audio/transcriptions", self._transcriptions)
+            app.router.add_post(f"{prefix}/audio/speech", self._speech)
         app.router.add_post("/_fake/script", self._control_script)
         app.router.add_get("/_fake/requests", self._control_requests)
+        app.router.add_post("/_fake/transcripts", self._control_transcripts)
+        app.router.add_get("/_fake/audio_requests", self._control_audio_requests)
         self._stopping = asyncio.Event()
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -620,6 +907,201 @@ class FakeLLM:
             request.transport.abort()
         return response if response is not None else web.Response(status=499)
 
+    # ---- audio ---------------------------------------------------------------------------
+
+    def add_transcript(self, data: bytes, text: str) -> str:
+        """Answer ``text`` for an upload of exactly ``data``; returns its key in
+        ``transcripts`` (``audio.digest(data)``)."""
+        key = audio.digest(data)
+        self.transcripts[key] = text
+        return key
+
+    @property
+    def transcription_requests(self) -> list[TranscriptionRequest]:
+        return [r for r in self.audio_requests if isinstance(r, TranscriptionRequest)]
+
+    @property
+    def speech_requests(self) -> list[SpeechRequest]:
+        return [r for r in self.audio_requests if isinstance(r, SpeechRequest)]
+
+    async def wait_for_audio_requests(self, count: int, seconds: float = 5.0) -> None:
+        """Wait until ``audio_requests`` holds ``count``; ``TimeoutError`` after ``seconds``."""
+        async with asyncio.timeout(seconds), self._arrived:
+            await self._arrived.wait_for(lambda: len(self.audio_requests) >= count)
+
+    async def _record_audio(self, recorded: AudioRequest) -> Reply | None:
+        """Keep ``recorded`` and take the reply scripted for its model (None: none is)."""
+        async with self._arrived:
+            self.audio_requests.append(recorded)
+            self._arrived.notify_all()
+        queue = self._by_model.get(recorded.model)
+        return queue.popleft() if queue else None
+
+    async def _audio_reply(
+        self, request: web.Request, reply: Reply | None
+    ) -> web.StreamResponse | Reply | None:
+        """Play the delay and any fault of ``reply``: a response to send as it is, else the
+        reply (or None) for the caller to answer from."""
+        delay = self.delay if reply is None or reply.delay is None else reply.delay
+        if isinstance(reply, Hang) or not await self._sleep(delay):
+            await self._stopping.wait()
+            return self._abort(request)
+        if reply is not None and (fault := _fault(reply, request)) is not None:
+            return fault
+        if isinstance(reply, StreamError):
+            code = reply.error.get("code")
+            status = code if isinstance(code, int) and 400 <= code < 600 else 500
+            return web.json_response({"error": reply.error}, status=status)
+        return reply
+
+    async def _whole(
+        self, request: web.Request, reply: Reply | None, body: bytes, content_type: str
+    ) -> web.StreamResponse:
+        """Send ``body``, or for ``Disconnect`` three quarters of it and drop the connection,
+        for ``Cut`` half of it, ended cleanly."""
+        if not isinstance(reply, Disconnect | Cut):
+            return web.Response(body=body, headers={"Content-Type": content_type})
+        response = web.StreamResponse(headers={"Content-Type": content_type})
+        response.content_length = len(body) if isinstance(reply, Disconnect) else len(body) // 2
+        await response.prepare(request)
+        if isinstance(reply, Disconnect):
+            await response.write(body[: len(body) * 3 // 4])
+            return self._abort(request, response)
+        await response.write(body[: len(body) // 2])
+        await response.write_eof()
+        return response
+
+    async def _transcriptions(self, request: web.Request) -> web.StreamResponse:
+        recorded = await self._upload(request)
+        if isinstance(recorded, web.Response):
+            return recorded
+        reply = await self._audio_reply(request, await self._record_audio(recorded))
+        if isinstance(reply, web.StreamResponse):
+            return reply
+        text = reply.content if isinstance(reply, Text) else None
+        text = text if text is not None else self.transcripts.get(recorded.sha256)
+        text = text if text is not None else self.default_transcript
+        if text is None:
+            message = "Audio file might be corrupted or unsupported"
+            return _error(400, message, "invalid_request_error", "invalid_value", param="file")
+        seconds = audio.duration(recorded.data)
+        seconds = seconds if seconds is not None else 0.4 * max(1, len(text.split()))
+        body, content_type = _transcription_body(text, seconds, recorded)
+        return await self._whole(request, reply, body, content_type)
+
+    async def _upload(self, request: web.Request) -> TranscriptionRequest | web.Response:
+        """The transcription asked for, or OpenAI's error for a request it refuses."""
+        if request.content_type != "multipart/form-data":
+            message = (
+                f"Invalid Content-Type header ({request.content_type}), expected "
+                "multipart/form-data. (HINT: If you're using curl, you can pass -F "
+                "'file=@<path>' to upload a file.)"
+            )
+            return _error(400, message, "invalid_request_error", None)
+        try:  # aiohttp refuses a body over the app's client_max_size, 64 MiB
+            form = await request.post()
+        except ValueError:  # a broken multipart body
+            return _error(400, "Could not parse multipart form", "invalid_request_error", None)
+        upload = form.get("file")
+        if missing := [name for name in ("file", "model") if name not in form]:
+            return _missing(*missing)
+        if not isinstance(upload, web.FileField):
+            message = (
+                "1 validation error for Request\nbody -> file\n  Expected UploadFile, "
+                f"received: {type(upload)} (type=value_error)"
+            )
+            return _error(400, message, "invalid_request_error", None)
+        data = upload.file.read()
+        if len(data) > self.max_audio_bytes:
+            return self._too_large(request.content_length or len(data))
+        fields = [(k, v) for k, v in form.items() if k != "file" and isinstance(v, str)]
+        recorded = TranscriptionRequest(
+            request.path,
+            str(form["model"]),
+            upload.filename,
+            upload.content_type,
+            data,
+            fields,
+            dict(request.headers),
+            time.monotonic(),
+        )
+        return self._check_transcription(recorded) or recorded
+
+    def _check_transcription(self, asked: TranscriptionRequest) -> web.Response | None:
+        """OpenAI's 400 for a request it would not transcribe, or None."""
+        if asked.response_format not in TRANSCRIPTION_FORMATS:
+            return _invalid("response_format", asked.response_format, TRANSCRIPTION_FORMATS)
+        if asked.model.startswith("gpt-4o") and asked.response_format not in ("json", "text"):
+            message = (
+                f"response_format '{asked.response_format}' is not compatible with model "
+                f"'{asked.model}'. Use 'json' or 'text' instead."
+            )
+            code = "unsupported_value"
+            return _error(400, message, "invalid_request_error", code, param="response_format")
+        suffix = asked.filename.rsplit(".", 1)[-1].lower() if "." in asked.filename else ""
+        if self.audio_formats is not None and suffix not in self.audio_formats:
+            listed = ", ".join(f"'{f}'" for f in self.audio_formats)
+            message = f"Invalid file format. Supported formats: [{listed}]"
+            return _error(400, message, "invalid_request_error", None)
+        language = asked.language
+        if language is not None and not re.fullmatch(r"[a-z]{2,3}", language):
+            message = (
+                f"Invalid language '{language}'. Language parameter must be specified in "
+                "ISO-639-1 format."
+            )
+            return _error(400, message, "invalid_request_error", None, param="language")
+        return None
+
+    def _too_large(self, size: int) -> web.Response:
+        message = (
+            f"Maximum content size limit ({self.max_audio_bytes}) exceeded ({size} bytes read)"
+        )
+        return _error(413, message, "server_error", None)
+
+    async def _speech(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            body = None
+        if not isinstance(body, dict):
+            msg = "We could not parse the JSON body of your request."
+            return _error(400, msg, "invalid_request_error", None)
+        for name in ("model", "input", "voice"):
+            if name not in body:
+                message = f"Missing required parameter: '{name}'."
+                code = "missing_required_parameter"
+                return _error(400, message, "invalid_request_error", code, param=name)
+        if (refusal := self._check_speech(body)) is not None:
+            return refusal
+        recorded = SpeechRequest(request.path, body, dict(request.headers), time.monotonic())
+        reply = await self._audio_reply(request, await self._record_audio(recorded))
+        if isinstance(reply, web.StreamResponse):
+            return reply
+        made = speech_audio(recorded.input, recorded.response_format, recorded.speed)
+        return await self._whole(request, reply, made, SPEECH_FORMATS[recorded.response_format])
+
+    def _check_speech(self, body: JSON) -> web.Response | None:
+        """OpenAI's 400 for a speech request it would refuse, or None."""
+        text, voice = body["input"], body["voice"]
+        if not isinstance(text, str) or len(text) > MAX_SPEECH_INPUT:
+            length = len(text) if isinstance(text, str) else 0
+            message = (
+                f"string too long. Expected a string with maximum length {MAX_SPEECH_INPUT}, "
+                f"but got a string with length {length} instead."
+            )
+            code = "string_above_max_length"
+            return _error(400, message, "invalid_request_error", code, param="input")
+        if self.voices is not None and voice not in self.voices:
+            return _invalid("voice", voice, sorted(self.voices))
+        response_format = body.get("response_format") or "mp3"
+        if response_format not in SPEECH_FORMATS:
+            return _invalid("response_format", response_format, list(SPEECH_FORMATS))
+        speed = body.get("speed", 1.0)
+        if not isinstance(speed, int | float) or not 0.25 <= speed <= 4.0:
+            message = f"Invalid 'speed': {speed}. Expected a number from 0.25 to 4.0."
+            return _error(400, message, "invalid_request_error", "invalid_value", param="speed")
+        return None
+
     async def _models(self, request: web.Request) -> web.Response:
         names = sorted({"fake-model", *self._by_model, *(r.model for r in self.requests)} - {""})
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "fake"} for n in names]
@@ -641,6 +1123,28 @@ class FakeLLM:
                 for r in self.requests
             ]
         )
+
+    async def _control_transcripts(self, request: web.Request) -> web.Response:
+        data = await request.json()
+        if "content_base64" in data:
+            key = self.add_transcript(base64.b64decode(data["content_base64"]), data["text"])
+        else:
+            key = str(data["sha256"])
+            self.transcripts[key] = data["text"]
+        return web.json_response({"sha256": key})
+
+    async def _control_audio_requests(self, request: web.Request) -> web.Response:
+        listed: list[JSON] = []
+        for r in self.audio_requests:
+            common: JSON = {"path": r.path, "model": r.model, "headers": r.headers}
+            common["received_at"] = r.received_at
+            if isinstance(r, SpeechRequest):
+                listed.append({"kind": "speech", "body": r.body, **common})
+            else:
+                upload: JSON = {"filename": r.filename, "content_type": r.content_type}
+                upload |= {"size": r.size, "sha256": r.sha256, "fields": r.fields}
+                listed.append({"kind": "transcription", **upload, **common})
+        return web.json_response(listed)
 
 
 async def _serve(fake: FakeLLM) -> None:

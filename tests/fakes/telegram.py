@@ -39,13 +39,20 @@ getWebhookInfo shows the last error). Like Telegram, setWebhook takes only HTTPS
 public origin to a local server (see ``_telegram_webhook``). ``post_update`` posts one body
 (any bytes, any secret) at once, outside the queue.
 
+Users send files as Telegram's clients do: ``user_document``, ``user_photo``, ``user_voice``
+(a voice note, with a caption if given), ``user_audio`` (a music file) and
+``user_video_note``; each file is served by getFile and ``/file/bot<token>/<file_path>``,
+and getFile refuses one over 20 MB with "Bad Request: file is too big" (its declared
+``file_size`` may exceed the bytes the test holds).
+
 Standalone: ``python -m tests.fakes.telegram [--port N] [--token T]`` prints the base URL
 and serves until SIGTERM. Control API: ``POST /_fake/<user_message|user_photo|user_document|
-user_voice|user_callback>`` with the keyword arguments as JSON (``content_base64`` for
-bytes) returns ``{"update_id"}``; ``POST /_fake/press_button`` returns the query's
-``{"id", "update_id"}``, ``GET /_fake/callbacks`` lists the presses and their answers,
-``POST /_fake/advance_clock`` takes ``{"seconds"}``, ``POST /_fake/route_webhook``
-``{"public", "local"}``, ``GET /_fake/deliveries`` lists the webhook's posts;
+user_voice|user_audio|user_video_note|user_callback>`` with the keyword arguments as JSON
+(``content_base64`` for bytes) returns ``{"update_id"}``; ``POST /_fake/press_button``
+returns the query's ``{"id", "update_id"}``, ``GET /_fake/callbacks`` lists the presses and
+their answers, ``POST /_fake/advance_clock`` takes ``{"seconds"}``, ``POST
+/_fake/route_webhook`` ``{"public", "local"}``, ``GET /_fake/deliveries`` lists the webhook's
+posts;
 ``POST /_fake/fail_next`` takes ``{"method", "fault": {"type": "RateLimited",
 "retry_after": 2}, "times", "chat_id"}`` (``"times": null``: until ``POST
 /_fake/clear_faults``); ``POST /_fake/offline`` takes ``{"offline": bool}``;
@@ -73,6 +80,7 @@ from typing import Any, Required, Self, TypedDict, Unpack
 import aiohttp
 from aiohttp import web
 
+from tests.fakes import audio
 from tests.fakes._telegram_html import HtmlError, parse_html, utf16_len
 from tests.fakes._telegram_webhook import Delivery, Routes, Webhook, post, refusal
 
@@ -119,8 +127,17 @@ CHAT_ACTIONS = frozenset(
     ]
 )
 MEDIA = {"photo": "photos", "document": "documents", "voice": "voice", "audio": "music"}
-MEDIA |= {"video": "videos"}
+MEDIA |= {"video": "videos", "video_note": "video_notes"}
 _TOKEN = re.compile(r"\d+:[\w-]+")
+_INJECT = (  # the control API's ``POST /_fake/<name>`` that inject a user's update
+    "user_message",
+    "user_photo",
+    "user_document",
+    "user_voice",
+    "user_audio",
+    "user_video_note",
+    "user_callback",
+)
 _COMMAND = re.compile(r"(?<![\w/<>])/\w{1,64}(?:@\w{3,32})?(?![\w/<>])", re.ASCII)
 _MENTION = re.compile(r"(?<!\w)@\w{2,32}(?!\w)", re.ASCII)
 
@@ -369,6 +386,7 @@ class _File:
     unique_id: str
     path: str
     content: bytes
+    size: int  # as Telegram declares it: the content's length unless a test says otherwise
 
 
 @dataclass(frozen=True)
@@ -665,10 +683,15 @@ class FakeTelegram:
         content: bytes,
         mime_type: str = "application/octet-stream",
         caption: str | None = None,
+        file_size: int | None = None,
         **origin: Unpack[Origin],
     ) -> int:
-        """Enqueue a document message; the bytes are downloadable via getFile."""
-        stored = self._store_file("document", content, filename)
+        """Enqueue a document message; the bytes are downloadable via getFile.
+
+        ``file_size`` (here and in ``user_voice``, ``user_audio``, ``user_video_note``) is
+        the size Telegram declares, ``len(content)`` by default: over 20 MB, getFile refuses
+        the file ("file is too big"), so a test needs no 20 MB of bytes to see it."""
+        stored = self._store_file("document", content, filename, file_size)
         doc = self._file_json(stored) | {"file_name": filename, "mime_type": mime_type}
         return self._user_update(chat_id, {"document": doc, **self._caption(caption)}, origin)
 
@@ -697,12 +720,52 @@ class FakeTelegram:
         content: bytes,
         duration: int = 1,
         mime_type: str = "audio/ogg",
+        caption: str | None = None,
+        file_size: int | None = None,
         **origin: Unpack[Origin],
     ) -> int:
-        """Enqueue a voice note (OGG/Opus in real life)."""
-        stored = self._store_file("voice", content, "voice.oga")
+        """Enqueue a voice note (OGG/Opus in real life, ``voice/file_N.oga`` for getFile)."""
+        stored = self._store_file("voice", content, "voice.oga", file_size)
         voice = self._file_json(stored) | {"duration": duration, "mime_type": mime_type}
-        return self._user_update(chat_id, {"voice": voice}, origin)
+        return self._user_update(chat_id, {"voice": voice, **self._caption(caption)}, origin)
+
+    def user_audio(
+        self,
+        chat_id: int,
+        *,
+        content: bytes,
+        filename: str = "audio.mp3",
+        duration: int = 1,
+        mime_type: str = "audio/mpeg",
+        performer: str | None = None,
+        title: str | None = None,
+        caption: str | None = None,
+        file_size: int | None = None,
+        **origin: Unpack[Origin],
+    ) -> int:
+        """Enqueue an audio file (a music file the client shows with a player, not a voice
+        note): Bot API ``Audio`` with ``file_name``, ``mime_type``, ``performer``, ``title``."""
+        stored = self._store_file("audio", content, filename, file_size)
+        fields = {"duration": duration, "performer": performer, "title": title}
+        fields |= {"file_name": filename, "mime_type": mime_type}
+        track = self._file_json(stored) | {k: v for k, v in fields.items() if v is not None}
+        return self._user_update(chat_id, {"audio": track, **self._caption(caption)}, origin)
+
+    def user_video_note(
+        self,
+        chat_id: int,
+        *,
+        content: bytes,
+        duration: int = 1,
+        length: int = 384,
+        file_size: int | None = None,
+        **origin: Unpack[Origin],
+    ) -> int:
+        """Enqueue a video note (a round video, MPEG-4 in real life): Bot API ``VideoNote``
+        with ``length`` (its diameter in pixels) and ``duration``; it never has a caption."""
+        stored = self._store_file("video_note", content, "video.mp4", file_size)
+        note = self._file_json(stored) | {"length": length, "duration": duration}
+        return self._user_update(chat_id, {"video_note": note}, origin)
 
     def user_callback(
         self,
@@ -991,11 +1054,14 @@ class FakeTelegram:
         chat.messages[message_id] = message
         return self._enqueue({"message": message})
 
-    def _store_file(self, kind: str, content: bytes, filename: str | None) -> _File:
+    def _store_file(
+        self, kind: str, content: bytes, filename: str | None, size: int | None = None
+    ) -> _File:
         token = uuid.uuid4().hex
         suffix = filename.rsplit(".", 1)[-1] if filename and "." in filename else "bin"
         path = f"{MEDIA.get(kind, 'documents')}/file_{len(self._files)}.{suffix}"
-        stored = _File(f"BQACAgIAAxkBAAI{token}", f"AgAD{token[:12]}", path, content)
+        size = len(content) if size is None else size
+        stored = _File(f"BQACAgIAAxkBAAI{token}", f"AgAD{token[:12]}", path, content, size)
         self._files[stored.file_id] = stored
         return stored
 
@@ -1004,7 +1070,7 @@ class FakeTelegram:
         return {
             "file_id": stored.file_id,
             "file_unique_id": stored.unique_id,
-            "file_size": len(stored.content),
+            "file_size": stored.size,
         }
 
     @staticmethod
@@ -1402,7 +1468,7 @@ class FakeTelegram:
         stored = self._files.get(p.string("file_id") or "")
         if stored is None:
             raise _Fail(400, "Bad Request: invalid file_id")
-        if len(stored.content) > MAX_DOWNLOAD:
+        if stored.size > MAX_DOWNLOAD:
             raise _Fail(400, "Bad Request: file is too big")
         return self._file_json(stored) | {"file_path": stored.path}
 
@@ -1428,7 +1494,9 @@ class FakeTelegram:
         else:
             info |= {"file_name": filename} if filename and kind != "voice" else {}
             info |= {"mime_type": mime} if mime else {}
-            info |= {"duration": 1} if kind in ("voice", "audio", "video") else {}
+            if kind in ("voice", "audio", "video"):  # as sent, else as Telegram reads it
+                seconds = p.integer("duration") or round(audio.duration(content) or 1)
+                info["duration"] = max(1, seconds)
             media = info | ({"width": 640, "height": 480} if kind == "video" else {})
         body = {kind: media, "caption": visible, "caption_entities": entities}
         chat, message = self._new_message(p, body)
@@ -1495,7 +1563,7 @@ class FakeTelegram:
         body: JSON = await request.json()
         if "content_base64" in body:
             body["content"] = base64.b64decode(body.pop("content_base64"))
-        if name in ("user_message", "user_photo", "user_document", "user_voice", "user_callback"):
+        if name in _INJECT:
             return web.json_response({"update_id": getattr(self, name)(**body)})
         if name == "press_button":
             query = self.press_button(**body)
