@@ -20,8 +20,12 @@ from nanobot.bus.events import (
 )
 from nanobot.bus.queue import MessageBus
 from nanobot.gate import ChannelRules, Gate
+from nanobot.media.reading import Reader
+from nanobot.media.voice import Transcriber, TranscriptionSettings
 from nanobot.store import Access, Database, Journal
 from nanobot.store.taint import TaintStore
+from nanobot.workspace import Workspace
+from tests.fakes import audio
 from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
 from tests.test_loop import Parts, make_parts
 
@@ -37,6 +41,7 @@ class Harness:
         channels: tuple[str, ...] = ("telegram",),
         *,
         whole_replies: tuple[str, ...] = (),
+        reader: Reader | None = None,
     ) -> None:
         self.parts = parts
         self.bus = MessageBus()
@@ -44,7 +49,7 @@ class Harness:
         rules = {channel: ChannelRules(frozenset({"*"})) for channel in channels}
         self.gate = Gate(rules, Access(db), self.journal, self.bus)
         self.dispatcher = Dispatcher(
-            parts.loop, self.bus, self.journal, whole_replies=whole_replies
+            parts.loop, self.bus, self.journal, whole_replies=whole_replies, reader=reader
         )
         self.out: list[Outbound] = []
         self._channels = channels
@@ -276,3 +281,80 @@ async def test_files_sent_in_a_chat_are_recorded_with_their_sender(
         "received in a chat (telegram chat 7, from 7)",
     )
     assert mark.session_key == "telegram:7"
+
+
+def _voice(workspace: Path, caption: str = "") -> InboundMessage:
+    data = audio.ogg_opus(4)
+    path = workspace / "inbox" / "voice_9.ogg"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    note = Attachment("voice", path, "audio/ogg", len(data), 4.0)
+    return InboundMessage.from_chat(
+        ChatRef("telegram", "5"), "5", caption, "m9", attachments=(note,)
+    )
+
+
+async def _heard(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database, message: InboundMessage, model: str | None
+) -> Harness:
+    workspace = tmp_path / "workspace"
+    settings = TranscriptionSettings(model=model, api_base=fake_llm.base_url, api_key="k")
+    reader = Reader(Transcriber(settings, Workspace(workspace)), None)
+    harness = Harness(await make_parts(tmp_path, fake_llm, db), db, reader=reader)
+    await harness.start()
+    return harness
+
+
+async def test_a_voice_note_is_the_senders_words(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    message = _voice(tmp_path / "workspace")
+    fake_llm.add_transcript(message.attachments[0].path.read_bytes(), "what is on today")
+    harness = await _heard(tmp_path, fake_llm, db, message, "openai/whisper-1")
+    fake_llm.script(Text("Nothing until noon."))
+    try:
+        await harness.gate(message)
+        await harness.wait_replies(1)
+    finally:
+        await harness.stop()
+    assert [r.text for r in harness.replies()] == ["Nothing until noon."]
+    said = fake_llm.requests[0].messages[-1]["content"]
+    assert "[voice note, 0:04, spoken; its transcript follows" in said
+    assert said.endswith("what is on today")
+    assert "untrusted_content" not in said  # the sender's own words
+
+
+async def test_a_voice_note_that_cannot_be_heard_is_answered_at_once(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    message = _voice(tmp_path / "workspace")
+    harness = await _heard(tmp_path, fake_llm, db, message, None)
+    try:
+        await harness.gate(message)
+        await harness.wait_replies(1)
+    finally:
+        await harness.stop()
+    (notice,) = harness.replies()
+    assert notice.text.startswith("I could not transcribe your voice note: voice notes need ")
+    assert notice.outbox_id is not None and notice.reply_to == "m9"
+    assert fake_llm.request_count == 0  # no turn: nothing else was said
+    assert await harness.journal.pending_inbound() == []
+    assert message.attachments[0].path.exists()  # kept
+
+
+async def test_a_captioned_note_that_cannot_be_heard_still_gets_its_caption_answered(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    message = _voice(tmp_path / "workspace", caption="listen to this")
+    harness = await _heard(tmp_path, fake_llm, db, message, None)
+    fake_llm.script(Text("I can't hear it, sorry."))
+    try:
+        await harness.gate(message)
+        await harness.wait_replies(2)
+    finally:
+        await harness.stop()
+    texts = [r.text for r in harness.replies()]
+    assert texts[0].startswith("I could not transcribe your voice note")
+    assert texts[1] == "I can't hear it, sorry."
+    said = fake_llm.requests[0].messages[-1]["content"]
+    assert "listen to this" in said and "not transcribed: voice notes need" in said
