@@ -221,6 +221,8 @@ class Dispatcher:
         if resume or not message.attachments or self._reader is None:
             return listed(message.text, message.attachments)
         read = await self._reader.read(message.text, message.attachments)
+        if read.heard and self._reader.model is not None:
+            self._loop.heard(message.session_key, read.heard, self._reader.model)
         if read.problems and not read.said:
             await self._notice(message, "\n".join(read.problems))
             return None

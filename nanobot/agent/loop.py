@@ -95,6 +95,7 @@ class AgentLoop:
         self._exact_counts = False
         self._usage = usage
         self._fill: OrderedDict[str, int] = OrderedDict()  # session key -> input tokens
+        self._heard: OrderedDict[str, tuple[int, str]] = OrderedDict()  # notes, by whom
 
     def busy(self, session_key: str) -> bool:
         return self._lanes.busy(session_key)
@@ -290,6 +291,14 @@ class AgentLoop:
                 cost=result.usage.cost,
             )
 
+    def heard(self, session_key: str, count: int, model: str) -> None:
+        """Note for `/status` that `count` voice notes of `session_key` were transcribed by
+        `model` (kept since start, for the most recent chats)."""
+        before = self._heard.pop(session_key, (0, model))[0]
+        self._heard[session_key] = (before + count, model)
+        if len(self._heard) > FILL_CACHE_SIZE:
+            self._heard.popitem(last=False)
+
     async def status(self, session_key: str) -> str:
         """A few lines for `/status`: model, tokens used, context fill, state, and the MCP
         servers' tools the model has now (when any are configured)."""
@@ -310,6 +319,10 @@ class AgentLoop:
         else:
             lines.append(f"Context window: {window:,} tokens")
         lines.append("State: working on a reply" if self.busy(session_key) else "State: idle")
+        if (heard := self._heard.get(session_key)) is not None:
+            count, model = heard
+            notes = "voice note" if count == 1 else "voice notes"
+            lines.append(f"Transcribed here since the start: {count} {notes}, by {model}")
         servers = self._runner.tools.from_source
         if servers is not None:
             lines.append(_mcp_line(servers))

@@ -53,9 +53,9 @@ class Reader:
         self._documents = documents
 
     @property
-    def transcribes(self) -> bool:
-        """Whether voice notes are turned into text here (a model is configured)."""
-        return self._transcriber.model is not None
+    def model(self) -> str | None:
+        """The model that hears voice notes (None: none is configured)."""
+        return self._transcriber.model
 
     async def read(self, text: str, attachments: Sequence[Attachment]) -> Read:
         """`text` (a caption, or the message) with what its `attachments` say, in order.
