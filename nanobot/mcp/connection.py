@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import http
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -137,6 +138,14 @@ class Connection:
         """Connect, serve, and connect again after each failure, until cancelled (then the
         server is stopped: the SDK closes its input, then terminates and kills its process
         group, each step bounded)."""
+        try:
+            await self._keep_running()
+        except asyncio.CancelledError:
+            # Also when cancelled in the pause between two starts: stopped, not "failed".
+            self._set(State.STOPPED)
+            raise
+
+    async def _keep_running(self) -> None:
         failures = 0
         # The SDK's import takes a second of CPU: not on the loop the channels run on.
         await asyncio.to_thread(_import_sdk)
@@ -150,9 +159,6 @@ class Connection:
                 self._set(State.FAILED, str(exc))
                 logger.error("MCP server {}: not started: {}", self.name, exc)
                 return  # nothing changes until the config does
-            except asyncio.CancelledError:
-                self._set(State.STOPPED)
-                raise
             except Exception as exc:  # noqa: BLE001 - every failure of a server is its own
                 reason = describe(exc)
             failures = 1 if self._ran else failures + 1  # a run that worked starts anew
@@ -305,7 +311,7 @@ class Connection:
                     listening = None
                 if self._refresh.is_set():
                     self._refresh.clear()
-                    async with asyncio.timeout(self.config.startup_timeout):
+                    async with _answers_within(self.config.startup_timeout, "list its tools"):
                         tools = await self._list(client)
                     self._set(State.RUNNING, tools=tools)
                     logger.info("MCP server {}: its tools changed; {} now", self.name, len(tools))
@@ -320,7 +326,7 @@ class Connection:
     async def _check(self, client: Client, *, modern: bool) -> None:
         """Whether the server still answers (raises if not); in 2026-07-28 by listing its
         tools, which also catches a change it did not announce."""
-        async with asyncio.timeout(self.config.timeout):
+        async with _answers_within(self.config.timeout, "answer a check"):
             if not modern:
                 await client.session.send_ping()
                 return
@@ -497,10 +503,13 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "it did not start and list its tools in time (startup_timeout)"
     import httpx2
+    from mcp_types import CONNECTION_CLOSED
 
     text = str(exc) or type(exc).__name__
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    if status is not None:
+    if getattr(exc, "code", None) == CONNECTION_CLOSED:
+        text = "the server closed the connection"
+    elif status is not None:
         text = _answered(status)
     elif isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
         text = f"the server cannot be reached ({text})"
@@ -519,6 +528,21 @@ def _answered(status: int) -> str:
     return f"the server answered HTTP {status}{phrase}"
 
 
+class Silent(Exception):
+    """A running server did not answer nanobot's own request in time."""
+
+
+@asynccontextmanager
+async def _answers_within(seconds: float, what: str) -> AsyncIterator[None]:
+    """`asyncio.timeout`, saying what the server did not do (a bare TimeoutError would
+    read as a start that took too long)."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise Silent(f"it did not {what} within {seconds:g} seconds") from None
+
+
 class Refused(Exception):
     """A remote server answered nanobot's first request with an HTTP error."""
 
@@ -527,12 +551,19 @@ class Refused(Exception):
         super().__init__(f"{_answered(status)}{hint}")
 
 
+_IMPORTING = threading.Lock()
+
+
 def _import_sdk() -> None:
-    import httpx2  # noqa: F401
-    from mcp import Client  # noqa: F401
-    from mcp.client.sse import sse_client  # noqa: F401
-    from mcp.client.stdio import stdio_client  # noqa: F401
-    from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+    # One thread at a time: servers start together, and imports racing in threads can
+    # deadlock on the modules' import locks.
+    with _IMPORTING:
+        import httpx2  # noqa: F401
+        from mcp import Client  # noqa: F401
+        from mcp.client.sse import sse_client  # noqa: F401
+        from mcp.client.stdio import stdio_client  # noqa: F401
+        from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+        from mcp.client.subscriptions import SubscriptionLost  # noqa: F401
 
 
 def _client_info() -> mcp_types.Implementation:
@@ -665,9 +696,13 @@ class _StderrLog:
         writer = os.fdopen(write_fd, "w")
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=64 * 1024)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb")
-        )
+        try:
+            transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb")
+            )
+        except BaseException:  # cancelled while it connects: the loop closed the read end
+            writer.close()
+            raise
         task = asyncio.create_task(self._drain(reader), name=f"mcp-stderr-{self._name}")
         try:
             yield writer
