@@ -4,7 +4,8 @@ config says `sandbox: none`), with an environment of its own.
 The server sees PATH, HOME (the sandbox's), LANG, the sandbox's proxy variables where its
 network is nanobot's egress proxy, and exactly the `env` its config gives: nothing of
 nanobot's own environment (the SDK's stdio client adds the user's LOGNAME, SHELL, TERM and
-USER; the server's command line takes them away again with `env -u`). Secrets travel in the
+USER, the shell before bubblewrap PWD; the server's command line takes them away again with
+`env -u`). Secrets travel in the
 environment only, never on a command line another local user could read in `ps`.
 """
 
@@ -19,8 +20,9 @@ from nanobot.mcp.settings import ServerSettings
 from nanobot.tools.bubblewrap import Bubblewrap
 from nanobot.tools.sandbox import Sandbox, SandboxCall, Unavailable
 
-# What the SDK's stdio client passes on from nanobot's environment, besides PATH and HOME.
-_INHERITED = ("LOGNAME", "SHELL", "TERM", "USER")
+# What the SDK's stdio client passes on from nanobot's environment, besides PATH and HOME;
+# and PWD, which the shell that hands bubblewrap its filter exports.
+_INHERITED = ("LOGNAME", "SHELL", "TERM", "USER", "PWD")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # bubblewrap reads its seccomp filter from a descriptor; the SDK starts the server with only
 # its three pipes, so a shell opens the filter as descriptor 3 and then becomes bubblewrap.
