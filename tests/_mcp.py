@@ -43,7 +43,7 @@ def remote(name: str, url: str, **settings: Any) -> ServerSettings:
     return ServerSettings(name, url=url, **settings)
 
 
-async def eventually(check: Callable[[], object], within: float = 15.0) -> None:
+async def eventually(check: Callable[[], object], within: float = 30.0) -> None:
     """Return once `check()` is true; fail the test after `within` seconds. (Polled: what
     it checks is a server's state, the log or the process table, which no event tells.)"""
     async with asyncio.timeout(within):
@@ -73,8 +73,11 @@ async def running(
     )
     task = asyncio.create_task(connection.run(), name=f"test-mcp-{config.name}")
     try:
-        if settled:
-            await eventually(lambda: connection.status.state is not State.STARTING or task.done())
+        if settled:  # bounded by its startup_timeout; the rest is for a loaded machine
+            await eventually(
+                lambda: connection.status.state is not State.STARTING or task.done(),
+                within=config.startup_timeout + 30,
+            )
         yield connection
     finally:
         task.cancel()

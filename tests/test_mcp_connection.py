@@ -94,15 +94,15 @@ async def test_a_start_beyond_startup_timeout_fails_with_why_and_is_retried(
     """The first start swallows its input and never answers; the next one is the fake."""
     first = tmp_path / "started-once"
     script = 'if [ -e "$0" ]; then exec "$@"; fi; : > "$0"; while read -r line; do :; done'
-    config = shell("sleepy", script, str(first), sys.executable, str(SCRIPT), startup_timeout=3.0)
-    states: list[tuple[State, str]] = []
+    config = shell("sleepy", script, str(first), sys.executable, str(SCRIPT), startup_timeout=5.0)
     async with running(config, tmp_path, settled=False) as connection:
-        await eventually(lambda: connection.status.state is State.FAILED, within=20)
-        states.append((connection.status.state, connection.status.reason))
-        await eventually(lambda: connection.status.state is State.RUNNING, within=20)
-    assert states == [
-        (State.FAILED, "it did not start and list its tools in time (startup_timeout)")
-    ]
+        await eventually(lambda: connection.status.state is State.FAILED, within=30)
+        assert connection.status.reason == (
+            "it did not start and list its tools in time (startup_timeout)"
+        )
+        assert connection.tools == {}
+        await eventually(lambda: connection.status.state is not State.FAILED, within=30)
+        await eventually(lambda: connection.status.state is State.RUNNING, within=60)
     assert first.exists()
 
 
@@ -117,7 +117,7 @@ async def test_stdio_a_changed_tool_list_is_seen_by_the_next_offer(
     async with running(config, tmp_path) as connection:
         assert "grower_late" not in connection.tools
         assert await text_of(connection, "grow", {}) == "grown"
-        await eventually(lambda: "grower_late" in connection.tools, within=10)
+        await eventually(lambda: "grower_late" in connection.tools)
         assert await text_of(connection, "late", {"x": "bloomer"}) == "late bloomer"
         assert connection.status.state is State.RUNNING
 
@@ -126,7 +126,7 @@ async def test_http_a_changed_tool_list_is_seen_by_the_next_offer(tmp_path: Path
     async with serve_http() as url, running(remote("grown", url), tmp_path) as connection:
         assert "grown_late" not in connection.tools
         assert await text_of(connection, "grow", {}) == "grown"
-        await eventually(lambda: "grown_late" in connection.tools, within=10)
+        await eventually(lambda: "grown_late" in connection.tools)
         assert await text_of(connection, "late", {"x": "comer"}) == "late comer"
 
 
