@@ -114,3 +114,18 @@ def processes_with(mark: str) -> list[int]:
         if mark.encode() in cmdline and state not in ("Z", "X"):
             found.append(int(entry.name))
     return found
+
+
+def servers_with(mark: str) -> list[int]:
+    """The fake servers themselves (python running a script of tests/fakes, or a copy of
+    one) whose command line holds `mark`: not the wrappers around them (a shell, bubblewrap,
+    the reaper of a bare server), whose command lines hold it too."""
+    found = []
+    for pid in processes_with(mark):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0] == sys.executable.encode() and argv[1].endswith(b"mcp_server.py"):
+            found.append(pid)
+    return found

@@ -15,7 +15,17 @@ import pytest
 
 from nanobot import log
 from nanobot.mcp.connection import STDERR_LINES, CallFailed, Connection, State
-from tests._mcp import LEGACY, eventually, log_lines, processes_with, remote, running, shell, stdio
+from tests._mcp import (
+    LEGACY,
+    eventually,
+    log_lines,
+    processes_with,
+    remote,
+    running,
+    servers_with,
+    shell,
+    stdio,
+)
 from tests.fakes.mcp_http import SCRIPT, serve_http
 
 ENV_SECRET = "envvalue-7d1c0e5b9a"
@@ -58,7 +68,7 @@ async def test_a_server_dying_mid_call_is_an_error_saying_so_and_it_comes_back(
                 assert connection.status.reason == "the server closed the connection"
                 await eventually(lambda: connection.status.state is State.RUNNING)
                 assert set(connection.tools) == before
-                assert len(processes_with(mark)) == 1  # the new one: the mute one was ended
+                assert len(servers_with(mark)) == 1  # the new one: the mute one was ended
                 assert await text_of(connection, "echo", {"text": "back"}) == "back"
     await eventually(lambda: not processes_with(mark))
     said = [line for line in lines if "starting it again" in line]

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import nanobot.mcp.launch as launch_module
 from nanobot.mcp.connection import Connection, State
 from nanobot.mcp.launch import NotStartable, launch
 from nanobot.mcp.settings import ServerSettings
@@ -31,7 +32,7 @@ from nanobot.tools.sandbox import (
     Unconfined,
     probe,
 )
-from tests._mcp import eventually, log_lines, processes_with, running
+from tests._mcp import eventually, log_lines, processes_with, running, servers_with
 from tests.fakes.mcp_http import SCRIPT
 
 CONFIG_SECRET = "sk-config-secret-0123456789abcdef"
@@ -106,19 +107,6 @@ def fake(install: Install, *options: str, **settings: Any) -> ServerSettings:
     )
 
 
-def pythons_with(mark: str) -> list[int]:
-    """The python processes whose command line holds `mark` (bubblewrap's hold it too)."""
-    found = []
-    for pid in processes_with(mark):
-        try:
-            program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if program == sys.executable.encode():
-            found.append(pid)
-    return found
-
-
 async def structured(connection: Connection, tool: str, arguments: dict[str, Any]) -> Any:
     result = await connection.call(connection.tools[f"boxed_{tool}"], arguments)
     assert not result.is_error, result.content
@@ -149,7 +137,7 @@ async def test_a_sandboxed_server_reads_nothing_of_nanobots_and_leaves_nothing_b
         environ = await structured(connection, "environ", {})
         who = await structured(connection, "whoami", {})
         mine = await structured(connection, "probe", {"paths": [str(install.script)]})
-        assert len(pythons_with(str(forked))) == 2  # the server and its child
+        assert len(servers_with(str(forked))) == 2  # the server and its child
     await eventually(lambda: not processes_with(str(forked)))
     for path in wanted[:4]:
         assert found[path].startswith("error: "), (path, found[path])
@@ -195,6 +183,24 @@ async def test_sandbox_none_starts_the_server_bare_and_says_so(install: Install)
     assert set(environ) == {"PATH", "HOME", "LANG", "SERVICE_TOKEN"}, sorted(environ)
     assert environ["HOME"] == str(install.home)
     assert who["pid"] != os.getpid()
+
+
+@pytest.mark.parametrize("exits", [False, True], ids=["serves-on", "exits-after-fork"])
+async def test_a_bare_server_that_forks_leaves_no_process_behind(
+    install: Install, exits: bool
+) -> None:
+    """Without the PID namespace: its detached child (a session of its own, out of the
+    process group the SDK stops) is ended all the same."""
+    forked = install.workspace / "bare.pid"
+    options = ("--fork-child", str(forked), *(("--exit-after-fork",) if exits else ()))
+    async with running(fake(install, *options, sandbox="none"), install.workspace) as connection:
+        assert connection.status.state is (State.FAILED if exits else State.RUNNING)
+        await eventually(forked.exists)
+        if not exits:
+            child = int(forked.read_text())  # the host's pid: no namespace of its own
+            assert child in servers_with(str(forked))  # alive beside the server
+            assert os.getsid(child) == child  # out of the server's session and group
+    await eventually(lambda: not processes_with(str(forked)))
 
 
 @pytest.mark.parametrize(
@@ -246,6 +252,9 @@ def test_a_bare_launch_has_its_own_environment_and_drops_the_inherited_names(
     for name in INHERITED:
         assert ("-u", name) in zip(started.argv, started.argv[1:], strict=False)
     assert started.argv[-2:] == (sys.executable, str(install.script))
+    # A bare server runs under the reaper, which ends what it leaves behind.
+    reaper = Path(launch_module.__file__).with_name("_reaper.py")
+    assert started.argv[:3] == (sys.executable, "-I", str(reaper))
     assert SERVER_SECRET not in " ".join(started.argv)
 
 
