@@ -9,9 +9,11 @@ nanobot's own environment holding a key. Without a working bubblewrap they are s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -295,3 +297,53 @@ def test_a_cwd_inside_the_workspace_is_the_servers_folder(install: Install) -> N
     started = launch("boxed", config, install.workspace, None, None)
     at = started.argv.index("-C")
     assert started.argv[at + 1] == str((install.workspace / "sub").resolve())
+
+
+# A stand-in for nanobot: starts the server as launched and waits. Its own parent, the
+# holder, is a child subreaper: the server's reaper, orphaned, becomes the holder's, not
+# init's (which may end orphans of its own accord and hide what the reaper does).
+HOLDER = """
+import ctypes, os, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+code = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(60)"
+subprocess.Popen([sys.executable, "-c", code, *sys.argv[1:]])
+while True:
+    os.wait()
+"""
+
+
+async def test_a_bare_servers_processes_end_when_nanobot_is_killed(install: Install) -> None:
+    """nanobot killed outright (kill -9) stops nothing itself: the reaper learns it from
+    the kernel (its parent-death signal) and ends the server and what it forked, although
+    the server's input stays open (it is this test's pipe)."""
+    forked = install.workspace / "orphaned.pid"
+    config = fake(install, "--fork-child", str(forked), sandbox="none")
+    started = launch("boxed", config, install.workspace, None, None)
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        HOLDER,
+        *started.argv,
+        env=started.env,
+        cwd=started.cwd,
+        stdin=asyncio.subprocess.PIPE,
+    )
+    assert holder.stdin is not None
+    try:
+        await eventually(forked.exists)
+        await eventually(lambda: len(servers_with(str(forked))) == 2)  # server and child
+        (stand_in,) = [pid for pid in processes_with(str(forked)) if _is_stand_in(pid)]
+        os.kill(stand_in, signal.SIGKILL)
+        await eventually(lambda: not processes_with(str(forked)))
+    finally:
+        holder.stdin.close()
+        holder.kill()
+        await holder.wait()
+
+
+def _is_stand_in(pid: int) -> bool:
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return argv[1:3] == [
+        b"-c",
+        b"import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(60)",
+    ]
