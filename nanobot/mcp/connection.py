@@ -128,6 +128,7 @@ class Connection:
         self._ended = asyncio.Event()
         self._stderr = _StderrLog(name)
         self._ran = False  # the last connection got as far as running
+        self._missing: list[str] = []  # the tools of `tools` it did not list, as last said
 
     @property
     def tools(self) -> dict[str, RemoteTool]:
@@ -307,7 +308,7 @@ class Connection:
                 if self._ended.is_set():
                     return
                 if listening is not None and listening.done():
-                    listening.result()  # a stream lost for good: the connection is
+                    listening.result()  # raises what ended it for good: the connection
                     listening = None
                 if self._refresh.is_set():
                     self._refresh.clear()
@@ -320,7 +321,9 @@ class Connection:
         finally:
             if listening is not None:
                 listening.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                # What ended the stream no longer matters once the connection has ended
+                # (a stdio server that exited fails the stream too).
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await listening
 
     async def _check(self, client: Client, *, modern: bool) -> None:
@@ -377,13 +380,15 @@ class Connection:
         chosen = [t for t in listed if wanted is None or t.name in wanted]
         if wanted is not None:
             missing = sorted(set(wanted) - {t.name for t in listed})
-            if missing:
+            # Said once, not at each listing (a remote server's are listed every check).
+            if missing and missing != self._missing:
                 logger.warning(
                     "MCP server {}: mcp.servers.{}.tools names tools it does not list: {}",
                     self.name,
                     self.name,
                     ", ".join(missing),
                 )
+            self._missing = missing
         by_name = {t.name: t for t in chosen}
         extra = (
             [n for n in RESOURCE_TOOLS if n not in by_name] if await _has_resources(client) else []
