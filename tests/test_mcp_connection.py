@@ -141,16 +141,23 @@ async def test_http_a_changed_tool_list_is_seen_by_the_next_offer(tmp_path: Path
 
 
 async def test_http_a_connection_stays_up_across_its_liveness_checks(tmp_path: Path) -> None:
-    """The 2026-07-28 protocol has no ping: the check must use what the era has."""
-    async with (
-        serve_http() as url,
-        running(remote("steady", url), tmp_path, watch_every=0.1) as connection,
-    ):
-        since = connection.status.since
-        for _ in range(5):
-            assert await text_of(connection, "echo", {"text": "up"}) == "up"
-            await asyncio.sleep(0.1)
-        assert (connection.status.state, connection.status.since) == (State.RUNNING, since)
+    """The 2026-07-28 protocol has no ping: the check must use what the era has (there, a
+    listing, whose missing tools are said once, not at every check)."""
+    with log_lines() as lines:
+        async with serve_http() as url:
+            config = remote("steady", url, tools=("echo", "nope"))
+            async with running(config, tmp_path, watch_every=0.1) as connection:
+                since = connection.status.since
+                for _ in range(5):
+                    assert await text_of(connection, "echo", {"text": "up"}) == "up"
+                    await asyncio.sleep(0.1)
+                state = (connection.status.state, connection.status.since)
+                assert state == (State.RUNNING, since)
+                assert set(connection.tools) == {"steady_echo"}
+    said = [line for line in lines if "names tools it does not list" in line]
+    assert said == [
+        "WARNING MCP server steady: mcp.servers.steady.tools names tools it does not list: nope"
+    ]
 
 
 # -- remote servers ------------------------------------------------------------------------------
