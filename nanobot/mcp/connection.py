@@ -5,21 +5,29 @@ The SDK's client lives in the supervisor task (`run`), which enters and leaves i
 transports are anyio context managers that must end in the task that began them. Calls come
 from the turns' own tasks; one that hangs holds up only its own turn (each has `timeout`),
 never the supervisor, another server or shutdown.
+
+A server says its tools changed in the way of its protocol era: a
+`notifications/tools/list_changed` in the handshake era (2025-11-25 and before), a
+`subscriptions/listen` stream in 2026-07-28's, which the supervisor keeps open. A remote
+server is checked between calls too: a ping in the handshake era, which 2026-07-28 dropped,
+so there its tools are listed again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import http
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from loguru import logger
 
@@ -38,8 +46,14 @@ if TYPE_CHECKING:
 # Starts again after a failure: quickly at first, then at most once a minute.
 RESTART = Backoff((1.0, 2.0, 5.0, 15.0, 30.0, 60.0))
 PING_EVERY = 30.0  # seconds: a remote server that went away is noticed between calls too
+LISTEN_AGAIN = 1.0  # seconds before a change stream that ended is opened again
 STDERR_LINES = 20  # of a server's stderr logged per minute; the rest is counted
 RESOURCE_TOOLS = ("list_resources", "read_resource")
+# One SSE event of Streamable HTTP holds one whole message: the SDK's 1 MiB would fail a
+# large result (a 10 MB one is cut to the tools' limit after it arrived, not refused).
+MAX_EVENT_BYTES = 32 * 1024 * 1024
+
+T = TypeVar("T")
 
 
 class State(StrEnum):
@@ -102,16 +116,19 @@ class Connection:
         sandbox: Sandbox | None,
         changed: Callable[[], None] = lambda: None,
         restart: Backoff = RESTART,
+        watch_every: float = PING_EVERY,
     ) -> None:
         self.name, self.config = name, config
         self._workspace, self._sandbox = workspace, sandbox
         self._changed, self._restart = changed, restart
+        self._watch_every = watch_every
         self.status = Status()
         self._client: Client | None = None
         self._refresh = asyncio.Event()
         self._ended = asyncio.Event()
         self._stderr = _StderrLog(name)
         self._ran = False  # the last connection got as far as running
+        self._missing: list[str] = []  # the tools of `tools` it did not list, as last said
 
     @property
     def tools(self) -> dict[str, RemoteTool]:
@@ -122,7 +139,17 @@ class Connection:
         """Connect, serve, and connect again after each failure, until cancelled (then the
         server is stopped: the SDK closes its input, then terminates and kills its process
         group, each step bounded)."""
+        try:
+            await self._keep_running()
+        except asyncio.CancelledError:
+            # Also when cancelled in the pause between two starts: stopped, not "failed".
+            self._set(State.STOPPED)
+            raise
+
+    async def _keep_running(self) -> None:
         failures = 0
+        # The SDK's import takes a second of CPU: not on the loop the channels run on.
+        await asyncio.to_thread(_import_sdk)
         while True:
             self._set(State.STARTING)
             self._ran = False
@@ -133,9 +160,6 @@ class Connection:
                 self._set(State.FAILED, str(exc))
                 logger.error("MCP server {}: not started: {}", self.name, exc)
                 return  # nothing changes until the config does
-            except asyncio.CancelledError:
-                self._set(State.STOPPED)
-                raise
             except Exception as exc:  # noqa: BLE001 - every failure of a server is its own
                 reason = describe(exc)
             failures = 1 if self._ran else failures + 1  # a run that worked starts anew
@@ -163,12 +187,41 @@ class Connection:
                 within the server's `timeout` (the call is then cancelled with the
                 protocol's cancellation).
         """
+        return await self._ask(
+            lambda client: client.call_tool(tool.remote, arguments, progress_callback=progress)
+        )
+
+    async def list_resources(self) -> list[mcp_types.Resource]:
+        """Every resource the server lists (all pages). Raises CallFailed as `call`."""
+
+        async def every(client: Client) -> list[mcp_types.Resource]:
+            found: list[mcp_types.Resource] = []
+            cursor: str | None = None
+            while True:
+                page = await client.list_resources(cursor=cursor)
+                found += page.resources
+                cursor = page.next_cursor
+                if not cursor or len(found) > 1000:
+                    return found
+
+        return await self._ask(every)
+
+    async def read_resource(self, uri: str) -> mcp_types.ReadResourceResult:
+        """The resource at `uri`. Raises CallFailed as `call`."""
+        return await self._ask(lambda client: client.read_resource(uri))
+
+    async def _ask(self, request: Callable[[Client], Awaitable[T]]) -> T:
+        """`request` of the running client, within the server's `timeout`; each way it can
+        fail a CallFailed saying which (cancelling it cancels the request, which the SDK
+        tells the server)."""
         client = self._running()
+        import anyio
+        import httpx2
         from mcp import MCPError
 
         try:
             async with asyncio.timeout(self.config.timeout):
-                return await client.call_tool(tool.remote, arguments, progress_callback=progress)
+                return await request(client)
         except TimeoutError:
             raise CallFailed(
                 f"the MCP server {self.name} did not answer within {self.config.timeout:g} "
@@ -176,39 +229,10 @@ class Connection:
             ) from None
         except MCPError as exc:
             raise CallFailed(self._call_error(exc)) from None
-
-    async def list_resources(self) -> list[mcp_types.Resource]:
-        """Every resource the server lists (all pages). Raises CallFailed as `call`."""
-        client = self._running()
-        from mcp import MCPError
-
-        found: list[mcp_types.Resource] = []
-        cursor: str | None = None
-        try:
-            async with asyncio.timeout(self.config.timeout):
-                while True:
-                    page = await client.list_resources(cursor=cursor)
-                    found += page.resources
-                    cursor = page.next_cursor
-                    if not cursor or len(found) > 1000:
-                        return found
-        except TimeoutError:
-            raise CallFailed(f"the MCP server {self.name} did not answer in time") from None
-        except MCPError as exc:
-            raise CallFailed(self._call_error(exc)) from None
-
-    async def read_resource(self, uri: str) -> mcp_types.ReadResourceResult:
-        """The resource at `uri`. Raises CallFailed as `call`."""
-        client = self._running()
-        from mcp import MCPError
-
-        try:
-            async with asyncio.timeout(self.config.timeout):
-                return await client.read_resource(uri)
-        except TimeoutError:
-            raise CallFailed(f"the MCP server {self.name} did not answer in time") from None
-        except MCPError as exc:
-            raise CallFailed(self._call_error(exc)) from None
+        except (httpx2.TransportError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            # The connection itself failed under the call: 2026-07-28 over HTTP sends each
+            # request on its own, and the SDK passes the transport's error on as it is.
+            raise CallFailed(self._stopped()) from None
 
     def _running(self) -> Client:
         if self._client is None or self.status.state is not State.RUNNING:
@@ -220,11 +244,14 @@ class Connection:
         from mcp_types import CONNECTION_CLOSED
 
         if getattr(exc, "code", None) == CONNECTION_CLOSED or self._ended.is_set():
-            return (
-                f"the MCP server {self.name} stopped during the call; it is being started "
-                "again, so the call may have been carried out or not"
-            )
+            return self._stopped()
         return f"the MCP server {self.name} answered with an error: {redact(str(exc))[:500]}"
+
+    def _stopped(self) -> str:
+        return (
+            f"the MCP server {self.name} stopped during the call; it is being started "
+            "again, so the call may have been carried out or not"
+        )
 
     def _set(
         self, state: State, reason: str = "", tools: dict[str, RemoteTool] | None = None
@@ -257,28 +284,88 @@ class Connection:
 
     async def _serve(self, client: Client) -> None:
         """Until the connection ends: list the tools again when the server says they
-        changed, and ping a remote server now and then."""
-        while not self._ended.is_set():
-            refresh = asyncio.ensure_future(self._refresh.wait())
-            ended = asyncio.ensure_future(self._ended.wait())
-            try:
-                await asyncio.wait(
-                    {refresh, ended}, timeout=PING_EVERY, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                refresh.cancel()
-                ended.cancel()
-            if self._ended.is_set():
+        changed, and check a remote server now and then (see the module docstring)."""
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        listening: asyncio.Task[None] | None = None
+        if modern:
+            listening = asyncio.create_task(self._listen(client), name=f"mcp-listen-{self.name}")
+        try:
+            while not self._ended.is_set():
+                refresh = asyncio.ensure_future(self._refresh.wait())
+                ended = asyncio.ensure_future(self._ended.wait())
+                waits: set[asyncio.Future[Any]] = {refresh, ended}
+                if listening is not None:
+                    waits.add(listening)
+                try:
+                    await asyncio.wait(
+                        waits, timeout=self._watch_every, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    refresh.cancel()
+                    ended.cancel()
+                if self._ended.is_set():
+                    return
+                if listening is not None and listening.done():
+                    listening.result()  # raises what ended it for good: the connection
+                    listening = None
+                if self._refresh.is_set():
+                    self._refresh.clear()
+                    async with _answers_within(self.config.startup_timeout, "list its tools"):
+                        tools = await self._list(client)
+                    self._set(State.RUNNING, tools=tools)
+                    logger.info("MCP server {}: its tools changed; {} now", self.name, len(tools))
+                elif self.config.transport == "http":
+                    await self._check(client, modern=modern)
+        finally:
+            if listening is not None:
+                listening.cancel()
+                # What ended the stream no longer matters once the connection has ended
+                # (a stdio server that exited fails the stream too).
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await listening
+
+    async def _check(self, client: Client, *, modern: bool) -> None:
+        """Whether the server still answers (raises if not); in 2026-07-28 by listing its
+        tools, which also catches a change it did not announce."""
+        async with _answers_within(self.config.timeout, "answer a check"):
+            if not modern:
+                await client.session.send_ping()
                 return
-            if self._refresh.is_set():
-                self._refresh.clear()
-                async with asyncio.timeout(self.config.startup_timeout):
-                    tools = await self._list(client)
-                self._set(State.RUNNING, tools=tools)
-                logger.info("MCP server {}: its tools changed; {} now", self.name, len(tools))
-            elif self.config.transport == "http":
-                async with asyncio.timeout(self.config.timeout):
-                    await client.send_ping()
+            tools = await self._list(client)
+        if tools != self.status.tools:
+            self._set(State.RUNNING, tools=tools)
+            logger.info("MCP server {}: its tools changed; {} now", self.name, len(tools))
+
+    async def _listen(self, client: Client) -> None:
+        """Set `_refresh` at each change the server announces on its `subscriptions/listen`
+        stream (2026-07-28), and open the stream again when it ends (what changed meanwhile
+        is not replayed: the tools are listed again). Returns where the server offers no
+        such stream; raises when it cannot be opened again (the connection is lost)."""
+        from mcp import MCPError
+        from mcp.client.subscriptions import SubscriptionLost
+
+        again = False
+        while True:
+            try:
+                async with client.listen(tools_list_changed=True) as changes:
+                    if not changes.honored.tools_list_changed:
+                        logger.debug("MCP server {}: it does not announce changes", self.name)
+                        return
+                    if again:
+                        self._refresh.set()
+                    async for _ in changes:
+                        self._refresh.set()
+            except MCPError as exc:
+                if again:
+                    raise
+                logger.debug("MCP server {}: no change stream: {}", self.name, describe(exc))
+                return
+            except SubscriptionLost as exc:
+                logger.debug("MCP server {}: its change stream dropped: {}", self.name, exc)
+            again = True
+            await asyncio.sleep(LISTEN_AGAIN)
 
     async def _list(self, client: Client) -> dict[str, RemoteTool]:
         listed: list[mcp_types.Tool] = []
@@ -293,13 +380,15 @@ class Connection:
         chosen = [t for t in listed if wanted is None or t.name in wanted]
         if wanted is not None:
             missing = sorted(set(wanted) - {t.name for t in listed})
-            if missing:
+            # Said once, not at each listing (a remote server's are listed every check).
+            if missing and missing != self._missing:
                 logger.warning(
                     "MCP server {}: mcp.servers.{}.tools names tools it does not list: {}",
                     self.name,
                     self.name,
                     ", ".join(missing),
                 )
+            self._missing = missing
         by_name = {t.name: t for t in chosen}
         extra = (
             [n for n in RESOURCE_TOOLS if n not in by_name] if await _has_resources(client) else []
@@ -418,13 +507,68 @@ def describe(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     if isinstance(exc, TimeoutError):
         return "it did not start and list its tools in time (startup_timeout)"
+    import httpx2
+    from mcp_types import CONNECTION_CLOSED
+
     text = str(exc) or type(exc).__name__
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    if status is not None:
-        text = f"the server answered HTTP {status}"
+    if getattr(exc, "code", None) == CONNECTION_CLOSED:
+        text = "the server closed the connection"
+    elif status is not None:
+        text = _answered(status)
+    elif isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
+        text = f"the server cannot be reached ({text})"
+    elif isinstance(exc, httpx2.TransportError):
+        text = f"the connection to the server failed ({text})"
     if isinstance(exc, FileNotFoundError | PermissionError):
         text = f"its command could not be started: {exc}"
     return redact(printable(text))[:500]
+
+
+def _answered(status: int) -> str:
+    try:
+        phrase = f" ({http.HTTPStatus(status).phrase})"
+    except ValueError:
+        phrase = ""
+    return f"the server answered HTTP {status}{phrase}"
+
+
+class Silent(Exception):
+    """A running server did not answer nanobot's own request in time."""
+
+
+@asynccontextmanager
+async def _answers_within(seconds: float, what: str) -> AsyncIterator[None]:
+    """`asyncio.timeout`, saying what the server did not do (a bare TimeoutError would
+    read as a start that took too long)."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise Silent(f"it did not {what} within {seconds:g} seconds") from None
+
+
+class Refused(Exception):
+    """A remote server answered nanobot's first request with an HTTP error."""
+
+    def __init__(self, name: str, status: int) -> None:
+        hint = f": check mcp.servers.{name}.headers" if status in (401, 403) else ""
+        super().__init__(f"{_answered(status)}{hint}")
+
+
+_IMPORTING = threading.Lock()
+
+
+def _import_sdk() -> None:
+    # One thread at a time: servers start together, and imports racing in threads can
+    # deadlock on the modules' import locks.
+    with _IMPORTING:
+        import httpx2  # noqa: F401
+        from mcp import Client  # noqa: F401
+        from mcp.client.sse import sse_client  # noqa: F401
+        from mcp.client.stdio import stdio_client  # noqa: F401
+        from mcp.client.streamable_http import streamable_http_client  # noqa: F401
+        from mcp.client.subscriptions import SubscriptionLost  # noqa: F401
 
 
 def _client_info() -> mcp_types.Implementation:
@@ -495,7 +639,7 @@ async def _remote(name: str, config: ServerSettings, ended: asyncio.Event) -> As
 
     assert config.url is not None
     headers = dict(config.headers)
-    if await _speaks_sse_only(config.url, headers, config.startup_timeout):
+    if await _probe(name, config.url, headers, config.startup_timeout) == "sse":
         logger.info(
             "MCP server {}: the older HTTP+SSE transport (it does not speak Streamable HTTP)", name
         )
@@ -506,31 +650,44 @@ async def _remote(name: str, config: ServerSettings, ended: asyncio.Event) -> As
         return
     timeout = httpx2.Timeout(config.timeout, read=max(config.timeout, 300.0))
     async with (
-        httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
-        streamable_http_client(config.url, http_client=http) as streams,
+        httpx2.AsyncClient(headers=headers, timeout=timeout) as client,
+        streamable_http_client(
+            config.url, http_client=client, max_sse_event_size=MAX_EVENT_BYTES
+        ) as streams,
     ):
         yield _watch(streams, ended)
 
 
-async def _speaks_sse_only(url: str, headers: dict[str, str], seconds: float) -> bool:
-    """Whether `url` is an HTTP+SSE endpoint rather than Streamable HTTP: a POST is refused
-    with 400/404/405 while a GET opens an event stream."""
+async def _probe(
+    name: str, url: str, headers: dict[str, str], seconds: float
+) -> Literal["http", "sse"]:
+    """Which transport `url` speaks: the older HTTP+SSE where a POST is refused with
+    400/404/405 while a GET opens an event stream, else Streamable HTTP.
+
+    Raises:
+        Refused: the POST was refused for its credentials (401, 403, 407) or failed on the
+            server's side (5xx): the SDK would only say "an error response".
+    """
     import httpx2
 
     probe = {**headers, "Accept": "application/json, text/event-stream"}
-    async with httpx2.AsyncClient(headers=probe, timeout=seconds) as http:
+    async with httpx2.AsyncClient(headers=probe, timeout=seconds) as client:
         ping = {"jsonrpc": "2.0", "id": 0, "method": "ping"}
-        answer = await http.post(url, json=ping)
+        answer = await client.post(url, json=ping)
+        if answer.status_code in (401, 403, 407) or answer.status_code >= 500:
+            raise Refused(name, answer.status_code)
         if answer.status_code not in (400, 404, 405):
-            return False
-        async with http.stream("GET", url, headers={"Accept": "text/event-stream"}) as stream:
+            return "http"
+        async with client.stream("GET", url, headers={"Accept": "text/event-stream"}) as stream:
             kind = stream.headers.get("content-type", "")
-            return stream.status_code == 200 and kind.startswith("text/event-stream")
+            sse = stream.status_code == 200 and kind.startswith("text/event-stream")
+            return "sse" if sse else "http"
 
 
 class _StderrLog:
     """A server's stderr, into the log line by line, redacted, at most STDERR_LINES a
-    minute (a server printing in a loop must not fill the disk)."""
+    minute (a server printing in a loop must not fill the disk); how many were left out is
+    said when the minute is over, or when the server's stderr ends."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -544,9 +701,13 @@ class _StderrLog:
         writer = os.fdopen(write_fd, "w")
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=64 * 1024)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb")
-        )
+        try:
+            transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb")
+            )
+        except BaseException:  # cancelled while it connects: the loop closed the read end
+            writer.close()
+            raise
         task = asyncio.create_task(self._drain(reader), name=f"mcp-stderr-{self._name}")
         try:
             yield writer
@@ -557,6 +718,7 @@ class _StderrLog:
                     await asyncio.shield(task)
             task.cancel()
             transport.close()
+            self._said_dropped()
 
     async def _drain(self, reader: asyncio.StreamReader) -> None:
         while True:
@@ -573,13 +735,15 @@ class _StderrLog:
     def _log(self, line: str) -> None:
         now = time.monotonic()
         if now - self._window >= 60:
-            if self._dropped:
-                logger.info(
-                    "MCP server {} stderr: {} more lines not logged", self._name, self._dropped
-                )
-            self._window, self._count, self._dropped = now, 0, 0
+            self._said_dropped()
+            self._window, self._count = now, 0
         self._count += 1
         if self._count > STDERR_LINES:
             self._dropped += 1
             return
         logger.info("MCP server {} stderr: {}", self._name, redact(printable(line))[:1000])
+
+    def _said_dropped(self) -> None:
+        if self._dropped:
+            logger.info("MCP server {} stderr: {} more lines not logged", self._name, self._dropped)
+            self._dropped = 0

@@ -4,14 +4,19 @@ config says `sandbox: none`), with an environment of its own.
 The server sees PATH, HOME (the sandbox's), LANG, the sandbox's proxy variables where its
 network is nanobot's egress proxy, and exactly the `env` its config gives: nothing of
 nanobot's own environment (the SDK's stdio client adds the user's LOGNAME, SHELL, TERM and
-USER; the server's command line takes them away again with `env -u`). Secrets travel in the
-environment only, never on a command line another local user could read in `ps`.
+USER, the shell before bubblewrap PWD; the server's command line takes them away again with
+`env -u`). Secrets travel in the environment only, never on a command line another local
+user could read in `ps`.
+
+A sandboxed server's processes end with its PID namespace; a bare one runs under
+`_reaper.py`, which ends whatever the server started when it exits or is stopped.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +24,11 @@ from nanobot.mcp.settings import ServerSettings
 from nanobot.tools.bubblewrap import Bubblewrap
 from nanobot.tools.sandbox import Sandbox, SandboxCall, Unavailable
 
-# What the SDK's stdio client passes on from nanobot's environment, besides PATH and HOME.
-_INHERITED = ("LOGNAME", "SHELL", "TERM", "USER")
+# What the SDK's stdio client passes on from nanobot's environment, besides PATH and HOME;
+# and PWD, which the shell that hands bubblewrap its filter exports.
+_INHERITED = ("LOGNAME", "SHELL", "TERM", "USER", "PWD")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_REAPER = Path(__file__).with_name("_reaper.py")
 # bubblewrap reads its seccomp filter from a descriptor; the SDK starts the server with only
 # its three pipes, so a shell opens the filter as descriptor 3 and then becomes bubblewrap.
 _WITH_FILTER = 'exec 3<"$0" || exit 126; exec "$@"'
@@ -67,7 +74,10 @@ def launch(
         home = os.environ.get("HOME") or str(workspace)
         path = os.environ.get("PATH") or _DEFAULT_PATH
         env = {"PATH": path, "HOME": home, "LANG": lang, **given}
-        return Launch(tuple(inner), env, str(folder), bare=True)
+        # No PID namespace ends what it starts: the reaper does (see _reaper.py).
+        # -I: the server's own PYTHON* variables are not the reaper's.
+        reaper = (sys.executable, "-I", str(_REAPER))
+        return Launch((*reaper, *inner), env, str(folder), bare=True)
     if not isinstance(sandbox, Bubblewrap) or call is None:
         raise NotStartable(_why_no_sandbox(name, sandbox))
     fds = call.pass_fds

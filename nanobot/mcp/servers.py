@@ -5,8 +5,11 @@ rules and their states.
 a turn that uses no MCP tool never wait for one. The tools of a server are offered while it
 runs; the model's next call sees a change (a server that started, died or said its tools
 changed). Each call's arguments are checked against the tool's input schema before anything
-is sent. The states are kept in `mcp.json` in the data dir (written whole, by a rename, at
-each change) for `nanobot mcp list` and `nanobot status` to read from another process.
+is sent. The states are kept in `mcp.json` in the data dir for `nanobot mcp list` and
+`nanobot status` to read from another process: written whole (by a rename) after each change,
+in a thread, so a slow disk never holds up the event loop; one write at a time, in the order
+of the changes, the newest state last (changes that come while one is written are written
+together, as the newest).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -21,9 +25,10 @@ from typing import Any, Final
 from loguru import logger
 
 from nanobot.agent.approvals import Policy, ToolRule
-from nanobot.mcp.connection import CallFailed, Connection, RemoteTool, State, Status
+from nanobot.mcp.connection import RESTART, CallFailed, Connection, RemoteTool, State, Status
 from nanobot.mcp.results import resource_result, resources_result, tool_result
 from nanobot.mcp.settings import ServerSettings
+from nanobot.outage import Backoff
 from nanobot.tasks import TaskSet
 from nanobot.tools.base import ToolResult
 from nanobot.tools.sandbox import Sandbox
@@ -43,12 +48,18 @@ class McpServers:
         sandbox: Sandbox | None,
         other: Policy = "ask",
         state_file: Path | None = None,
+        restart: Backoff = RESTART,
     ) -> None:
         self._servers = {server.name: server for server in servers}
-        self._other, self._file = other, state_file
+        self._other = other
         self._connections = {
             server.name: Connection(
-                server.name, server, workspace=workspace, sandbox=sandbox, changed=self._changed
+                server.name,
+                server,
+                workspace=workspace,
+                sandbox=sandbox,
+                changed=self._changed,
+                restart=restart,
             )
             for server in servers
             if server.enabled
@@ -57,8 +68,10 @@ class McpServers:
         self._validators: dict[str, tuple[dict[str, Any], Any]] = {}
         self._schemas: dict[str, dict[str, Any]] = {}
         self._offered: dict[str, RemoteTool] = {}
-        self._write_failed = False
         self._change = asyncio.Event()
+        self._states = None if state_file is None else _StateFile(state_file)
+        self._writes = TaskSet("mcp-state")
+        self._writer: asyncio.Task[None] | None = None
 
     def __bool__(self) -> bool:
         return bool(self._servers)
@@ -78,9 +91,11 @@ class McpServers:
 
     async def close(self) -> None:
         """Stop every server, each within the SDK's bounded steps (its input closed, then
-        terminated, then killed): all at once, so one slow server does not delay the rest."""
+        terminated, then killed): all at once, so one slow server does not delay the rest.
+        Returns once the stopped states are written."""
         await self._tasks.close()
         self._changed()
+        await self._writes.close(grace=None)
 
     # -- the registry's source ---------------------------------------------------------------
 
@@ -141,8 +156,12 @@ class McpServers:
         self._validators = {
             name: held for name, held in self._validators.items() if name in offered
         }
-        if self._file is not None:
-            self._write(self._file)
+        if self._states is not None:
+            # The record is taken now, on the loop, so each write is one moment's states.
+            self._states.pending = self._record()
+            # A flush that ended is done at once (its set forgets it only later).
+            if self._writer is None or self._writer.done():
+                self._writer = self._writes.spawn(self._states.flush(), name="mcp-state-write")
 
     def _invalid(self, tool: RemoteTool, arguments: dict[str, Any]) -> str | None:
         import jsonschema
@@ -165,8 +184,8 @@ class McpServers:
             described.append(f"{where}: {error.message[:200]}")
         return "; ".join(described)
 
-    def _write(self, path: Path) -> None:
-        record = {
+    def _record(self) -> dict[str, Any]:
+        return {
             name: {
                 "transport": self._servers[name].transport,
                 "state": status.state.value,
@@ -183,16 +202,46 @@ class McpServers:
             }
             for name, status in self.statuses().items()
         }
-        temporary = path.with_name(f".{path.name}.{os.getpid()}")
-        try:
-            temporary.write_text(json.dumps(record, indent=1), encoding="utf-8")
-            temporary.replace(path)
-        except OSError as exc:
-            if not self._write_failed:
-                logger.warning("could not write the MCP servers' states to {}: {}", path, exc)
-            self._write_failed = True
-            return
-        self._write_failed = False
+
+
+class _StateFile:
+    """`mcp.json`, written by one task at a time (`flush`), each write in a thread.
+
+    `pending` is the newest record not yet written. `flush` writes until none is pending
+    (the owner starts one when none runs). A flush cancelled mid-write leaves its thread
+    running; the lock and the records' order keep a later write from being overtaken by it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pending: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._made = 0  # records handed to a thread, in order
+        self._written = 0  # the newest of them on disk
+        self._failed = False
+
+    async def flush(self) -> None:
+        while self.pending is not None:
+            record, self.pending = self.pending, None
+            self._made += 1
+            await asyncio.to_thread(self._write, record, self._made)
+
+    def _write(self, record: dict[str, Any], number: int) -> None:
+        with self._lock:
+            if number < self._written:
+                return
+            temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            try:
+                temporary.write_text(json.dumps(record, indent=1), encoding="utf-8")
+                temporary.replace(self.path)
+            except OSError as exc:
+                if not self._failed:
+                    logger.warning(
+                        "could not write the MCP servers' states to {}: {}", self.path, exc
+                    )
+                self._failed = True
+                return
+            self._written, self._failed = number, False
 
 
 def tool_rule(tool: RemoteTool, server: ServerSettings, other: Policy) -> ToolRule:
