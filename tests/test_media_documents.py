@@ -224,6 +224,25 @@ async def test_an_xlsx_sheet_by_sheet(tmp_path: Path) -> None:
     ]
 
 
+async def test_a_sheet_that_misstates_its_extent_is_read_whole(tmp_path: Path) -> None:
+    book = openpyxl.Workbook()
+    sheet = book.active
+    assert sheet is not None
+    sheet.append(["a", "b", "c"])
+    sheet.append(["d", "e", "f"])
+    written = tmp_path / "written.xlsx"
+    book.save(written)
+    path = tmp_path / "misstated.xlsx"
+    with zipfile.ZipFile(written) as source, zipfile.ZipFile(path, "w") as target:
+        for member in source.infolist():
+            data = source.read(member)
+            if member.filename == "xl/worksheets/sheet1.xml":
+                assert b'<dimension ref="A1:C2"/>' in data
+                data = data.replace(b'<dimension ref="A1:C2"/>', b'<dimension ref="A1:A1"/>')
+            target.writestr(member, data)
+    assert whole_text(await read(path)).splitlines()[1:3] == ["a\tb\tc", "d\te\tf"]
+
+
 async def test_a_huge_spreadsheet_gives_its_first_sheets_and_rows_and_says_so(
     tmp_path: Path,
 ) -> None:

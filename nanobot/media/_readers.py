@@ -163,6 +163,9 @@ def read_xlsx(file: BinaryIO, text: Text, limits: DocumentLimits) -> str:
             if text.full:
                 break
             text.line(f"=== sheet: {sheet.title} ===")
+            # Rows as the file has them, not padded to the extent it declares (which some
+            # programs write wrong, up to the whole 16,384 × 1,048,576 grid).
+            sheet.reset_dimensions()
             rows = sheet.iter_rows(values_only=True)
             cut = _rows(rows, text, limits.max_rows, "sheet")[1] or cut
             text.line()
@@ -187,6 +190,7 @@ def read_tsv(file: BinaryIO, text: Text, limits: DocumentLimits) -> str:
 
 def _delimited(file: BinaryIO, text: Text, limits: DocumentLimits, delimiter: str | None) -> str:
     content, codec, more = decode(file, limits.max_text_chars)
+    csv.field_size_limit(limits.max_text_chars)  # this process reads one file
     if delimiter is not None:
         rows = csv.reader(io.StringIO(content), delimiter=delimiter)
     else:
