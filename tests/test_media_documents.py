@@ -301,6 +301,17 @@ async def test_a_csv_as_tab_separated_rows(tmp_path: Path) -> None:
     ]
 
 
+async def test_a_long_tsv_gives_its_first_rows_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "log.tsv"
+    path.write_text("".join(f"{number}\tok\n" for number in range(30)))
+    extracted = await read(path, max_rows=10)
+    assert extracted.shape == "more than 10 rows, the first 10 shown"
+    assert whole_text(extracted).splitlines()[-2:] == [
+        "9\tok",
+        "[this file goes on past row 10: the rest is not shown]",
+    ]
+
+
 @pytest.mark.parametrize(
     ("name", "content"),
     [

@@ -204,7 +204,7 @@ def _delimited(file: BinaryIO, text: Text, limits: DocumentLimits, delimiter: st
     seen, cut = _rows(rows, text, limits.max_rows, "file")
     if more and not cut:
         text.full = True
-    shape = f"the first {seen:,} rows" if cut else count(seen, "row")
+    shape = f"more than {seen:,} rows, the first {seen:,} shown" if cut else count(seen, "row")
     return shape + (f", read as {codec} (not UTF-8)" if codec else "")
 
 
