@@ -338,6 +338,14 @@ async def test_text_that_is_not_utf8_is_read_as_windows_1252(tmp_path: Path) -> 
     assert extracted.shape == "1 line, read as Windows-1252 (not UTF-8)"
 
 
+async def test_utf8_with_a_bad_byte_stays_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "mostly.txt"
+    path.write_bytes("Zoë – ok ".encode() + b"\xff" + " naïve\n".encode())
+    extracted = await read(path)
+    assert whole_text(extracted) == "Zoë – ok \ufffd naïve\n"
+    assert extracted.shape == "1 line, read as UTF-8, some bytes in it not valid"
+
+
 async def test_content_decides_over_the_name(tmp_path: Path) -> None:
     text = tmp_path / "notes.docx"
     text.write_text("just words\n")
