@@ -224,6 +224,25 @@ async def test_an_xlsx_sheet_by_sheet(tmp_path: Path) -> None:
     ]
 
 
+async def test_a_sheet_that_misstates_its_extent_is_read_whole(tmp_path: Path) -> None:
+    book = openpyxl.Workbook()
+    sheet = book.active
+    assert sheet is not None
+    sheet.append(["a", "b", "c"])
+    sheet.append(["d", "e", "f"])
+    written = tmp_path / "written.xlsx"
+    book.save(written)
+    path = tmp_path / "misstated.xlsx"
+    with zipfile.ZipFile(written) as source, zipfile.ZipFile(path, "w") as target:
+        for member in source.infolist():
+            data = source.read(member)
+            if member.filename == "xl/worksheets/sheet1.xml":
+                assert b'<dimension ref="A1:C2"/>' in data
+                data = data.replace(b'<dimension ref="A1:C2"/>', b'<dimension ref="A1:A1"/>')
+            target.writestr(member, data)
+    assert whole_text(await read(path)).splitlines()[1:3] == ["a\tb\tc", "d\te\tf"]
+
+
 async def test_a_huge_spreadsheet_gives_its_first_sheets_and_rows_and_says_so(
     tmp_path: Path,
 ) -> None:
@@ -282,6 +301,17 @@ async def test_a_csv_as_tab_separated_rows(tmp_path: Path) -> None:
     ]
 
 
+async def test_a_long_tsv_gives_its_first_rows_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "log.tsv"
+    path.write_text("".join(f"{number}\tok\n" for number in range(30)))
+    extracted = await read(path, max_rows=10)
+    assert extracted.shape == "more than 10 rows, the first 10 shown"
+    assert whole_text(extracted).splitlines()[-2:] == [
+        "9\tok",
+        "[this file goes on past row 10: the rest is not shown]",
+    ]
+
+
 @pytest.mark.parametrize(
     ("name", "content"),
     [
@@ -306,6 +336,14 @@ async def test_text_that_is_not_utf8_is_read_as_windows_1252(tmp_path: Path) -> 
     extracted = await read(path)
     assert whole_text(extracted) == "café – naïve\n"
     assert extracted.shape == "1 line, read as Windows-1252 (not UTF-8)"
+
+
+async def test_utf8_with_a_bad_byte_stays_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "mostly.txt"
+    path.write_bytes("Zoë – ok ".encode() + b"\xff" + " naïve\n".encode())
+    extracted = await read(path)
+    assert whole_text(extracted) == "Zoë – ok \ufffd naïve\n"
+    assert extracted.shape == "1 line, read as UTF-8, some bytes in it not valid"
 
 
 async def test_content_decides_over_the_name(tmp_path: Path) -> None:

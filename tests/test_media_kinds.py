@@ -22,6 +22,7 @@ def seems(content: str, claim: str | None = None, what: str = "") -> Sniffed:
     [
         (b"%PDF-1.7\n", "scan.jpg", "image/jpeg", seems("pdf")),
         (b"junk\n%PDF-1.4\n", "a.pdf", None, seems("pdf", "pdf")),
+        (b"a header: %PDF-1.4\n", "notes.md", None, seems("text")),
         (b"PK\x03\x04rest", "report.docx", None, seems("zip", "docx")),
         (b"PK\x03\x04rest", "upload", f"{OPENXML}spreadsheetml.sheet", seems("zip", "xlsx")),
         (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "old.xls", None, seems("ole")),

@@ -11,6 +11,7 @@ no core dump; what a library prints goes to stderr, never into the answer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -210,7 +211,10 @@ def _confine(limits: DocumentLimits) -> None:
     ):
         _, hard = resource.getrlimit(which)
         most = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        resource.setrlimit(which, (most, most))
+        # Where a system refuses a limit (macOS has no RLIMIT_AS to speak of), the time
+        # limit still holds.
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(which, (most, most))
 
 
 def _damaged(kind: str, why: str) -> str:

@@ -34,7 +34,7 @@ ENCRYPTED_OFFICE: Final = "EncryptedPackage".encode("utf-16-le")
 entry's name, in UTF-16): a password-protected Office file is an OLE2 file holding it."""
 
 _PDF: Final = b"%PDF-"
-_PDF_WITHIN: Final = 1024  # the header may follow some junk (PDF 1.7, annex H)
+_PDF_WITHIN: Final = 1024
 _ZIP: Final = (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08")
 _OLE: Final = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _MEDIA_MAGIC: Final = (
@@ -128,6 +128,9 @@ def sniff(head: bytes, name: str, mime_type: str | None) -> Sniffed:
     `name` is the file's name (only its suffix counts), `mime_type` what the platform said,
     if anything."""
     claim = claimed(name, mime_type)
+    # The header may follow some junk (PDF 1.7, annex H), but text that names it is text.
+    if head.startswith(_PDF) or (claim == "pdf" and _PDF in head[:_PDF_WITHIN]):
+        return Sniffed("pdf", claim, "")
     content = next((content for test, content in _BY_CONTENT if test(head)), None)
     if content is not None:
         return Sniffed(content, claim, "")
@@ -199,7 +202,6 @@ def _claims_media(name: str, mime_type: str | None) -> bool:
 
 
 _BY_CONTENT: Final[tuple[tuple[Callable[[bytes], bool], Content], ...]] = (
-    (lambda head: _PDF in head[:_PDF_WITHIN], "pdf"),
     (lambda head: head.startswith(_ZIP), "zip"),
     (lambda head: head.startswith(_OLE), "ole"),
     (lambda head: head.startswith(_UTF16), "text"),  # before MPEG's sync bits: FF FE

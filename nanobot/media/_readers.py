@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date, datetime, time
 from itertools import islice
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 _SNIFF_CSV: Final = 64 * 1024  # the sample csv.Sniffer sees
 _CSV_DELIMITERS: Final = ",;\t|"
 _FALLBACK_CODECS: Final = (("cp1252", "Windows-1252"), ("latin-1", "Latin-1"))
+_BEYOND_ASCII: Final = re.compile("[^\x00-\x7f\ufffd]")
 
 
 class Unreadable(Exception):
@@ -163,6 +165,9 @@ def read_xlsx(file: BinaryIO, text: Text, limits: DocumentLimits) -> str:
             if text.full:
                 break
             text.line(f"=== sheet: {sheet.title} ===")
+            # Rows as the file has them, not padded to the extent it declares (which some
+            # programs write wrong, up to the whole 16,384 × 1,048,576 grid).
+            sheet.reset_dimensions()
             rows = sheet.iter_rows(values_only=True)
             cut = _rows(rows, text, limits.max_rows, "sheet")[1] or cut
             text.line()
@@ -187,6 +192,7 @@ def read_tsv(file: BinaryIO, text: Text, limits: DocumentLimits) -> str:
 
 def _delimited(file: BinaryIO, text: Text, limits: DocumentLimits, delimiter: str | None) -> str:
     content, codec, more = decode(file, limits.max_text_chars)
+    csv.field_size_limit(limits.max_text_chars)  # this process reads one file
     if delimiter is not None:
         rows = csv.reader(io.StringIO(content), delimiter=delimiter)
     else:
@@ -200,8 +206,8 @@ def _delimited(file: BinaryIO, text: Text, limits: DocumentLimits, delimiter: st
     seen, cut = _rows(rows, text, limits.max_rows, "file")
     if more and not cut:
         text.full = True
-    shape = f"the first {seen:,} rows" if cut else count(seen, "row")
-    return shape + (f", read as {codec} (not UTF-8)" if codec else "")
+    shape = f"more than {seen:,} rows, the first {seen:,} shown" if cut else count(seen, "row")
+    return shape + (f", {codec}" if codec else "")
 
 
 def read_text(file: BinaryIO, text: Text, limits: DocumentLimits) -> str:
@@ -211,7 +217,7 @@ def read_text(file: BinaryIO, text: Text, limits: DocumentLimits) -> str:
         text.full = True
     lines = content.count("\n") + (not content.endswith("\n") if content else 0)
     shape = count(lines, "line") if content else "empty"
-    return shape + (f", read as {codec} (not UTF-8)" if codec else "")
+    return shape + (f", {codec}" if codec else "")
 
 
 def read_pptx(file: BinaryIO, text: Text, limits: DocumentLimits) -> str:
@@ -254,19 +260,31 @@ def _lines_of(words: str) -> str:
 
 
 def decode(file: BinaryIO, limit: int) -> tuple[str, str | None, bool]:
-    """The file's text, up to about `limit` characters; the encoding it was read in when
-    that is not UTF-8 (Windows-1252, else Latin-1, which reads any bytes); whether the file
-    goes on past what was read."""
+    """The file's text, up to about `limit` characters; how it was read when that was not
+    plain UTF-8 ("read as Windows-1252 (not UTF-8)"); whether the file goes on past what was
+    read.
+
+    UTF-8 with a few bad bytes stays UTF-8 (they become U+FFFD); anything else that is not
+    UTF-8 is taken for Windows-1252, and failing that Latin-1, which reads any bytes."""
     raw = file.read(4 * limit)  # UTF-8 takes at most four bytes a character
     more = bool(file.read(1))
     codec = "utf-16" if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else "utf-8-sig"
-    for name, label in ((codec, None), *_FALLBACK_CODECS):
+
+    def decoded(name: str, errors: str = "strict") -> str:
+        # Not final when the file goes on: a character cut at the end is dropped.
+        return codecs.getincrementaldecoder(name)(errors).decode(raw, final=not more)
+
+    try:
+        return decoded(codec), None, more
+    except UnicodeDecodeError:
+        lenient = decoded(codec, "replace")
+    if _BEYOND_ASCII.search(lenient):  # real UTF-8 sequences: a legacy encoding makes few
+        return lenient, "read as UTF-8, some bytes in it not valid", more
+    for name, label in _FALLBACK_CODECS:
         try:
-            # Not final when the file goes on: a character cut at the end is dropped.
-            content = codecs.getincrementaldecoder(name)("strict").decode(raw, final=not more)
+            return decoded(name), f"read as {label} (not UTF-8)", more
         except UnicodeDecodeError:
             continue
-        return content, label, more
     raise AssertionError("Latin-1 decodes any bytes")
 
 
