@@ -7,6 +7,7 @@
   decoder plays as silence, made without an encoder;
 - ``mp3(seconds)``: MPEG-1 Layer III frames that decode to silence;
 - ``duration(data)``: the length of a WAV or OGG/Opus file, read from its headers;
+- ``ogg_pages(data)``: an OGG stream's pages and their packets, for a test to look inside;
 - ``digest(data)``: the key of ``FakeLLM.transcripts`` (sha256, hex).
 
 Each is a pure function of its arguments, so a test can make the same audio twice and look
