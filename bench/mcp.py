@@ -7,9 +7,10 @@
    difference of the medians is nanobot's own time on top of the server's; target ≤ 2 ms.
    Where the sandbox runs here, the same through a server in exec's sandbox, apart.
 2. **The first reply with 5 servers** (bench/_mcp_gateway.py): a gateway with 0, 1 or 5
-   stdio servers configured, a plain message waiting when it is spawned; exec → the reply
-   shown, paired by round (the variants' order rotating). Target: 5 servers ≤ 100 ms after
-   none.
+   stdio servers configured (and 5 `sleep`s that never answer: nanobot's own work without
+   the servers' CPU), a plain message waiting when it is spawned; exec → the reply shown
+   and the gateway's CPU by then, paired by round (the variants' order rotating). Target:
+   5 servers ≤ 100 ms after none.
 3. **Idle RSS per server**, nanobot's side: the gateway process's VmRSS with 5 servers minus
    with none, divided by 5 (and with 1 server, for the fixed part); the servers' own RSS and
    PSS, for information.
