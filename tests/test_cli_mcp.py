@@ -30,6 +30,7 @@ pytestmark = pytest.mark.process  # nanobot's own processes (tests/_layers.py)
 
 TOKEN = "cli-bearer-token-5e1f9a7c"  # a remote's header: shown nowhere
 ENV_VALUE = "cli-env-value-8d2b6e4f"  # a stdio server's env: shown nowhere
+URL_KEY = "cli-url-key-3c7a1d9e"  # in a remote's URL: not shown by mcp list or status
 NOT_RUNNING = "not running: no gateway runs on this data dir (nanobot mcp test NAME starts it once)"
 
 
@@ -77,8 +78,8 @@ async def test_list_and_status_name_each_server_its_transport_and_that_none_runs
         {
             "fake": fake(home, env={"FAKE_API_TOKEN": ENV_VALUE}),
             "bare": {"command": "some-mcp-server", "sandbox": "none"},
-            "remote": {
-                "url": "http://127.0.0.1:9/mcp",
+            "remote": {  # a key in the URL, as some services hand them out
+                "url": f"http://ada:{URL_KEY}@127.0.0.1:9/mcp?key={URL_KEY}#{URL_KEY}",
                 "headers": {"Authorization": f"Bearer {TOKEN}"},
             },
             "idle": {"command": "another-mcp-server", "enabled": False},
@@ -109,8 +110,8 @@ async def test_list_and_status_name_each_server_its_transport_and_that_none_runs
         "no MCP servers are configured (mcp.servers; see docs/tools.md, MCP servers)",
     )
     for result in (listed, status):
-        assert TOKEN not in result.stdout + result.stderr
-        assert ENV_VALUE not in result.stdout + result.stderr
+        for secret in (TOKEN, ENV_VALUE, URL_KEY):
+            assert secret not in result.stdout + result.stderr
 
 
 async def test_mcp_test_starts_one_server_lists_its_tools_and_stops_it(home: Home) -> None:
