@@ -3,6 +3,10 @@ sandbox, with its environment), its tools listed with their approval policy, the
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING
+
 from loguru import logger
 
 from nanobot.app._exec import open_sandbox
@@ -11,11 +15,19 @@ from nanobot.config import Config
 from nanobot.errors import ConfigError
 from nanobot.mcp.connection import State
 from nanobot.mcp.servers import McpServers
+from nanobot.mcp.settings import ServerSettings
+from nanobot.tools.sandbox import Sandbox
 from nanobot.workspace import copy_template
+
+if TYPE_CHECKING:
+    from loguru import Message
+
+STDERR_SHOWN = 10  # of a failed server's last stderr lines
 
 
 async def test_server(config: Config, name: str) -> tuple[list[str], bool]:
-    """Lines saying how starting the server `name` went, and whether it ran.
+    """Lines saying how starting the server `name` went, and whether it ran; one that did
+    not run is shown with the last lines it wrote to its stderr (redacted, as logged).
 
     Raises:
         ConfigError: no server has that name.
@@ -29,23 +41,32 @@ async def test_server(config: Config, name: str) -> tuple[list[str], bool]:
     server = replace(settings[name], enabled=True)
     private_dir(config.data_dir)
     copy_template(config.workspace_path)  # the sandbox shows the workspace: it must exist
-    async with open_sandbox(config) as sandbox:
-        servers = McpServers(
-            [server],
-            workspace=config.workspace_path,
-            sandbox=sandbox,
-            other=config.tools.approval.other,
-        )
-        servers.start()
-        try:
-            await servers.settled()
-            status = servers.statuses()[name]
-        finally:
-            await servers.close()
+    with _stderr_of(name) as said:
+        async with _sandbox_for(config, server) as sandbox:
+            servers = McpServers(
+                [server],
+                workspace=config.workspace_path,
+                sandbox=sandbox,
+                other=config.tools.approval.other,
+            )
+            servers.start()
+            try:
+                await servers.settled()
+                status = servers.statuses()[name]
+            finally:
+                await servers.close()
     if status.state is not State.RUNNING:
         logger.debug("mcp test {}: {}", name, status.reason)
-        return [f"{name}: {status.state.value}: {status.reason or 'no reason given'}"], False
-    lines = [f"{name}: running, {len(status.tools)} tools"]
+        # The SDK's reason for a server that exited is only "Connection closed": what the
+        # server said before it went is what tells a person why.
+        lines = [f"{name}: {status.state.value}: {status.reason or 'no reason given'}"]
+        if said:
+            lines.append("  its last lines on stderr:")
+            lines += [f"    {line}" for line in said[-STDERR_SHOWN:]]
+        return lines, False
+    bare = server.transport == "stdio" and server.sandbox == "none"
+    where = f", WITHOUT the sandbox (mcp.servers.{name}.sandbox: none)" if bare else ""
+    lines = [f"{name}: running{where}, {len(status.tools)} tools"]
     for tool in status.tools.values():
         rule = servers.rule_of(tool)
         hints = f"; the server says: {tool.hints()}" if tool.hints() else ""
@@ -53,3 +74,36 @@ async def test_server(config: Config, name: str) -> tuple[list[str], bool]:
         if tool.description:
             lines.append(f"      {tool.description.splitlines()[0][:150]}")
     return lines, True
+
+
+@asynccontextmanager
+async def _sandbox_for(config: Config, server: ServerSettings) -> AsyncIterator[Sandbox | None]:
+    """exec's sandbox where `server` runs in it; none for a remote or a bare one (building
+    it costs a second or more, and a sandbox that cannot work here is not their business)."""
+    if server.transport != "stdio" or server.sandbox == "none":
+        yield None
+        return
+    async with open_sandbox(config) as sandbox:
+        yield sandbox
+
+
+@contextmanager
+def _stderr_of(name: str) -> Iterator[list[str]]:
+    """The lines server `name` writes to its stderr while this lasts, as the MCP client
+    logs them (redacted; its rate limit applies)."""
+    prefix = f"MCP server {name} stderr: "
+    said: list[str] = []
+
+    def keep(message: Message) -> None:
+        said.append(message.record["message"].removeprefix(prefix))
+
+    sink = logger.add(
+        keep,
+        level="INFO",
+        format="{message}",
+        filter=lambda r: r["name"] == "nanobot.mcp.connection" and r["message"].startswith(prefix),
+    )
+    try:
+        yield said
+    finally:
+        logger.remove(sink)

@@ -43,7 +43,9 @@ def mcp_test(
     from nanobot.errors import ConfigError
 
     config = config_of(ctx)
-    log.configure(config, quiet=True)
+    # The client's warnings ("starting it again in 1 s") are the gateway's story; here the
+    # lines below say how it went, the server's stderr included.
+    log.configure(config, quiet=True, reported=("nanobot.mcp.connection",))
     try:
         lines, ok = asyncio.run(test_server(config, name))
     except ConfigError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from nanobot.cluster.roster import moment
 from nanobot.config import Config, McpServerConfig
@@ -50,9 +51,16 @@ def mcp_rows(config: Config) -> list[tuple[str, str]]:
 def transport(server: McpServerConfig) -> str:
     """How nanobot reaches `server`, for a person."""
     if server.url is not None:
-        return f"remote, {server.url.split('?')[0]}"
+        return f"remote, {shown_url(server.url)}"
     where = "in the sandbox" if server.sandbox == "auto" else "WITHOUT the sandbox"
     return f"stdio ({server.command}), {where}"
+
+
+def shown_url(url: str) -> str:
+    """`url` without its user part, query and fragment, where a server's key may be
+    written (`https://user:key@host/mcp?token=...`)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def _state_text(
