@@ -1,6 +1,6 @@
 """What the model sees of an MCP server's answer (`nanobot.mcp.results`): its content as text
-inside the untrusted-content markers, tainting the turn, cut to the tools' limit. Images are
-left to their own tests (their handling is changing)."""
+inside the untrusted-content markers, tainting the turn, cut to the tools' limit; images
+beside it, for a model that takes them (the runner shows them: tests/test_runner.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import re
 import mcp_types as types
 import pytest
 
-from nanobot.mcp.results import resource_result, resources_result, tool_result, wrapped
+from nanobot.mcp.results import (
+    MAX_IMAGE_BYTES,
+    resource_result,
+    resources_result,
+    tool_result,
+    wrapped,
+)
+from nanobot.tools.base import ToolImage
 from nanobot.tools.registry import MAX_RESULT_CHARS, truncate
 
 OPEN = '<untrusted_content source="MCP server fake, tool fake_t">\n'
@@ -167,3 +174,26 @@ def test_a_read_resource_is_its_text() -> None:
     result = resource_result("fake_read_resource", "fake", read)
     assert result.content.split("\n")[2:4] == ["[resource note://hello]", "hello world"]
     assert result.is_error is False
+
+
+def image(data: str, mime_type: str = "image/png") -> types.ImageContent:
+    return types.ImageContent(type="image", data=data, mime_type=mime_type)
+
+
+def test_images_go_beside_the_text_within_their_limits() -> None:
+    big = "A" * (MAX_IMAGE_BYTES * 4 // 3 + 8)
+    blocks = [text("a chart"), image("iVBO"), image(big), *[image("R0lG", "image/gif")] * 4]
+    result = tool_result("fake_t", "fake", types.CallToolResult(content=blocks))
+    assert [i.mime_type for i in result.images] == ["image/png", *["image/gif"] * 3]
+    assert result.images[0] == ToolImage("image/png", "iVBO")
+    lines = inside(result.content).splitlines()
+    assert lines[1] == "[image (image/png, about 3 bytes): image 1]"
+    assert lines[2].endswith(": too large or too many to show]")
+    assert lines[-1] == "[image (image/gif, about 3 bytes): too large or too many to show]"
+
+
+def test_audio_is_only_named() -> None:
+    clip = types.AudioContent(type="audio", data="T2dnUw==", mime_type="audio/ogg")
+    result = tool_result("fake_t", "fake", types.CallToolResult(content=[clip]))
+    assert inside(result.content) == "[audio (audio/ogg, about 6 bytes): not shown]"
+    assert result.images == ()
