@@ -253,13 +253,6 @@ async def test_a_header_given_through_the_environment_reaches_the_server(home: H
     assert TOKEN not in result.stdout + result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 §3 'no server process outlives nanobot, whatever the server forks': a "
-    "server with sandbox: none that forks a child into a session of its own leaves it "
-    "running (nanobot/mcp ends only the process group the SDK started; the sandbox's PID "
-    "namespace is what ends a sandboxed server's children)",
-)
 async def test_what_a_bare_server_forks_does_not_outlive_mcp_test(home: Home) -> None:
     pidfile = home.root / "forked.pid"
     config = with_servers(home, {"bare": fake(home, "--fork-child", str(pidfile), sandbox="none")})

@@ -270,11 +270,6 @@ async def test_mcp_list_and_status_show_each_server_its_state_and_tools(
     assert sorted(row.split()[1] for row in rows) == sorted(heads), status
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 §4: /status in a chat (nanobot/agent/commands.py, AgentLoop.status) "
-    "does not list the MCP tools the model has",
-)
 async def test_status_in_a_chat_lists_the_mcp_tools_the_model_has(
     gateway: Gateway, telegram: FakeTelegram, since: int
 ) -> None:

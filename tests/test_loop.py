@@ -476,6 +476,6 @@ async def test_status_lists_the_mcp_tools_the_model_has_now(parts: Parts) -> Non
     source.names = ["time_get_current_time", "time_convert_time"]
     status = await parts.loop.status("t:1")
     assert "MCP tools (2): time_get_current_time, time_convert_time" in status
-    source.names = [f"s_t{n}" for n in range(32)]
+    source.names = [f"s_t{n}" for n in range(202)]
     assert status != (status := await parts.loop.status("t:1"))
-    assert status.endswith("s_t29 and 2 more")
+    assert status.endswith("s_t199 and 2 more")

@@ -407,7 +407,7 @@ async def _show_images(
     return shown
 
 
-def _mcp_line(names: Sequence[str], most: int = 30) -> str:
+def _mcp_line(names: Sequence[str], most: int = 200) -> str:
     if not names:
         return "MCP tools: none now (see `nanobot mcp list`)"
     more = f" and {len(names) - most} more" if len(names) > most else ""
