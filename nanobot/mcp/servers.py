@@ -15,7 +15,6 @@ together, as the newest).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import threading
@@ -79,16 +78,9 @@ class McpServers:
 
     def start(self) -> None:
         """Begin every enabled server (returns at once)."""
-        if self._connections:
-            self._tasks.spawn(self._start(), name="mcp-start")
-        self._changed()
-
-    async def _start(self) -> None:
-        # The SDK's import takes about a second of CPU: on the event loop it held up the
-        # channels and the first reply of a gateway with any server (docs/benchmarks.md, MCP).
-        await asyncio.to_thread(importlib.import_module, "mcp")
         for name, connection in self._connections.items():
             self._tasks.spawn(connection.run(), name=f"mcp-{name}")
+        self._changed()
 
     async def settled(self) -> None:
         """Return once no server is starting any more: each runs, or has failed for now.
