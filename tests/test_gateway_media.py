@@ -431,6 +431,34 @@ async def test_an_encrypted_pdf_and_a_decompression_bomb_are_refused_plainly(
     assert (await replies(telegram, bob, 2))[1] == "Still here."
 
 
+async def test_a_document_then_a_question_reach_the_model_in_the_order_sent(
+    telegram: FakeTelegram, llm: FakeLLM, since: Since
+) -> None:
+    # People send the file, then ask about it: the question must not overtake the file
+    # while the file is still being read.
+    alice = chat()
+    content = pdf_bytes(["The lease ends on 31 March."])
+    telegram.user_document(
+        alice,
+        filename="lease-29.pdf",
+        content=content,
+        mime_type="application/pdf",
+        user_id=alice,
+    )
+    telegram.user_message(alice, "when does it end?", user_id=alice)
+    await telegram.wait_for(
+        lambda: any("when does it end?" in m.visible for m in telegram.sent(alice)),
+        seconds=60,
+    )
+    await replies(telegram, alice, 1)  # and settled
+    first = "\n".join(str(m["content"]) for m in since.requests[0].messages)
+    assert "[document lease-29.pdf received" in first
+    for request in since.requests:
+        text = "\n".join(str(m["content"]) for m in request.messages)
+        if "when does it end?" in text:
+            assert text.index("[document lease-29.pdf") < text.index("when does it end?")
+
+
 def large_pdf(size: int) -> bytes:
     """A PDF of about `size` bytes: a page of text and, attached, `size` bytes that do not
     compress (as a report with its photos is)."""
