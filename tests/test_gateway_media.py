@@ -230,6 +230,9 @@ async def test_a_voice_note_is_answered_from_its_transcript(
     # The log says that a note was heard, never what it said.
     await gateway.wait_log(f"voice note {saved.name} (0:03) transcribed by openai/{TRANSCRIBER}")
     assert "water the plants" not in gateway.log()
+    telegram.user_message(alice, "/status", user_id=alice)
+    status = (await replies(telegram, alice, 2))[1]
+    assert f"Transcribed here since the start: 1 voice note, by openai/{TRANSCRIBER}" in status
 
 
 async def test_a_voice_note_with_a_caption_is_read_as_both(
