@@ -110,8 +110,10 @@ async def run_measured(
     env: Mapping[str, str],
     *,
     cwd: Path | None = None,
+    stdin: bytes | None = None,
 ) -> Run:
-    """Run ``argv`` (argv[0] an absolute path) to completion; stdin is /dev/null."""
+    """Run ``argv`` (argv[0] an absolute path) to completion; its stdin is ``stdin`` (a
+    little: it is written whole before stdout is read), else /dev/null."""
     with tempfile.TemporaryDirectory(prefix="nanobot-bench-") as tmp:
         report = Path(tmp) / "rusage.json"
         started = time.monotonic()
@@ -125,13 +127,18 @@ async def run_measured(
             *argv,
             env=dict(env),
             cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # so a timeout can kill the command with the wrapper
         )
         try:
             async with asyncio.timeout(RUN_LIMIT_S):
+                if stdin is not None:
+                    assert process.stdin is not None
+                    process.stdin.write(stdin)
+                    await process.stdin.drain()
+                    process.stdin.close()
                 assert process.stdout is not None and process.stderr is not None
                 (stdout, first_stdout_at), stderr, _ = await asyncio.gather(
                     _read_timed(process.stdout), process.stderr.read(), process.wait()

@@ -26,7 +26,7 @@ from nanobot.store import Access, Database, Journal
 from nanobot.store.taint import TaintStore
 from nanobot.workspace import Workspace
 from tests.fakes import audio
-from tests.fakes.llm import Call, FakeLLM, Hang, Text, ToolCalls
+from tests.fakes.llm import Call, Echo, FakeLLM, Hang, Text, ToolCalls
 from tests.test_loop import Parts, make_parts
 
 
@@ -364,3 +364,29 @@ async def test_a_captioned_note_that_cannot_be_heard_still_gets_its_caption_answ
     assert texts[1] == "I can't hear it, sorry."
     said = fake_llm.requests[0].messages[-1]["content"]
     assert "listen to this" in said and "not transcribed: voice notes need" in said
+
+
+async def test_a_message_after_a_voice_note_does_not_overtake_it(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    # Hearing the note takes a while; the text sent after it is read at once, and must
+    # still reach the session after the note.
+    message = _voice(tmp_path / "workspace")
+    fake_llm.add_transcript(message.attachments[0].path.read_bytes(), "what is on today")
+    fake_llm.script_for("whisper-1", Echo(delay=0.5))
+    harness = await _heard(tmp_path, fake_llm, db, message, "openai/whisper-1")
+    try:
+        await harness.gate(message)
+        await harness.send("5", "and after that?", "m10")
+        await harness.wait_replies(1, seconds=60)  # the first transcription imports litellm
+        if "and after that?" not in harness.replies()[-1].text:  # not steered: a turn of its own
+            await harness.wait_replies(2)
+    finally:
+        await harness.stop()
+    assert harness.replies()[-1].text.startswith("echo: ")
+    first = "\n".join(str(m["content"]) for m in fake_llm.requests[0].messages)
+    assert "what is on today" in first
+    for request in fake_llm.requests:
+        said = "\n".join(str(m["content"]) for m in request.messages)
+        if "and after that?" in said:
+            assert said.index("what is on today") < said.index("and after that?")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
+from nanobot.agent._arrivals import Ticket
 from nanobot.agent.run import EventListener, RunEvent, RunState, listeners
 from nanobot.agent.turn import Reply, TurnSink
 from nanobot.bus.events import ChatRef, OutboundMessage, StreamUpdate, Typing
@@ -100,7 +101,8 @@ class ChatSink(TurnSink):
     indicator, and its API calls, going), the message tool sends there, and with `streamed`
     the answer shows while it is written (`reply_to` the message it answers). The replies
     of its further turns go to `deliver`. `stop()` ends the typing once the request is
-    done."""
+    done. `ticket`: the event's place among its session's messages, handed on as its turn
+    starts."""
 
     def __init__(
         self,
@@ -112,8 +114,10 @@ class ChatSink(TurnSink):
         shown: bool,
         streamed: bool,
         reply_to: str | None,
+        ticket: Ticket | None = None,
     ) -> None:
         self._bus, self._chat, self._deliver, self._streams = bus, chat, deliver, streams
+        self._ticket = ticket
         self._typing = TypingSignal(bus, chat)
         stream = streamer(bus, chat, reply_to, streams) if shown and streamed else None
         self._listener = listeners(stream, self._typing) if shown else None
@@ -121,6 +125,8 @@ class ChatSink(TurnSink):
         self.live = stream is not None
 
     def started(self) -> None:
+        if self._ticket is not None:  # the session is busy with this turn: the next may come
+            self._ticket.handed()
         if self.sends:
             self._typing.start()
 

@@ -22,6 +22,7 @@ from typing import Protocol
 from loguru import logger
 
 from nanobot.agent import commands
+from nanobot.agent._arrivals import Arrivals, Ticket
 from nanobot.agent.approver import Caller
 from nanobot.agent.chat_sink import ChatSink, StreamIds
 from nanobot.agent.held import Held
@@ -93,6 +94,7 @@ class Dispatcher:
         self._held = held
         self._retrying = TaskSet("dispatcher-held")
         self._reader = reader
+        self._arrivals = Arrivals()
 
     async def run(self) -> None:
         """Dispatch inbound messages until the bus's inbound side is closed, then wait for
@@ -173,11 +175,21 @@ class Dispatcher:
             await self._report((message.journal_id,), TurnOutcome("error", error=exc))
 
     async def _turn(self, message: InboundMessage, *, resume: bool) -> None:
+        ticket = self._arrivals.ticket(message.session_key)  # before any await: in arrival order
+        try:
+            await self._hand_over(message, ticket, resume=resume)
+        finally:
+            ticket.handed()
+
+    async def _hand_over(self, message: InboundMessage, ticket: Ticket, *, resume: bool) -> None:
+        """Read the message's files, then, once the session's earlier messages are with the
+        loop, hand it over; its turn has the ticket handed on as it starts."""
         route = message.route
         chat = route.chat
         text = await self._text(message, resume=resume)
         if text is None:
             return
+        await ticket.wait()
 
         async def deliver(reply: Reply, stream_id: str) -> None:
             await self._deliver(message, reply, stream_id)
@@ -192,6 +204,7 @@ class Dispatcher:
             shown=route.deliver,
             streamed=streamed,
             reply_to=_reply_to(message),
+            ticket=ticket,
         )
         request = TurnRequest(
             message.session_key,
