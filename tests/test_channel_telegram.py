@@ -42,6 +42,7 @@ from nanobot.config import TelegramConfig
 from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules, Gate, GroupPolicy
 from nanobot.store import Access, Database, Journal
+from tests.fakes import audio
 from tests.fakes._telegram_html import utf16_len
 from tests.fakes.outbox import MemoryOutbox
 from tests.fakes.telegram import (
@@ -490,6 +491,83 @@ async def test_unparsable_chunk_goes_out_as_plain_text(
     await channel.deliver(OutboundMessage(CHAT, "**bold** and a < b"))
     [sent] = fake.sent(USER)
     assert (sent.visible, sent.parse_mode) == ("bold and a < b", None)
+
+
+def voice_file(inbox: InboxPolicy, seconds: float = 2.0) -> Path:
+    """A spoken reply's audio where the speaker keeps it, under the channel's workspace."""
+    path = inbox.directory.parent / "outbox" / "voice" / "a1b2.ogg"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(audio.ogg_opus(seconds))
+    return path
+
+
+def spoken(text: str, voice: Path | None) -> OutboundMessage:
+    return OutboundMessage(CHAT, text, reply_to=f"{USER}:5", outbox_id=3, speak=True, voice=voice)
+
+
+async def test_a_spoken_reply_is_a_voice_note_with_its_text_as_caption(
+    channel: TelegramChannel, fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    path = voice_file(inbox)
+    await channel.deliver(spoken("It is **sunny** at 20°C.", path))
+    [sent] = fake.sent(USER)
+    assert sent.method == "sendVoice" and sent.file is not None
+    assert sent.file.content == path.read_bytes()
+    assert (sent.visible, sent.parse_mode) == ("It is sunny at 20°C.", "HTML")
+    assert "<b>sunny</b>" in sent.text
+
+
+async def test_a_reply_too_long_for_a_caption_follows_its_voice_note(
+    channel: TelegramChannel, fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    words = " ".join(f"word{n}" for n in range(300))  # about 2,400 characters: one message
+    await channel.deliver(spoken(words, voice_file(inbox)))
+    voice, text = fake.sent(USER)
+    assert (voice.method, voice.visible) == ("sendVoice", "")
+    assert (text.method, text.visible) == ("sendMessage", words)
+
+
+@pytest.mark.parametrize(
+    ("refusal", "methods"),
+    [
+        ("Bad Request: can't parse entities: unsupported start tag", ["sendVoice"]),
+        ("Bad Request: message caption is too long", ["sendVoice", "sendMessage"]),
+        ("Bad Request: VOICE_MESSAGES_FORBIDDEN", ["sendMessage"]),
+    ],
+    ids=["markup", "caption-too-long", "no-voice-notes"],
+)
+async def test_a_refused_voice_note_loses_none_of_the_text(
+    channel: TelegramChannel,
+    fake: FakeTelegram,
+    inbox: InboxPolicy,
+    refusal: str,
+    methods: list[str],
+) -> None:
+    fake.fail_next("sendVoice", ApiError(400, refusal))
+    await channel.deliver(spoken("It is **sunny**.", voice_file(inbox)))
+    sent = fake.sent(USER)
+    assert [m.method for m in sent] == methods
+    assert "It is sunny." in [m.visible for m in sent]
+    # Tried again in the other form (plain, or without its caption), or not at all.
+    assert len(fake.calls("sendVoice")) == (1 if "FORBIDDEN" in refusal else 2)
+
+
+async def test_a_voice_file_that_leads_outside_the_workspace_is_not_sent(
+    channel: TelegramChannel, fake: FakeTelegram, inbox: InboxPolicy, tmp_path: Path
+) -> None:
+    # The model's shell may leave a symlink in the audio's place: what it leads to (a
+    # secret outside the workspace) never goes out; the text does.
+    secret = tmp_path.parent / f"{tmp_path.name}-secret.ogg"
+    secret.write_bytes(audio.ogg_opus(1))
+    path = voice_file(inbox)
+    path.unlink()
+    path.symlink_to(secret)
+    try:
+        await channel.deliver(spoken("Hello.", path))
+    finally:
+        secret.unlink()
+    [sent] = fake.sent(USER)
+    assert (sent.method, sent.visible) == ("sendMessage", "Hello.")
 
 
 async def test_rate_limit_is_waited_out(channel: TelegramChannel, fake: FakeTelegram) -> None:
