@@ -260,4 +260,6 @@ async def test_the_voice_command(tmp_path: Path, fake_llm: FakeLLM, db: Database
     )
     unset = await commands.answer(message("/voice on"), loop, None, None)
     assert unset == commands.NO_TTS
+    at_the_terminal = message("/voice", chat=ChatRef("terminal", "local"))
+    assert (await commands.answer(at_the_terminal, loop, None, None)).endswith("Discord only.")
     assert "/voice [on|off|auto]" in await say("/help")

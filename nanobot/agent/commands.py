@@ -10,7 +10,7 @@ from loguru import logger
 from nanobot.agent.loop import AgentLoop
 from nanobot.agent.subagents import Subagents
 from nanobot.bus.events import InboundMessage
-from nanobot.media.speech import VoiceReplies
+from nanobot.media.speech import SPOKEN_CHANNELS, VoiceReplies
 from nanobot.store.chats import VoiceMode
 
 HELP = (
@@ -93,10 +93,11 @@ async def answer(
 
 async def _voice(message: InboundMessage, voices: VoiceReplies | None) -> str:
     """`/voice`: show the chat's choice of spoken replies, or change it."""
+    channel = message.chat.channel
+    if channel not in SPOKEN_CHANNELS or (voices is not None and not voices.offered(channel)):
+        return "Spoken replies are sent on Telegram and Discord only."
     if voices is None:
         return NO_TTS
-    if not voices.offered(message.chat.channel):
-        return "Spoken replies are sent on Telegram and Discord only."
     words = message.text.split()[1:]
     word = words[0].lower() if words else None
     if word is not None and (word not in VOICE_WORDS or len(words) > 1):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from nanobot.config import Config
 from nanobot.media.documents import DocumentLimits
 from nanobot.media.reading import Reader
-from nanobot.media.speech import Speaker, SpeechSettings, VoiceReplies
+from nanobot.media.speech import SPOKEN_CHANNELS, Speaker, SpeechSettings, VoiceReplies
 from nanobot.media.voice import Transcriber, TranscriptionSettings
 from nanobot.providers.provider import RetryPolicy
 from nanobot.store import Database
@@ -68,7 +68,5 @@ def build_voices(config: Config, db: Database) -> VoiceReplies | None:
     None without `tts.model` (no reply is)."""
     if config.tts.model is None:
         return None
-    defaults = {
-        name: getattr(config.channels, name).voice_replies for name in ("telegram", "discord")
-    }
+    defaults = {name: getattr(config.channels, name).voice_replies for name in SPOKEN_CHANNELS}
     return VoiceReplies(ChatSettings(db), defaults)

@@ -32,6 +32,7 @@ from nanobot.providers.provider import RetryPolicy, retried
 from nanobot.store.chats import ChatSettings, VoiceMode
 from nanobot.workspace import Workspace
 
+SPOKEN_CHANNELS: Final = frozenset({"telegram", "discord"})  # the channels that send voice notes
 VOICE_FOLDER: Final = Path("outbox") / "voice"
 _OGG: Final = b"OggS"
 _MP3: Final = (b"ID3", b"\xff\xfb", b"\xff\xf3", b"\xff\xf2")  # a tag, or a frame's sync
