@@ -13,6 +13,7 @@ import pytest
 from loguru import logger
 
 from nanobot.app import describe_sandbox, open_sandbox, private_dir
+from nanobot.app._channels import check_channels
 from nanobot.config import Config, load
 from nanobot.errors import ConfigError
 from nanobot.tools.bubblewrap import Bubblewrap
@@ -144,3 +145,18 @@ async def test_without_a_namespace_public_refuses_exec_or_stops_start_up(
 def test_status_describes_the_network(tmp_path: Path) -> None:
     assert "network: public" in describe_sandbox(_config(tmp_path, "{}"))
     assert "network: none" in describe_sandbox(_config(tmp_path / "b", "{network: none}"))
+
+
+def test_spoken_replies_without_a_speech_model_stop_the_gateway(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "channels: {telegram: {enabled: true, token: '1:x', voice_replies: when_spoken}}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        check_channels(load(path), terminal=False)
+    assert str(caught.value) == (
+        f"{path}: channels.telegram.voice_replies is when_spoken, but no tts.model is set to "
+        "speak with: set tts.model (e.g. openai/tts-1), or voice_replies: off"
+    )
+    path.write_text(path.read_text() + "tts: {model: openai/tts-1}\n")
+    check_channels(load(path), terminal=False)

@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from nanobot.bus.events import Attachment, ChatRef, InboundMessage, Route
-from nanobot.bus.records import Record, inbound_from, inbound_record
+from nanobot.bus.events import Attachment, ChatRef, InboundMessage, OutboundMessage, Route
+from nanobot.bus.records import (
+    Record,
+    inbound_from,
+    inbound_record,
+    outbound_from,
+    outbound_record,
+)
 
 CHAT = ChatRef("telegram", "42", "7")
 AT = datetime(2025, 5, 3, 9, 30, tzinfo=UTC)
@@ -115,3 +121,13 @@ def test_rows_stored_before_routes_load_as_they_were_meant() -> None:
     assert message.route == Route(ChatRef("telegram", "42"))
     assert (message.source, message.is_private, message.addressed) == ("chat", True, True)
     assert message.attachments == () and message.press is None
+
+
+def test_a_reply_to_be_spoken_keeps_that_but_not_its_audio() -> None:
+    spoken = OutboundMessage(CHAT, "hi", reply_to="m1", speak=True, voice=Path("/ws/a.ogg"))
+    record = outbound_record(spoken)
+    assert record["speak"] is True and "voice" not in str(record)
+    back = outbound_from(record, 5, parts_sent=1)
+    assert (back.speak, back.voice, back.parts_sent, back.outbox_id) == (True, None, 1, 5)
+    plain = outbound_record(OutboundMessage(CHAT, "hi"))
+    assert "speak" not in plain and outbound_from(plain, 6).speak is False

@@ -45,6 +45,7 @@ from nanobot.config import DiscordConfig
 from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules, Gate
 from nanobot.store import Access, Database, Journal
+from tests.fakes import audio
 from tests.fakes._discord_payloads import (
     channel_payload,
     form_error,
@@ -539,6 +540,46 @@ async def test_reply_to_a_deleted_message_is_posted_plainly(
     [sent] = fake.sent(world.channel)
     assert sent.content == "answer" and sent.reply_to == 12345  # asked for, but
     assert fake.message(sent.id).get("message_reference") is None  # posted plainly
+
+
+def voice_file(inbox: InboxPolicy) -> Path:
+    path = inbox.directory.parent / "outbox" / "voice" / "c3d4.ogg"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(audio.ogg_opus(2))
+    return path
+
+
+async def test_a_spoken_reply_is_an_audio_attachment_with_its_text(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, inbox: InboxPolicy
+) -> None:
+    asked = fake.user_message(world.dm, "say it", user_id=world.ada)
+    path, chat = voice_file(inbox), world.chat(world.dm)
+    await channel.deliver(
+        OutboundMessage(chat, "It is **sunny**.", reply_to=str(asked), speak=True, voice=path)
+    )
+    [sent] = fake.sent(world.dm)
+    assert sent.content == "It is **sunny**." and sent.reply_to == asked
+    [attached] = sent.attachments
+    assert (attached.filename, attached.data) == ("reply.ogg", path.read_bytes())
+    assert attached.content_type in ("audio/ogg", "application/ogg")
+
+    # A text of more than one message: the audio first, alone, then the text.
+    long = "\n\n".join(f"Paragraph {n}. " + "word " * 60 for n in range(10))
+    await channel.deliver(OutboundMessage(chat, long, speak=True, voice=path))
+    voice, *parts = fake.sent(world.dm)[1:]
+    assert voice.content == "" and [a.filename for a in voice.attachments] == ["reply.ogg"]
+    assert len(parts) >= 2 and all(not p.attachments for p in parts)
+    assert "".join(p.content for p in parts).split() == long.split()
+
+
+async def test_an_audio_attachment_refused_loses_none_of_the_text(
+    channel: DiscordChannel, fake: FakeDiscord, world: World, inbox: InboxPolicy
+) -> None:
+    fake.max_upload_bytes = 100  # the server takes no file this large: 413
+    chat = world.chat(world.dm)
+    await channel.deliver(OutboundMessage(chat, "Hi.", speak=True, voice=voice_file(inbox)))
+    [sent] = fake.sent(world.dm)
+    assert (sent.content, sent.attachments) == ("Hi.", [])
 
 
 async def test_rate_limit_is_waited_out(

@@ -24,6 +24,7 @@ from nanobot.bus.events import (
     Typing,
 )
 from nanobot.bus.queue import MessageBus
+from nanobot.bus.records import outbound_from, outbound_record
 from nanobot.channels._telegram_inbound import is_addressed, text_without_mentions
 from nanobot.channels._telegram_send import Retry
 from nanobot.channels._typing import DELAY as TYPING_DELAY
@@ -41,7 +42,12 @@ from nanobot.channels.telegram import TelegramChannel
 from nanobot.config import TelegramConfig
 from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules, Gate, GroupPolicy
+from nanobot.media.speech import Speaker, SpeechSettings
+from nanobot.providers.litellm_provider import LiteLLMTransport
 from nanobot.store import Access, Database, Journal
+from nanobot.workspace import Workspace
+from tests.fakes import audio
+from tests.fakes import llm as fake_llms
 from tests.fakes._telegram_html import utf16_len
 from tests.fakes.outbox import MemoryOutbox
 from tests.fakes.telegram import (
@@ -49,6 +55,7 @@ from tests.fakes.telegram import (
     ApiError,
     FakeTelegram,
     Garbled,
+    Hang,
     Origin,
     RateLimited,
     Refusal200,
@@ -492,6 +499,83 @@ async def test_unparsable_chunk_goes_out_as_plain_text(
     assert (sent.visible, sent.parse_mode) == ("bold and a < b", None)
 
 
+def voice_file(inbox: InboxPolicy, seconds: float = 2.0) -> Path:
+    """A spoken reply's audio where the speaker keeps it, under the channel's workspace."""
+    path = inbox.directory.parent / "outbox" / "voice" / "a1b2.ogg"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(audio.ogg_opus(seconds))
+    return path
+
+
+def spoken(text: str, voice: Path | None) -> OutboundMessage:
+    return OutboundMessage(CHAT, text, reply_to=f"{USER}:5", outbox_id=3, speak=True, voice=voice)
+
+
+async def test_a_spoken_reply_is_a_voice_note_with_its_text_as_caption(
+    channel: TelegramChannel, fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    path = voice_file(inbox)
+    await channel.deliver(spoken("It is **sunny** at 20°C.", path))
+    [sent] = fake.sent(USER)
+    assert sent.method == "sendVoice" and sent.file is not None
+    assert sent.file.content == path.read_bytes()
+    assert (sent.visible, sent.parse_mode) == ("It is sunny at 20°C.", "HTML")
+    assert "<b>sunny</b>" in sent.text
+
+
+async def test_a_reply_too_long_for_a_caption_follows_its_voice_note(
+    channel: TelegramChannel, fake: FakeTelegram, inbox: InboxPolicy
+) -> None:
+    words = " ".join(f"word{n}" for n in range(300))  # about 2,400 characters: one message
+    await channel.deliver(spoken(words, voice_file(inbox)))
+    voice, text = fake.sent(USER)
+    assert (voice.method, voice.visible) == ("sendVoice", "")
+    assert (text.method, text.visible) == ("sendMessage", words)
+
+
+@pytest.mark.parametrize(
+    ("refusal", "methods"),
+    [
+        ("Bad Request: can't parse entities: unsupported start tag", ["sendVoice"]),
+        ("Bad Request: message caption is too long", ["sendVoice", "sendMessage"]),
+        ("Bad Request: VOICE_MESSAGES_FORBIDDEN", ["sendMessage"]),
+    ],
+    ids=["markup", "caption-too-long", "no-voice-notes"],
+)
+async def test_a_refused_voice_note_loses_none_of_the_text(
+    channel: TelegramChannel,
+    fake: FakeTelegram,
+    inbox: InboxPolicy,
+    refusal: str,
+    methods: list[str],
+) -> None:
+    fake.fail_next("sendVoice", ApiError(400, refusal))
+    await channel.deliver(spoken("It is **sunny**.", voice_file(inbox)))
+    sent = fake.sent(USER)
+    assert [m.method for m in sent] == methods
+    assert "It is sunny." in [m.visible for m in sent]
+    # Tried again in the other form (plain, or without its caption), or not at all.
+    assert len(fake.calls("sendVoice")) == (1 if "FORBIDDEN" in refusal else 2)
+
+
+async def test_a_voice_file_that_leads_outside_the_workspace_is_not_sent(
+    channel: TelegramChannel, fake: FakeTelegram, inbox: InboxPolicy, tmp_path: Path
+) -> None:
+    # The model's shell may leave a symlink in the audio's place: what it leads to (a
+    # secret outside the workspace) never goes out; the text does.
+    secret = tmp_path.parent / f"{tmp_path.name}-secret.ogg"
+    secret.write_bytes(audio.ogg_opus(1))
+    path = voice_file(inbox)
+    path.unlink()
+    path.symlink_to(secret)
+    try:
+        await channel.deliver(spoken("Hello.", path))
+    finally:
+        secret.unlink()
+    [sent] = fake.sent(USER)
+    assert (sent.method, sent.visible) == ("sendMessage", "Hello.")
+
+
 async def test_rate_limit_is_waited_out(channel: TelegramChannel, fake: FakeTelegram) -> None:
     fake.fail_next("sendMessage", RateLimited(retry_after=1))
     await channel.deliver(OutboundMessage(CHAT, "patience"))
@@ -722,6 +806,62 @@ async def test_a_long_reply_reports_its_parts_and_resumes_from_them(
         again = OutboundMessage(ChatRef("telegram", str(USER)), text, outbox_id=7, parts_sent=2)
         await channel.deliver(again)
     assert [m.visible for m in fake.sent(USER)] == ["x" * 3500, "y" * 3500, "z" * 3500, "z" * 3500]
+
+
+async def test_a_spoken_reply_cut_off_by_a_crash_is_sent_once_after_the_restart(
+    fake: FakeTelegram, intake: Recorder, inbox: InboxPolicy, fake_llm: fake_llms.FakeLLM
+) -> None:
+    # The gateway's delivery path on the real outbox: the manager makes the speech (litellm
+    # against the fake /audio/speech), the channel sends it. A crash (everything cancelled,
+    # nothing confirmed) while the speech is made, and another between the voice note and
+    # the text: after each restart, what was missing goes out, and nothing twice.
+    # litellm loaded first (seconds on a busy machine): the waits below are for delivery.
+    await asyncio.to_thread(LiteLLMTransport("openai/tts-1").prepare)
+    settings = SpeechSettings("openai/tts-1", api_base=fake_llm.base_url, api_key="k")
+    speaker = Speaker(settings, Workspace(inbox.directory.parent))
+    short, long = "Said once.", " ".join(f"Point {n} is worth making." for n in range(60))
+    async with await Database.open(inbox.directory.parent / "state.db") as db:
+        journal = Journal(db)
+        for reply in (short, long):
+            spoken = OutboundMessage(CHAT, reply, reply_to=f"{USER}:5", speak=True)
+            await journal.enqueue("telegram", outbound_record(spoken))
+
+        async def start_until(done: Callable[[], bool], *, drain: bool = False) -> None:
+            """A gateway's start: what the outbox holds delivered, until `done()` (and, with
+            `drain`, until all of it is)."""
+            bus = MessageBus()
+            channel = make_channel(fake, intake, inbox, outbox=journal)
+            manager = ChannelManager([channel], bus, journal, voices=speaker)
+            running = asyncio.create_task(manager.run())
+            for row in await journal.pending_outbox():
+                await bus.publish(outbound_from(row.message, row.id, row.parts_sent))
+            try:
+                await fake.wait_for(done, seconds=30)
+                if drain:
+                    await asyncio.wait_for(manager.drain(), 10)
+            finally:
+                running.cancel()  # a crash: nothing more is confirmed
+                await asyncio.wait([running], timeout=10)
+
+        # The speech of the first reply hangs; the crash comes while it is made.
+        fake_llm.script_for("tts-1", fake_llms.Hang())
+        await start_until(lambda: len(fake_llm.speech_requests) == 1)
+        assert fake.sent(USER) == []
+        # The first reply goes out whole; the second's text hangs after its voice note.
+        fake.fail_next("sendMessage", Hang())
+        await start_until(lambda: len(fake.calls("sendMessage")) == 1)
+        [remaining] = await journal.pending_outbox()
+        assert remaining.parts_sent == 1  # its voice note is out
+        # Only the second reply's text is left to send.
+        await start_until(lambda: len(fake.sent(USER)) == 3, drain=True)
+        assert await journal.pending_outbox() == []
+    first, voice, text = fake.sent(USER)
+    assert (first.method, first.visible) == ("sendVoice", short)
+    assert (voice.method, voice.visible) == ("sendVoice", "")
+    assert (text.method, text.visible) == ("sendMessage", long)
+    # Made once each (the first also cut off once); the second not again after its note.
+    asked = [r.input for r in fake_llm.speech_requests]
+    assert asked[:2] == [short, short] and len(asked) == 3 and long.startswith(asked[2])
 
 
 async def test_typing_is_shown_while_a_turn_runs(

@@ -114,6 +114,19 @@ def test_env_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         ("agent: {transport: grpc}\n", "agent.transport", "Input should be"),
         ("gateway: {event_loop: trio}\n", "gateway.event_loop", "'uvloop' or 'asyncio'"),
         (
+            "channels: {discord: {voice_replies: sometimes}}\n",
+            "channels.discord.voice_replies",
+            "'off', 'when_spoken' or 'always'",
+        ),
+        (
+            "channels: {telegram: {voice_replies: on}}\n",
+            "channels.telegram.voice_replies",
+            "off, when_spoken, always",
+        ),
+        ("tts: {max_chars: 50}\n", "tts.max_chars", "greater than or equal to 100"),
+        ("tts: {max_chars: 5000}\n", "tts.max_chars", "less than or equal to 4096"),
+        ("tts: {voice: '  '}\n", "tts.voice", "must name a voice"),
+        (
             "agent: {transport: direct}\n",
             "agent",
             "agent: agent.transport: direct needs agent.api_base (the URL of an "
@@ -568,3 +581,21 @@ def test_an_error_from_the_environment_alone_names_no_missing_file(
     first, *rest = str(info.value).splitlines()
     assert first == f"the environment (no config file at {missing}): invalid configuration"
     assert "from environment variable NANOBOT_AGENT__MAX_TOKENS" in rest[0]
+
+
+def test_spoken_replies_read_as_written(tmp_path: Path) -> None:
+    # YAML reads a bare `off` as false: it still means off.
+    config = load(
+        write(
+            tmp_path,
+            "channels: {telegram: {voice_replies: off}, discord: {voice_replies: When_Spoken}}\n"
+            "tts: {model: openai/tts-1}\n",
+        )
+    )
+    assert config.channels.telegram.voice_replies == "off"
+    assert config.channels.discord.voice_replies == "when_spoken"
+    assert (config.tts.model, config.tts.voice, config.tts.max_chars) == (
+        "openai/tts-1",
+        "alloy",
+        1500,
+    )

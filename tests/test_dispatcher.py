@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,13 +17,16 @@ from nanobot.bus.events import (
     InboundMessage,
     Outbound,
     OutboundMessage,
+    StreamUpdate,
     Typing,
 )
 from nanobot.bus.queue import MessageBus
 from nanobot.gate import ChannelRules, Gate
 from nanobot.media.reading import Reader
+from nanobot.media.speech import VoiceReplies
 from nanobot.media.voice import Transcriber, TranscriptionSettings
 from nanobot.store import Access, Database, Journal
+from nanobot.store.chats import ChatSettings
 from nanobot.store.taint import TaintStore
 from nanobot.workspace import Workspace
 from tests.fakes import audio
@@ -42,6 +46,7 @@ class Harness:
         *,
         whole_replies: tuple[str, ...] = (),
         reader: Reader | None = None,
+        voices: VoiceReplies | None = None,
     ) -> None:
         self.parts = parts
         self.bus = MessageBus()
@@ -49,7 +54,12 @@ class Harness:
         rules = {channel: ChannelRules(frozenset({"*"})) for channel in channels}
         self.gate = Gate(rules, Access(db), self.journal, self.bus)
         self.dispatcher = Dispatcher(
-            parts.loop, self.bus, self.journal, whole_replies=whole_replies, reader=reader
+            parts.loop,
+            self.bus,
+            self.journal,
+            whole_replies=whole_replies,
+            reader=reader,
+            voices=voices,
         )
         self.out: list[Outbound] = []
         self._channels = channels
@@ -390,3 +400,29 @@ async def test_a_message_after_a_voice_note_does_not_overtake_it(
         said = "\n".join(str(m["content"]) for m in request.messages)
         if "and after that?" in said:
             assert said.index("what is on today") < said.index("and after that?")
+
+
+async def test_a_voice_note_is_answered_by_a_reply_to_be_spoken_shown_only_whole(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    message = _voice(tmp_path / "workspace")
+    voices = VoiceReplies(ChatSettings(db), {"telegram": "when_spoken"})
+    harness = Harness(await make_parts(tmp_path, fake_llm, db), db, voices=voices)
+    await harness.start()
+    fake_llm.chunk_delay = 0.15  # long enough to be shown while written
+    words = "one two three four five six seven eight nine ten"
+    fake_llm.script(Text(f"Spoken: {words}."), Text(f"Typed: {words}."))
+    try:
+        await harness.gate(message)
+        await harness.wait_replies(1)
+        await harness.send("5", "and typed", "m10")
+        await harness.wait_replies(2)
+    finally:
+        await harness.stop()
+    spoken, typed = harness.replies()
+    assert (spoken.text, spoken.speak) == (f"Spoken: {words}.", True)
+    assert (typed.text, typed.speak) == (f"Typed: {words}.", False)
+    shown = {u.stream_id for u in harness.out if isinstance(u, StreamUpdate)}
+    assert shown == {typed.stream_id}  # the spoken one was not streamed
+    [row] = await db.fetchall("SELECT message FROM outbox WHERE id = ?", (spoken.outbox_id,))
+    assert json.loads(row[0])["speak"] is True  # a restart delivers it spoken too

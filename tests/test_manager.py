@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -344,4 +345,51 @@ async def test_the_states_say_since_when_a_channel_is_down_and_why() -> None:
     assert (tg.up, tg.for_good, tg.reason) == (False, True, "channels.tg.token was rejected")
     assert (dc.up, dc.for_good, dc.reason) == (False, False, "platform went away")
     assert tg.since == first[0].since and dc.since == first[1].since  # down since the start
+    await stop(task)
+
+
+class Speech:
+    """Makes the audio of spoken replies (the `Voices` port): `fails` raises instead."""
+
+    def __init__(self, *, fails: bool = False) -> None:
+        self.asked: list[int | None] = []
+        self.fails = fails
+
+    async def voice(self, message: OutboundMessage) -> Path | None:
+        self.asked.append(message.outbox_id)
+        if self.fails:
+            raise RuntimeError("a bug in the speech code")
+        return Path(f"outbox/voice/{message.outbox_id}.ogg")
+
+
+async def test_a_spoken_reply_has_its_audio_made_before_it_is_delivered(
+    errors: list[str],
+) -> None:
+    bus, ledger, speech = MessageBus(), MemoryOutbox(), Speech()
+    channel = ScriptedChannel("tg", failures=1)
+    manager = ChannelManager([channel], bus, ledger, voices=speech)
+    task = await run_manager(manager, channel)
+    chat = ChatRef("tg", "1")
+    await bus.publish(OutboundMessage(chat, "spoken", outbox_id=1, speak=True))
+    # Its voice note is out already (a restart between its parts): not spoken again.
+    await bus.publish(OutboundMessage(chat, "resumed", outbox_id=2, speak=True, parts_sent=1))
+    await bus.publish(OutboundMessage(chat, "plain", outbox_id=3))
+    await asyncio.wait_for(manager.drain(), 5)
+    assert speech.asked == [1]  # once, though its delivery was tried twice
+    voices = [(i.text, i.voice) for i in channel.delivered if isinstance(i, OutboundMessage)]
+    assert voices == [
+        ("spoken", Path("outbox/voice/1.ogg")),
+        ("resumed", None),
+        ("plain", None),
+    ]
+    assert ledger.confirmed == [1, 2, 3]
+
+    # A bug in making it leaves the text to go alone.
+    speech.fails = True
+    await bus.publish(OutboundMessage(chat, "still said", outbox_id=4, speak=True))
+    await asyncio.wait_for(manager.drain(), 5)
+    last = channel.delivered[-1]
+    assert isinstance(last, OutboundMessage) and (last.text, last.voice) == ("still said", None)
+    assert ledger.confirmed[-1] == 4
+    assert any("the speech of reply 4 failed" in line for line in errors)
     await stop(task)

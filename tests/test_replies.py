@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +148,97 @@ async def test_a_channel_without_buttons_refuses_cards_and_edits() -> None:
         with pytest.raises(Undeliverable, match="plain cannot show buttons"):
             await replies.send(item)
     assert await replies.send(OutboundMessage(CHAT, "hello")) == "1"
+
+
+class Voices(Outlet):
+    """An outlet that also sends voice notes (a `VoiceOutlet`); captions fit up to
+    `caption` characters; `refuse` refuses every voice note for good."""
+
+    def __init__(self, caption: int = 10, *, refuse: bool = False) -> None:
+        super().__init__()
+        self.caption, self.refuse = caption, refuse
+        self.voices: list[tuple[str, str | None, str | None]] = []  # file, caption, reply_to
+        self.order: list[str] = []
+
+    async def send(self, chat: ChatRef, text: str, *, reply_to: str | None) -> int:
+        self.order.append(f"text:{text}@{reply_to}")
+        return await super().send(chat, text, reply_to=reply_to)
+
+    def caption_fits(self, part: str) -> bool:
+        return len(part) <= self.caption
+
+    async def send_voice(
+        self, chat: ChatRef, audio: Path, *, caption: str | None, reply_to: str | None
+    ) -> int:
+        if self.refuse:
+            raise Undeliverable("Bad Request: VOICE_MESSAGES_FORBIDDEN")
+        self.voices.append((audio.name, caption, reply_to))
+        self.order.append(f"voice:{caption}@{reply_to}")
+        return 100 + len(self.voices)
+
+
+def spoken(text: str, *, voice: str | None = "r.ogg", parts_sent: int = 0) -> OutboundMessage:
+    return OutboundMessage(
+        CHAT,
+        text,
+        reply_to="m9",
+        outbox_id=3,
+        stream_id="s-3",
+        parts_sent=parts_sent,
+        speak=True,
+        voice=Path(voice) if voice else None,
+    )
+
+
+def speaking(outlet: Voices, outbox: MemoryOutbox) -> Replies:
+    return Replies(
+        outlet, lambda text: text.split("|"), interval=0.0, name="t", outbox=outbox, voices=outlet
+    )
+
+
+async def test_a_short_spoken_reply_is_a_voice_note_with_its_text_as_caption() -> None:
+    outlet, outbox = Voices(), MemoryOutbox()
+    assert await speaking(outlet, outbox).send(spoken("Hi Anna.")) == "101"
+    assert outlet.order == ["voice:Hi Anna.@m9"]
+    assert outbox.progressed == []  # one part: the manager confirms it
+
+
+async def test_a_long_one_is_the_voice_note_then_its_text() -> None:
+    outlet, outbox = Voices(caption=5), MemoryOutbox()
+    await speaking(outlet, outbox).send(spoken("first part|second"))
+    # The voice note answers the message; the text follows it.
+    assert outlet.order == ["voice:None@m9", "text:first part@None", "text:second@None"]
+    assert outbox.progressed == [(3, 1), (3, 2)]  # the voice note counts as the first part
+
+
+async def test_a_restart_after_the_voice_note_sends_only_the_rest() -> None:
+    outlet, outbox = Voices(caption=5), MemoryOutbox()
+    await speaking(outlet, outbox).send(spoken("first part|second", voice=None, parts_sent=2))
+    assert outlet.order == ["text:second@None"]
+    outlet = Voices(caption=5)
+    await speaking(outlet, MemoryOutbox()).send(spoken("first part|second", parts_sent=1))
+    assert outlet.order == ["text:first part@None", "text:second@None"]
+
+
+@pytest.mark.parametrize("text", ["Hi.", "a long first part|second"])
+async def test_without_audio_the_text_goes_alone_as_it_would(text: str) -> None:
+    outlet, outbox = Voices(), MemoryOutbox()
+    await speaking(outlet, outbox).send(spoken(text, voice=None))
+    assert outlet.voices == []
+    assert outlet.sent == text.split("|")
+    assert outlet.order[0].endswith("@m9")  # the text answers the message instead
+
+
+@pytest.mark.parametrize("text", ["Hi.", "a long first part|second"])
+async def test_a_voice_note_refused_leaves_the_text_to_go_alone(text: str) -> None:
+    outlet, outbox = Voices(refuse=True), MemoryOutbox()
+    await speaking(outlet, outbox).send(spoken(text))
+    assert outlet.sent == text.split("|")
+    assert outlet.order[0].endswith("@m9")
+
+
+async def test_a_channel_without_voice_notes_sends_the_text() -> None:
+    outlet = Voices()
+    replies = Replies(outlet, lambda text: text.split("|"), interval=0.0, name="t")
+    await replies.send(spoken("Hi.|there"))
+    assert (outlet.sent, outlet.voices) == (["Hi.", "there"], [])

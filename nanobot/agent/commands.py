@@ -3,11 +3,15 @@ and the answer it gets. A command is answered at once, never as a turn."""
 
 from __future__ import annotations
 
+from typing import Final
+
 from loguru import logger
 
 from nanobot.agent.loop import AgentLoop
 from nanobot.agent.subagents import Subagents
 from nanobot.bus.events import InboundMessage
+from nanobot.media.speech import SPOKEN_CHANNELS, VoiceReplies
+from nanobot.store.chats import VoiceMode
 
 HELP = (
     "I'm nanobot, your assistant. Just write to me. Commands:\n"
@@ -17,12 +21,36 @@ HELP = (
     "/status - model, tokens used, context fill and state\n"
     "/approvals - what waits for your approval, and the saved rules\n"
     "/approve ID [once|chat|always], /deny ID - decide on a request (the card's buttons do it)\n"
+    "/voice [on|off|auto] - spoken replies here: always, never, or when you sent a voice note\n"
     "/help - this message"
 )
 
+# What `/voice <word>` chooses (None: the channel's default again), and how each mode reads.
+VOICE_WORDS: Final[dict[str, VoiceMode | None]] = {
+    "on": "always",
+    "off": "off",
+    "auto": "when_spoken",
+    "default": None,
+}
+_VOICE_MODES: Final[dict[VoiceMode, str]] = {
+    "always": "on (every reply comes as a voice note too)",
+    "when_spoken": "auto (a voice note is answered with one)",
+    "off": "off (text only)",
+}
+_WORD: Final[dict[VoiceMode, str]] = {m: w for w, m in VOICE_WORDS.items() if m is not None}
+NO_TTS: Final = (
+    'Spoken replies need `tts.model` in the config (docs/channels.md, "Spoken replies").'
+)
 
-async def answer(message: InboundMessage, loop: AgentLoop, subagents: Subagents | None) -> str:
+
+async def answer(
+    message: InboundMessage,
+    loop: AgentLoop,
+    subagents: Subagents | None,
+    voices: VoiceReplies | None = None,
+) -> str:
     """Do what the command (or press) `message` says, in its session; the answer for it.
+    `voices`: the chats' choice of spoken replies (None: none are made here).
 
     Raises:
         StoreError: what it had to read or change could not be.
@@ -53,12 +81,40 @@ async def answer(message: InboundMessage, loop: AgentLoop, subagents: Subagents 
             )
         case "status":
             text = await loop.status(key)
+        case "voice":
+            text = await _voice(message, voices)
         case None:  # a press of a button that is none of ours (forged, or very old)
             logger.info("{}: a press with unknown data was ignored", message.chat.channel)
             text = "This button does nothing."
         case _:
             text = HELP
     return text
+
+
+async def _voice(message: InboundMessage, voices: VoiceReplies | None) -> str:
+    """`/voice`: show the chat's choice of spoken replies, or change it."""
+    channel = message.chat.channel
+    if channel not in SPOKEN_CHANNELS or (voices is not None and not voices.offered(channel)):
+        return "Spoken replies are sent on Telegram and Discord only."
+    if voices is None:
+        return NO_TTS
+    words = message.text.split()[1:]
+    word = words[0].lower() if words else None
+    if word is not None and (word not in VOICE_WORDS or len(words) > 1):
+        return "Say /voice on, /voice off or /voice auto (or /voice to see the setting)."
+    if word is None:
+        chosen, default = await voices.mode(message)
+        whose = "chosen here" if chosen is not None else "the channel's default"
+        return (
+            f"Spoken replies here: {_VOICE_MODES[chosen or default]}, {whose}. The channel's "
+            f"default is {_WORD[default]}. /voice on, /voice off or /voice auto changes it."
+        )
+    mode = VOICE_WORDS[word]
+    await voices.choose(message, mode)
+    if mode is None:
+        default = voices.default(message.chat.channel)
+        return f"Spoken replies here: as the channel's default, {_VOICE_MODES[default]}."
+    return f"Spoken replies here: {_VOICE_MODES[mode]}."
 
 
 def _stopped(turn: bool, tasks: int) -> str:

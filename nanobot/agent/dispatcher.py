@@ -34,6 +34,7 @@ from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, outbound_from, outbound_record
 from nanobot.errors import StoreError
 from nanobot.media.reading import OWN_WORDS, Reader, listed
+from nanobot.media.speech import VoiceReplies
 from nanobot.store import Journal
 from nanobot.tasks import TaskSet
 
@@ -77,12 +78,14 @@ class Dispatcher:
         whole_replies: Collection[str] = (),
         held: Held | None = None,
         reader: Reader | None = None,
+        voices: VoiceReplies | None = None,
     ) -> None:
         """`whole_replies`: channels whose replies arrive whole instead of being shown while
         the model writes them (`channels.<name>.stream: false`). `held`: where messages
         whose turn a store failure cut short wait for the store (none: they wait for the
         next start). `reader`: what reads the files people send (voice notes, documents);
-        none: they are only named."""
+        none: they are only named. `voices`: which replies are spoken too (none: no reply
+        is)."""
         self._loop = loop
         self._bus = bus
         self._journal = journal
@@ -95,6 +98,7 @@ class Dispatcher:
         self._retrying = TaskSet("dispatcher-held")
         self._reader = reader
         self._arrivals = Arrivals()
+        self._voices = voices
 
     async def run(self) -> None:
         """Dispatch inbound messages until the bus's inbound side is closed, then wait for
@@ -190,12 +194,13 @@ class Dispatcher:
         if text is None:
             return
         await ticket.wait()
+        speak = self._voices is not None and await self._voices.speaks(message)
 
         async def deliver(reply: Reply, stream_id: str) -> None:
-            await self._deliver(message, reply, stream_id)
+            await self._deliver(message, reply, stream_id, speak=speak)
 
-        # A quiet answer must not show while written.
-        streamed = route.quiet is None and chat.channel not in self._whole_replies
+        # A quiet answer must not show while written; a spoken one is made of the whole.
+        streamed = route.quiet is None and chat.channel not in self._whole_replies and not speak
         sink = ChatSink(
             self._bus,
             chat,
@@ -247,9 +252,12 @@ class Dispatcher:
             )
         return read.text
 
-    async def _deliver(self, message: InboundMessage, reply: Reply, stream_id: str) -> None:
+    async def _deliver(
+        self, message: InboundMessage, reply: Reply, stream_id: str, *, speak: bool = False
+    ) -> None:
         """Queue the reply in the outbox, marking what it answers done, then publish it and
-        tell the producers of what it answered how it went."""
+        tell the producers of what it answered how it went. `speak`: the reply is to be
+        spoken too (its audio is made on its way out)."""
         ids = reply.inbound_ids or ((message.journal_id,) if message.journal_id else ())
         text, result = reply.text, reply.result
         if self._held is not None and isinstance(result.error, StoreError):
@@ -272,7 +280,11 @@ class Dispatcher:
         outbound = None
         if text and message.route.deliver:
             outbound = OutboundMessage(
-                message.chat, text, reply_to=_reply_to(message), stream_id=stream_id
+                message.chat,
+                text,
+                reply_to=_reply_to(message),
+                stream_id=stream_id,
+                speak=speak and text == reply.text,  # not a line of ours in its place
             )
         record = (message.chat.channel, outbound_record(outbound)) if outbound else None
         outbox_id = await self._journal.complete(ids, record, cron_run=_cron_run(message))
@@ -302,7 +314,7 @@ class Dispatcher:
                 await self._outcomes[message.source].finished(message, outcome)
 
     async def _command(self, message: InboundMessage) -> None:
-        text = await commands.answer(message, self._loop, self._subagents)
+        text = await commands.answer(message, self._loop, self._subagents, self._voices)
         ids = (message.journal_id,) if message.journal_id else ()
         if message.press is not None:  # a button: answered to the one who pressed it
             await self._journal.complete(ids, None)

@@ -34,6 +34,7 @@ from nanobot.app._exec import (
     open_sandbox,
 )
 from nanobot.app._mcp import test_server
+from nanobot.app._media import build_speaker, build_voices
 from nanobot.app._parts import (
     Parts,
     build_tools,
@@ -225,6 +226,7 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
         ],
         held=Held(way_in.gate, way_in.journal),
         reader=parts.reader,
+        voices=build_voices(config, parts.db),
     )
     # In the data dir, for `nanobot status` (this gateway's own: each member of a cluster has one).
     health = ChannelHealth(
@@ -233,7 +235,9 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
         lambda: datetime.now(UTC),
         log.redact,
     )
-    manager = ChannelManager(channels, way_in.bus, way_in.journal, health)
+    manager = ChannelManager(
+        channels, way_in.bus, way_in.journal, health, voices=build_speaker(config)
+    )
     return Gateway(
         bus=way_in.bus,
         gate=way_in.gate,

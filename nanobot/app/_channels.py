@@ -14,8 +14,9 @@ from nanobot.gate import ChannelRules
 
 
 def check_channels(config: Config, *, terminal: bool) -> None:
-    """What the gateway's chat channels need to start: a token for each enabled one, and
-    at least one enabled when no terminal is attached (nobody could talk to nanobot).
+    """What the gateway's chat channels need to start: a token for each enabled one, a
+    `tts.model` for spoken replies, and at least one enabled when no terminal is attached
+    (nobody could talk to nanobot).
 
     Raises:
         ConfigError: the reason, and how to fix it.
@@ -28,6 +29,13 @@ def check_channels(config: Config, *, terminal: bool) -> None:
                 f"{file}channels.{name} is enabled but its token is empty: set "
                 f"channels.{name}.token (the bot's token, {where}) or "
                 f"NANOBOT_CHANNELS__{name.upper()}__TOKEN, or set enabled: false"
+            )
+    for name in ("telegram", "discord"):
+        mode = getattr(config.channels, name).voice_replies
+        if mode != "off" and config.tts.model is None:
+            raise ConfigError(
+                f"{file}channels.{name}.voice_replies is {mode}, but no tts.model is set to "
+                "speak with: set tts.model (e.g. openai/tts-1), or voice_replies: off"
             )
     if not terminal and not channel_rules(config):
         raise ConfigError(

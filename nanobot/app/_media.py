@@ -1,12 +1,16 @@
-"""The reader of what people send besides text, built from `transcription` and `documents`."""
+"""The reader of what people send besides text, built from `transcription` and `documents`;
+the speaker of replies and the chats' choice of them, from `tts` and `voice_replies`."""
 
 from __future__ import annotations
 
 from nanobot.config import Config
 from nanobot.media.documents import DocumentLimits
 from nanobot.media.reading import Reader
+from nanobot.media.speech import SPOKEN_CHANNELS, Speaker, SpeechSettings, VoiceReplies
 from nanobot.media.voice import Transcriber, TranscriptionSettings
 from nanobot.providers.provider import RetryPolicy
+from nanobot.store import Database
+from nanobot.store.chats import ChatSettings
 from nanobot.workspace import Workspace
 
 MB = 1024 * 1024
@@ -39,3 +43,30 @@ def build_reader(config: Config) -> Reader:
         else None
     )
     return Reader(Transcriber(settings, Workspace(config.workspace_path)), limits)
+
+
+def build_speaker(config: Config) -> Speaker | None:
+    """Replies read aloud with `tts.model` (retried as model calls are); None without one."""
+    tts, agent = config.tts, config.agent
+    if tts.model is None:
+        return None
+    settings = SpeechSettings(
+        model=tts.model,
+        voice=tts.voice,
+        api_key=tts.api_key.get_secret_value() if tts.api_key else None,
+        api_base=tts.api_base,
+        timeout=tts.timeout,
+        max_chars=tts.max_chars,
+        retry=RetryPolicy(attempts=agent.max_retries, max_total=agent.retry_max_seconds),
+        max_total=tts.timeout + agent.retry_max_seconds,
+    )
+    return Speaker(settings, Workspace(config.workspace_path))
+
+
+def build_voices(config: Config, db: Database) -> VoiceReplies | None:
+    """Which replies are spoken: each chat's `/voice`, else its channel's `voice_replies`;
+    None without `tts.model` (no reply is)."""
+    if config.tts.model is None:
+        return None
+    defaults = {name: getattr(config.channels, name).voice_replies for name in SPOKEN_CHANNELS}
+    return VoiceReplies(ChatSettings(db), defaults)

@@ -10,9 +10,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-CommandName = Literal["new", "stop", "status", "help", "tasks", "approve", "deny", "approvals"]
+CommandName = Literal[
+    "new", "stop", "status", "help", "tasks", "approve", "deny", "approvals", "voice"
+]
 COMMANDS: frozenset[str] = frozenset(
-    {"new", "stop", "status", "help", "tasks", "approve", "deny", "approvals"}
+    {"new", "stop", "status", "help", "tasks", "approve", "deny", "approvals", "voice"}
 )
 
 Source = Literal["chat", "cron", "heartbeat", "task"]
@@ -272,6 +274,13 @@ class OutboundMessage:
     that message (a card, to show how it was decided and take its buttons away). The manager
     fills in `replaces`, that message's platform id, before the channel delivers it; with
     none known (it never went out) the text is posted as a new message.
+
+    `speak` (a reply only) asks for it spoken too: the manager fills in `voice`, the audio
+    file of its spoken form, before the channel delivers it (None: nothing could be spoken,
+    and the text goes alone). The channel sends the audio first, as a voice note: with the
+    text as its caption where the text fits in one, else followed by the text's messages,
+    the voice note counting as the first of the parts (`parts_sent`) whether or not it was
+    made. A reply to be spoken is not streamed.
     """
 
     chat: ChatRef
@@ -284,6 +293,8 @@ class OutboundMessage:
     buttons: tuple[Button, ...] = ()
     edits: int | None = None
     replaces: str | None = None
+    speak: bool = False
+    voice: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,6 +125,8 @@ def outbound_record(message: OutboundMessage) -> Record:
         record["buttons"] = [[b.label, b.data] for b in message.buttons]
     if message.edits is not None:
         record["edits"] = message.edits
+    if message.speak:  # its audio is made at delivery: a path of this process's, not kept
+        record["speak"] = True
     return record
 
 
@@ -139,4 +141,5 @@ def outbound_from(record: Record, outbox_id: int, parts_sent: int = 0) -> Outbou
         stream_id=record.get("stream_id"),
         buttons=tuple(Button(str(label), str(data)) for label, data in record.get("buttons", ())),
         edits=record.get("edits"),
+        speak=bool(record.get("speak", False)),
     )

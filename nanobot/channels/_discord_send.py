@@ -31,6 +31,7 @@ opened once and remembered.
 
 from __future__ import annotations
 
+import io
 from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
 from typing import Any, Literal, TypeVar
@@ -206,6 +207,42 @@ class Sender:
             options["view"] = view(buttons)
         call = channel.send(text, **options)
         return (await attempt(call, "sending a message")).id
+
+    async def send_file(
+        self,
+        chat: ChatRef,
+        data: bytes,
+        filename: str,
+        *,
+        text: str | None = None,
+        reply_to: str | None = None,
+    ) -> int:
+        """Post `data` as an attachment named `filename` (a spoken reply's audio, which
+        Discord shows with a player), with `text` (at most 2000 characters) above it;
+        returns the message's id. With `reply_to` as `send`. Raises DeliveryError
+        (`Undeliverable`: refused for good, a file too large for the server included)."""
+        channel = await self._channel(chat)
+        number = _number(reply_to)
+        for reference in (number, None) if number is not None else (None,):
+            options: dict[str, Any] = {"allowed_mentions": QUIET}
+            if reference is not None:
+                options["reference"] = discord.MessageReference(
+                    message_id=reference, channel_id=channel.id, fail_if_not_exists=False
+                )
+                options["allowed_mentions"] = REPLY_PING
+            upload = discord.File(io.BytesIO(data), filename=filename)
+            try:
+                sent = await attempt(channel.send(text, file=upload, **options), "sending a file")
+            except Undeliverable as exc:
+                cause = exc.__cause__
+                if reference is None or not isinstance(cause, Exception):
+                    raise
+                if classify(cause) != "reference":
+                    raise
+                logger.info("discord: posting a file plainly, not as a reply ({})", exc)
+                continue
+            return sent.id
+        raise AssertionError("unreachable: the last try raises or returns")
 
     async def edit(
         self,

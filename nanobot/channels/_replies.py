@@ -12,6 +12,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from loguru import logger
@@ -59,6 +60,23 @@ class CardOutlet(Outlet, Protocol):
         ...
 
 
+class VoiceOutlet(Protocol):
+    """How `Replies` sends a reply's voice note (a spoken reply: `OutboundMessage.speak`)."""
+
+    def caption_fits(self, part: str) -> bool:
+        """Whether `part` (one part of a reply, as `split` made it) can be a voice note's
+        caption."""
+        ...
+
+    async def send_voice(
+        self, chat: ChatRef, audio: Path, *, caption: str | None, reply_to: str | None
+    ) -> int:
+        """Post the audio file `audio` as a voice note (or an audio attachment), with
+        `caption` under it, answering `reply_to`; returns its id. Raises as `Outlet.send`
+        does; `Undeliverable` too for a file that cannot be read."""
+        ...
+
+
 @dataclass(slots=True)
 class _Stream:
     """A reply being shown as it is written: the message that shows it, and what it shows."""
@@ -93,6 +111,13 @@ class Replies:
     final message is out; a stream open before a restart (`recover` reads them) is edited,
     by its later updates and by its final message, as if it had been posted here.
 
+    A reply to be spoken (`speak`) goes out through `voices`, its voice note first: a text
+    that is one part and fits a caption is that caption (one part, voice note and text
+    together); a longer one follows the voice note, which counts as the reply's first part
+    whether or not there was audio to send (so a restart never takes a text part for it).
+    A voice note the platform refuses (a user who takes none) leaves the text to go alone.
+    Without `voices`, or without audio (`voice` None), the text goes as it would unspoken.
+
     Holds no tasks. Cancelling `send` leaves it resumable like a failure (the part in flight
     may go out twice). Memory is bounded: at most `KEEP` of each kind of entry.
     """
@@ -107,9 +132,11 @@ class Replies:
         best_effort: Outlet | None = None,
         outbox: OutboxPort | None = None,
         cards: CardOutlet | None = None,
+        voices: VoiceOutlet | None = None,
     ) -> None:
         self._outlet = outlet
         self._cards = cards
+        self._voices = voices
         self._outbox = outbox
         self._recovered: dict[str, int] = {}
         self._best_effort = best_effort or outlet
@@ -149,6 +176,8 @@ class Replies:
         entry = self._progress.get(id(item))
         done = entry[1] if entry is not None and entry[0] is item else item.parts_sent
         stream = self._open_stream(item.stream_id) if item.stream_id else None
+        if item.speak and self._voices is not None and cards is None:
+            return await self._send_spoken(item, self._voices, parts, done, stream)
         sent: int | None = None
         for index in range(done, len(parts)):
             first, last = index == 0, index == len(parts) - 1
@@ -169,6 +198,66 @@ class Replies:
         if item.stream_id:
             await self._forget(item.stream_id, stored=stream is not None)
         return None if sent is None else str(sent)
+
+    async def _send_spoken(
+        self,
+        item: OutboundMessage,
+        voices: VoiceOutlet,
+        parts: list[str],
+        done: int,
+        stream: _Stream | None,
+    ) -> str | None:
+        """A spoken reply: its voice note, then its text (see the class docstring)."""
+        shown = stream is not None and stream.message_id is not None  # its text is out there
+        sent: int | None
+        if len(parts) == 1 and not shown and voices.caption_fits(parts[0]):
+            sent = await self._voice(item, voices, parts[0])
+            if sent is None:
+                sent = await self._outlet.send(item.chat, parts[0], reply_to=item.reply_to)
+        else:
+            reply_to = None
+            if done == 0:
+                if await self._voice(item, voices, None) is None:
+                    reply_to = item.reply_to  # the text answers the message instead
+                done = 1
+                _remember(self._progress, id(item), (item, done))
+                await self._record(item, done)
+            sent = None
+            for index in range(done - 1, len(parts)):
+                edited = None
+                if index == 0 and stream is not None:
+                    edited = await self._edit_first(item, None, stream, parts[0], ())
+                sent = edited or await self._outlet.send(item.chat, parts[index], reply_to=reply_to)
+                reply_to = None
+                _remember(self._progress, id(item), (item, index + 2))
+                if index < len(parts) - 1:
+                    await self._record(item, index + 2)
+        self._progress.pop(id(item), None)
+        if item.stream_id:
+            await self._forget(item.stream_id, stored=stream is not None)
+        return None if sent is None else str(sent)
+
+    async def _voice(
+        self, item: OutboundMessage, voices: VoiceOutlet, caption: str | None
+    ) -> int | None:
+        """Send `item`'s voice note (with `caption`); its id, or None when there is no audio
+        or the platform refused it (the text goes alone: nothing else is lost)."""
+        if item.voice is None:
+            return None
+        try:
+            return await voices.send_voice(
+                item.chat, item.voice, caption=caption, reply_to=item.reply_to
+            )
+        except Undeliverable as exc:
+            if exc.chat_closed:
+                raise
+            logger.warning(
+                "{}: the voice note of reply {} was refused; its text goes alone: {}",
+                self._name,
+                item.outbox_id,
+                exc,
+            )
+            return None
 
     def _cards_for(self, item: OutboundMessage) -> CardOutlet | None:
         """The outlet for a card or an edit (None for other messages)."""

@@ -3,7 +3,9 @@
 `Sender` sends and edits one rendered chunk, trying the other forms before giving up (as
 `_telegram_retry.classify` tells a failure's kind: markup → plain text, length → shorter
 parts), with an inline keyboard of buttons where it is given some (on the last message, if
-the chunk goes out in pieces); it answers button presses, once and best effort.
+the chunk goes out in pieces); it sends voice notes, their caption in the same forms (or,
+too long after all, as a message after the note); it answers button presses, once and best
+effort.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ SPLITS = 3  # times a chunk Telegram finds too long is halved before it goes as 
 IN_FLIGHT = 32  # Bot API requests a Sender makes at once
 BUTTON_DATA = 64  # bytes of callback_data Telegram takes
 ANSWER_TEXT = 200  # characters of a press's answer Telegram shows
+CAPTION_LIMIT = 1024  # visible characters (UTF-16 units) of a media message's caption
 
 
 # `post` calls known methods through `Bot.do_api_request`, which warns that each has a
@@ -222,6 +225,91 @@ class Sender:
         if not isinstance(message_id, int):
             raise DeliveryError(f"sendMessage: Telegram answered {sent!r}, not a message")
         return message_id
+
+    async def send_voice(
+        self,
+        chat: ChatRef,
+        audio: bytes,
+        filename: str,
+        *,
+        caption: str | None,
+        reply_to: int | None,
+        retry: Retry | None = None,
+    ) -> int:
+        """Send `audio` (OGG/Opus, or MP3) as a voice note with `caption` (a chunk of at
+        most `CAPTION_LIMIT` visible characters) under it; returns its id. A caption
+        Telegram cannot take as HTML goes as plain text; one it finds too long after all
+        goes as a message right after the note.
+
+        Raises:
+            Undeliverable: Telegram refused the voice note (the user takes none, say), or
+                the chat is closed.
+            DeliveryError: a transient failure outlived the retries.
+        """
+        forms: list[tuple[str | None, str | None]] = [(None, None)]
+        if caption:
+            forms = [(caption, ParseMode.HTML), (plain_text(caption), None)]
+        for text, mode in forms:
+            try:
+                return await self._voice(
+                    chat,
+                    audio,
+                    filename,
+                    caption=text,
+                    parse_mode=mode,
+                    reply_to=reply_to,
+                    retry=retry,
+                )
+            except BadRequest as exc:
+                kind, said = classify(exc), exc.message.lower()
+                if kind == "markup" and mode is not None:
+                    logger.warning("telegram refused a caption ({}); using plain text", exc)
+                    continue
+                if caption is None or "caption" not in said or "too long" not in said:
+                    raise Undeliverable(f"Telegram refused a voice note: {exc}") from exc
+                logger.warning("telegram found a caption too long ({}); sent after it", exc)
+                break
+        sent = await self._voice(
+            chat, audio, filename, caption=None, parse_mode=None, reply_to=reply_to, retry=retry
+        )
+        assert caption is not None  # only a caption refused as too long comes here
+        await self.send(chat, caption, reply_to=None, retry=retry)
+        return sent
+
+    async def _voice(
+        self,
+        chat: ChatRef,
+        audio: bytes,
+        filename: str,
+        *,
+        caption: str | None,
+        parse_mode: str | None,
+        reply_to: int | None,
+        retry: Retry | None,
+    ) -> int:
+        bot = self._bot()
+        reply = (
+            None
+            if reply_to is None
+            else ReplyParameters(reply_to, allow_sending_without_reply=True)
+        )
+        sent = await attempt(
+            lambda: self._request(
+                lambda: bot.send_voice(
+                    chat_id_of(chat),
+                    audio,
+                    caption=caption,
+                    parse_mode=parse_mode,
+                    message_thread_id=thread_of(chat),
+                    reply_parameters=reply,
+                    filename=filename,
+                )
+            ),
+            retry or self.retry,
+            what="sendVoice",
+            resends=True,
+        )
+        return sent.message_id
 
     async def edit(
         self,

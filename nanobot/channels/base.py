@@ -24,7 +24,7 @@ from typing import Final, Protocol, runtime_checkable
 
 from loguru import logger
 
-from nanobot.bus.events import InboundMessage, Outbound
+from nanobot.bus.events import InboundMessage, Outbound, OutboundMessage
 from nanobot.errors import ConfigError
 from nanobot.workspace import ConfinementError, Workspace
 
@@ -150,6 +150,17 @@ class OutboxPort(Protocol):
 
     async def stream_finished(self, stream_id: str) -> None:
         """Stream `stream_id`'s final text is out: forget its message."""
+        ...
+
+
+class Voices(Protocol):
+    """Where the spoken form of a reply comes from (`OutboundMessage.speak`)."""
+
+    async def voice(self, message: OutboundMessage) -> Path | None:
+        """The audio file (OGG/Opus, or MP3) of `message`'s text read aloud, made now or
+        found made before; None when nothing of it can be spoken or it could not be made
+        (the text then goes alone). Never raises for the speech service or the file;
+        cancellable (nothing half-made is kept)."""
         ...
 
 
@@ -354,6 +365,18 @@ def _put_right(workspace: Workspace, inbox: Path) -> None:
         raise FileExistsError(errno.EEXIST, "no free name to move it aside to", str(inbox))
     finally:
         os.close(parent)
+
+
+async def read_outgoing(policy: InboxPolicy, path: Path) -> bytes:
+    """The bytes of a file under the workspace that goes out to a chat (a reply's voice
+    note), read off the event loop and confined to the workspace like received files: no
+    symlink the model may have left there leads it elsewhere.
+
+    Raises:
+        OSError: it cannot be read (`ConfinementError` for one that leads outside).
+    """
+    workspace = Workspace(policy.workspace or policy.directory.parent)
+    return await asyncio.to_thread(workspace.read_bytes, path)
 
 
 def discard_files(paths: Iterable[Path]) -> None:

@@ -31,6 +31,8 @@ closed and reopened). A streamed reply is posted early and edited at most once p
 with buttons) and an edit of an earlier message go out the same way (`Replies`, with the
 sender as its `CardOutlet`) and return the id of the message that shows the buttons; an
 `answer` to a press is an ephemeral follow-up. A chat `@<user id>` is the DM with that user.
+A spoken reply is an audio attachment (OGG/Opus, which Discord plays in the chat) on a
+message that holds its text where the text is one message, else before the text's messages.
 
 Two clients: replies go out through one that only logs in (the REST API), and the gateway
 connection is another's, held only while this process holds the channel's intake `role`:
@@ -47,6 +49,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import Protocol
 
 import aiohttp
@@ -54,6 +57,7 @@ import discord
 from loguru import logger
 
 from nanobot.bus.events import (
+    ChatRef,
     InboundMessage,
     Outbound,
     OutboundMessage,
@@ -81,7 +85,9 @@ from nanobot.channels.base import (
     IntakePort,
     OutboxPort,
     Role,
+    Undeliverable,
     discard_files,
+    read_outgoing,
 )
 from nanobot.channels.render import split_discord
 from nanobot.lanes import Lanes
@@ -115,6 +121,29 @@ class DiscordSettings(BotSettings, Protocol):
     def gateway_url(self) -> str: ...
     @property
     def allow_from(self) -> Sequence[str]: ...
+
+
+class _Voices:
+    """The Sender as `Replies` sends spoken replies with it (a `VoiceOutlet`): the audio,
+    read from the workspace (confined to it), as an attachment."""
+
+    def __init__(self, sender: Sender, inbox: InboxPolicy) -> None:
+        self._sender = sender
+        self._inbox = inbox
+
+    def caption_fits(self, part: str) -> bool:
+        return True  # a part is at most a message's 2000 characters, as is a caption
+
+    async def send_voice(
+        self, chat: ChatRef, audio: Path, *, caption: str | None, reply_to: str | None
+    ) -> int:
+        try:
+            data = await read_outgoing(self._inbox, audio)
+        except OSError as exc:
+            raise Undeliverable(f"the voice note {audio} cannot be read: {exc}") from exc
+        return await self._sender.send_file(
+            chat, data, f"reply{audio.suffix}", text=caption, reply_to=reply_to
+        )
 
 
 class DiscordChannel(Channel):
@@ -153,6 +182,7 @@ class DiscordChannel(Channel):
             name=self.name,
             outbox=outbox,
             cards=self._sender,
+            voices=_Voices(self._sender, inbox),
         )
         self._typing = TypingIndicator(
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name

@@ -18,6 +18,11 @@ is given up at once: its row is marked failed with the reason, logged once, and 
 next item goes ahead. When the refusal says the chat is closed to the bot (it was blocked,
 removed, the chat is gone), nothing more is sent there (replies are marked failed unsent)
 until the chat writes again: an item that answers one of its messages (`reply_to`).
+
+A reply to be spoken (`speak`) has its audio made (`voices`) in its chat's turn, before it
+is delivered: the chat's later items wait for it, other chats do not. Audio that cannot be
+made leaves the text to go alone; a reply whose voice note is out already (a restart
+between its parts) is not spoken again.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 from loguru import logger
 
@@ -39,6 +45,7 @@ from nanobot.channels.base import (
     DeliveryError,
     OutboxPort,
     Undeliverable,
+    Voices,
 )
 from nanobot.channels.health import ChannelHealth
 from nanobot.lanes import Lanes
@@ -61,9 +68,12 @@ class ChannelManager:
         bus: MessageBus,
         outbox: OutboxPort,
         health: ChannelHealth | None = None,
+        voices: Voices | None = None,
     ) -> None:
-        """`health` records each channel's state as it changes (in memory only if None)."""
+        """`health` records each channel's state as it changes (in memory only if None).
+        `voices` makes the audio of replies to be spoken (None: they go as text only)."""
         self._channels = list(channels)
+        self._voices = voices
         self.health = health or ChannelHealth(
             [c.name for c in self._channels], None, lambda: datetime.now(UTC)
         )
@@ -182,8 +192,8 @@ class ChannelManager:
                 logger.debug("{} chat {}: not sent, {}", channel.name, item.chat.chat_id, reason)
                 await self._give_up(channel, message, f"not sent: {reason}")
             return
-        if message is not None and message.edits is not None:
-            item = message = replace(message, replaces=await self._replaced(message.edits))
+        if message is not None:
+            item = message = await self._prepared(channel, message)
         for delay in (*DELIVERY_RETRIES, None):
             try:
                 sent_id = await channel.deliver(item)
@@ -213,6 +223,25 @@ class ChannelManager:
             if message is not None and message.outbox_id is not None:
                 await self._outbox.confirm(message.outbox_id, sent_id)
             return
+
+    async def _prepared(self, channel: Channel, message: OutboundMessage) -> OutboundMessage:
+        """`message` with what the channel needs beside it: the platform id of the message
+        it edits, the audio of its spoken form."""
+        if message.edits is not None:
+            message = replace(message, replaces=await self._replaced(message.edits))
+        if message.speak and not message.parts_sent:  # else its voice note is out already
+            message = replace(message, voice=await self._voice(channel, message))
+        return message
+
+    async def _voice(self, channel: Channel, message: OutboundMessage) -> Path | None:
+        """The audio of a reply to be spoken; None (the text goes alone) when none is made."""
+        if self._voices is None:
+            return None
+        try:
+            return await self._voices.voice(message)
+        except Exception:  # noqa: BLE001 - a bug in speech must not hold the text back
+            logger.exception("{}: the speech of reply {} failed", channel.name, message.outbox_id)
+            return None
 
     async def _failed(self, message: OutboundMessage, error: str) -> None:
         """Record a failed attempt to deliver `message`; it stays owed."""

@@ -16,6 +16,8 @@ Conflict); a webhook is served by every member, and every member delivers.
 
 Out: Markdown is rendered to Telegram HTML and split into messages of at most 4096 visible
 characters; a reply that was streamed is edited in place, at most about once a second. A
+spoken reply is a voice note (sendVoice, OGG/Opus), its text the caption where it fits in
+1024 characters, else in messages right after. A
 card's buttons are an inline keyboard under its last message; a message that `replaces`
 another edits it (editMessageText: the keyboard goes with the new text, or is removed), or is
 posted anew when that message can no longer be edited.
@@ -28,6 +30,7 @@ import html
 import json
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Final, Protocol
 
 from loguru import logger
@@ -49,7 +52,7 @@ from nanobot.channels._settings import BotSettings
 from nanobot.channels._telegram_http import AiohttpRequest, Timeouts
 from nanobot.channels._telegram_poll import Poller
 from nanobot.channels._telegram_retry import ONCE, Retry
-from nanobot.channels._telegram_send import Sender, button_refusal
+from nanobot.channels._telegram_send import CAPTION_LIMIT, Sender, button_refusal
 from nanobot.channels._telegram_webhook import Webhook, WebhookSettings
 from nanobot.channels._typing import DELAY as TYPING_DELAY
 from nanobot.channels._typing import TypingIndicator
@@ -66,8 +69,9 @@ from nanobot.channels.base import (
     Role,
     Undeliverable,
     discard_files,
+    read_outgoing,
 )
-from nanobot.channels.render import split_telegram, telegram_html
+from nanobot.channels.render import split_telegram, telegram_html, visible_length
 
 POLL_TIMEOUT = 30  # seconds a getUpdates long poll is held open by Telegram
 STREAM_INTERVAL = 1.0  # seconds between two edits of a streamed reply
@@ -117,6 +121,30 @@ class _Outlet:
         return await self._sender.edit(chat, message_id, text, retry=self._retry, buttons=buttons)
 
 
+class _Voices:
+    """The Sender as `Replies` sends voice notes with it (a `VoiceOutlet`): the audio read
+    from the workspace, confined to it."""
+
+    def __init__(self, sender: Sender, inbox: InboxPolicy) -> None:
+        self._sender = sender
+        self._inbox = inbox
+
+    def caption_fits(self, part: str) -> bool:
+        return visible_length(part) <= CAPTION_LIMIT
+
+    async def send_voice(
+        self, chat: ChatRef, audio: Path, *, caption: str | None, reply_to: str | None
+    ) -> int:
+        try:
+            data = await read_outgoing(self._inbox, audio)
+        except OSError as exc:
+            raise Undeliverable(f"the voice note {audio} cannot be read: {exc}") from exc
+        number = inbound.message_number(reply_to)
+        return await self._sender.send_voice(
+            chat, data, audio.name, caption=caption, reply_to=number
+        )
+
+
 class UnreadableAnswer(Exception):
     """The Bot API answered with what the library cannot read: the channel crashes (and is
     started again), with a line naming the method and quoting the answer."""
@@ -163,6 +191,7 @@ class TelegramChannel(Channel):
             best_effort=_Outlet(self._sender, ONCE),  # a stream update is tried once
             outbox=outbox,
             cards=outlet,
+            voices=_Voices(self._sender, inbox),
         )
         self._typing = TypingIndicator(
             self._sender.typing, typing_interval, delay=typing_delay, name=self.name

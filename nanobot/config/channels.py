@@ -10,6 +10,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from nanobot.config._section import Section
 
+VoiceReplies = Literal["off", "when_spoken", "always"]
+
 
 class ChannelConfig(Section):
     """What every chat channel has: a switch, a secret token and who may talk to it."""
@@ -24,6 +26,19 @@ class ChannelConfig(Section):
     stream: bool = True
     # Platform user ids who may decide tool calls that need approval (tools.approval).
     approvers: list[str] = Field(default_factory=list)
+    # Replies also sent spoken (needs tts.model): never, when the message was a voice note,
+    # or always; each chat may choose otherwise with /voice.
+    voice_replies: VoiceReplies = "off"
+
+    @field_validator("voice_replies", mode="before")
+    @classmethod
+    def _voice_word(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `off` as false (and `on` as true, which names no mode).
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError("is one of off, when_spoken, always (`on` names none of them)")
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("allow_from", "approvers", mode="before")
     @classmethod

@@ -1,5 +1,6 @@
-"""The sections for what people send besides text: `transcription` (voice notes to text)
-and `documents` (text out of PDFs, office files and text files)."""
+"""The sections for what people send besides text, and for spoken replies: `transcription`
+(voice notes to text), `documents` (text out of PDFs, office files and text files) and `tts`
+(replies read aloud, sent as voice notes)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,18 @@ class DocumentsConfig(Section):
     timeout: float = Field(30, gt=0)  # seconds to read one
     max_memory_mb: int = Field(1024, ge=64)  # the reader's address space
     max_expanded_mb: int = Field(200, ge=1)  # what an office file (a zip) may expand to
+
+
+class TtsConfig(_Endpoint):
+    """Replies read aloud through litellm's speech API, where a chat asks for them
+    (`channels.<name>.voice_replies`, `/voice`). No `model`: replies are text only."""
+
+    voice: str = "alloy"
+    max_chars: int = Field(1500, ge=100, le=4096)  # of a reply spoken; the rest is text only
+
+    @field_validator("voice")
+    @classmethod
+    def _named(cls, voice: str) -> str:
+        if not voice.strip():
+            raise ValueError("must name a voice (e.g. alloy)")
+        return voice.strip()

@@ -13,7 +13,7 @@ from nanobot.config.automation import CronConfig, HeartbeatConfig
 from nanobot.config.channels import ChannelsConfig
 from nanobot.config.gateway import ClusterConfig, GatewayConfig, LogConfig
 from nanobot.config.mcp import McpConfig
-from nanobot.config.media import DocumentsConfig, TranscriptionConfig
+from nanobot.config.media import DocumentsConfig, TranscriptionConfig, TtsConfig
 from nanobot.config.store import StoreConfig
 from nanobot.config.tools import ToolsConfig
 
@@ -47,6 +47,7 @@ class Config(BaseSettings):
     mcp: McpConfig = Field(default_factory=McpConfig)
     transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
     documents: DocumentsConfig = Field(default_factory=DocumentsConfig)
+    tts: TtsConfig = Field(default_factory=TtsConfig)
     # The file this was loaded from (None when built directly): a secret to keep out of
     # the sandbox like the data dir.
     _source: Path | None = PrivateAttr(default=None)

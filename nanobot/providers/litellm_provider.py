@@ -198,6 +198,47 @@ async def transcribe(
     return str(_field(response, "text") or "").strip()
 
 
+async def speak(
+    model: str,
+    text: str,
+    *,
+    voice: str,
+    api_key: str | None = None,
+    api_base: str | None = None,
+    response_format: str = "opus",
+    seconds: float = 120.0,
+) -> bytes:
+    """`text` read aloud in `voice`, as audio in `response_format` (`opus`: OGG/Opus, what a
+    Telegram voice note is), by litellm's speech API (OpenAI's `/audio/speech`, or any
+    OpenAI-compatible server at `api_base`), each request within `seconds`. Imports litellm
+    (in a thread) the first time. One attempt: the caller retries.
+
+    Raises:
+        ProviderError: the call failed (classified as a model call's failure is), or it
+            answered no audio (`unavailable`).
+    """
+    if not _litellm.cache_info().currsize:
+        await asyncio.to_thread(_litellm)
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "input": text,
+        "voice": voice,
+        "response_format": response_format,
+        "max_retries": 0,
+        "timeout": seconds,
+    }
+    optional = {"api_key": api_key, "api_base": api_base}
+    kwargs.update({k: v for k, v in optional.items() if v})
+    try:
+        response = await _litellm().aspeech(**kwargs)
+        audio = response.content
+    except Exception as exc:  # every litellm failure is classified here, once
+        raise _classify(exc, model) from exc
+    if not isinstance(audio, bytes) or not audio:
+        raise ProviderError("unavailable", f"{model}: the speech answer held no audio", model=model)
+    return audio
+
+
 @cache
 def _provider(model: str) -> str:
     """litellm's provider of `model` ("openai" for "gpt-4o" too); else its prefix."""

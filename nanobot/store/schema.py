@@ -362,6 +362,18 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE members ADD COLUMN expires_at TEXT NOT NULL DEFAULT '';
     UPDATE members SET expires_at = beat_at;
     """,
+    # 21: what a chat chose for itself (`store.chats`): whether its replies are also spoken
+    # (`/voice`); NULL: as its channel's config says.
+    """
+    CREATE TABLE chat_settings (
+        channel TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        voice_replies TEXT CHECK (voice_replies IN ('off', 'when_spoken', 'always')),
+        updated_at TEXT NOT NULL,
+        updated_by TEXT,
+        PRIMARY KEY (channel, chat_id)
+    );
+    """,
 )
 
 
