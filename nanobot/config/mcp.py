@@ -136,7 +136,7 @@ class McpConfig(Section):
                         f"servers {name!r} and {other!r}: the tool names of one could pass for "
                         f"the other's ({name}_…); rename one"
                     )
-            for built_in in BUILT_IN_TOOLS:
+            for built_in in sorted(BUILT_IN_TOOLS):  # the same one named each time
                 if built_in.startswith(f"{name}_"):
                     raise ValueError(
                         f"server name {name!r}: its tools could pass for the built-in "
