@@ -237,12 +237,6 @@ async def test_a_bad_server_config_exits_2_with_the_file_the_key_and_why(home: H
         assert result.stdout == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nanobot/config/loading.py _check_env_names walks only BaseModel fields: a variable "
-    "below the dict mcp.servers (NANOBOT_MCP__SERVERS__<NAME>__HEADERS__AUTHORIZATION, as "
-    "docs/configuration.md and config.example.yaml show) exits 2 'unknown key'",
-)
 async def test_a_header_given_through_the_environment_reaches_the_server(home: Home) -> None:
     async with serve_http("--auth", TOKEN) as url:
         config = with_servers(home, {"remote": {"url": url}})

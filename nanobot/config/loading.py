@@ -16,6 +16,8 @@ import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import SettingsError
 
+from nanobot.config._env_servers import PREFIX as SERVERS_PREFIX
+from nanobot.config._env_servers import merged, servers_from_env
 from nanobot.config.tree import DEFAULT_DATA_DIR, ENV_PREFIX, Config
 from nanobot.errors import ConfigError
 
@@ -47,6 +49,12 @@ def load(path: Path | None = None) -> Config:
     file = config_path(path)
     data = _read_yaml(file, must_exist=named)
     _check_env_names(os.environ)
+    given = data
+    mcp = data.get("mcp")
+    servers = servers_from_env(os.environ, mcp.get("servers") if isinstance(mcp, Mapping) else None)
+    if servers:
+        mcp = dict(mcp) if isinstance(mcp, Mapping) else {}
+        data = {**data, "mcp": {**mcp, "servers": merged(mcp.get("servers"), servers)}}
     try:
         config = Config(**data)
     except ValidationError as exc:
@@ -55,7 +63,7 @@ def load(path: Path | None = None) -> Config:
         raise ConfigError(f"environment: {exc}") from None
     _check_workspace(config, file)
     config._source = file
-    config._file_secrets = _secrets_in(config, data)
+    config._file_secrets = _secrets_in(config, given)
     return config
 
 
@@ -189,6 +197,10 @@ def _check_env_names(env: Mapping[str, str]) -> None:
     """
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_PATH:
+            continue
+        if name == SERVERS_PREFIX or name.startswith(
+            SERVERS_PREFIX + "__"
+        ):  # read with their case kept: `servers_from_env`
             continue
         model: type[BaseModel] | None = Config
         annotation: object = None

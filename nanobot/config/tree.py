@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import zoneinfo
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, PrivateAttr, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from nanobot.config.agent import AgentConfig
@@ -63,8 +65,9 @@ class Config(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The file's contents arrive as init kwargs; listing env first makes env win.
-        return (env_settings, init_settings)
+        # The file's contents arrive as init kwargs; listing env first makes env win. The
+        # servers' variables were merged into them already, with their case (`_env_servers`).
+        return (_BesideServers(settings_cls, env_settings), init_settings)
 
     @field_validator("data_dir", "workspace", mode="after")
     @classmethod
@@ -112,3 +115,25 @@ class Config(BaseSettings):
     @property
     def log_dir(self) -> Path:
         return self.data_dir / "logs"
+
+
+class _BesideServers(PydanticBaseSettingsSource):
+    """The environment's settings less `mcp.servers`, which `load` reads itself: pydantic-
+    settings would lowercase the names below a server (its env's variable names)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: PydanticBaseSettingsSource):
+        super().__init__(settings_cls)
+        self._env = env
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._env.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        values = self._env()
+        mcp = values.get("mcp")
+        if isinstance(mcp, dict) and "servers" in mcp:
+            rest = {key: value for key, value in mcp.items() if key != "servers"}
+            values = {key: value for key, value in values.items() if key != "mcp"}
+            if rest:
+                values["mcp"] = rest
+        return values
