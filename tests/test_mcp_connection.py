@@ -98,6 +98,17 @@ async def test_a_server_that_never_starts_is_tried_again_ever_more_slowly(tmp_pa
     ]
 
 
+async def test_a_server_that_exits_at_start_is_failed_with_its_last_words(tmp_path: Path) -> None:
+    config = shell(
+        "db", 'echo "connecting to db" >&2; echo "key sk-abcdefghijklmnop refused" >&2; exit 3'
+    )
+    async with running(config, tmp_path) as connection:
+        await eventually(lambda: connection.status.state is State.FAILED)
+        assert connection.status.reason == (
+            "the server closed the connection; its last line on stderr: key *** refused"
+        )
+
+
 async def test_a_start_beyond_startup_timeout_fails_with_why_and_is_retried(
     tmp_path: Path,
 ) -> None:

@@ -13,7 +13,7 @@ from nanobot.app._exec import open_sandbox
 from nanobot.app._parts import mcp_settings, private_dir
 from nanobot.config import Config
 from nanobot.errors import ConfigError
-from nanobot.mcp.connection import State
+from nanobot.mcp.connection import LAST_WORDS, State
 from nanobot.mcp.servers import McpServers
 from nanobot.mcp.settings import ServerSettings
 from nanobot.tools.sandbox import Sandbox
@@ -58,8 +58,9 @@ async def test_server(config: Config, name: str) -> tuple[list[str], bool]:
     if status.state is not State.RUNNING:
         logger.debug("mcp test {}: {}", name, status.reason)
         # The SDK's reason for a server that exited is only "Connection closed": what the
-        # server said before it went is what tells a person why.
-        lines = [f"{name}: {status.state.value}: {status.reason or 'no reason given'}"]
+        # server said before it went is what tells a person why (all of it, shown below).
+        reason = status.reason.partition(LAST_WORDS)[0] if said else status.reason
+        lines = [f"{name}: {status.state.value}: {reason or 'no reason given'}"]
         if said:
             lines.append("  its last lines on stderr:")
             lines += [f"    {line}" for line in said[-STDERR_SHOWN:]]

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 RESTART = Backoff((1.0, 2.0, 5.0, 15.0, 30.0, 60.0))
 PING_EVERY = 30.0  # seconds: a remote server that went away is noticed between calls too
 LISTEN_AGAIN = 1.0  # seconds before a change stream that ended is opened again
+# Between why a server failed to start and the last line it wrote to its stderr.
+LAST_WORDS = "; its last line on stderr: "
 STDERR_LINES = 20  # of a server's stderr logged per minute; the rest is counted
 RESOURCE_TOOLS = ("list_resources", "read_resource")
 # One SSE event of Streamable HTTP holds one whole message: the SDK's 1 MiB would fail a
@@ -162,6 +164,8 @@ class Connection:
                 return  # nothing changes until the config does
             except Exception as exc:  # noqa: BLE001 - every failure of a server is its own
                 reason = describe(exc)
+                if not self._ran and self._stderr.last:  # it failed to start: why, it said
+                    reason += f"{LAST_WORDS}{self._stderr.last}"
             failures = 1 if self._ran else failures + 1  # a run that worked starts anew
             pause = self._restart.pause(failures)
             self._set(State.FAILED, reason)
@@ -694,9 +698,11 @@ class _StderrLog:
         self._window = 0.0
         self._count = 0
         self._dropped = 0
+        self.last = ""  # the last line the process wrote, redacted (a failed start's cause)
 
     @asynccontextmanager
     async def pipe(self) -> AsyncIterator[Any]:
+        self.last = ""
         read_fd, write_fd = os.pipe()
         writer = os.fdopen(write_fd, "w")
         loop = asyncio.get_running_loop()
@@ -733,6 +739,8 @@ class _StderrLog:
             self._log(line.decode("utf-8", errors="replace").rstrip())
 
     def _log(self, line: str) -> None:
+        if line.strip():
+            self.last = redact(printable(line.strip()))[:200]
         now = time.monotonic()
         if now - self._window >= 60:
             self._said_dropped()
