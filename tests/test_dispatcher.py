@@ -426,3 +426,39 @@ async def test_a_voice_note_is_answered_by_a_reply_to_be_spoken_shown_only_whole
     assert shown == {typed.stream_id}  # the spoken one was not streamed
     [row] = await db.fetchall("SELECT message FROM outbox WHERE id = ?", (spoken.outbox_id,))
     assert json.loads(row[0])["speak"] is True  # a restart delivers it spoken too
+
+
+async def test_a_voice_note_to_a_busy_chat_joins_its_turn_and_holds_up_no_other_chat(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    message = _voice(tmp_path / "workspace")
+    fake_llm.add_transcript(message.attachments[0].path.read_bytes(), "what is on today")
+    fake_llm.script_for("whisper-1", Echo(delay=6))  # a slow transcription service
+    fake_llm.script(ToolCalls([Call("block", id="s"), Call("echo", {"text": "x"}, id="e")]))
+    harness = await _heard(tmp_path, fake_llm, db, message, "openai/whisper-1")
+    loop = harness.parts.loop
+    try:
+        await harness.send("5", "do two things", "m1")
+        await harness.parts.blocker.started.wait()
+        await harness.gate(message)  # chat 5 is busy, and its note takes long to hear
+        await harness.send("6", "hello from six", "m2")
+        await harness.wait_replies(1, seconds=60)
+        (first,) = harness.replies()
+        assert first.chat.chat_id == "6", first
+        assert first.text.endswith("hello from six"), first.text
+        assert "Transcribed here" not in await loop.status("telegram:5"), "chat 6 waited"
+        async with asyncio.timeout(60):
+            # noqa: the loop says it heard the note only in /status's lines: no event
+            while "Transcribed here" not in await loop.status("telegram:5"):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        harness.parts.blocker.release.set()
+        async with asyncio.timeout(60):
+            while not any("what is on today" in r.text for r in harness.replies("5")):
+                await harness.wait_replies(len(harness.replies()) + 1)
+    finally:
+        await harness.stop()
+    # Steered into the running turn or answered after it, as any message: once, in order.
+    said = [e["content"] for e in await harness.parts.entries("telegram:5") if e["role"] == "user"]
+    assert said[0].endswith("do two things")
+    assert sum("what is on today" in text for text in said) == 1
+    assert "[voice note, 0:04, spoken" in said[-1]
