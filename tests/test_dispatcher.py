@@ -448,7 +448,7 @@ async def test_a_voice_note_to_a_busy_chat_joins_its_turn_and_holds_up_no_other_
         assert first.text.endswith("hello from six"), first.text
         assert "Transcribed here" not in await loop.status("telegram:5"), "chat 6 waited"
         async with asyncio.timeout(60):
-            # noqa: the loop says it heard the note only in /status's lines: no event
+            # The loop tells that it heard the note only in /status: there is no event.
             while "Transcribed here" not in await loop.status("telegram:5"):  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
         harness.parts.blocker.release.set()
