@@ -5,6 +5,8 @@ the workspace, retries, failures, confinement), which replies a chat wants spoke
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,14 @@ from loguru import logger
 
 from nanobot.agent import commands
 from nanobot.bus.events import Attachment, ChatRef, InboundMessage, OutboundMessage
-from nanobot.media.speech import Speaker, SpeechSettings, VoiceReplies, cut, speakable
+from nanobot.media.speech import (
+    KEEP_SPOKEN,
+    Speaker,
+    SpeechSettings,
+    VoiceReplies,
+    cut,
+    speakable,
+)
 from nanobot.providers.provider import RetryPolicy
 from nanobot.store import Database
 from nanobot.store.chats import ChatSettings, VoiceMode
@@ -176,6 +185,31 @@ async def test_the_audio_is_kept_inside_the_workspace_only(
     (workspace / "outbox" / "voice").symlink_to(outside)
     assert await speaker(workspace, fake_llm).voice(reply("Hello.")) is None
     assert list(outside.iterdir()) == []
+
+
+async def test_audio_unused_for_a_week_is_removed_as_new_audio_is_made(
+    tmp_path: Path, fake_llm: FakeLLM
+) -> None:
+    speech = speaker(tmp_path, fake_llm)
+    used = await speech.voice(reply("Used again today."))
+    assert used is not None
+    folder = tmp_path / "outbox" / "voice"
+    stale, theirs = folder / f"{'a' * 32}.ogg", folder / "notes.ogg"
+    for path in (stale, theirs):
+        path.write_bytes(b"OggS")
+    week_ago = time.time() - KEEP_SPOKEN.total_seconds() - 60
+    for path in (used, stale, theirs):
+        os.utime(path, (week_ago, week_ago))
+    assert await speech.voice(reply("Used again today.", 8)) == used  # used: kept a week more
+
+    fresh = await speaker(tmp_path, fake_llm).voice(reply("Something new."))  # after a start
+    assert fresh is not None
+    assert sorted(p.name for p in folder.iterdir()) == sorted([used.name, fresh.name, "notes.ogg"])
+    stale.write_bytes(b"OggS")
+    os.utime(stale, (week_ago, week_ago))
+    await speech.voice(reply("Newer still."))
+    assert stale.exists(), "looked again within the hour"
+    assert speech.prune(time.time() + KEEP_SPOKEN.total_seconds() + 120) == 4  # all but theirs
 
 
 # ---- which replies are spoken, and /voice --------------------------------------------------

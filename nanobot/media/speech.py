@@ -7,7 +7,8 @@ note), or always. What is read aloud is the reply without its code (fenced block
 code), tables, links' addresses and Markdown marks, up to `max_chars` (cut at the end of a
 sentence, else of a word); the whole text is always delivered as well. The audio is kept
 in the workspace under a name made from what was spoken and how, so a reply whose delivery
-a restart cut short is not paid for twice. Its words are logged at DEBUG only.
+a restart cut short is not paid for twice, for `KEEP_SPOKEN` since it was last used (then
+removed, at most once an hour as new audio is made). Its words are logged at DEBUG only.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import asyncio
 import hashlib
 import os
 import re
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Final
 
@@ -34,6 +37,11 @@ from nanobot.workspace import Workspace
 
 SPOKEN_CHANNELS: Final = frozenset({"telegram", "discord"})  # the channels that send voice notes
 VOICE_FOLDER: Final = Path("outbox") / "voice"
+# As long as the journal remembers a reply (`JOURNAL_KEEP`): one delivered again within it
+# finds its audio. A chat's audio is in the platform's history by then anyway.
+KEEP_SPOKEN: Final = timedelta(days=7)
+_PRUNE_EVERY: Final = 3600.0  # seconds between two looks for audio past KEEP_SPOKEN
+_KEPT_NAME: Final = re.compile(r"[0-9a-f]{32}\.(?:ogg|mp3)")
 _OGG: Final = b"OggS"
 _MP3: Final = (b"ID3", b"\xff\xfb", b"\xff\xf3", b"\xff\xf2")  # a tag, or a frame's sync
 
@@ -110,6 +118,7 @@ class Speaker:
         """`workspace`: where the audio is kept (under `outbox/voice/`), confined to it."""
         self._settings = settings
         self._workspace = workspace
+        self._pruned_at: float | None = None  # monotonic; None: not yet since the start
 
     async def voice(self, message: OutboundMessage) -> Path | None:
         """The audio file of `message`'s text read aloud, made now or found made before;
@@ -151,19 +160,64 @@ class Speaker:
         except OSError as exc:
             logger.warning("{}: the speech could not be kept ({}); text only", what, exc)
             return None
+        await self._prune_now_and_then()
         return root / path
 
     def _kept(self, stem: Path) -> Path | None:
-        """The audio kept under `stem` (either format), if a non-empty file is there."""
+        """The audio kept under `stem` (either format), if a non-empty file is there; found,
+        it counts as used now (kept `KEEP_SPOKEN` more)."""
         for suffix in (".ogg", ".mp3"):
             try:
                 fd, info = self._workspace.open_file(stem.with_suffix(suffix))
             except FileNotFoundError:
                 continue
-            os.close(fd)
-            if info.st_size:
-                return stem.with_suffix(suffix)
+            try:
+                if info.st_size:
+                    os.utime(fd)
+                    return stem.with_suffix(suffix)
+            finally:
+                os.close(fd)
         return None
+
+    async def _prune_now_and_then(self) -> None:
+        now = time.monotonic()
+        if self._pruned_at is not None and now - self._pruned_at < _PRUNE_EVERY:
+            return
+        self._pruned_at = now
+        try:
+            removed = await asyncio.to_thread(self.prune, time.time())
+        except OSError as exc:
+            logger.warning("the spoken replies in {} could not be pruned: {}", VOICE_FOLDER, exc)
+            return
+        if removed:
+            logger.info("removed {} spoken replies unused for {}", removed, KEEP_SPOKEN)
+
+    def prune(self, now: float) -> int:
+        """Remove the audio of replies not used for `KEEP_SPOKEN` before `now` (a time
+        stamp); returns how many files went. Only the files this class names are touched,
+        and never through a symlink. Blocking: run it in a thread.
+
+        Raises:
+            OSError: the folder cannot be read, or a file removed.
+        """
+        try:
+            fd = self._workspace.open_dir(VOICE_FOLDER, follow=False)
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if not _KEPT_NAME.fullmatch(entry.name):
+                        continue
+                    info = entry.stat(follow_symlinks=False)
+                    old = now - info.st_mtime > KEEP_SPOKEN.total_seconds()
+                    if old and stat.S_ISREG(info.st_mode):
+                        os.unlink(entry.name, dir_fd=fd)
+                        removed += 1
+        finally:
+            os.close(fd)
+        return removed
 
     async def _made(self, what: str, spoken: str, total: int) -> bytes | None:
         settings = self._settings
