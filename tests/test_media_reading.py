@@ -4,12 +4,15 @@ sender when a note cannot be heard."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from nanobot.bus.events import Attachment
-from nanobot.media.documents import DocumentLimits
+from nanobot.media import reading
+from nanobot.media.documents import DocumentLimits, Extracted, read_document
 from nanobot.media.reading import Reader, listed
 from nanobot.media.voice import Transcriber, TranscriptionSettings
 from nanobot.workspace import Workspace
@@ -99,3 +102,29 @@ async def test_a_photo_and_an_unknown_file_are_named(tmp_path: Path, fake_llm: F
         read.text.splitlines()[0]
         == f"[photo received, saved as {photo.path} (3 bytes, image/jpeg)]"
     )
+
+
+@pytest.mark.process
+async def test_documents_past_max_parallel_wait_their_turn(
+    tmp_path: Path, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running, most = 0, 0
+
+    async def counted(*args: Any) -> Extracted | None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        try:
+            return await read_document(*args)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(reading, "read_document", counted)
+    settings = TranscriptionSettings(model=None)
+    one_at_a_time = Reader(Transcriber(settings, Workspace(tmp_path)), DocumentLimits(), parallel=1)
+    notes = [saved(tmp_path, f"note{n}.md", f"# Note {n}\n".encode(), "document") for n in range(3)]
+    first, second = await asyncio.gather(
+        one_at_a_time.read("", notes[:2]), one_at_a_time.read("and this", notes[2:])
+    )
+    assert most == 1
+    assert "# Note 0" in first.text and "# Note 1" in first.text and "# Note 2" in second.text

@@ -42,7 +42,8 @@ def build_reader(config: Config) -> Reader:
         if documents.enabled
         else None
     )
-    return Reader(Transcriber(settings, Workspace(config.workspace_path)), limits)
+    transcriber = Transcriber(settings, Workspace(config.workspace_path))
+    return Reader(transcriber, limits, parallel=documents.max_parallel)
 
 
 def build_speaker(config: Config) -> Speaker | None:

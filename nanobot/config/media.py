@@ -61,6 +61,7 @@ class DocumentsConfig(Section):
     timeout: float = Field(30, gt=0)  # seconds to read one
     max_memory_mb: int = Field(1024, ge=64)  # the reader's address space
     max_expanded_mb: int = Field(200, ge=1)  # what an office file (a zip) may expand to
+    max_parallel: int = Field(2, ge=1, le=32)  # documents read at once, in every chat
 
 
 class TtsConfig(_Endpoint):

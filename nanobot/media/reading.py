@@ -46,11 +46,16 @@ class _Part:
 
 
 class Reader:
-    """Reads the files of a message. `documents` None: documents are only named."""
+    """Reads the files of a message. `documents` None: documents are only named; at most
+    `parallel` are read at once, by all callers together (each reader is a process of its
+    own, of up to `documents.max_memory_bytes`)."""
 
-    def __init__(self, transcriber: Transcriber, documents: DocumentLimits | None) -> None:
+    def __init__(
+        self, transcriber: Transcriber, documents: DocumentLimits | None, *, parallel: int = 2
+    ) -> None:
         self._transcriber = transcriber
         self._documents = documents
+        self._readers = asyncio.Semaphore(parallel)
 
     @property
     def model(self) -> str | None:
@@ -77,7 +82,10 @@ class Reader:
         if attachment.kind in SPOKEN:
             return await self._spoken(attachment)
         if attachment.kind in ("document", "file") and self._documents is not None:
-            extracted = await read_document(attachment.path, attachment.mime_type, self._documents)
+            async with self._readers:  # the time limit starts once it is its turn
+                extracted = await read_document(
+                    attachment.path, attachment.mime_type, self._documents
+                )
             if extracted is not None:
                 return _Part(_document(attachment, extracted))
         return _Part(named(attachment))
