@@ -68,10 +68,15 @@ def test_every_part_has_a_short_digest() -> None:
         {"gateway__shutdown_timeout": 30},
         {"workspace": "/mnt/other"},  # compared apart, as a path
         {"channels__discord__token": "ignored while discord is disabled"},
+        {"mcp__servers": {"gh": {"command": "gh-mcp", "timeout": 5, "startup_timeout": 9}}},
+        {"transcription__api_key": "sk-another", "transcription__max_seconds": 60},
+        {"tts__voice": "nova"},  # no speech model: no voice to agree on
+        {"documents__max_chars": 4000, "documents__max_parallel": 4},
     ],
 )
 def test_what_members_may_set_apiece_changes_nothing(change: dict[str, Any]) -> None:
-    assert digests(**change) == digests()
+    plain = {"mcp__servers": {"gh": {"command": "gh-mcp"}}} if "mcp__servers" in change else {}
+    assert digests(**change) == digests(**plain)
 
 
 @pytest.mark.parametrize(
@@ -98,6 +103,14 @@ def test_what_members_may_set_apiece_changes_nothing(change: dict[str, Any]) -> 
         ({"cron__enabled": False}, "schedule"),
         ({"heartbeat__enabled": True}, "schedule"),
         ({"timezone": "Europe/Berlin"}, "schedule"),
+        ({"mcp__servers": {"gh": {"command": "gh-mcp"}}}, "mcp"),
+        ({"mcp__servers": {"gh": {"command": "gh-mcp", "env": {"GH_TOKEN": "t"}}}}, "mcp"),
+        ({"mcp__servers": {"gh": {"command": "gh-mcp", "sandbox": "none"}}}, "mcp"),
+        ({"mcp__servers": {"gh": {"url": "https://gh.example/mcp", "approval": "allow"}}}, "mcp"),
+        ({"transcription__model": "openai/whisper-1"}, "media"),
+        ({"tts__model": "openai/tts-1"}, "media"),
+        ({"documents__enabled": False}, "media"),
+        ({"channels__telegram__voice_replies": "when_spoken"}, "media"),
     ],
 )
 def test_a_setting_changes_the_digest_of_its_part_alone(change: dict[str, Any], part: str) -> None:
@@ -109,6 +122,8 @@ def test_no_secret_shows_in_the_digests() -> None:
     import hashlib
 
     text = repr(digests())
-    for secret in (TOKEN, SECRET, "pw"):
+    server = {"url": "https://gh.example/mcp", "headers": {"Authorization": "Bearer h-secret"}}
+    text += repr(digests(mcp__servers={"gh": server}))
+    for secret in (TOKEN, SECRET, "pw", "Bearer h-secret"):
         assert secret not in text
         assert hashlib.sha256(secret.encode()).hexdigest()[:16] not in text

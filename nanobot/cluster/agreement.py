@@ -23,7 +23,7 @@ from pydantic import SecretStr
 
 from nanobot.config import Config, DiscordConfig, TelegramConfig
 
-PARTS: Final = ("model", "telegram", "discord", "tools", "approvals", "schedule")
+PARTS: Final = ("model", "telegram", "discord", "tools", "approvals", "schedule", "mcp", "media")
 """The parts, in the order they are named."""
 
 _KEY: Final = b"nanobot cluster agreement 1"
@@ -41,6 +41,11 @@ def agreement(config: Config) -> dict[str, str]:
     - approvals: every policy of tools.approval, its timeout and `unattended`
     - schedule: the time zone, whether cron runs, the heartbeat (on or off, its interval and
       where it delivers)
+    - mcp: each server, by name: whether enabled, how it is started or reached (command,
+      args, cwd, env; url, headers: values as their SHA-256), the tools offered, their
+      approvals, sandbox and trust_annotations
+    - media: the models that hear voice notes and speak replies (with their api_base,
+      language, voice), whether documents are read, and each channel's voice_replies
     """
     agent, tools = config.agent, config.tools
     beat = config.heartbeat
@@ -68,7 +73,41 @@ def agreement(config: Config) -> dict[str, str]:
             beat.deliver_to.model_dump() if beat.enabled and beat.deliver_to else None,
         ],
     }
+    settings["mcp"] = _mcp(config)
+    settings["media"] = _media(config)
     return {part: _digest(part, settings[part]) for part in PARTS}
+
+
+def _mcp(config: Config) -> object:
+    return [
+        [
+            name,
+            server.enabled,
+            server.command,
+            server.args,
+            server.cwd,
+            sorted((key, _secret(value)) for key, value in server.env.items()),
+            server.url,
+            sorted((key.lower(), _secret(value)) for key, value in server.headers.items()),
+            server.tools,
+            server.approval,
+            sorted(server.approval_tools.items()),
+            server.sandbox,
+            server.trust_annotations,
+        ]
+        for name, server in sorted(config.mcp.servers.items())
+    ]
+
+
+def _media(config: Config) -> object:
+    heard, tts, channels = config.transcription, config.tts, config.channels
+    return [
+        [heard.model, heard.api_base, heard.language] if heard.model else None,
+        [tts.model, tts.api_base, tts.voice] if tts.model else None,
+        config.documents.enabled,
+        channels.telegram.voice_replies,
+        channels.discord.voice_replies,
+    ]
 
 
 def _telegram(channel: TelegramConfig) -> object:
