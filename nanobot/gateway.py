@@ -93,14 +93,13 @@ class Gateway:
             logger.info(
                 "waiting up to {:g}s for {} running turn(s)", self.shutdown_timeout, running
             )
-        try:
-            async with asyncio.timeout(self.shutdown_timeout):
-                await dispatching
-        except TimeoutError:
-            logger.warning(
-                "{} turn(s) did not finish in time; they resume on the next start",
-                self.dispatcher.running,
-            )
+        # Not asyncio.timeout: its cancellation ends the turns before they could be counted.
+        done, _ = await asyncio.wait({dispatching}, timeout=self.shutdown_timeout)
+        if not done:
+            left = self.dispatcher.running
+            dispatching.cancel()
+            await asyncio.wait({dispatching})
+            logger.warning("{} turn(s) did not finish in time; they resume on the next start", left)
         try:
             async with asyncio.timeout(FLUSH_TIMEOUT):
                 await self.manager.drain()

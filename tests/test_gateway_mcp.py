@@ -535,6 +535,9 @@ async def test_sigterm_with_a_call_in_flight_ends_every_server_and_what_they_for
         await llm.wait_for_requests(since + 1, seconds=30)
         assert await gateway.process.stop(signal.SIGTERM, seconds=30) == 0
         assert "waiting up to 2s for 1 running turn(s)" in gateway.process.log()  # the hang
+        assert "1 turn(s) did not finish in time; they resume on the next start" in (
+            gateway.process.log()
+        )
         left = [pid for pid, pidfd in pidfds.items() if not await ended(pidfd, 10)]
         assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
     finally:
