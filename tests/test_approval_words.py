@@ -66,8 +66,9 @@ def test_the_words_for_decisions_and_answers() -> None:
 def test_a_decision_names_who_decided_where_their_name_is_known() -> None:
     decided = request(state="approved", scope="once", decided_by="42", decided_at=DECIDED_AT)
     assert decision_text(decided) == "allowed once by 42 at 14:05 UTC"  # no name known
-    assert decision_text(decided, {"42": "Alice"}) == "allowed once by Alice (42) at 14:05 UTC"
-    forged = decision_text(decided, {"42": "Eve\x1b[2J"})
+    alice = replace(decided, decided_name="Alice")
+    assert decision_text(alice) == "allowed once by Alice (42) at 14:05 UTC"
+    forged = decision_text(replace(decided, decided_name="Eve\x1b[2J"))
     assert "\x1b" not in forged and "(42)" in forged  # a name is the sender's to choose
-    repeat = answer_text("already_decided", decided, {"42": "Alice"})
+    repeat = answer_text("already_decided", alice)
     assert repeat == "This was already decided. Allowed once by Alice (42) at 14:05 UTC."

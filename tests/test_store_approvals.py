@@ -116,6 +116,20 @@ async def test_the_first_answer_wins_and_the_second_is_told_the_decision(
     assert (await store.get(request.id)) == first.request
 
 
+async def test_the_deciders_name_is_kept_for_every_member_to_show(
+    db: Database, clock: Clock
+) -> None:
+    store = ApprovalStore(db, clock)
+    request = await store.create(new(), expires_in=TIMEOUT)
+    decision = await store.decide(
+        request.id, "once", by="100", channel="telegram", chat_id="100", by_name="Alice"
+    )
+    assert decision.won
+    other_member = ApprovalStore(db, clock)  # as another gateway of the cluster reads it
+    stored = await other_member.get(request.id)
+    assert stored is not None and (stored.decided_by, stored.decided_name) == ("100", "Alice")
+
+
 async def test_concurrent_answers_from_two_connections_produce_exactly_one_decision(
     store_target: Path | str, clock: Clock
 ) -> None:

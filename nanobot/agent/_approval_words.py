@@ -24,32 +24,25 @@ _ANSWERS: Final[Mapping[Outcome, str]] = MappingProxyType(
         "not_offered": "That is not offered here: this call can only be allowed once.",
     }
 )
-Names = Mapping[str, str]
-"""User id -> the name they go by, of the people who answered requests here."""
-_NO_NAMES: Final[Names] = MappingProxyType({})
-
 _SCOPE_WORDS: Final[Mapping[Scope, str]] = MappingProxyType(
     {"once": "allowed once", "chat": "allowed for this chat", "always": "always allowed"}
 )
 
 
-def answer_text(
-    outcome: Outcome, request: ApprovalRequest | None = None, names: Names = _NO_NAMES
-) -> str:
+def answer_text(outcome: Outcome, request: ApprovalRequest | None = None) -> str:
     """The reply to a person who answered a request (a click or `/approve`): one line."""
     text = _ANSWERS[outcome]
     if outcome == "already_decided" and request is not None:
-        decided = decision_text(request, names)
+        decided = decision_text(request)
         return f"{text} {decided[:1].upper()}{decided[1:]}."
     return text
 
 
-def decision_text(request: ApprovalRequest, names: Names = _NO_NAMES) -> str:
+def decision_text(request: ApprovalRequest) -> str:
     """What became of a request, for its edited card: "allowed once by Alice (123) at 14:05
-    UTC", with the decider's name where `names` (user id -> name) has it, else the id."""
+    UTC", with the name the decider went by where the platform gave one, else the id."""
     when = f" at {request.decided_at:%H:%M} UTC" if request.decided_at else ""
-    decider = request.decided_by
-    name = names.get(decider) if decider else None
+    decider, name = request.decided_by, request.decided_name
     by = f" by {printable(name)} ({decider})" if name else f" by {decider}" if decider else ""
     if request.state == "approved" and request.scope is not None:
         return f"{_SCOPE_WORDS[request.scope]}{by}{when}"

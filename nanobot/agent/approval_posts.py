@@ -49,14 +49,6 @@ class Cards:
         self._journal = journal
         self._bus = bus
         self._workspace = workspace
-        # Who answered requests here, by user id: a card says "by Alice (123)", not "by 123".
-        # A member of a cluster that did not take the press shows the id.
-        self.names: dict[str, str] = {}
-
-    def heard(self, user_id: str, name: str | None) -> None:
-        """`user_id` answered a request here, going by `name` (None: none known)."""
-        if name:
-            self.names[user_id] = name
 
     async def ask(
         self,
@@ -97,7 +89,7 @@ class Cards:
     async def show(self, request: ApprovalRequest) -> None:
         """Edit every card of `request` to say what became of it, without buttons."""
         asked = request.asked
-        text = decided_text(request, decision_text(request, self.names))
+        text = decided_text(request, decision_text(request))
         for place in asked.places:
             if place.message_id is None or not place.message_id.isdigit():
                 continue

@@ -290,7 +290,6 @@ class Approver:
         else:
             return ASK_HELP
         chat_id = f"@{message.sender_id}" if message.is_private else message.chat.chat_id
-        self._cards.heard(message.sender_id, message.sender_name)
         decision = await self._store.decide(
             words[1],
             verdict,
@@ -298,6 +297,7 @@ class Approver:
             channel=message.chat.channel,
             chat_id=chat_id,
             args_hash=args_hash,
+            by_name=message.sender_name or None,
         )
         if decision.won:
             logger.info("approval {}: {} by {}", words[1], verdict, printable(message.sender_id))
@@ -314,7 +314,7 @@ class Approver:
                 printable(message.sender_id),
                 decision.outcome,
             )
-        return answer_text(decision.outcome, decision.request, self._cards.names)
+        return answer_text(decision.outcome, decision.request)
 
     async def _tell_others(self, wakeups: Wakeups, request_id: str) -> None:
         """Wake the run waiting for `request_id` in another member, if one does."""

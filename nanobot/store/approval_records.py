@@ -95,6 +95,7 @@ class ApprovalRequest:
     decided_by: str | None
     decided_at: datetime | None
     note: str | None
+    decided_name: str | None = None  # the name `decided_by` went by, where the platform gave one
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,7 @@ def request_of(row: Row, places: tuple[Place, ...]) -> ApprovalRequest:
         decided_by=row["decided_by"],
         decided_at=None if row["decided_at"] is None else from_text(row["decided_at"]),
         note=row["note"],
+        decided_name=row["decided_name"],
     )
 
 

@@ -164,8 +164,10 @@ class ApprovalStore(RulesAndLog):
         channel: str,
         chat_id: str,
         args_hash: str | None = None,
+        by_name: str | None = None,
     ) -> Decision:
-        """Answer a request: `by` (a platform user id) in `channel`/`chat_id`. When
+        """Answer a request: `by` (a platform user id, going by `by_name` where known) in
+        `channel`/`chat_id`. When
         `args_hash` is given it must be the request's (the card's arguments are the ones
         that will run).
 
@@ -196,9 +198,9 @@ class ApprovalStore(RulesAndLog):
             params.append(scope)
         async with self._db.transaction():
             row = await self._db.fetchone(
-                "UPDATE approval_requests SET state = ?, scope = ?, decided_by = ?, decided_at = ?"
-                f" WHERE {' AND '.join(checks)} RETURNING *",
-                (state, scope, by, now, *params),
+                "UPDATE approval_requests SET state = ?, scope = ?, decided_by = ?,"
+                f" decided_name = ?, decided_at = ? WHERE {' AND '.join(checks)} RETURNING *",
+                (state, scope, by, by_name, now, *params),
             )
             if row is None:
                 return await self._refusal(answer, moment)

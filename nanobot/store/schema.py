@@ -374,6 +374,11 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (channel, chat_id)
     );
     """,
+    # 22: the name the decider of a request goes by, kept with the decision: any member of
+    # a cluster edits its cards to "by Alice (123)", not only the one that took the press.
+    """
+    ALTER TABLE approval_requests ADD COLUMN decided_name TEXT;
+    """,
 )
 
 
