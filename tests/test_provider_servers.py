@@ -165,6 +165,25 @@ async def test_the_cost_a_server_reports_is_kept_for_a_model_without_a_price(
     assert costs == [pytest.approx(0.0042), 0.0]
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_the_cost_a_litellm_proxy_sends_in_its_header_is_kept_too(
+    fake_llm: FakeLLM, providers: Providers, transport: str, streamed: bool
+) -> None:
+    fake_llm.script(
+        Text("hi", cost_header="0.00125"),
+        Text("hi", cost=0.002, cost_header="0.00125"),  # usage.cost, where it is given
+        Text("hi", cost_header="not a number"),
+        Text("hi", cost_header="-1"),
+    )
+    provider = providers(transport)
+    costs = [
+        (await provider.complete(MESSAGES, on_delta=listener(streamed))).usage.cost
+        for _ in range(4)
+    ]
+    assert costs == [pytest.approx(0.00125), pytest.approx(0.002), 0.0, 0.0]
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_known_price_is_used_over_a_reported_cost(
     fake_llm: FakeLLM, providers: Providers, transport: str

@@ -33,7 +33,7 @@ from nanobot.app._exec import (
     exec_limits,
     open_sandbox,
 )
-from nanobot.app._mcp import test_server
+from nanobot.app._mcp import start_when_quiet, test_server
 from nanobot.app._media import build_speaker, build_voices
 from nanobot.app._parts import (
     Parts,
@@ -238,6 +238,15 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     manager = ChannelManager(
         channels, way_in.bus, way_in.journal, health, voices=build_speaker(config)
     )
+    if parts.servers:
+
+        def tried() -> bool:  # each channel connected, or failed, once
+            return all(state.up or state.reason for state in health.states())
+
+        def busy() -> bool:
+            return dispatcher.running > 0
+
+        services.append(("mcp", partial(start_when_quiet, parts.servers, tried, busy)))
     return Gateway(
         bus=way_in.bus,
         gate=way_in.gate,

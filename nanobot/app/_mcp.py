@@ -1,9 +1,11 @@
 """`nanobot mcp test NAME`: one server started as the gateway would start it (in exec's
-sandbox, with its environment), its tools listed with their approval policy, then stopped."""
+sandbox, with its environment), its tools listed with their approval policy, then stopped;
+and when a gateway starts its servers (`start_when_quiet`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING
 
@@ -23,6 +25,41 @@ if TYPE_CHECKING:
     from loguru import Message
 
 STDERR_SHOWN = 10  # of a failed server's last stderr lines
+QUIET_FOR = 1.0  # seconds without a turn, every channel tried, before the servers start
+START_BY = 15.0  # seconds after the gateway's start: then the servers start, quiet or not
+
+
+async def start_when_quiet(
+    servers: McpServers,
+    settled: Callable[[], bool],
+    busy: Callable[[], bool],
+    *,
+    quiet_for: float = QUIET_FOR,
+    start_by: float = START_BY,
+) -> None:
+    """Start `servers` once the gateway has answered what waited for it at its start: when
+    `settled()` (each channel connected, or failed, once) and not `busy()` (no turn running)
+    have held for `quiet_for` seconds, or `start_by` seconds after this was called at the
+    latest (a member of a cluster runs some channels only while it holds their role).
+
+    The first server imports the SDK (about a second of CPU, on the GIL the event loop
+    needs too) and each server's own start takes the other core: begun with the gateway,
+    they held up its first poll and reply by half a second (docs/benchmarks.md, MCP). The
+    first turns after a start do not have the servers' tools either way: none was running
+    yet. Returns once they are started; cancellable.
+    """
+    loop = asyncio.get_running_loop()
+    latest = loop.time() + start_by
+    quiet_since: float | None = None
+    while (now := loop.time()) < latest:
+        if not settled() or busy():
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since >= quiet_for:
+            break
+        await asyncio.sleep(0.1)  # two conditions of other parts: no event to wait on
+    servers.start()
 
 
 async def test_server(config: Config, name: str) -> tuple[list[str], bool]:

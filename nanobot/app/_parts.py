@@ -171,7 +171,9 @@ class Parts:
     # Told of the store's storage failures, bound to the gate once it is built (`Intake`).
     failures: LateWatcher
     sandbox: Sandbox | None = None  # exec's, when exec is on (or an MCP server needs it)
-    servers: McpServers | None = None  # the MCP servers, started with the parts
+    # The MCP servers: started with the parts, or a gateway's once it has answered
+    # (`start_when_quiet`).
+    servers: McpServers | None = None
     retry: Backoff = DEFAULT_BACKOFF  # store.retry_seconds: the pauses of a failing store
     # A gateway's: its membership of the cluster, and the spawn tool's port, bound to the
     # subagents once they are built (None without `agent.max_subagents`).
@@ -291,7 +293,8 @@ async def open_parts(
                     approver=approver,
                     ledger=ledger,
                 )
-                servers.start()
+                if not gateway:  # a gateway starts them once it has answered (`start_when_quiet`)
+                    servers.start()
                 try:
                     yield Parts(
                         db,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 from nanobot.providers.base import (
@@ -63,6 +65,18 @@ class Assembler:
         and LiteLLM's proxy send `usage.cost`); anything but a number there counts as none."""
         reported = cost if isinstance(cost, int | float) and not isinstance(cost, bool) else 0.0
         self.usage = Usage(int(prompt_tokens or 0), int(completion_tokens or 0), max(0.0, reported))
+
+    def header_cost(self, value: object) -> None:
+        """The cost LiteLLM's proxy sends as its `x-litellm-response-cost` header, where the
+        answer's `usage` carried none: a number at or above zero, as text or not."""
+        if self.usage.cost or value is None or isinstance(value, bool):
+            return
+        try:
+            cost = float(value) if isinstance(value, str | int | float) else math.nan
+        except ValueError:
+            return
+        if math.isfinite(cost) and cost > 0:
+            self.usage = dataclasses.replace(self.usage, cost=cost)
 
     def finish(self, reason: str) -> None:
         self._finish = reason

@@ -141,7 +141,9 @@ class LiteLLMTransport:
         assembler = Assembler(on_delta)
         if on_delta is None:
             kwargs["timeout"] = _timeouts(self._timeout, read=self._answer_timeout)
-            _read_chunk(await litellm.acompletion(**kwargs), assembler)
+            answer = await litellm.acompletion(**kwargs)
+            _read_chunk(answer, assembler)
+            assembler.header_cost(_header_cost(answer))
             return assembler.result(call.model, assembler.usage)
         kwargs.update(stream=True, stream_options={"include_usage": True}, timeout=self._timeout)
         stream = await litellm.acompletion(**kwargs)
@@ -154,6 +156,7 @@ class LiteLLMTransport:
             # As the direct transport says it: the retries and fallbacks take it from here.
             message = f"{call.model}: the stream ended before the answer did"
             raise ProviderError("unavailable", message, model=call.model)
+        assembler.header_cost(_header_cost(stream))
         return assembler.result(call.model, assembler.usage)
 
     def own_endpoint(self, model: str) -> bool:
@@ -285,6 +288,16 @@ def _read_chunk(chunk: Any, assembler: Assembler) -> None:
                 None if function is None else _field(function, "name"),
                 None if function is None else _field(function, "arguments"),
             )
+
+
+def _header_cost(answer: Any) -> object:
+    """The `x-litellm-response-cost` header of the server's answer (a LiteLLM proxy's),
+    as litellm keeps the server's headers: in its hidden parameters, prefixed."""
+    hidden = getattr(answer, "_hidden_params", None)
+    headers = hidden.get("additional_headers") if isinstance(hidden, dict) else None
+    return (
+        headers.get("llm_provider-x-litellm-response-cost") if isinstance(headers, dict) else None
+    )
 
 
 def _answer_ended(stream: Any, assembler: Assembler) -> bool:

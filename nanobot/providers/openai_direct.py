@@ -28,6 +28,8 @@ from nanobot.proxies import env_proxy
 
 _DETAIL_LIMIT = 500  # characters of the server's error message kept in ours
 OPENAI_API = "https://api.openai.com/v1"
+# Where LiteLLM's proxy says what an answer cost, when its `usage` does not.
+COST_HEADER = "x-litellm-response-cost"
 # The headers litellm's OpenAI client adds from the environment, and their variables.
 _ENV_HEADERS = (
     ("OpenAI-Organization", ("OPENAI_ORGANIZATION", "OPENAI_ORG_ID")),
@@ -141,6 +143,7 @@ class DirectTransport:
                 if reply.status >= 400:
                     raise await self._http_error(model, reply)
                 await self._read_stream(model, reply, assembler)
+                assembler.header_cost(reply.headers.get(COST_HEADER))
         except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
             message = f"{model}: no answer for {self._timeout:g}s"
             raise ProviderError("timeout", message, model=model) from exc

@@ -91,6 +91,7 @@ class Text(Reply):
 
     content: str
     cost: float | None = field(default=None, kw_only=True)
+    cost_header: str | None = field(default=None, kw_only=True)  # x-litellm-response-cost
 
 
 @dataclass(frozen=True)
@@ -813,7 +814,8 @@ class FakeLLM:
             message |= {"tool_calls": calls} if calls else {}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             return web.json_response(
-                {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+                {**base, "object": "chat.completion", "choices": [choice], "usage": usage},
+                headers=_cost_header(reply),
             )
         options = asked.stream_options if isinstance(asked.stream_options, dict) else {}
         include_usage = bool(options.get("include_usage"))
@@ -826,7 +828,7 @@ class FakeLLM:
         ]
         chunks[-1]["choices"][0]["finish_reason"] = finish
         chunks += [{**head, "choices": [], "usage": usage}] if include_usage else []
-        response = await self._start(request)
+        response = await self._start(request, headers=_cost_header(reply))
         for i, chunk in enumerate(chunks):
             if i and not await self._sleep(self.chunk_delay):
                 return self._abort(request, response)
@@ -889,11 +891,15 @@ class FakeLLM:
 
     @staticmethod
     async def _start(
-        request: web.Request, stream: bool = True, length: int | None = None
+        request: web.Request,
+        stream: bool = True,
+        length: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> web.StreamResponse:
         """Send the headers of an SSE stream (or of a JSON body of ``length`` bytes)."""
         kind = "text/event-stream; charset=utf-8" if stream else "application/json"
-        response = web.StreamResponse(headers={"Content-Type": kind, "Cache-Control": "no-cache"})
+        sent = {"Content-Type": kind, "Cache-Control": "no-cache", **(headers or {})}
+        response = web.StreamResponse(headers=sent)
         response.content_length = None if stream else length
         await response.prepare(request)
         return response
@@ -1187,3 +1193,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _cost_header(reply: Reply) -> dict[str, str]:
+    """The header a LiteLLM proxy says an answer's cost in, where `reply` has one."""
+    if isinstance(reply, Text) and reply.cost_header is not None:
+        return {"x-litellm-response-cost": reply.cost_header}
+    return {}
