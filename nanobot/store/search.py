@@ -220,7 +220,13 @@ class SearchIndex:
         self, query: str, order: str, ids: tuple[int, int], size: int, scope: Scope
     ) -> tuple[str, list[SqlValue]]:
         low, high = ids
-        params: list[SqlValue] = [query, low, high]
+        # PostgreSQL gets the query as a literal: with a parameter, a prepared statement's
+        # generic plan (from its sixth run on) cannot know how rare the words are and walks
+        # the primary key backwards through every entry for a rare one (0.5 s at a million
+        # entries, against 1 ms). The literal holds only letters, digits, quotes (doubled),
+        # spaces and the operators `_match` wrote.
+        literal = "'" + query.replace("'", "''") + "'"
+        params: list[SqlValue] = [low, high] if not self._sqlite else [query, low, high]
         within = ""
         if scope.keys is not None:
             keys = sorted(scope.keys)
@@ -243,7 +249,7 @@ class SearchIndex:
         ordering = "2 DESC" if order == "relevance" else "w.entry_id DESC"
         return (
             "SELECT w.entry_id, ts_rank(w.words, q.q) FROM entry_words w,"
-            " to_tsquery('simple', ?) AS q (q)"
+            f" to_tsquery('simple', {literal}) AS q (q)"
             f" WHERE w.words @@ q.q AND w.entry_id BETWEEN ? AND ?{within}"
             f" ORDER BY {ordering} LIMIT ?",
             params,
