@@ -66,7 +66,12 @@ def ask(config: Config, message: str, session_key: str, *, verbose: bool = False
             answer = _Answer()
             outcomes: dict[Source, OutcomeSink] = {"chat": answer}
             dispatcher = Dispatcher(
-                parts.loop, way_in.bus, way_in.journal, outcomes=outcomes, reader=parts.reader
+                parts.loop,
+                way_in.bus,
+                way_in.journal,
+                outcomes=outcomes,
+                reader=parts.reader,
+                recall=parts.recall,
             )
             async with asyncio.TaskGroup() as group:
                 dispatching = group.create_task(dispatcher.run(), name="dispatcher")

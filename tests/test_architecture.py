@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nanobot.log",),  # reads secrets out of the config tree
     ("nanobot.bus",),
     ("nanobot.cron",),  # vocabulary, schedule math, the service; storage through a port
+    ("nanobot.recall",),  # memory search: words, hits, ranking; the index through a port
     ("nanobot.store", "nanobot.providers", "nanobot.tools"),
     ("nanobot.media",),  # what arrives as files: voice notes heard, documents read
     ("nanobot.agent", "nanobot.channels"),

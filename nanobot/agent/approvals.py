@@ -91,6 +91,8 @@ DEFAULT_POLICIES: Final[Mapping[str, Policy]] = MappingProxyType(
         "web_fetch": "allow",
         "web_search": "allow",
         "message": "allow",
+        "memory_search": "allow",  # reads what was said and the memory files
+        "memory_get": "allow",
     }
 )
 """The built-in tools and their defaults; any other tool (MCP, later ones) asks."""

@@ -11,7 +11,10 @@ from nanobot.agent.loop import AgentLoop
 from nanobot.agent.subagents import Subagents
 from nanobot.bus.events import InboundMessage
 from nanobot.media.speech import SPOKEN_CHANNELS, VoiceReplies
+from nanobot.recall import EVERYTHING, Scope
 from nanobot.store.chats import VoiceMode
+from nanobot.tools.base import ToolError
+from nanobot.tools.memory_search import MemoryRecall
 
 HELP = (
     "I'm nanobot, your assistant. Just write to me. Commands:\n"
@@ -22,6 +25,7 @@ HELP = (
     "/approvals - what waits for your approval, and the saved rules\n"
     "/approve ID [once|chat|always], /deny ID - decide on a request (the card's buttons do it)\n"
     "/voice [on|off|auto] - spoken replies here: always, never, or when you sent a voice note\n"
+    "/search TEXT - find TEXT in past conversations and the memory files\n"
     "/help - this message"
 )
 
@@ -48,9 +52,11 @@ async def answer(
     loop: AgentLoop,
     subagents: Subagents | None,
     voices: VoiceReplies | None = None,
+    recall: MemoryRecall | None = None,
 ) -> str:
     """Do what the command (or press) `message` says, in its session; the answer for it.
-    `voices`: the chats' choice of spoken replies (None: none are made here).
+    `voices`: the chats' choice of spoken replies (None: none are made here). `recall`: the
+    memory search (None: `/search` says it is not offered here).
 
     Raises:
         StoreError: what it had to read or change could not be.
@@ -83,6 +89,8 @@ async def answer(
             text = await loop.status(key)
         case "voice":
             text = await _voice(message, voices)
+        case "search":
+            text = await _search(message, recall)
         case None:  # a press of a button that is none of ours (forged, or very old)
             logger.info("{}: a press with unknown data was ignored", message.chat.channel)
             text = "This button does nothing."
@@ -115,6 +123,21 @@ async def _voice(message: InboundMessage, voices: VoiceReplies | None) -> str:
         default = voices.default(message.chat.channel)
         return f"Spoken replies here: as the channel's default, {_VOICE_MODES[default]}."
     return f"Spoken replies here: {_VOICE_MODES[mode]}."
+
+
+async def _search(message: InboundMessage, recall: MemoryRecall | None) -> str:
+    """`/search TEXT`: what `memory_search` would find for TEXT in this chat (a group sees
+    only its own conversation)."""
+    if recall is None:
+        return "Search is not offered here."
+    query = message.text.split(maxsplit=1)[1] if len(message.text.split(maxsplit=1)) > 1 else ""
+    if not query.strip():
+        return "Say /search and the words to look for, e.g. /search deploy script."
+    scope = EVERYTHING if message.is_private else Scope(frozenset({message.session_key}))
+    try:
+        return await recall.search(query, scope=scope)
+    except ToolError as exc:
+        return f"Cannot search for that: {exc}."
 
 
 def _stopped(turn: bool, tasks: int) -> str:

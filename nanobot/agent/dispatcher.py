@@ -37,6 +37,7 @@ from nanobot.media.reading import OWN_WORDS, Reader, listed
 from nanobot.media.speech import VoiceReplies
 from nanobot.store import Journal
 from nanobot.tasks import TaskSet
+from nanobot.tools.memory_search import MemoryRecall
 
 UNTRUSTED_SOURCES: Mapping[Source, str] = {"task": "a subagent's result"}
 
@@ -79,13 +80,14 @@ class Dispatcher:
         held: Held | None = None,
         reader: Reader | None = None,
         voices: VoiceReplies | None = None,
+        recall: MemoryRecall | None = None,
     ) -> None:
         """`whole_replies`: channels whose replies arrive whole instead of being shown while
         the model writes them (`channels.<name>.stream: false`). `held`: where messages
         whose turn a store failure cut short wait for the store (none: they wait for the
         next start). `reader`: what reads the files people send (voice notes, documents);
         none: they are only named. `voices`: which replies are spoken too (none: no reply
-        is)."""
+        is). `recall`: the memory search `/search` uses (none: not offered)."""
         self._loop = loop
         self._bus = bus
         self._journal = journal
@@ -99,6 +101,7 @@ class Dispatcher:
         self._reader = reader
         self._arrivals = Arrivals()
         self._voices = voices
+        self._recall = recall
 
     async def run(self) -> None:
         """Dispatch inbound messages until the bus's inbound side is closed, then wait for
@@ -314,7 +317,9 @@ class Dispatcher:
                 await self._outcomes[message.source].finished(message, outcome)
 
     async def _command(self, message: InboundMessage) -> None:
-        text = await commands.answer(message, self._loop, self._subagents, self._voices)
+        text = await commands.answer(
+            message, self._loop, self._subagents, self._voices, self._recall
+        )
         ids = (message.journal_id,) if message.journal_id else ()
         if message.press is not None:  # a button: answered to the one who pressed it
             await self._journal.complete(ids, None)

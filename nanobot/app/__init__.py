@@ -227,6 +227,7 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
         held=Held(way_in.gate, way_in.journal),
         reader=parts.reader,
         voices=build_voices(config, parts.db),
+        recall=parts.recall,
     )
     # In the data dir, for `nanobot status` (this gateway's own: each member of a cluster has one).
     health = ChannelHealth(

@@ -44,12 +44,15 @@ from nanobot.reserve import DiskReserve
 from nanobot.store import ApprovalStore, Database, Journal, SessionStore, UsageLedger
 from nanobot.store.cron import CronStore
 from nanobot.store.failures import LateWatcher
+from nanobot.store.search import SearchIndex
 from nanobot.store.taint import TaintStore
 from nanobot.store.wakeups import Wakeups
+from nanobot.tasks import TaskSet
 from nanobot.tools.base import Tool
 from nanobot.tools.cron import CronTool
 from nanobot.tools.filesystem import EditFileTool, ListDirTool, ReadFileTool, WriteFileTool
 from nanobot.tools.limits import NO_LIMITS, Enforcement, enforce, log_enforcement
+from nanobot.tools.memory_search import MemoryGetTool, MemoryRecall, MemorySearchTool
 from nanobot.tools.message import MessageTool
 from nanobot.tools.registry import ToolRegistry, ToolSource
 from nanobot.tools.sandbox import Sandbox
@@ -74,6 +77,7 @@ def build_tools(
     ledger: TaintLedger | None = None,
     spawner: Spawner | None = None,
     source: ToolSource | None = None,
+    recall: MemoryRecall | None = None,
 ) -> ToolRegistry:
     """The built-in tools, configured from `config.tools` (and `cron` when `jobs` is given),
     then what `source` offers (the MCP servers' tools, as they come and go).
@@ -81,7 +85,8 @@ def build_tools(
     exec is registered when it is enabled and `sandbox` is given (see `build_sandbox`); its
     commands run under `limits` (`enforce`; none when not given) and stop when the data
     volume's free space falls short of `reserve`. The file tools and exec follow taint
-    through `ledger` when it is given. The spawn tool comes last, when `spawner` is given."""
+    through `ledger` when it is given. memory_search and memory_get come with `recall`. The
+    spawn tool comes last, when `spawner` is given."""
     tools, workspace = config.tools, config.workspace_path
     restrict = tools.restrict_to_workspace
     built: list[Tool[Any]] = [
@@ -97,6 +102,8 @@ def build_tools(
         ),
         MessageTool(),
     ]
+    if recall is not None:
+        built += [MemorySearchTool(recall), MemoryGetTool(recall)]
     if tools.exec.enabled and sandbox is not None:
         deny = tools.exec.deny_patterns
         built.append(
@@ -180,6 +187,22 @@ class Parts:
     enrolment: cluster.Enrolment | None = None
     spawner: LateSpawner | None = None
     reader: Reader | None = None  # what reads the files people send (voice, documents)
+    recall: MemoryRecall | None = None  # the memory search, for `/search`
+
+
+@asynccontextmanager
+async def memory_recall(
+    db: Database, workspace: Path, zone: tzinfo | None
+) -> AsyncIterator[MemoryRecall]:
+    """The memory search over `db` and `workspace`; while it is open, the entries from before
+    the index are indexed in the background (`SearchIndex.backfill_all`)."""
+    index = SearchIndex(db)
+    background = TaskSet("memory-search")
+    background.spawn(index.backfill_all(), name="memory-search-backfill")
+    try:
+        yield MemoryRecall(index, workspace, zone)
+    finally:
+        await background.close()
 
 
 def private_dir(path: Path) -> None:
@@ -258,7 +281,11 @@ async def open_parts(
                 log_enforcement(limits)
             await asyncio.to_thread(partial(provider.prepare, require_key=require_key))
             target = config.store_target
-            async with await Database.open(target, reserve=reserve, watch=failures) as db:
+            db_opened = await Database.open(target, reserve=reserve, watch=failures)
+            async with (
+                db_opened as db,
+                memory_recall(db, config.workspace_path, settings.timezone) as recall,
+            ):
                 enrolment = None
                 if gateway:
                     enrolment = cluster.enrol(cluster_setting(config), db, succeeds=succeeds)
@@ -274,6 +301,7 @@ async def open_parts(
                     ledger=ledger,
                     spawner=spawner,
                     source=servers if servers else None,
+                    recall=recall,
                 )
                 runner = Runner(provider, tools)
                 sessions = SessionStore(db)
@@ -314,6 +342,7 @@ async def open_parts(
                         enrolment,
                         spawner,
                         build_reader(config),
+                        recall,
                     )
                 finally:
                     await servers.close()

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Literal
 
 CommandName = Literal[
-    "new", "stop", "status", "help", "tasks", "approve", "deny", "approvals", "voice"
+    "new", "stop", "status", "help", "tasks", "approve", "deny", "approvals", "voice", "search"
 ]
 COMMANDS: frozenset[str] = frozenset(
-    {"new", "stop", "status", "help", "tasks", "approve", "deny", "approvals", "voice"}
+    {"new", "stop", "status", "help", "tasks", "approve", "deny", "approvals", "voice", "search"}
 )
 
 Source = Literal["chat", "cron", "heartbeat", "task"]

@@ -19,6 +19,7 @@ from nanobot.cli._command import config_of, fail
 from nanobot.cli._cron import cron_app
 from nanobot.cli._manage import approvals_app, pairing_app, taint_app
 from nanobot.cli._mcp import mcp_app
+from nanobot.cli._memory import memory_app
 
 app = typer.Typer(
     name="nanobot",
@@ -212,6 +213,7 @@ app.add_typer(approvals_app, name="approvals")
 app.add_typer(taint_app, name="taint")
 app.add_typer(cron_app, name="cron")
 app.add_typer(mcp_app, name="mcp")
+app.add_typer(memory_app, name="memory")
 
 
 def main() -> None:

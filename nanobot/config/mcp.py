@@ -28,6 +28,8 @@ BUILT_IN_TOOLS = frozenset(
         "web_fetch",
         "web_search",
         "message",
+        "memory_search",
+        "memory_get",
         "exec",
         "cron",
         "spawn",

@@ -132,6 +132,8 @@ class ApprovalConfig(Section):
     web_fetch: Approval = "allow"
     web_search: Approval = "allow"
     message: Approval = "allow"
+    memory_search: Approval = "allow"
+    memory_get: Approval = "allow"
     other: Approval = "ask"  # every tool not listed above (tools added later)
     timeout: timedelta = timedelta(minutes=10)
     unattended: Literal["ask", "deny"] = "ask"

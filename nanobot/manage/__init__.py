@@ -1,5 +1,5 @@
 """Managing an installation from the command line: onboarding, status, pairing, cron jobs,
-approvals, taint, MCP servers.
+approvals, taint, MCP servers, memory search.
 
 Each function sets up logging, opens what it needs, does one thing and returns lines for the
 CLI to print. None of them imports litellm or the chat libraries. Each command's work is in
@@ -10,6 +10,7 @@ from nanobot.manage._approvals import approvals
 from nanobot.manage._cron import PICKUP_WAIT, added_line, cron, job_lines, run_job, run_lines
 from nanobot.manage._gateway_lock import GATEWAY_LOCK, gateway_pid, lock_holder
 from nanobot.manage._mcp import mcp_list, mcp_rows
+from nanobot.manage._memory import memory_search
 from nanobot.manage._onboarding import onboard
 from nanobot.manage._pairing import pairing
 from nanobot.manage._status import health, status
@@ -27,6 +28,7 @@ __all__ = [
     "lock_holder",
     "mcp_list",
     "mcp_rows",
+    "memory_search",
     "onboard",
     "pairing",
     "run_job",

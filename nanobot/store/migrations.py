@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Final
 
 from nanobot.errors import StoreError
 from nanobot.store.dialect import Dialect
-from nanobot.store.schema import MIGRATIONS, POSTGRESQL_EXTRA
+from nanobot.store.schema import MIGRATIONS, POSTGRESQL_EXTRA, SQLITE_EXTRA
 
 if TYPE_CHECKING:
     from nanobot.store.database import Database
@@ -28,8 +28,9 @@ __all__ = ["MIGRATING", "MIGRATIONS", "POSTGRESQL_EXTRA", "check_version", "migr
 def script(version: int, dialect: Dialect) -> str:
     """The script that takes a database to `version` (from `version - 1`), in `dialect`."""
     text = dialect.render(MIGRATIONS[version - 1])
-    if dialect.name == "postgresql" and version in POSTGRESQL_EXTRA:
-        text += "\n" + POSTGRESQL_EXTRA[version]
+    extra = POSTGRESQL_EXTRA if dialect.name == "postgresql" else SQLITE_EXTRA
+    if version in extra:
+        text += "\n" + extra[version]
     return text
 
 

@@ -7,7 +7,8 @@ To change the schema, append one script; never edit or reorder one that has ship
 The scripts are written once, in SQL both backends understand, with SQLite's type names
 (INTEGER, REAL, BLOB; `INTEGER PRIMARY KEY` for an id the database assigns): SQLite runs
 them as written, PostgreSQL as `Dialect.render` translates them (BIGINT, identity columns,
-…), plus the few additions in `POSTGRESQL_EXTRA` for what SQLite has without saying.
+…), plus the few additions in `POSTGRESQL_EXTRA` for what SQLite has without saying;
+`SQLITE_EXTRA` holds what only SQLite can say (its full-text index).
 """
 
 from __future__ import annotations
@@ -379,6 +380,19 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE approval_requests ADD COLUMN decided_name TEXT;
     """,
+    # 23: the memory search's full-text index of what was said (`store.search`): one row per
+    # indexed entry (its words, `recall.words`), kept in the transaction of each append. The
+    # index itself differs by backend (`SQLITE_EXTRA`, `POSTGRESQL_EXTRA`). Entries from
+    # before are indexed afterwards, in the background, newest first: those with an id
+    # below `search_backfill.below` still wait (0: none).
+    """
+    CREATE TABLE search_backfill (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        below INTEGER NOT NULL
+    );
+    INSERT INTO search_backfill (id, below)
+        SELECT 1, CASE WHEN MAX(id) IS NULL THEN 0 ELSE MAX(id) + 1 END FROM entries;
+    """,
 )
 
 
@@ -386,5 +400,26 @@ POSTGRESQL_EXTRA: Final[dict[int, str]] = {
     # SQLite keeps every table's insertion order in its rowid; a request's places are read
     # back in the order they were asked in (`ORDER BY rowid`).
     7: "ALTER TABLE approval_places ADD COLUMN rowid BIGINT GENERATED ALWAYS AS IDENTITY;",
+    # A row per indexed entry, its words as a tsvector of the 'simple' configuration (no
+    # stemming, no stop words: `recall.words` already made them), under a GIN index.
+    23: """
+    CREATE TABLE entry_words (
+        entry_id BIGINT PRIMARY KEY REFERENCES entries (id),
+        words TSVECTOR NOT NULL
+    );
+    CREATE INDEX entry_words_gin ON entry_words USING GIN (words);
+    """,
 }
 """Statements PostgreSQL runs after the script of the migration to that version."""
+
+SQLITE_EXTRA: Final[dict[int, str]] = {
+    # An FTS5 table without content of its own (the words are recomputed from the entry when
+    # needed): its rowid is the entry's id. `unicode61` only splits at the spaces
+    # `recall.words` put in; the full detail keeps positions, for phrases.
+    23: """
+    CREATE VIRTUAL TABLE entry_words USING fts5 (
+        words, content = '', tokenize = 'unicode61 remove_diacritics 0'
+    );
+    """,
+}
+"""Statements SQLite runs after the script of the migration to that version."""

@@ -17,6 +17,7 @@ from typing import Any, Final, Literal, cast, get_args
 from nanobot.errors import StoreError
 from nanobot.store._times import from_text, now_text, to_text
 from nanobot.store.database import Database, Row, SqlValue, Statement
+from nanobot.store.search import POSTGRES_INSERT_WITH_WORDS, SQLITE_ADD_WORDS, words_of
 
 EntryKind = Literal["message", "compaction", "note"]
 """What an entry holds: a chat message, a compaction summary, or a system note."""
@@ -135,45 +136,51 @@ class SessionStore:
             return []
         created_at = datetime.now(UTC)
         stamp = to_text(created_at)
-        # Encode first: a payload that is not JSON fails before anything is sent.
-        statements: list[Statement] = [
-            (
-                "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
-                " VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                (
-                    session_id,
-                    entry.kind,
-                    _encode(entry.data),
-                    entry.run_id,
-                    stamp,
-                    entry.inbound_id,
-                ),
+        # Encode first: a payload that is not JSON fails before anything is sent. Each
+        # entry's words go into the search index in the same transaction (`store.search`).
+        statements: list[Statement] = []
+        firsts: list[int] = []  # the index of each entry's own statement
+        items: list[tuple[SqlValue, ...]] = []  # each entry's values and words
+        for entry in entries:
+            values: tuple[SqlValue, ...] = (
+                session_id,
+                entry.kind,
+                _encode(entry.data),
+                entry.run_id,
+                stamp,
+                entry.inbound_id,
             )
-            for entry in entries
-        ]
+            words = words_of(entry.kind, entry.data)
+            items.append((*values, words))
+            firsts.append(len(statements))
+            if words is None:
+                statements.append((_INSERT, values))
+            elif self._db.dialect.name == "postgresql":
+                statements.append((POSTGRES_INSERT_WITH_WORDS, (*values, words)))
+            else:
+                statements += [(_INSERT, values), (SQLITE_ADD_WORDS, (words,))]
         # One append to a session at a time, in every process: a batch's ids are adjacent,
         # and a session's ids are committed in their order (`since` pages by id).
         lock = f"session:{session_id}"
-        if len(statements) == 1 and self._appends is not None and self._appends.applies():
+        if len(entries) == 1 and self._appends is not None and self._appends.applies():
             # The common case in one round trip, shared with other sessions' appends.
-            [(_, params)] = statements
-            rows = [[await self._appends((lock, *params))]]
+            rows, firsts = [[await self._appends((lock, *items[0]))]], [0]
         else:
             rows = await self._db.atomic(statements, lock=lock)
         return [
             Entry(
-                id=int(row["id"]),
+                id=int(rows[first][0]["id"]),
                 session_id=session_id,
                 kind=entry.kind,
                 data=entry.data,
                 run_id=entry.run_id,
                 created_at=created_at,
             )
-            for entry, [row] in zip(entries, rows, strict=True)
+            for entry, first in zip(entries, firsts, strict=True)
         ]
 
     async def _append_each(self, items: Sequence[tuple[SqlValue, ...]]) -> list[Row]:
-        """Single entries of several sessions (each `(lock, *insert's values)`), appended
+        """Single entries of several sessions (each `(lock, *insert's values, words)`), appended
         in one statement, under every session's lock; their rows, in order."""
         values = ", ".join([_LOCKED_VALUES] * len(items))
         rows = await self._db.fetchall(
@@ -273,6 +280,12 @@ class SessionStore:
         )
 
 
+_INSERT: Final = (
+    "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
+    " VALUES (?, ?, ?, ?, ?, ?) RETURNING id"
+)
+
+
 def _encode(data: dict[str, Any]) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
@@ -280,19 +293,25 @@ def _encode(data: dict[str, Any]) -> str:
 # Entries of several sessions appended in one statement, each under its session's advisory
 # lock (PostgreSQL): the locks taken first, in one order (two statements locking some of
 # the same sessions wait for each other in turn and never deadlock), held until the
-# statement's own transaction ends; then the rows inserted in the items' order.
+# statement's own transaction ends; then the rows inserted in the items' order, and the
+# words of those that have them indexed (`store.search`): the n-th id is the n-th item's.
 _LOCKED_VALUES = (
     "(CAST(? AS BIGINT), CAST(? AS TEXT), CAST(? AS BIGINT), CAST(? AS TEXT),"
-    " CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT))"
+    " CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT), CAST(? AS TEXT))"
 )
 _LOCKED_INSERTS = (
-    "WITH items (ord, lock, session_id, kind, data, run_id, created_at, inbound_id) AS"
+    "WITH items (ord, lock, session_id, kind, data, run_id, created_at, inbound_id, words) AS"
     " (VALUES {values}),"
     " locked AS (SELECT count(pg_advisory_xact_lock(k)) AS n FROM"
-    " (SELECT DISTINCT hashtextextended(lock, 0) AS k FROM items ORDER BY k) keys)"
-    " INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
+    " (SELECT DISTINCT hashtextextended(lock, 0) AS k FROM items ORDER BY k) keys),"
+    " added AS (INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
     " SELECT session_id, kind, data, run_id, created_at, inbound_id FROM items, locked"
-    " ORDER BY ord RETURNING id"
+    " ORDER BY ord RETURNING id),"
+    " numbered AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS ord FROM added),"
+    " indexed AS (INSERT INTO entry_words (entry_id, words)"
+    " SELECT n.id, to_tsvector('simple', i.words) FROM numbered n JOIN items i ON i.ord = n.ord"
+    " WHERE i.words IS NOT NULL)"
+    " SELECT id FROM added"
 )
 # `live` in one statement (PostgreSQL): the live session if there is one, else the one the
 # insert starts; one that another process started meanwhile is returned by the conflict's
