@@ -75,10 +75,12 @@ class People:
         return self.isolation == "person"
 
     def person(self, channel: str, user_id: str | None) -> str | None:
-        """The person `user_id` of `channel` is (after links); None without a user id."""
+        """The person `user_id` of `channel` is (after links); None without a user id. A
+        `user_id` that is a whole person id already (`telegram:123`: a cron job's maker;
+        platforms' own ids hold no `:`) is taken as it is."""
         if not user_id:
             return None
-        found = person_id(channel, user_id)
+        found = user_id if ":" in user_id else person_id(channel, user_id)
         return self.links.get(found, found)
 
     def resolve(self, person: str) -> str:

@@ -265,13 +265,23 @@ class AgentLoop:
 
     async def _acting(self, request: TurnRequest) -> Acting:
         """Whom the turn of `request` runs as (everyone alike without `persons`)."""
+        private = request.caller.private if request.caller else True
+        return await self.acting_as(
+            request.chat.channel, request.sender_id, request.session_key, private=private
+        )
+
+    async def acting_as(
+        self, channel: str, user_id: str | None, session_key: str, *, private: bool
+    ) -> Acting:
+        """Whom a turn of `user_id` in `session_key` runs as (`Persons.of`); everyone alike
+        without `persons`.
+
+        Raises:
+            StoreError: the store failed.
+        """
         if self._persons is None:
             return Acting(None, self._context)
-        private = request.caller.private if request.caller else True
-        chat = request.chat
-        return await self._persons.of(
-            chat.channel, request.sender_id, request.session_key, private=private
-        )
+        return await self._persons.of(channel, user_id, session_key, private=private)
 
     async def _system_prompt(
         self, request: TurnRequest, acting: Acting

@@ -171,7 +171,8 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     )
     distributor, roles = part.distributor, part.roles
     way_in = await Intake.build(parts, rules, entry=distributor)
-    channels = build_channels(config, way_in.gate, way_in.journal, cluster=roles)
+    people = parts.persons.people if parts.persons is not None else None
+    channels = build_channels(config, way_in.gate, way_in.journal, cluster=roles, people=people)
     if not channels:
         logger.warning(
             "no chat channel is enabled, only this terminal: set channels.telegram or "
