@@ -121,7 +121,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _layers.mark(items, _stores.on_postgres)
     _stores.skip_unreachable(items)
-    if config.getvalue("loadgroup"):
+    if getattr(config.option, "loadgroup", False):  # set on the workers of --dist loadgroup
         _group(items)
 
 

@@ -23,12 +23,14 @@ from nanobot.agent.approvals import ApprovalPolicy, ToolRules, no_rules
 from nanobot.agent.approver import Approver
 from nanobot.agent.context import ContextBuilder
 from nanobot.agent.loop import AgentLoop, LoopSettings
+from nanobot.agent.persons import Persons
 from nanobot.agent.prompt_budget import PromptBudget
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.taint import Ledger
 from nanobot.app._exec import build_reserve, exec_limits, open_sandbox
 from nanobot.app._media import build_reader
+from nanobot.app._people import open_persons
 from nanobot.app._provider import build_provider
 from nanobot.bus.queue import MessageBus
 from nanobot.cluster.agreement import agreement
@@ -188,6 +190,7 @@ class Parts:
     spawner: LateSpawner | None = None
     reader: Reader | None = None  # what reads the files people send (voice, documents)
     recall: MemoryRecall | None = None  # the memory search, for `/search`
+    persons: Persons | None = None  # whom turns run as (`people`), for `/search` and the inbox
 
 
 @asynccontextmanager
@@ -286,10 +289,10 @@ async def open_parts(
                 db_opened as db,
                 memory_recall(db, config.workspace_path, settings.timezone) as recall,
             ):
-                enrolment = None
-                if gateway:
-                    enrolment = cluster.enrol(cluster_setting(config), db, succeeds=succeeds)
+                setting = cluster_setting(config)
+                enrolment = cluster.enrol(setting, db, succeeds=succeeds) if gateway else None
                 jobs = Jobs(CronStore(db), config.timezone)
+                persons = await open_persons(config, db, context, budget, settings.timezone)
                 ledger = Ledger(TaintStore(db), config.workspace_path)
                 servers = build_servers(config, sandbox, gateway=gateway)
                 tools = build_tools(
@@ -320,6 +323,7 @@ async def open_parts(
                     usage=UsageLedger(db),
                     approver=approver,
                     ledger=ledger,
+                    persons=persons,
                 )
                 if not gateway:  # a gateway starts them once it has answered (`start_when_quiet`)
                     servers.start()
@@ -343,6 +347,7 @@ async def open_parts(
                         spawner,
                         build_reader(config),
                         recall,
+                        persons,
                     )
                 finally:
                     await servers.close()

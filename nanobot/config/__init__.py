@@ -27,6 +27,7 @@ from nanobot.config.loading import (
     load,
 )
 from nanobot.config.mcp import McpConfig, McpServerConfig
+from nanobot.config.people import PeopleConfig
 from nanobot.config.store import StoreConfig
 from nanobot.config.tools import (
     Approval,
@@ -60,6 +61,7 @@ __all__ = [
     "LogConfig",
     "McpConfig",
     "McpServerConfig",
+    "PeopleConfig",
     "StoreConfig",
     "TelegramConfig",
     "TelegramWebhookConfig",

@@ -393,6 +393,25 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT INTO search_backfill (id, below)
         SELECT 1, CASE WHEN MAX(id) IS NULL THEN 0 ELSE MAX(id) + 1 END FROM entries;
     """,
+    # 24: people kept apart (`store.people`): platform ids linked into one person, the
+    # sessions each person took part in (their private chats, and the groups they wrote in),
+    # and who made a cron job (the person it runs as; NULL: from the CLI, or made before).
+    """
+    CREATE TABLE person_links (
+        user_key TEXT PRIMARY KEY,  -- channel:user_id
+        person TEXT NOT NULL,  -- the channel:user_id it is the same person as
+        linked_at TEXT NOT NULL
+    );
+    CREATE TABLE person_sessions (
+        person TEXT NOT NULL,
+        session_key TEXT NOT NULL,
+        private INTEGER NOT NULL,
+        first_at TEXT NOT NULL,
+        PRIMARY KEY (person, session_key)
+    );
+    CREATE INDEX person_sessions_key ON person_sessions (session_key);
+    ALTER TABLE cron_jobs ADD COLUMN created_by TEXT;
+    """,
 )
 
 
