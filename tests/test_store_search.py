@@ -203,3 +203,46 @@ async def test_the_migration_marks_existing_entries_for_the_backfill(tmp_path: P
         assert (await index.progress()).below == 2
         await index.backfill_all(pause=0)
         assert await search(db, "upgrade") == ["said before the upgrade"]
+
+
+async def test_words_of_ascii_text_are_cut_alike_on_both_backends(db: Database) -> None:
+    # SQLite's FTS5 gets ASCII text as it is and cuts it itself (`sqlite_words_of`): the
+    # words must be those `recall.words` makes, which PostgreSQL gets.
+    store = SessionStore(db)
+    sid = await store.live("telegram:1")
+    text = "Snake_case, don't! v1.2.3 e-mail: ME@Example.ORG x86_64 (C++)"
+    await store.append(sid, [said("user", text), said("user", "!!! ...")])
+    for query in ["snake", "case", "snake_case", "don t", "dont", "v1 2 3", "e-mail", "me"]:
+        assert await search(db, query) == ([] if query == "dont" else [text]), query
+    for query in ["example org", "x86 64", "c"]:
+        assert await search(db, query) == [text], query
+    assert await search(db, "v1.2.3 example.org") == [text]
+
+
+async def test_words_wait_for_a_batch_yet_every_search_finds_them(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with await Database.open(path) as db:
+        store = SessionStore(db)
+        sid = await store.live("telegram:1")
+        # 150 entries in one append, a tool result among them: the batch fills twice
+        # inside the statement that adds their words, and every id keeps its own words.
+        entries = [said("user", f"apricot {n}") for n in range(150)]
+        entries.insert(
+            70, NewEntry("message", {"role": "tool", "tool_call_id": "t", "content": "x"})
+        )
+        await store.append(sid, entries)
+        waiting = await db.fetchone("SELECT count(*) FROM entry_words_pending")
+        assert waiting is not None and 0 < int(waiting[0]) < 64
+        await store.append(sid, [said("assistant", "apricot jam, said last")])
+    # Reopened (as after a crash): the words that were still waiting are found too.
+    async with await Database.open(path) as db:
+        assert await search(db, "jam") == ["apricot jam, said last"]
+        assert len(await search(db, "apricot", limit=50)) == 50
+        for n in (0, 69, 70, 149):
+            assert await search(db, f"apricot {n}") == [f"apricot {n}"]
+        waiting = await db.fetchone("SELECT count(*) FROM entry_words_pending")
+        assert waiting is not None and int(waiting[0]) == 0
+        rows = await db.fetchall(
+            "SELECT rowid FROM entry_words WHERE entry_words MATCH 'apricot' ORDER BY rowid"
+        )
+        assert len(rows) == 151 == len({int(row[0]) for row in rows})  # each entry once

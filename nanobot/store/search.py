@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from loguru import logger
 
 from nanobot.recall import (
     EVERYTHING,
+    INDEXED_CHARS,
     Candidate,
     Found,
     Hit,
@@ -53,6 +55,7 @@ _BACKFILL_LOCK: Final = "search.backfill"
 # length of an insert; a time range's ids are found with this much to spare, then the times
 # themselves are compared.
 _SLACK: Final = timedelta(minutes=1)
+_ALPHANUMERIC: Final = re.compile(r"[^\W_]")
 
 
 def words_of(kind: str, data: dict[str, Any]) -> str | None:
@@ -64,8 +67,39 @@ def words_of(kind: str, data: dict[str, Any]) -> str | None:
     return text or None
 
 
-SQLITE_ADD_WORDS: Final = "INSERT INTO entry_words (rowid, words) VALUES (last_insert_rowid(), ?)"
-"""After an entry's insert, in the same transaction (SQLite): its words."""
+def sqlite_words_of(kind: str, data: dict[str, Any]) -> str | None:
+    """What SQLite's index gets for an entry (`words_of`): ASCII text as it is, since FTS5's
+    `unicode61` cuts and folds it into exactly the words `index_text` makes (runs of ASCII
+    letters and digits, lower case) and does it faster."""
+    found = said(kind, data)
+    if found is None:
+        return None
+    text = found.text[:INDEXED_CHARS]
+    if not text.isascii():
+        text = index_text(text)
+    return text if _ALPHANUMERIC.search(text) else None
+
+
+def sqlite_add_words(count: int) -> str:
+    """After the inserts of an append's entries, in the same transaction (SQLite): the words
+    of `count` of them, each given as its place from the last entry (0: the last) and its
+    words. The entries' ids are adjacent and the last is the largest (the transaction holds
+    the write lock). The words reach FTS5 with the batch they are in (see the migration's
+    `SQLITE_EXTRA`) or before the next search."""
+    return (
+        "INSERT INTO entry_words_pending (entry_id, words)"
+        " SELECT (SELECT MAX(id) FROM entries) - column1, column2"
+        f" FROM (VALUES {', '.join(['(?, ?)'] * count)})"
+    )
+
+
+_SQLITE_MOVE: Final[Sequence[Statement]] = (
+    (
+        "INSERT INTO entry_words (rowid, words) SELECT entry_id, words FROM entry_words_pending",
+        (),
+    ),
+    ("DELETE FROM entry_words_pending", ()),
+)
 POSTGRES_INSERT_WITH_WORDS: Final = (
     "WITH added AS (INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
     " VALUES (?, ?, ?, ?, ?, ?) RETURNING id),"
@@ -100,6 +134,7 @@ class SearchIndex:
 
     async def search(self, search: Search) -> Found:
         now = datetime.now(UTC)
+        await self._move_pending()
         low, high = await self._ids(search.since, search.until)
         complete = await self._is_complete()
         if low > high:
@@ -169,6 +204,15 @@ class SearchIndex:
             progress = await self.backfill()
             await asyncio.sleep(pause)
         logger.info("memory search: every entry is indexed ({:.1f} s)", time.monotonic() - started)
+
+    async def _move_pending(self) -> None:
+        """Put the words that wait outside FTS5 (SQLite, fewer than a batch) into it, so
+        that the search finds every entry appended before it, ranked as if they had always
+        been there."""
+        if not self._sqlite:
+            return
+        if await self._db.fetchone("SELECT 1 FROM entry_words_pending LIMIT 1") is not None:
+            await self._db.atomic(_SQLITE_MOVE)
 
     def _add(self, entry_id: int, words: str) -> Statement:
         if self._sqlite:

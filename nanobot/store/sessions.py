@@ -17,7 +17,12 @@ from typing import Any, Final, Literal, cast, get_args
 from nanobot.errors import StoreError
 from nanobot.store._times import from_text, now_text, to_text
 from nanobot.store.database import Database, Row, SqlValue, Statement
-from nanobot.store.search import POSTGRES_INSERT_WITH_WORDS, SQLITE_ADD_WORDS, words_of
+from nanobot.store.search import (
+    POSTGRES_INSERT_WITH_WORDS,
+    sqlite_add_words,
+    sqlite_words_of,
+    words_of,
+)
 
 EntryKind = Literal["message", "compaction", "note"]
 """What an entry holds: a chat message, a compaction summary, or a system note."""
@@ -138,10 +143,12 @@ class SessionStore:
         stamp = to_text(created_at)
         # Encode first: a payload that is not JSON fails before anything is sent. Each
         # entry's words go into the search index in the same transaction (`store.search`).
+        sqlite = self._db.dialect.name == "sqlite"
         statements: list[Statement] = []
         firsts: list[int] = []  # the index of each entry's own statement
         items: list[tuple[SqlValue, ...]] = []  # each entry's values and words
-        for entry in entries:
+        later: list[SqlValue] = []  # SQLite: each indexed entry's place from the end, words
+        for place, entry in enumerate(entries):
             values: tuple[SqlValue, ...] = (
                 session_id,
                 entry.kind,
@@ -150,15 +157,17 @@ class SessionStore:
                 stamp,
                 entry.inbound_id,
             )
-            words = words_of(entry.kind, entry.data)
+            words = (sqlite_words_of if sqlite else words_of)(entry.kind, entry.data)
             items.append((*values, words))
             firsts.append(len(statements))
-            if words is None:
+            if words is None or sqlite:
                 statements.append((_INSERT, values))
-            elif self._db.dialect.name == "postgresql":
-                statements.append((POSTGRES_INSERT_WITH_WORDS, (*values, words)))
+                if words is not None:
+                    later += [len(entries) - 1 - place, words]
             else:
-                statements += [(_INSERT, values), (SQLITE_ADD_WORDS, (words,))]
+                statements.append((POSTGRES_INSERT_WITH_WORDS, (*values, words)))
+        if later:  # every entry's words in one statement, after the last entry's insert
+            statements.append((sqlite_add_words(len(later) // 2), later))
         # One append to a session at a time, in every process: a batch's ids are adjacent,
         # and a session's ids are committed in their order (`since` pages by id).
         lock = f"session:{session_id}"
