@@ -4,6 +4,7 @@ transaction, and the backfill of entries from before it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sqlite3
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from nanobot.errors import StoreError
+from nanobot.outage import Backoff, sleep_or_wake
 from nanobot.recall import QueryError, Scope, Search, terms
 from nanobot.store import Database, NewEntry, SessionStore, migrations
+from nanobot.store import search as search_module
 from nanobot.store.dialect import SQLITE
 from nanobot.store.search import SearchIndex
 
@@ -160,6 +163,33 @@ async def test_a_failed_append_leaves_no_words_behind(db: Database) -> None:
     assert await search(db, "orphaned words kept") == ["kept words"]  # any term, failing all
 
 
+async def test_windows_of_the_newest_ids_find_what_the_whole_range_finds(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PostgreSQL looks among the newest ids first (`SearchIndex._matching`): whatever window
+    # answers, the hits are those of the whole range. Scaled down: 100 matches scored.
+    store = SessionStore(db)
+    sid = await store.live("telegram:1")
+    await store.append(
+        sid,
+        [said("user", f"the {'melon ' * (1 + n % 3) if n % 2 else ''}day {n}") for n in range(600)],
+    )
+    monkeypatch.setattr(search_module, "RANKED_MATCHES", 100)
+    found: dict[int, list[list[tuple[int, float]]]] = {}
+    for window in (120, 10**9):  # the first window, or the second, answers; or none
+        monkeypatch.setattr(search_module, "WINDOW", window)
+        index = SearchIndex(db)
+        found[window] = [
+            [
+                (hit.entry_id, round(hit.score, 6))  # recency moves on in the 9th digit
+                for hit in (await index.search(Search(terms(q)))).hits
+            ]
+            for q in ["the", "melon", "melon day", "day 7", "nothing"]
+        ]
+    assert found[120] == found[10**9]
+    assert len(found[120][1]) == 10 and found[120][4] == []
+
+
 async def test_the_backfill_indexes_what_came_before(db: Database) -> None:
     store = SessionStore(db)
     sid = await store.live("telegram:1")
@@ -183,6 +213,32 @@ async def test_the_backfill_indexes_what_came_before(db: Database) -> None:
     found = await index.search(Search(terms("plum"), limit=50))
     assert found.complete and len(found.hits) == 8
     assert (await index.backfill()).done  # nothing twice
+
+
+async def test_the_backfill_waits_out_a_failing_store_and_goes_on(db: Database) -> None:
+    store = SessionStore(db)
+    sid = await store.live("telegram:1")
+    for n in range(3):
+        await db.execute(
+            INSERT_ENTRY, (sid, json.dumps({"role": "user", "content": f"fig {n}"}), STAMP)
+        )
+    await db.execute("UPDATE search_backfill SET below = (SELECT MAX(id) + 1 FROM entries)")
+    # A real failure: the table the backfill starts from is gone until the second pause.
+    await db.execute("ALTER TABLE search_backfill RENAME TO search_backfill_away")
+    pauses: list[float | None] = []
+
+    async def sleep(seconds: float | None, wake: asyncio.Event) -> None:
+        pauses.append(seconds)
+        await sleep_or_wake(seconds, wake)
+        if len(pauses) == 2:
+            await db.execute("ALTER TABLE search_backfill_away RENAME TO search_backfill")
+
+    index = SearchIndex(db)
+    retry = Backoff((0.05, 0.2))  # the pauses of `store.retry_seconds`, short
+    await asyncio.wait_for(index.backfill_all(pause=0, retry=retry, sleep=sleep), 10)
+    assert pauses == [pytest.approx(0.05, abs=0.04), pytest.approx(0.2, abs=0.04)]
+    found = await index.search(Search(terms("fig"), limit=50))
+    assert found.complete and len(found.hits) == 3
 
 
 async def test_the_migration_marks_existing_entries_for_the_backfill(tmp_path: Path) -> None:
