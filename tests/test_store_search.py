@@ -280,24 +280,30 @@ async def test_words_wait_for_a_batch_yet_every_search_finds_them(tmp_path: Path
     async with await Database.open(path) as db:
         store = SessionStore(db)
         sid = await store.live("telegram:1")
-        # 150 entries in one append, a tool result among them: the batch fills twice
-        # inside the statement that adds their words, and every id keeps its own words.
+
+        async def waiting() -> int:
+            row = await db.fetchone("SELECT count(*) FROM entry_words_pending")
+            return -1 if row is None else int(row[0])
+
+        # 150 entries in one append, a tool result among them: every id keeps its own words,
+        # and they wait, a full batch, until the next append moves them into FTS5.
         entries = [said("user", f"apricot {n}") for n in range(150)]
-        entries.insert(
-            70, NewEntry("message", {"role": "tool", "tool_call_id": "t", "content": "x"})
-        )
+        tool = NewEntry("message", {"role": "tool", "tool_call_id": "t", "content": "x"})
+        entries.insert(70, tool)
         await store.append(sid, entries)
-        waiting = await db.fetchone("SELECT count(*) FROM entry_words_pending")
-        assert waiting is not None and 0 < int(waiting[0]) < 64
+        assert await waiting() == 150
+        await store.append(sid, [tool])  # no words of its own, yet it moves the batch
+        assert await waiting() == 0
         await store.append(sid, [said("assistant", "apricot jam, said last")])
+        assert await waiting() == 1
     # Reopened (as after a crash): the words that were still waiting are found too.
     async with await Database.open(path) as db:
         assert await search(db, "jam") == ["apricot jam, said last"]
         assert len(await search(db, "apricot", limit=50)) == 50
         for n in (0, 69, 70, 149):
             assert await search(db, f"apricot {n}") == [f"apricot {n}"]
-        waiting = await db.fetchone("SELECT count(*) FROM entry_words_pending")
-        assert waiting is not None and int(waiting[0]) == 0
+        left = await db.fetchone("SELECT count(*) FROM entry_words_pending")
+        assert left is not None and int(left[0]) == 0
         rows = await db.fetchall(
             "SELECT rowid FROM entry_words WHERE entry_words MATCH 'apricot' ORDER BY rowid"
         )

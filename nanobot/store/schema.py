@@ -425,23 +425,16 @@ SQLITE_EXTRA: Final[dict[int, str]] = {
     );
     """,
     # An append writes its entries' words here, in its own transaction, and they move into
-    # FTS5 a batch at a time: FTS5 writes a new segment at every commit that added to it
-    # (~25 µs, twice what a turn's entries cost), one per batch of 64 costs little per entry. The
-    # trigger moves the batch in the transaction of the append that fills it (an emptied
-    # table numbers its rows from 1 again); a search moves what waits before it looks
-    # (`store.search`). Words are never lost between the two: both are written in the
-    # entry's transaction.
+    # FTS5 a batch at a time (`store.search`): FTS5 writes a new segment at every commit
+    # that added to it (~25 µs, more than a turn's two inserts themselves) and merges them
+    # later; one segment per batch costs a few µs an entry. (A trigger moving the batch
+    # would cost every append ~9 µs: a statement that may write to FTS5 opens it.) An
+    # emptied table numbers its rows from 1 again, so the last rowid is how many wait.
     24: """
     CREATE TABLE entry_words_pending (
         entry_id INTEGER NOT NULL,
         words TEXT NOT NULL
     );
-    CREATE TRIGGER entry_words_batch AFTER INSERT ON entry_words_pending
-        WHEN NEW.rowid >= 64
-    BEGIN
-        INSERT INTO entry_words (rowid, words) SELECT entry_id, words FROM entry_words_pending;
-        DELETE FROM entry_words_pending;
-    END;
     """,
 }
 """Statements SQLite runs after the script of the migration to that version."""

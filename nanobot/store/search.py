@@ -4,16 +4,19 @@ indexed and how words are cut).
 SQLite keeps it in an FTS5 table without content (`entry_words`, its rowid the entry's id),
 PostgreSQL in a table of tsvectors under a GIN index; both hold the words `recall.words`
 made, so both find the same entries. An entry's words are written in the transaction that
-appends it (`SessionStore.append`, with `add_words`): the index never drifts from the
-entries, whatever crash comes. Entries are never changed, so neither is the index.
+appends it (`SessionStore.append`): the index never drifts from the entries, whatever crash
+comes. On SQLite they wait there in a plain table, `entry_words_pending`, and reach FTS5
+`SQLITE_BATCH` at a time (moved by an append) or before a search (see the migration's
+`SQLITE_EXTRA` for why). Entries are never changed, so neither is the index.
 
 Entries from before the index (an upgraded database) are indexed by `backfill`, a batch at a
 time, newest first, in the background; until it is done a search says it may be incomplete.
 
-A search gathers a few candidate lists from the index alone (the most relevant, the newest,
-and for several terms those holding the exact phrase), reads those entries, and ranks them
-in Python (`recall.ranking`): its cost depends on how many entries match, not on how many
-there are. A time range becomes a range of entry ids first (ids grow with time).
+A search gathers candidates from the index alone (of the newest `RANKED_MATCHES` matches the
+most relevant, and the newest; for several terms, those holding the exact phrase too),
+reads those entries, and ranks them in Python (`recall.ranking`): its cost depends on how
+many entries match, up to a bound, not on how many there are. A time range becomes a range
+of entry ids first (ids grow with time).
 """
 
 from __future__ import annotations
@@ -95,16 +98,19 @@ def sqlite_add_words(count: int) -> str:
     """After the inserts of an append's entries, in the same transaction (SQLite): the words
     of `count` of them, each given as its place from the last entry (0: the last) and its
     words. The entries' ids are adjacent and the last is the largest (the transaction holds
-    the write lock). The words reach FTS5 with the batch they are in (see the migration's
-    `SQLITE_EXTRA`) or before the next search."""
+    the write lock). The words reach FTS5 with the batch they are in (`SQLITE_MOVE_WORDS`)
+    or before the next search. Returns each row's rowid: the last is how many entries' words
+    wait (the table numbers its rows from 1 again once emptied)."""
     return (
         "INSERT INTO entry_words_pending (entry_id, words)"
         " SELECT (SELECT MAX(id) FROM entries) - column1, column2"
-        f" FROM (VALUES {', '.join(['(?, ?)'] * count)})"
+        f" FROM (VALUES {', '.join(['(?, ?)'] * count)}) RETURNING rowid"
     )
 
 
-_SQLITE_MOVE: Final[Sequence[Statement]] = (
+SQLITE_BATCH: Final = 64
+"""How many entries' words wait outside FTS5 before an append moves them in (SQLite)."""
+SQLITE_MOVE_WORDS: Final[Sequence[Statement]] = (
     (
         "INSERT INTO entry_words (rowid, words) SELECT entry_id, words FROM entry_words_pending",
         (),
@@ -239,7 +245,7 @@ class SearchIndex:
         if not self._sqlite:
             return
         if await self._db.fetchone("SELECT 1 FROM entry_words_pending LIMIT 1") is not None:
-            await self._db.atomic(_SQLITE_MOVE)
+            await self._db.atomic(SQLITE_MOVE_WORDS)
 
     def _add(self, entry_id: int, words: str) -> Statement:
         if self._sqlite:

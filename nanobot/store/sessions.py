@@ -19,6 +19,8 @@ from nanobot.store._times import from_text, now_text, to_text
 from nanobot.store.database import Database, Row, SqlValue, Statement
 from nanobot.store.search import (
     POSTGRES_INSERT_WITH_WORDS,
+    SQLITE_BATCH,
+    SQLITE_MOVE_WORDS,
     sqlite_add_words,
     sqlite_words_of,
     words_of,
@@ -92,6 +94,8 @@ class SessionStore:
         self._db = db
         # Single appends of many turns at once go out as one statement (PostgreSQL).
         self._appends = db.together("entries", self._append_each)
+        # SQLite: a batch of words waits for FTS5; the next append moves it (`store.search`).
+        self._batch_waits = False
 
     async def live(self, key: str) -> int:
         """Return the id of the live session for `key`, starting one if there is none.
@@ -166,8 +170,12 @@ class SessionStore:
                     later += [len(entries) - 1 - place, words]
             else:
                 statements.append((POSTGRES_INSERT_WITH_WORDS, (*values, words)))
+        words_at = len(statements) if later else None
         if later:  # every entry's words in one statement, after the last entry's insert
             statements.append((sqlite_add_words(len(later) // 2), later))
+        moving = sqlite and self._batch_waits
+        if moving:  # in this transaction, so a failure or a crash leaves them waiting
+            statements += SQLITE_MOVE_WORDS
         # One append to a session at a time, in every process: a batch's ids are adjacent,
         # and a session's ids are committed in their order (`since` pages by id).
         lock = f"session:{session_id}"
@@ -176,6 +184,10 @@ class SessionStore:
             rows, firsts = [[await self._appends((lock, *items[0]))]], [0]
         else:
             rows = await self._db.atomic(statements, lock=lock)
+            if moving:
+                self._batch_waits = False
+            elif words_at is not None:  # the last row's rowid is how many wait
+                self._batch_waits = int(rows[words_at][-1][0]) >= SQLITE_BATCH
         return [
             Entry(
                 id=int(rows[first][0]["id"]),
