@@ -267,7 +267,25 @@ async def test_words_of_ascii_text_are_cut_alike_on_both_backends(db: Database) 
     store = SessionStore(db)
     sid = await store.live("telegram:1")
     text = "Snake_case, don't! v1.2.3 e-mail: ME@Example.ORG x86_64 (C++)"
-    await store.append(sid, [said("user", text), said("user", "!!! ...")])
+    quoted = 'a "quoted" back\\slash\nand a new line, \\u0041 kept\t(tab)'
+    parts = [
+        {"type": "text", "text": "kumquat in a part"},
+        {"type": "image_url", "image_url": {"url": "data:x"}},
+        {"type": "text", "text": "and another"},
+    ]
+    await store.append(
+        sid,
+        [
+            said("user", text),
+            said("user", "!!! ..."),
+            said("assistant", quoted),
+            NewEntry("message", {"role": "user", "content": parts}),
+        ],
+    )
+    assert await search(db, "quoted back slash and") == [quoted]
+    assert await search(db, '"u0041 kept"') == [quoted]
+    assert await search(db, "part and another") == ["kumquat in a part\nand another"]
+    assert await search(db, "image url") == []
     for query in ["snake", "case", "snake_case", "don t", "dont", "v1 2 3", "e-mail", "me"]:
         assert await search(db, query) == ([] if query == "dont" else [text]), query
     for query in ["example org", "x86 64", "c"]:
@@ -282,11 +300,13 @@ async def test_words_wait_for_a_batch_yet_every_search_finds_them(tmp_path: Path
         sid = await store.live("telegram:1")
 
         async def waiting() -> int:
-            row = await db.fetchone("SELECT count(*) FROM entry_words_pending")
+            row = await db.fetchone(
+                "SELECT count(*) FROM entries WHERE unindexed_words IS NOT NULL"
+            )
             return -1 if row is None else int(row[0])
 
-        # 150 entries in one append, a tool result among them: every id keeps its own words,
-        # and they wait, a full batch, until the next append moves them into FTS5.
+        # 150 entries in one append, a tool result among them: their words wait in their
+        # rows, a full batch, until the next append moves them into FTS5.
         entries = [said("user", f"apricot {n}") for n in range(150)]
         tool = NewEntry("message", {"role": "tool", "tool_call_id": "t", "content": "x"})
         entries.insert(70, tool)
@@ -296,15 +316,22 @@ async def test_words_wait_for_a_batch_yet_every_search_finds_them(tmp_path: Path
         assert await waiting() == 0
         await store.append(sid, [said("assistant", "apricot jam, said last")])
         assert await waiting() == 1
+        # Another process's store moves the words this one left too, at its own batch.
+        other = SessionStore(db)
+        await other.append(sid, [said("user", f"banana {n}") for n in range(64)])
+        assert await waiting() == 65
+        await other.append(sid, [said("user", "cherry")])
+        assert await waiting() == 0
     # Reopened (as after a crash): the words that were still waiting are found too.
     async with await Database.open(path) as db:
         assert await search(db, "jam") == ["apricot jam, said last"]
         assert len(await search(db, "apricot", limit=50)) == 50
         for n in (0, 69, 70, 149):
             assert await search(db, f"apricot {n}") == [f"apricot {n}"]
-        left = await db.fetchone("SELECT count(*) FROM entry_words_pending")
+        left = await db.fetchone("SELECT count(*) FROM entries WHERE unindexed_words IS NOT NULL")
         assert left is not None and int(left[0]) == 0
         rows = await db.fetchall(
             "SELECT rowid FROM entry_words WHERE entry_words MATCH 'apricot' ORDER BY rowid"
         )
         assert len(rows) == 151 == len({int(row[0]) for row in rows})  # each entry once
+        assert await search(db, "cherry") == ["cherry"]

@@ -393,7 +393,7 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT INTO search_backfill (id, below)
         SELECT 1, CASE WHEN MAX(id) IS NULL THEN 0 ELSE MAX(id) + 1 END FROM entries;
     """,
-    # 24: SQLite's words wait in a plain table before they reach FTS5 (`SQLITE_EXTRA`);
+    # 24: SQLite's words wait in their entry's row before they reach FTS5 (`SQLITE_EXTRA`);
     # nothing changes in PostgreSQL.
     "",
 )
@@ -424,17 +424,21 @@ SQLITE_EXTRA: Final[dict[int, str]] = {
         words, content = '', tokenize = 'unicode61 remove_diacritics 0'
     );
     """,
-    # An append writes its entries' words here, in its own transaction, and they move into
-    # FTS5 a batch at a time (`store.search`): FTS5 writes a new segment at every commit
-    # that added to it (~25 µs, more than a turn's two inserts themselves) and merges them
-    # later; one segment per batch costs a few µs an entry. (A trigger moving the batch
-    # would cost every append ~9 µs: a statement that may write to FTS5 opens it.) An
-    # emptied table numbers its rows from 1 again, so the last rowid is how many wait.
+    # An append writes what each entry's words are into its own row (`unindexed_words`, by
+    # the insert itself: the words, or where in the content they start), and they move into
+    # FTS5 a batch at a time (`store.search`), the column emptied: FTS5 writes a new
+    # segment at every commit that added to it (~25 µs, more than a turn's two inserts
+    # themselves) and merges them later; one segment per batch costs a few µs an entry.
+    # (Another statement in the append, even into a plain table, costs ~10 µs; a trigger
+    # ~18.) Entries above `entry_words_moved.through` may hold words still waiting; below
+    # it none do.
     24: """
-    CREATE TABLE entry_words_pending (
-        entry_id INTEGER NOT NULL,
-        words TEXT NOT NULL
+    ALTER TABLE entries ADD COLUMN unindexed_words; -- no type: text, or an integer as it is
+    CREATE TABLE entry_words_moved (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        through INTEGER NOT NULL
     );
+    INSERT INTO entry_words_moved (id, through) SELECT 1, COALESCE(MAX(id), 0) FROM entries;
     """,
 }
 """Statements SQLite runs after the script of the migration to that version."""

@@ -5,9 +5,9 @@ SQLite keeps it in an FTS5 table without content (`entry_words`, its rowid the e
 PostgreSQL in a table of tsvectors under a GIN index; both hold the words `recall.words`
 made, so both find the same entries. An entry's words are written in the transaction that
 appends it (`SessionStore.append`): the index never drifts from the entries, whatever crash
-comes. On SQLite they wait there in a plain table, `entry_words_pending`, and reach FTS5
-`SQLITE_BATCH` at a time (moved by an append) or before a search (see the migration's
-`SQLITE_EXTRA` for why). Entries are never changed, so neither is the index.
+comes. On SQLite they wait there in the entry's own row (`unindexed_words`), and reach FTS5
+`SQLITE_BATCH` entries at a time (moved by an append) or before a search (see the
+migration's `SQLITE_EXTRA` for why). Entries are never changed otherwise, nor is the index.
 
 Entries from before the index (an upgraded database) are indexed by `backfill`, a batch at a
 time, newest first, in the background; until it is done a search says it may be incomplete.
@@ -81,42 +81,46 @@ def words_of(kind: str, data: dict[str, Any]) -> str | None:
     return text or None
 
 
-def sqlite_words_of(kind: str, data: dict[str, Any]) -> str | None:
-    """What SQLite's index gets for an entry (`words_of`): ASCII text as it is, since FTS5's
-    `unicode61` cuts and folds it into exactly the words `index_text` makes (runs of ASCII
-    letters and digits, lower case) and does it faster."""
+def sqlite_words_of(kind: str, data: dict[str, Any]) -> str | int | None:
+    """What an entry's row keeps for SQLite's index until its words move into FTS5
+    (`SQLITE_MOVE_WORDS`): None when it is not indexed; for ASCII text that ends the
+    message's content, where in the content it starts (most messages: nothing copied,
+    FTS5's `unicode61` cuts and folds ASCII into exactly the words `index_text` makes, runs
+    of letters and digits, lower case); else the words (`words_of`)."""
     found = said(kind, data)
     if found is None:
         return None
-    text = found.text[:INDEXED_CHARS]
-    if not text.isascii():
-        text = index_text(text)
-    return text if _ALPHANUMERIC.search(text) else None
-
-
-def sqlite_add_words(count: int) -> str:
-    """After the inserts of an append's entries, in the same transaction (SQLite): the words
-    of `count` of them, each given as its place from the last entry (0: the last) and its
-    words. The entries' ids are adjacent and the last is the largest (the transaction holds
-    the write lock). The words reach FTS5 with the batch they are in (`SQLITE_MOVE_WORDS`)
-    or before the next search. Returns each row's rowid: the last is how many entries' words
-    wait (the table numbers its rows from 1 again once emptied)."""
-    return (
-        "INSERT INTO entry_words_pending (entry_id, words)"
-        " SELECT (SELECT MAX(id) FROM entries) - column1, column2"
-        f" FROM (VALUES {', '.join(['(?, ?)'] * count)}) RETURNING rowid"
-    )
+    text = found.text
+    if text.isascii():
+        if not _ALPHANUMERIC.search(text):
+            return None
+        content = data.get("content")
+        if isinstance(content, str) and content.endswith(text):
+            return len(content) - len(text)
+        return text[:INDEXED_CHARS]
+    return index_text(text) or None
 
 
 SQLITE_BATCH: Final = 64
-"""How many entries' words wait outside FTS5 before an append moves them in (SQLite)."""
+"""How many entries' words an append leaves waiting outside FTS5 (SQLite) before the next
+one moves them in (with them, those of other processes)."""
 SQLITE_MOVE_WORDS: Final[Sequence[Statement]] = (
     (
-        "INSERT INTO entry_words (rowid, words) SELECT entry_id, words FROM entry_words_pending",
+        "INSERT INTO entry_words (rowid, words) SELECT id, CASE typeof(unindexed_words)"
+        " WHEN 'integer' THEN substr(json_extract(data, '$.content'), unindexed_words + 1,"
+        f" {INDEXED_CHARS:d}) ELSE unindexed_words END FROM entries"
+        " WHERE id > (SELECT through FROM entry_words_moved) AND unindexed_words IS NOT NULL",
         (),
     ),
-    ("DELETE FROM entry_words_pending", ()),
+    (
+        "UPDATE entries SET unindexed_words = NULL"
+        " WHERE id > (SELECT through FROM entry_words_moved) AND unindexed_words IS NOT NULL",
+        (),
+    ),
+    ("UPDATE entry_words_moved SET through = (SELECT MAX(id) FROM entries) WHERE id = 1", ()),
 )
+"""Every entry's words that wait in its row into FTS5 (SQLite), in one transaction: none is
+lost or indexed twice, whoever moves them."""
 POSTGRES_INSERT_WITH_WORDS: Final = (
     "WITH added AS (INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
     " VALUES (?, ?, ?, ?, ?, ?) RETURNING id),"
@@ -244,7 +248,11 @@ class SearchIndex:
         been there."""
         if not self._sqlite:
             return
-        if await self._db.fetchone("SELECT 1 FROM entry_words_pending LIMIT 1") is not None:
+        waiting = await self._db.fetchone(
+            "SELECT 1 FROM entries WHERE id > (SELECT through FROM entry_words_moved)"
+            " AND unindexed_words IS NOT NULL LIMIT 1"
+        )
+        if waiting is not None:
             await self._db.atomic(SQLITE_MOVE_WORDS)
 
     def _add(self, entry_id: int, words: str) -> Statement:

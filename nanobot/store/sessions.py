@@ -3,7 +3,9 @@
 A session belongs to a key (`channel:chat_id`, plus thread where the platform has one). Each
 key has at most one *live* session; `/new` archives it, and the next `live()` starts another.
 Archived sessions and their entries are kept as history. Entries are never updated or
-deleted: a compaction is itself an entry that later context building starts from.
+deleted: a compaction is itself an entry that later context building starts from. (On
+SQLite a row also holds its words for the search index until they move there, the column
+then emptied: `store.search`; what the entry says never changes.)
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from nanobot.store.search import (
     POSTGRES_INSERT_WITH_WORDS,
     SQLITE_BATCH,
     SQLITE_MOVE_WORDS,
-    sqlite_add_words,
     sqlite_words_of,
     words_of,
 )
@@ -94,8 +95,9 @@ class SessionStore:
         self._db = db
         # Single appends of many turns at once go out as one statement (PostgreSQL).
         self._appends = db.together("entries", self._append_each)
-        # SQLite: a batch of words waits for FTS5; the next append moves it (`store.search`).
-        self._batch_waits = False
+        # SQLite: how many entries' words this store left waiting outside FTS5 since it
+        # last moved them; from `SQLITE_BATCH` on, the next append moves them (`store.search`).
+        self._waiting = 0
 
     async def live(self, key: str) -> int:
         """Return the id of the live session for `key`, starting one if there is none.
@@ -151,8 +153,8 @@ class SessionStore:
         statements: list[Statement] = []
         firsts: list[int] = []  # the index of each entry's own statement
         items: list[tuple[SqlValue, ...]] = []  # each entry's values and words
-        later: list[SqlValue] = []  # SQLite: each indexed entry's place from the end, words
-        for place, entry in enumerate(entries):
+        waiting = 0  # SQLite: entries whose words this append leaves waiting
+        for entry in entries:
             values: tuple[SqlValue, ...] = (
                 session_id,
                 entry.kind,
@@ -164,17 +166,15 @@ class SessionStore:
             words = (sqlite_words_of if sqlite else words_of)(entry.kind, entry.data)
             items.append((*values, words))
             firsts.append(len(statements))
-            if words is None or sqlite:
+            if sqlite:  # the words in the entry's row, till they move into FTS5
+                statements.append((_SQLITE_INSERT, (*values, words)))
+                waiting += words is not None
+            elif words is None:
                 statements.append((_INSERT, values))
-                if words is not None:
-                    later += [len(entries) - 1 - place, words]
             else:
                 statements.append((POSTGRES_INSERT_WITH_WORDS, (*values, words)))
-        words_at = len(statements) if later else None
-        if later:  # every entry's words in one statement, after the last entry's insert
-            statements.append((sqlite_add_words(len(later) // 2), later))
-        moving = sqlite and self._batch_waits
-        if moving:  # in this transaction, so a failure or a crash leaves them waiting
+        moving = sqlite and self._waiting >= SQLITE_BATCH
+        if moving:  # in this transaction: a failure or a crash leaves them waiting
             statements += SQLITE_MOVE_WORDS
         # One append to a session at a time, in every process: a batch's ids are adjacent,
         # and a session's ids are committed in their order (`since` pages by id).
@@ -184,10 +184,7 @@ class SessionStore:
             rows, firsts = [[await self._appends((lock, *items[0]))]], [0]
         else:
             rows = await self._db.atomic(statements, lock=lock)
-            if moving:
-                self._batch_waits = False
-            elif words_at is not None:  # the last row's rowid is how many wait
-                self._batch_waits = int(rows[words_at][-1][0]) >= SQLITE_BATCH
+            self._waiting = waiting if moving else self._waiting + waiting
         return [
             Entry(
                 id=int(rows[first][0]["id"]),
@@ -304,6 +301,11 @@ class SessionStore:
 _INSERT: Final = (
     "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
     " VALUES (?, ?, ?, ?, ?, ?) RETURNING id"
+)
+# SQLite: with the words that wait in the row for FTS5 (`store.search`).
+_SQLITE_INSERT: Final = (
+    "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id,"
+    " unindexed_words) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
 
 
