@@ -128,7 +128,9 @@ async def _fill_sqlite(path: Path, count: int, *, words: bool) -> None:
             _write_sqlite(conn, batch, words)
             batch = []
     _write_sqlite(conn, batch, words)
-    if not words:
+    if words:  # indexed as they went in: none waits in its row
+        conn.execute("UPDATE entry_words_moved SET through = (SELECT MAX(id) FROM entries)")
+    else:
         conn.execute("UPDATE search_backfill SET below = (SELECT MAX(id) + 1 FROM entries)")
     conn.commit()
     conn.close()

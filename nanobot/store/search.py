@@ -248,11 +248,13 @@ class SearchIndex:
         been there."""
         if not self._sqlite:
             return
-        waiting = await self._db.fetchone(
-            "SELECT 1 FROM entries WHERE id > (SELECT through FROM entry_words_moved)"
-            " AND unindexed_words IS NOT NULL LIMIT 1"
+        # Entries above the mark may hold words (tool results between them do not, and a
+        # search that looked for words among them would walk them all): any entry above
+        # it, and they move, the mark with them.
+        row = await self._db.fetchone(
+            "SELECT (SELECT MAX(id) FROM entries) > (SELECT through FROM entry_words_moved)"
         )
-        if waiting is not None:
+        if row is not None and row[0]:
             await self._db.atomic(SQLITE_MOVE_WORDS)
 
     def _add(self, entry_id: int, words: str) -> Statement:
