@@ -195,13 +195,14 @@ class Parts:
 
 @asynccontextmanager
 async def memory_recall(
-    db: Database, workspace: Path, zone: tzinfo | None
+    db: Database, workspace: Path, zone: tzinfo | None, retry: Backoff = DEFAULT_BACKOFF
 ) -> AsyncIterator[MemoryRecall]:
     """The memory search over `db` and `workspace`; while it is open, the entries from before
-    the index are indexed in the background (`SearchIndex.backfill_all`)."""
+    the index are indexed in the background (`SearchIndex.backfill_all`, a failing store
+    tried again after `retry`'s pauses)."""
     index = SearchIndex(db)
     background = TaskSet("memory-search")
-    background.spawn(index.backfill_all(), name="memory-search-backfill")
+    background.spawn(index.backfill_all(retry=retry), name="memory-search-backfill")
     try:
         yield MemoryRecall(index, workspace, zone)
     finally:
@@ -287,7 +288,9 @@ async def open_parts(
             db_opened = await Database.open(target, reserve=reserve, watch=failures)
             async with (
                 db_opened as db,
-                memory_recall(db, config.workspace_path, settings.timezone) as recall,
+                memory_recall(
+                    db, config.workspace_path, settings.timezone, config.store.retry
+                ) as recall,
             ):
                 setting = cluster_setting(config)
                 enrolment = cluster.enrol(setting, db, succeeds=succeeds) if gateway else None

@@ -412,6 +412,9 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX person_sessions_key ON person_sessions (session_key);
     ALTER TABLE cron_jobs ADD COLUMN created_by TEXT;
     """,
+    # 25: SQLite's words wait in their entry's row before they reach FTS5 (`SQLITE_EXTRA`);
+    # nothing changes in PostgreSQL.
+    "",
 )
 
 
@@ -439,6 +442,22 @@ SQLITE_EXTRA: Final[dict[int, str]] = {
     CREATE VIRTUAL TABLE entry_words USING fts5 (
         words, content = '', tokenize = 'unicode61 remove_diacritics 0'
     );
+    """,
+    # An append writes what each entry's words are into its own row (`unindexed_words`, by
+    # the insert itself: the words, or where in the content they start), and they move into
+    # FTS5 a batch at a time (`store.search`), the column emptied: FTS5 writes a new
+    # segment at every commit that added to it (~25 µs, more than a turn's two inserts
+    # themselves) and merges them later; one segment per batch costs a few µs an entry.
+    # (Another statement in the append, even into a plain table, costs ~10 µs; a trigger
+    # ~18.) Entries above `entry_words_moved.through` may hold words still waiting; below
+    # it none do.
+    25: """
+    ALTER TABLE entries ADD COLUMN unindexed_words; -- no type: text, or an integer as it is
+    CREATE TABLE entry_words_moved (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        through INTEGER NOT NULL
+    );
+    INSERT INTO entry_words_moved (id, through) SELECT 1, COALESCE(MAX(id), 0) FROM entries;
     """,
 }
 """Statements SQLite runs after the script of the migration to that version."""
