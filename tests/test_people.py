@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from nanobot.people import People, folder_name, shared_mode
 from nanobot.providers.provider import RetryPolicy
 from nanobot.recall import Search, terms
 from nanobot.store import Database, SessionStore
+from nanobot.store.journal import Journal
 from nanobot.store.people import PeopleStore, PersonError
 from nanobot.store.person_data import PersonData
 from nanobot.store.search import SearchIndex
@@ -88,6 +90,13 @@ async def db(tmp_path: Path) -> AsyncIterator[Database]:
 
 @pytest.fixture
 async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[Rig]:
+    async with rigged(tmp_path, fake_llm, db) as made:
+        yield made
+
+
+@asynccontextmanager
+async def rigged(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[Rig]:
+    """The loop, tools, store, search index and sandbox of people kept apart, on `db`."""
     workspace = tmp_path / "workspace"
     copy_template(workspace)
     people = People(workspace, "person")
@@ -259,6 +268,46 @@ async def test_forget_leaves_no_trace_in_the_database_file(
     assert not (await SearchIndex(rig.db).search(_search(A_SECRET))).hits
     assert (await SearchIndex(rig.db).search(_search("GANNET"))).hits
     assert await PeopleStore(rig.db).sessions(f"telegram:{A}") == {}
+
+
+A_GROUP = "GREBE7788"  # what A says in a group: A's own words there, forgotten with A
+
+
+async def test_forget_takes_a_s_own_words_out_of_groups(
+    tmp_path: Path, fake_llm: FakeLLM, store_target: Path | str
+) -> None:
+    """In a group only what A wrote goes (found by its sender: no journal row names it
+    here, as after the journal's rows were purged); the group's own talk stays. So do the
+    replies queued to A's private chat, named as a job names it (`@<id>`). On each backend:
+    SQLite's file holds none of it once scrubbed, PostgreSQL's rows are gone."""
+    async with await Database.open(store_target) as db, rigged(tmp_path, fake_llm, db) as rig:
+        fake_llm.script(Text(f"Kept {A_SECRET}."), Text("Noted, A."), Text("Noted, B."))
+        await rig.loop.handle(private(A, f"remember {A_SECRET}"))
+        await rig.loop.handle(in_group(A, f"my code for the door is {A_GROUP}"))
+        await rig.loop.handle(in_group(B, "and mine is GANNET"))
+        journal = Journal(db)
+        to_a = await journal.enqueue("telegram", {"chat_id": f"@{A}", "text": f"job: {A_NOTE}"})
+        to_b = await journal.enqueue("telegram", {"chat_id": f"@{B}", "text": "job: for B"})
+        index = SearchIndex(db)
+        assert (await index.search(_search(A_GROUP))).hits
+
+        gone = await PersonData(db).forget(f"telegram:{A}")
+
+        assert gone.outbox == 1
+        assert not (await index.search(_search(A_GROUP))).hits
+        assert not (await index.search(_search(A_SECRET))).hits
+        assert (await index.search(_search("GANNET"))).hits
+        rows = await db.fetchall("SELECT data FROM entries")
+        kept = "\n".join(str(r["data"]) for r in rows)
+        assert A_GROUP not in kept and A_SECRET not in kept
+        assert "GANNET" in kept and "Noted, A." in kept  # the group's own conversation
+        outbox = {int(r["id"]) for r in await db.fetchall("SELECT id FROM outbox")}
+        assert to_a not in outbox and to_b in outbox
+    if isinstance(store_target, Path):
+        raw = b"".join(p.read_bytes() for p in store_target.parent.glob(store_target.name + "*"))
+        for word in (A_GROUP, A_SECRET, A_NOTE):
+            assert word.encode() not in raw and word.lower().encode() not in raw
+        assert b"GANNET" in raw or b"gannet" in raw
 
 
 async def _records(data: PersonData, person: str) -> AsyncIterator[dict[str, object]]:

@@ -412,6 +412,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX person_sessions_key ON person_sessions (session_key);
     ALTER TABLE cron_jobs ADD COLUMN created_by TEXT;
     """,
+    # 25: who sent each user message (their platform id, `telegram:123`), so a person's own
+    # words in a group are found after the inbound journal's rows are purged (`nanobot
+    # people forget`). Entries from before take it from their journal row where it is
+    # still there (`SQLITE_EXTRA`, `POSTGRESQL_EXTRA`: JSON is read differently).
+    """
+    ALTER TABLE entries ADD COLUMN sender TEXT;
+    CREATE INDEX entries_sender ON entries (sender) WHERE sender IS NOT NULL;
+    """,
 )
 
 
@@ -428,6 +436,11 @@ POSTGRESQL_EXTRA: Final[dict[int, str]] = {
     );
     CREATE INDEX entry_words_gin ON entry_words USING GIN (words);
     """,
+    25: """
+    UPDATE entries SET sender = inbound.channel || ':' || (inbound.message::json ->> 'sender_id')
+        FROM inbound WHERE inbound.id = entries.inbound_id
+        AND (inbound.message::json ->> 'sender_id') <> '';
+    """,
 }
 """Statements PostgreSQL runs after the script of the migration to that version."""
 
@@ -439,6 +452,12 @@ SQLITE_EXTRA: Final[dict[int, str]] = {
     CREATE VIRTUAL TABLE entry_words USING fts5 (
         words, content = '', tokenize = 'unicode61 remove_diacritics 0'
     );
+    """,
+    25: """
+    UPDATE entries SET sender = (
+        SELECT i.channel || ':' || json_extract(i.message, '$.sender_id') FROM inbound i
+        WHERE i.id = entries.inbound_id AND json_extract(i.message, '$.sender_id') <> ''
+    ) WHERE inbound_id IS NOT NULL;
     """,
 }
 """Statements SQLite runs after the script of the migration to that version."""

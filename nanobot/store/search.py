@@ -67,8 +67,9 @@ def words_of(kind: str, data: dict[str, Any]) -> str | None:
 SQLITE_ADD_WORDS: Final = "INSERT INTO entry_words (rowid, words) VALUES (last_insert_rowid(), ?)"
 """After an entry's insert, in the same transaction (SQLite): its words."""
 POSTGRES_INSERT_WITH_WORDS: Final = (
-    "WITH added AS (INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
-    " VALUES (?, ?, ?, ?, ?, ?) RETURNING id),"
+    "WITH added AS (INSERT INTO entries"
+    " (session_id, kind, data, run_id, created_at, inbound_id, sender)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id),"
     " indexed AS (INSERT INTO entry_words (entry_id, words)"
     " SELECT id, to_tsvector('simple', CAST(? AS TEXT)) FROM added)"
     " SELECT id FROM added"
