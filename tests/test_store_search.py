@@ -215,7 +215,9 @@ async def test_the_migration_names_the_sender_of_entries_from_their_journal_row(
     for version in range(1, 25):
         conn.executescript(migrations.script(version, SQLITE))
     conn.execute("PRAGMA user_version = 24")
-    conn.execute("INSERT INTO sessions (id, key, created_at) VALUES (1, 'telegram:-5', ?)", (STAMP,))
+    conn.execute(
+        "INSERT INTO sessions (id, key, created_at) VALUES (1, 'telegram:-5', ?)", (STAMP,)
+    )
     conn.execute(
         "INSERT INTO inbound (id, channel, message_id, message, received_at)"
         " VALUES (7, 'telegram', '1', ?, ?)",
