@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from nanobot import manage
 from nanobot.agent.approver import Caller
 from nanobot.agent.context import ContextBuilder
 from nanobot.agent.loop import AgentLoop, LoopSettings
@@ -25,6 +26,8 @@ from nanobot.agent.subagent import SubagentSettings, subagent_tools
 from nanobot.agent.subagents import Subagents
 from nanobot.agent.turn import TurnRequest
 from nanobot.bus.events import ChatRef, InboundMessage
+from nanobot.config import Config, PeopleConfig
+from nanobot.errors import NanobotError
 from nanobot.people import People, folder_name, shared_mode
 from nanobot.providers.provider import RetryPolicy
 from nanobot.recall import Search, terms
@@ -308,6 +311,40 @@ async def test_forget_takes_a_s_own_words_out_of_groups(
         for word in (A_GROUP, A_SECRET, A_NOTE):
             assert word.encode() not in raw and word.lower().encode() not in raw
         assert b"GANNET" in raw or b"gannet" in raw
+
+
+async def test_memory_search_as_a_person_finds_only_what_they_would(
+    rig: Rig, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """`nanobot memory search TEXT --user ID`: their private chats, the groups they took
+    part in (whole: what the group saw) and their own memory files; nobody else's."""
+    fake_llm.script(Text("Kept."), Text("Sure."), Text("Hi B."), Text("Yes."))
+    await rig.loop.handle(private(A, f"remember {A_SECRET}"))
+    await rig.loop.handle(in_group(A, "meet at HERON square"))
+    await rig.loop.handle(private(B, "my word is GANNET"))
+    await rig.loop.handle(in_group(B, "fine by me"))
+    a_folder = rig.workspace / "people" / folder_name(f"telegram:{A}")
+    (a_folder / "memory" / "MEMORY.md").write_text(f"- {A_NOTE} is A's\n")
+    config = Config(data_dir=tmp_path, people=PeopleConfig(isolation="person"))
+
+    async def search(text: str, user: str | None = None, session: str | None = None) -> str:
+        found = manage.memory_search
+        return "\n".join(await asyncio.to_thread(found, config, text, user=user, session=session))
+
+    as_a, as_b = f"telegram:{A}", f"telegram:{B}"
+    assert A_SECRET in await search(A_SECRET.lower(), as_a)
+    assert A_NOTE in await search(A_NOTE.lower(), as_a)
+    assert "GANNET" not in await search("gannet", as_a)
+    for word in (A_SECRET, A_NOTE):
+        assert word not in await search(word.lower(), as_b)
+    assert "GANNET" in await search("gannet", as_b)
+    assert "HERON" in await search("heron", as_b)  # the group B is in saw it
+    assert A_SECRET in await search(A_SECRET.lower())  # without --user: everything
+    assert "no conversation yet" in await search("heron", "telegram:999")
+    with pytest.raises(PersonError, match="not a person's id"):
+        await search("heron", "../a")
+    with pytest.raises(NanobotError, match="took no part in telegram:111"):
+        await search("heron", as_b, session=as_a)
 
 
 async def _records(data: PersonData, person: str) -> AsyncIterator[dict[str, object]]:
