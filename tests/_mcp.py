@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ async def running(
     workspace: Path,
     *,
     sandbox: Sandbox | None = None,
+    hiding: Sequence[Path] = (),
     restart: Backoff = QUICK,
     watch_every: float = 30.0,
     settled: bool = True,
@@ -68,6 +69,7 @@ async def running(
         config,
         workspace=workspace,
         sandbox=sandbox,
+        hiding=hiding,
         restart=restart,
         watch_every=watch_every,
     )

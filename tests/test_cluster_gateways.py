@@ -100,10 +100,12 @@ class Cluster:
     telegram: FakeTelegram
     balanced: GatewayProcess | None = None
 
-    def balance_to(self, member: GatewayProcess) -> None:
+    async def balance_to(self, member: GatewayProcess) -> None:
         """The load balancer sends every update to `member` (the others get none), at the
-        port it listens on since its last start."""
+        port it listens on since its last start (once it has said so: a loaded machine
+        may see it start well before it listens)."""
         self.balanced = member
+        await member.wait_log(WEBHOOK_LISTENING, seconds=60)
         self.telegram.route_webhook(PUBLIC, f"http://127.0.0.1:{member.webhook_port()}")
 
     async def start(self, *, migrated: bool = False) -> None:
@@ -117,8 +119,7 @@ class Cluster:
         await asyncio.gather(*(m.start(ready=READY) for m in self.members[first:]))
         target = self.balanced or self.members[0]
         if target.config["channels"]["telegram"].get("webhook"):  # type: ignore[index]
-            await target.wait_log(WEBHOOK_LISTENING, seconds=60)
-            self.balance_to(target)
+            await self.balance_to(target)
 
 
 @asynccontextmanager
@@ -219,7 +220,7 @@ async def test_a_killed_members_busy_session_is_finished_by_another_once(
     (holder,) = [m for m in cluster.members if m.process is not None and m.process.pid == pid]
     survivors = [m for m in cluster.members if m is not holder]
     await holder.stop(signal.SIGKILL)
-    cluster.balance_to(survivors[0])  # as a load balancer does once a member stops answering
+    await cluster.balance_to(survivors[0])  # as a load balancer does once a member stops answering
     telegram.user_message(43, "meanwhile", user_id=43)  # the cluster still answers
     # Each member's health check is about itself: the others' beats do not hide its death.
     dead = await nanobot(home_of(holder), "status", "--check")

@@ -113,7 +113,7 @@ async def test_a_member_killed_mid_tool_has_its_turn_finished_without_the_tool_r
     holder = by_pid(cluster, await holder_pid(postgres_url, "telegram:42"))
     await holder.kill()
     survivors = others(cluster, holder)
-    cluster.balance_to(survivors[0])
+    await cluster.balance_to(survivors[0])
 
     await telegram.wait_for(lambda: len(telegram.sent(42)) == 1, seconds=30)
     await asyncio.sleep(1)  # anything doubled would have arrived by now
@@ -146,7 +146,7 @@ async def test_a_member_killed_while_sending_a_long_reply_leaves_the_rest_to_ano
     await holder.kill()
     assert len(telegram.sent(42)) == 1
     survivors = others(cluster, holder)
-    cluster.balance_to(survivors[0])
+    await cluster.balance_to(survivors[0])
 
     def whole() -> bool:
         return "Paragraph 39" in "".join(m.visible for m in telegram.sent(42))
@@ -268,7 +268,7 @@ async def test_an_approval_pressed_on_another_member_lets_the_waiting_run_go_on_
         await member_id(postgres_url, presser),
         to_text(datetime.now(UTC) + timedelta(seconds=LEASE)),
     )
-    cluster.balance_to(presser)
+    await cluster.balance_to(presser)
 
     assert await press(telegram, shown, "Allow once") == "Decided."
     await said(telegram, GROUP, "Made it for the group.")  # long before the request expires
@@ -297,7 +297,7 @@ async def test_a_dead_members_pending_approval_is_settled_by_the_member_that_tak
     asking = by_pid(cluster, await holder_pid(postgres_url, f"telegram:{ALICE}"))
     await asking.kill()
     if cluster.balanced is asking:
-        cluster.balance_to(others(cluster, asking)[0])
+        await cluster.balance_to(others(cluster, asking)[0])
 
     await said(telegram, ALICE, "It was not run; ask me again.", seconds=LEASE + 30)
     edited = next(m for m in telegram.sent(ALICE) if m.message_id == shown.message_id)
@@ -332,7 +332,7 @@ async def test_a_member_stalled_past_its_lease_and_resumed_does_not_answer_again
     os.kill(stalled.process.pid, signal.SIGSTOP)
     try:
         if cluster.balanced is stalled:
-            cluster.balance_to(others(cluster, stalled)[0])
+            await cluster.balance_to(others(cluster, stalled)[0])
         await fake_llm.wait_for_requests(2, seconds=LEASE * 10)  # the taker's, mid-model
     finally:
         os.kill(stalled.process.pid, signal.SIGCONT)

@@ -159,6 +159,44 @@ async def test_a_sandboxed_server_reads_nothing_of_nanobots_and_leaves_nothing_b
     assert mine[str(install.script)].startswith('"""A fake MCP server')  # its workspace
 
 
+async def test_where_people_are_kept_apart_a_sandboxed_server_sees_no_ones_folder(
+    install: Install, sandbox: Bubblewrap
+) -> None:
+    """An MCP server is everyone's: with `people.isolation: person` the workspace it sees
+    has an empty `people/` (covered, not emptied); the rest of the workspace is there."""
+    folder = install.workspace / "people" / "telegram-111"
+    (folder / "memory").mkdir(parents=True)
+    (folder / "private.txt").write_text(DB_SECRET)
+    (folder / "memory" / "MEMORY.md").write_text(HOME_SECRET)
+    people = install.workspace / "people"
+    wanted = [
+        str(folder / "private.txt"),
+        f"{people}/*",
+        f"{people}/*/*",
+        f"{people}/*/memory/*",
+        str(install.script),
+    ]
+    config = fake(install, "--fork-child", str(install.workspace / "mark.pid"))
+    async with running(
+        config, install.workspace, sandbox=sandbox, hiding=(Path("people"),)
+    ) as connection:
+        assert connection.status.state is State.RUNNING, connection.status.reason
+        found = await structured(connection, "probe", {"paths": wanted})
+    assert found[str(folder / "private.txt")].startswith("error: ")
+    assert all(found[pattern] == "error: no match" for pattern in wanted[1:4]), found
+    assert found[str(install.script)].startswith('"""A fake MCP server')
+    seen = json.dumps(found)
+    assert DB_SECRET not in seen and HOME_SECRET not in seen
+    assert (folder / "private.txt").read_text() == DB_SECRET  # covered, not emptied
+
+
+def test_a_cwd_in_peoples_folders_is_refused_where_they_are_hidden(install: Install) -> None:
+    (install.workspace / "people" / "telegram-111").mkdir(parents=True)
+    config = fake(install, sandbox="none", cwd="people/telegram-111")
+    with pytest.raises(NotStartable, match="in people's own folders"):
+        launch("boxed", config, install.workspace, None, None, hiding=(Path("people"),))
+
+
 async def test_a_sandboxed_server_that_forks_and_exits_leaves_no_process_behind(
     install: Install, sandbox: Bubblewrap
 ) -> None:

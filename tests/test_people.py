@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nanobot import manage
 from nanobot.agent.approver import Caller
 from nanobot.agent.context import ContextBuilder
 from nanobot.agent.loop import AgentLoop, LoopSettings
@@ -24,10 +26,13 @@ from nanobot.agent.subagent import SubagentSettings, subagent_tools
 from nanobot.agent.subagents import Subagents
 from nanobot.agent.turn import TurnRequest
 from nanobot.bus.events import ChatRef, InboundMessage
+from nanobot.config import Config, PeopleConfig
+from nanobot.errors import NanobotError
 from nanobot.people import People, folder_name, shared_mode
 from nanobot.providers.provider import RetryPolicy
 from nanobot.recall import Search, terms
 from nanobot.store import Database, SessionStore
+from nanobot.store.journal import Journal
 from nanobot.store.people import PeopleStore, PersonError
 from nanobot.store.person_data import PersonData
 from nanobot.store.search import SearchIndex
@@ -88,6 +93,13 @@ async def db(tmp_path: Path) -> AsyncIterator[Database]:
 
 @pytest.fixture
 async def rig(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[Rig]:
+    async with rigged(tmp_path, fake_llm, db) as made:
+        yield made
+
+
+@asynccontextmanager
+async def rigged(tmp_path: Path, fake_llm: FakeLLM, db: Database) -> AsyncIterator[Rig]:
+    """The loop, tools, store, search index and sandbox of people kept apart, on `db`."""
     workspace = tmp_path / "workspace"
     copy_template(workspace)
     people = People(workspace, "person")
@@ -259,6 +271,80 @@ async def test_forget_leaves_no_trace_in_the_database_file(
     assert not (await SearchIndex(rig.db).search(_search(A_SECRET))).hits
     assert (await SearchIndex(rig.db).search(_search("GANNET"))).hits
     assert await PeopleStore(rig.db).sessions(f"telegram:{A}") == {}
+
+
+A_GROUP = "GREBE7788"  # what A says in a group: A's own words there, forgotten with A
+
+
+async def test_forget_takes_a_s_own_words_out_of_groups(
+    tmp_path: Path, fake_llm: FakeLLM, store_target: Path | str
+) -> None:
+    """In a group only what A wrote goes (found by its sender: no journal row names it
+    here, as after the journal's rows were purged); the group's own talk stays. So do the
+    replies queued to A's private chat, named as a job names it (`@<id>`). On each backend:
+    SQLite's file holds none of it once scrubbed, PostgreSQL's rows are gone."""
+    async with await Database.open(store_target) as db, rigged(tmp_path, fake_llm, db) as rig:
+        fake_llm.script(Text(f"Kept {A_SECRET}."), Text("Noted, A."), Text("Noted, B."))
+        await rig.loop.handle(private(A, f"remember {A_SECRET}"))
+        await rig.loop.handle(in_group(A, f"my code for the door is {A_GROUP}"))
+        await rig.loop.handle(in_group(B, "and mine is GANNET"))
+        journal = Journal(db)
+        to_a = await journal.enqueue("telegram", {"chat_id": f"@{A}", "text": f"job: {A_NOTE}"})
+        to_b = await journal.enqueue("telegram", {"chat_id": f"@{B}", "text": "job: for B"})
+        index = SearchIndex(db)
+        assert (await index.search(_search(A_GROUP))).hits
+
+        gone = await PersonData(db).forget(f"telegram:{A}")
+
+        assert gone.outbox == 1
+        assert not (await index.search(_search(A_GROUP))).hits
+        assert not (await index.search(_search(A_SECRET))).hits
+        assert (await index.search(_search("GANNET"))).hits
+        rows = await db.fetchall("SELECT data FROM entries")
+        kept = "\n".join(str(r["data"]) for r in rows)
+        assert A_GROUP not in kept and A_SECRET not in kept
+        assert "GANNET" in kept and "Noted, A." in kept  # the group's own conversation
+        outbox = {int(r["id"]) for r in await db.fetchall("SELECT id FROM outbox")}
+        assert to_a not in outbox and to_b in outbox
+    if isinstance(store_target, Path):
+        raw = b"".join(p.read_bytes() for p in store_target.parent.glob(store_target.name + "*"))
+        for word in (A_GROUP, A_SECRET, A_NOTE):
+            assert word.encode() not in raw and word.lower().encode() not in raw
+        assert b"GANNET" in raw or b"gannet" in raw
+
+
+async def test_memory_search_as_a_person_finds_only_what_they_would(
+    rig: Rig, fake_llm: FakeLLM, tmp_path: Path
+) -> None:
+    """`nanobot memory search TEXT --user ID`: their private chats, the groups they took
+    part in (whole: what the group saw) and their own memory files; nobody else's."""
+    fake_llm.script(Text("Kept."), Text("Sure."), Text("Hi B."), Text("Yes."))
+    await rig.loop.handle(private(A, f"remember {A_SECRET}"))
+    await rig.loop.handle(in_group(A, "meet at HERON square"))
+    await rig.loop.handle(private(B, "my word is GANNET"))
+    await rig.loop.handle(in_group(B, "fine by me"))
+    a_folder = rig.workspace / "people" / folder_name(f"telegram:{A}")
+    (a_folder / "memory" / "MEMORY.md").write_text(f"- {A_NOTE} is A's\n")
+    config = Config(data_dir=tmp_path, people=PeopleConfig(isolation="person"))
+
+    async def search(text: str, user: str | None = None, session: str | None = None) -> str:
+        found = manage.memory_search
+        return "\n".join(await asyncio.to_thread(found, config, text, user=user, session=session))
+
+    as_a, as_b = f"telegram:{A}", f"telegram:{B}"
+    assert A_SECRET in await search(A_SECRET.lower(), as_a)
+    assert A_NOTE in await search(A_NOTE.lower(), as_a)
+    assert "GANNET" not in await search("gannet", as_a)
+    for word in (A_SECRET, A_NOTE):
+        assert word not in await search(word.lower(), as_b)
+    assert "GANNET" in await search("gannet", as_b)
+    assert "HERON" in await search("heron", as_b)  # the group B is in saw it
+    assert A_SECRET in await search(A_SECRET.lower())  # without --user: everything
+    assert "no conversation yet" in await search("heron", "telegram:999")
+    with pytest.raises(PersonError, match="not a person's id"):
+        await search("heron", "../a")
+    with pytest.raises(NanobotError, match="took no part in telegram:111"):
+        await search("heron", as_b, session=as_a)
 
 
 async def _records(data: PersonData, person: str) -> AsyncIterator[dict[str, object]]:

@@ -428,3 +428,40 @@ async def test_a_store_that_cannot_be_used_stops_a_command_with_the_reason(
     assert "cannot use the store at postgresql://bot:***@127.0.0.1:1/nanobot_none" in err
     assert "cannot reach the server" in err
     assert "hunter2" not in out + err and "Traceback" not in err
+
+
+async def test_the_migration_names_the_sender_of_entries_from_their_journal_row(
+    empty_postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on SQLite (tests/test_store_search.py): entries from before senders were kept
+    take theirs from the inbound journal's row, where it is still there."""
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:24])
+    stamp = "2025-01-01T00:00:00.000000+00:00"
+    said = '{"role": "user", "content": "hi"}'
+    async with await Database.open(empty_postgres_url) as db:
+        assert await db.schema_version() == 24
+        await db.atomic(
+            [
+                (
+                    "INSERT INTO sessions (id, key, created_at) VALUES (1, 'telegram:-5', ?)",
+                    (stamp,),
+                ),
+                (
+                    "INSERT INTO inbound (id, channel, message_id, message, received_at)"
+                    " VALUES (7, 'telegram', '1', ?, ?)",
+                    ('{"sender_id": "111", "text": "hi"}', stamp),
+                ),
+                *[
+                    (
+                        "INSERT INTO entries (session_id, kind, data, created_at, inbound_id)"
+                        " VALUES (1, 'message', ?, ?, ?)",
+                        (said, stamp, inbound),
+                    )
+                    for inbound in (7, 8, None)  # 8: its row was purged
+                ],
+            ]
+        )
+    monkeypatch.undo()
+    async with await Database.open(empty_postgres_url) as db:
+        rows = await db.fetchall("SELECT sender FROM entries ORDER BY id")
+    assert [r["sender"] for r in rows] == ["telegram:111", None, None]

@@ -335,3 +335,34 @@ async def test_words_wait_for_a_batch_yet_every_search_finds_them(tmp_path: Path
         )
         assert len(rows) == 151 == len({int(row[0]) for row in rows})  # each entry once
         assert await search(db, "cherry") == ["cherry"]
+
+
+async def test_the_migration_names_the_sender_of_entries_from_their_journal_row(
+    tmp_path: Path,
+) -> None:
+    """Entries from before senders were kept take theirs from the inbound journal (while
+    its row is there), so `nanobot people forget` finds a person's words in groups."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    for version in range(1, 26):
+        conn.executescript(migrations.script(version, SQLITE))
+    conn.execute("PRAGMA user_version = 25")
+    conn.execute(
+        "INSERT INTO sessions (id, key, created_at) VALUES (1, 'telegram:-5', ?)", (STAMP,)
+    )
+    conn.execute(
+        "INSERT INTO inbound (id, channel, message_id, message, received_at)"
+        " VALUES (7, 'telegram', '1', ?, ?)",
+        (json.dumps({"sender_id": "111", "text": "hi"}), STAMP),
+    )
+    said = json.dumps({"role": "user", "content": "hi"})
+    conn.executemany(
+        "INSERT INTO entries (session_id, kind, data, created_at, inbound_id)"
+        " VALUES (1, 'message', ?, ?, ?)",
+        [(said, STAMP, 7), (said, STAMP, 8), (said, STAMP, None)],  # 8: its row was purged
+    )
+    conn.commit()
+    conn.close()
+    async with await Database.open(path) as db:
+        rows = await db.fetchall("SELECT sender FROM entries ORDER BY id")
+    assert [r["sender"] for r in rows] == ["telegram:111", None, None]

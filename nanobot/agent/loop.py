@@ -136,12 +136,13 @@ class AgentLoop:
         message = user_message(request.text, self._now())
         if request.images and self._provider.supports_vision():
             message = with_images(message, request.images)
+        sender = _sender(request)
         if self._lanes.busy(key):
-            lane.queue(message, request.mode or self._settings.queue_mode, request.inbound_id)
+            mode = request.mode or self._settings.queue_mode
+            lane.queue(message, mode, request.inbound_id, sender)
             await self._tell_if_waiting(request)
             return None
-        if request.inbound_id is not None:
-            lane.inbound[id(message)] = request.inbound_id
+        lane.mark(message, request.inbound_id, sender)
         # Idle, checked with no await since: `run` starts at once, in this task, and the
         # session is busy until it ends (its turns wait for a slot inside it).
         try:
@@ -453,3 +454,12 @@ def _last_user(messages: Sequence[Message]) -> int:
     return next(
         (i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), 0
     )
+
+
+def _sender(request: TurnRequest) -> str | None:
+    """Who sent `request`'s message, as its entry names them: their platform id
+    (`telegram:123`; a cron job's maker is one already), None when nobody did."""
+    user = request.sender_id
+    if not user:
+        return None
+    return user if ":" in user else f"{request.chat.channel}:{user}"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from loguru import logger
 
 from nanobot.app._exec import open_sandbox
-from nanobot.app._parts import mcp_settings, private_dir
+from nanobot.app._parts import mcp_hiding, mcp_settings, private_dir
 from nanobot.config import Config
 from nanobot.errors import ConfigError
 from nanobot.mcp.connection import LAST_WORDS, State
@@ -84,6 +84,7 @@ async def test_server(config: Config, name: str) -> tuple[list[str], bool]:
                 [server],
                 workspace=config.workspace_path,
                 sandbox=sandbox,
+                hiding=mcp_hiding(config),
                 other=config.tools.approval.other,
             )
             servers.start()

@@ -41,6 +41,7 @@ from nanobot.mcp.servers import McpServers
 from nanobot.mcp.settings import ServerSettings
 from nanobot.media.reading import Reader
 from nanobot.outage import DEFAULT_BACKOFF, Backoff
+from nanobot.people import PEOPLE_DIR
 from nanobot.providers.provider import Provider
 from nanobot.reserve import DiskReserve
 from nanobot.store import ApprovalStore, Database, Journal, SessionStore, UsageLedger
@@ -158,9 +159,18 @@ def build_servers(config: Config, sandbox: Sandbox | None, *, gateway: bool) -> 
         mcp_settings(config),
         workspace=config.workspace_path,
         sandbox=sandbox,
+        hiding=mcp_hiding(config),
         other=config.tools.approval.other,
         state_file=config.data_dir / MCP_FILE if gateway else None,
     )
+
+
+def mcp_hiding(config: Config) -> tuple[Path, ...]:
+    """The workspace's folders MCP servers do not see: people's own (`people/`), unless
+    everyone shares the workspace by the config's word (`people.isolation: shared`; without
+    the key a store may choose either, and an empty `people/` hidden costs nothing). A
+    server is shared by everyone, so it sees no one's folder."""
+    return () if config.people.isolation == "shared" else (Path(PEOPLE_DIR),)
 
 
 @dataclass(frozen=True)

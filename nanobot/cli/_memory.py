@@ -29,6 +29,16 @@ def memory_search(
             "--session", help="Only this session (its key, e.g. telegram:12345).", metavar="KEY"
         ),
     ] = None,
+    user: Annotated[
+        str | None,
+        typer.Option(
+            "--user",
+            help="Search as this person's private chat would (their id, e.g. telegram:12345): "
+            "with people.isolation: person only the chats and groups they took part in and "
+            "their own memory files.",
+            metavar="ID",
+        ),
+    ] = None,
 ) -> None:
     """Find TEXT in every conversation (what compaction took out of the context too) and in
     memory/*.md: ranked hits with date, session, who said it and a snippet, the same as the
@@ -38,7 +48,7 @@ def memory_search(
 
     config = config_of(ctx)
     try:
-        lines = manage.memory_search(config, text, limit=limit, session=session)
+        lines = manage.memory_search(config, text, limit=limit, session=session, user=user)
     except NanobotError as exc:
         fail(str(exc))
     for line in lines:

@@ -21,7 +21,7 @@ import http
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -116,12 +116,13 @@ class Connection:
         *,
         workspace: Path,
         sandbox: Sandbox | None,
+        hiding: Sequence[Path] = (),
         changed: Callable[[], None] = lambda: None,
         restart: Backoff = RESTART,
         watch_every: float = PING_EVERY,
     ) -> None:
         self.name, self.config = name, config
-        self._workspace, self._sandbox = workspace, sandbox
+        self._workspace, self._sandbox, self._hiding = workspace, sandbox, tuple(hiding)
         self._changed, self._restart = changed, restart
         self._watch_every = watch_every
         self.status = Status()
@@ -445,7 +446,9 @@ class Connection:
             call: SandboxCall | None = None
             if sandbox is not None and self.config.sandbox == "auto" and sandbox.confined:
                 call = held.enter_context(sandbox.call())
-            started = launch(self.name, self.config, self._workspace, sandbox, call)
+            started = launch(
+                self.name, self.config, self._workspace, sandbox, call, hiding=self._hiding
+            )
             if started.bare:
                 logger.warning(
                     "MCP server {} runs WITHOUT the sandbox (mcp.servers.{}.sandbox: none): "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,17 +55,21 @@ def launch(
     workspace: Path,
     sandbox: Sandbox | None,
     call: SandboxCall | None,
+    *,
+    hiding: Sequence[Path] = (),
 ) -> Launch:
     """The command that starts `server` (a stdio one) in `sandbox`, for the lifetime of
-    `call` (the sandbox's per-command share: its seccomp filter, its proxy credentials).
+    `call` (the sandbox's per-command share: its seccomp filter, its proxy credentials),
+    with the workspace's folders `hiding` (relative to it: `people`, where people are kept
+    apart) covered by an empty one. A bare server sees them: nothing hides them from it.
 
     Raises:
         NotStartable: the server asks for the sandbox (`sandbox: auto`) and none works here
             (or exec's is `none` by the owner's choice: that choice is for exec, not for
-            servers), or its `cwd` leaves the workspace.
+            servers), or its `cwd` leaves the workspace or lies in a folder it may not see.
     """
     assert server.command is not None
-    folder = _folder(name, server, workspace)
+    folder = _folder(name, server, workspace, hiding)
     env_tool = shutil.which("env") or "/usr/bin/env"
     inner = [env_tool, *(arg for var in _INHERITED for arg in ("-u", var))]
     inner += ["-C", str(folder), server.command, *server.args]
@@ -81,14 +86,15 @@ def launch(
     if not isinstance(sandbox, Bubblewrap) or call is None:
         raise NotStartable(_why_no_sandbox(name, sandbox))
     fds = call.pass_fds
-    argv = sandbox.command(inner, call=SandboxCall(call.env, (3,) if fds else (), call.egress))
+    shared = SandboxCall(call.env, (3,) if fds else (), call.egress)
+    argv = sandbox.command(inner, call=shared, hiding=hiding)
     if fds:
         argv = ["/bin/sh", "-c", _WITH_FILTER, f"/proc/{os.getpid()}/fd/{fds[0]}", *argv]
     env = {"PATH": sandbox.path, "LANG": lang, **call.env, **given}
     return Launch(tuple(argv), env, str(workspace), bare=False)
 
 
-def _folder(name: str, server: ServerSettings, workspace: Path) -> Path:
+def _folder(name: str, server: ServerSettings, workspace: Path, hiding: Sequence[Path]) -> Path:
     root = Path(os.path.realpath(workspace))
     if server.cwd is None:
         return root
@@ -96,6 +102,11 @@ def _folder(name: str, server: ServerSettings, workspace: Path) -> Path:
     if not folder.is_relative_to(root):
         raise NotStartable(
             f"mcp.servers.{name}.cwd ({server.cwd}) is outside the workspace ({root})"
+        )
+    if any(folder.is_relative_to(root / hidden) for hidden in hiding):
+        raise NotStartable(
+            f"mcp.servers.{name}.cwd ({server.cwd}) is in people's own folders, which MCP "
+            "servers do not see (people.isolation: person)"
         )
     if not folder.is_dir():
         raise NotStartable(f"mcp.servers.{name}.cwd ({folder}) is not a folder")

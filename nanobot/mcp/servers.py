@@ -38,7 +38,8 @@ FILE: Final = "mcp.json"
 
 
 class McpServers:
-    """The configured `servers` (the enabled ones run, the others are listed as disabled)."""
+    """The configured `servers` (the enabled ones run, the others are listed as disabled).
+    `hiding`: folders of the workspace that sandboxed servers do not see (`launch`)."""
 
     def __init__(
         self,
@@ -46,6 +47,7 @@ class McpServers:
         *,
         workspace: Path,
         sandbox: Sandbox | None,
+        hiding: Sequence[Path] = (),
         other: Policy = "ask",
         state_file: Path | None = None,
         restart: Backoff = RESTART,
@@ -58,6 +60,7 @@ class McpServers:
                 server,
                 workspace=workspace,
                 sandbox=sandbox,
+                hiding=hiding,
                 changed=self._changed,
                 restart=restart,
             )

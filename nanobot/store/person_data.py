@@ -2,9 +2,11 @@
 `nanobot people export` and `forget` do under data-protection law.
 
 A person's data: the sessions of their private chats (every entry, and the search index's
-rows for them), their own messages in groups (the entries their inbound messages became;
-what others and the assistant said there belongs to the group and stays), the inbound
-journal's rows of what they sent, the outbox's rows to their private chats, the cron jobs
+rows for them), their own messages in groups (the entries whose `sender` is one of their
+ids, or, from before entries named it, that their inbound messages became; what others and
+the assistant said there belongs to the group and stays), the inbound journal's rows of
+what they sent, the outbox's rows to their private chats (as a session names it, and as a
+job does: `@<user id>`), the cron jobs
 they made, the approvals, usage and chat settings of their private chats, the taint marks of
 their folder's files, and their links and session notes. The files of their folder are the
 caller's to delete (`nanobot.manage`).
@@ -24,6 +26,7 @@ from typing import Any
 
 from loguru import logger
 
+from nanobot.bus.events import DIRECT
 from nanobot.store.database import Database, SqlValue, Statement
 from nanobot.store.people import PeopleStore
 from nanobot.store.search import words_of
@@ -60,7 +63,7 @@ class PersonData:
         in groups), oldest first, as JSON-ready records."""
         private, groups = await self._sessions(person)
         own = await self._inbound(await self.ids(person))
-        rows = await self._entry_rows(private, groups, own)
+        rows = await self._entry_rows(private, groups, own, await self.ids(person))
         return (
             {
                 "session": str(r["key"]),
@@ -78,7 +81,7 @@ class PersonData:
         ids = await self.ids(person)
         private, groups = await self._sessions(person)
         inbound = await self._inbound(ids)
-        rows = await self._entry_rows(private, groups, inbound)
+        rows = await self._entry_rows(private, groups, inbound, ids)
         below = await self._db.fetchone("SELECT below FROM search_backfill WHERE id = 1")
         unindexed_below = int(below[0]) if below is not None else 0
         words = [
@@ -86,7 +89,7 @@ class PersonData:
             for r in rows
             if int(r["id"]) >= unindexed_below
         ]
-        outbox = await self._outbox(private)
+        outbox = await self._outbox(private, ids)
         statements: list[Statement] = [*self._unindex(words)]
         entry_ids = [int(r["id"]) for r in rows]
         statements += _chunked("DELETE FROM entries WHERE id IN ({})", entry_ids)
@@ -155,9 +158,13 @@ class PersonData:
                 found.append(int(row["id"]))
         return found
 
-    async def _outbox(self, private: Sequence[str]) -> list[int]:
-        """The outbox's rows to the private chats `private` (session keys)."""
+    async def _outbox(self, private: Sequence[str], ids: Sequence[str]) -> list[int]:
+        """The outbox's rows to the private chats `private` (session keys) and to the
+        private chat of each of `ids` as a job names it (`@<user id>`, `ChatRef.direct`)."""
         chats = {tuple(k.split(":", 1)) for k in private}
+        for person in ids:
+            channel, _, user = person.partition(":")
+            chats |= {(channel, user), (channel, f"{DIRECT}{user}")}
         found = []
         for row in await self._db.fetchall("SELECT id, channel, message FROM outbox"):
             try:
@@ -169,19 +176,29 @@ class PersonData:
         return found
 
     async def _entry_rows(
-        self, private: Sequence[str], groups: Sequence[str], inbound: Sequence[int]
+        self,
+        private: Sequence[str],
+        groups: Sequence[str],
+        inbound: Sequence[int],
+        ids: Sequence[str],
     ) -> list[Any]:
-        rows: list[Any] = []
+        """The entries of the sessions `private`, and those elsewhere that any of `ids` sent:
+        named so by their `sender`, or (entries from before it was kept) by their journal
+        row among `inbound`, in the groups `groups`."""
+        rows: dict[int, Any] = {}
         select = (
             "SELECT e.id, e.kind, e.data, e.created_at, s.key FROM entries e"
             " JOIN sessions s ON s.id = e.session_id WHERE "
         )
-        for sql, params in _chunked(select + "s.key IN ({}) ORDER BY e.id", private):
-            rows += await self._db.fetchall(sql, params)
+        for sql, params in _chunked(select + "s.key IN ({})", private):
+            rows |= {int(r["id"]): r for r in await self._db.fetchall(sql, params)}
+        for sql, params in _chunked(select + "e.sender IN ({})", ids):
+            rows |= {int(r["id"]): r for r in await self._db.fetchall(sql, params)}
         if groups and inbound:
-            for sql, params in _chunked(select + "e.inbound_id IN ({}) ORDER BY e.id", inbound):
-                rows += [r for r in await self._db.fetchall(sql, params) if r["key"] in groups]
-        return sorted(rows, key=lambda r: int(r["id"]))
+            for sql, params in _chunked(select + "e.inbound_id IN ({})", inbound):
+                found = await self._db.fetchall(sql, params)
+                rows |= {int(r["id"]): r for r in found if r["key"] in groups}
+        return [rows[i] for i in sorted(rows)]
 
     def _unindex(self, words: Iterable[tuple[int, str | None]]) -> Iterator[Statement]:
         if self._sqlite:

@@ -415,6 +415,14 @@ MIGRATIONS: tuple[str, ...] = (
     # 25: SQLite's words wait in their entry's row before they reach FTS5 (`SQLITE_EXTRA`);
     # nothing changes in PostgreSQL.
     "",
+    # 26: who sent each user message (their platform id, `telegram:123`), so a person's own
+    # words in a group are found after the inbound journal's rows are purged (`nanobot
+    # people forget`). Entries from before take it from their journal row where it is
+    # still there (`SQLITE_EXTRA`, `POSTGRESQL_EXTRA`: JSON is read differently).
+    """
+    ALTER TABLE entries ADD COLUMN sender TEXT;
+    CREATE INDEX entries_sender ON entries (sender) WHERE sender IS NOT NULL;
+    """,
 )
 
 
@@ -430,6 +438,11 @@ POSTGRESQL_EXTRA: Final[dict[int, str]] = {
         words TSVECTOR NOT NULL
     );
     CREATE INDEX entry_words_gin ON entry_words USING GIN (words);
+    """,
+    26: """
+    UPDATE entries SET sender = inbound.channel || ':' || (inbound.message::json ->> 'sender_id')
+        FROM inbound WHERE inbound.id = entries.inbound_id
+        AND (inbound.message::json ->> 'sender_id') <> '';
     """,
 }
 """Statements PostgreSQL runs after the script of the migration to that version."""
@@ -458,6 +471,12 @@ SQLITE_EXTRA: Final[dict[int, str]] = {
         through INTEGER NOT NULL
     );
     INSERT INTO entry_words_moved (id, through) SELECT 1, COALESCE(MAX(id), 0) FROM entries;
+    """,
+    26: """
+    UPDATE entries SET sender = (
+        SELECT i.channel || ':' || json_extract(i.message, '$.sender_id') FROM inbound i
+        WHERE i.id = entries.inbound_id AND json_extract(i.message, '$.sender_id') <> ''
+    ) WHERE inbound_id IS NOT NULL;
     """,
 }
 """Statements SQLite runs after the script of the migration to that version."""

@@ -122,8 +122,9 @@ SQLITE_MOVE_WORDS: Final[Sequence[Statement]] = (
 """Every entry's words that wait in its row into FTS5 (SQLite), in one transaction: none is
 lost or indexed twice, whoever moves them."""
 POSTGRES_INSERT_WITH_WORDS: Final = (
-    "WITH added AS (INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
-    " VALUES (?, ?, ?, ?, ?, ?) RETURNING id),"
+    "WITH added AS (INSERT INTO entries"
+    " (session_id, kind, data, run_id, created_at, inbound_id, sender)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id),"
     " indexed AS (INSERT INTO entry_words (entry_id, words)"
     " SELECT id, to_tsvector('simple', CAST(? AS TEXT)) FROM added)"
     " SELECT id FROM added"

@@ -45,6 +45,7 @@ class NewEntry:
     data: dict[str, Any]
     run_id: str | None = None
     inbound_id: int | None = None  # the inbound journal row this user message came from
+    sender: str | None = None  # who sent this user message: their platform id, telegram:123
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +163,7 @@ class SessionStore:
                 entry.run_id,
                 stamp,
                 entry.inbound_id,
+                entry.sender,
             )
             words = (sqlite_words_of if sqlite else words_of)(entry.kind, entry.data)
             items.append((*values, words))
@@ -299,8 +301,8 @@ class SessionStore:
 
 
 _INSERT: Final = (
-    "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
-    " VALUES (?, ?, ?, ?, ?, ?) RETURNING id"
+    "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id, sender)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
 # SQLite: with the words that wait in the row for FTS5 (`store.search`).
 _SQLITE_INSERT: Final = (
@@ -320,15 +322,18 @@ def _encode(data: dict[str, Any]) -> str:
 # words of those that have them indexed (`store.search`): the n-th id is the n-th item's.
 _LOCKED_VALUES = (
     "(CAST(? AS BIGINT), CAST(? AS TEXT), CAST(? AS BIGINT), CAST(? AS TEXT),"
-    " CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT), CAST(? AS TEXT))"
+    " CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT), CAST(? AS TEXT),"
+    " CAST(? AS TEXT))"
 )
 _LOCKED_INSERTS = (
-    "WITH items (ord, lock, session_id, kind, data, run_id, created_at, inbound_id, words) AS"
+    "WITH items (ord, lock, session_id, kind, data, run_id, created_at, inbound_id, sender,"
+    " words) AS"
     " (VALUES {values}),"
     " locked AS (SELECT count(pg_advisory_xact_lock(k)) AS n FROM"
     " (SELECT DISTINCT hashtextextended(lock, 0) AS k FROM items ORDER BY k) keys),"
-    " added AS (INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
-    " SELECT session_id, kind, data, run_id, created_at, inbound_id FROM items, locked"
+    " added AS (INSERT INTO entries"
+    " (session_id, kind, data, run_id, created_at, inbound_id, sender)"
+    " SELECT session_id, kind, data, run_id, created_at, inbound_id, sender FROM items, locked"
     " ORDER BY ord RETURNING id),"
     " numbered AS (SELECT id, row_number() OVER (ORDER BY id) - 1 AS ord FROM added),"
     " indexed AS (INSERT INTO entry_words (entry_id, words)"

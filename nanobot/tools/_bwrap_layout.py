@@ -127,6 +127,17 @@ def person_tail(
     return tail
 
 
+def without(tail: Sequence[str], folders: Sequence[Path]) -> list[str]:
+    """`tail` (as `layout` makes it) with each of `folders`, inside what it binds, covered
+    by an empty folder nothing may be written to: an MCP server's sandbox without
+    `workspace/people/` (`nanobot.people`). A missing folder is made (empty) by bubblewrap,
+    so one that appears later is covered too."""
+    chdir = len(tail) - 2  # the last arguments: --chdir <folder>
+    assert tail[chdir] == "--chdir", tail
+    masks = [arg for folder in folders for arg in ("--perms", "0555", "--tmpfs", str(folder))]
+    return [*tail[:chdir], *masks, *tail[chdir:]]
+
+
 def _is_plain_dir(path: Path) -> bool:
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)

@@ -34,7 +34,7 @@ from typing import Final
 
 from nanobot.tools._bwrap_gate import Gate
 from nanobot.tools._bwrap_layout import layout as bwrap_layout
-from nanobot.tools._bwrap_layout import person_tail
+from nanobot.tools._bwrap_layout import person_tail, without
 from nanobot.tools._launcher import Launcher
 from nanobot.tools._launcher import default as default_launcher
 from nanobot.tools._masks import OwnerOnlyMasks
@@ -103,8 +103,15 @@ class Bubblewrap(Sandbox):
         gate: Gate | None = None,
         launched: bool = False,
         person: Path | None = None,
+        hiding: Sequence[Path] = (),
     ) -> list[str]:
+        """As `Sandbox.command`; `hiding`: folders of the workspace covered by an empty
+        one (`_bwrap_layout.without`), for a command of nobody in particular (an MCP
+        server's), never with `person`."""
         tail = self._tail if person is None else self._person_tail(person)
+        if hiding:
+            assert person is None, "a person's sandbox binds their folder alone already"
+            tail = without(tail, [self.confinement.workspace.resolve() / h for h in hiding])
         return self._argv(argv, call, self._masks.args(), gate, launched=launched, tail=tail)
 
     def _person_tail(self, person: Path) -> list[str]:
