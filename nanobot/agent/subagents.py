@@ -319,6 +319,10 @@ class Subagents:
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,
             cost=result.usage.cost,
+            cached_tokens=result.usage.cached_tokens,
+            priced=result.usage.priced,
+            person=info.origin.sender_id,
+            source="task",
         )
 
     async def _report(

@@ -11,6 +11,7 @@ and the environment in `loading`. Import from here: this is the package's surfac
 
 from nanobot.config.agent import AgentConfig
 from nanobot.config.automation import ChatTarget, CronConfig, HeartbeatConfig
+from nanobot.config.budget import BudgetConfig, ModelPrice, PersonBudget
 from nanobot.config.channels import (
     ChannelConfig,
     ChannelsConfig,
@@ -46,6 +47,7 @@ __all__ = [
     "AgentConfig",
     "Approval",
     "ApprovalConfig",
+    "BudgetConfig",
     "ChannelConfig",
     "ChannelsConfig",
     "ChatTarget",
@@ -60,6 +62,8 @@ __all__ = [
     "LogConfig",
     "McpConfig",
     "McpServerConfig",
+    "ModelPrice",
+    "PersonBudget",
     "StoreConfig",
     "TelegramConfig",
     "TelegramWebhookConfig",

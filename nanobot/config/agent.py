@@ -7,6 +7,7 @@ from typing import Literal, Self
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from nanobot.config._section import Section
+from nanobot.config.budget import ModelPrice
 
 
 class AgentConfig(Section):
@@ -37,6 +38,9 @@ class AgentConfig(Section):
     # Characters of each prompt file or memory file in the system prompt, and of all together.
     prompt_file_chars: int = Field(20_000, ge=1000)
     prompt_total_chars: int = Field(60_000, ge=1000)
+    # Per model, USD per million tokens, where neither the provider nor litellm's list
+    # says what a call costs.
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     @field_validator("model")
     @classmethod

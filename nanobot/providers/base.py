@@ -49,12 +49,17 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts and cost in USD: by the model's known price, else as the server reported
-    it (OpenRouter, LiteLLM's proxy), else 0.0."""
+    """Token counts and cost in USD: as the server reported it (OpenRouter, LiteLLM's proxy;
+    `reported`), else by the model's known price, else unknown (`priced` False, cost 0.0,
+    which is then no figure at all). `cached_tokens`: the part of the prompt the provider
+    read from its cache, where it says."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
+    cached_tokens: int = 0
+    reported: bool = False
+    priced: bool = True
 
     @property
     def total_tokens(self) -> int:
@@ -65,6 +70,9 @@ class Usage:
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
             self.cost + other.cost,
+            self.cached_tokens + other.cached_tokens,
+            self.reported and other.reported,
+            self.priced and other.priced,
         )
 
 
