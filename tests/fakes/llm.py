@@ -1165,6 +1165,13 @@ async def _serve(fake: FakeLLM) -> None:
         await stopped.wait()
 
 
+def _cost_header(reply: Reply) -> dict[str, str]:
+    """The header a LiteLLM proxy says an answer's cost in, where `reply` has one."""
+    if isinstance(reply, Text) and reply.cost_header is not None:
+        return {"x-litellm-response-cost": reply.cost_header}
+    return {}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI: ``python -m tests.fakes.llm [--port N] [--script FILE] [--delay S]
     [--keep-requests N]``."""
@@ -1195,10 +1202,3 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def _cost_header(reply: Reply) -> dict[str, str]:
-    """The header a LiteLLM proxy says an answer's cost in, where `reply` has one."""
-    if isinstance(reply, Text) and reply.cost_header is not None:
-        return {"x-litellm-response-cost": reply.cost_header}
-    return {}
