@@ -28,6 +28,7 @@ from typing import Any, Literal, cast, get_args
 from loguru import logger
 
 from nanobot.agent.approver import Approver, Caller
+from nanobot.agent.budget import Budgets
 from nanobot.agent.run import LoopLimits, RunHooks, RunInput, RunResult
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagent import (
@@ -98,8 +99,12 @@ class Subagents:
         usage: UsageLedger | None = None,
         model: str = "",
         approver: Approver | None = None,
+        budgets: Budgets | None = None,
     ) -> None:
+        """`budgets`: what a task's model calls are held against, as its starter's (source
+        `task`); None: none."""
         self._approver = approver
+        self._budgets = budgets
         self._runner = runner
         self._sessions = sessions
         self._intake = intake
@@ -292,7 +297,10 @@ class Subagents:
             run.run_id,
             taint=TurnTaint(untrusted),  # what it writes is marked as its starter's would be
         )
-        hooks = RunHooks(persist=persist)
+        spend = None
+        if self._budgets is not None:
+            spend = self._budgets.for_turn(origin.sender_id, "task", origin.channel)
+        hooks = RunHooks(persist=persist, spend=spend)
         if self._approver is not None:  # its calls are asked about in the chat it came from
             caller = Caller(
                 origin.session_key,
@@ -302,7 +310,9 @@ class Subagents:
                 untrusted=untrusted,
             )
             approval = self._approver.for_run(caller, run.run_id)
-            hooks = RunHooks(persist=persist, approve=approval.approve, listener=approval.observe)
+            hooks = RunHooks(
+                persist=persist, approve=approval.approve, listener=approval.observe, spend=spend
+            )
         token = current_context.set(context)
         try:
             return await self._runner.run(run, hooks)
