@@ -354,3 +354,61 @@ async def test_a_race_of_200_turns_on_two_postgresql_members_lets_20_through(
     assert 19 <= made <= 21
     assert standing.spent == pytest.approx(made * CALL)
     assert standing.held == 0
+
+
+async def test_past_warn_at_turns_use_the_cheaper_model_and_say_so_once(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database, clock: Clock
+) -> None:
+    cheap = "openai/cheap-model"
+    prices = {MODEL: PRICE, cheap: Prices(0.0, 1e-4)}
+    rig = build(
+        tmp_path,
+        fake_llm,
+        db,
+        clock,
+        prices,
+        install=Caps(daily=1.0),
+        warn_at=0.5,
+        degrade_to=cheap,
+    )
+    fake_llm.script(*[Text("ok", cost=CALL)] * 3, Text("cheap", cost=0.02))
+    replies = [await rig.say(str(n)) for n in range(4)]
+    assert [r.model for r in fake_llm.requests] == [*["fake-model"] * 3, "cheap-model"]
+    assert replies[2].endswith("Replies use openai/cheap-model from now on.")
+    assert replies[3] == "cheap"
+    rows = await rig.usage.report("model")
+    assert [(line.key, line.totals.runs) for line in rows] == [(cheap, 1), (MODEL, 3)]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("budget: {daily: -1}\n", "budget.daily: Input should be greater than or equal to 0"),
+        ("budget: {warn_at: 1.5}\n", "budget.warn_at: Input should be less than or equal to 1"),
+        ("budget: {degrade_to: gpt-4o-mini}\n", "names no provider"),
+        ("budget: {people: {123: {weekly: 1}}}\n", "budget.people.123.weekly"),
+        ("agent: {prices: {openai/x: {input: 1}}}\n", "agent.prices.openai/x.output"),
+    ],
+)
+def test_a_bad_budget_or_price_is_refused_naming_the_key(
+    tmp_path: Path, text: str, reason: str
+) -> None:
+    from nanobot.config import load
+    from nanobot.errors import ConfigError
+
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=None) as info:
+        load(path)
+    assert reason in str(info.value)
+
+
+def test_people_ids_written_bare_are_text(tmp_path: Path) -> None:
+    from nanobot.app._budget import budget_settings
+    from nanobot.config import load
+
+    path = tmp_path / "config.yaml"
+    path.write_text("budget: {person: {daily: 2}, people: {123: {monthly: 9}}}\n")
+    settings = budget_settings(load(path))
+    assert settings.people == {"123": Caps(None, 9)}
+    assert settings.people["123"].over(settings.person) == Caps(2, 9)

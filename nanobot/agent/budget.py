@@ -105,6 +105,7 @@ class Budgets:
         self.store, self.settings = store, settings
         self._price, self._count, self.model, self._max_tokens = price, count, model, max_tokens
         self.clock = clock
+        # The budgets this process saw at warn_at or past it (each warned about once).
         self._warned: set[tuple[str, str]] = set()
 
     def for_turn(self, person: str | None, source: Source, channel: str | None) -> TurnSpend:
@@ -134,11 +135,19 @@ class Budgets:
             add("heartbeat", Caps(s.heartbeat_daily), "of the heartbeat")
         return out
 
-    def expected(self, messages: Sequence[Message]) -> tuple[int, float]:
+    def degraded(self, claims: Sequence[tuple[Claim, Period, str]]) -> str | None:
+        """`degrade_to`, where one of `claims` is past `warn_at` (as this process last saw
+        it); else None."""
+        model = self.settings.degrade_to
+        if model is None or not any((c.scope, c.period) in self._warned for c, _, _ in claims):
+            return None
+        return model
+
+    def expected(self, messages: Sequence[Message], model: str | None = None) -> tuple[int, float]:
         """A call's expected tokens (prompt and the most it may write) and cost (0.0 for a
-        model with no known price)."""
+        model with no known price) with `model` (None: the primary)."""
         prompt = self._count(messages)
-        prices = self._price(self.model)
+        prices = self._price(model or self.model)
         cost = prices.cost(prompt, self._max_tokens) if prices is not None else 0.0
         return prompt + self._max_tokens, cost
 
@@ -182,7 +191,10 @@ class Budgets:
             self._warned.add((scope, period))
             if await self.store.warn_once(scope, period):
                 share = 100 * total / cap if cap else 100.0
-                notes.append(f"Note: {label} is {share:.0f}% spent (${total:.2f} of ${cap:.2f}).")
+                note = f"Note: {label} is {share:.0f}% spent (${total:.2f} of ${cap:.2f})."
+                if self.settings.degrade_to is not None:
+                    note += f" Replies use {self.settings.degrade_to} from now on."
+                notes.append(note)
                 logger.warning("budget {} {}: {:.0f}% spent", scope, period, share)
         return notes
 
@@ -238,11 +250,14 @@ class TurnSpend:
         self.cost = 0.0
         self.tokens = 0
         self.notes: list[str] = []
+        self.model: str | None = None  # `degrade_to`, once a budget is past warn_at
         self._hold: tuple[str, list[tuple[Claim, Period, str]]] | None = None
 
     async def reserve(self, messages: Sequence[Message]) -> str | None:
         budgets, s = self._budgets, self._budgets.settings
-        tokens, cost = budgets.expected(messages)
+        claims = budgets.claims(self._person, self._source)
+        self.model = budgets.degraded(claims)
+        tokens, cost = budgets.expected(messages, self.model)
         if s.max_tokens is not None and self.tokens + tokens > s.max_tokens:
             return (
                 f"I stopped: this turn would pass its limit of {s.max_tokens:,} tokens "
@@ -253,7 +268,6 @@ class TurnSpend:
                 f"I stopped: this turn would pass its limit of ${s.max_cost:.2f} "
                 f"(${self.cost:.4f} spent so far). Send a message to go on."
             )
-        claims = budgets.claims(self._person, self._source)
         if not claims:
             return None
         hold = uuid.uuid4().hex

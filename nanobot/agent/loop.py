@@ -261,7 +261,7 @@ class AgentLoop:
             result = await self._runner.run(run, replace(hooks, spend=spend))
         finally:
             current_context.reset(token)
-        await self._account(request, result, window.tokens)
+        await self._account(request, result, window.tokens, spend)
         if self._compactor.worth_it(session_id, window, budget):
             await self._compactor.compact(session_id, window, budget)
         already_sent = result.status == "completed" and result.final_text in context.sent
@@ -301,7 +301,13 @@ class AgentLoop:
             brought.append(cut(f"{HEARTBEAT_FILE}, {beat}"))
         return self._context.system_prompt(now, tainted), (*brought, *in_prompt(tainted))
 
-    async def _account(self, request: TurnRequest, result: RunResult, window_tokens: int) -> None:
+    async def _account(
+        self,
+        request: TurnRequest,
+        result: RunResult,
+        window_tokens: int,
+        spend: TurnSpend | None = None,
+    ) -> None:
         session_key = request.session_key
         self._fill[session_key] = window_tokens + self._prompt_tokens[1]
         self._fill.move_to_end(session_key)
@@ -311,7 +317,7 @@ class AgentLoop:
             await self._usage.record(
                 session_key,
                 result.run_id,
-                model=self._provider.model,
+                model=(spend.model if spend is not None else None) or self._provider.model,
                 prompt_tokens=result.usage.prompt_tokens,
                 completion_tokens=result.usage.completion_tokens,
                 cost=result.usage.cost,

@@ -189,7 +189,10 @@ class OverBudget(Exception):
 
 
 class Spend(Protocol):
-    """The budgets a run's model calls are held against (`RunHooks.spend`)."""
+    """The budgets a run's model calls are held against (`RunHooks.spend`). `model`: the
+    model the held call is to use instead of the primary one (None: the primary)."""
+
+    model: str | None
 
     async def reserve(self, messages: Sequence[Message]) -> str | None:
         """Hold the expected cost of a call with `messages` against every budget that

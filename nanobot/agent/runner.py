@@ -275,7 +275,7 @@ class _Run:
             if refused is not None:
                 raise OverBudget(refused)
         try:
-            completion = await self._call_held()
+            completion = await self._call_held(spend.model if spend is not None else None)
         except BaseException:
             if spend is not None:
                 await asyncio.shield(spend.release())
@@ -284,7 +284,7 @@ class _Run:
             await spend.spent(completion.usage)
         return completion
 
-    async def _call_held(self) -> Completion:
+    async def _call_held(self, model: str | None) -> Completion:
         index = self.model_calls
         self.model_calls += 1
         self.emit("turn_start", call_index=index)
@@ -305,7 +305,10 @@ class _Run:
         live = self.hooks.live and self.hooks.listener is not None
         completion = await self.race(
             self.provider.complete(
-                self.messages, self.calls.schemas, on_delta=on_delta if live else None
+                self.messages,
+                self.calls.schemas,
+                on_delta=on_delta if live else None,
+                model=model,
             )
         )
         self.usage += completion.usage

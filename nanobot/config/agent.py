@@ -7,7 +7,14 @@ from typing import Literal, Self
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from nanobot.config._section import Section
-from nanobot.config.budget import ModelPrice
+
+
+class ModelPrice(Section):
+    """What a model costs, in USD per million tokens (`agent.prices`)."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cached: float | None = Field(None, ge=0)
 
 
 class AgentConfig(Section):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from nanobot.config._section import Section
+from nanobot.config.agent import model_advice
 
 _USD = Field(None, ge=0)
 
@@ -35,7 +36,17 @@ class BudgetConfig(Section):
     cron: PeriodBudget = Field(default_factory=PeriodBudget)
     heartbeat: PeriodBudget = Field(default_factory=PeriodBudget)
     warn_at: float = Field(0.8, gt=0, le=1)  # share of a cap at which a warning is sent
-    degrade_to: str | None = None  # past warn_at, turns use this (cheaper) model
+    degrade_to: str | None = None  # past warn_at, calls use this (cheaper) model
+
+    @field_validator("degrade_to")
+    @classmethod
+    def _model_names_its_provider(cls, model: str | None) -> str | None:
+        if model is None or not model.strip():
+            return None
+        advice = model_advice(model)
+        if advice is not None:
+            raise ValueError(advice[0])
+        return model
 
     @field_validator("people", mode="before")
     @classmethod
@@ -60,11 +71,3 @@ class BudgetConfig(Section):
                 self.heartbeat.daily,
             )
         )
-
-
-class ModelPrice(Section):
-    """What a model costs, in USD per million tokens (`agent.prices`)."""
-
-    input: float = Field(ge=0)
-    output: float = Field(ge=0)
-    cached: float | None = Field(None, ge=0)

@@ -136,8 +136,10 @@ class LLMProvider(Protocol):
         *,
         on_delta: DeltaHandler | None = None,
         max_tokens: int | None = None,
+        model: str | None = None,
     ) -> Completion:
-        """Run one model call and return the assembled result.
+        """Run one model call and return the assembled result; `model`, where given, is
+        called instead of the primary one (a cheaper model past a budget's warning).
 
         `on_delta` is called synchronously with each streamed piece as it arrives; it must not
         raise. After a retry, pieces start again at seq 0, so a listener that keys on

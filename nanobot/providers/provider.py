@@ -140,16 +140,17 @@ class Provider:
         *,
         on_delta: DeltaHandler | None = None,
         max_tokens: int | None = None,
+        model: str | None = None,
     ) -> Completion:
         """See `LLMProvider.complete`."""
         deadline = time.monotonic() + self._retry.max_total
         last: ProviderError | None = None
-        for model in (self._model, *self._fallbacks):
+        for each in (model or self._model, *self._fallbacks):
             if last is not None:
                 logger.warning(
-                    "model {} failed ({}); trying fallback {}", last.model, last.kind, model
+                    "model {} failed ({}); trying fallback {}", last.model, last.kind, each
                 )
-            call = Call(model, messages, tools, max_tokens or self._max_tokens, self._temperature)
+            call = Call(each, messages, tools, max_tokens or self._max_tokens, self._temperature)
             try:
                 return await self._with_retries(call, on_delta, deadline)
             except ProviderError as exc:
