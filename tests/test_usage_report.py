@@ -156,3 +156,13 @@ async def test_budget_raise_is_for_approvers_and_counts_at_once(
     assert await rig.say("hello again") == "ok"
     shown = await budget_command(_chat("ada", "/budget"), rig.loop)
     assert "The daily budget for you: $0.20 of $1.10 spent" in shown
+
+
+def test_the_report_reads_a_postgresql_store(tmp_path: Path, postgres_url: str) -> None:
+    config = Config(data_dir=tmp_path / "data", store={"url": postgres_url})
+    config.data_dir.mkdir()
+    _fill(config)
+    [text] = usage_report(config, by="source", fmt="json")
+    rows = {row["source"]: row["turns"] for row in json.loads(text)["rows"]}
+    assert rows == {"chat": 3, "cron": 1}
+    assert json.loads(text)["total"]["cost_usd"] == 0.875
