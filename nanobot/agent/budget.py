@@ -29,6 +29,7 @@ from nanobot.store.budgets import BudgetStore, Claim, Standing
 INSTALL: Final = "install"
 PERSON: Final = "person:"
 UNATTENDED: Final[tuple[Source, ...]] = ("cron", "heartbeat")
+RECONCILE: Final = timedelta(minutes=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,20 @@ class Budgets:
         self.clock = clock
         # The budgets this process saw at warn_at or past it (each warned about once).
         self._warned: set[tuple[str, str]] = set()
+        self._reconciled: datetime | None = None
+
+    async def reconcile(self) -> None:
+        """Drop expired holds (of calls whose process died) at the first call and every
+        `RECONCILE` after."""
+        now = self.clock()
+        if self._reconciled is not None and now - self._reconciled < RECONCILE:
+            return
+        self._reconciled = now
+        dropped = await self.store.expire()
+        if dropped:
+            logger.info(
+                "dropped {} expired budget holds (of calls a stopped process made)", dropped
+            )
 
     def for_turn(self, person: str | None, source: Source, channel: str | None) -> TurnSpend:
         """The spend of one turn, started by `person` (a platform user id) from `source`."""
@@ -270,6 +285,7 @@ class TurnSpend:
             )
         if not claims:
             return None
+        await budgets.reconcile()
         hold = uuid.uuid4().hex
         if not await budgets.store.reserve(hold, [c for c, _, _ in claims], cost, s.hold):
             return await budgets.refusal(claims, cost, self._channel)
@@ -296,7 +312,7 @@ class TurnSpend:
         if held is None:
             return
         try:
-            await self._budgets.store.release(held[0])
+            await self._budgets.store.release(held[0], [(c.scope, c.period) for c, _, _ in held[1]])
         except Exception:  # noqa: BLE001 - the hold expires by itself
             logger.exception("could not release a budget hold")
 

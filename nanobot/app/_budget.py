@@ -70,15 +70,13 @@ async def build_budgets(config: Config, db: Database, provider: Provider) -> Bud
     say_unpriced(provider)
     if not config.budget.configured:
         return None
-    store = BudgetStore(db)
-    dropped = await store.expire()
-    if dropped:
-        logger.info("dropped {} expired budget holds (of calls a stopped process made)", dropped)
-    return Budgets(
-        store,
+    budgets = Budgets(
+        BudgetStore(db),
         budget_settings(config),
         price=provider.price,
         count=provider.count_tokens,
         model=provider.model,
         max_tokens=config.agent.max_tokens,
     )
+    await budgets.reconcile()
+    return budgets

@@ -6,9 +6,10 @@ A budget is a *scope* ("install", "person:<id>", "cron", "heartbeat") and a *per
 `reserve` is one conditional statement, run as one transaction that every other
 reservation waits for (SQLite's write lock; on PostgreSQL the advisory lock `budget`, so
 several members of a cluster serialise too): a call's expected cost is held against all its
-budgets or none of them, and holds plus spend never pass a cap (plus its raises). A hold
-counts only until it expires: the process that made it settles or releases it well before,
-and one that crashed leaks nothing for longer.
+budgets or none of them, and holds plus spend never pass a cap (plus its raises). Each
+budget's row keeps the sum of its holds (`held`); a hold that its process never settled
+(it crashed mid-call) is dropped once it expired, and the sums made again (`expire`: at
+start, and every minute by each process that reserves).
 
 Holds and settlements of concurrent calls are written together (`_Batches`): whatever
 arrives while one transaction runs goes in the next, one after another in it (each
@@ -27,6 +28,7 @@ from nanobot.store._times import to_text, wall_clock
 from nanobot.store.database import Database, Row, SqlValue, Statement
 
 LOCK = "budget"
+DRIFT = 1e-9  # USD: less is rounding, from adding and taking off holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,76 +106,102 @@ class BudgetStore:
     ) -> bool:
         """Hold `amount` against every budget of `claims` for `lasts`, as hold `hold`, if
         each has room for it (spent + held + amount ≤ cap + raised); whether it was held
-        (all or nothing)."""
+        (all or nothing). Each budget's row carries its holds' sum (`held`), so the check
+        reads one row per budget, however many calls are in flight."""
         if not claims:
             return True
         now = self._clock()
+        pairs = ", ".join(["(?, ?, 0, 0)"] * len(claims))
         values = ", ".join(["(?, ?, CAST(? AS DOUBLE PRECISION))"] * len(claims))
-        params: list[SqlValue] = [v for c in claims for v in (c.scope, c.period, c.cap)]
-        now_text = to_text(now)
-        sql = (
-            f"WITH claim (scope, period, cap) AS (VALUES {values}), used AS ("
-            " SELECT c.scope, c.period, c.cap"
-            " + coalesce((SELECT sum(r.amount) FROM budget_raises AS r"
-            "    WHERE r.scope = c.scope AND r.period = c.period), 0) AS cap,"
-            " coalesce((SELECT s.spent FROM budget_spend AS s"
-            "    WHERE s.scope = c.scope AND s.period = c.period), 0)"
-            " + coalesce((SELECT sum(h.amount) FROM budget_holds AS h"
-            "    WHERE h.scope = c.scope AND h.period = c.period AND h.expires_at > ?), 0)"
-            "   AS used FROM claim AS c)"
-            " INSERT INTO budget_holds (hold, scope, period, amount, expires_at)"
-            " SELECT ?, scope, period, CAST(? AS DOUBLE PRECISION), ? FROM used"
-            " WHERE NOT EXISTS (SELECT 1 FROM used WHERE used + CAST(? AS DOUBLE PRECISION)"
-            " > cap + 1e-12) RETURNING scope"
-        )
-        params += [now_text, hold, amount, to_text(now + lasts), amount]
-        [rows] = await self._batches.run([(sql, params)])
-        return bool(rows)
+        keys: list[SqlValue] = [v for c in claims for v in (c.scope, c.period)]
+        caps: list[SqlValue] = [v for c in claims for v in (c.scope, c.period, c.cap)]
+        statements: list[Statement] = [
+            (
+                f"INSERT INTO budget_spend (scope, period, spent, held) VALUES {pairs}"
+                " ON CONFLICT (scope, period) DO NOTHING",
+                keys,
+            ),
+            (
+                f"WITH claim (scope, period, cap) AS (VALUES {values})"
+                " INSERT INTO budget_holds (hold, scope, period, amount, expires_at)"
+                " SELECT ?, c.scope, c.period, CAST(? AS DOUBLE PRECISION), ? FROM claim AS c"
+                " WHERE NOT EXISTS (SELECT 1 FROM claim AS d JOIN budget_spend AS s"
+                "  ON s.scope = d.scope AND s.period = d.period"
+                "  WHERE s.spent + s.held + CAST(? AS DOUBLE PRECISION) > d.cap + 1e-12"
+                "  + coalesce((SELECT sum(r.amount) FROM budget_raises AS r"
+                "   WHERE r.scope = d.scope AND r.period = d.period), 0))"
+                " RETURNING scope",
+                [*caps, hold, amount, to_text(now + lasts), amount],
+            ),
+        ]
+        statements += [
+            (
+                "UPDATE budget_spend SET held = held + ? WHERE scope = ? AND period = ?"
+                " AND EXISTS (SELECT 1 FROM budget_holds WHERE hold = ?)",
+                (amount, c.scope, c.period, hold),
+            )
+            for c in claims
+        ]
+        results = await self._batches.run(statements)
+        return bool(results[1])
 
     async def settle(
         self, hold: str, charges: Sequence[tuple[str, str]], cost: float
     ) -> list[tuple[str, str, float]]:
         """Replace hold `hold` by what the call cost, charged to each (scope, period) of
         `charges`; each budget's spend after it."""
-        statements: list[Statement] = [("DELETE FROM budget_holds WHERE hold = ?", (hold,))]
-        if charges:
-            values = ", ".join(["(?, ?, CAST(? AS DOUBLE PRECISION))"] * len(charges))
-            statements.append(
-                (
-                    f"INSERT INTO budget_spend (scope, period, spent) VALUES {values}"
-                    " ON CONFLICT (scope, period) DO UPDATE"
-                    " SET spent = budget_spend.spent + excluded.spent"
-                    " RETURNING scope, period, spent",
-                    [v for scope, period in charges for v in (scope, period, cost)],
-                )
+        statements: list[Statement] = [
+            (
+                "UPDATE budget_spend SET spent = spent + ?, held = held - coalesce(("
+                "SELECT amount FROM budget_holds WHERE hold = ? AND scope = ? AND period = ?),"
+                " 0) WHERE scope = ? AND period = ? RETURNING scope, period, spent",
+                (cost, hold, scope, period, scope, period),
             )
+            for scope, period in charges
+        ]
+        statements.append(("DELETE FROM budget_holds WHERE hold = ?", (hold,)))
         results = await self._batches.run(statements)
-        rows = results[1] if charges else []
-        return [(str(r[0]), str(r[1]), float(r[2])) for r in rows]
+        return [(str(r[0]), str(r[1]), float(r[2])) for rows in results[:-1] for r in rows]
 
-    async def release(self, hold: str) -> None:
-        """Drop hold `hold` (its call failed or was cancelled: nothing was spent)."""
-        await self._batches.run([("DELETE FROM budget_holds WHERE hold = ?", (hold,))])
+    async def release(self, hold: str, budgets: Sequence[tuple[str, str]]) -> None:
+        """Drop hold `hold` of `budgets` (its call failed or was cancelled: nothing was
+        spent)."""
+        await self.settle(hold, budgets, 0.0)
 
     async def expire(self) -> int:
-        """Drop the holds that expired (their process died mid-call); how many."""
+        """Drop the holds that expired (their process died mid-call), and make each
+        budget's `held` its live holds' sum again; how many were dropped."""
         now = to_text(self._clock())
-        return await self._db.execute("DELETE FROM budget_holds WHERE expires_at <= ?", (now,))
+        results = await self._db.atomic(
+            [
+                (
+                    "UPDATE budget_spend SET held = coalesce((SELECT sum(h.amount)"
+                    " FROM budget_holds AS h WHERE h.scope = budget_spend.scope"
+                    " AND h.period = budget_spend.period AND h.expires_at > ?), 0)"
+                    " WHERE held <> 0",
+                    (now,),
+                ),
+                ("DELETE FROM budget_holds WHERE expires_at <= ? RETURNING hold", (now,)),
+            ],
+            lock=LOCK,
+        )
+        return len(results[1])
 
     async def standing(self, budgets: Sequence[tuple[str, str]]) -> list[Standing]:
         """Where each (scope, period) of `budgets` stands, in their order."""
-        now = to_text(self._clock())
         out = []
         for scope, period in budgets:
             row = await self._db.fetchone(
                 "SELECT coalesce((SELECT spent FROM budget_spend WHERE scope = ? AND period = ?),"
-                " 0), coalesce((SELECT sum(amount) FROM budget_holds WHERE scope = ?"
-                " AND period = ? AND expires_at > ?), 0), coalesce((SELECT sum(amount)"
-                " FROM budget_raises WHERE scope = ? AND period = ?), 0)",
-                (scope, period, scope, period, now, scope, period),
+                " 0), coalesce((SELECT held FROM budget_spend WHERE scope = ? AND period = ?),"
+                " 0), coalesce((SELECT sum(amount) FROM budget_raises WHERE scope = ?"
+                " AND period = ?), 0)",
+                (scope, period, scope, period, scope, period),
             )
             assert row is not None
-            out.append(Standing(scope, period, float(row[0]), float(row[1]), float(row[2])))
+            held = float(row[1])
+            held = held if abs(held) > DRIFT else 0.0  # sums of floats, added and taken off
+            out.append(Standing(scope, period, float(row[0]), held, float(row[2])))
         return out
 
     async def add_raise(self, scope: str, period: str, amount: float, by: str) -> None:

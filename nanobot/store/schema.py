@@ -396,7 +396,8 @@ MIGRATIONS: tuple[str, ...] = (
     # 24: budgets (`store.budgets`): what each budget's period spent (`budget_spend`, one
     # row per scope and period: "install", "person:<id>", "cron", "heartbeat"; "day:…" or
     # "month:…"), what calls in flight hold against it (`budget_holds`, one row per call
-    # and scope, counted only until `expires_at`, so a crashed process leaks nothing),
+    # and scope, their sum kept on the spend row; dropped once past `expires_at`, so a
+    # crashed process leaks nothing for long),
     # the raises approvers granted, and which warnings were sent (once per period). The
     # usage ledger learns whose turn it was, what started it, the prompt tokens read from
     # the provider's cache, and whether the cost is known at all (`priced` 0: no figure).
@@ -405,6 +406,7 @@ MIGRATIONS: tuple[str, ...] = (
         scope TEXT NOT NULL,
         period TEXT NOT NULL,
         spent REAL NOT NULL,
+        held REAL NOT NULL,  -- the sum of its live holds' amounts
         PRIMARY KEY (scope, period)
     );
     CREATE TABLE budget_holds (
@@ -415,6 +417,7 @@ MIGRATIONS: tuple[str, ...] = (
         expires_at TEXT NOT NULL
     );
     CREATE INDEX budget_holds_scope ON budget_holds (scope, period, expires_at);
+    CREATE INDEX budget_holds_expiry ON budget_holds (expires_at);
     CREATE INDEX budget_holds_hold ON budget_holds (hold);
     CREATE TABLE budget_raises (
         id INTEGER PRIMARY KEY,
