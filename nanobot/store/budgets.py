@@ -100,6 +100,7 @@ class BudgetStore:
         self._db = db
         self._clock = clock
         self._batches = _Batches(db)
+        self._rows: set[tuple[str, str]] = set()  # budgets whose spend row is known to exist
 
     async def reserve(
         self, hold: str, claims: Sequence[Claim], amount: float, lasts: timedelta
@@ -115,12 +116,15 @@ class BudgetStore:
         values = ", ".join(["(?, ?, CAST(? AS DOUBLE PRECISION))"] * len(claims))
         keys: list[SqlValue] = [v for c in claims for v in (c.scope, c.period)]
         caps: list[SqlValue] = [v for c in claims for v in (c.scope, c.period, c.cap)]
+        new = [(c.scope, c.period) for c in claims if (c.scope, c.period) not in self._rows]
         statements: list[Statement] = [
             (
                 f"INSERT INTO budget_spend (scope, period, spent, held) VALUES {pairs}"
                 " ON CONFLICT (scope, period) DO NOTHING",
                 keys,
-            ),
+            )
+        ]
+        statements += [
             (
                 f"WITH claim (scope, period, cap) AS (VALUES {values})"
                 " INSERT INTO budget_holds (hold, scope, period, amount, expires_at)"
@@ -133,35 +137,39 @@ class BudgetStore:
                 " RETURNING scope",
                 [*caps, hold, amount, to_text(now + lasts), amount],
             ),
-        ]
-        statements += [
             (
-                "UPDATE budget_spend SET held = held + ? WHERE scope = ? AND period = ?"
+                f"UPDATE budget_spend SET held = held + ? WHERE ({_either(len(claims))})"
                 " AND EXISTS (SELECT 1 FROM budget_holds WHERE hold = ?)",
-                (amount, c.scope, c.period, hold),
-            )
-            for c in claims
+                [amount, *keys, hold],
+            ),
         ]
+        if not new:
+            statements = statements[1:]  # every row exists: no upsert needed
         results = await self._batches.run(statements)
-        return bool(results[1])
+        self._rows.update(new)
+        return bool(results[-2])
 
     async def settle(
         self, hold: str, charges: Sequence[tuple[str, str]], cost: float
     ) -> list[tuple[str, str, float]]:
         """Replace hold `hold` by what the call cost, charged to each (scope, period) of
         `charges`; each budget's spend after it."""
-        statements: list[Statement] = [
-            (
-                "UPDATE budget_spend SET spent = spent + ?, held = held - coalesce(("
-                "SELECT amount FROM budget_holds WHERE hold = ? AND scope = ? AND period = ?),"
-                " 0) WHERE scope = ? AND period = ? RETURNING scope, period, spent",
-                (cost, hold, scope, period, scope, period),
+        keys: list[SqlValue] = [v for pair in charges for v in pair]
+        statements: list[Statement] = []
+        if charges:
+            statements.append(
+                (
+                    "UPDATE budget_spend SET spent = spent + ?, held = held - coalesce(("
+                    "SELECT h.amount FROM budget_holds AS h WHERE h.hold = ?"
+                    " AND h.scope = budget_spend.scope AND h.period = budget_spend.period), 0)"
+                    f" WHERE {_either(len(charges))} RETURNING scope, period, spent",
+                    [cost, hold, *keys],
+                )
             )
-            for scope, period in charges
-        ]
         statements.append(("DELETE FROM budget_holds WHERE hold = ?", (hold,)))
         results = await self._batches.run(statements)
-        return [(str(r[0]), str(r[1]), float(r[2])) for rows in results[:-1] for r in rows]
+        rows = results[0] if charges else []
+        return [(str(r[0]), str(r[1]), float(r[2])) for r in rows]
 
     async def release(self, hold: str, budgets: Sequence[tuple[str, str]]) -> None:
         """Drop hold `hold` of `budgets` (its call failed or was cancelled: nothing was
@@ -221,3 +229,8 @@ class BudgetStore:
             (scope, period, to_text(self._clock())),
         )
         return bool(rows)
+
+
+def _either(count: int) -> str:
+    """A condition true for any of `count` (scope, period) pairs, bound in order."""
+    return " OR ".join(["(scope = ? AND period = ?)"] * count)
