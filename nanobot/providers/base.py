@@ -187,8 +187,8 @@ class Transport(Protocol):
 
     async def stream(self, call: Call, on_delta: DeltaHandler | None) -> Completion:
         """Make `call` and return the assembled answer; its `usage` carries the cost the
-        server reported with it, if any (the provider prices it where the model's price is
-        known).
+        server reported with it, if any (the provider keeps that, and prices the call by the
+        model's known price only where none was reported).
 
         `on_delta` as in `LLMProvider.complete`, seq counting from 0. Without one, a
         transport may ask for the answer whole instead of streamed (litellm's does: each
