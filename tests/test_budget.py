@@ -432,3 +432,16 @@ def test_people_ids_written_bare_are_text(tmp_path: Path) -> None:
     settings = budget_settings(load(path))
     assert settings.people == {"123": Caps(None, 9)}
     assert settings.people["123"].over(settings.person) == Caps(2, 9)
+
+
+async def test_an_unpriced_model_is_stopped_by_what_its_provider_reported(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database, clock: Clock
+) -> None:
+    rig = build(tmp_path, fake_llm, db, clock, prices={}, install=Caps(daily=0.3))
+    fake_llm.script(*[Text("ok", cost=CALL)] * 3)
+    assert await rig.say("one") == "ok"
+    two = await rig.say("two")  # nothing held: the cap plus one call's worth
+    assert two.startswith("ok\n\nNote: the daily budget of this assistant is 133% spent")
+    refused = await rig.say("three")
+    assert refused.startswith("Over budget: the daily budget of this assistant is $0.30, and $0.40")
+    assert len(fake_llm.requests) == 2

@@ -179,7 +179,8 @@ class Budgets:
         standings = await self.store.standing([(c.scope, c.period) for c, _, _ in claims])
         chosen = claims[0], standings[0]
         for each, standing in zip(claims, standings, strict=True):
-            if standing.spent + standing.held + cost > each[0].cap + standing.raised:
+            used, cap = standing.spent + standing.held, each[0].cap + standing.raised
+            if used + cost > cap or used >= cap:
                 chosen = each, standing
                 break
         (claim, period, label), standing = chosen

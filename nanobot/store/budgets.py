@@ -106,7 +106,8 @@ class BudgetStore:
         self, hold: str, claims: Sequence[Claim], amount: float, lasts: timedelta
     ) -> bool:
         """Hold `amount` against every budget of `claims` for `lasts`, as hold `hold`, if
-        each has room for it (spent + held + amount ≤ cap + raised); whether it was held
+        each has room for it (spent + held + amount ≤ cap + raised, and spent + held below
+        it even for an amount of 0); whether it was held
         (all or nothing). Each budget's row carries its holds' sum (`held`), so the check
         reads one row per budget, however many calls are in flight."""
         if not claims:
@@ -129,11 +130,15 @@ class BudgetStore:
                 f"WITH claim (scope, period, cap) AS (VALUES {values})"
                 " INSERT INTO budget_holds (hold, scope, period, amount, expires_at)"
                 " SELECT ?, c.scope, c.period, CAST(? AS DOUBLE PRECISION), ? FROM claim AS c"
-                " WHERE NOT EXISTS (SELECT 1 FROM claim AS d JOIN budget_spend AS s"
-                "  ON s.scope = d.scope AND s.period = d.period"
-                "  WHERE s.spent + s.held + CAST(? AS DOUBLE PRECISION) > d.cap + 1e-12"
-                "  + coalesce((SELECT sum(r.amount) FROM budget_raises AS r"
-                "   WHERE r.scope = d.scope AND r.period = d.period), 0))"
+                " WHERE NOT EXISTS (SELECT 1 FROM (SELECT s.spent + s.held AS used,"
+                "  d.cap + coalesce((SELECT sum(r.amount) FROM budget_raises AS r"
+                "   WHERE r.scope = d.scope AND r.period = d.period), 0) AS cap"
+                "  FROM claim AS d JOIN budget_spend AS s"
+                "  ON s.scope = d.scope AND s.period = d.period) AS b"
+                # Over: no room for this call, or none left at all (a call of no known
+                # price holds nothing, but a spent budget still stops it).
+                "  WHERE b.used + CAST(? AS DOUBLE PRECISION) > b.cap + 1e-12"
+                "  OR b.used + 1e-12 >= b.cap)"
                 " RETURNING scope",
                 [*caps, hold, amount, to_text(now + lasts), amount],
             ),
