@@ -31,12 +31,15 @@ def config_prices(config: Config) -> dict[str, Prices]:
     }
 
 
-def say_unpriced(provider: Provider) -> list[str]:
+def say_unpriced(provider: Provider, *, loud: bool = True) -> list[str]:
     """Say once, at start, which models have no known price (their cost is shown as
-    "price unknown", and no budget can hold their calls); those models."""
+    "price unknown", and no budget can hold their calls); those models. `loud`: as a
+    warning (a gateway's start), else at INFO (one message from the terminal, whose
+    stderr is its answer's)."""
     unpriced = provider.unpriced()
     for model in unpriced:
-        logger.warning(
+        logger.log(
+            "WARNING" if loud else "INFO",
             "no price known for {}: its cost is shown as 'price unknown' and budgets count "
             "only what the provider reports (set agent.prices.{} to price it)",
             model,
@@ -64,10 +67,13 @@ def budget_settings(config: Config) -> BudgetSettings:
     )
 
 
-async def build_budgets(config: Config, db: Database, provider: Provider) -> Budgets | None:
+async def build_budgets(
+    config: Config, db: Database, provider: Provider, *, gateway: bool = True
+) -> Budgets | None:
     """The budgets, where any cap is set (None: no call is checked); the holds that
-    crashed processes left are dropped first. The models with no known price are said."""
-    say_unpriced(provider)
+    crashed processes left are dropped first. The models with no known price are said
+    (a warning for a `gateway`)."""
+    say_unpriced(provider, loud=gateway)
     if not config.budget.configured:
         return None
     budgets = Budgets(

@@ -321,7 +321,7 @@ async def open_parts(
                     usage=UsageLedger(db),
                     approver=approver,
                     ledger=ledger,
-                    budgets=await build_budgets(config, db, provider),
+                    budgets=await build_budgets(config, db, provider, gateway=gateway),
                 )
                 if not gateway:  # a gateway starts them once it has answered (`start_when_quiet`)
                     servers.start()
