@@ -166,3 +166,22 @@ def test_the_report_reads_a_postgresql_store(tmp_path: Path, postgres_url: str) 
     rows = {row["source"]: row["turns"] for row in json.loads(text)["rows"]}
     assert rows == {"chat": 3, "cron": 1}
     assert json.loads(text)["total"]["cost_usd"] == 0.875
+
+
+async def test_usage_without_budgets_shows_the_spend_and_no_one_elses(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    from nanobot.agent._spend_commands import budget_command
+    from tests.test_loop import make_parts
+
+    parts = await make_parts(tmp_path, fake_llm, db)
+    fake_llm.script(Text("hi"))
+    from nanobot.agent.turn import TurnRequest
+
+    await parts.loop.handle(TurnRequest("t:1", "hello", sender_id="ada"))
+    text = await usage_command(_chat("ada", "/usage"), parts.loop)
+    assert "You, today: price unknown (1 turn," in text  # the fake model has no price
+    assert "Everyone" not in text and "budget" not in text
+    assert await budget_command(_chat("ada", "/budget"), parts.loop) == (
+        "No budgets are set (the `budget` section of the config)."
+    )

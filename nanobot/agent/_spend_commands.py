@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from datetime import datetime, time
 
-from nanobot.agent.budget import Budgets
 from nanobot.agent.loop import AgentLoop
 from nanobot.bus.events import InboundMessage
 from nanobot.store import UsageTotals
@@ -16,11 +15,12 @@ RAISE_USAGE = (
 )
 
 
-def is_approver(budgets: Budgets | None, message: InboundMessage) -> bool:
+def is_approver(loop: AgentLoop, message: InboundMessage) -> bool:
     """Whether the sender of `message` is one of its channel's approvers."""
-    if budgets is None:
-        return False
-    return message.sender_id in budgets.settings.approvers.get(message.chat.channel, ())
+    channel, sender = message.chat.channel, message.sender_id
+    if loop.budgets is not None:
+        return sender in loop.budgets.settings.approvers.get(channel, ())
+    return loop.approver is not None and loop.approver.is_approver(channel, sender)
 
 
 async def usage_command(message: InboundMessage, loop: AgentLoop) -> str:
@@ -39,7 +39,7 @@ async def usage_command(message: InboundMessage, loop: AgentLoop) -> str:
         lines.append(f"You, {span}: {spend_text(totals)}")
     if budgets is not None:
         lines += await budgets.standings(person)
-    if is_approver(budgets, message) or (budgets is None and message.is_private):
+    if is_approver(loop, message):
         for span, since in (("today", today), ("this month", month)):
             lines.append(f"Everyone, {span}: {spend_text(await usage.totals(since=since))}")
     return "\n".join(lines)
@@ -55,7 +55,7 @@ async def budget_command(message: InboundMessage, loop: AgentLoop) -> str:
     if not words:
         lines = await budgets.standings(message.sender_id)
         return "\n".join(lines or ["No period budgets apply to you."])
-    if not is_approver(budgets, message):
+    if not is_approver(loop, message):
         return f"Only an approver can raise a budget. {budgets.who_raises(message.chat.channel)}"
     amount = _amount(words)
     if amount is None:
