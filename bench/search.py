@@ -9,10 +9,13 @@ words made by `recall.words` as an append makes them.
 
 1. Queries: QUERIES through `SearchIndex.search` (what `memory_search` calls, default limit
    10): single words of ranks 200-20,000, two words, quoted phrases, Chinese of 1, 2 and 3
-   characters; median and worst, and per kind.
+   characters; after a warm-up pass, PASSES passes, each query's time the median of its
+   passes; the median and worst of those, and per kind.
 2. Append: a turn's two entries (a user message and the assistant's answer, ~200
    characters each) through `SessionStore.append`, with the index and with it left out
-   (`words_of` answering None), alternately in rounds in one process; median per append.
+   (`words_of` and `sqlite_words_of` answering None), alternately in rounds in one
+   process; median per append (and the means, which hold SQLite's batches into FTS5 and
+   the checkpoints of the write-ahead log).
 3. Size: the index's bytes (SQLite: the FTS5 shadow tables' pages via `dbstat` or the
    file's growth; PostgreSQL: `pg_total_relation_size`), per million entries.
 4. Backfill: BACKFILL entries without words, then `SearchIndex.backfill` until done; time
@@ -45,6 +48,7 @@ from nanobot.store.search import SearchIndex
 ENTRIES = int(os.environ.get("NANOBOT_BENCH_ENTRIES", "1000000"))
 BACKFILL = min(ENTRIES, 200_000)
 QUERIES = 100
+PASSES = 3
 PG = os.environ.get("NANOBOT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/")
 _START = datetime(2025, 1, 1, tzinfo=UTC)
 _SYLLABLES = [c + v for c in "bcdfghklmnprstvz" for v in "aeiou"]
@@ -55,7 +59,9 @@ def _vocabulary(rng: random.Random) -> list[str]:
     words: set[str] = set()
     while len(words) < 30_000:
         words.add("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 4))))
-    return sorted(words, key=lambda w: rng.random())
+    ordered = sorted(words)  # a set's order changes from process to process
+    rng.shuffle(ordered)
+    return ordered
 
 
 def _corpus(count: int, seed: int = 30) -> Iterator[tuple[int, str, str, str]]:
@@ -122,7 +128,9 @@ async def _fill_sqlite(path: Path, count: int, *, words: bool) -> None:
             _write_sqlite(conn, batch, words)
             batch = []
     _write_sqlite(conn, batch, words)
-    if not words:
+    if words:  # indexed as they went in: none waits in its row
+        conn.execute("UPDATE entry_words_moved SET through = (SELECT MAX(id) FROM entries)")
+    else:
         conn.execute("UPDATE search_backfill SET below = (SELECT MAX(id) + 1 FROM entries)")
     conn.commit()
     conn.close()
@@ -208,11 +216,16 @@ async def _query_times(target: Path | str) -> dict[str, Any]:
         hits = 0
         for _, query in _queries():
             await index.search(Search(terms(query)))  # warm
-        for kind, query in _queries():
-            started = time.perf_counter()
-            found = await index.search(Search(terms(query)))
-            elapsed = (time.perf_counter() - started) * 1000
-            hits += len(found.hits)
+        passes: list[list[float]] = []
+        for _ in range(PASSES):
+            passes.append([])
+            for _, query in _queries():
+                started = time.perf_counter()
+                found = await index.search(Search(terms(query)))
+                passes[-1].append((time.perf_counter() - started) * 1000)
+                hits += len(found.hits)
+        for (kind, _), times in zip(_queries(), zip(*passes, strict=True), strict=True):
+            elapsed = statistics.median(times)  # each query's median of the passes
             every.append(elapsed)
             by_kind.setdefault(kind, []).append(elapsed)
         size = await _index_bytes(db, target)
@@ -245,15 +258,16 @@ async def _append_times(
 ) -> dict[str, float]:
     text = "please remind me to water the plants on the balcony every second morning " * 3
     answer = "Sure: I will remind you at eight each second morning, starting tomorrow. " * 3
-    names = vars(sessions_module)  # the append's own name for it, swapped for "without"
-    original = names["words_of"]
+    names = vars(sessions_module)  # the append's own names for it, swapped for "without"
+    originals = {name: names[name] for name in ("words_of", "sqlite_words_of")}
     times: dict[str, list[float]] = {"with": [], "without": []}
     async with await Database.open(target) as db:
         store = SessionStore(db)
         sid = await store.live("bench:append")
         for round_ in range(rounds):
             for mode in ("with", "without") if round_ % 2 == 0 else ("without", "with"):
-                names["words_of"] = original if mode == "with" else (lambda kind, data: None)
+                for name, original in originals.items():
+                    names[name] = original if mode == "with" else (lambda kind, data: None)
                 try:
                     for _ in range(per_round):
                         started = time.perf_counter()
@@ -266,9 +280,16 @@ async def _append_times(
                         )
                         times[mode].append(time.perf_counter() - started)
                 finally:
-                    names["words_of"] = original
+                    names.update(originals)
     with_, without = statistics.median(times["with"]), statistics.median(times["without"])
-    return {"with_us": with_ * 1e6, "without_us": without * 1e6, "ratio": with_ / without}
+    means = {mode: statistics.mean(values) for mode, values in times.items()}
+    return {
+        "with_us": with_ * 1e6,
+        "without_us": without * 1e6,
+        "ratio": with_ / without,
+        "mean_with_us": means["with"] * 1e6,
+        "mean_without_us": means["without"] * 1e6,
+    }
 
 
 async def _backfill_time(target: Path | str) -> float:
@@ -319,8 +340,8 @@ async def _run() -> None:
             queries = await _query_times(target)
             print(
                 f"{name}: search median {queries['median_ms']:.1f} ms,"
-                f" worst {queries['worst_ms']:.1f} ms "
-                f"({queries['hits']} hits in {QUERIES} queries)"
+                f" worst {queries['worst_ms']:.1f} ms ({queries['hits'] // PASSES} hits in"
+                f" {QUERIES} queries, each the median of {PASSES})"
             )
             for kind, (median, worst) in queries["by_kind"].items():
                 print(f"  {kind:10} median {median:6.1f} ms  worst {worst:6.1f} ms")
@@ -330,6 +351,7 @@ async def _run() -> None:
             print(
                 f"{name}: a turn's append {appends['with_us']:.0f} µs with the index, "
                 f"{appends['without_us']:.0f} µs without: {appends['ratio']:.2f}×"
+                f" (means {appends['mean_with_us']:.0f} / {appends['mean_without_us']:.0f} µs)"
             )
             if isinstance(other, Path):
                 await _fill_sqlite(other, BACKFILL, words=False)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 from loguru import logger
 
 from nanobot.log import route_libraries
@@ -117,9 +118,28 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         sys.stderr.write(f"\nkilled {len(killed)} gateway process(es) left running: {killed}\n")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _layers.mark(items, _stores.on_postgres)
     _stores.skip_unreachable(items)
+    if getattr(config.option, "loadgroup", False):  # set on the workers of --dist loadgroup
+        _group(items)
+
+
+def _group(items: list[pytest.Item]) -> None:
+    """What `--dist loadgroup` does to an `xdist_group`'s tests, done where it now works.
+
+    pytest-xdist 3.8 marks a test's group by renaming its node id (`item._nodeid`, a
+    suffix `@group`), which pytest 9.2 no longer reads (its id is `item._id`): each test of
+    a group then went to any worker, and a group's module fixture (a gateway) started on
+    all four (pytest-xdist#1386). The same suffix, on the id pytest reads.
+    """
+    for item in items:
+        names = {
+            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")
+        }
+        if names and not item.nodeid.endswith(f"@{'_'.join(sorted(names))}"):
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(sorted(names))}")
 
 
 @pytest.fixture(autouse=True)

@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "nanobot.allowed_hosts",  # tools.exec.allow_hosts entries: the config and the proxy
         "nanobot.outage",  # one policy for a failing store: the gate, cron, channels, …
     ),
-    ("nanobot.tasks",),
+    # people: who a message is from and their folder (pure; the inbox uses it too)
+    ("nanobot.tasks", "nanobot.people"),
     ("nanobot.lanes",),  # per-key lanes on the owned task set (issue 14 item 3)
     ("nanobot.reserve",),  # the disk reserve, kept by the store and watched by exec
     ("nanobot.config",),

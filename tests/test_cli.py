@@ -489,3 +489,22 @@ async def test_h_is_help_everywhere_and_an_empty_message_costs_no_model_call(
         result = await nanobot(home, "agent", "-m", blank)
         assert (result.code, result.stderr) == (2, "nanobot: -m needs a message: it is empty\n")
     assert fake_llm.request_count == 0
+
+
+async def test_memory_search_finds_what_was_said_and_refuses_a_query_without_words(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    fake_llm.script(Text("Herons nest in tall trees near water."))
+    said = await nanobot(home, "agent", "-m", "Where do herons nest?", "-s", "cli:birds")
+    assert said.code == 0, said.stderr
+    found = await nanobot(home, "memory", "search", "herons nest")
+    assert found.code == 0, found.stderr
+    lines = found.stdout.splitlines()
+    assert len(lines) == 3, found.stdout  # a heading, then the hits with the matches marked
+    assert "cli:birds · user: Where do **herons nest**?" in found.stdout
+    assert "assistant: **Herons nest** in tall trees near water." in found.stdout
+    nothing = await nanobot(home, "memory", "search", "penguins")
+    assert nothing.code == 0 and "herons" not in nothing.stdout.lower()
+    refused = await nanobot(home, "memory", "search", '"*"')
+    assert refused.code != 0 and refused.stdout == ""
+    assert "no words to search for" in refused.stderr

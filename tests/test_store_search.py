@@ -4,6 +4,7 @@ transaction, and the backfill of entries from before it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sqlite3
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from nanobot.errors import StoreError
+from nanobot.outage import Backoff, sleep_or_wake
 from nanobot.recall import QueryError, Scope, Search, terms
 from nanobot.store import Database, NewEntry, SessionStore, migrations
+from nanobot.store import search as search_module
 from nanobot.store.dialect import SQLITE
 from nanobot.store.search import SearchIndex
 
@@ -160,6 +163,33 @@ async def test_a_failed_append_leaves_no_words_behind(db: Database) -> None:
     assert await search(db, "orphaned words kept") == ["kept words"]  # any term, failing all
 
 
+async def test_windows_of_the_newest_ids_find_what_the_whole_range_finds(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PostgreSQL looks among the newest ids first (`SearchIndex._matching`): whatever window
+    # answers, the hits are those of the whole range. Scaled down: 100 matches scored.
+    store = SessionStore(db)
+    sid = await store.live("telegram:1")
+    await store.append(
+        sid,
+        [said("user", f"the {'melon ' * (1 + n % 3) if n % 2 else ''}day {n}") for n in range(600)],
+    )
+    monkeypatch.setattr(search_module, "RANKED_MATCHES", 100)
+    found: dict[int, list[list[tuple[int, float]]]] = {}
+    for window in (120, 10**9):  # the first window, or the second, answers; or none
+        monkeypatch.setattr(search_module, "WINDOW", window)
+        index = SearchIndex(db)
+        found[window] = [
+            [
+                (hit.entry_id, round(hit.score, 6))  # recency moves on in the 9th digit
+                for hit in (await index.search(Search(terms(q)))).hits
+            ]
+            for q in ["the", "melon", "melon day", "day 7", "nothing"]
+        ]
+    assert found[120] == found[10**9]
+    assert len(found[120][1]) == 10 and found[120][4] == []
+
+
 async def test_the_backfill_indexes_what_came_before(db: Database) -> None:
     store = SessionStore(db)
     sid = await store.live("telegram:1")
@@ -185,6 +215,32 @@ async def test_the_backfill_indexes_what_came_before(db: Database) -> None:
     assert (await index.backfill()).done  # nothing twice
 
 
+async def test_the_backfill_waits_out_a_failing_store_and_goes_on(db: Database) -> None:
+    store = SessionStore(db)
+    sid = await store.live("telegram:1")
+    for n in range(3):
+        await db.execute(
+            INSERT_ENTRY, (sid, json.dumps({"role": "user", "content": f"fig {n}"}), STAMP)
+        )
+    await db.execute("UPDATE search_backfill SET below = (SELECT MAX(id) + 1 FROM entries)")
+    # A real failure: the table the backfill starts from is gone until the second pause.
+    await db.execute("ALTER TABLE search_backfill RENAME TO search_backfill_away")
+    pauses: list[float | None] = []
+
+    async def sleep(seconds: float | None, wake: asyncio.Event) -> None:
+        pauses.append(seconds)
+        await sleep_or_wake(seconds, wake)
+        if len(pauses) == 2:
+            await db.execute("ALTER TABLE search_backfill_away RENAME TO search_backfill")
+
+    index = SearchIndex(db)
+    retry = Backoff((0.05, 0.2))  # the pauses of `store.retry_seconds`, short
+    await asyncio.wait_for(index.backfill_all(pause=0, retry=retry, sleep=sleep), 10)
+    assert pauses == [pytest.approx(0.05, abs=0.04), pytest.approx(0.2, abs=0.04)]
+    found = await index.search(Search(terms("fig"), limit=50))
+    assert found.complete and len(found.hits) == 3
+
+
 async def test_the_migration_marks_existing_entries_for_the_backfill(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
@@ -203,3 +259,79 @@ async def test_the_migration_marks_existing_entries_for_the_backfill(tmp_path: P
         assert (await index.progress()).below == 2
         await index.backfill_all(pause=0)
         assert await search(db, "upgrade") == ["said before the upgrade"]
+
+
+async def test_words_of_ascii_text_are_cut_alike_on_both_backends(db: Database) -> None:
+    # SQLite's FTS5 gets ASCII text as it is and cuts it itself (`sqlite_words_of`): the
+    # words must be those `recall.words` makes, which PostgreSQL gets.
+    store = SessionStore(db)
+    sid = await store.live("telegram:1")
+    text = "Snake_case, don't! v1.2.3 e-mail: ME@Example.ORG x86_64 (C++)"
+    quoted = 'a "quoted" back\\slash\nand a new line, \\u0041 kept\t(tab)'
+    parts = [
+        {"type": "text", "text": "kumquat in a part"},
+        {"type": "image_url", "image_url": {"url": "data:x"}},
+        {"type": "text", "text": "and another"},
+    ]
+    await store.append(
+        sid,
+        [
+            said("user", text),
+            said("user", "!!! ..."),
+            said("assistant", quoted),
+            NewEntry("message", {"role": "user", "content": parts}),
+        ],
+    )
+    assert await search(db, "quoted back slash and") == [quoted]
+    assert await search(db, '"u0041 kept"') == [quoted]
+    assert await search(db, "part and another") == ["kumquat in a part\nand another"]
+    assert await search(db, "image url") == []
+    for query in ["snake", "case", "snake_case", "don t", "dont", "v1 2 3", "e-mail", "me"]:
+        assert await search(db, query) == ([] if query == "dont" else [text]), query
+    for query in ["example org", "x86 64", "c"]:
+        assert await search(db, query) == [text], query
+    assert await search(db, "v1.2.3 example.org") == [text]
+
+
+async def test_words_wait_for_a_batch_yet_every_search_finds_them(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with await Database.open(path) as db:
+        store = SessionStore(db)
+        sid = await store.live("telegram:1")
+
+        async def waiting() -> int:
+            row = await db.fetchone(
+                "SELECT count(*) FROM entries WHERE unindexed_words IS NOT NULL"
+            )
+            return -1 if row is None else int(row[0])
+
+        # 150 entries in one append, a tool result among them: their words wait in their
+        # rows, a full batch, until the next append moves them into FTS5.
+        entries = [said("user", f"apricot {n}") for n in range(150)]
+        tool = NewEntry("message", {"role": "tool", "tool_call_id": "t", "content": "x"})
+        entries.insert(70, tool)
+        await store.append(sid, entries)
+        assert await waiting() == 150
+        await store.append(sid, [tool])  # no words of its own, yet it moves the batch
+        assert await waiting() == 0
+        await store.append(sid, [said("assistant", "apricot jam, said last")])
+        assert await waiting() == 1
+        # Another process's store moves the words this one left too, at its own batch.
+        other = SessionStore(db)
+        await other.append(sid, [said("user", f"banana {n}") for n in range(64)])
+        assert await waiting() == 65
+        await other.append(sid, [said("user", "cherry")])
+        assert await waiting() == 0
+    # Reopened (as after a crash): the words that were still waiting are found too.
+    async with await Database.open(path) as db:
+        assert await search(db, "jam") == ["apricot jam, said last"]
+        assert len(await search(db, "apricot", limit=50)) == 50
+        for n in (0, 69, 70, 149):
+            assert await search(db, f"apricot {n}") == [f"apricot {n}"]
+        left = await db.fetchone("SELECT count(*) FROM entries WHERE unindexed_words IS NOT NULL")
+        assert left is not None and int(left[0]) == 0
+        rows = await db.fetchall(
+            "SELECT rowid FROM entry_words WHERE entry_words MATCH 'apricot' ORDER BY rowid"
+        )
+        assert len(rows) == 151 == len({int(row[0]) for row in rows})  # each entry once
+        assert await search(db, "cherry") == ["cherry"]

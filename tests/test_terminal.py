@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import pty
@@ -11,6 +12,7 @@ import sys
 import termios
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
@@ -106,20 +108,24 @@ async def terminal(home: Home, *args: str) -> AsyncIterator[Terminal]:
         term.close()
 
 
-async def open_terminal(home: Home, *args: str) -> Terminal:
+async def open_terminal(home: Home, *args: str, stdout: Path | None = None) -> Terminal:
+    """`nanobot *args` on a new pty; `stdout`: its standard output goes to that file
+    instead (`nanobot agent > file` typed at a terminal)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "nanobot",
-        *args,
-        env=home.env,
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        preexec_fn=_take_terminal,  # the child needs the pty as its controlling tty
-    )
+    with contextlib.ExitStack() as files:
+        out = slave if stdout is None else files.enter_context(stdout.open("wb"))
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "nanobot",
+            *args,
+            env=home.env,
+            stdin=slave,
+            stdout=out,
+            stderr=slave,
+            preexec_fn=_take_terminal,  # the child needs the pty as its controlling tty
+        )
     os.close(slave)
     return Terminal(process, master)
 
@@ -285,6 +291,56 @@ async def test_a_line_over_the_limit_is_refused_whole_not_cut(
     assert "Not sent: a message can be at most" in out
     assert out.splitlines()[-1] == "Short one answered.", (out[-300:], err[-2000:])
     assert fake_llm.request_count == 1
+    assert fake_llm.requests[0].messages[-1]["content"].endswith("short")
+
+
+async def test_a_file_as_stdin_is_read_line_by_line(home: Home, fake_llm: FakeLLM) -> None:
+    fake_llm.script(Text("First answer."), Text("Second answer."))
+    questions = home.root / "questions.txt"
+    questions.write_bytes(b"one\n" + b"x" * (1024 * 1024 + 10) + b"\ntwo\n")
+    with questions.open("rb") as stdin:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "nanobot",
+            "agent",
+            env=home.env,
+            stdin=stdin,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), timeout=90)
+    assert process.returncode == 0, err.decode()[-2000:]
+    lines = out.decode().splitlines()
+    assert lines[0] == "First answer."
+    assert lines[1].startswith("(Not sent: a message can be at most")
+    assert lines[-1] == "Second answer."
+    assert fake_llm.requests[1].messages[-1]["content"].endswith("two")
+
+
+async def test_a_line_the_terminal_cut_is_refused_where_replies_go_to_a_file(
+    home: Home, fake_llm: FakeLLM
+) -> None:
+    # stdin a terminal, stdout a file: the terminal is read line by line in its canonical
+    # mode, which keeps 4,095 bytes of a line. A cut line is not sent as if it were whole.
+    fake_llm.script(Text("Short one answered."))
+    replies = home.root / "replies.txt"
+    term = await open_terminal(home, "agent", stdout=replies)
+    try:
+        term.type("x" * 5000 + "\r")
+        said = await term.expect("Not sent: the terminal keeps 4,095 bytes of a typed line")
+        term.type("short\r")
+        await fake_llm.wait_for_requests(1, seconds=60)
+        term.type("\x04")  # Ctrl-D: the end of the input
+        assert await asyncio.wait_for(term.process.wait(), 60) == 0
+    finally:
+        if term.process.returncode is None:
+            term.process.kill()
+            await term.process.wait()
+        term.close()
+    assert replies.read_text().splitlines()[-1] == "Short one answered."
+    assert "Not sent" not in replies.read_text()  # told at the terminal, not in the file
+    assert fake_llm.request_count == 1, term.screen[said:]
     assert fake_llm.requests[0].messages[-1]["content"].endswith("short")
 
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from nanobot.agent.persons import Acting
 from nanobot.store import Database, NewEntry, SessionStore
 from nanobot.store.search import SearchIndex
 from nanobot.tools.base import ToolContext, current_context
@@ -21,7 +22,13 @@ from nanobot.tools.memory_search import (
 )
 from nanobot.tools.registry import ToolRegistry
 
-LOOP = SimpleNamespace(approver=None)  # all `/search` reads of the loop
+
+async def _everyone_alike(*_: object, **__: object) -> Acting:
+    return Acting(None, None)  # type: ignore[arg-type]  # /search reads no context
+
+
+# All that `/search` reads of the loop: people share the workspace.
+LOOP = SimpleNamespace(approver=None, acting_as=_everyone_alike)
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ async def answer(
         case "voice":
             text = await _voice(message, voices)
         case "search":
-            text = await _search(message, recall)
+            text = await _search(message, recall, loop)
         case "usage":
             text = await usage_command(message, loop)
         case "budget":
@@ -132,17 +132,22 @@ async def _voice(message: InboundMessage, voices: VoiceReplies | None) -> str:
     return f"Spoken replies here: {_VOICE_MODES[mode]}."
 
 
-async def _search(message: InboundMessage, recall: MemoryRecall | None) -> str:
+async def _search(message: InboundMessage, recall: MemoryRecall | None, loop: AgentLoop) -> str:
     """`/search TEXT`: what `memory_search` would find for TEXT in this chat (a group sees
-    only its own conversation)."""
+    only its own conversation; with people kept apart, a private chat its person's)."""
     if recall is None:
         return "Search is not offered here."
     query = message.text.split(maxsplit=1)[1] if len(message.text.split(maxsplit=1)) > 1 else ""
     if not query.strip():
         return "Say /search and the words to look for, e.g. /search deploy script."
-    scope = EVERYTHING if message.is_private else Scope(frozenset({message.session_key}))
+    acting = await loop.acting_as(
+        message.chat.channel, message.sender_id, message.session_key, private=message.is_private
+    )
+    scope = acting.scope
+    if scope is None:
+        scope = EVERYTHING if message.is_private else Scope(frozenset({message.session_key}))
     try:
-        return await recall.search(query, scope=scope)
+        return await recall.search(query, scope=scope, files=acting.root)
     except ToolError as exc:
         return f"Cannot search for that: {exc}."
 

@@ -24,6 +24,8 @@ from nanobot.workspace import Workspace
 PROMPT_FILES = ("AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md")
 """Workspace files shown in the system prompt, in this order, each under its own heading."""
 HEARTBEAT_FILE = "HEARTBEAT.md"
+PERSONAL_PROMPT_FILES = ("USER.md",)
+"""Prompt files each person has their own of, when people are kept apart."""
 
 # Fixed English names: strftime("%a") follows the process locale, and the envelope must not.
 _WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -50,12 +52,16 @@ class ContextBuilder:
         skills: Skills | None = None,
         memory: Memory | None = None,
         budget: PromptBudget | None = None,
+        personal: Path | None = None,
     ) -> None:
         """`timezone` decides when "today" begins for the daily notes (default: the machine's
         local zone); it is ignored when `memory` is given, which carries its own. `budget`
         bounds how much of the prompt files and memory the prompt holds (`memory`'s own
-        budget bounds each of its files)."""
+        budget bounds each of its files). `personal`: the folder of the person the prompt is
+        for (`nanobot.people`), which holds their USER.md and memory (`memory` should be
+        that folder's); the other prompt files and the skills stay the workspace's."""
         self._workspace = workspace
+        self._personal = personal
         self._confined = Workspace(workspace)
         self._budget = budget if budget is not None else PromptBudget()
         if memory is None:
@@ -63,8 +69,13 @@ class ContextBuilder:
         self._memory = memory
         self._skills = skills if skills is not None else Skills(workspace, budget=self._budget)
         self._files = text_cache(workspace, max_bytes=self._budget.read_bytes())
-        self._paths = tuple(workspace / name for name in PROMPT_FILES)
-        self._identity = _identity(workspace)
+        own = personal if personal is not None else workspace
+        self._paths = tuple(
+            (own if name in PERSONAL_PROMPT_FILES else workspace) / name for name in PROMPT_FILES
+        )
+        self._identity = (
+            _identity(workspace) if personal is None else _personal(personal, workspace)
+        )
         self._parts: tuple[str | None, ...] = ()
         self._tainted: Mapping[str, str] = {}
         self._prompt = ""
@@ -137,12 +148,12 @@ class ContextBuilder:
             room = self._budget.total_chars
             shown: list[str | None] = []
             cuts: list[Cut] = []
-            for name, text in zip(PROMPT_FILES, texts, strict=True):
+            for name, path, text in zip(PROMPT_FILES, self._paths, texts, strict=True):
                 whole = (text or "").strip()
                 if not whole:
                     shown.append(None)
                     continue
-                body, cut = self._budget.fit(name, whole, room, size(self._workspace / name))
+                body, cut = self._budget.fit(name, whole, room, size(path))
                 room = max(0, room - (len(whole) if cut is None else cut.shown))
                 shown.append(body)
                 cuts += [cut] if cut is not None else []
@@ -184,6 +195,21 @@ def _identity(workspace: Path) -> str:
         "file tools to change what you know and how you work; edits take effect at your next "
         "step. Each user message starts with its local date and time in brackets, like "
         "[2026-01-31 09:05 Sat CET]."
+    )
+
+
+def _personal(folder: Path, workspace: Path) -> str:
+    return (
+        f"You are nanobot, a personal AI assistant. You are working for one person; their "
+        f"folder {folder} is your workspace: file tools take paths relative to it and `exec` "
+        "runs there. You cannot see other people's folders, memory or private chats. The "
+        "sections below are files: AGENTS.md (your instructions), SOUL.md (your character), "
+        "TOOLS.md (tool notes) and your skills (skills/<name>/SKILL.md) are shared by "
+        f"everyone and read-only (read_file finds them by those names; `exec` sees them in "
+        f"{workspace}); USER.md (your user) and their memory (memory/MEMORY.md and daily "
+        "notes in memory/YYYY-MM-DD.md) are in their folder: edit those with the file tools "
+        "to change what you know; edits take effect at your next step. Each user message "
+        "starts with its local date and time in brackets, like [2026-01-31 09:05 Sat CET]."
     )
 
 

@@ -226,7 +226,7 @@ class Dispatcher:
             message.session_key,
             text,
             chat=chat,
-            sender_id=message.sender_id,
+            sender_id=_runs_as(message),
             sink=sink,
             mode=route.mode,
             inbound_id=message.journal_id,
@@ -380,6 +380,15 @@ def _caller(message: InboundMessage) -> Caller:
     unknown = message.source == "task" and message.sender_id in ("", "task")
     talker = None if unknown else message.sender_id
     return Caller(message.session_key, chat, talker, message.is_private, untrusted=tuple(untrusted))
+
+
+def _runs_as(message: InboundMessage) -> str | None:
+    """The sender a turn of `message` runs as (`nanobot.people`): a cron job's maker (a
+    whole `channel:user_id`), nobody for the heartbeat or a job from the CLI (the owner,
+    `people.owner`, then), else who wrote it."""
+    if message.source == "heartbeat" or (message.source == "cron" and message.sender_id == "cron"):
+        return None
+    return message.sender_id
 
 
 def private_user(chat: ChatRef | None) -> str | None:

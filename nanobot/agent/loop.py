@@ -27,6 +27,7 @@ from nanobot.agent.compaction import Compactor, shrink_tool_results
 from nanobot.agent.context import HEARTBEAT_FILE, ContextBuilder, user_message
 from nanobot.agent.history import History, Window, summary_message
 from nanobot.agent.images import has_images, inline_images, with_images, without_images
+from nanobot.agent.persons import Acting, Persons
 from nanobot.agent.run import (
     EventListener,
     LoopLimits,
@@ -78,11 +79,15 @@ class AgentLoop:
         approver: Approver | None = None,
         ledger: Ledger | None = None,
         budgets: Budgets | None = None,
+        persons: Persons | None = None,
     ) -> None:
         """`ledger`: the taint ledger; with it, files sent in a chat are recorded with their
-        sender, and prompt files it marks are shown as data and taint every turn.
-        `budgets`: the caps every model call of a turn is held against (None: none)."""
+        sender, and prompt files it marks are shown as data and taint every turn. `persons`:
+        whom each turn runs as (`people.isolation`); without, every turn works in the whole
+        workspace with `context`. `budgets`: the caps every model call of a turn is held
+        against (None: none)."""
         self.budgets = budgets
+        self._persons = persons
         self._provider = provider
         self._ledger = ledger
         self.approver = approver
@@ -218,7 +223,8 @@ class AgentLoop:
                 return self._reply(lane, finished, finished.final_text)
             restarted = self.approver.restarted if self.approver is not None else {}
             await record_interrupted(self._sessions, session_id, restarted)
-        system, untrusted = await self._system_prompt(request)
+        acting = await self._acting(request)
+        system, untrusted = await self._system_prompt(request, acting)
         budget = self._history_budget(system)
         window = await self._history.load(session_id, budget)
         if self._compactor.full(window, budget) and await self._counting_exactly():
@@ -252,6 +258,10 @@ class AgentLoop:
             thread_id=request.chat.thread_id,
             private=request.caller.private if request.caller else True,
             taint=TurnTaint(untrusted),
+            person=acting.person,
+            root=acting.root,
+            shared=acting.shared,
+            scope=acting.scope,
         )
         caller = replace(request.caller, untrusted=untrusted) if request.caller else None
         token = current_context.set(context)
@@ -278,7 +288,29 @@ class AgentLoop:
             return None
         return self.budgets.for_turn(request.sender_id, request.source, request.chat.channel)
 
-    async def _system_prompt(self, request: TurnRequest) -> tuple[str, tuple[str, ...]]:
+    async def _acting(self, request: TurnRequest) -> Acting:
+        """Whom the turn of `request` runs as (everyone alike without `persons`)."""
+        private = request.caller.private if request.caller else True
+        return await self.acting_as(
+            request.chat.channel, request.sender_id, request.session_key, private=private
+        )
+
+    async def acting_as(
+        self, channel: str, user_id: str | None, session_key: str, *, private: bool
+    ) -> Acting:
+        """Whom a turn of `user_id` in `session_key` runs as (`Persons.of`); everyone alike
+        without `persons`.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        if self._persons is None:
+            return Acting(None, self._context)
+        return await self._persons.of(channel, user_id, session_key, private=private)
+
+    async def _system_prompt(
+        self, request: TurnRequest, acting: Acting
+    ) -> tuple[str, tuple[str, ...]]:
         """The system prompt, and what the turn starts out having read from outside: what
         its caller brought (a file sent with the message) and the prompt, memory and skill
         files the ledger marks (one lookup).
@@ -288,18 +320,20 @@ class AgentLoop:
         """
         now = self._now()
         tainted: dict[str, str] = {}
+        context = acting.context
         if self._ledger is not None:
-            tainted = await self._ledger.prompt_taint(
-                (*self._context.prompt_paths(now), self._context.heartbeat_file),
-                under=[self._context.skills_dir],
+            marked = await self._ledger.prompt_taint(
+                (*context.prompt_paths(now), context.heartbeat_file),
+                under=[context.skills_dir],
             )
+            tainted = {acting.key(path): source for path, source in marked.items()}
         brought = list(request.caller.untrusted if request.caller else ())
         # HEARTBEAT.md is no part of the prompt: an unattended turn (the heartbeat's, or a
         # cron job's, which cannot be told apart here) may have been handed it.
         beat = tainted.pop(HEARTBEAT_FILE, None)
         if beat is not None and request.caller is not None and request.caller.unattended:
             brought.append(cut(f"{HEARTBEAT_FILE}, {beat}"))
-        return self._context.system_prompt(now, tainted), (*brought, *in_prompt(tainted))
+        return context.system_prompt(now, tainted), (*brought, *in_prompt(tainted))
 
     async def _account(
         self,

@@ -29,6 +29,7 @@ from loguru import logger
 
 from nanobot.agent.approver import Approver, Caller
 from nanobot.agent.budget import Budgets
+from nanobot.agent.persons import Persons
 from nanobot.agent.run import LoopLimits, RunHooks, RunInput, RunResult
 from nanobot.agent.runner import Runner
 from nanobot.agent.subagent import (
@@ -100,11 +101,15 @@ class Subagents:
         model: str = "",
         approver: Approver | None = None,
         budgets: Budgets | None = None,
+        persons: Persons | None = None,
     ) -> None:
         """`budgets`: what a task's model calls are held against, as its starter's (source
-        `task`); None: none."""
+        `task`); None: none. `persons`: whom each task runs as, its starter
+        (`people.isolation: person`: in their folder, their sandbox, their search); None:
+        people share the workspace."""
         self._approver = approver
         self._budgets = budgets
+        self._persons = persons
         self._runner = runner
         self._sessions = sessions
         self._intake = intake
@@ -290,12 +295,23 @@ class Subagents:
 
         origin = info.origin
         untrusted = tuple(f"{s} in the turn that started this task" for s in info.untrusted)
+        # It works as the person who started it, as their own turn would (recovered tasks
+        # too: the origin, with its sender, is in the task's session).
+        acting = None
+        if self._persons is not None:
+            acting = await self._persons.of(
+                origin.channel, origin.sender_id, origin.session_key, private=origin.private
+            )
         context = ToolContext(
             origin.channel,
             origin.chat_id,
             info.session_key,
             run.run_id,
             taint=TurnTaint(untrusted),  # what it writes is marked as its starter's would be
+            person=acting.person if acting else None,
+            root=acting.root if acting else None,
+            shared=acting.shared if acting else None,
+            scope=acting.scope if acting else None,
         )
         spend = None
         if self._budgets is not None:

@@ -26,6 +26,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanobot.people import PEOPLE_DIR
 from nanobot.providers.base import Message
 from nanobot.store.taint import TaintStore
 from nanobot.tools.base import current_context, untrusted, wrapped_sources
@@ -96,7 +97,10 @@ class Ledger:
         return found[0].source if found else None
 
     def _in_inbox(self, path: str) -> bool:
-        return path == self._inbox or path.startswith(self._inbox + "/")
+        """Under the inbox, or under a person's own (`people/<folder>/inbox`)."""
+        parts = path.split("/")
+        rest = "/".join(parts[2:]) if parts[0] == PEOPLE_DIR and len(parts) >= 3 else path
+        return any(p == self._inbox or p.startswith(self._inbox + "/") for p in (path, rest))
 
 
 def in_prompt(tainted: Mapping[str, str]) -> tuple[str, ...]:

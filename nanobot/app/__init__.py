@@ -105,6 +105,7 @@ def build_subagents(config: Config, parts: Parts, intake: EventIntake) -> Subage
         model=agent.model,
         budgets=parts.loop.budgets,
         approver=parts.approver,
+        persons=parts.persons,
     )
     if parts.spawner is not None:
         parts.spawner.bind(subagents)
@@ -172,7 +173,8 @@ async def build_gateway(config: Config, parts: Parts, *, terminal: bool) -> Gate
     )
     distributor, roles = part.distributor, part.roles
     way_in = await Intake.build(parts, rules, entry=distributor)
-    channels = build_channels(config, way_in.gate, way_in.journal, cluster=roles)
+    people = parts.persons.people if parts.persons is not None else None
+    channels = build_channels(config, way_in.gate, way_in.journal, cluster=roles, people=people)
     if not channels:
         logger.warning(
             "no chat channel is enabled, only this terminal: set channels.telegram or "

@@ -11,6 +11,7 @@ from nanobot.cluster import intake as intake_role
 from nanobot.config import Config
 from nanobot.errors import ConfigError
 from nanobot.gate import ChannelRules
+from nanobot.people import People
 
 
 def check_channels(config: Config, *, terminal: bool) -> None:
@@ -61,11 +62,13 @@ def build_channels(
     outbox: OutboxPort | None = None,
     *,
     cluster: Cluster | None = None,
+    people: People | None = None,
 ) -> list[Channel]:
     """The enabled chat channels (their libraries are imported only when enabled), taking
     messages in through `intake` and keeping `outbox` told where each reply stands; with
     `cluster`, a channel's polling or gateway connection runs while this member holds its
-    intake role (always, without)."""
+    intake role (always, without). With `people` kept apart, each sender's files go to
+    their own folder's inbox."""
     channels: list[Channel] = []
     workspace = config.workspace_path
     inbox = workspace / "inbox"
@@ -73,14 +76,14 @@ def build_channels(
     if telegram.enabled:
         from nanobot.channels.telegram import TelegramChannel
 
-        policy = InboxPolicy(inbox, int(telegram.max_file_mb * 1024 * 1024), workspace)
+        policy = InboxPolicy(inbox, int(telegram.max_file_mb * 1024 * 1024), workspace, people)
         role = cluster.role(intake_role("telegram")) if cluster is not None else SOLO
         channels.append(TelegramChannel(telegram, intake, policy, outbox=outbox, role=role))
     discord = config.channels.discord
     if discord.enabled:
         from nanobot.channels.discord import DiscordChannel
 
-        policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024), workspace)
+        policy = InboxPolicy(inbox, int(discord.max_file_mb * 1024 * 1024), workspace, people)
         role = cluster.role(intake_role("discord")) if cluster is not None else SOLO
         channels.append(DiscordChannel(discord, intake, policy, outbox=outbox, role=role))
     return channels

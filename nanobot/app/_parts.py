@@ -23,6 +23,7 @@ from nanobot.agent.approvals import ApprovalPolicy, ToolRules, no_rules
 from nanobot.agent.approver import Approver
 from nanobot.agent.context import ContextBuilder
 from nanobot.agent.loop import AgentLoop, LoopSettings
+from nanobot.agent.persons import Persons
 from nanobot.agent.prompt_budget import PromptBudget
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
@@ -30,6 +31,7 @@ from nanobot.agent.taint import Ledger
 from nanobot.app._budget import build_budgets
 from nanobot.app._exec import build_reserve, exec_limits, open_sandbox
 from nanobot.app._media import build_reader
+from nanobot.app._people import open_persons
 from nanobot.app._provider import build_provider
 from nanobot.bus.queue import MessageBus
 from nanobot.cluster.agreement import agreement
@@ -189,17 +191,19 @@ class Parts:
     spawner: LateSpawner | None = None
     reader: Reader | None = None  # what reads the files people send (voice, documents)
     recall: MemoryRecall | None = None  # the memory search, for `/search`
+    persons: Persons | None = None  # whom turns run as (`people`), for `/search` and the inbox
 
 
 @asynccontextmanager
 async def memory_recall(
-    db: Database, workspace: Path, zone: tzinfo | None
+    db: Database, workspace: Path, zone: tzinfo | None, retry: Backoff = DEFAULT_BACKOFF
 ) -> AsyncIterator[MemoryRecall]:
     """The memory search over `db` and `workspace`; while it is open, the entries from before
-    the index are indexed in the background (`SearchIndex.backfill_all`)."""
+    the index are indexed in the background (`SearchIndex.backfill_all`, a failing store
+    tried again after `retry`'s pauses)."""
     index = SearchIndex(db)
     background = TaskSet("memory-search")
-    background.spawn(index.backfill_all(), name="memory-search-backfill")
+    background.spawn(index.backfill_all(retry=retry), name="memory-search-backfill")
     try:
         yield MemoryRecall(index, workspace, zone)
     finally:
@@ -285,12 +289,14 @@ async def open_parts(
             db_opened = await Database.open(target, reserve=reserve, watch=failures)
             async with (
                 db_opened as db,
-                memory_recall(db, config.workspace_path, settings.timezone) as recall,
+                memory_recall(
+                    db, config.workspace_path, settings.timezone, config.store.retry
+                ) as recall,
             ):
-                enrolment = None
-                if gateway:
-                    enrolment = cluster.enrol(cluster_setting(config), db, succeeds=succeeds)
+                setting = cluster_setting(config)
+                enrolment = cluster.enrol(setting, db, succeeds=succeeds) if gateway else None
                 jobs = Jobs(CronStore(db), config.timezone)
+                persons = await open_persons(config, db, context, budget, settings.timezone)
                 ledger = Ledger(TaintStore(db), config.workspace_path)
                 servers = build_servers(config, sandbox, gateway=gateway)
                 tools = build_tools(
@@ -322,6 +328,7 @@ async def open_parts(
                     approver=approver,
                     ledger=ledger,
                     budgets=await build_budgets(config, db, provider, gateway=gateway),
+                    persons=persons,
                 )
                 if not gateway:  # a gateway starts them once it has answered (`start_when_quiet`)
                     servers.start()
@@ -345,6 +352,7 @@ async def open_parts(
                         spawner,
                         build_reader(config),
                         recall,
+                        persons,
                     )
                 finally:
                     await servers.close()

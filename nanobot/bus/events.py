@@ -205,13 +205,22 @@ class InboundMessage:
 
     @classmethod
     def from_cron(
-        cls, chat: ChatRef, job_id: str, text: str, run: int, *, deliver: bool
+        cls,
+        chat: ChatRef,
+        job_id: str,
+        text: str,
+        run: int,
+        *,
+        deliver: bool,
+        maker: str | None = None,
     ) -> InboundMessage:
         """Run `run` of cron job `job_id`: a turn of its own in the job's session, after any
-        running one; its answer goes to `chat` if `deliver`. The run is its `ref`."""
+        running one; its answer goes to `chat` if `deliver`. The run is its `ref`. `maker`:
+        the person who made the job (`channel:user_id`), its sender, whom the turn runs as
+        (None: "cron", the owner)."""
         return cls(
             Route(chat, session=f"cron:{job_id}", deliver=deliver, mode="next_turn"),
-            "cron",
+            maker or "cron",
             text,
             f"cron:{job_id}:{run}",
             source="cron",

@@ -163,7 +163,7 @@ async def fetch_files(
                 refusals.append(too_large(remote, limit))
                 continue
             try:
-                path = await save_file(inbox, name, data)
+                path = await save_file(inbox.of(CHANNEL, str(message.author.id)), name, data)
             except InboxError as exc:
                 logger.warning("discord: could not keep {}: {}", name, exc.reason)
                 refusals.append(exc.line())

@@ -282,7 +282,7 @@ async def read(
                 received.refusals.append(data)
                 continue
             try:
-                path = await save_file(inbox, remote.name, data)
+                path = await save_file(inbox.of(CHANNEL, sender_id), remote.name, data)
             except InboxError as exc:
                 logger.warning("telegram: could not keep {}: {}", remote.name, exc.reason)
                 received.refusals.append(exc.line())

@@ -26,6 +26,7 @@ from loguru import logger
 
 from nanobot.bus.events import InboundMessage, Outbound, OutboundMessage
 from nanobot.errors import ConfigError
+from nanobot.people import People
 from nanobot.workspace import ConfinementError, Workspace
 
 
@@ -229,12 +230,23 @@ class InboxPolicy:
     """Where received files go, and how large they may be.
 
     `workspace` is the folder `directory` lies in and that files are confined to (default:
-    `directory`'s parent): see `save_file`.
+    `directory`'s parent): see `save_file`. A channel saves a sender's files in
+    `of(channel, sender)`'s inbox.
     """
 
     directory: Path
     max_bytes: int = 20 * 1024 * 1024
     workspace: Path | None = None
+    people: People | None = None  # with people kept apart, each sender's files go to theirs
+
+    def of(self, channel: str, sender_id: str) -> InboxPolicy:
+        """Where the files `sender_id` of `channel` sends go: their own folder's `inbox/`
+        when people are kept apart (`nanobot.people`), else this inbox."""
+        people = self.people
+        if people is None or not people.apart:
+            return self
+        root = people.root(people.person(channel, sender_id))
+        return InboxPolicy(root / self.directory.name, self.max_bytes, people.workspace)
 
 
 class Channel(ABC):

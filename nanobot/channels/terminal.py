@@ -15,6 +15,7 @@ the channel sets `ended`; whoever runs it stops then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import uuid
@@ -33,7 +34,7 @@ from nanobot.bus.events import (
     StreamUpdate,
     Typing,
 )
-from nanobot.channels._terminal_input import LINE_LIMIT, Input, TooLong, open_lines
+from nanobot.channels._terminal_input import Input, TooLong, open_lines
 from nanobot.channels.base import Channel, Intake, IntakePort
 from nanobot.channels.render import plain_text, telegram_html
 from nanobot.tasks import TaskSet
@@ -68,7 +69,9 @@ class TerminalChannel(Channel):
         self._session = session
         self._own_interrupts = own_interrupts
         self._out = out or sys.stdout
-        self._interactive = sys.stdin.isatty() and self._out.isatty()
+        # Read once: reading stdin as a pipe hands the file to the event loop, which closes it.
+        self._typed = sys.stdin.isatty()
+        self._interactive = self._typed and self._out.isatty()
         self._live = self._out.isatty()
         self._screen: Prompt | None = None  # the prompt, while it is up: output goes above it
         self._turns = 0  # turns running in this chat (from the typing signals)
@@ -130,8 +133,8 @@ class TerminalChannel(Channel):
         while not self.ended.is_set():
             try:
                 text = await _next_message(source, self.ended)
-            except TooLong:
-                self._write(f"(Not sent: a message can be at most {LINE_LIMIT:,} bytes.)\n")
+            except TooLong as refused:
+                self._notice(f"(Not sent: {refused}.)\n")
                 continue
             if text is None or text.strip() in EXIT_COMMANDS:
                 return
@@ -231,6 +234,16 @@ class TerminalChannel(Channel):
         if self._screen is not None:
             self._screen.end()
 
+    def _notice(self, text: str) -> None:
+        """`text` for the person typing: on the terminal they type at, also when the replies
+        go elsewhere (stdout redirected to a file)."""
+        if self._screen is None and not self._live and self._typed:
+            with contextlib.suppress(OSError):
+                sys.stderr.write(text)
+                sys.stderr.flush()
+            return
+        self._write(text)
+
     def _end_line(self) -> None:
         if self._line_open:
             self._write("\n")
@@ -259,7 +272,7 @@ async def _next_message(source: Input, ended: asyncio.Event) -> str | None:
     awaited: a prompt has given the terminal back when this returns).
 
     Raises:
-        TooLong: the message was over LINE_LIMIT; it was skipped whole, not cut.
+        TooLong: the message was refused whole, not cut (too long, or cut by the terminal).
     """
     message = asyncio.ensure_future(source.next())
     stop = asyncio.ensure_future(ended.wait())

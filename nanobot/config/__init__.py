@@ -28,6 +28,7 @@ from nanobot.config.loading import (
     load,
 )
 from nanobot.config.mcp import McpConfig, McpServerConfig
+from nanobot.config.people import PeopleConfig
 from nanobot.config.store import StoreConfig
 from nanobot.config.tools import (
     Approval,
@@ -63,6 +64,7 @@ __all__ = [
     "McpConfig",
     "McpServerConfig",
     "ModelPrice",
+    "PeopleConfig",
     "PersonBudget",
     "StoreConfig",
     "TelegramConfig",

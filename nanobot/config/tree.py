@@ -17,6 +17,7 @@ from nanobot.config.channels import ChannelsConfig
 from nanobot.config.gateway import ClusterConfig, GatewayConfig, LogConfig
 from nanobot.config.mcp import McpConfig
 from nanobot.config.media import DocumentsConfig, TranscriptionConfig, TtsConfig
+from nanobot.config.people import PeopleConfig
 from nanobot.config.store import StoreConfig
 from nanobot.config.tools import ToolsConfig
 
@@ -52,6 +53,7 @@ class Config(BaseSettings):
     documents: DocumentsConfig = Field(default_factory=DocumentsConfig)
     tts: TtsConfig = Field(default_factory=TtsConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    people: PeopleConfig = Field(default_factory=PeopleConfig)
     # The file this was loaded from (None when built directly): a secret to keep out of
     # the sandbox like the data dir.
     _source: Path | None = PrivateAttr(default=None)

@@ -27,6 +27,7 @@ class JobStore(Protocol):
         channel: str | None = None,
         to: str | None = None,
         owner: str | None = None,
+        created_by: str | None = None,
     ) -> Job:
         """Store a new, enabled job (its schedule validated, `next_run` computed from it)."""
         ...

@@ -74,8 +74,10 @@ class Jobs:
         channel: str | None = None,
         to: str | None = None,
         owner: str | None = None,
+        created_by: str | None = None,
     ) -> Job:
-        """Validate and store a job. Raises ScheduleError (nothing is stored then)."""
+        """Validate and store a job, made by the person `created_by` (it runs as them).
+        Raises ScheduleError (nothing is stored then)."""
         if not message.strip():
             raise ScheduleError("a job needs a message: what should nanobot do when it runs?")
         if (channel is None) != (to is None):
@@ -94,6 +96,7 @@ class Jobs:
             channel=channel,
             to=to,
             owner=owner,
+            created_by=created_by,
         )
 
     def _check_channel(self, channel: str) -> None:

@@ -78,7 +78,8 @@ class Job:
 
     `channel` and `to` (a chat id) say where the result is delivered, if anywhere; `owner` is
     the session key of the chat that created the job (None for jobs made from the CLI), and
-    scopes what the agent's tool lets that chat see and change.
+    scopes what the agent's tool lets that chat see and change. `created_by` is the person
+    who made it (`nanobot.people`), whom its runs work for: their folder and memory.
     """
 
     id: str
@@ -93,6 +94,7 @@ class Job:
     next_run: datetime | None
     last_run: datetime | None
     last_status: RunStatus | None
+    created_by: str | None = None  # the person (channel:user_id) it runs as; None: the owner
 
 
 @dataclass(frozen=True, slots=True)

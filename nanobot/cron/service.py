@@ -67,7 +67,9 @@ def job_event(job: Job, run_id: int) -> InboundMessage:
     delivered to the job's chat (nowhere when it has none)."""
     deliver = bool(job.channel and job.to)
     chat = ChatRef(job.channel or "cron", job.to or job.id)
-    return InboundMessage.from_cron(chat, job.id, job.message, run_id, deliver=deliver)
+    return InboundMessage.from_cron(
+        chat, job.id, job.message, run_id, deliver=deliver, maker=job.created_by
+    )
 
 
 class Clock(Protocol):

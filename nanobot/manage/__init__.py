@@ -13,6 +13,7 @@ from nanobot.manage._mcp import mcp_list, mcp_rows
 from nanobot.manage._memory import memory_search
 from nanobot.manage._onboarding import onboard
 from nanobot.manage._pairing import pairing
+from nanobot.manage._people import people_export, people_forget, people_link, people_list
 from nanobot.manage._status import health, status
 from nanobot.manage._taint import taint
 from nanobot.manage._usage import usage_report
@@ -32,6 +33,10 @@ __all__ = [
     "memory_search",
     "onboard",
     "pairing",
+    "people_export",
+    "people_forget",
+    "people_link",
+    "people_list",
     "run_job",
     "run_lines",
     "status",

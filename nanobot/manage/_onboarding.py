@@ -45,6 +45,9 @@ def onboard(path: Path, answers: dict[str, str]) -> list[str]:
 
 
 def _fill_example(text: str, answers: dict[str, str]) -> str:
+    # A new install keeps people apart, said in its config (an absent key means `shared` on
+    # a store that already holds conversations: see `nanobot.people.shared_mode`).
+    text = re.sub(r"(?m)^  isolation: null$", "  isolation: person", text, count=1)
     for key in ("model", "api_key", "api_base"):
         value = answers.get(key)
         if value:

@@ -17,11 +17,12 @@ from nanobot.recall.hits import (
 from nanobot.recall.ranking import Candidate, ranked
 from nanobot.recall.snippets import snippet
 from nanobot.recall.spoken import Said, said
-from nanobot.recall.words import QueryError, Term, index_text, terms
+from nanobot.recall.words import INDEXED_CHARS, QueryError, Term, index_text, terms
 
 __all__ = [
     "DEFAULT_LIMIT",
     "EVERYTHING",
+    "INDEXED_CHARS",
     "MAX_LIMIT",
     "Candidate",
     "Found",

@@ -41,7 +41,10 @@ _UNSPACED: Final = re.compile(
 # A run of letters, digits and the marks on them (no underscore: "snake_case" is two words).
 _RUN: Final = re.compile(r"(?:[^\W_]|[\u0300-\u036f])+")
 _FOLDED_WORD: Final = re.compile(r"[^\W_]+")
-_ASCII_WORD: Final = re.compile(r"[a-z0-9]+")
+# ASCII text lower-cased: everything but letters and digits separates words.
+_ASCII_SEPARATORS: Final = str.maketrans(
+    {chr(c): " " for c in range(128) if not chr(c).isalnum() or chr(c).isupper()}
+)
 
 
 class QueryError(NanobotError):
@@ -96,7 +99,7 @@ def index_text(text: str) -> str:
     """What the database indexes for `text`: its folded words, one space between each."""
     text = text[:INDEXED_CHARS]
     if text.isascii():  # most text, a hundred times faster: nothing to fold but case
-        return " ".join(_ASCII_WORD.findall(text.lower()))
+        return " ".join(text.lower().translate(_ASCII_SEPARATORS).split())
     return " ".join(word.folded for word in words(text))
 
 

@@ -71,6 +71,7 @@ def job_of(row: Row) -> Job:
         next_run=_parse_optional(row["next_run"]),
         last_run=_parse_optional(row["last_run"]),
         last_status=_status(row["last_status"]) if row["last_status"] is not None else None,
+        created_by=row["created_by"],
     )
 
 

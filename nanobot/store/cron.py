@@ -58,6 +58,7 @@ class CronStore:
         channel: str | None = None,
         to: str | None = None,
         owner: str | None = None,
+        created_by: str | None = None,
     ) -> Job:
         """Store a new, enabled job with a fresh 8-hex-digit id and return it.
 
@@ -67,7 +68,8 @@ class CronStore:
             for _ in range(_ID_ATTEMPTS):
                 row = await self._db.fetchone(
                     "INSERT INTO cron_jobs (id, name, message, schedule, enabled, channel,"
-                    " chat_id, owner, created_at, next_run) VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?)"
+                    " chat_id, owner, created_at, next_run, created_by)"
+                    " VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (id) DO NOTHING RETURNING *",
                     (
                         secrets.token_hex(4),
@@ -79,6 +81,7 @@ class CronStore:
                         owner,
                         self._now(),
                         to_text(next_run),
+                        created_by,
                     ),
                 )
                 if row is not None:

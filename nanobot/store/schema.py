@@ -393,7 +393,29 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT INTO search_backfill (id, below)
         SELECT 1, CASE WHEN MAX(id) IS NULL THEN 0 ELSE MAX(id) + 1 END FROM entries;
     """,
-    # 24: budgets (`store.budgets`): what each budget's period spent (`budget_spend`, one
+    # 24: people kept apart (`store.people`): platform ids linked into one person, the
+    # sessions each person took part in (their private chats, and the groups they wrote in),
+    # and who made a cron job (the person it runs as; NULL: from the CLI, or made before).
+    """
+    CREATE TABLE person_links (
+        user_key TEXT PRIMARY KEY,  -- channel:user_id
+        person TEXT NOT NULL,  -- the channel:user_id it is the same person as
+        linked_at TEXT NOT NULL
+    );
+    CREATE TABLE person_sessions (
+        person TEXT NOT NULL,
+        session_key TEXT NOT NULL,
+        private INTEGER NOT NULL,
+        first_at TEXT NOT NULL,
+        PRIMARY KEY (person, session_key)
+    );
+    CREATE INDEX person_sessions_key ON person_sessions (session_key);
+    ALTER TABLE cron_jobs ADD COLUMN created_by TEXT;
+    """,
+    # 25: SQLite's words wait in their entry's row before they reach FTS5 (`SQLITE_EXTRA`);
+    # nothing changes in PostgreSQL.
+    "",
+    # 26: budgets (`store.budgets`): what each budget's period spent (`budget_spend`, one
     # row per scope and period: "install", "person:<id>", "cron", "heartbeat"; "day:…" or
     # "month:…"), what calls in flight hold against it (`budget_holds`, one row per call
     # and scope, their sum kept on the spend row; dropped once past `expires_at`, so a
@@ -467,6 +489,22 @@ SQLITE_EXTRA: Final[dict[int, str]] = {
     CREATE VIRTUAL TABLE entry_words USING fts5 (
         words, content = '', tokenize = 'unicode61 remove_diacritics 0'
     );
+    """,
+    # An append writes what each entry's words are into its own row (`unindexed_words`, by
+    # the insert itself: the words, or where in the content they start), and they move into
+    # FTS5 a batch at a time (`store.search`), the column emptied: FTS5 writes a new
+    # segment at every commit that added to it (~25 µs, more than a turn's two inserts
+    # themselves) and merges them later; one segment per batch costs a few µs an entry.
+    # (Another statement in the append, even into a plain table, costs ~10 µs; a trigger
+    # ~18.) Entries above `entry_words_moved.through` may hold words still waiting; below
+    # it none do.
+    25: """
+    ALTER TABLE entries ADD COLUMN unindexed_words; -- no type: text, or an integer as it is
+    CREATE TABLE entry_words_moved (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        through INTEGER NOT NULL
+    );
+    INSERT INTO entry_words_moved (id, through) SELECT 1, COALESCE(MAX(id), 0) FROM entries;
     """,
 }
 """Statements SQLite runs after the script of the migration to that version."""

@@ -4,32 +4,40 @@ indexed and how words are cut).
 SQLite keeps it in an FTS5 table without content (`entry_words`, its rowid the entry's id),
 PostgreSQL in a table of tsvectors under a GIN index; both hold the words `recall.words`
 made, so both find the same entries. An entry's words are written in the transaction that
-appends it (`SessionStore.append`, with `add_words`): the index never drifts from the
-entries, whatever crash comes. Entries are never changed, so neither is the index.
+appends it (`SessionStore.append`): the index never drifts from the entries, whatever crash
+comes. On SQLite they wait there in the entry's own row (`unindexed_words`), and reach FTS5
+`SQLITE_BATCH` entries at a time (moved by an append) or before a search (see the
+migration's `SQLITE_EXTRA` for why). Entries are never changed otherwise, nor is the index.
 
 Entries from before the index (an upgraded database) are indexed by `backfill`, a batch at a
 time, newest first, in the background; until it is done a search says it may be incomplete.
 
-A search gathers a few candidate lists from the index alone (the most relevant, the newest,
-and for several terms those holding the exact phrase), reads those entries, and ranks them
-in Python (`recall.ranking`): its cost depends on how many entries match, not on how many
-there are. A time range becomes a range of entry ids first (ids grow with time).
+A search gathers candidates from the index alone (of the newest `RANKED_MATCHES` matches the
+most relevant, and the newest; for several terms, those holding the exact phrase too),
+reads those entries, and ranks them in Python (`recall.ranking`): its cost depends on how
+many entries match, up to a bound, not on how many there are. A time range becomes a range
+of entry ids first (ids grow with time).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from loguru import logger
 
+from nanobot.errors import StoreError
+from nanobot.outage import DEFAULT_BACKOFF, Backoff, Outage, Sleep, sleep_or_wake
 from nanobot.recall import (
     EVERYTHING,
+    INDEXED_CHARS,
     Candidate,
     Found,
     Hit,
@@ -48,11 +56,20 @@ BACKFILL_BATCH: Final = 2000
 BACKFILL_PAUSE: Final = 0.01
 """Seconds between backfill batches."""
 _CANDIDATES: Final = 60  # per list, at least (3 × limit when more)
+RANKED_MATCHES: Final = 5000
+"""Of the entries matching a query, relevance is scored for the newest this many: scoring
+every match costs ~100 ms on PostgreSQL for a word in 10,000 entries (and seconds for one in
+most), and what is found ranks by recency too (one older than these has lost a third of
+its score or more). At a million entries, a hundred queries found what scoring every
+match found, but for one (docs/benchmarks.md)."""
+WINDOW: Final = 4 * RANKED_MATCHES
+"""How many of the newest ids PostgreSQL looks among first (`SearchIndex._matching`)."""
 _BACKFILL_LOCK: Final = "search.backfill"
 # Entries are stamped just before they are inserted, so ids and times may disagree by the
 # length of an insert; a time range's ids are found with this much to spare, then the times
 # themselves are compared.
 _SLACK: Final = timedelta(minutes=1)
+_ALPHANUMERIC: Final = re.compile(r"[^\W_]")
 
 
 def words_of(kind: str, data: dict[str, Any]) -> str | None:
@@ -64,8 +81,46 @@ def words_of(kind: str, data: dict[str, Any]) -> str | None:
     return text or None
 
 
-SQLITE_ADD_WORDS: Final = "INSERT INTO entry_words (rowid, words) VALUES (last_insert_rowid(), ?)"
-"""After an entry's insert, in the same transaction (SQLite): its words."""
+def sqlite_words_of(kind: str, data: dict[str, Any]) -> str | int | None:
+    """What an entry's row keeps for SQLite's index until its words move into FTS5
+    (`SQLITE_MOVE_WORDS`): None when it is not indexed; for ASCII text that ends the
+    message's content, where in the content it starts (most messages: nothing copied,
+    FTS5's `unicode61` cuts and folds ASCII into exactly the words `index_text` makes, runs
+    of letters and digits, lower case); else the words (`words_of`)."""
+    found = said(kind, data)
+    if found is None:
+        return None
+    text = found.text
+    if text.isascii():
+        if not _ALPHANUMERIC.search(text):
+            return None
+        content = data.get("content")
+        if isinstance(content, str) and content.endswith(text):
+            return len(content) - len(text)
+        return text[:INDEXED_CHARS]
+    return index_text(text) or None
+
+
+SQLITE_BATCH: Final = 64
+"""How many entries' words an append leaves waiting outside FTS5 (SQLite) before the next
+one moves them in (with them, those of other processes)."""
+SQLITE_MOVE_WORDS: Final[Sequence[Statement]] = (
+    (
+        "INSERT INTO entry_words (rowid, words) SELECT id, CASE typeof(unindexed_words)"
+        " WHEN 'integer' THEN substr(json_extract(data, '$.content'), unindexed_words + 1,"
+        f" {INDEXED_CHARS:d}) ELSE unindexed_words END FROM entries"
+        " WHERE id > (SELECT through FROM entry_words_moved) AND unindexed_words IS NOT NULL",
+        (),
+    ),
+    (
+        "UPDATE entries SET unindexed_words = NULL"
+        " WHERE id > (SELECT through FROM entry_words_moved) AND unindexed_words IS NOT NULL",
+        (),
+    ),
+    ("UPDATE entry_words_moved SET through = (SELECT MAX(id) FROM entries) WHERE id = 1", ()),
+)
+"""Every entry's words that wait in its row into FTS5 (SQLite), in one transaction: none is
+lost or indexed twice, whoever moves them."""
 POSTGRES_INSERT_WITH_WORDS: Final = (
     "WITH added AS (INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
     " VALUES (?, ?, ?, ?, ?, ?) RETURNING id),"
@@ -100,6 +155,7 @@ class SearchIndex:
 
     async def search(self, search: Search) -> Found:
         now = datetime.now(UTC)
+        await self._move_pending()
         low, high = await self._ids(search.since, search.until)
         complete = await self._is_complete()
         if low > high:
@@ -153,11 +209,27 @@ class SearchIndex:
             await self._db.execute("UPDATE search_backfill SET below = ? WHERE id = 1", (below,))
         return Backfill(below)
 
-    async def backfill_all(self, pause: float = BACKFILL_PAUSE) -> None:
+    async def backfill_all(
+        self,
+        pause: float = BACKFILL_PAUSE,
+        *,
+        retry: Backoff = DEFAULT_BACKOFF,
+        sleep: Sleep = sleep_or_wake,
+    ) -> None:
         """Index every old entry, a batch at a time with `pause` seconds between (the
-        database serves turns meanwhile); returns at once when none is left. Cancelling it
-        loses at most the batch under way (rolled back; the next start resumes there)."""
-        progress = await self.progress()
+        database serves turns meanwhile); returns at once when none is left. A store that
+        fails is tried again after `retry`'s pauses (`store.retry_seconds`, said once in the
+        log, and when it answers again); `sleep` waits them out (tests pass their own).
+        Cancelling it loses at most the batch under way (rolled back; the next start resumes
+        there)."""
+        outage = Outage(
+            failing="memory search: the state database failed while indexing older entries",
+            effect="they wait to be indexed, and searches say they may miss some",
+            back="memory search: the state database answers again, indexing goes on",
+            backoff=retry,
+            sleep=sleep,
+        )
+        progress = await _tried(outage, self.progress)
         if progress.done:
             return
         logger.info(
@@ -166,9 +238,24 @@ class SearchIndex:
         )
         started = time.monotonic()
         while not progress.done:
-            progress = await self.backfill()
+            progress = await _tried(outage, self.backfill)
             await asyncio.sleep(pause)
         logger.info("memory search: every entry is indexed ({:.1f} s)", time.monotonic() - started)
+
+    async def _move_pending(self) -> None:
+        """Put the words that wait outside FTS5 (SQLite, fewer than a batch) into it, so
+        that the search finds every entry appended before it, ranked as if they had always
+        been there."""
+        if not self._sqlite:
+            return
+        # Entries above the mark may hold words (tool results between them do not, and a
+        # search that looked for words among them would walk them all): any entry above
+        # it, and they move, the mark with them.
+        row = await self._db.fetchone(
+            "SELECT (SELECT MAX(id) FROM entries) > (SELECT through FROM entry_words_moved)"
+        )
+        if row is not None and row[0]:
+            await self._db.atomic(SQLITE_MOVE_WORDS)
 
     def _add(self, entry_id: int, words: str) -> Statement:
         if self._sqlite:
@@ -188,20 +275,54 @@ class SearchIndex:
         self, search: Search, low: int, high: int, *, any_term: bool
     ) -> list[Candidate]:
         size = max(_CANDIDATES, 3 * search.limit)
-        match = self._match(search.terms, any_term=any_term)
-        lists = [(match, "relevance"), (match, "recent")]
+        queries = [self._match(search.terms, any_term=any_term)]
         if len(search.terms) > 1 and not any_term:
             phrase: tuple[Term, ...] = (tuple(w for term in search.terms for w in term),)
-            lists.append((self._match(phrase, any_term=False), "relevance"))
+            queries.append(self._match(phrase, any_term=False))
         scores: dict[int, float] = {}
-        for query, order in lists:
-            sql, params = self._candidate_sql(query, order, (low, high), size, search.scope)
-            for row in await self._db.fetchall(sql, params):
+        for query in queries:
+            for row in await self._matching(query, (low, high), size, search.scope):
                 entry_id, relevance = int(row[0]), float(row[1] or 0.0)
                 scores[entry_id] = max(scores.get(entry_id, 0.0), relevance)
         if not scores:
             return []
         return await self._read(scores, search)
+
+    async def _matching(
+        self, query: str, ids: tuple[int, int], size: int, scope: Scope
+    ) -> list[Row]:
+        """The rows of `_candidate_sql` for the ids `ids`.
+
+        PostgreSQL reads every match it sorts by id from the table (SQLite's FTS5 walks its
+        index in id order), ~1-3 µs each: seconds for a word in most of a million entries.
+        So it looks among the newest `WINDOW` ids first: a window holding `RANKED_MATCHES`
+        matches holds the newest of them all, and gives the rows the whole range would.
+        Short of them, a second window is sized by how often the word came in the first,
+        then the whole range. The windows are read with the planner's plain index scans
+        off: it would walk the primary key through the window testing every entry's words
+        (50 ms for 160,000 ids), where a bitmap of the window's ids ANDed with the word's
+        from the GIN index costs a tenth of that."""
+        low, high = ids
+        if self._sqlite:
+            return await self._db.fetchall(*self._candidate_sql(query, ids, size, scope))
+        row = await self._db.fetchone(
+            "SELECT MAX(entry_id) FROM entry_words WHERE entry_id <= ?", (high,)
+        )
+        if row is None or row[0] is None:
+            return []
+        top, span = int(row[0]), WINDOW
+        async with self._db.transaction():
+            await self._db.execute("SET LOCAL enable_indexscan = off")
+            while top - span + 1 > low:
+                window = (top - span + 1, top)
+                rows = await self._db.fetchall(*self._candidate_sql(query, window, size, scope))
+                found = int(rows[0]["found"]) if rows else 0
+                if found >= RANKED_MATCHES:
+                    return rows
+                if found == 0 or span > WINDOW:
+                    break
+                span = WINDOW * math.ceil(1.5 * RANKED_MATCHES / found)
+        return await self._db.fetchall(*self._candidate_sql(query, ids, size, scope))
 
     def _match(self, terms: tuple[Term, ...], *, any_term: bool) -> str:
         """The backend's query for `terms`: each a phrase, all (or any) of them. The words
@@ -217,16 +338,12 @@ class SearchIndex:
         )
 
     def _candidate_sql(
-        self, query: str, order: str, ids: tuple[int, int], size: int, scope: Scope
+        self, query: str, ids: tuple[int, int], size: int, scope: Scope
     ) -> tuple[str, list[SqlValue]]:
+        """The entries matching `query` (with their relevance) that are among the `size`
+        most relevant of the newest `RANKED_MATCHES` matches, or among the `size` newest."""
         low, high = ids
-        # PostgreSQL gets the query as a literal: with a parameter, a prepared statement's
-        # generic plan (from its sixth run on) cannot know how rare the words are and walks
-        # the primary key backwards through every entry for a rare one (0.5 s at a million
-        # entries, against 1 ms). The literal holds only letters, digits, quotes (doubled),
-        # spaces and the operators `_match` wrote.
-        literal = "'" + query.replace("'", "''") + "'"
-        params: list[SqlValue] = [low, high] if not self._sqlite else [query, low, high]
+        params: list[SqlValue] = [query, low, high] if self._sqlite else []
         within = ""
         if scope.keys is not None:
             keys = sorted(scope.keys)
@@ -237,21 +354,36 @@ class SearchIndex:
                 f" WHERE e.id = {column} AND s.key IN ({marks}))"
             )
             params += keys
-        params.append(size)
+        # With each row, how many matches were scored (`found`, at most RANKED_MATCHES).
+        choose = (
+            " SELECT id, relevance, (SELECT count(*) FROM matched) AS found FROM"
+            f" (SELECT * FROM matched ORDER BY relevance DESC LIMIT {size:d}) AS best"
+            " UNION SELECT id, relevance, (SELECT count(*) FROM matched) AS found FROM"
+            f" (SELECT * FROM matched ORDER BY id DESC LIMIT {size:d}) AS newest"
+        )
         if self._sqlite:
-            ordering = "rank" if order == "relevance" else "rowid DESC"
             return (
-                "SELECT rowid, -bm25(entry_words) FROM entry_words"
+                "WITH matched AS MATERIALIZED (SELECT rowid AS id, -bm25(entry_words) AS relevance"
+                " FROM entry_words"
                 f" WHERE entry_words MATCH ? AND rowid BETWEEN ? AND ?{within}"
-                f" ORDER BY {ordering} LIMIT ?",
+                f" ORDER BY rowid DESC LIMIT {RANKED_MATCHES:d})" + choose,
                 params,
             )
-        ordering = "2 DESC" if order == "relevance" else "w.entry_id DESC"
+        # PostgreSQL gets the query and the ids as literals: with parameters, a prepared
+        # statement's generic plan (from its sixth run on) cannot know how rare the words
+        # are, or how many ids a window holds, and walks the primary key through every
+        # entry for a rare word (0.5 s at a million entries, against 1 ms). The literal holds
+        # only letters, digits, quotes (doubled), spaces and the operators `_match` wrote.
+        # The matches are found through the GIN index and sorted (`+ 0`): in id order
+        # through the primary key, the planner would walk backwards through hundreds of
+        # thousands of entries for a word in a few hundred (0.2 s). Only their ids and
+        # scores are sorted (with the words, 5,000 of them spill to disk).
+        tsquery = "to_tsquery('simple', '" + query.replace("'", "''") + "')"
         return (
-            "SELECT w.entry_id, ts_rank(w.words, q.q) FROM entry_words w,"
-            f" to_tsquery('simple', {literal}) AS q (q)"
-            f" WHERE w.words @@ q.q AND w.entry_id BETWEEN ? AND ?{within}"
-            f" ORDER BY {ordering} LIMIT ?",
+            "WITH matched AS MATERIALIZED (SELECT w.entry_id AS id,"
+            f" ts_rank(w.words, {tsquery}) AS relevance FROM entry_words w"
+            f" WHERE w.words @@ {tsquery} AND w.entry_id BETWEEN {low:d} AND {high:d}{within}"
+            f" ORDER BY w.entry_id + 0 DESC LIMIT {RANKED_MATCHES:d})" + choose,
             params,
         )
 
@@ -324,6 +456,19 @@ class SearchIndex:
             else:
                 low = int(found["id"]) + 1
         return low
+
+
+async def _tried(outage: Outage, step: Callable[[], Awaitable[Backfill]]) -> Backfill:
+    """What `step` returns, tried until the store answers (see `backfill_all`)."""
+    while True:
+        try:
+            done = await step()
+        except StoreError as exc:
+            outage.failed(exc)
+            await outage.wait()
+            continue
+        outage.recovered()
+        return done
 
 
 def _hit(row: Row) -> Hit | None:

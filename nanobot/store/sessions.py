@@ -3,7 +3,9 @@
 A session belongs to a key (`channel:chat_id`, plus thread where the platform has one). Each
 key has at most one *live* session; `/new` archives it, and the next `live()` starts another.
 Archived sessions and their entries are kept as history. Entries are never updated or
-deleted: a compaction is itself an entry that later context building starts from.
+deleted: a compaction is itself an entry that later context building starts from. (On
+SQLite a row also holds its words for the search index until they move there, the column
+then emptied: `store.search`; what the entry says never changes.)
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from typing import Any, Final, Literal, cast, get_args
 from nanobot.errors import StoreError
 from nanobot.store._times import from_text, now_text, to_text
 from nanobot.store.database import Database, Row, SqlValue, Statement
-from nanobot.store.search import POSTGRES_INSERT_WITH_WORDS, SQLITE_ADD_WORDS, words_of
+from nanobot.store.search import (
+    POSTGRES_INSERT_WITH_WORDS,
+    SQLITE_BATCH,
+    SQLITE_MOVE_WORDS,
+    sqlite_words_of,
+    words_of,
+)
 
 EntryKind = Literal["message", "compaction", "note"]
 """What an entry holds: a chat message, a compaction summary, or a system note."""
@@ -87,6 +95,9 @@ class SessionStore:
         self._db = db
         # Single appends of many turns at once go out as one statement (PostgreSQL).
         self._appends = db.together("entries", self._append_each)
+        # SQLite: how many entries' words this store left waiting outside FTS5 since it
+        # last moved them; from `SQLITE_BATCH` on, the next append moves them (`store.search`).
+        self._waiting = 0
 
     async def live(self, key: str) -> int:
         """Return the id of the live session for `key`, starting one if there is none.
@@ -138,9 +149,11 @@ class SessionStore:
         stamp = to_text(created_at)
         # Encode first: a payload that is not JSON fails before anything is sent. Each
         # entry's words go into the search index in the same transaction (`store.search`).
+        sqlite = self._db.dialect.name == "sqlite"
         statements: list[Statement] = []
         firsts: list[int] = []  # the index of each entry's own statement
         items: list[tuple[SqlValue, ...]] = []  # each entry's values and words
+        waiting = 0  # SQLite: entries whose words this append leaves waiting
         for entry in entries:
             values: tuple[SqlValue, ...] = (
                 session_id,
@@ -150,15 +163,19 @@ class SessionStore:
                 stamp,
                 entry.inbound_id,
             )
-            words = words_of(entry.kind, entry.data)
+            words = (sqlite_words_of if sqlite else words_of)(entry.kind, entry.data)
             items.append((*values, words))
             firsts.append(len(statements))
-            if words is None:
+            if sqlite:  # the words in the entry's row, till they move into FTS5
+                statements.append((_SQLITE_INSERT, (*values, words)))
+                waiting += words is not None
+            elif words is None:
                 statements.append((_INSERT, values))
-            elif self._db.dialect.name == "postgresql":
-                statements.append((POSTGRES_INSERT_WITH_WORDS, (*values, words)))
             else:
-                statements += [(_INSERT, values), (SQLITE_ADD_WORDS, (words,))]
+                statements.append((POSTGRES_INSERT_WITH_WORDS, (*values, words)))
+        moving = sqlite and self._waiting >= SQLITE_BATCH
+        if moving:  # in this transaction: a failure or a crash leaves them waiting
+            statements += SQLITE_MOVE_WORDS
         # One append to a session at a time, in every process: a batch's ids are adjacent,
         # and a session's ids are committed in their order (`since` pages by id).
         lock = f"session:{session_id}"
@@ -167,6 +184,7 @@ class SessionStore:
             rows, firsts = [[await self._appends((lock, *items[0]))]], [0]
         else:
             rows = await self._db.atomic(statements, lock=lock)
+            self._waiting = waiting if moving else self._waiting + waiting
         return [
             Entry(
                 id=int(rows[first][0]["id"]),
@@ -283,6 +301,11 @@ class SessionStore:
 _INSERT: Final = (
     "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id)"
     " VALUES (?, ?, ?, ?, ?, ?) RETURNING id"
+)
+# SQLite: with the words that wait in the row for FTS5 (`store.search`).
+_SQLITE_INSERT: Final = (
+    "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id,"
+    " unindexed_words) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
 
 

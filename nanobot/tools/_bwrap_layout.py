@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanobot.people import PEOPLE_DIR, SHARED_FILES
 from nanobot.tools._masks import mask
 
 # Read-only system roots, when they exist (as a directory, or as the symlink merged-/usr
@@ -85,6 +86,52 @@ def layout(
     tail += _hidden_masks(hidden, bound)
     tail += ["--chdir", str(workspace)]
     return Layout(head, tail, watched, [workspace, *hidden], visible)
+
+
+def person_tail(
+    workspace: Path,
+    person: Path,
+    hidden: Sequence[Path],
+    *,
+    home: Path,
+    tmp_size: int | None = None,
+) -> list[str]:
+    """The arguments after the masks for a command of one person (`nanobot.people`): their
+    folder `person` read-write as the working directory, and of the rest of the workspace
+    only the shared prompt files, read-only, at their own paths; other people's folders are
+    not there at all.
+
+    Raises:
+        ValueError: `person` is not a folder of its own under the workspace's `people/` (a
+            symlink there would bind someone else's).
+    """
+    real_workspace = workspace.resolve()
+    expected = real_workspace / PEOPLE_DIR / person.name
+    if Path(os.path.realpath(person)) != expected or not _is_plain_dir(expected):
+        raise ValueError(f"{person} is not a person's own folder under {real_workspace}")
+    tail = ["--perms", "0700", *_tmpfs(str(home), tmp_size)]
+    tail += ["--bind", str(expected), str(expected)]
+    bound = [expected]
+    for name in SHARED_FILES:
+        shared = real_workspace / name
+        try:
+            info = os.lstat(shared)
+        except OSError:
+            continue
+        # Only what is itself a file or folder: a symlink's target could be anyone's.
+        if stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode):
+            tail += ["--ro-bind", str(shared), str(shared)]
+            bound.append(shared)
+    tail += _hidden_masks([p.resolve() for p in hidden], bound)
+    tail += ["--chdir", str(expected)]
+    return tail
+
+
+def _is_plain_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _tmpfs(path: str, size: int | None) -> list[str]:

@@ -47,18 +47,34 @@ class ExecTaint:
     named: tuple[str, ...]  # sources: the marked files the command names
     gone_candidates: tuple[str, ...]  # keys of those marks, to clear if deleted
     since_ns: int
+    prefix: str = ""  # of the keys: where `workspace` lies in the ledger's workspace
 
     @classmethod
-    async def before(cls, command: str, workspace: Path, ledger: TaintLedger | None) -> ExecTaint:
+    async def before(
+        cls,
+        command: str,
+        workspace: Path,
+        ledger: TaintLedger | None,
+        *,
+        keys_from: Path | None = None,
+    ) -> ExecTaint:
+        """`workspace`: where the command runs; `keys_from`: the folder the ledger's keys
+        are relative to, when that is not it (a person's folder lies in the workspace)."""
+        prefix = ""
+        if keys_from is not None and workspace != keys_from:
+            prefix = workspace.relative_to(keys_from).as_posix() + "/"
         named: tuple[str, ...] = ()
         keys: tuple[str, ...] = ()
         if ledger is not None:
             files, folders = await asyncio.to_thread(named_paths, command, workspace)
+            files = {prefix + f for f in files}
+            folders = {prefix + f for f in folders}
             if files or folders:
                 marks = await ledger.marks(files, under=folders)
                 named = tuple(described(m) for m in marks)
-                keys = tuple(m.path for m in marks)
-        return cls(command, workspace, ledger, current_context.get(), named, keys, scan_start())
+                keys = tuple(m.path[len(prefix) :] for m in marks if m.path.startswith(prefix))
+        context = current_context.get()
+        return cls(command, workspace, ledger, context, named, keys, scan_start(), prefix)
 
     def fetched(self, egress: EgressRecord | None, *, offline: bool = False) -> str | None:
         """Why the command's output came from the network, if it did (or may have): what
@@ -106,10 +122,10 @@ class ExecTaint:
             )
         gone = [k for k in self.gone_candidates if not (self.workspace / k).exists()]
         if gone:
-            await self.ledger.clear(gone)
+            await self.ledger.clear([self.prefix + k for k in gone])
         if not changed:
             return ""
-        await self.ledger.mark(changed, taint.written(), replace=False)
+        await self.ledger.mark([self.prefix + k for k in changed], taint.written(), replace=False)
         shown = ", ".join(changed[:20]) + (
             f" and {len(changed) - 20} more" if len(changed) > 20 else ""
         )

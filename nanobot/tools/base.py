@@ -13,11 +13,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from nanobot.errors import NanobotError
+from nanobot.recall import Scope
 from nanobot.tools._untrusted import defuse
 from nanobot.tools.taint import TurnTaint
 
@@ -67,6 +69,12 @@ class ToolContext:
     `send` delivers text to the chat now (progress updates); `sent` records what was sent
     that way during the turn, so the loop does not repeat it as the final reply. `taint` is
     what the turn has taken in from outside so far (the registry adds each result's).
+
+    `person` is whom the turn runs as (`nanobot.people`; None when people share the
+    workspace). `root` is the folder its file tools and `exec` work in, and `shared` the
+    folder whose shared prompt files (`nanobot.people.SHARED_FILES`) it may read but not
+    change; both None: the tool's own workspace, all of it. `scope` is what its memory
+    search may read (None: as `memory_search.scope_of` decides from `private`).
     """
 
     channel: str
@@ -79,6 +87,10 @@ class ToolContext:
     thread_id: str | None = None  # the thread or topic within the chat, where there is one
     private: bool = True  # a one-to-one chat (else a group)
     taint: TurnTaint = field(default_factory=TurnTaint)
+    person: str | None = None
+    root: Path | None = None
+    shared: Path | None = None
+    scope: Scope | None = None
 
 
 current_context: ContextVar[ToolContext | None] = ContextVar("nanobot_tool_context", default=None)

@@ -34,6 +34,7 @@ from typing import Final
 
 from nanobot.tools._bwrap_gate import Gate
 from nanobot.tools._bwrap_layout import layout as bwrap_layout
+from nanobot.tools._bwrap_layout import person_tail
 from nanobot.tools._launcher import Launcher
 from nanobot.tools._launcher import default as default_launcher
 from nanobot.tools._masks import OwnerOnlyMasks
@@ -75,6 +76,7 @@ class Bubblewrap(Sandbox):
         )
         self.path = os.pathsep.join(layout.visible) or "/usr/local/bin:/usr/bin:/bin"
         self._head, self._tail = layout.head, layout.tail
+        self._tails: dict[Path, list[str]] = {}
         self._masks = OwnerOnlyMasks.shared(layout.watched, skip=layout.unwatched)
         program = keyring_filter()
         self._seccomp: int | None = None
@@ -100,8 +102,24 @@ class Bubblewrap(Sandbox):
         call: SandboxCall | None = None,
         gate: Gate | None = None,
         launched: bool = False,
+        person: Path | None = None,
     ) -> list[str]:
-        return self._argv(argv, call, self._masks.args(), gate, launched=launched)
+        tail = self._tail if person is None else self._person_tail(person)
+        return self._argv(argv, call, self._masks.args(), gate, launched=launched, tail=tail)
+
+    def _person_tail(self, person: Path) -> list[str]:
+        """The binds after the masks for a command of `person` (kept per folder)."""
+        tail = self._tails.get(person)
+        if tail is None:
+            tail = person_tail(
+                self.confinement.workspace,
+                person,
+                self.confinement.hidden,
+                home=Path(self.home),
+                tmp_size=self.confinement.tmp_size,
+            )
+            self._tails[person] = tail
+        return tail
 
     @property
     def ready(self) -> bool:
@@ -121,6 +139,7 @@ class Bubblewrap(Sandbox):
         gate: Gate | None = None,
         *,
         launched: bool = False,
+        tail: Sequence[str] | None = None,
     ) -> list[str]:
         enter: list[str] = []
         if self._network is not None and not (launched and self._launcher is not None):
@@ -132,7 +151,7 @@ class Bubblewrap(Sandbox):
             str(self.binary),
             *self._head,
             *masks,
-            *self._tail,
+            *(self._tail if tail is None else tail),
             *seccomp,
             *held,
             "--",

@@ -30,6 +30,7 @@ class JobsPort(Protocol):
         channel: str | None = None,
         to: str | None = None,
         owner: str | None = None,
+        created_by: str | None = None,
     ) -> Job: ...
 
     async def all(self, owner: str | None = None) -> list[Job]: ...
@@ -93,6 +94,7 @@ class CronTool(Tool[CronParams]):
                 channel=context.channel if deliver else None,
                 to=_delivery_chat(context) if deliver else None,
                 owner=owner,
+                created_by=_maker(context),
             )
         except ScheduleError as exc:
             raise ToolError(str(exc)) from None
@@ -102,6 +104,13 @@ class CronTool(Tool[CronParams]):
                 f". Its answers are not sent anywhere: jobs cannot deliver to {context.channel}"
             )
         return added
+
+
+def _maker(context: ToolContext) -> str | None:
+    """The person a job made in `context` runs as: the turn's own."""
+    if context.person is not None:
+        return context.person
+    return f"{context.channel}:{context.sender_id}" if context.sender_id else None
 
 
 def _delivery_chat(context: ToolContext) -> str:

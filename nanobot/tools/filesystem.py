@@ -22,11 +22,13 @@ import difflib
 import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
 from pydantic import Field
 
+from nanobot.people import PEOPLE_DIR, SHARED_FILES
 from nanobot.tools._line_window import read_window
 from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult, current_context, untrusted
 from nanobot.tools.registry import MAX_RESULT_CHARS
@@ -42,8 +44,23 @@ A = TypeVar("A")
 R = TypeVar("R")
 
 
+@dataclass(frozen=True, slots=True)
+class _View:
+    """Where one path of a call is taken from: `root` (relative paths start there and may
+    not leave it) through `files`; `shared`: the folder of the shared prompt files, which
+    a person's turn reads but does not change."""
+
+    root: Path
+    files: Workspace
+    shared: bool = False
+
+
 class _FileTool:
-    """What the file tools share: the workspace and how paths are resolved and shown."""
+    """What the file tools share: the workspace and how paths are resolved and shown.
+
+    A turn that runs as a person (`ToolContext.root`, `people.isolation: person`) sees that
+    person's folder as its workspace, with the shared prompt files (`SHARED_FILES`: AGENTS.md,
+    skills/, …) of `ToolContext.shared` read-only on top; nothing else of the workspace."""
 
     name: ClassVar[str]
 
@@ -57,6 +74,21 @@ class _FileTool:
             Workspace(workspace) if restrict else Workspace(Path("/"), allow_hard_links=True)
         )
 
+    def _view(self, raw: str, *, write: bool = False) -> _View:
+        """Where `raw` is taken from in the current turn (see the class)."""
+        context = current_context.get()
+        if context is None or context.root is None or not self.restrict:
+            return _View(self.workspace, self._files)
+        shared = context.shared
+        if shared is not None and _is_shared(shared, context.root, raw):
+            if write:
+                raise ToolError(
+                    f"{raw!r} is one of the shared files everyone's conversations use; it is "
+                    "read-only here. Keep your own notes in your folder (e.g. memory/MEMORY.md)."
+                )
+            return _View(shared, Workspace(shared), shared=True)
+        return _View(context.root, Workspace(context.root))
+
     async def _in_thread(self, work: Callable[[A], R], args: A) -> R:
         """Run blocking `work` off the event loop; OS errors become messages for the model."""
         try:
@@ -66,13 +98,16 @@ class _FileTool:
             raise ToolError(f"{self.name} failed: {exc.strerror or exc}{where}") from None
 
     def _key(self, raw: str) -> str:
-        """The ledger key of the file `raw` names."""
-        return key(self.workspace, resolve(self.workspace, raw, restrict=self.restrict))
+        """The ledger key of the file `raw` names (relative to the whole workspace, so two
+        people's files never share one)."""
+        root = self._view(raw).root
+        return key(self.workspace, resolve(root, raw, restrict=self.restrict))
 
     async def _written(self, raw: str, write: Callable[[], Awaitable[str]]) -> str:
         """Run `write` (which replaces or edits the file `raw`) and keep the ledger right:
         a tainted turn marks the file first; a clean one clears a whole rewrite's mark."""
         context = current_context.get()
+        self._view(raw, write=True)  # a shared file is refused before anything is marked
         if self.ledger is None or context is None:
             return await write()
         path = self._key(raw)
@@ -86,18 +121,24 @@ class _FileTool:
             await self.ledger.clear([path])
         return done
 
-    def _locate(self, raw: str) -> tuple[str, str]:
-        """Where `raw` points, as `self._files` takes it, and as the model should see it."""
-        path = resolve(self.workspace, raw, restrict=self.restrict)
-        root = Path(os.path.realpath(self.workspace))
+    def _locate(self, raw: str, *, write: bool = False) -> tuple[str, str, Workspace]:
+        """Where `raw` points, as the returned `Workspace` takes it, and as the model should
+        see it."""
+        view = self._view(raw, write=write)
+        path = resolve(view.root, raw, restrict=self.restrict)
+        root = Path(os.path.realpath(view.root))
         shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-        return (shown if self.restrict else str(path)), shown
+        if view.shared and path.is_relative_to(root / PEOPLE_DIR):
+            # A shared file that leads into people's folders (a link made before they were
+            # kept apart) is no way into someone else's.
+            raise ToolError(f"path {raw!r} leads into people's folders; it cannot be used")
+        return (shown if self.restrict else str(path)), shown, view.files
 
-    def _open(self, where: str, shown: str) -> tuple[int, os.stat_result]:
+    def _open(self, where: str, shown: str, files: Workspace) -> tuple[int, os.stat_result]:
         """A read-only descriptor of the regular file at `where`, and its stat."""
         with _refusals(shown):
             try:
-                return self._files.open_file(where)
+                return files.open_file(where)
             except FileNotFoundError:
                 raise ToolError(
                     f"file {shown!r} does not exist; use list_dir to see what is there"
@@ -107,11 +148,11 @@ class _FileTool:
                     f"{shown!r} is a directory; use list_dir to see what is in it"
                 ) from None
 
-    def _replace(self, where: str, shown: str, data: bytes) -> None:
+    def _replace(self, where: str, shown: str, data: bytes, files: Workspace) -> None:
         """Make `data` the content of `where` atomically, creating missing directories."""
         with _refusals(shown):
             try:
-                self._files.replace(where, data)
+                files.replace(where, data)
             except IsADirectoryError:
                 raise ToolError(
                     f"{shown!r} is a directory; give the path of a file inside it"
@@ -120,6 +161,17 @@ class _FileTool:
                 raise ToolError(
                     f"cannot create {shown!r}: a part of its directory path is a file"
                 ) from None
+
+
+def _is_shared(shared: Path, root: Path, raw: str) -> bool:
+    """Whether `raw` names one of the shared prompt files (or something in `skills/`):
+    relative, by its first part; absolute, under `shared` but not under `root`."""
+    path = Path(os.path.normpath(raw))
+    if path.is_absolute():
+        if path.is_relative_to(root) or not path.is_relative_to(shared):
+            return False
+        path = path.relative_to(shared)
+    return bool(path.parts) and path.parts[0] in SHARED_FILES
 
 
 @contextmanager
@@ -180,9 +232,9 @@ class ReadFileTool(_FileTool, Tool[ReadFileParams]):
         start, end = args.start_line or 1, args.end_line
         if end is not None and end < start:
             raise ToolError(f"end_line ({end}) is before start_line ({start})")
-        where, shown = self._locate(args.path)
+        where, shown, files = self._locate(args.path)
         path = self._key(args.path)
-        fd, info = self._open(where, shown)
+        fd, info = self._open(where, shown, files)
         size = info.st_size
         with os.fdopen(fd, "rb") as f:
             if b"\0" in f.read(BINARY_SNIFF_BYTES):
@@ -230,9 +282,9 @@ class WriteFileTool(_FileTool, Tool[WriteFileParams]):
         return await self._written(args.path, lambda: self._in_thread(self._write, args))
 
     def _write(self, args: WriteFileParams) -> str:
-        where, shown = self._locate(args.path)
+        where, shown, files = self._locate(args.path, write=True)
         data = args.content.encode("utf-8")
-        self._replace(where, shown, data)
+        self._replace(where, shown, data, files)
         return f"wrote {len(data)} bytes to {shown}"
 
 
@@ -261,8 +313,8 @@ class EditFileTool(_FileTool, Tool[EditFileParams]):
     def _edit(self, args: EditFileParams) -> str:
         if not args.old_text:
             raise ToolError("old_text is empty; to create or overwrite a file use write_file")
-        where, shown = self._locate(args.path)
-        fd, info = self._open(where, shown)
+        where, shown, files = self._locate(args.path, write=True)
+        fd, info = self._open(where, shown, files)
         size = info.st_size
         with os.fdopen(fd, "rb") as f:
             if size > MAX_EDIT_BYTES:
@@ -286,7 +338,7 @@ class EditFileTool(_FileTool, Tool[EditFileParams]):
                 "surrounding text so that it matches exactly once"
             )
         at = text.index(old)
-        self._replace(where, shown, text.replace(old, new, 1).encode("utf-8"))
+        self._replace(where, shown, text.replace(old, new, 1).encode("utf-8"), files)
         first = text.count("\n", 0, at) + 1
         last = first + old.count("\n")
         return f"edited {shown}: replaced lines {first}-{last}"
@@ -340,10 +392,10 @@ class ListDirTool(_FileTool, Tool[ListDirParams]):
         return await self._in_thread(self._list, args)
 
     def _list(self, args: ListDirParams) -> str:
-        where, shown = self._locate(args.path)
+        where, shown, files = self._locate(args.path)
         with _refusals(shown):
             try:
-                fd = self._files.open_dir(where)
+                fd = files.open_dir(where)
             except FileNotFoundError:
                 raise ToolError(f"directory {shown!r} does not exist") from None
             except NotADirectoryError:

@@ -43,8 +43,16 @@ _REF: Final = re.compile(r"entry:(\d{1,18})|(memory/[^/\\:]+\.md):(\d{1,7})")
 
 
 def scope_of(context: ToolContext) -> Scope:
-    """What a turn may search: everything from a private chat; a group's own session only."""
+    """What a turn may search: what its context says (a person's own sessions, when people
+    are kept apart); else everything from a private chat, and a group's own session only."""
+    if context.scope is not None:
+        return context.scope
     return EVERYTHING if context.private else Scope(frozenset({context.session_key}))
+
+
+def files_of(context: ToolContext) -> Path | None:
+    """Whose memory files a turn searches: its person's folder, when it runs as one."""
+    return context.root
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +82,10 @@ class MemoryRecall:
         until: str | None = None,
         limit: int | None = None,
         scope: Scope = EVERYTHING,
+        files: Path | None = None,
     ) -> str:
-        """The hits for `query` from `since` until `until` (inclusive days), best first."""
+        """The hits for `query` from `since` until `until` (inclusive days), best first;
+        the memory files are those of `files` (default: the workspace's)."""
         count = DEFAULT_LIMIT if limit is None else limit
         if not 1 <= count <= MAX_LIMIT:
             raise ToolError(f"limit must be between 1 and {MAX_LIMIT} (got {count})")
@@ -89,16 +99,17 @@ class MemoryRecall:
         search = Search(found_terms, start, end, count, scope)
         found = await self._sessions.search(search)
         now = datetime.now(UTC)
-        files = await asyncio.to_thread(scan, self._workspace, found_terms, now)
-        files = [f for f in files if _within(f.modified, start, end)]
+        root = files if files is not None else self._workspace
+        hits = await asyncio.to_thread(scan, root, found_terms, now)
+        hits = [f for f in hits if _within(f.modified, start, end)]
         shown = [_Shown(hit.score, self._hit_line(hit, search)) for hit in found.hits]
-        shown += [_Shown(f.score, self._file_line(f, search)) for f in files]
+        shown += [_Shown(f.score, self._file_line(f, search)) for f in hits]
         shown.sort(key=lambda s: s.score, reverse=True)
         return _answer(query, shown[:count], found.complete, more=len(shown) > count)
 
-    async def get(self, ref: str, *, scope: Scope = EVERYTHING) -> str:
+    async def get(self, ref: str, *, scope: Scope = EVERYTHING, files: Path | None = None) -> str:
         """The entry or memory-file line `ref` names (as a search shows it), with what is
-        around it."""
+        around it; memory files are those of `files` (default: the workspace's)."""
         match = _REF.fullmatch(ref.strip())
         if match is None:
             raise ToolError(
@@ -108,7 +119,8 @@ class MemoryRecall:
         if match.group(1) is not None:
             return await self._entry(int(match.group(1)), scope)
         path, line = match.group(2), int(match.group(3))
-        lines = await asyncio.to_thread(lines_around, self._workspace, path, line, 8)
+        root = files if files is not None else self._workspace
+        lines = await asyncio.to_thread(lines_around, root, path, line, 8)
         if lines is None:
             raise ToolError(f"there is no memory file {path}")
         if not lines:
@@ -210,9 +222,14 @@ class MemorySearchTool(Tool[MemorySearchParams]):
         self._recall = recall
 
     async def run(self, args: MemorySearchParams) -> str:
-        scope = scope_of(tool_context())
+        context = tool_context()
         return await self._recall.search(
-            args.query, since=args.since, until=args.until, limit=args.limit, scope=scope
+            args.query,
+            since=args.since,
+            until=args.until,
+            limit=args.limit,
+            scope=scope_of(context),
+            files=files_of(context),
         )
 
 
@@ -231,4 +248,5 @@ class MemoryGetTool(Tool[MemoryGetParams]):
         self._recall = recall
 
     async def run(self, args: MemoryGetParams) -> str:
-        return await self._recall.get(args.ref, scope=scope_of(tool_context()))
+        context = tool_context()
+        return await self._recall.get(args.ref, scope=scope_of(context), files=files_of(context))

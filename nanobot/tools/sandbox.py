@@ -116,6 +116,7 @@ class Sandbox(ABC):
         call: SandboxCall | None = None,
         gate: Gate | None = None,
         launched: bool = False,
+        person: Path | None = None,
     ) -> list[str]:
         """The argv that runs `argv` in this sandbox, for `call` (None: a bare check that
         the sandbox starts, without the per-call parts), held at `gate` where it is `gated`
@@ -175,7 +176,15 @@ class Unconfined(Sandbox):
         call: SandboxCall | None = None,
         gate: Gate | None = None,
         launched: bool = False,
+        person: Path | None = None,
     ) -> list[str]:
+        if person is not None:
+            # Without a sandbox nothing keeps a command out of other people's folders.
+            raise ToolError(
+                "the shell cannot keep people's folders apart without its sandbox "
+                "(tools.exec.sandbox: none), so it is off while people.isolation is person. "
+                "Use the file tools instead, or ask the owner to turn the sandbox on."
+            )
         return list(argv)
 
     @property
@@ -199,6 +208,7 @@ class Unavailable(Sandbox):
         call: SandboxCall | None = None,
         gate: Gate | None = None,
         launched: bool = False,
+        person: Path | None = None,
     ) -> list[str]:
         raise ToolError(
             "the shell is disabled on this machine: no sandbox can run here "

@@ -38,7 +38,7 @@ from nanobot.sizes import format_size
 from nanobot.tools._bwrap_gate import Gate
 from nanobot.tools._exec_taint import ExecTaint
 from nanobot.tools._process import Process, namespace_inits, start, stop_group
-from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult
+from nanobot.tools.base import Tool, ToolError, ToolParams, ToolResult, current_context
 from nanobot.tools.bubblewrap import Bubblewrap
 from nanobot.tools.limit_scope import Scope, close_scope, open_scope
 from nanobot.tools.limits import KEY, NO_LIMITS, Enforcement
@@ -121,7 +121,9 @@ class ExecTool(Tool[ExecParams]):
 
     async def _limited(self, args: ExecParams, call: SandboxCall) -> str | ToolResult:
         """`args.command` in the sandbox call `call`, within the command limits."""
-        self.sandbox.command(["/bin/sh", "-c", args.command], call=call)  # refused if none
+        person = _person_root()
+        # Refused if there is no sandbox (or none that keeps people apart).
+        self.sandbox.command(["/bin/sh", "-c", args.command], call=call, person=person)
         for pattern in self._deny:
             if pattern.search(args.command):
                 raise ToolError(
@@ -146,22 +148,31 @@ class ExecTool(Tool[ExecParams]):
         return isinstance(self.sandbox, Bubblewrap) and self.sandbox.confinement.network == "none"
 
     async def _run(self, args: ExecParams, call: SandboxCall, scope: Scope) -> str | ToolResult:
-        taint = await ExecTaint.before(args.command, self.workspace, self.ledger)
+        person = _person_root()
+        cwd = person if person is not None else self.workspace
+        taint = await ExecTaint.before(args.command, cwd, self.ledger, keys_from=self.workspace)
         command = ["/bin/sh", "-c", args.command]
         gate = Gate() if self.sandbox.gated and scope.held else None
-        if gate is not None:
-            argv = self.sandbox.command(command, call=call, gate=gate, launched=True)
-            fds = gate.pass_fds
-        else:
-            inner = self.sandbox.command(scope.inner(command), call=call, launched=True)
-            argv, fds = scope.outer(inner), ()
+        try:
+            if gate is not None:
+                argv = self.sandbox.command(
+                    command, call=call, gate=gate, launched=True, person=person
+                )
+                fds = gate.pass_fds
+            else:
+                inner = self.sandbox.command(
+                    scope.inner(command), call=call, launched=True, person=person
+                )
+                argv, fds = scope.outer(inner), ()
+        except ValueError as exc:
+            raise ToolError(f"the command cannot run in your folder: {exc}") from None
         timeout = min(args.timeout or self.timeout, self.timeout)
-        env = _minimal_env(self.workspace, self.sandbox.path, call.env)
+        env = _minimal_env(cwd, self.sandbox.path, call.env)
         try:
             try:
                 process = await start(
                     argv,
-                    self.workspace,
+                    cwd,
                     env,
                     self.max_output_bytes,
                     (*call.pass_fds, *fds),
@@ -297,6 +308,12 @@ async def _first(*events: asyncio.Event) -> None:
     finally:
         for wait in waits:
             wait.cancel()
+
+
+def _person_root() -> Path | None:
+    """The folder of the person the current turn runs as, when people are kept apart."""
+    context = current_context.get()
+    return context.root if context is not None and context.shared is not None else None
 
 
 def _minimal_env(workspace: Path, path: str, sandbox: Mapping[str, str]) -> dict[str, str]:
