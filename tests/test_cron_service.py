@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nanobot.bus.events import InboundMessage, TurnOutcome
+from nanobot.bus.events import SKIPPED_FOR_BUDGET, InboundMessage, TurnOutcome
 from nanobot.bus.intake import IntakePaused
 from nanobot.cron.jobs import Jobs, ScheduleSpec
 from nanobot.cron.models import At, Cron, Every, Job
@@ -618,3 +618,19 @@ async def test_the_tool_shows_times_in_the_jobs_zone_and_says_where_answers_cann
 
 
 BERLIN = "Europe/Berlin"
+
+
+async def test_a_run_over_its_budget_is_recorded_as_skipped(db: Database) -> None:
+    store, runner, clock = CronStore(db), Runner(), FakeClock()
+    runner.hold = asyncio.Event()
+    job = await Jobs(store, "UTC").add("costly", "m", ScheduleSpec(every="1h"))
+    assert job.next_run is not None
+    clock.advance(job.next_run - clock.now())
+    task = await start(store, runner, clock)
+    await runner.wait(1)
+    assert runner.service is not None
+    over = "Over budget: the daily budget of cron jobs is $1.00, and $1.00 is spent."
+    await runner.service.finished(runner.events[0], TurnOutcome(SKIPPED_FOR_BUDGET, over))
+    (run, *_) = await store.runs(job.id)
+    assert (run.status, run.error) == ("skipped", over)
+    await stop(task)

@@ -232,3 +232,32 @@ async def test_an_empty_answer_is_never_a_silent_gap(
     assert [r.text for r in harness.replies()] == [EMPTY_ANSWER, EMPTY_ANSWER]
     assert sum("answered nothing visible" in w for w in warnings) == 2
     await harness.stop()
+
+
+async def test_a_cron_run_over_its_budget_is_reported_skipped_for_budget(
+    tmp_path: Path, fake_llm: FakeLLM, db: Database
+) -> None:
+    from nanobot.agent.budget import Budgets, BudgetSettings
+    from nanobot.bus.events import SKIPPED_FOR_BUDGET
+    from nanobot.store.budgets import BudgetStore
+
+    sink = Sink()
+    harness = await rig(tmp_path, fake_llm, db, sink)
+    provider = harness.parts.provider
+    harness.parts.loop.budgets = Budgets(
+        BudgetStore(db),
+        BudgetSettings(cron_daily=0.0),
+        price=lambda _model: None,
+        count=provider.count_tokens,
+        model=provider.model,
+        max_tokens=200,
+    )
+    await harness.start()
+    assert await harness.gate.submit(cron_event(8)) is not None
+    await sink.wait()
+    ((_, outcome),) = sink.outcomes
+    assert outcome.status == SKIPPED_FOR_BUDGET
+    assert outcome.text is not None
+    assert outcome.text.startswith("Over budget: the daily budget of cron jobs is $0.00")
+    assert fake_llm.requests == []
+    await harness.stop()

@@ -185,13 +185,17 @@ async def test_the_cost_a_litellm_proxy_sends_in_its_header_is_kept_too(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_a_known_price_is_used_over_a_reported_cost(
+async def test_a_reported_cost_is_used_over_a_known_price(
     fake_llm: FakeLLM, providers: Providers, transport: str
 ) -> None:
+    # The provider knows discounts, cache hits and routing that no price list does (issue 31).
     model = "openai/gpt-4o-mini"
-    fake_llm.script(Text("hi", cost=1.0))
-    completion = await providers(transport, model=model).complete(MESSAGES)
+    fake_llm.script(Text("hi", cost=1.0), Text("hi"))
+    provider = providers(transport, model=model)
+    completion = await provider.complete(MESSAGES)
+    assert (completion.usage.cost, completion.usage.reported) == (1.0, True)
+    usage = (await provider.complete(MESSAGES)).usage  # none reported: the list's price
     prices = Catalog.shipped().info(model).prices
     assert prices is not None
-    usage = completion.usage
     assert usage.cost == pytest.approx(prices.cost(usage.prompt_tokens, usage.completion_tokens))
+    assert usage.priced and not usage.reported

@@ -50,11 +50,14 @@ class Recorder:
         *,
         on_delta: DeltaHandler | None = None,
         max_tokens: int | None = None,
+        model: str | None = None,
     ) -> Completion:
         self.calls.append((list(messages), list(tools)))
         if self.instant:
             return self.scripted.pop(0) if self.scripted else _echo(messages, self.model)
-        return await self.inner.complete(messages, tools, on_delta=on_delta, max_tokens=max_tokens)
+        return await self.inner.complete(
+            messages, tools, on_delta=on_delta, max_tokens=max_tokens, model=model
+        )
 
     def context_window(self) -> int:
         return self.inner.context_window()

@@ -110,6 +110,10 @@ class Approver:
         # dropped once its run is over, however the run ended.
         self._runs: WeakValueDictionary[str, RunApproval] = WeakValueDictionary()
 
+    def is_approver(self, channel: str, user_id: str) -> bool:
+        """Whether `user_id` is one of `channel`'s configured approvers."""
+        return user_id in self._approvers.get(channel, ())
+
     def decided(self, request_id: str) -> None:
         """Request `request_id` was decided, maybe by another process: wake its run if it
         waits here (it reads the decision from the store)."""

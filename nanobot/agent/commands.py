@@ -7,6 +7,7 @@ from typing import Final
 
 from loguru import logger
 
+from nanobot.agent._spend_commands import budget_command, usage_command
 from nanobot.agent.loop import AgentLoop
 from nanobot.agent.subagents import Subagents
 from nanobot.bus.events import InboundMessage
@@ -26,6 +27,8 @@ HELP = (
     "/approve ID [once|chat|always], /deny ID - decide on a request (the card's buttons do it)\n"
     "/voice [on|off|auto] - spoken replies here: always, never, or when you sent a voice note\n"
     "/search TEXT - find TEXT in past conversations and the memory files\n"
+    "/usage - what you spent today and this month, and what is left of your budgets\n"
+    "/budget [raise USD today|month [ID|all|cron|heartbeat]] - the budgets (approvers raise)\n"
     "/help - this message"
 )
 
@@ -91,6 +94,10 @@ async def answer(
             text = await _voice(message, voices)
         case "search":
             text = await _search(message, recall, loop)
+        case "usage":
+            text = await usage_command(message, loop)
+        case "budget":
+            text = await budget_command(message, loop)
         case None:  # a press of a button that is none of ours (forged, or very old)
             logger.info("{}: a press with unknown data was ignored", message.chat.channel)
             text = "This button does nothing."

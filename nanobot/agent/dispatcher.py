@@ -27,9 +27,17 @@ from nanobot.agent.approver import Caller
 from nanobot.agent.chat_sink import ChatSink, StreamIds
 from nanobot.agent.held import Held
 from nanobot.agent.loop import AgentLoop
+from nanobot.agent.run import OverBudget
 from nanobot.agent.subagents import Subagents
 from nanobot.agent.turn import Reply, TurnRequest
-from nanobot.bus.events import ChatRef, InboundMessage, OutboundMessage, Source, TurnOutcome
+from nanobot.bus.events import (
+    SKIPPED_FOR_BUDGET,
+    ChatRef,
+    InboundMessage,
+    OutboundMessage,
+    Source,
+    TurnOutcome,
+)
 from nanobot.bus.queue import MessageBus
 from nanobot.bus.records import inbound_from, outbound_from, outbound_record
 from nanobot.errors import StoreError
@@ -223,6 +231,7 @@ class Dispatcher:
             mode=route.mode,
             inbound_id=message.journal_id,
             caller=_caller(message),
+            source=message.source,
             images=tuple(a.path for a in message.attachments if a.kind == "photo"),
             files=tuple(a.path for a in message.attachments),
         )
@@ -303,7 +312,10 @@ class Dispatcher:
         if outbound is not None and outbox_id is not None:
             await self._bus.publish(_with_outbox(outbound, outbox_id))
         delivered = message.route.deliver and result.status == "completed" and text is not None
-        await self._report(ids, TurnOutcome(result.status, text, result.error, delivered))
+        status: str = result.status
+        if isinstance(result.error, OverBudget) and message.source in ("cron", "heartbeat"):
+            status = SKIPPED_FOR_BUDGET
+        await self._report(ids, TurnOutcome(status, text, result.error, delivered))
 
     async def _retry(self, held: Held) -> None:
         async for message, resume in held.released():

@@ -22,6 +22,7 @@ from nanobot.agent._approval_words import waiting_text
 from nanobot.agent._lane import Delivery, Queued, take
 from nanobot.agent._resumption import finished_answer, record_interrupted
 from nanobot.agent.approver import Approver
+from nanobot.agent.budget import UNATTENDED, Budgets, TurnSpend
 from nanobot.agent.compaction import Compactor, shrink_tool_results
 from nanobot.agent.context import HEARTBEAT_FILE, ContextBuilder, user_message
 from nanobot.agent.history import History, Window, summary_message
@@ -77,12 +78,15 @@ class AgentLoop:
         usage: UsageLedger | None = None,
         approver: Approver | None = None,
         ledger: Ledger | None = None,
+        budgets: Budgets | None = None,
         persons: Persons | None = None,
     ) -> None:
         """`ledger`: the taint ledger; with it, files sent in a chat are recorded with their
         sender, and prompt files it marks are shown as data and taint every turn. `persons`:
         whom each turn runs as (`people.isolation`); without, every turn works in the whole
-        workspace with `context`."""
+        workspace with `context`. `budgets`: the caps every model call of a turn is held
+        against (None: none)."""
+        self.budgets = budgets
         self._persons = persons
         self._provider = provider
         self._ledger = ledger
@@ -101,6 +105,19 @@ class AgentLoop:
         self._usage = usage
         self._fill: OrderedDict[str, int] = OrderedDict()  # session key -> input tokens
         self._heard: OrderedDict[str, tuple[int, str]] = OrderedDict()  # notes, by whom
+
+    @property
+    def usage(self) -> UsageLedger | None:
+        """The usage ledger turns are recorded in (None: they are not)."""
+        return self._usage
+
+    @property
+    def model(self) -> str:
+        return self._provider.model
+
+    def now(self) -> datetime:
+        """Now, in the configured time zone."""
+        return self._now()
 
     def busy(self, session_key: str) -> bool:
         return self._lanes.busy(session_key)
@@ -249,20 +266,28 @@ class AgentLoop:
         )
         caller = replace(request.caller, untrusted=untrusted) if request.caller else None
         token = current_context.set(context)
+        spend = self._spend(request)
+        hooks = self._hooks(lane, replace(request, caller=caller), session_id, run, window)
         try:
-            result = await self._runner.run(
-                run, self._hooks(lane, replace(request, caller=caller), session_id, run, window)
-            )
+            result = await self._runner.run(run, replace(hooks, spend=spend))
         finally:
             current_context.reset(token)
-        await self._account(request.session_key, result, window.tokens)
+        await self._account(request, result, window.tokens, spend)
         if self._compactor.worth_it(session_id, window, budget):
             await self._compactor.compact(session_id, window, budget)
         already_sent = result.status == "completed" and result.final_text in context.sent
         # A run is aborted only by /stop (Ctrl-C at the terminal), whose answer says
         # "Stopped." already: the stopped turn's own "Stopped." would say it twice.
         said = already_sent or result.status == "aborted"
-        return self._reply(lane, result, None if said else result.final_text)
+        text = None if said else result.final_text
+        if spend is not None and spend.notes:  # a budget's warning, once per period
+            text = "\n\n".join([*([text] if text else []), *spend.notes])
+        return self._reply(lane, result, text)
+
+    def _spend(self, request: TurnRequest) -> TurnSpend | None:
+        if self.budgets is None:
+            return None
+        return self.budgets.for_turn(request.sender_id, request.source, request.chat.channel)
 
     async def _acting(self, request: TurnRequest) -> Acting:
         """Whom the turn of `request` runs as (everyone alike without `persons`)."""
@@ -311,7 +336,14 @@ class AgentLoop:
             brought.append(cut(f"{HEARTBEAT_FILE}, {beat}"))
         return context.system_prompt(now, tainted), (*brought, *in_prompt(tainted))
 
-    async def _account(self, session_key: str, result: RunResult, window_tokens: int) -> None:
+    async def _account(
+        self,
+        request: TurnRequest,
+        result: RunResult,
+        window_tokens: int,
+        spend: TurnSpend | None = None,
+    ) -> None:
+        session_key = request.session_key
         self._fill[session_key] = window_tokens + self._prompt_tokens[1]
         self._fill.move_to_end(session_key)
         if len(self._fill) > FILL_CACHE_SIZE:
@@ -320,10 +352,14 @@ class AgentLoop:
             await self._usage.record(
                 session_key,
                 result.run_id,
-                model=self._provider.model,
+                model=(spend.model if spend is not None else None) or self._provider.model,
                 prompt_tokens=result.usage.prompt_tokens,
                 completion_tokens=result.usage.completion_tokens,
                 cost=result.usage.cost,
+                cached_tokens=result.usage.cached_tokens,
+                priced=result.usage.priced,
+                person=request.sender_id if request.source not in UNATTENDED else None,
+                source=request.source,
             )
 
     def heard(self, session_key: str, count: int, model: str) -> None:

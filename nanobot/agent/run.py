@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Container, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, Protocol
 
 from nanobot.providers.base import Message, ToolCall, Usage
 
@@ -179,6 +179,36 @@ result instead of running it); `Asking`, wait for a person."""
 Approve = Callable[[ToolCall], Awaitable[Approval]]
 
 
+class OverBudget(Exception):
+    """A model call was not made: it would not fit a budget. `reason` says which, for the
+    user (the run's `error` when it ended for it)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Spend(Protocol):
+    """The budgets a run's model calls are held against (`RunHooks.spend`). `model`: the
+    model the held call is to use instead of the primary one (None: the primary)."""
+
+    model: str | None
+
+    async def reserve(self, messages: Sequence[Message]) -> str | None:
+        """Hold the expected cost of a call with `messages` against every budget that
+        applies; None when it is held (the call may be made), else why not, for the user.
+        Raises what the store raises."""
+        ...
+
+    async def spent(self, usage: Usage) -> None:
+        """The held call was made and cost `usage`: it replaces the hold. Never raises."""
+        ...
+
+    async def release(self) -> None:
+        """The held call failed or was cancelled: its hold goes. Never raises."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class RunHooks:
     """How a run talks to the stateful shell around it. Every hook is optional.
@@ -198,6 +228,9 @@ class RunHooks:
       text go to `listener`). Only then is the model's answer streamed: unwatched, it comes
       whole, which through litellm costs under half the CPU (litellm handles every streamed
       chunk at some 250 µs).
+    - `spend`: the budgets; each model call is made only once `spend.reserve` held it (a
+      refusal ends the run as failed after the calls made so far, with what it has and
+      the reason, its `error` an `OverBudget`).
     """
 
     persist: Persist | None = None
@@ -206,3 +239,4 @@ class RunHooks:
     approve: Approve | None = None
     listener: EventListener | None = None
     live: bool = False
+    spend: Spend | None = None

@@ -20,6 +20,7 @@ from nanobot.agent._tool_calls import ToolCalls
 from nanobot.agent.run import (
     TRANSITIONS,
     EventKind,
+    OverBudget,
     RunEvent,
     RunHooks,
     RunInput,
@@ -163,6 +164,10 @@ class _Run:
         except _Stop as stop:
             status, final_text = "failed", stop.reason
             await self._settle_pending(NOT_RUN)
+        except OverBudget as over:
+            # What the calls made so far said is the user's too: it is not lost.
+            status, final_text, error = "failed", self._so_far(over.reason), over
+            logger.info("run {}: {}", self.input.run_id, over.reason)
         except ProviderError as exc:
             status, final_text, error = "failed", exc.user_message(), exc
             logger.warning("run {} failed: {}", self.input.run_id, exc)
@@ -186,6 +191,14 @@ class _Run:
         )
         self.emit("run_end", text=final_text, is_error=status != "completed")
         return result
+
+    def _so_far(self, reason: str) -> str:
+        said = [
+            str(m["content"]).strip()
+            for m in self.entries
+            if m.get("role") == "assistant" and isinstance(m.get("content"), str)
+        ]
+        return "\n\n".join([*(s for s in said if s), reason])
 
     def _interrupted(self) -> tuple[RunStatus, str]:
         if self.abort.is_set():
@@ -253,6 +266,25 @@ class _Run:
         raise AssertionError("unreachable")
 
     async def _stream_model(self) -> Completion:
+        spend = self.hooks.spend
+        if spend is not None:
+            try:
+                refused = await spend.reserve(self.messages)
+            except Exception as exc:
+                raise _PersistError("the budgets could not be checked") from exc
+            if refused is not None:
+                raise OverBudget(refused)
+        try:
+            completion = await self._call_held(spend.model if spend is not None else None)
+        except BaseException:
+            if spend is not None:
+                await asyncio.shield(spend.release())
+            raise
+        if spend is not None:
+            await spend.spent(completion.usage)
+        return completion
+
+    async def _call_held(self, model: str | None) -> Completion:
         index = self.model_calls
         self.model_calls += 1
         self.emit("turn_start", call_index=index)
@@ -273,7 +305,10 @@ class _Run:
         live = self.hooks.live and self.hooks.listener is not None
         completion = await self.race(
             self.provider.complete(
-                self.messages, self.calls.schemas, on_delta=on_delta if live else None
+                self.messages,
+                self.calls.schemas,
+                on_delta=on_delta if live else None,
+                model=model,
             )
         )
         self.usage += completion.usage

@@ -28,6 +28,7 @@ from typing import Any, Literal, cast, get_args
 from loguru import logger
 
 from nanobot.agent.approver import Approver, Caller
+from nanobot.agent.budget import Budgets
 from nanobot.agent.persons import Persons
 from nanobot.agent.run import LoopLimits, RunHooks, RunInput, RunResult
 from nanobot.agent.runner import Runner
@@ -99,11 +100,15 @@ class Subagents:
         usage: UsageLedger | None = None,
         model: str = "",
         approver: Approver | None = None,
+        budgets: Budgets | None = None,
         persons: Persons | None = None,
     ) -> None:
-        """`persons`: whom each task runs as, its starter (`people.isolation: person`: in
-        their folder, their sandbox, their search); None: people share the workspace."""
+        """`budgets`: what a task's model calls are held against, as its starter's (source
+        `task`); None: none. `persons`: whom each task runs as, its starter
+        (`people.isolation: person`: in their folder, their sandbox, their search); None:
+        people share the workspace."""
         self._approver = approver
+        self._budgets = budgets
         self._persons = persons
         self._runner = runner
         self._sessions = sessions
@@ -308,7 +313,10 @@ class Subagents:
             shared=acting.shared if acting else None,
             scope=acting.scope if acting else None,
         )
-        hooks = RunHooks(persist=persist)
+        spend = None
+        if self._budgets is not None:
+            spend = self._budgets.for_turn(origin.sender_id, "task", origin.channel)
+        hooks = RunHooks(persist=persist, spend=spend)
         if self._approver is not None:  # its calls are asked about in the chat it came from
             caller = Caller(
                 origin.session_key,
@@ -318,7 +326,9 @@ class Subagents:
                 untrusted=untrusted,
             )
             approval = self._approver.for_run(caller, run.run_id)
-            hooks = RunHooks(persist=persist, approve=approval.approve, listener=approval.observe)
+            hooks = RunHooks(
+                persist=persist, approve=approval.approve, listener=approval.observe, spend=spend
+            )
         token = current_context.set(context)
         try:
             return await self._runner.run(run, hooks)
@@ -335,6 +345,10 @@ class Subagents:
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,
             cost=result.usage.cost,
+            cached_tokens=result.usage.cached_tokens,
+            priced=result.usage.priced,
+            person=info.origin.sender_id,
+            source="task",
         )
 
     async def _report(

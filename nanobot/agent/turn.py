@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nanobot.agent.approver import Caller
 from nanobot.agent.run import RunEvent, RunResult
-from nanobot.bus.events import ChatRef, QueueMode
+from nanobot.bus.events import ChatRef, QueueMode, Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +70,4 @@ class TurnRequest:
     images: tuple[Path, ...] = ()  # photos sent with it, shown to models that can see
     caller: Caller | None = None  # who asks for approvals; None: no call is asked about
     files: tuple[Path, ...] = ()  # files sent with it, saved under the inbox (for the ledger)
+    source: Source = "chat"  # what started it: its budgets, and the usage ledger's column

@@ -103,6 +103,7 @@ def build_subagents(config: Config, parts: Parts, intake: EventIntake) -> Subage
         ),
         usage=UsageLedger(parts.db),
         model=agent.model,
+        budgets=parts.loop.budgets,
         approver=parts.approver,
         persons=parts.persons,
     )

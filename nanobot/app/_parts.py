@@ -28,6 +28,7 @@ from nanobot.agent.prompt_budget import PromptBudget
 from nanobot.agent.run import LoopLimits, ToolPolicy
 from nanobot.agent.runner import Runner
 from nanobot.agent.taint import Ledger
+from nanobot.app._budget import build_budgets
 from nanobot.app._exec import build_reserve, exec_limits, open_sandbox
 from nanobot.app._media import build_reader
 from nanobot.app._people import open_persons
@@ -336,6 +337,7 @@ async def open_parts(
                     usage=UsageLedger(db),
                     approver=approver,
                     ledger=ledger,
+                    budgets=await build_budgets(config, db, provider, gateway=gateway),
                     persons=persons,
                 )
                 if not gateway:  # a gateway starts them once it has answered (`start_when_quiet`)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nanobot.app._budget import config_prices
 from nanobot.config import Config
 from nanobot.providers.catalog import Catalog
 from nanobot.providers.provider import Provider, RetryPolicy
@@ -41,6 +42,7 @@ def build_provider(config: Config) -> Provider:
         temperature=agent.temperature,
         retry=RetryPolicy(attempts=agent.max_retries, max_total=agent.retry_max_seconds),
         context_window=agent.context_window,
+        prices=config_prices(config),
     )
 
 

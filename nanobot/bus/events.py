@@ -8,13 +8,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 CommandName = Literal[
-    "new", "stop", "status", "help", "tasks", "approve", "deny", "approvals", "voice", "search"
+    "new",
+    "stop",
+    "status",
+    "help",
+    "tasks",
+    "approve",
+    "deny",
+    "approvals",
+    "voice",
+    "search",
+    "usage",
+    "budget",
 ]
 COMMANDS: frozenset[str] = frozenset(
-    {"new", "stop", "status", "help", "tasks", "approve", "deny", "approvals", "voice", "search"}
+    {
+        "new",
+        "stop",
+        "status",
+        "help",
+        "tasks",
+        "approve",
+        "deny",
+        "approvals",
+        "voice",
+        "search",
+        "usage",
+        "budget",
+    }
 )
 
 Source = Literal["chat", "cron", "heartbeat", "task"]
@@ -329,6 +353,10 @@ class Typing:
 
 
 Outbound = OutboundMessage | StreamUpdate | Typing
+
+
+SKIPPED_FOR_BUDGET: Final = "skipped_for_budget"
+"""A `TurnOutcome.status`: a cron or heartbeat turn that made no call, over a budget."""
 
 
 @dataclass(frozen=True, slots=True)

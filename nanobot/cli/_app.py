@@ -21,6 +21,7 @@ from nanobot.cli._manage import approvals_app, pairing_app, taint_app
 from nanobot.cli._mcp import mcp_app
 from nanobot.cli._memory import memory_app
 from nanobot.cli._people import people_app
+from nanobot.cli._usage import usage
 
 app = typer.Typer(
     name="nanobot",
@@ -215,6 +216,7 @@ app.add_typer(taint_app, name="taint")
 app.add_typer(cron_app, name="cron")
 app.add_typer(mcp_app, name="mcp")
 app.add_typer(memory_app, name="memory")
+app.command("usage")(usage)
 app.add_typer(people_app, name="people")
 
 

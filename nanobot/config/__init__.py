@@ -9,8 +9,9 @@ The sections live in modules of their own (`agent`, `channels`, `tools`, `automa
 and the environment in `loading`. Import from here: this is the package's surface.
 """
 
-from nanobot.config.agent import AgentConfig
+from nanobot.config.agent import AgentConfig, ModelPrice
 from nanobot.config.automation import ChatTarget, CronConfig, HeartbeatConfig
+from nanobot.config.budget import BudgetConfig, PersonBudget
 from nanobot.config.channels import (
     ChannelConfig,
     ChannelsConfig,
@@ -47,6 +48,7 @@ __all__ = [
     "AgentConfig",
     "Approval",
     "ApprovalConfig",
+    "BudgetConfig",
     "ChannelConfig",
     "ChannelsConfig",
     "ChatTarget",
@@ -61,7 +63,9 @@ __all__ = [
     "LogConfig",
     "McpConfig",
     "McpServerConfig",
+    "ModelPrice",
     "PeopleConfig",
+    "PersonBudget",
     "StoreConfig",
     "TelegramConfig",
     "TelegramWebhookConfig",

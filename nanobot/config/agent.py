@@ -9,6 +9,14 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from nanobot.config._section import Section
 
 
+class ModelPrice(Section):
+    """What a model costs, in USD per million tokens (`agent.prices`)."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cached: float | None = Field(None, ge=0)
+
+
 class AgentConfig(Section):
     model: str = "openai/gpt-4o-mini"
     api_key: SecretStr | None = None
@@ -37,6 +45,9 @@ class AgentConfig(Section):
     # Characters of each prompt file or memory file in the system prompt, and of all together.
     prompt_file_chars: int = Field(20_000, ge=1000)
     prompt_total_chars: int = Field(60_000, ge=1000)
+    # Per model, USD per million tokens, where neither the provider nor litellm's list
+    # says what a call costs.
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
     @field_validator("model")
     @classmethod

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from nanobot.config.agent import AgentConfig
 from nanobot.config.automation import CronConfig, HeartbeatConfig
+from nanobot.config.budget import BudgetConfig
 from nanobot.config.channels import ChannelsConfig
 from nanobot.config.gateway import ClusterConfig, GatewayConfig, LogConfig
 from nanobot.config.mcp import McpConfig
@@ -51,6 +52,7 @@ class Config(BaseSettings):
     transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
     documents: DocumentsConfig = Field(default_factory=DocumentsConfig)
     tts: TtsConfig = Field(default_factory=TtsConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
     people: PeopleConfig = Field(default_factory=PeopleConfig)
     # The file this was loaded from (None when built directly): a secret to keep out of
     # the sandbox like the data dir.

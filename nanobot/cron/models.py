@@ -62,9 +62,10 @@ class Cron:
 
 Schedule = At | Every | Cron
 
-RunStatus = Literal["ok", "error", "missed", "running", "interrupted"]
+RunStatus = Literal["ok", "error", "missed", "running", "interrupted", "skipped"]
 """How a run ended: `running` until it does; `interrupted` when the process stopped first;
-`missed` when it fell due too long ago to catch up (it never started)."""
+`missed` when it fell due too long ago to catch up (it never started); `skipped` when a
+budget had no room for its model call (`budget`)."""
 
 Delivery = Literal["pending", "delivered", "failed"]
 """Where a run's answer stands: queued for its chat (`pending`, also across restarts), on

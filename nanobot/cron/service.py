@@ -38,7 +38,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 from loguru import logger
 
-from nanobot.bus.events import ChatRef, InboundMessage, TurnOutcome
+from nanobot.bus.events import SKIPPED_FOR_BUDGET, ChatRef, InboundMessage, TurnOutcome
 from nanobot.bus.intake import EventIntake, once_taken
 from nanobot.cron.job_store import JobStore
 from nanobot.cron.models import Job, RunStatus
@@ -253,8 +253,11 @@ class CronService:
         error = None
         if not outcome.ok:
             error = outcome.text or (str(outcome.error) if outcome.error else outcome.status)
+        status: RunStatus = "error" if error else "ok"
+        if outcome.status == SKIPPED_FOR_BUDGET:
+            status = "skipped"
         try:
-            await self._finish(int(message.ref), "error" if error else "ok", error)
+            await self._finish(int(message.ref), status, error)
         except Exception:  # noqa: BLE001 - told by the dispatcher, which must go on
             logger.exception("could not record the end of cron run {}", message.ref)
 

@@ -1,5 +1,5 @@
 """Managing an installation from the command line: onboarding, status, pairing, cron jobs,
-approvals, taint, MCP servers, memory search.
+approvals, taint, MCP servers, memory search, usage.
 
 Each function sets up logging, opens what it needs, does one thing and returns lines for the
 CLI to print. None of them imports litellm or the chat libraries. Each command's work is in
@@ -16,6 +16,7 @@ from nanobot.manage._pairing import pairing
 from nanobot.manage._people import people_export, people_forget, people_link, people_list
 from nanobot.manage._status import health, status
 from nanobot.manage._taint import taint
+from nanobot.manage._usage import usage_report
 
 __all__ = [
     "GATEWAY_LOCK",
@@ -40,4 +41,5 @@ __all__ = [
     "run_lines",
     "status",
     "taint",
+    "usage_report",
 ]

@@ -38,8 +38,12 @@ class Assembler:
         skipped."""
         usage = chunk.get("usage")
         if usage and usage.get("prompt_tokens") is not None:
+            details = usage.get("prompt_tokens_details") or {}
             self.set_usage(
-                usage["prompt_tokens"], usage.get("completion_tokens"), usage.get("cost")
+                usage["prompt_tokens"],
+                usage.get("completion_tokens"),
+                usage.get("cost"),
+                details.get("cached_tokens") if isinstance(details, dict) else None,
             )
         for choice in chunk.get("choices") or ():
             if choice.get("finish_reason"):
@@ -59,12 +63,27 @@ class Assembler:
                 )
 
     def set_usage(
-        self, prompt_tokens: int | None, completion_tokens: int | None, cost: object = None
+        self,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        cost: object = None,
+        cached_tokens: object = None,
     ) -> None:
-        """The answer's token counts, and the cost in USD the server put beside them (OpenRouter
-        and LiteLLM's proxy send `usage.cost`); anything but a number there counts as none."""
-        reported = cost if isinstance(cost, int | float) and not isinstance(cost, bool) else 0.0
-        self.usage = Usage(int(prompt_tokens or 0), int(completion_tokens or 0), max(0.0, reported))
+        """The answer's token counts (`cached_tokens`: OpenAI's
+        `prompt_tokens_details.cached_tokens`), and the cost in USD the server put beside
+        them (OpenRouter and LiteLLM's proxy send `usage.cost`); anything but a number
+        there counts as none."""
+        reported = None
+        if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
+            reported = float(cost)
+        cached = cached_tokens if isinstance(cached_tokens, int) and cached_tokens > 0 else 0
+        self.usage = Usage(
+            int(prompt_tokens or 0),
+            int(completion_tokens or 0),
+            reported or 0.0,
+            cached,
+            reported is not None,
+        )
 
     def header_cost(self, value: object) -> None:
         """The cost LiteLLM's proxy sends as its `x-litellm-response-cost` header, where the
@@ -76,7 +95,7 @@ class Assembler:
         except ValueError:
             return
         if math.isfinite(cost) and cost > 0:
-            self.usage = dataclasses.replace(self.usage, cost=cost)
+            self.usage = dataclasses.replace(self.usage, cost=cost, reported=True)
 
     def finish(self, reason: str) -> None:
         self._finish = reason

@@ -49,12 +49,17 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts and cost in USD: by the model's known price, else as the server reported
-    it (OpenRouter, LiteLLM's proxy), else 0.0."""
+    """Token counts and cost in USD: as the server reported it (OpenRouter, LiteLLM's proxy;
+    `reported`), else by the model's known price, else unknown (`priced` False, cost 0.0,
+    which is then no figure at all). `cached_tokens`: the part of the prompt the provider
+    read from its cache, where it says."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
+    cached_tokens: int = 0
+    reported: bool = False
+    priced: bool = True
 
     @property
     def total_tokens(self) -> int:
@@ -65,6 +70,9 @@ class Usage:
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
             self.cost + other.cost,
+            self.cached_tokens + other.cached_tokens,
+            self.reported and other.reported,
+            self.priced and other.priced,
         )
 
 
@@ -128,8 +136,10 @@ class LLMProvider(Protocol):
         *,
         on_delta: DeltaHandler | None = None,
         max_tokens: int | None = None,
+        model: str | None = None,
     ) -> Completion:
-        """Run one model call and return the assembled result.
+        """Run one model call and return the assembled result; `model`, where given, is
+        called instead of the primary one (a cheaper model past a budget's warning).
 
         `on_delta` is called synchronously with each streamed piece as it arrives; it must not
         raise. After a retry, pieces start again at seq 0, so a listener that keys on
@@ -177,8 +187,8 @@ class Transport(Protocol):
 
     async def stream(self, call: Call, on_delta: DeltaHandler | None) -> Completion:
         """Make `call` and return the assembled answer; its `usage` carries the cost the
-        server reported with it, if any (the provider prices it where the model's price is
-        known).
+        server reported with it, if any (the provider keeps that, and prices the call by the
+        model's known price only where none was reported).
 
         `on_delta` as in `LLMProvider.complete`, seq counting from 0. Without one, a
         transport may ask for the answer whole instead of streamed (litellm's does: each

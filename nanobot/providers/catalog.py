@@ -31,20 +31,25 @@ _TIER = re.compile(r"input_cost_per_token_above_(\d+)(k?)_tokens")
 
 @dataclass(frozen=True, slots=True)
 class Prices:
-    """USD per token, with the higher rates some models charge for long prompts."""
+    """USD per token, with the higher rates some models charge for long prompts, and the
+    rate of prompt tokens read from the provider's cache (`cached`; None: as `input`)."""
 
     input: float
     output: float
     # (threshold in prompt tokens, input rate, output rate), highest threshold first
     tiers: tuple[tuple[int, float, float], ...] = ()
+    cached: float | None = None
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        """The cost of a call; `cached_tokens` are part of `prompt_tokens`."""
         rates = (self.input, self.output)
         for threshold, tier_input, tier_output in self.tiers:
             if prompt_tokens > threshold:
                 rates = (tier_input, tier_output)
                 break
-        return prompt_tokens * rates[0] + completion_tokens * rates[1]
+        cached = min(max(cached_tokens, 0), prompt_tokens) if self.cached is not None else 0
+        cached_cost = cached * self.cached if self.cached is not None else 0.0
+        return (prompt_tokens - cached) * rates[0] + cached_cost + completion_tokens * rates[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,4 +189,10 @@ def _prices(entry: Mapping[str, Any]) -> Prices | None:
         threshold = int(match[1]) * (1000 if match[2] else 1)
         if isinstance(output, (int, float)):
             tiers.append((threshold, float(value), float(output)))
-    return Prices(float(base_input), float(base_output), tuple(sorted(tiers, reverse=True)))
+    cached = entry.get("cache_read_input_token_cost")
+    return Prices(
+        float(base_input),
+        float(base_output),
+        tuple(sorted(tiers, reverse=True)),
+        float(cached) if isinstance(cached, (int, float)) else None,
+    )

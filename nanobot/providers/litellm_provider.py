@@ -268,6 +268,7 @@ def _read_chunk(chunk: Any, assembler: Assembler) -> None:
             _field(usage, "prompt_tokens"),
             _field(usage, "completion_tokens"),
             _field(usage, "cost"),
+            _field(_field(usage, "prompt_tokens_details"), "cached_tokens"),
         )
     for choice in _field(chunk, "choices") or ():
         reason = _field(choice, "finish_reason")

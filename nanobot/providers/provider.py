@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -28,7 +28,7 @@ from nanobot.providers.base import (
     Transport,
     Usage,
 )
-from nanobot.providers.catalog import Catalog
+from nanobot.providers.catalog import Catalog, Prices
 from nanobot.providers.routes import Routes
 from nanobot.providers.tokens import TokenCounter
 
@@ -109,7 +109,10 @@ class Provider:
         vision: bool | None = None,
         catalog: Catalog | None = None,
         tokens: TokenCounter | None = None,
+        prices: Mapping[str, Prices] | None = None,
     ) -> None:
+        """`prices`: per model, what a call costs where litellm's list has no price for it
+        (`agent.prices`)."""
         self._model = model
         self._routes = routes
         self._fallbacks = tuple(fallbacks)
@@ -120,6 +123,7 @@ class Provider:
         self._tokens = tokens or TokenCounter(model)
         self._context_window = context_window
         self._vision = vision
+        self._prices = dict(prices or {})
 
     @property
     def model(self) -> str:
@@ -136,16 +140,17 @@ class Provider:
         *,
         on_delta: DeltaHandler | None = None,
         max_tokens: int | None = None,
+        model: str | None = None,
     ) -> Completion:
         """See `LLMProvider.complete`."""
         deadline = time.monotonic() + self._retry.max_total
         last: ProviderError | None = None
-        for model in (self._model, *self._fallbacks):
+        for each in (model or self._model, *self._fallbacks):
             if last is not None:
                 logger.warning(
-                    "model {} failed ({}); trying fallback {}", last.model, last.kind, model
+                    "model {} failed ({}); trying fallback {}", last.model, last.kind, each
                 )
-            call = Call(model, messages, tools, max_tokens or self._max_tokens, self._temperature)
+            call = Call(each, messages, tools, max_tokens or self._max_tokens, self._temperature)
             try:
                 return await self._with_retries(call, on_delta, deadline)
             except ProviderError as exc:
@@ -165,12 +170,25 @@ class Provider:
         return dataclasses.replace(completion, usage=self._priced(call.model, completion))
 
     def _priced(self, model: str, completion: Completion) -> Usage:
+        """The call's usage with its cost: the server's figure where it reported one (it
+        knows discounts and routing no list does), else by `price`, else unknown."""
         usage = completion.usage
-        prices = self._catalog.info(model).prices
-        if prices is None:  # what the server reported, if anything (a router's own model ids)
+        if usage.reported:
             return usage
-        cost = prices.cost(usage.prompt_tokens, usage.completion_tokens)
-        return Usage(usage.prompt_tokens, usage.completion_tokens, cost)
+        prices = self.price(model)
+        if prices is None:
+            return dataclasses.replace(usage, cost=0.0, priced=False)
+        cost = prices.cost(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+        return dataclasses.replace(usage, cost=cost, priced=True)
+
+    def price(self, model: str) -> Prices | None:
+        """What `model` costs: litellm's list, else `agent.prices`; None: unknown."""
+        listed = self._catalog.info(model).prices
+        return listed if listed is not None else self._prices.get(model)
+
+    def unpriced(self) -> list[str]:
+        """The models (the primary and the fallbacks) with no known price."""
+        return [m for m in (self._model, *self._fallbacks) if self.price(m) is None]
 
     def context_window(self) -> int:
         if self._context_window is None:

@@ -35,7 +35,7 @@ HISTORY_LIMIT: Final = 50
 
 INTERRUPTED_ERROR: Final = "nanobot stopped before the run finished"
 
-_FINAL_STATUSES: Final = frozenset({"ok", "error", "interrupted"})
+_FINAL_STATUSES: Final = frozenset({"ok", "error", "interrupted", "skipped"})
 _ID_ATTEMPTS: Final = 5
 
 
@@ -190,8 +190,9 @@ class CronStore:
         status: RunStatus,
         error: str | None = None,
     ) -> bool:
-        """Record how a started run's turn ended (`ok`, `error` or `interrupted`) on it and
-        its job. Its answer's delivery is the outbox's to record, before or after this.
+        """Record how a started run's turn ended (`ok`, `error`, `interrupted`, or `skipped`
+        over a budget) on it and its job. Its answer's delivery is the outbox's to record,
+        before or after this.
 
         A run marked `interrupted` at start-up may still end: its turn was journaled and
         resumed, and how it ended replaces the mark. False if the run is gone (its job was

@@ -423,6 +423,53 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE entries ADD COLUMN sender TEXT;
     CREATE INDEX entries_sender ON entries (sender) WHERE sender IS NOT NULL;
     """,
+    # 27: budgets (`store.budgets`): what each budget's period spent (`budget_spend`, one
+    # row per scope and period: "install", "person:<id>", "cron", "heartbeat"; "day:…" or
+    # "month:…"), what calls in flight hold against it (`budget_holds`, one row per call
+    # and scope, their sum kept on the spend row; dropped once past `expires_at`, so a
+    # crashed process leaks nothing for long),
+    # the raises approvers granted, and which warnings were sent (once per period). The
+    # usage ledger learns whose turn it was, what started it, the prompt tokens read from
+    # the provider's cache, and whether the cost is known at all (`priced` 0: no figure).
+    """
+    CREATE TABLE budget_spend (
+        scope TEXT NOT NULL,
+        period TEXT NOT NULL,
+        spent REAL NOT NULL,
+        held REAL NOT NULL,  -- the sum of its live holds' amounts
+        PRIMARY KEY (scope, period)
+    );
+    CREATE TABLE budget_holds (
+        hold TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        period TEXT NOT NULL,
+        amount REAL NOT NULL,
+        expires_at TEXT NOT NULL
+    );
+    CREATE INDEX budget_holds_scope ON budget_holds (scope, period, expires_at);
+    CREATE INDEX budget_holds_expiry ON budget_holds (expires_at);
+    CREATE INDEX budget_holds_hold ON budget_holds (hold);
+    CREATE TABLE budget_raises (
+        id INTEGER PRIMARY KEY,
+        scope TEXT NOT NULL,
+        period TEXT NOT NULL,
+        amount REAL NOT NULL,
+        raised_by TEXT NOT NULL,
+        raised_at TEXT NOT NULL
+    );
+    CREATE INDEX budget_raises_scope ON budget_raises (scope, period);
+    CREATE TABLE budget_warnings (
+        scope TEXT NOT NULL,
+        period TEXT NOT NULL,
+        warned_at TEXT NOT NULL,
+        PRIMARY KEY (scope, period)
+    );
+    ALTER TABLE usage ADD COLUMN person TEXT;
+    ALTER TABLE usage ADD COLUMN source TEXT NOT NULL DEFAULT 'chat';
+    ALTER TABLE usage ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage ADD COLUMN priced INTEGER NOT NULL DEFAULT 1;
+    CREATE INDEX usage_at ON usage (at);
+    """,
 )
 
 

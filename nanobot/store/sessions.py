@@ -306,8 +306,8 @@ _INSERT: Final = (
 )
 # SQLite: with the words that wait in the row for FTS5 (`store.search`).
 _SQLITE_INSERT: Final = (
-    "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id,"
-    " unindexed_words) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id"
+    "INSERT INTO entries (session_id, kind, data, run_id, created_at, inbound_id, sender,"
+    " unindexed_words) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
 )
 
 

@@ -118,10 +118,12 @@ class Call:
 
 @dataclass(frozen=True)
 class ToolCalls(Reply):
-    """Tool calls (optionally after some text); finish_reason "tool_calls"."""
+    """Tool calls (optionally after some text); finish_reason "tool_calls". ``cost``: as
+    ``Text``'s."""
 
     calls: Sequence[Call]
     content: str | None = None
+    cost: float | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -793,7 +795,7 @@ class FakeLLM:
         completion = max(1, len(content + "".join(c["function"]["arguments"] for c in calls)) // 4)
         usage: JSON = {"prompt_tokens": prompt, "completion_tokens": completion}
         usage["total_tokens"] = prompt + completion
-        if isinstance(reply, Text) and reply.cost is not None:
+        if isinstance(reply, Text | ToolCalls) and reply.cost is not None:
             usage["cost"] = reply.cost
         base: JSON = {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",

@@ -162,6 +162,7 @@ class ScriptedProvider:
         *,
         on_delta: DeltaHandler | None = None,
         max_tokens: int | None = None,
+        model: str | None = None,
     ) -> Completion:
         self.requests.append(
             Request(
