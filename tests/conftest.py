@@ -217,7 +217,10 @@ def home(tmp_path: Path, fake_llm: FakeLLM) -> Home:
         "  model: openai/fake-model\n"
         f"  api_base: {fake_llm.base_url}\n"
         f"  transport: {TEST_TRANSPORT}\n"
-        "  api_key: sk-test-secret-key-123456\n",
+        "  api_key: sk-test-secret-key-123456\n"
+        # As tests/gateway_process.py's `with_shared_people`: one workspace for all.
+        "people:\n"
+        "  isolation: shared\n",
         encoding="utf-8",
     )
     config.chmod(0o600)  # it holds a secret: as `nanobot onboard` writes it

@@ -35,7 +35,7 @@ class GatewayProcess:
 
     def __init__(self, root: Path, config: dict[str, object], env: dict[str, str]) -> None:
         self.root = root
-        config = with_test_transport(config)
+        config = with_shared_people(with_test_transport(config))
         self.config_path = root / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         self.config_path.chmod(0o600)  # it holds secrets: as `nanobot onboard` writes it
@@ -177,6 +177,22 @@ def with_test_transport(config: dict[str, object]) -> dict[str, object]:
     if not isinstance(agent, dict) or not agent.get("api_base") or "transport" in agent:
         return config
     return {**config, "agent": {**agent, "transport": TEST_TRANSPORT}}
+
+
+def with_shared_people(config: dict[str, object]) -> dict[str, object]:
+    """`config` with `people.isolation: shared` where it names no isolation (a copy).
+
+    A new install keeps people apart, each in a folder of their own; the tests of the other
+    features were written where the workspace is one, and read their files there. The
+    tests of people kept apart name `person` (tests/test_gateway_people.py).
+    """
+    people = config.get("people")
+    if isinstance(people, dict) and "isolation" in people:
+        return config
+    return {
+        **config,
+        "people": {**(people if isinstance(people, dict) else {}), "isolation": "shared"},
+    }
 
 
 def _config_secrets(config: object, path: str = "") -> Iterator[tuple[str, str]]:

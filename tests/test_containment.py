@@ -111,6 +111,10 @@ def lay_out(root: Path) -> Install:
         "  exec: {timeout: 10}\n"
         "log:\n"
         "  level: DEBUG\n"
+        # One workspace for all (tests/gateway_process.py's `with_shared_people`); people
+        # kept apart are attacked in tests/test_people.py and tests/test_gateway_people.py.
+        "people:\n"
+        "  isolation: shared\n"
     )
     return Install(home, data, config, data / "workspace", outside)
 

@@ -92,11 +92,12 @@ async def test_what_is_retried_and_what_falls_back(
     assert [(c.model, c.max_tokens, c.temperature) for c in transport.calls] == expected
 
 
-async def test_unpriced_models_cost_nothing_and_aclose_closes_the_transport() -> None:
+async def test_an_unpriced_models_cost_is_unknown_and_aclose_closes_the_transport() -> None:
     model = "openai/unknown-model-x"
     transport = Scripted({model: [answer("hi", model)]})
     provider = Provider(model, Routes(transport))
-    assert (await provider.complete(MESSAGES)).usage == Usage(1000, 100, 0.0)
+    # No price and none reported: no figure at all ("price unknown"), never $0.
+    assert (await provider.complete(MESSAGES)).usage == Usage(1000, 100, 0.0, priced=False)
     await provider.aclose()
     assert transport.closed == 1
 
