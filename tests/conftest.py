@@ -211,16 +211,16 @@ def home(tmp_path: Path, fake_llm: FakeLLM) -> Home:
     should get."""
     data_dir = tmp_path / "data"
     config = tmp_path / "config.yaml"
+    # `agent` last: tests add keys to it by appending lines. One workspace for all, as
+    # tests/gateway_process.py's `with_shared_people` makes it.
     config.write_text(
         f"data_dir: {data_dir}\n"
+        "people: {isolation: shared}\n"
         "agent:\n"
         "  model: openai/fake-model\n"
         f"  api_base: {fake_llm.base_url}\n"
         f"  transport: {TEST_TRANSPORT}\n"
-        "  api_key: sk-test-secret-key-123456\n"
-        # As tests/gateway_process.py's `with_shared_people`: one workspace for all.
-        "people:\n"
-        "  isolation: shared\n",
+        "  api_key: sk-test-secret-key-123456\n",
         encoding="utf-8",
     )
     config.chmod(0o600)  # it holds a secret: as `nanobot onboard` writes it

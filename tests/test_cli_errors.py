@@ -61,10 +61,14 @@ async def test_a_list_variable_that_is_not_json_exits_2_naming_it_and_the_form(
 
 
 async def test_a_key_set_twice_in_the_file_exits_2_naming_file_line_and_key(home: Home) -> None:
-    home.write_config(home.config.read_text() + "agent:\n  max_tokens: 100\n")
+    before = home.config.read_text()
+    home.write_config(before + "agent:\n  max_tokens: 100\n")
     result = await nanobot(home, "status")
     assert result.code == 2
-    assert one_line(result).startswith(f"nanobot: {home.config}: line 7: key 'agent' is set twice")
+    line = len(before.splitlines()) + 1
+    assert one_line(result).startswith(
+        f"nanobot: {home.config}: line {line}: key 'agent' is set twice"
+    )
 
 
 async def test_a_username_in_allow_from_is_refused_with_where_to_find_ids(home: Home) -> None:

@@ -30,7 +30,7 @@ from nanobot.outage import Backoff
 from nanobot.store import Access, Database, Journal
 from nanobot.store.failures import LateWatcher
 from tests.fakes.discord import AttachmentFile, FakeDiscord
-from tests.fakes.llm import FakeLLM, Text
+from tests.fakes.llm import Echo, FakeLLM
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.test_channel_discord import TOKEN, Recorder
 from tests.test_channel_discord import make_channel as discord_channel
@@ -195,7 +195,7 @@ async def test_telegram_leaves_updates_unacknowledged_while_the_store_fails_and_
             try:
                 await lines.wait_for("telegram connected")
                 await read_only(parts.db, True)
-                fake_llm.script(Text("Here."), Text("Here too."))
+                fake_llm.script(Echo(), Echo())  # the two chats' turns run side by side
                 telegram.user_message(ALICE, "are you there?", user_id=ALICE)
                 telegram.user_message(BOB, "me too?", user_id=BOB)
                 await lines.wait_for("telegram: intake paused")
@@ -207,8 +207,8 @@ async def test_telegram_leaves_updates_unacknowledged_while_the_store_fails_and_
                 assert len(telegram.pending_updates) == 2 and telegram.sent() == []
 
                 await read_only(parts.db, False)
-                assert await replies(telegram, ALICE, 1) == ["Here."]
-                assert await replies(telegram, BOB, 1) == ["Here too."]
+                assert await replies(telegram, ALICE, 1) == ["echo: are you there?"]
+                assert await replies(telegram, BOB, 1) == ["echo: me too?"]
                 await telegram.wait_for(lambda: not telegram.pending_updates)
             finally:
                 gateway.manager.all_refused.set()  # stops it as the end of its `until` does
