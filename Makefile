@@ -19,7 +19,8 @@ TEST_WORKERS ?= 4
 .PHONY: run test test-fast check bench fmt clean lock bubblewrap
 
 # $(call install,LOCK): the venv for $(PYVER), that lock's packages (by the lock's uv, which
-# takes seconds where pip takes most of a minute; by pip where uv will not run), nanobot itself
+# takes seconds where pip takes most of a minute; by pip where uv will not run; compiled, as
+# pip does, so that each of the suite's processes does not compile them), nanobot itself
 # (editable, without its dependencies: they are the lock's), bubblewrap where it is missing.
 define install
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nanobot needs Python 3.11 or newer (PYTHON=$(PYTHON))")'
@@ -27,7 +28,7 @@ define install
 		echo "nanobot: .venv has another Python than $(PYTHON) ($(PYVER)): making it again"; rm -rf $(VENV); fi
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$$(grep -m1 '^uv==' $(1))" \
-		&& $(BIN)/uv pip install --quiet --python $(BIN)/python -r $(1) \
+		&& $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -r $(1) \
 		|| $(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(1)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@$(BIN)/python -c 'import sys; from nanobot.tools.sandbox import find_bwrap; sys.exit(find_bwrap() is None)' \
