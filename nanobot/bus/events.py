@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 CommandName = Literal[
     "new",
@@ -24,22 +24,7 @@ CommandName = Literal[
     "usage",
     "budget",
 ]
-COMMANDS: frozenset[str] = frozenset(
-    {
-        "new",
-        "stop",
-        "status",
-        "help",
-        "tasks",
-        "approve",
-        "deny",
-        "approvals",
-        "voice",
-        "search",
-        "usage",
-        "budget",
-    }
-)
+COMMANDS: frozenset[str] = frozenset(get_args(CommandName))
 
 Source = Literal["chat", "cron", "heartbeat", "task"]
 """Who an inbound event comes from: a person in a chat, or nanobot itself (a cron job's run,
