@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from tests._module_fakes import module_fake
 from tests.fakes.llm import Call, FakeLLM, RecordedRequest, Text, ToolCalls, ToolThenText
 from tests.fakes.mcp_http import SCRIPT, serve_http
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
@@ -61,16 +62,10 @@ class Gateway:
     remote_url: str
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as fake:
-        yield fake
+llm = module_fake("llm", FakeLLM)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram(token=DEFAULT_TOKEN) as fake:
-        yield fake
+telegram = module_fake("telegram", lambda: FakeTelegram(token=DEFAULT_TOKEN))
 
 
 def fake_server(workspace: Path, *options: str, **settings: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import pytest
 import pytest_asyncio
 from pypdf import PdfWriter
 
+from tests._module_fakes import module_fake
 from tests.fakes import audio
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.llm import Echo, FakeLLM, RecordedRequest, ServerError, Text
@@ -86,22 +87,13 @@ def media_config(
     return config
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as fake:
-        yield fake
+llm = module_fake("llm", FakeLLM)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram(token=DEFAULT_TOKEN) as fake:
-        yield fake
+telegram = module_fake("telegram", lambda: FakeTelegram(token=DEFAULT_TOKEN))
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def discord() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord() as fake:
-        yield fake
+discord = module_fake("discord", FakeDiscord)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -26,6 +26,7 @@ import pytest_asyncio
 
 from nanobot.people import folder_name
 from nanobot.tools.sandbox import Confinement, SandboxUnavailable, Unavailable, probe
+from tests._module_fakes import module_fake
 from tests.fakes.llm import Call, FakeLLM, RecordedRequest, Text, ToolCalls
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram
 from tests.gateway_process import GatewayProcess
@@ -42,16 +43,10 @@ A_SECRET, A_NOTE, A_FILE = "PELICAN4417", "OSPREY9921", "KESTREL5531"
 SECRETS = (A_SECRET, A_NOTE, A_FILE)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as fake:
-        yield fake
+llm = module_fake("llm", FakeLLM)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram(token=DEFAULT_TOKEN) as fake:
-        yield fake
+telegram = module_fake("telegram", lambda: FakeTelegram(token=DEFAULT_TOKEN))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
+from tests._module_fakes import module_fake
 from tests.fakes.llm import Call, FakeLLM, Hang, RecordedRequest, Text, ToolCalls
 from tests.fakes.telegram import DEFAULT_TOKEN, FakeTelegram, RateLimited, ServerError
 from tests.gateway_process import GatewayProcess
@@ -38,16 +39,10 @@ STRANGERS = range(7001, 7100)
 _allowed, _strangers, _groups = iter(ALLOWED), iter(STRANGERS), itertools.count(-100900, -1)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as fake:
-        yield fake
+llm = module_fake("llm", FakeLLM)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram(token=DEFAULT_TOKEN) as fake:
-        yield fake
+telegram = module_fake("telegram", lambda: FakeTelegram(token=DEFAULT_TOKEN))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from tests._module_fakes import module_fake
 from tests.fakes import audio
 from tests.fakes.discord import FakeDiscord
 from tests.fakes.llm import FakeLLM, ServerError, Text
@@ -50,16 +51,10 @@ def config(root: Path, llm: FakeLLM, telegram: FakeTelegram) -> dict[str, Any]:
     return settings
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as fake:
-        yield fake
+llm = module_fake("llm", FakeLLM)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram(token=DEFAULT_TOKEN) as fake:
-        yield fake
+telegram = module_fake("telegram", lambda: FakeTelegram(token=DEFAULT_TOKEN))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
